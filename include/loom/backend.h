@@ -1,0 +1,89 @@
+// Backend interface: buffer types, buffers, backends, and the run-time registry.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "loom/graph.h"
+#include "loom/status.h"
+
+namespace loom {
+
+class BufferType;
+
+/// A block of memory in some address space (host or device).
+class Buffer {
+ public:
+  virtual ~Buffer() = default;
+  /// Start address in the buffer's address space.
+  virtual void* base() = 0;
+  virtual size_t size() const = 0;
+  virtual BufferType& type() const = 0;
+  /// Copies `n` host bytes to `offset`.
+  virtual Status write(size_t offset, const void* src, size_t n) = 0;
+  /// Copies `n` bytes at `offset` to host memory.
+  virtual Status read(size_t offset, void* dst, size_t n) const = 0;
+  /// Sets `n` bytes at `offset` to `value`.
+  virtual Status fill(size_t offset, uint8_t value, size_t n) = 0;
+};
+
+/// A kind of memory a backend computes on.
+class BufferType {
+ public:
+  virtual ~BufferType() = default;
+  virtual const char* name() const = 0;
+  virtual size_t alignment() const = 0;
+  /// Host-addressable memory (the CPU can dereference base()).
+  virtual bool is_host() const = 0;
+  virtual Result<std::unique_ptr<Buffer>> allocate(size_t size) = 0;
+};
+
+/// Options a backend is created with.
+struct BackendOptions {
+  int n_threads = 0;  ///< CPU worker threads (0: hardware concurrency)
+  int device = 0;     ///< device ordinal for GPU backends
+};
+
+/// Something that evaluates graphs.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+  /// Memory the backend computes on; tensors of a graph must live in it.
+  virtual BufferType& buffer_type() = 0;
+  /// Whether this backend has a kernel for this node (op, dtypes, shape).
+  virtual bool supports_op(const Tensor& node) const = 0;
+  /// Evaluates every node of `g` in order. Every tensor must be allocated.
+  virtual Status compute(const Graph& g) = 0;
+  /// Waits for work queued on the backend.
+  virtual Status synchronize() { return {}; }
+};
+
+using BackendFactory = std::function<Result<std::unique_ptr<Backend>>(const BackendOptions&)>;
+
+/// Registers a backend under `name` (later registrations of the same name replace earlier ones).
+void register_backend(std::string name, BackendFactory factory);
+/// Names of registered backends; loads backend libraries (libloom_cuda.so) on first call.
+std::vector<std::string> backend_names();
+/// Creates the backend called `name` ("cpu", "cuda").
+Result<std::unique_ptr<Backend>> create_backend(std::string_view name,
+                                                const BackendOptions& options = {});
+
+// ---- tensor data ---------------------------------------------------------------------------------
+
+/// Copies host bytes into a tensor's memory (tensor must be allocated; range within nbytes()).
+Status tensor_write(Tensor* t, const void* src, size_t offset, size_t n);
+/// Copies a tensor's bytes to the host.
+Status tensor_read(const Tensor* t, void* dst, size_t offset, size_t n);
+/// Reads a tensor of any type and layout as packed floats (dequantizing).
+Result<std::vector<float>> tensor_to_floats(const Tensor* t);
+/// Writes packed floats into a tensor of any type and layout (quantizing).
+Status tensor_from_floats(Tensor* t, const float* values, int64_t n);
+
+/// Binds a tensor to memory at `offset` of `buffer`; resolves nothing else.
+Status tensor_bind(Tensor* t, Buffer* buffer, size_t offset);
+
+}  // namespace loom
