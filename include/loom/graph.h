@@ -109,7 +109,9 @@ Tensor* rms_norm(Graph& g, Tensor* a, float eps);
 /// (x - mean) / sqrt(var + eps) over dim 0.
 Tensor* norm(Graph& g, Tensor* a, float eps);
 /// a: [k, m, a2, a3] any type (rows contiguous); b: f32 [k, n, b2, b3] with b2 % a2 == 0 and
-/// b3 % a3 == 0 -> f32 [m, n, b2, b3]: result[i, j] = dot(a row i, b row j).
+/// b3 % a3 == 0 -> f32 [m, n, b2, b3]: result[i, j] = dot(a row i, b row j). Broadcast groups
+/// consecutive batches: b's batch i2 uses a's batch i2 / (b2 / a2) (so query heads share key heads as
+/// in grouped-query attention); likewise for dim 3.
 Tensor* mul_mat(Graph& g, Tensor* a, Tensor* b);
 /// Expert-routed mul_mat. as: [k, m, n_expert]; b: f32 [k, 1 or n_used, n_tokens];
 /// ids: i32 [n_used, n_tokens] -> f32 [m, n_used, n_tokens] with out[:, e, t] = as[ids[e,t]] * b[:, e or 0, t].
