@@ -1,0 +1,261 @@
+// Cases: rope (normal, neox, partial rotation, freq_factors, linear scaling, YaRN) and flash_attn.
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "op_test.h"
+
+namespace loom::optest {
+
+namespace {
+
+// ---- rope -------------------------------------------------------------------------------------------
+
+// Positions up to 1024: float32 angles pos * base^(-2i/n) carry a few ulps (or, computed by
+// repeated multiplication, up to ~i ulps) of relative error, i.e. up to ~1e-3 rad at pos 1024,
+// NMSE up to ~1e-6. 1e-5 sits above that; a wrong pair, sign or frequency is O(1).
+constexpr double kNmseRope = 1e-5;
+constexpr int64_t kMaxPos = 1024;
+
+// YaRN's correction range: the pair indices whose wavelength spans between beta_fast and
+// beta_slow rotations over the training context (Peng et al. 2023, "YaRN", section 3.2).
+void yarn_range(const RopeParams& p, double& low, double& high) {
+  auto dim_for_rotations = [&](double n_rot) {
+    return p.n_dims * std::log(p.n_ctx_orig / (n_rot * 2.0 * M_PI)) /
+           (2.0 * std::log(static_cast<double>(p.freq_base)));
+  };
+  low = std::max(0.0, std::floor(dim_for_rotations(p.beta_fast)));
+  high = std::min(static_cast<double>(p.n_dims - 1), std::ceil(dim_for_rotations(p.beta_slow)));
+}
+
+// a: [head_dim, n_head, n_tokens]; pos: [n_tokens]; ff: [n_dims/2] or empty.
+RefTensor rope_ref(const RefTensor& a, const RefTensor& pos, const RefTensor* ff, const RopeParams& p) {
+  RefTensor out = a;
+  const int64_t half = p.n_dims / 2;
+  double low = 0.0, high = 0.0;
+  if (p.ext_factor != 0.0f) yarn_range(p, low, high);
+  for (int64_t i3 = 0; i3 < a.ne[3]; ++i3)
+    for (int64_t t = 0; t < a.ne[2]; ++t)
+      for (int64_t h = 0; h < a.ne[1]; ++h)
+        for (int64_t i = 0; i < half; ++i) {
+          const double extrapolated = pos(t) *
+                                      std::pow(static_cast<double>(p.freq_base), -2.0 * i / p.n_dims) /
+                                      (ff ? (*ff)(i) : 1.0);
+          const double interpolated = p.freq_scale * extrapolated;
+          double theta = interpolated, mag = p.attn_factor;
+          if (p.ext_factor != 0.0f) {
+            // ramp 1 below `low` (extrapolate: high frequencies), 0 above `high` (interpolate)
+            const double y = (i - low) / std::max(0.001, high - low);
+            const double ramp = (1.0 - std::clamp(y, 0.0, 1.0)) * p.ext_factor;
+            theta = interpolated * (1.0 - ramp) + extrapolated * ramp;
+            mag *= 1.0 + 0.1 * std::log(1.0 / p.freq_scale);  // YaRN's attention temperature
+          }
+          const double c = std::cos(theta) * mag, s = std::sin(theta) * mag;
+          const int64_t j0 = p.mode == RopeMode::neox ? i : 2 * i;
+          const int64_t j1 = p.mode == RopeMode::neox ? i + half : 2 * i + 1;
+          const double x0 = a(j0, h, t, i3), x1 = a(j1, h, t, i3);
+          out(j0, h, t, i3) = x0 * c - x1 * s;
+          out(j1, h, t, i3) = x0 * s + x1 * c;
+        }
+  return out;
+}
+
+struct RopeCase {
+  int64_t head_dim, n_head, n_tokens;
+  RopeParams p;
+  bool freq_factors = false;
+  bool fused_qkv = false;  // the input is the query part of a fused QKV row (a view)
+  bool in_place = false;   // the input is an activation the op may overwrite
+};
+
+RopeParams rope_params(RopeMode mode, int32_t n_dims, float base, float freq_scale = 1.0f, float ext = 0.0f,
+                       float attn = 1.0f) {
+  return {n_dims, mode, 4096, base, freq_scale, ext, attn, 32.0f, 1.0f};
+}
+
+// K and V heads after the Q heads in the fused layout.
+constexpr int64_t kFusedKvHeads = 2;
+
+void add_rope(CaseList& cases, const RopeCase& c, bool perf) {
+  auto build = [c](Graph& g, CaseInputs& in) -> Tensor* {
+    const Shape ne{c.head_dim, c.n_head, c.n_tokens, 1};
+    Tensor* a;
+    if (c.fused_qkv) {
+      const int64_t row = c.head_dim * (c.n_head + 2 * kFusedKvHeads);
+      Tensor* qkv = in.uniform(DType::f32, {row, c.n_tokens, 1, 1});
+      a = strided_view(g, qkv, ne, {1, c.head_dim, row, row * c.n_tokens}, 0);
+    } else {
+      a = in.uniform(DType::f32, ne);
+    }
+    if (c.in_place) a = as_activation(g, a);
+    Tensor* pos = in.indices({c.n_tokens, 1, 1, 1}, kMaxPos, false);
+    Tensor* ff = c.freq_factors ? in.uniform(DType::f32, {c.p.n_dims / 2, 1, 1, 1}, 1.0f, 8.0f) : nullptr;
+    return rope(g, a, pos, ff, c.p);
+  };
+  ReferenceFn ref;
+  if (!perf) {
+    ref = [c](const std::vector<RefTensor>& in) {
+      const Shape ne{c.head_dim, c.n_head, c.n_tokens, 1};
+      const RefTensor a = c.fused_qkv
+                              ? ref_view(in[0], ne, {1, c.head_dim, in[0].ne[0], in[0].ne[0] * c.n_tokens}, 0)
+                              : in[0];
+      return rope_ref(a, in[1], c.freq_factors ? &in[2] : nullptr, c.p);
+    };
+  }
+  const RopeParams& p = c.p;
+  std::string desc =
+      fmt::format("{} {} n_dims={} base={:g}", shape_str({c.head_dim, c.n_head, c.n_tokens, 1}),
+                  p.mode == RopeMode::neox ? "neox" : "normal", p.n_dims, p.freq_base);
+  if (p.freq_scale != 1.0f) desc += fmt::format(" freq_scale={:g}", p.freq_scale);
+  if (p.ext_factor != 0.0f) desc += fmt::format(" yarn ext={:g} attn={:g}", p.ext_factor, p.attn_factor);
+  if (c.freq_factors) desc += " freq_factors";
+  if (c.fused_qkv) desc += " (view of fused qkv)";
+  if (c.in_place) desc += " in place";
+  cases.push_back({"rope", desc, kNmseRope, build, ref, 0.0});
+}
+
+// ---- flash_attn ---------------------------------------------------------------------------------------
+
+// Against float64 on the stored (dequantized) K/V: a kernel may round Q to f16 to meet f16 K and
+// accumulate V in f16; a score s ~ 3 rounded to 11 bits moves its softmax weight by ~1e-3
+// relative, NMSE ~1e-6. 1e-5 sits above that; a wrong head, key or mask entry is >= 1e-3.
+constexpr double kNmseFlashAttn = 1e-5;
+
+struct FlashCase {
+  int64_t d, dv, n_q, n_kv, n_head, n_head_kv, ne3;
+  DType kt, vt;
+  bool has_mask;
+  DType mask_type;
+  int64_t mask_rows;  // >= n_q (padded as KV-cache masks are)
+  bool causal;
+  float softcap;
+  bool cache_view;  // K and V are the first n_kv positions of a longer cache
+};
+
+constexpr int64_t kCacheExtra = 24;
+
+void add_flash_attn(CaseList& cases, const FlashCase& c, bool perf) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
+  auto build = [c, scale](Graph& g, CaseInputs& in) -> Tensor* {
+    Tensor* q = in.uniform(DType::f32, {c.d, c.n_q, c.n_head, c.ne3});
+    Tensor *k, *v;
+    if (c.cache_view) {
+      const int64_t n_ctx = c.n_kv + kCacheExtra;
+      Tensor* kc = in.uniform(c.kt, {c.d, n_ctx, c.n_head_kv, c.ne3});
+      Tensor* vc = in.uniform(c.vt, {c.dv, n_ctx, c.n_head_kv, c.ne3});
+      k = strided_view(g, kc, {c.d, c.n_kv, c.n_head_kv, c.ne3}, packed_strides(kc->ne), 0);
+      v = strided_view(g, vc, {c.dv, c.n_kv, c.n_head_kv, c.ne3}, packed_strides(vc->ne), 0);
+    } else {
+      k = in.uniform(c.kt, {c.d, c.n_kv, c.n_head_kv, c.ne3});
+      v = in.uniform(c.vt, {c.dv, c.n_kv, c.n_head_kv, c.ne3});
+    }
+    Tensor* mask =
+        c.has_mask ? in.mask(c.mask_type, {c.n_kv, c.mask_rows, 1, 1}, 0.1, c.causal, c.n_q) : nullptr;
+    return flash_attn(g, q, k, v, mask, scale, c.softcap);
+  };
+  ReferenceFn ref;
+  if (!perf) {
+    ref = [c, scale](const std::vector<RefTensor>& in) {
+      const RefTensor& q = in[0];
+      RefTensor k = in[1], v = in[2];
+      if (c.cache_view) {
+        k = ref_view(in[1], {c.d, c.n_kv, c.n_head_kv, c.ne3}, packed_strides(in[1].ne), 0);
+        v = ref_view(in[2], {c.dv, c.n_kv, c.n_head_kv, c.ne3}, packed_strides(in[2].ne), 0);
+      }
+      const RefTensor* mask = c.has_mask ? &in[3] : nullptr;
+      const int64_t group = c.n_head / c.n_head_kv;
+      RefTensor out({c.dv, c.n_head, c.n_q, c.ne3});
+      std::vector<double> w(static_cast<size_t>(c.n_kv));
+      for (int64_t i3 = 0; i3 < c.ne3; ++i3)
+        for (int64_t h = 0; h < c.n_head; ++h)
+          for (int64_t iq = 0; iq < c.n_q; ++iq) {
+            const int64_t hk = h / group;
+            double mx = -INFINITY;
+            for (int64_t j = 0; j < c.n_kv; ++j) {
+              double s = 0.0;
+              for (int64_t t = 0; t < c.d; ++t) s += q(t, iq, h, i3) * k(t, j, hk, i3);
+              s *= scale;
+              if (c.softcap > 0.0f) s = c.softcap * std::tanh(s / c.softcap);
+              if (mask) s += (*mask)(j, iq);
+              w[j] = s;
+              mx = std::max(mx, s);
+            }
+            double sum = 0.0;
+            for (double& x : w) sum += (x = std::exp(x - mx));
+            for (int64_t t = 0; t < c.dv; ++t) {
+              double acc = 0.0;
+              for (int64_t j = 0; j < c.n_kv; ++j) acc += w[j] * v(t, j, hk, i3);
+              out(t, h, iq, i3) = acc / sum;
+            }
+          }
+      return out;
+    };
+  }
+  std::string desc = fmt::format("d={}{} n_q={} n_kv={} heads={}/{} K={} V={}", c.d,
+                                 c.dv != c.d ? fmt::format(" dv={}", c.dv) : "", c.n_q, c.n_kv, c.n_head,
+                                 c.n_head_kv, dtype_name(c.kt), dtype_name(c.vt));
+  if (c.ne3 > 1) desc += fmt::format(" ne3={}", c.ne3);
+  if (c.has_mask)
+    desc += fmt::format(" mask={}[{}]{}", dtype_name(c.mask_type), c.mask_rows, c.causal ? " causal" : "");
+  if (c.softcap > 0.0f) desc += fmt::format(" softcap={:g}", c.softcap);
+  if (c.cache_view) desc += " (cache view)";
+  const double flops = 2.0 * c.n_q * c.n_kv * (c.d + c.dv) * c.n_head * c.ne3;
+  cases.push_back({"flash_attn", desc, kNmseFlashAttn, build, ref, flops});
+}
+
+}  // namespace
+
+void add_attention_cases(CaseList& cases, CaseSet set) {
+  if (set == CaseSet::perf) {
+    add_rope(cases, {128, 32, 512, rope_params(RopeMode::neox, 128, 500000.0f)}, true);
+    add_rope(cases, {128, 32, 1, rope_params(RopeMode::normal, 128, 10000.0f)}, true);
+    for (int64_t n_q : {1, 512}) {
+      add_flash_attn(
+          cases,
+          {128, 128, n_q, 4096, 32, 8, 1, DType::f16, DType::f16, true, DType::f16, n_q, true, 0.0f, false},
+          true);
+    }
+    return;
+  }
+
+  using M = RopeMode;
+  const RopeCase rope_cases[] = {
+      {64, 4, 5, rope_params(M::normal, 64, 10000.0f)},
+      {128, 8, 1, rope_params(M::neox, 128, 500000.0f)},
+      {80, 3, 7, rope_params(M::normal, 32, 10000.0f)},  // partial rotation
+      {96, 2, 9, rope_params(M::neox, 64, 10000.0f)},
+      {64, 4, 6, rope_params(M::neox, 64, 500000.0f), true},  // llama-3 style freq_factors
+      {64, 3, 4, rope_params(M::normal, 64, 10000.0f), true},
+      {32, 2, 5, rope_params(M::normal, 32, 10000.0f, 0.25f)},              // linear scaling
+      {128, 2, 6, rope_params(M::neox, 128, 10000.0f, 0.25f, 1.0f, 1.0f)},  // YaRN
+      {64, 3, 4, rope_params(M::normal, 48, 10000.0f, 0.5f, 0.5f, 0.8f), true},
+      {64, 4, 3, rope_params(M::neox, 64, 10000.0f), false, true},
+      {64, 2, 33, rope_params(M::normal, 64, 10000.0f)},
+      {2, 1, 3, rope_params(M::neox, 2, 10000.0f)},
+      {64, 4, 5, rope_params(M::normal, 64, 10000.0f), false, false, true},
+      {128, 2, 3, rope_params(M::neox, 96, 10000.0f, 0.25f, 1.0f, 1.0f), true, false, true},
+  };
+  for (const RopeCase& c : rope_cases) add_rope(cases, c, false);
+
+  const DType f16 = DType::f16, f32 = DType::f32;
+  const FlashCase flash_cases[] = {
+      {64, 64, 1, 17, 4, 4, 1, f16, f16, true, f16, 1, true, 0.0f, false},     // decode
+      {128, 128, 7, 113, 8, 2, 1, f16, f16, true, f16, 8, true, 0.0f, false},  // GQA 4, padded mask
+      {80, 80, 5, 64, 2, 1, 1, f32, f32, true, f32, 5, false, 0.0f, false},    // odd head size, f32
+      {64, 64, 32, 32, 2, 2, 1, f16, f16, false, f16, 0, false, 3.0f, false},  // softcap, no mask
+      {256, 256, 1, 300, 2, 1, 1, f16, f16, true, f16, 1, false, 0.0f, false},
+      {40, 40, 3, 1, 2, 2, 1, f32, f32, false, f32, 0, false, 0.0f, false},   // a single key
+      {96, 64, 4, 50, 4, 2, 1, f16, f16, true, f32, 4, true, 0.0f, false},    // dv != d
+      {64, 64, 3, 40, 4, 2, 1, f16, f32, true, f16, 3, true, 0.0f, false},    // mixed K/V types
+      {64, 64, 2, 40, 4, 2, 1, f16, f16, true, f16, 2, true, 0.0f, true},     // views of a cache
+      {80, 80, 2, 27, 2, 1, 2, f32, f16, true, f16, 2, false, 50.0f, false},  // ne3 = 2, softcap
+      {64, 64, 64, 64, 4, 2, 1, f16, f16, true, f16, 64, true, 0.0f, false},  // prefill
+      {112, 112, 1, 129, 3, 1, 1, f32, f32, true, f32, 1, false, 0.0f, true},
+      {128, 128, 8, 1000, 8, 2, 1, f16, f16, true, f16, 8, true, 0.0f, false},  // long context
+      {64, 64, 1, 2048, 4, 1, 1, f16, f16, true, f16, 1, false, 0.0f, false},
+  };
+  for (const FlashCase& c : flash_cases) add_flash_attn(cases, c, false);
+}
+
+}  // namespace loom::optest

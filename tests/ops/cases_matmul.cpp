@@ -1,0 +1,217 @@
+// Cases: mul_mat (every weight type, batched, broadcast, views) and mul_mat_id.
+#include <fmt/format.h>
+
+#include "op_test.h"
+
+namespace loom::optest {
+
+namespace {
+
+// Thresholds against the float64 product of the dequantized weights and the f32 activations.
+// Inputs are uniform in [-1, 1]; an error e of each activation relative to E[x^2] = 1/3 carries
+// straight into the dot products, so NMSE ~ E[e^2] * 3.
+double mul_mat_nmse(DType weight) {
+  switch (weight) {
+    // f32: float accumulation alone is ~1e-13; 1e-6 admits a device that rounds operands to
+    // TF32/f16 for tensor cores (10 mantissa bits: NMSE ~2e-7).
+    case DType::f32:
+      return 1e-6;
+    // f16: activations may be rounded to f16 for the dot product: (2^-11)^2 ~ 1e-7.
+    case DType::f16:
+      return 1e-6;
+    // bf16: activations may be rounded to bf16: (2^-8)^2 ~ 5e-6.
+    case DType::bf16:
+      return 5e-5;
+    // Quantized weights: the CPU quantizes activations to 8 bits per block on the fly (q8_0 for
+    // q8_0/q4_0, q8_K for the K-quants): step amax/127 ~ 1/127, E[e^2] = step^2/12 ~ 5e-6, NMSE
+    // ~1.5e-5 (measured 1e-5..4e-5 over these cases; the spread comes from cases with only 16
+    // outputs). Two backends that each quantize their own way add their errors: 5e-4 covers that.
+    default:
+      return 5e-4;
+  }
+}
+
+// out[i, j, i2, i3] = sum_k a[k, i, i2 / (b2/a2), i3 / (b3/a3)] * b[k, j, i2, i3]: consecutive
+// batches of b share one matrix of a, as query heads share a key head under GQA.
+RefTensor mul_mat_ref(const RefTensor& a, const RefTensor& b) {
+  const int64_t k = a.ne[0], m = a.ne[1];
+  const int64_t r2 = b.ne[2] / a.ne[2], r3 = b.ne[3] / a.ne[3];
+  RefTensor out({m, b.ne[1], b.ne[2], b.ne[3]});
+  for (int64_t i3 = 0; i3 < b.ne[3]; ++i3)
+    for (int64_t i2 = 0; i2 < b.ne[2]; ++i2)
+      for (int64_t j = 0; j < b.ne[1]; ++j)
+        for (int64_t i = 0; i < m; ++i) {
+          const double* x = &a.v[a.index(0, i, i2 / r2, i3 / r3)];
+          const double* y = &b.v[b.index(0, j, i2, i3)];
+          double s = 0.0;
+          for (int64_t t = 0; t < k; ++t) s += x[t] * y[t];
+          out(i, j, i2, i3) = s;
+        }
+  return out;
+}
+
+enum class BLayout {
+  packed,      // a plain leaf
+  permuted,    // leaf [k, b2, n] permuted to [k, n, b2]: rows contiguous, dims 1-2 swapped
+  transposed,  // leaf [n, k] transposed: elements of a row n apart
+};
+
+struct MulMatCase {
+  DType wt;
+  int64_t m, n, k;
+  Shape a_batch;  // {a2, a3}
+  Shape b_batch;  // {b2, b3}
+  BLayout layout = BLayout::packed;
+  bool a_window = false;  // a is the second half of the rows of a larger weight
+};
+
+void add_mul_mat(CaseList& cases, const MulMatCase& c, bool perf) {
+  auto build = [c](Graph& g, CaseInputs& in) -> Tensor* {
+    const Shape a_ne{c.k, c.m, c.a_batch[0], c.a_batch[1]};
+    Tensor* a;
+    if (c.a_window) {
+      Tensor* whole = in.uniform(c.wt, {c.k, 2 * c.m, c.a_batch[0], c.a_batch[1]});
+      a = view(g, whole, a_ne, whole->nb, c.m * whole->nb[1]);
+    } else {
+      a = in.uniform(c.wt, a_ne);
+    }
+    Tensor* b = nullptr;
+    switch (c.layout) {
+      case BLayout::packed:
+        b = in.uniform(DType::f32, {c.k, c.n, c.b_batch[0], c.b_batch[1]});
+        break;
+      case BLayout::permuted:
+        b = permute(g, in.uniform(DType::f32, {c.k, c.b_batch[0], c.n, c.b_batch[1]}), 0, 2, 1, 3);
+        break;
+      case BLayout::transposed:
+        b = transpose(g, in.uniform(DType::f32, {c.n, c.k, c.b_batch[0], c.b_batch[1]}));
+        break;
+    }
+    return mul_mat(g, a, b);
+  };
+  ReferenceFn ref;
+  if (!perf) {
+    ref = [c](const std::vector<RefTensor>& in) {
+      RefTensor a = in[0];
+      if (c.a_window)
+        a = ref_view(in[0], {c.k, c.m, c.a_batch[0], c.a_batch[1]}, packed_strides(in[0].ne), c.m * c.k);
+      RefTensor b = in[1];
+      if (c.layout == BLayout::permuted) b = ref_permute(in[1], 0, 2, 1, 3);
+      if (c.layout == BLayout::transposed) b = ref_transpose(in[1]);
+      return mul_mat_ref(a, b);
+    };
+  }
+  const char* layout = c.layout == BLayout::permuted     ? " b permuted"
+                       : c.layout == BLayout::transposed ? " b transposed"
+                                                         : "";
+  std::string desc = fmt::format(
+      "a={}{}{} b=f32{}{}", dtype_name(c.wt), shape_str({c.k, c.m, c.a_batch[0], c.a_batch[1]}),
+      c.a_window ? " (row window)" : "", shape_str({c.k, c.n, c.b_batch[0], c.b_batch[1]}), layout);
+  const double flops = 2.0 * c.m * c.n * c.k * c.b_batch[0] * c.b_batch[1];
+  cases.push_back({"mul_mat", desc, mul_mat_nmse(c.wt), build, ref, flops});
+}
+
+// ---- mul_mat_id -------------------------------------------------------------------------------------
+
+struct MulMatIdCase {
+  DType wt;
+  int64_t m, k, n_expert, n_used, n_tokens;
+  bool b_per_expert;  // b.ne1 = n_used (else 1: every expert reads the same activations)
+};
+
+void add_mul_mat_id(CaseList& cases, const MulMatIdCase& c, bool perf) {
+  auto build = [c](Graph& g, CaseInputs& in) -> Tensor* {
+    Tensor* as = in.uniform(c.wt, {c.k, c.m, c.n_expert, 1});
+    Tensor* b = in.uniform(DType::f32, {c.k, c.b_per_expert ? c.n_used : 1, c.n_tokens, 1});
+    // Routing picks distinct experts per token, as top-k does.
+    Tensor* ids = in.indices({c.n_used, c.n_tokens, 1, 1}, c.n_expert, true);
+    return mul_mat_id(g, as, b, ids);
+  };
+  ReferenceFn ref;
+  if (!perf) {
+    ref = [c](const std::vector<RefTensor>& in) {
+      const RefTensor &as = in[0], &b = in[1], &ids = in[2];
+      RefTensor out({c.m, c.n_used, c.n_tokens, 1});
+      for (int64_t t = 0; t < c.n_tokens; ++t)
+        for (int64_t e = 0; e < c.n_used; ++e) {
+          const auto expert = static_cast<int64_t>(ids(e, t));
+          const double* y = &b.v[b.index(0, c.b_per_expert ? e : 0, t, 0)];
+          for (int64_t i = 0; i < c.m; ++i) {
+            const double* x = &as.v[as.index(0, i, expert, 0)];
+            double s = 0.0;
+            for (int64_t j = 0; j < c.k; ++j) s += x[j] * y[j];
+            out(i, e, t) = s;
+          }
+        }
+      return out;
+    };
+  }
+  std::string desc =
+      fmt::format("as={}{} b.ne1={} n_used={} n_tokens={}", dtype_name(c.wt),
+                  shape_str({c.k, c.m, c.n_expert, 1}), c.b_per_expert ? c.n_used : 1, c.n_used, c.n_tokens);
+  const double flops = 2.0 * c.m * c.k * c.n_used * c.n_tokens;
+  cases.push_back({"mul_mat_id", desc, mul_mat_nmse(c.wt), build, ref, flops});
+}
+
+// A reduced dimension that suits the type: odd for plain types, whole blocks for quantized ones.
+int64_t pick_k(DType t, int64_t plain, int64_t q32, int64_t qk) {
+  if (t == DType::q4_k || t == DType::q6_k) return qk;
+  if (dtype_is_quantized(t)) return q32;
+  return plain;
+}
+
+}  // namespace
+
+void add_matmul_cases(CaseList& cases, CaseSet set) {
+  if (set == CaseSet::perf) {
+    for (DType wt : kAllWeightTypes) {
+      add_mul_mat(cases, {wt, 4096, 1, 4096, {1, 1}, {1, 1}}, true);
+      add_mul_mat(cases, {wt, 4096, 512, 4096, {1, 1}, {1, 1}}, true);
+    }
+    for (DType wt : {DType::f16, DType::q8_0, DType::q4_0, DType::q4_k}) {
+      add_mul_mat_id(cases, {wt, 2048, 4096, 32, 4, 1, true}, true);
+      add_mul_mat_id(cases, {wt, 2048, 4096, 32, 4, 128, false}, true);
+    }
+    return;
+  }
+
+  for (DType wt : kAllWeightTypes) {
+    const int64_t k1 = pick_k(wt, 67, 64, 256), k2 = pick_k(wt, 129, 288, 512);
+    add_mul_mat(cases, {wt, 16, 1, k1, {1, 1}, {1, 1}}, false);   // one token
+    add_mul_mat(cases, {wt, 33, 7, k2, {1, 1}, {1, 1}}, false);   // odd rows and columns
+    add_mul_mat(cases, {wt, 64, 65, k1, {1, 1}, {1, 1}}, false);  // many tokens
+    add_mul_mat(cases, {wt, 17, 32, k1, {2, 1}, {6, 2}}, false);  // broadcast over dims 2-3
+    add_mul_mat(cases, {wt, 5, 3, k2, {3, 2}, {3, 2}}, false);    // batched, no broadcast
+    add_mul_mat(cases, {wt, 9, 5, k1, {1, 1}, {3, 1}, BLayout::permuted}, false);
+    add_mul_mat(cases, {wt, 8, 4, k1, {1, 1}, {1, 1}, BLayout::packed, true}, false);
+  }
+  // Activations whose rows are not contiguous (the front end accepts them).
+  for (DType wt : {DType::f32, DType::f16, DType::q8_0, DType::q4_k})
+    add_mul_mat(cases, {wt, 12, 6, pick_k(wt, 40, 64, 256), {1, 1}, {2, 1}, BLayout::transposed}, false);
+  // Larger products: several row tiles and column tiles, long reductions.
+  add_mul_mat(cases, {DType::f32, 70, 40, 2048, {1, 1}, {1, 1}}, false);
+  add_mul_mat(cases, {DType::f16, 100, 70, 512, {1, 1}, {1, 1}}, false);
+  add_mul_mat(cases, {DType::q8_0, 200, 3, 4096, {1, 1}, {1, 1}}, false);
+  add_mul_mat(cases, {DType::q4_k, 130, 33, 1024, {1, 1}, {1, 1}}, false);
+  add_mul_mat(cases, {DType::q6_k, 67, 96, 768, {1, 1}, {1, 1}}, false);
+  // Tiny and attention-shaped products: K^T Q per head under GQA (f16 cache, permuted queries).
+  add_mul_mat(cases, {DType::f32, 1, 1, 1, {1, 1}, {1, 1}}, false);
+  add_mul_mat(cases, {DType::f16, 37, 6, 128, {2, 1}, {8, 1}, BLayout::permuted}, false);
+
+  for (DType wt : kAllWeightTypes) {
+    const int64_t k = pick_k(wt, 72, 64, 256);
+    add_mul_mat_id(cases, {wt, 16, k, 8, 2, 1, false}, false);
+    add_mul_mat_id(cases, {wt, 16, k, 8, 2, 5, true}, false);
+  }
+  for (DType wt : {DType::f32, DType::q8_0, DType::q4_k}) {
+    const int64_t k = pick_k(wt, 33, 96, 256);
+    add_mul_mat_id(cases, {wt, 7, k, 4, 4, 7, false}, false);  // every expert used
+    add_mul_mat_id(cases, {wt, 17, k, 16, 3, 33, true}, false);
+  }
+  // More columns per expert than one tile holds.
+  add_mul_mat_id(cases, {DType::q4_0, 24, 128, 2, 2, 40, false}, false);
+  add_mul_mat_id(cases, {DType::f16, 24, 96, 4, 2, 64, true}, false);
+  add_mul_mat_id(cases, {DType::q6_k, 40, 512, 6, 2, 48, true}, false);
+}
+
+}  // namespace loom::optest

@@ -1,0 +1,176 @@
+// Differential op test: shared declarations.
+//
+// A case builds a small graph from leaf inputs, the runner allocates it on a backend, fills the
+// inputs with seeded random data, poisons the outputs, computes, and compares the result against
+// either a float64 reference written here from the op's definition in loom/graph.h, or the same
+// case run on a second backend.
+#pragma once
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "loom/graph.h"
+
+namespace loom::optest {
+
+// ---- float64 reference tensors ------------------------------------------------------------------
+
+/// Packed float64 values of a logical tensor (ne[0] innermost), the reference's working type.
+struct RefTensor {
+  Shape ne{1, 1, 1, 1};
+  std::vector<double> v;
+
+  RefTensor() = default;
+  explicit RefTensor(const Shape& shape, double fill = 0.0)
+      : ne(shape), v(static_cast<size_t>(shape[0] * shape[1] * shape[2] * shape[3]), fill) {}
+  int64_t size() const { return static_cast<int64_t>(v.size()); }
+  size_t index(int64_t i0, int64_t i1, int64_t i2, int64_t i3) const {
+    return static_cast<size_t>(((i3 * ne[2] + i2) * ne[1] + i1) * ne[0] + i0);
+  }
+  double& operator()(int64_t i0, int64_t i1 = 0, int64_t i2 = 0, int64_t i3 = 0) {
+    return v[index(i0, i1, i2, i3)];
+  }
+  double operator()(int64_t i0, int64_t i1 = 0, int64_t i2 = 0, int64_t i3 = 0) const {
+    return v[index(i0, i1, i2, i3)];
+  }
+};
+
+/// Element strides (not bytes) of a view, as the reference sees it.
+using ElemStrides = std::array<int64_t, kMaxDims>;
+
+/// Packed element strides of a shape.
+ElemStrides packed_strides(const Shape& ne);
+/// Values of a strided view of `src`: element (i) = src.v[offset + sum(i_d * stride_d)].
+RefTensor ref_view(const RefTensor& src, const Shape& ne, const ElemStrides& stride, int64_t offset);
+/// Same semantics as loom::permute: dimension d of `a` becomes dimension axes[d].
+RefTensor ref_permute(const RefTensor& a, int ax0, int ax1, int ax2, int ax3);
+RefTensor ref_transpose(const RefTensor& a);
+/// Same values, new shape.
+RefTensor ref_reshape(const RefTensor& a, const Shape& ne);
+/// What storing the values in `type` keeps: each row quantized then dequantized by the library's
+/// reference converters (identity for f32).
+RefTensor ref_round_trip(const RefTensor& a, DType type);
+
+/// `a` copied into an activation by an exact scale(1), so that the op reading it may run in place
+/// over that activation's memory (the planner never reuses a leaf).
+inline Tensor* as_activation(Graph& g, Tensor* a) { return scale(g, a, 1.0f); }
+
+/// Builds the graph view that ref_view describes (element strides, element offset).
+Tensor* strided_view(Graph& g, Tensor* a, const Shape& ne, const ElemStrides& stride, int64_t offset);
+
+// ---- inputs -----------------------------------------------------------------------------------------
+
+/// Deterministic random source; mt19937 is fully specified by the standard, and the float
+/// conversions below are ours, so a seed gives the same data with every standard library.
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : gen_(seed) {}
+  /// Uniform in [0, 1).
+  double unit() { return static_cast<double>(gen_() >> 8) * 0x1p-24; }
+  float uniform(float lo, float hi) { return static_cast<float>(lo + (hi - lo) * unit()); }
+  /// Uniform integer in [0, n).
+  int64_t below(int64_t n) { return static_cast<int64_t>(unit() * static_cast<double>(n)) % n; }
+
+ private:
+  std::mt19937 gen_;
+};
+
+/// Writes the packed float values of one input (nelements of them) from its shape.
+using Generator = std::function<void(Rng& rng, const Shape& ne, std::vector<float>& values)>;
+
+/// One leaf of a case: how it is filled.
+struct InputSpec {
+  Tensor* tensor = nullptr;
+  Generator generate;   ///< empty when poisoned
+  bool poison = false;  ///< every byte 0xFF (NaN in every float type): a destination to be overwritten
+};
+
+/// Creates a case's leafs and remembers how to fill them. Leafs are numbered in creation order;
+/// the reference receives their dequantized values in that order.
+class CaseInputs {
+ public:
+  explicit CaseInputs(Graph& g) : g_(g) {}
+  /// Values from `gen`, stored in `type` (quantized where it is a quantized type).
+  Tensor* custom(DType type, const Shape& ne, Generator gen);
+  /// Uniform in [lo, hi].
+  Tensor* uniform(DType type, const Shape& ne, float lo = -1.0f, float hi = 1.0f);
+  /// Magnitude in [lo, hi] with a random sign (divisors, scales away from zero).
+  Tensor* signed_magnitude(const Shape& ne, float lo, float hi);
+  /// f32 values without ties anywhere in the tensor (argmax/top_k have one answer).
+  Tensor* distinct(const Shape& ne);
+  /// i32 values in [0, n); with `unique`, no value repeats inside a row (needs ne[0] <= n).
+  Tensor* indices(const Shape& ne, int64_t n, bool unique);
+  /// Attention-style mask: values in [-1, 0], a fraction `p_inf` of -inf, at least one finite
+  /// entry per row; `causal` masks kv > q + (ne0 - n_q) with -inf for the first n_q rows.
+  Tensor* mask(DType type, const Shape& ne, double p_inf, bool causal, int64_t n_q = 0);
+  /// Every byte 0xFF: a destination the op overwrites completely.
+  Tensor* poisoned(DType type, const Shape& ne);
+
+  const std::vector<InputSpec>& specs() const { return specs_; }
+
+ private:
+  Graph& g_;
+  std::vector<InputSpec> specs_;
+};
+
+// ---- cases ------------------------------------------------------------------------------------------
+
+using BuildFn = std::function<Tensor*(Graph& g, CaseInputs& in)>;
+using ReferenceFn = std::function<RefTensor(const std::vector<RefTensor>& inputs)>;
+
+/// One differential test case.
+struct OpCase {
+  std::string op;         ///< group name for --op and --list (an op name, or "cont" for views)
+  std::string desc;       ///< shapes, dtypes and parameters
+  double max_nmse;        ///< threshold; i32 outputs must match exactly whatever this says
+  BuildFn build;          ///< returns the output tensor
+  ReferenceFn reference;  ///< float64 result in the output's logical order (may be empty in perf mode)
+  double flops = 0;       ///< useful floating-point operations, for GFLOP/s in perf mode (0: not shown)
+};
+
+/// Which set of cases to register: small checked shapes, or large timed ones.
+enum class CaseSet { check, perf };
+
+using CaseList = std::vector<OpCase>;
+
+// One function per op family (cases_*.cpp).
+void add_elementwise_cases(CaseList& cases, CaseSet set);
+void add_row_cases(CaseList& cases, CaseSet set);
+void add_matmul_cases(CaseList& cases, CaseSet set);
+void add_attention_cases(CaseList& cases, CaseSet set);
+void add_data_cases(CaseList& cases, CaseSet set);
+
+/// Every case of a set, in a fixed order.
+CaseList all_cases(CaseSet set);
+
+// ---- thresholds (normalised mean squared error, sum((out-ref)^2) / sum(ref^2)) ---------------------
+//
+// A wrong index, a missed row or a broken layout gives an NMSE of order 1e-3 to 1 even when it
+// touches a single row of a small case, so the thresholds below only need to sit comfortably above
+// the rounding each legitimate implementation makes, and they do so by about 10x or more.
+
+/// Data movement and exact conversions (get_rows, concat, cont, cpy/set_rows into f32/f16/bf16):
+/// bit-exact by construction; the allowance is far below one wrong element.
+inline constexpr double kNmseExact = 1e-12;
+/// Elementwise f32 arithmetic and activations, norms, softmax, row sums: float32 evaluation of a
+/// few operations per element is a few ulps off the float64 reference (NMSE ~1e-14); 1e-7 leaves
+/// room for fast-math intrinsics on GPUs (relative error ~2^-21) while one wrong element among
+/// 10^5 still shows (NMSE ~1e-5).
+inline constexpr double kNmseElementwise = 1e-7;
+
+// ---- helpers for case files ------------------------------------------------------------------------
+
+inline constexpr DType kFloatTypes[] = {DType::f32, DType::f16, DType::bf16};
+inline constexpr DType kAllWeightTypes[] = {DType::f32,  DType::f16,  DType::bf16, DType::q8_0,
+                                            DType::q4_0, DType::q4_k, DType::q6_k};
+
+/// "[4, 3, 2]" for descriptions.
+std::string shape_str(const Shape& ne);
+
+}  // namespace loom::optest

@@ -1,0 +1,358 @@
+// Runs a case on a backend: build, allocate, fill inputs, poison outputs, compute, read back; and
+// the comparison of the result with the reference or with a second backend.
+#include "runner.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "loom/planner.h"
+
+namespace loom::optest {
+
+namespace {
+
+// FNV-1a of the case's name: the seed depends only on the case, so `--op` and the order of the
+// case list do not change the data a case sees.
+uint64_t case_seed(const OpCase& c) {
+  uint64_t h = 1469598103934665603ull;
+  for (char ch : c.op + "/" + c.desc) h = (h ^ static_cast<uint8_t>(ch)) * 1099511628211ull;
+  return h;
+}
+
+/// Host bytes of every input of a case, in spec order.
+using InputBytes = std::vector<std::vector<uint8_t>>;
+
+/// One build of a case's graph, allocated on a backend.
+struct Execution {
+  std::unique_ptr<Graph> graph = std::make_unique<Graph>();
+  std::unique_ptr<CaseInputs> inputs = std::make_unique<CaseInputs>(*graph);
+  Tensor* out = nullptr;
+  GraphAllocation alloc;
+};
+
+Status build(const OpCase& c, Execution& e) {
+  e.out = c.build(*e.graph, *e.inputs);
+  if (!e.graph->status().ok()) return e.graph->status();
+  if (!e.out) return make_error(StatusCode::internal, "the case returned no output tensor");
+  e.graph->mark_output(e.out);
+  return {};
+}
+
+InputBytes generate_inputs(const CaseInputs& in, uint64_t seed) {
+  Rng rng(seed);
+  InputBytes bytes;
+  for (const InputSpec& s : in.specs()) {
+    const Tensor* t = s.tensor;
+    std::vector<uint8_t>& b = bytes.emplace_back(t->nbytes());
+    if (s.poison) {
+      std::fill(b.begin(), b.end(), 0xFF);
+      continue;
+    }
+    std::vector<float> values(static_cast<size_t>(t->nelements()));
+    s.generate(rng, t->ne, values);
+    const int64_t n0 = t->ne[0];
+    const size_t row = t->row_size();  // leafs are packed
+    for (int64_t r = 0; r < t->nrows(); ++r)
+      quantize_row(t->type, values.data() + r * n0, b.data() + r * row, n0);
+  }
+  return bytes;
+}
+
+// What the op sees: the stored inputs, dequantized.
+std::vector<RefTensor> reference_inputs(const CaseInputs& in, const InputBytes& bytes) {
+  std::vector<RefTensor> refs;
+  for (size_t i = 0; i < in.specs().size(); ++i) {
+    const Tensor* t = in.specs()[i].tensor;
+    RefTensor& r = refs.emplace_back(t->ne);
+    const int64_t n0 = t->ne[0];
+    std::vector<float> row(static_cast<size_t>(n0));
+    for (int64_t k = 0; k < t->nrows(); ++k) {
+      dequantize_row(t->type, bytes[i].data() + k * t->row_size(), row.data(), n0);
+      for (int64_t j = 0; j < n0; ++j) r.v[k * n0 + j] = row[j];
+    }
+  }
+  return refs;
+}
+
+// The first node the backend has no kernel for, or null.
+const Tensor* unsupported_node(const Backend& backend, const Graph& g) {
+  for (const Tensor* t : g.nodes())
+    if (!backend.supports_op(*t)) return t;
+  return nullptr;
+}
+
+Status allocate_and_fill(Backend& backend, Execution& e, const InputBytes& bytes) {
+  auto alloc = allocate_graph(*e.graph, backend.buffer_type());
+  if (!alloc) return alloc.status();
+  e.alloc = std::move(alloc.value());
+  const auto& specs = e.inputs->specs();
+  for (size_t i = 0; i < specs.size(); ++i)
+    LOOM_TRY(tensor_write(specs[i].tensor, bytes[i].data(), 0, bytes[i].size()));
+  return {};
+}
+
+// Poisons every activation (NaN in every float type, -1 in i32) so that an element a kernel forgets
+// to write cannot pass by holding a stale right answer; destinations that live in leafs (cpy) are
+// poisoned as inputs.
+Status poison_and_compute(Backend& backend, Execution& e) {
+  if (e.alloc.arena) LOOM_TRY(e.alloc.arena->fill(0, 0xFF, e.alloc.arena->size()));
+  LOOM_TRY(backend.compute(*e.graph));
+  return backend.synchronize();
+}
+
+struct Comparison {
+  bool ok = true;
+  double nmse = 0.0;
+  std::string detail;  ///< why it failed, or the worst element
+};
+
+// NMSE over the positions where the reference is finite; a non-finite output passes only where
+// the reference holds the same non-finite value.
+Comparison compare_values(const std::vector<float>& out, const std::vector<double>& ref, double max_nmse) {
+  Comparison c;
+  if (out.size() != ref.size()) {
+    c.ok = false;
+    c.detail = fmt::format("output has {} elements, reference {}", out.size(), ref.size());
+    return c;
+  }
+  double err = 0.0, norm = 0.0, worst = -1.0;
+  size_t worst_i = 0, bad = 0, first_bad = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    const double a = out[i], b = ref[i];
+    if (!std::isfinite(b) || !std::isfinite(a)) {
+      const bool same = (std::isnan(a) && std::isnan(b)) || a == b;
+      if (!same && bad++ == 0) first_bad = i;
+      continue;
+    }
+    err += (a - b) * (a - b);
+    norm += b * b;
+    if (std::fabs(a - b) > worst) worst = std::fabs(a - b), worst_i = i;
+  }
+  c.nmse = norm > 0.0 ? err / norm : (err > 0.0 ? INFINITY : 0.0);
+  if (bad) {
+    c.ok = false;
+    c.detail = fmt::format("{} non-finite mismatches, first at [{}]: got {} expected {}", bad, first_bad,
+                           out[first_bad], ref[first_bad]);
+  } else if (!(c.nmse <= max_nmse)) {
+    c.ok = false;
+  }
+  if (c.detail.empty() && worst >= 0.0)
+    c.detail = fmt::format("max |err| {:.3g} at [{}]: got {} expected {}", worst, worst_i, out[worst_i],
+                           ref[worst_i]);
+  return c;
+}
+
+// Integer results (argmax, top_k): every element must be equal.
+Comparison compare_exact(const std::vector<float>& out, const std::vector<double>& ref) {
+  Comparison c;
+  if (out.size() != ref.size()) {
+    c.ok = false;
+    c.detail = fmt::format("output has {} elements, reference {}", out.size(), ref.size());
+    return c;
+  }
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < out.size(); ++i)
+    if (static_cast<double>(out[i]) != ref[i] && bad++ == 0) first = i;
+  c.ok = bad == 0;
+  c.nmse = static_cast<double>(bad);
+  if (bad)
+    c.detail = fmt::format("{} of {} differ, first at [{}]: got {} expected {}", bad, out.size(), first,
+                           out[first], ref[first]);
+  return c;
+}
+
+// The case's name goes out before it runs, so a kernel that crashes the process is named by the
+// last line of the log.
+void begin_line(const OpCase& c) {
+  fmt::print("  {:<11} {:<70} ", c.op, c.desc);
+  std::fflush(stdout);
+}
+
+void end_line(const char* verdict, const std::string& metric, const std::string& detail, bool show_detail) {
+  fmt::print("{:<26} {}\n", metric, verdict);
+  if (show_detail && !detail.empty()) fmt::print("      {}\n", detail);
+  std::fflush(stdout);
+}
+
+Outcome fail(const std::string& what) {
+  end_line("FAIL", "-", what, true);
+  return Outcome::failed;
+}
+
+// Builds, allocates, fills, computes and reads one backend's result.
+struct BackendResult {
+  Outcome outcome = Outcome::passed;
+  std::string message;
+  std::vector<float> values;
+  DType type = DType::f32;
+  int n_in_place = 0;  ///< nodes the planner ran over their operand's memory
+};
+
+// A kernel must not write into its operands; only the leaf that the output is a view of (the
+// destination of cpy or set_rows) may change.
+Status check_inputs_intact(const Execution& e, const InputBytes& bytes) {
+  const auto& specs = e.inputs->specs();
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const Tensor* t = specs[i].tensor;
+    if (t == e.out->root()) continue;
+    std::vector<uint8_t> now(bytes[i].size());
+    LOOM_TRY(tensor_read(t, now.data(), 0, now.size()));
+    if (now != bytes[i])
+      return make_error(StatusCode::internal, "input {} was modified by compute", describe(*t));
+  }
+  return {};
+}
+
+BackendResult run_on(const OpCase& c, Backend& backend, const InputBytes& bytes) {
+  BackendResult r;
+  Execution e;
+  Status s = build(c, e);
+  if (s.ok()) {
+    if (const Tensor* t = unsupported_node(backend, *e.graph)) {
+      r.outcome = Outcome::unsupported;
+      r.message = fmt::format("{}: {} of {}", backend.name(), op_name(t->op), describe(*t));
+      return r;
+    }
+    s = allocate_and_fill(backend, e, bytes);
+  }
+  if (s.ok()) s = poison_and_compute(backend, e);
+  if (s.ok()) s = check_inputs_intact(e, bytes);
+  if (s.ok()) {
+    r.n_in_place = e.alloc.plan.n_in_place;
+    auto values = tensor_to_floats(e.out);
+    if (values)
+      r.values = std::move(values.value());
+    else
+      s = values.status();
+  }
+  if (!s.ok()) {
+    r.outcome = Outcome::failed;
+    r.message = fmt::format("{}: {}", backend.name(), s.to_string());
+  }
+  r.type = e.out ? e.out->type : DType::f32;
+  return r;
+}
+
+}  // namespace
+
+Outcome check_case(const OpCase& c, Backend& backend, Backend* other, bool verbose) {
+  begin_line(c);
+  Execution probe;
+  if (Status s = build(c, probe); !s.ok()) return fail("graph: " + s.to_string());
+  const InputBytes bytes = generate_inputs(*probe.inputs, case_seed(c));
+
+  BackendResult a = run_on(c, backend, bytes);
+  if (a.outcome == Outcome::unsupported) {
+    end_line("not supported", "-", a.message, verbose);
+    return Outcome::unsupported;
+  }
+  if (a.outcome == Outcome::failed) return fail(a.message);
+
+  std::vector<double> expected;
+  if (other) {
+    BackendResult b = run_on(c, *other, bytes);
+    if (b.outcome == Outcome::unsupported) {
+      end_line("not supported", "-", b.message, verbose);
+      return Outcome::unsupported;
+    }
+    if (b.outcome == Outcome::failed) return fail(b.message);
+    expected.assign(b.values.begin(), b.values.end());
+  } else {
+    expected = c.reference(reference_inputs(*probe.inputs, bytes)).v;
+  }
+
+  const bool integer = a.type == DType::i32;
+  const Comparison cmp =
+      integer ? compare_exact(a.values, expected) : compare_values(a.values, expected, c.max_nmse);
+  const std::string metric = integer ? fmt::format("mismatches={}", static_cast<int64_t>(cmp.nmse))
+                                     : fmt::format("nmse={:.2e} <= {:.0e}", cmp.nmse, c.max_nmse);
+  std::string detail = cmp.detail;
+  if (verbose && a.n_in_place) detail += fmt::format("; {} node(s) ran in place", a.n_in_place);
+  end_line(cmp.ok ? "OK" : "FAIL", metric, detail, !cmp.ok || verbose);
+  return cmp.ok ? Outcome::passed : Outcome::failed;
+}
+
+Outcome time_case(const OpCase& c, Backend& backend, bool verbose) {
+  begin_line(c);
+  Execution e;
+  if (Status s = build(c, e); !s.ok()) return fail("graph: " + s.to_string());
+  if (const Tensor* t = unsupported_node(backend, *e.graph)) {
+    end_line("not supported", "-", fmt::format("{} of {}", op_name(t->op), describe(*t)), verbose);
+    return Outcome::unsupported;
+  }
+  const InputBytes bytes = generate_inputs(*e.inputs, case_seed(c));
+  if (Status s = allocate_and_fill(backend, e, bytes); !s.ok()) return fail(s.to_string());
+  if (Status s = poison_and_compute(backend, e); !s.ok()) return fail(s.to_string());  // warm-up
+
+  // Enough runs for about half a second (the warm-up above is not counted).
+  using clock = std::chrono::steady_clock;
+  int runs = 0;
+  const auto start = clock::now();
+  double elapsed = 0.0;
+  while (runs < 1 || (elapsed < 0.5 && runs < 100000)) {
+    if (Status s = backend.compute(*e.graph); !s.ok()) return fail(s.to_string());
+    if (Status s = backend.synchronize(); !s.ok()) return fail(s.to_string());
+    ++runs;
+    elapsed = std::chrono::duration<double>(clock::now() - start).count();
+  }
+  const double us = elapsed / runs * 1e6;
+
+  // Bytes the case must move at least: each input read once and the output written once (a
+  // destination leaf of cpy/set_rows counts as the output, not as an input).
+  double moved = static_cast<double>(e.out->nbytes());
+  for (const InputSpec& s : e.inputs->specs())
+    if (s.tensor != e.out->root()) moved += static_cast<double>(s.tensor->nbytes());
+  std::string metric = fmt::format("{:>10.1f} us/run {:>8.1f} GB/s", us, moved / us * 1e-3);
+  if (c.flops > 0) metric += fmt::format(" {:>9.1f} GFLOP/s", c.flops / us * 1e-3);
+  fmt::print("{}  ({} runs)\n", metric, runs);
+  std::fflush(stdout);
+  return Outcome::passed;
+}
+
+bool list_cases(const CaseList& cases) {
+  struct Group {
+    int count = 0;
+    std::set<std::string> dtypes;
+  };
+  std::map<std::string, Group> groups;
+  std::vector<std::string> order;
+  std::set<OpKind> computed;
+  bool ok = true;
+  for (const OpCase& c : cases) {
+    Execution e;
+    if (Status s = build(c, e); !s.ok()) {
+      fmt::print("  {} {}: graph error: {}\n", c.op, c.desc, s.to_string());
+      ok = false;
+      continue;
+    }
+    if (!groups.count(c.op)) order.push_back(c.op);
+    Group& grp = groups[c.op];
+    ++grp.count;
+    for (const Tensor* t : e.graph->leafs()) grp.dtypes.insert(dtype_name(t->type));
+    for (const Tensor* t : e.graph->nodes()) computed.insert(t->op);
+  }
+  for (const std::string& op : order) {
+    std::string types;
+    for (const std::string& t : groups[op].dtypes) types += (types.empty() ? "" : " ") + t;
+    fmt::print("  {:<11} {:>4} cases   dtypes: {}\n", op, groups[op].count, types);
+  }
+  std::string missing;
+  for (int k = 0; k < kOpCount; ++k) {
+    const auto op = static_cast<OpKind>(k);
+    if (op != OpKind::none && !computed.count(op))
+      missing += std::string(missing.empty() ? "" : ", ") + op_name(op);
+  }
+  if (!missing.empty()) {
+    fmt::print("ops of graph.h without a case: {}\n", missing);
+    ok = false;
+  }
+  fmt::print("{} cases\n", cases.size());
+  return ok;
+}
+
+}  // namespace loom::optest
