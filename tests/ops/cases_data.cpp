@@ -57,7 +57,7 @@ void add_get_rows(CaseList& cases, DType t, const Shape& a_ne, int64_t k, bool p
       return out;
     };
   }
-  cases.push_back({"get_rows", fmt::format("a={}{} k={}", dtype_name(t), shape_str(a_ne), k), kNmseExact,
+  cases.push_back({"get_rows", fmt::format("a={}{} k={}", dtype_name(t), shape_string(a_ne), k), kNmseExact,
                    build, ref, 0.0});
 }
 
@@ -91,8 +91,8 @@ void add_set_rows(CaseList& cases, DType t, const Shape& dst_ne, int64_t r, cons
     };
   }
   cases.push_back({"set_rows",
-                   fmt::format("dst={}{} src=f32{} idx={}", dtype_name(t), shape_str(dst_ne),
-                               shape_str(src_ne), shape_str({r, idx_batch[0], idx_batch[1], 1})),
+                   fmt::format("dst={}{} src=f32{} idx={}", dtype_name(t), shape_string(dst_ne),
+                               shape_string(src_ne), shape_string({r, idx_batch[0], idx_batch[1], 1})),
                    store_nmse(t), build, ref, 0.0});
 }
 
@@ -153,8 +153,8 @@ void add_cpy(CaseList& cases, const CpyCase& c, bool perf) {
                            : c.dst_layout == DstLayout::convert  ? " (convert)"
                                                                  : "";
   cases.push_back({"cpy",
-                   fmt::format("{}{}{} -> {}{}{}", dtype_name(c.src_t), shape_str(c.src_ne), src_layout,
-                               dtype_name(c.dst_t), shape_str(c.dst_ne), dst_layout),
+                   fmt::format("{}{}{} -> {}{}{}", dtype_name(c.src_t), shape_string(c.src_ne), src_layout,
+                               dtype_name(c.dst_t), shape_string(c.dst_ne), dst_layout),
                    store_nmse(c.dst_t), build, ref, 0.0});
 }
 
@@ -192,8 +192,8 @@ void add_concat(CaseList& cases, DType t, const Shape& a_ne, int64_t b_dim_size,
     return out;
   };
   cases.push_back({"concat",
-                   fmt::format("{} a={}{} b={} dim={}", dtype_name(t), shape_str(a_ne),
-                               a_transposed ? " (transposed)" : "", shape_str(b_ne), dim),
+                   fmt::format("{} a={}{} b={} dim={}", dtype_name(t), shape_string(a_ne),
+                               a_transposed ? " (transposed)" : "", shape_string(b_ne), dim),
                    kNmseExact, build, ref, 0.0});
 }
 
@@ -213,7 +213,7 @@ void add_cont(CaseList& cases, const ViewCase& v) {
     return cont(g, v.view(g, leaf));
   };
   auto ref = [v](const std::vector<RefTensor>& in) { return v.ref_view(in[0]); };
-  cases.push_back({"cont", fmt::format("{}{} {}", dtype_name(v.t), shape_str(v.leaf), v.desc), kNmseExact,
+  cases.push_back({"cont", fmt::format("{}{} {}", dtype_name(v.t), shape_string(v.leaf), v.desc), kNmseExact,
                    build, ref, 0.0});
 }
 
@@ -303,6 +303,8 @@ void add_data_cases(CaseList& cases, CaseSet set) {
     add_cpy(cases, {DType::f32, DType::f16, {512, 4096, 1, 1}, {512, 4096, 1, 1}, SrcLayout::transposed},
             true);
     for (DType t : {DType::f16, DType::q8_0}) add_set_rows(cases, t, {1024, 4096, 1, 1}, 32, {1, 1}, true);
+    add_concat(cases, DType::f32, {4096, 256, 1, 1}, 256, 1, false);
+    add_concat(cases, DType::f16, {128, 4096, 8, 1}, 1, 1, false);  // appending one KV position
     return;
   }
 

@@ -105,8 +105,8 @@ void add_mul_mat(CaseList& cases, const MulMatCase& c, bool perf) {
                        : c.layout == BLayout::transposed ? " b transposed"
                                                          : "";
   std::string desc = fmt::format(
-      "a={}{}{} b=f32{}{}", dtype_name(c.wt), shape_str({c.k, c.m, c.a_batch[0], c.a_batch[1]}),
-      c.a_window ? " (row window)" : "", shape_str({c.k, c.n, c.b_batch[0], c.b_batch[1]}), layout);
+      "a={}{}{} b=f32{}{}", dtype_name(c.wt), shape_string({c.k, c.m, c.a_batch[0], c.a_batch[1]}),
+      c.a_window ? " (row window)" : "", shape_string({c.k, c.n, c.b_batch[0], c.b_batch[1]}), layout);
   const double flops = 2.0 * c.m * c.n * c.k * c.b_batch[0] * c.b_batch[1];
   cases.push_back({"mul_mat", desc, mul_mat_nmse(c.wt), build, ref, flops});
 }
@@ -146,9 +146,9 @@ void add_mul_mat_id(CaseList& cases, const MulMatIdCase& c, bool perf) {
       return out;
     };
   }
-  std::string desc =
-      fmt::format("as={}{} b.ne1={} n_used={} n_tokens={}", dtype_name(c.wt),
-                  shape_str({c.k, c.m, c.n_expert, 1}), c.b_per_expert ? c.n_used : 1, c.n_used, c.n_tokens);
+  std::string desc = fmt::format("as={}{} b.ne1={} n_used={} n_tokens={}", dtype_name(c.wt),
+                                 shape_string({c.k, c.m, c.n_expert, 1}), c.b_per_expert ? c.n_used : 1,
+                                 c.n_used, c.n_tokens);
   const double flops = 2.0 * c.m * c.k * c.n_used * c.n_tokens;
   cases.push_back({"mul_mat_id", desc, mul_mat_nmse(c.wt), build, ref, flops});
 }

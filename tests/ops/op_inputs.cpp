@@ -67,8 +67,6 @@ Tensor* strided_view(Graph& g, Tensor* a, const Shape& ne, const ElemStrides& st
   return view(g, a, ne, nb, static_cast<size_t>(offset) * ts);
 }
 
-std::string shape_str(const Shape& ne) { return shape_string(ne); }
-
 // ---- inputs -------------------------------------------------------------------------------------------
 
 Tensor* CaseInputs::custom(DType type, const Shape& ne, Generator gen) {

@@ -166,11 +166,7 @@ inline constexpr double kNmseElementwise = 1e-7;
 
 // ---- helpers for case files ------------------------------------------------------------------------
 
-inline constexpr DType kFloatTypes[] = {DType::f32, DType::f16, DType::bf16};
 inline constexpr DType kAllWeightTypes[] = {DType::f32,  DType::f16,  DType::bf16, DType::q8_0,
                                             DType::q4_0, DType::q4_k, DType::q6_k};
-
-/// "[4, 3, 2]" for descriptions.
-std::string shape_str(const Shape& ne);
 
 }  // namespace loom::optest

@@ -16,10 +16,10 @@ namespace loom::optest {
 
 namespace {
 
-// FNV-1a of the case's name: the seed depends only on the case, so `--op` and the order of the
-// case list do not change the data a case sees.
-uint64_t case_seed(const OpCase& c) {
-  uint64_t h = 1469598103934665603ull;
+// FNV-1a of the case's name: the seed depends only on the case (and --seed), so `--op` and the
+// order of the case list do not change the data a case sees.
+uint64_t case_seed(const OpCase& c, uint64_t run_seed) {
+  uint64_t h = 1469598103934665603ull ^ (run_seed * 0x9E3779B97F4A7C15ull);
   for (char ch : c.op + "/" + c.desc) h = (h ^ static_cast<uint8_t>(ch)) * 1099511628211ull;
   return h;
 }
@@ -240,11 +240,12 @@ BackendResult run_on(const OpCase& c, Backend& backend, const InputBytes& bytes)
 
 }  // namespace
 
-Outcome check_case(const OpCase& c, Backend& backend, Backend* other, bool verbose) {
+Outcome check_case(const OpCase& c, Backend& backend, Backend* other, const RunSettings& run) {
+  const bool verbose = run.verbose;
   begin_line(c);
   Execution probe;
   if (Status s = build(c, probe); !s.ok()) return fail("graph: " + s.to_string());
-  const InputBytes bytes = generate_inputs(*probe.inputs, case_seed(c));
+  const InputBytes bytes = generate_inputs(*probe.inputs, case_seed(c, run.seed));
 
   BackendResult a = run_on(c, backend, bytes);
   if (a.outcome == Outcome::unsupported) {
@@ -277,7 +278,8 @@ Outcome check_case(const OpCase& c, Backend& backend, Backend* other, bool verbo
   return cmp.ok ? Outcome::passed : Outcome::failed;
 }
 
-Outcome time_case(const OpCase& c, Backend& backend, bool verbose) {
+Outcome time_case(const OpCase& c, Backend& backend, const RunSettings& run) {
+  const bool verbose = run.verbose;
   begin_line(c);
   Execution e;
   if (Status s = build(c, e); !s.ok()) return fail("graph: " + s.to_string());
@@ -285,7 +287,7 @@ Outcome time_case(const OpCase& c, Backend& backend, bool verbose) {
     end_line("not supported", "-", fmt::format("{} of {}", op_name(t->op), describe(*t)), verbose);
     return Outcome::unsupported;
   }
-  const InputBytes bytes = generate_inputs(*e.inputs, case_seed(c));
+  const InputBytes bytes = generate_inputs(*e.inputs, case_seed(c, run.seed));
   if (Status s = allocate_and_fill(backend, e, bytes); !s.ok()) return fail(s.to_string());
   if (Status s = poison_and_compute(backend, e); !s.ok()) return fail(s.to_string());  // warm-up
 

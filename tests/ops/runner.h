@@ -28,12 +28,18 @@ struct Tally {
   }
 };
 
+/// What every case run shares.
+struct RunSettings {
+  bool verbose = false;  ///< details of passing cases too
+  uint64_t seed = 0;     ///< mixed into every case's seed (0: the data the suite is tuned on)
+};
+
 /// Checks `c` on `backend` against the float64 reference, or against `other` when it is given.
 /// Prints one line.
-Outcome check_case(const OpCase& c, Backend& backend, Backend* other, bool verbose);
+Outcome check_case(const OpCase& c, Backend& backend, Backend* other, const RunSettings& run);
 
 /// Times `c` on `backend` and prints µs per run, GB/s and GFLOP/s.
-Outcome time_case(const OpCase& c, Backend& backend, bool verbose);
+Outcome time_case(const OpCase& c, Backend& backend, const RunSettings& run);
 
 /// Prints each op group with its case count and the dtypes of its inputs; every op kind of
 /// graph.h that no case computes is named (and makes the result false).

@@ -27,7 +27,7 @@ using namespace loom::optest;
 struct Options {
   bool perf = false;
   bool list = false;
-  bool verbose = false;
+  RunSettings run;
   int n_threads = 0;
   std::vector<std::string> backends{"cpu"};
   std::vector<std::string> ops;       // empty: all
@@ -37,7 +37,8 @@ struct Options {
 
 void usage(const char* prog) {
   fmt::print(
-      "usage: {} [perf] [--backend A[,B]] [--op NAME[,NAME...]] [--list] [-t N] [-v]\n"
+      "usage: {} [perf] [--backend A[,B]] [--op NAME[,NAME...]] [--filter TEXT] [--exclude TEXT]\n       "
+      "[--list] [--seed N] [-t N] [-v]\n"
       "  perf             time larger cases instead of checking (prints us/run, GB/s, GFLOP/s)\n"
       "  --backend A      check backend A against the float64 reference (default: cpu)\n"
       "  --backend A,B    check backend A against backend B on identical inputs\n"
@@ -46,6 +47,7 @@ void usage(const char* prog) {
       "  --exclude TEXT   skip cases whose description contains TEXT (repeatable)\n"
       "  --list           print every op with its dtypes and number of cases\n"
       "  -t N             threads of the cpu backend (default: all cores)\n"
+      "  --seed N         vary the random inputs (default 0: the data the thresholds were checked on)\n"
       "  -v               verbose: print details of passing cases too\n",
       prog);
 }
@@ -79,7 +81,7 @@ bool parse(int argc, char** argv, Options& o) {
     } else if (arg == "--list") {
       o.list = true;
     } else if (arg == "-v" || arg == "--verbose") {
-      o.verbose = true;
+      o.run.verbose = true;
     } else if (arg == "--backend" || arg == "-b") {
       const char* v = value("--backend");
       if (!v) return false;
@@ -96,6 +98,15 @@ bool parse(int argc, char** argv, Options& o) {
       const char* v = value(arg.c_str());
       if (!v) return false;
       (arg == "--filter" ? o.filters : o.excludes).push_back(v);
+    } else if (arg == "--seed") {
+      const char* v = value("--seed");
+      if (!v) return false;
+      char* end = nullptr;
+      o.run.seed = std::strtoull(v, &end, 10);
+      if (!end || *end) {
+        fmt::print(stderr, "--seed needs a number, got '{}'\n", v);
+        return false;
+      }
     } else if (arg == "-t" || arg == "--threads") {
       const char* v = value("-t");
       if (!v) return false;
@@ -176,8 +187,7 @@ int main(int argc, char** argv) {
 
   Tally tally;
   for (const OpCase& c : cases)
-    tally.add(opt.perf ? time_case(c, *backends[0], opt.verbose)
-                       : check_case(c, *backends[0], other, opt.verbose));
+    tally.add(opt.perf ? time_case(c, *backends[0], opt.run) : check_case(c, *backends[0], other, opt.run));
 
   std::string line = fmt::format("{} passed, {} failed", tally.passed, tally.failed);
   if (tally.unsupported) line += fmt::format(", {} not supported", tally.unsupported);
