@@ -282,7 +282,7 @@ Result<void*> DeviceContext::allocate(size_t size, size_t* capacity) {
     if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) (void)cudaGetLastError();
     return make_error(StatusCode::out_of_memory,
                       "cuda: device {} ({}): cannot allocate {} bytes; {} of {} bytes are free",
-                      info_.ordinal, info_.name, rounded, free_bytes, total_bytes);
+                      info_.ordinal, info_.name, size, free_bytes, total_bytes);
   }
   if (err != cudaSuccess)
     return to_status(CudaError::runtime(err, "cudaMalloc", __FILE__, __LINE__),

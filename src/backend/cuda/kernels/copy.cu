@@ -179,6 +179,8 @@ CudaError launch_get_rows(const LaunchContext& ctx, const Tensor* dst) {
 CudaError launch_set_rows(const LaunchContext& ctx, const Tensor* dst) {
   const Tensor* src = dst->src[0];
   const int block = static_cast<int>(dtype_block_size(dst->type));
+  if (block > kMaxBlock)  // K-quants: no device quantizer (supports_op rejects them first)
+    return CudaError::runtime(cudaErrorNotSupported, "set_rows into a K-quant", __FILE__, __LINE__);
   const int64_t n = src->nrows() * (src->ne[0] / block);
   if (n == 0) return {};
   set_rows_kernel<<<grid_for(n, kThreads), kThreads, 0, ctx.stream>>>(
@@ -194,6 +196,8 @@ CudaError launch_cpy(const LaunchContext& ctx, const Tensor* dst) {
   if (n == 0) return {};
   if (dtype_is_quantized(dst->type)) {
     const int block = static_cast<int>(dtype_block_size(dst->type));
+    if (block > kMaxBlock)  // K-quants: no device quantizer (supports_op rejects them first)
+      return CudaError::runtime(cudaErrorNotSupported, "cpy into a K-quant", __FILE__, __LINE__);
     cpy_quantize_kernel<<<grid_for(n / block, kThreads), kThreads, 0, ctx.stream>>>(
         desc_of(dst), dst->type, block, static_cast<int>(dtype_type_size(dst->type)), desc_of(src),
         src->type);

@@ -135,14 +135,17 @@ CudaError mat_vec_id(const LaunchContext& ctx, const Tensor* dst) {
 
 bool is_float_type(DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16; }
 
-// Whether the cuBLAS path applies: float weights, enough columns to be worth a GEMM, and the
-// weight strides whole elements (they are for every tensor Loom builds; views could break it).
+// Whether the cuBLAS path applies: float weights, enough columns to be worth a GEMM, and weight
+// strides cuBLAS can express (whole elements, lda >= k, int range): true of every tensor Loom
+// builds; an odd view falls back to the mat-vec kernel, which takes any strides.
 bool use_cublas(const Tensor* dst) {
   const Tensor* a = dst->src[0];
   if (!is_float_type(a->type) || dst->ne[1] <= kMatVecMaxCols) return false;
   const size_t ts = dtype_type_size(a->type);
-  return a->nb[1] % ts == 0 && a->nb[2] % ts == 0 && a->nb[3] % ts == 0 && a->ne[0] <= INT32_MAX &&
-         a->ne[1] <= INT32_MAX && dst->ne[1] <= INT32_MAX;
+  const bool whole_elements = a->nb[1] % ts == 0 && a->nb[2] % ts == 0 && a->nb[3] % ts == 0;
+  const bool fits_int = a->nb[1] / ts <= INT32_MAX && a->ne[1] <= INT32_MAX && dst->ne[1] <= INT32_MAX &&
+                        dst->ne[2] <= INT32_MAX;
+  return whole_elements && fits_int && a->nb[1] >= static_cast<size_t>(a->ne[0]) * ts;  // lda >= k
 }
 
 CudaError gemm_cublas(const LaunchContext& ctx, const Tensor* dst) {
