@@ -18,7 +18,8 @@ add_library(loom_cuda SHARED
   src/backend/cuda/kernels/rope.cu
   src/backend/cuda/kernels/attention.cu
 )
-target_include_directories(loom_cuda PRIVATE ${PROJECT_SOURCE_DIR}/src)
+# include/ is public for programs that link loom_cuda to call include/loom/cuda.h directly.
+target_include_directories(loom_cuda PUBLIC ${PROJECT_SOURCE_DIR}/include PRIVATE ${PROJECT_SOURCE_DIR}/src)
 # loom_core is static and linked into this library too; its symbols stay private here
 # (--exclude-libs), so the library never binds to the program's copy or the other way round.
 # Registration goes through the function pointer the program passes to loom_backend_register.
