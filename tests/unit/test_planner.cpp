@@ -34,7 +34,8 @@ struct GenOptions {
   double output_prob = 0.12;
 };
 
-// Builds a random DAG of f32 ops (and a few i32 results) over random leafs. The same seed builds
+// Builds a random DAG of f32 ops (and a few i32 results) over random leafs, with the other ops'
+// operands (masks, positions, keys) taken from the pool or made as leafs. The same seed builds
 // the same graph, so two graphs can be compared node by node. Every tensor kept in pool_ has
 // contiguous rows, so any op may take it.
 class RandomGraph {
@@ -108,7 +109,7 @@ class RandomGraph {
 
   void step() {
     Tensor* a = pick();
-    switch (rand_int(0, 13)) {
+    switch (rand_int(0, 15)) {
       case 0: {  // unary
         switch (rand_int(0, 4)) {
           case 0: return add_result(silu(g_, a));
@@ -206,6 +207,33 @@ class RandomGraph {
         Tensor* c = cpy(g_, leaf_f32(t->ne), t);
         ASSERT_NE(c, nullptr) << g_.status().to_string();
         return add_result(cont(g_, c));
+      }
+      case 13: {  // rope (runs in place), a as [head_dim, n_head, n_tokens]
+        if (a->ne[0] < 2) return add_result(gelu(g_, a));
+        RopeParams p{};
+        p.n_dims = 2 * rand_int(1, static_cast<int>(a->ne[0]) / 2);
+        p.mode = chance(0.5) ? RopeMode::neox : RopeMode::normal;
+        p.n_ctx_orig = 64;
+        p.freq_base = 10000.0f;
+        p.freq_scale = chance(0.5) ? 1.0f : 0.5f;
+        p.ext_factor = chance(0.3) ? 1.0f : 0.0f;
+        p.attn_factor = 1.0f;
+        p.beta_fast = 32.0f;
+        p.beta_slow = 1.0f;
+        std::vector<float> positions(static_cast<size_t>(a->ne[2]));
+        for (float& x : positions) x = static_cast<float>(rand_int(0, 200));
+        Tensor* pos = leaf_i32({a->ne[2], 1, 1, 1}, positions);
+        Tensor* ff = chance(0.3) ? leaf_f32({p.n_dims / 2, 1, 1, 1}, 1.0f, 4.0f) : nullptr;
+        return add_result(rope(g_, a, pos, ff, p));
+      }
+      case 14: {  // flash_attn, q = a as [d, n_q, n_head]; k and v from the pool when they fit
+        Tensor* k = find([&](Tensor* t) { return t->ne[0] == a->ne[0] && a->ne[2] % t->ne[2] == 0 && t->ne[3] == a->ne[3]; });
+        if (!k) k = leaf_f32({a->ne[0], rand_int(1, 6), chance(0.5) ? 1 : a->ne[2], a->ne[3]});
+        Tensor* v = find([&](Tensor* t) { return t->ne[1] == k->ne[1] && t->ne[2] == k->ne[2] && t->ne[3] == k->ne[3]; });
+        if (!v) v = leaf_f32({8 * rand_int(1, 2), k->ne[1], k->ne[2], k->ne[3]});
+        Tensor* mask = chance(0.5) ? leaf_f32({k->ne[1], a->ne[1] + rand_int(0, 1), 1, 1}, -2.0f, 0.0f) : nullptr;
+        const float cap = chance(0.3) ? 5.0f : 0.0f;
+        return add_result(flash_attn(g_, a, k, v, mask, 1.0f / std::sqrt(static_cast<float>(a->ne[0])), cap));
       }
       default: {  // reductions and gathers
         switch (rand_int(0, 3)) {
