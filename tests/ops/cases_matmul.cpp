@@ -1,4 +1,6 @@
 // Cases: mul_mat (every weight type, batched, broadcast, views) and mul_mat_id.
+#include <array>
+
 #include <fmt/format.h>
 
 #include "op_test.h"
@@ -59,8 +61,8 @@ enum class BLayout {
 struct MulMatCase {
   DType wt;
   int64_t m, n, k;
-  Shape a_batch;  // {a2, a3}
-  Shape b_batch;  // {b2, b3}
+  std::array<int64_t, 2> a_batch;  // {a2, a3}
+  std::array<int64_t, 2> b_batch;  // {b2, b3}
   BLayout layout = BLayout::packed;
   bool a_window = false;  // a is the second half of the rows of a larger weight
 };
