@@ -96,6 +96,30 @@ void add_set_rows(CaseList& cases, DType t, const Shape& dst_ne, int64_t r, cons
                    store_nmse(t), build, ref, 0.0});
 }
 
+// set_rows into slice 1 of a [n, R, 3] cache (a view with an offset, as a KV cache layer is): the
+// other slices must stay as they were.
+void add_set_rows_into_slice(CaseList& cases, DType t, int64_t n, int64_t rows, int64_t r) {
+  auto build = [=](Graph& g, CaseInputs& in) {
+    Tensor* cache = in.uniform(t, {n, rows, 3, 1});
+    Tensor* dst = view(g, cache, {n, rows, 1, 1}, cache->nb, cache->nb[2]);
+    Tensor* src = in.uniform(DType::f32, {n, r, 1, 1});
+    Tensor* idx = in.indices({r, 1, 1, 1}, rows, true);
+    return set_rows(g, dst, src, idx);
+  };
+  auto ref = [=](const std::vector<RefTensor>& in) {
+    RefTensor out = ref_view(in[0], {n, rows, 1, 1}, packed_strides(in[0].ne), n * rows);
+    const RefTensor stored = ref_round_trip(in[1], t);
+    for (int64_t i1 = 0; i1 < r; ++i1)
+      for (int64_t i0 = 0; i0 < n; ++i0) out(i0, static_cast<int64_t>(in[2](i1)), 0, 0) = stored(i0, i1);
+    return out;
+  };
+  cases.push_back(
+      {"set_rows",
+       fmt::format("dst={}{} (slice 1 of {}) src=f32{}", dtype_name(t), shape_string({n, rows, 1, 1}),
+                   shape_string({n, rows, 3, 1}), shape_string({n, r, 1, 1})),
+       store_nmse(t), build, ref, 0.0});
+}
+
 // ---- cpy / convert ----------------------------------------------------------------------------------
 
 enum class SrcLayout { packed, transposed, permuted };
@@ -156,6 +180,21 @@ void add_cpy(CaseList& cases, const CpyCase& c, bool perf) {
                    fmt::format("{}{}{} -> {}{}{}", dtype_name(c.src_t), shape_string(c.src_ne), src_layout,
                                dtype_name(c.dst_t), shape_string(c.dst_ne), dst_layout),
                    store_nmse(c.dst_t), build, ref, 0.0});
+}
+
+// cpy of f32 [n, r] into rows first..first+r-1 of a [n, rows] cache (a KV store at a position);
+// the cache is poisoned, and the rows outside the window must stay so.
+void add_cpy_into_window(CaseList& cases, DType t, int64_t n, int64_t rows, int64_t first, int64_t r) {
+  auto build = [=](Graph& g, CaseInputs& in) {
+    Tensor* src = in.uniform(DType::f32, {n, r, 1, 1});
+    Tensor* cache = in.poisoned(t, {n, rows, 1, 1});
+    return cpy(g, src, view(g, cache, {n, r, 1, 1}, cache->nb, first * cache->nb[1]));
+  };
+  auto ref = [=](const std::vector<RefTensor>& in) { return ref_round_trip(in[0], t); };
+  cases.push_back({"cpy",
+                   fmt::format("f32{} -> {} rows {}..{} of {}", shape_string({n, r, 1, 1}), dtype_name(t),
+                               first, first + r - 1, shape_string({n, rows, 1, 1})),
+                   store_nmse(t), build, ref, 0.0});
 }
 
 // ---- concat -----------------------------------------------------------------------------------------
@@ -324,6 +363,7 @@ void add_data_cases(CaseList& cases, CaseSet set) {
     add_set_rows(cases, t, {n, 8, 2, 2}, 8, {1, 1}, false);   // every row rewritten
     add_set_rows(cases, t, {n, 5, 3, 2}, 1, {3, 2}, false);   // one row per slice, one token
   }
+  for (DType t : {DType::f16, DType::q8_0}) add_set_rows_into_slice(cases, t, row_len(t, 24), 12, 4);
 
   const DType from_f32[] = {DType::f32,  DType::f16,  DType::bf16, DType::q8_0,
                             DType::q4_0, DType::q4_k, DType::q6_k};
@@ -351,6 +391,8 @@ void add_data_cases(CaseList& cases, CaseSet set) {
   add_cpy(cases, {DType::bf16, DType::f16, {13, 4, 1, 1}, {13, 4, 1, 1}}, false);
   add_cpy(cases, {DType::f16, DType::q8_0, {64, 3, 1, 1}, {64, 3, 1, 1}}, false);
   add_cpy(cases, {DType::i32, DType::i32, {6, 5, 1, 1}, {6, 5, 1, 1}, SrcLayout::transposed}, false);
+  for (DType t : {DType::f32, DType::f16, DType::q8_0, DType::q4_0})
+    add_cpy_into_window(cases, t, row_len(t, 40), 10, 4, 3);
 
   for (int dim = 0; dim < kMaxDims; ++dim) {
     add_concat(cases, DType::f32, {4, 3, 2, 2}, 3, dim, false);
