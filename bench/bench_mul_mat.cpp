@@ -47,7 +47,8 @@ std::unique_ptr<MulMatSetup> make_setup(DType type, int64_t k, int64_t m, int64_
   std::vector<float> w(static_cast<size_t>(k * m)), x(static_cast<size_t>(k * n));
   for (float& v : w) v = dist(rng);
   for (float& v : x) v = dist(rng) * 50;
-  if (!tensor_from_floats(s->a, w.data(), k * m).ok() || !tensor_from_floats(b, x.data(), k * n).ok()) return nullptr;
+  if (!tensor_from_floats(s->a, w.data(), k * m).ok() || !tensor_from_floats(b, x.data(), k * n).ok())
+    return nullptr;
   s->backend = make_cpu_backend(bench_threads());
   return s;
 }

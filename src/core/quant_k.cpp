@@ -92,7 +92,7 @@ AffineFit fit_q4k_sub_block(const float* x) {
     lo = std::min(lo, x[i]);
     hi = std::max(hi, x[i]);
   }
-  if (!(hi > lo)) return {0.0f, -lo};  // constant sub-block at lo <= 0: exact with scale 0
+  if (!(hi > lo)) return {0.0f, -lo};                 // constant sub-block at lo <= 0: exact with scale 0
   const double range = static_cast<double>(hi) - lo;  // may exceed the float range
   // Baseline: plain min/max mapping.
   double best_scale = range / 15.0, best_offset = lo;
@@ -117,7 +117,8 @@ AffineFit fit_q4k_sub_block(const float* x) {
     }
   }
   constexpr double kFloatMax = std::numeric_limits<float>::max();
-  return {static_cast<float>(std::min(best_scale, kFloatMax)), static_cast<float>(std::min(-best_offset, kFloatMax))};
+  return {static_cast<float>(std::min(best_scale, kFloatMax)),
+          static_cast<float>(std::min(-best_offset, kFloatMax))};
 }
 
 // Codes for one super-block given the decoded d/dmin and integer sub-scales; returns squared error.
@@ -201,8 +202,8 @@ float fit_q6k_sub_block(const float* x) {
   for (int i = 0; i < kQ6KSub; ++i)
     if (std::fabs(x[i]) > std::fabs(ext)) ext = x[i];
   if (ext == 0.0f) return 0.0f;
-  static constexpr float kTargets[] = {-32.0f, -31.5f, -31.0f, -30.5f, -30.0f, -29.0f, -28.0f,
-                                       31.0f,  30.5f,  30.0f,  29.0f,  28.0f};
+  static constexpr float kTargets[] = {-32.0f, -31.5f, -31.0f, -30.5f, -30.0f, -29.0f,
+                                       -28.0f, 31.0f,  30.5f,  30.0f,  29.0f,  28.0f};
   float best_scale = ext / -32.0f;
   double best_err = std::numeric_limits<double>::infinity();
   for (float t : kTargets) {

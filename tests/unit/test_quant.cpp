@@ -68,7 +68,7 @@ TEST(F16, SubnormalsAndOverflow) {
 }
 
 TEST(F16, RoundingTies) {
-  const float ulp = std::ldexp(1.0f, -10);  // f16 spacing just above 1
+  const float ulp = std::ldexp(1.0f, -10);            // f16 spacing just above 1
   EXPECT_EQ(f32_to_f16(1.0f + ulp / 2), 0x3C00);      // tie, even stays down
   EXPECT_EQ(f32_to_f16(1.0f + 3 * ulp / 2), 0x3C02);  // tie, odd rounds up
   EXPECT_EQ(f32_to_f16(std::nextafter(1.0f + ulp / 2, 2.0f)), 0x3C01);
@@ -180,7 +180,8 @@ TEST(Q6K, DequantizeHandBuiltBlock) {
       const int c0 = code[e], c1 = code[e + 32], c2 = code[e + 64], c3 = code[e + 96];
       blk.ql[64 * h + l] = static_cast<uint8_t>((c0 & 0xF) | ((c2 & 0xF) << 4));
       blk.ql[64 * h + l + 32] = static_cast<uint8_t>((c1 & 0xF) | ((c3 & 0xF) << 4));
-      blk.qh[32 * h + l] = static_cast<uint8_t>((c0 >> 4) | ((c1 >> 4) << 2) | ((c2 >> 4) << 4) | ((c3 >> 4) << 6));
+      blk.qh[32 * h + l] =
+          static_cast<uint8_t>((c0 >> 4) | ((c1 >> 4) << 2) | ((c2 >> 4) << 4) | ((c3 >> 4) << 6));
     }
   float out[256];
   dequantize_row_q6_k(&blk, out, 256);
@@ -285,8 +286,8 @@ TEST(Quantize, RelativeErrorOnGaussianData) {
   struct Case {
     DType t;
     double max_rel_rmse;
-  } cases[] = {{DType::f16, 3e-4}, {DType::bf16, 2.5e-3}, {DType::q8_0, 6e-3},
-               {DType::q4_0, 0.11}, {DType::q4_k, 0.080}, {DType::q6_k, 0.020}};
+  } cases[] = {{DType::f16, 3e-4},  {DType::bf16, 2.5e-3}, {DType::q8_0, 6e-3},
+               {DType::q4_0, 0.11}, {DType::q4_k, 0.080},  {DType::q6_k, 0.020}};
   for (const Case& c : cases) {
     const QuantError e = round_trip(c.t, x, y);
     EXPECT_LE(e.rmse / rms, c.max_rel_rmse) << dtype_name(c.t);
@@ -336,7 +337,7 @@ TEST(Quantize, KQuantsAreRobust) {
 using cpu::ActType;
 using cpu::VecDotKernel;
 
-constexpr DType kWeightTypes[] = {DType::f32, DType::f16, DType::bf16, DType::q8_0,
+constexpr DType kWeightTypes[] = {DType::f32,  DType::f16,  DType::bf16, DType::q8_0,
                                   DType::q4_0, DType::q4_k, DType::q6_k};
 
 // Dequantized activation row as the kernel sees it.
@@ -438,7 +439,8 @@ void check_simd_against_scalar(const VecDotKernel& simd, const VecDotKernel& ref
     simd.dot(n, dc.w.data(), xs, cpu::kDotMaxCols, o_simd);
     for (int c = 0; c < cpu::kDotMaxCols; ++c) {
       double mag = 0;
-      for (int64_t i = 0; i < n; ++i) mag += std::fabs(static_cast<double>(dc.w_values[i]) * dc.x_values[c][i]);
+      for (int64_t i = 0; i < n; ++i)
+        mag += std::fabs(static_cast<double>(dc.w_values[i]) * dc.x_values[c][i]);
       EXPECT_NEAR(o_simd[c], o_ref[c], 4e-6 * mag) << dtype_name(t) << " n=" << n << " col " << c;
       // one column at a time gives the same result as the batched call
       const float single = cpu::vec_dot(simd, n, dc.w.data(), xs[c]);
@@ -572,8 +574,7 @@ void check_mul_mat(const MulMatCase& c) {
 
 TEST(MulMat, EveryWeightTypeMatchesDoubleReference) {
   for (DType t : kWeightTypes)
-    for (int64_t n : {1, 7, 40})
-      check_mul_mat({t, 512, 37, n, 2, 1, 4, 2, BLayout::contiguous, 3});
+    for (int64_t n : {1, 7, 40}) check_mul_mat({t, 512, 37, n, 2, 1, 4, 2, BLayout::contiguous, 3});
 }
 
 TEST(MulMat, NonContiguousActivations) {

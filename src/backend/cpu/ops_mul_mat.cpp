@@ -38,7 +38,7 @@ struct ActLayout {
   size_t row_stride = 0;   // bytes between converted rows
   size_t rows_offset = 0;  // where converted rows start
   size_t rows_bytes = 0;
-  bool in_place = false;   // f32 activations with contiguous rows are used where they are
+  bool in_place = false;  // f32 activations with contiguous rows are used where they are
 };
 
 ActLayout act_layout(const Tensor& weights, const Tensor& b, int64_t n_rows) {
@@ -62,8 +62,8 @@ std::atomic_ref<int64_t> tile_counter(const KernelContext& ctx) {
 
 // Converts activation row (i1, i2, i3) of b into `dst`; rows with a stride between elements are
 // first gathered into this thread's f32 scratch row.
-void convert_row(const KernelContext& ctx, const ActLayout& l, const Tensor* b, int64_t i1, int64_t i2, int64_t i3,
-                 size_t gather_offset, void* dst) {
+void convert_row(const KernelContext& ctx, const ActLayout& l, const Tensor* b, int64_t i1, int64_t i2,
+                 int64_t i3, size_t gather_offset, void* dst) {
   const uint8_t* src = at(b, 0, i1, i2, i3);
   const int64_t k = b->ne[0];
   if (b->nb[0] == sizeof(float)) {
@@ -80,7 +80,8 @@ void convert_row(const KernelContext& ctx, const ActLayout& l, const Tensor* b, 
 int64_t tile_rows(int64_t m, size_t row_bytes, int64_t other_tiles, int nth) {
   int64_t rows = kMaxTileRows;
   while (rows > kMinTileRows && static_cast<size_t>(rows) * row_bytes > kTileWeightBytes) rows /= 2;
-  while (rows > kMinTileRows && other_tiles * ((m + rows - 1) / rows) < 8 * static_cast<int64_t>(nth)) rows /= 2;
+  while (rows > kMinTileRows && other_tiles * ((m + rows - 1) / rows) < 8 * static_cast<int64_t>(nth))
+    rows /= 2;
   return rows;
 }
 
@@ -193,8 +194,8 @@ IdLayout id_layout(const Tensor& node, int nth) {
 }
 
 // Counting sort of the columns by expert; columns with an out-of-range id get NaN output.
-void group_by_expert(const Tensor* dst, const Tensor* ids, int64_t n_expert, int32_t* offsets, int32_t* columns,
-                     int32_t* active) {
+void group_by_expert(const Tensor* dst, const Tensor* ids, int64_t n_expert, int32_t* offsets,
+                     int32_t* columns, int32_t* active) {
   const int64_t n_used = dst->ne[1], n_tokens = dst->ne[2];
   auto id_at = [&](int64_t e, int64_t t) {
     int32_t v;

@@ -31,8 +31,12 @@ void from_float_f16(const float* x, void* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = f32_to_f16(x[i]);
 }
 
-void from_float_q8_0(const float* x, void* y, int64_t n) { quantize_row_q8_0(x, static_cast<BlockQ8_0*>(y), n); }
-void from_float_q8_k(const float* x, void* y, int64_t n) { quantize_row_q8_k(x, static_cast<BlockQ8_K*>(y), n); }
+void from_float_q8_0(const float* x, void* y, int64_t n) {
+  quantize_row_q8_0(x, static_cast<BlockQ8_0*>(y), n);
+}
+void from_float_q8_k(const float* x, void* y, int64_t n) {
+  quantize_row_q8_k(x, static_cast<BlockQ8_K*>(y), n);
+}
 
 // ---- dots -------------------------------------------------------------------------------------------
 
@@ -119,7 +123,8 @@ float dot_q4_k(int64_t n, const BlockQ4_K* w, const BlockQ8_K* x) {
         s1 += (qs[l] >> 4) * xq[l + 32];
       }
       isum += sc0 * s0 + sc1 * s1;
-      msum += m0 * (x[b].bsums[4 * p] + x[b].bsums[4 * p + 1]) + m1 * (x[b].bsums[4 * p + 2] + x[b].bsums[4 * p + 3]);
+      msum += m0 * (x[b].bsums[4 * p] + x[b].bsums[4 * p + 1]) +
+              m1 * (x[b].bsums[4 * p + 2] + x[b].bsums[4 * p + 3]);
     }
     sum += x[b].d * (t[w[b].d] * static_cast<float>(isum) - t[w[b].dmin] * static_cast<float>(msum));
   }
