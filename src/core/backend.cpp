@@ -2,6 +2,7 @@
 #include "loom/backend.h"
 
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <map>
 #include <mutex>
@@ -14,6 +15,7 @@ struct Registry {
   std::mutex mutex;
   std::map<std::string, BackendFactory, std::less<>> factories;
   bool dynamic_loaded = false;
+  std::string load_error;  // why a backend library that exists failed to load
 };
 
 Registry& registry() {
@@ -22,8 +24,13 @@ Registry& registry() {
 }
 
 // Backend libraries are shared objects loaded at run time, so a binary built with CUDA still runs
-// on a machine without a GPU driver. Each exports `loom_backend_register`, which calls
-// register_backend. Looked up next to the running program first, then on the loader's path.
+// on a machine without a GPU driver. Each exports `loom_backend_register`, which receives this
+// program's register_backend: the library links its own copy of loom_core, whose registry is not
+// this one, so it must register through the pointer (no reliance on symbol interposition).
+// Looked up next to the running program first, then on the loader's path.
+using RegisterBackendFn = void (*)(std::string, BackendFactory);
+using LibraryRegisterFn = void (*)(RegisterBackendFn);
+
 void load_dynamic_backends(Registry& r) {
   if (r.dynamic_loaded) return;
   r.dynamic_loaded = true;
@@ -39,12 +46,15 @@ void load_dynamic_backends(Registry& r) {
   candidates.push_back("libloom_cuda.so");
   for (const std::string& path : candidates) {
     void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (!handle) continue;
-    using RegisterFn = void (*)();
-    auto fn = reinterpret_cast<RegisterFn>(dlsym(handle, "loom_backend_register"));
+    if (!handle) {
+      const char* err = dlerror();
+      if (err && access(path.c_str(), F_OK) == 0) r.load_error = err;  // e.g. a CUDA library missing
+      continue;
+    }
+    auto fn = reinterpret_cast<LibraryRegisterFn>(dlsym(handle, "loom_backend_register"));
     if (fn) {
       r.mutex.unlock();  // the library calls register_backend
-      fn();
+      fn(&register_backend);
       r.mutex.lock();
     }
     break;
@@ -81,7 +91,8 @@ Result<std::unique_ptr<Backend>> create_backend(std::string_view name, const Bac
     if (it == r.factories.end()) {
       std::string known;
       for (auto& [n, f] : r.factories) known += (known.empty() ? "" : ", ") + n;
-      return make_error(StatusCode::unsupported, "backend '{}' is not available (available: {})", name, known);
+      return make_error(StatusCode::unsupported, "backend '{}' is not available (available: {}){}", name, known,
+                        r.load_error.empty() ? std::string() : "; " + r.load_error);
     }
     factory = it->second;
   }

@@ -17,6 +17,12 @@ Tensor* type_error(Graph& g, const char* op, const Tensor& a, const char* expect
                            describe(a), dtype_name(a.type), expected));
 }
 
+// Two operands whose types do not go together (as opposed to one operand of a wrong type).
+Tensor* type_pair_error(Graph& g, const char* op, const Tensor& a, const Tensor& b, const char* why) {
+  return g.fail(make_error(StatusCode::type_mismatch, "{}: tensor {} does not fit tensor {}: {}", op,
+                           describe(a), describe(b), why));
+}
+
 Tensor* elementwise_binary(Graph& g, OpKind op, Tensor* a, Tensor* b) {
   if (!a || !b) return nullptr;
   const char* name = op_name(op);
@@ -258,7 +264,7 @@ Tensor* cpy(Graph& g, Tensor* src, Tensor* dst) {
   if (src->nelements() != dst->nelements())
     return shape_error(g, "cpy", *src, *dst, "element counts must be equal");
   if ((src->type == DType::i32) != (dst->type == DType::i32))
-    return shape_error(g, "cpy", *src, *dst, "i32 copies only to i32");
+    return type_pair_error(g, "cpy", *src, *dst, "i32 copies only to i32");
   if (dtype_is_quantized(src->type) && !src->is_contiguous())
     return g.fail(make_error(StatusCode::invalid_argument, "cpy: quantized source {} must be contiguous", describe(*src)));
   if (dtype_is_quantized(dst->type) && (!dst->is_contiguous() || src->ne[0] % dtype_block_size(dst->type) != 0))
@@ -290,7 +296,7 @@ Tensor* concat(Graph& g, Tensor* a, Tensor* b, int dim) {
   if (!a || !b) return nullptr;
   if (dim < 0 || dim >= kMaxDims)
     return g.fail(make_error(StatusCode::invalid_argument, "concat: dim {} out of range", dim));
-  if (a->type != b->type) return shape_error(g, "concat", *a, *b, "types must be equal");
+  if (a->type != b->type) return type_pair_error(g, "concat", *a, *b, "types must be equal");
   if (dtype_is_quantized(a->type)) return type_error(g, "concat", *a, "a non-quantized type");
   for (int i = 0; i < kMaxDims; ++i)
     if (i != dim && a->ne[i] != b->ne[i]) return shape_error(g, "concat", *a, *b, "dims other than the joined one must match");

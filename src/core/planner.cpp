@@ -78,6 +78,18 @@ class FreeList {
   size_t peak_ = 0;
 };
 
+// Whether an operand other than src[0] reads src[0]'s block through a different view. Kernels
+// write element e right after reading element e of each operand, so `a` itself as a second
+// operand is safe, but a view mapping elements elsewhere (a broadcast row, a slice) would read
+// values this node has already overwritten.
+bool other_operand_aliases(const Tensor& node, const Tensor* a) {
+  for (int j = 1; j < kMaxSrc; ++j) {
+    const Tensor* s = node.src[j];
+    if (s && s != a && owner(s) == a) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 bool op_can_run_in_place(const Tensor& node) {
@@ -147,7 +159,7 @@ MemoryPlan plan_memory(const Graph& g, size_t alignment) {
       // In place: take over the first operand's block when this node is its last reader.
       const Tensor* a = t->src[0];
       if (op_can_run_in_place(*t) && a && owns_memory(*a) && plan.last_use[a->index] == i &&
-          sizes[a->index] == sizes[i] && !(a->flags & kTensorOutput)) {
+          sizes[a->index] == sizes[i] && !(a->flags & kTensorOutput) && !other_operand_aliases(*t, a)) {
         plan.offsets[i] = plan.offsets[a->index];
         plan.in_place_of[i] = a->index;
         sizes[a->index] = 0;  // ownership moves to this node

@@ -1,0 +1,51 @@
+# The CUDA backend: libloom_cuda.so, loaded at run time by the backend registry (src/core/backend.cpp)
+# so that programs built with CUDA still start on machines without a GPU driver.
+#
+# Included from the top CMakeLists.txt once CUDA is enabled (CMAKE_CUDA_ARCHITECTURES set there).
+
+option(LOOM_CUDA_PTXAS_VERBOSE "Print ptxas register/shared-memory usage for every CUDA kernel (-Xptxas -v)" OFF)
+option(LOOM_CUDA_LINEINFO "Keep source line info in CUDA kernels (for Nsight Compute, compute-sanitizer)" OFF)
+
+add_library(loom_cuda SHARED
+  src/backend/cuda/cuda_backend.cpp
+  src/backend/cuda/cuda_device.cpp
+  src/backend/cuda/kernels/elementwise.cu
+  src/backend/cuda/kernels/norm.cu
+  src/backend/cuda/kernels/softmax.cu
+  src/backend/cuda/kernels/reduce.cu
+  src/backend/cuda/kernels/copy.cu
+  src/backend/cuda/kernels/matmul.cu
+  src/backend/cuda/kernels/rope.cu
+  src/backend/cuda/kernels/attention.cu
+)
+# include/ is public for programs that link loom_cuda to call include/loom/cuda.h directly.
+target_include_directories(loom_cuda PUBLIC ${PROJECT_SOURCE_DIR}/include PRIVATE ${PROJECT_SOURCE_DIR}/src)
+# loom_core is static and linked into this library too; its symbols stay private here
+# (--exclude-libs), so the library never binds to the program's copy or the other way round.
+# Registration goes through the function pointer the program passes to loom_backend_register.
+target_link_libraries(loom_cuda PRIVATE loom_core CUDA::cudart CUDA::cublas loom_options)
+target_link_options(loom_cuda PRIVATE -Wl,--exclude-libs,ALL)
+if(NOT LOOM_SANITIZE)
+  # every symbol resolved at link time (sanitizer runtimes resolve theirs at load time instead)
+  target_link_options(loom_cuda PRIVATE -Wl,--no-undefined)
+endif()
+set_target_properties(loom_cuda PROPERTIES
+  CUDA_STANDARD 17  # CMake 3.25 does not know nvcc 13's C++20 flag; the .cu files need only C++17
+  CUDA_STANDARD_REQUIRED ON
+  CUDA_RUNTIME_LIBRARY Shared
+  CXX_VISIBILITY_PRESET hidden
+  CUDA_VISIBILITY_PRESET hidden
+  VISIBILITY_INLINES_HIDDEN ON
+  LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin
+)
+# Only the entry points marked LOOM_CUDA_API are exported (see include/loom/cuda.h).
+target_compile_definitions(loom_cuda PRIVATE LOOM_CUDA_BUILDING=1)
+target_compile_options(loom_cuda PRIVATE
+  $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra,-Wno-unused-parameter>
+)
+if(LOOM_CUDA_PTXAS_VERBOSE)
+  target_compile_options(loom_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xptxas=-v>)
+endif()
+if(LOOM_CUDA_LINEINFO)
+  target_compile_options(loom_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-lineinfo>)
+endif()

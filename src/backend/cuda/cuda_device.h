@@ -1,0 +1,76 @@
+// Per-device state of the CUDA backend: stream, cuBLAS handle, memory cache, scratch, and the
+// device buffer type.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "loom/backend.h"
+#include "loom/cuda.h"
+
+namespace loom::cuda {
+
+/// Memory blocks are rounded to this; cudaMalloc itself returns at least 256-byte alignment.
+inline constexpr size_t kDeviceAlignment = 256;
+
+class DeviceBufferType;
+
+/// One device's resources, shared by every backend and buffer on that device. Created on first
+/// use and never destroyed: buffers may outlive backends, and the CUDA runtime can be unloaded
+/// before static destructors run, so tearing down at exit would only race it.
+class DeviceContext {
+ public:
+  /// The context of device `ordinal`; a device_error when CUDA has no usable device.
+  static Result<DeviceContext*> get(int ordinal);
+
+  DeviceContext(const DeviceContext&) = delete;
+  DeviceContext& operator=(const DeviceContext&) = delete;
+
+  int ordinal() const { return info_.ordinal; }
+  const CudaDeviceInfo& info() const { return info_; }
+  cudaStream_t stream() const { return stream_; }
+  cublasHandle_t cublas() const { return cublas_; }
+  BufferType& buffer_type();
+  /// Held while work runs on the stream (compute, buffer copies), so that callers on several
+  /// threads take turns on one device.
+  std::mutex& stream_mutex() { return stream_mutex_; }
+  /// Makes this device current on the calling thread.
+  Status make_current() const;
+
+  /// A block of at least `size` bytes from the cache or cudaMalloc; `*capacity` receives its
+  /// real size, to be passed back to release().
+  Result<void*> allocate(size_t size, size_t* capacity);
+  /// Returns a block to the cache (no device work may still use it).
+  void release(void* ptr, size_t capacity);
+
+  /// Grows the compute scratch to at least `bytes` (caller holds stream_mutex()).
+  Status reserve_scratch(size_t bytes);
+  void* scratch() const { return scratch_; }
+  size_t scratch_size() const { return scratch_size_; }
+
+ private:
+  DeviceContext() = default;
+  Status init(int ordinal);
+  void destroy();
+  // Frees every cached block; the pool mutex is held.
+  void trim_cache_locked();
+
+  CudaDeviceInfo info_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  std::unique_ptr<DeviceBufferType> buffer_type_;
+  std::mutex stream_mutex_;
+  std::mutex pool_mutex_;
+  std::multimap<size_t, void*> cache_;  // free blocks by capacity
+  void* scratch_ = nullptr;
+  size_t scratch_size_ = 0;
+};
+
+/// Number of devices, or a device_error naming CUDA's reason (no driver, no GPU).
+Result<int> device_count();
+
+}  // namespace loom::cuda

@@ -1,0 +1,100 @@
+// flash_attn: one warp per (query, head); keys are visited once with an online softmax (running
+// maximum m, running sum l, output accumulator rescaled by exp(m_old - m_new)), so no score row
+// is stored. Each lane holds head elements lane, lane+32, ... of q and of the accumulator.
+// Correct first: one key per step with a warp reduction for the score; a tiled kernel that
+// shares K/V tiles between queries through shared memory is the faster replacement.
+// Bytes model: K and V are read once per query head, (n_q * n_head) * n_kv * (d + dv) * size.
+#include "backend/cuda/kernels/attention.cuh"
+#include "backend/cuda/kernels/common.cuh"
+
+namespace loom::cuda {
+
+namespace {
+
+constexpr int kPerLane = kFlashAttnMaxHead / kWarpSize;
+constexpr int kWarps = 4;
+
+__device__ __forceinline__ float load_kv(const char* row, int64_t i, bool f16) {
+  return f16 ? f16_to_float(reinterpret_cast<const uint16_t*>(row)[i])
+             : reinterpret_cast<const float*>(row)[i];
+}
+
+__global__ void flash_attn_kernel(TensorDesc dst, TensorDesc q, TensorDesc k, TensorDesc v, TensorDesc mask,
+                                  bool has_mask, bool mask_f16, bool k_f16, bool v_f16, float scale,
+                                  float softcap) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / kWarpSize;
+  const int64_t n_q = q.ne[1], n_head = q.ne[2];
+  if (w >= n_q * n_head * q.ne[3]) return;  // whole warps exit; no block synchronization below
+  const int64_t iq = w % n_q, h = (w / n_q) % n_head, i3 = w / (n_q * n_head);
+  const int64_t h_kv = h / (n_head / k.ne[2]);  // consecutive query heads share a key head
+  const int64_t d = q.ne[0], dv = v.ne[0], n_kv = k.ne[1];
+
+  float q_reg[kPerLane], acc[kPerLane];
+  const auto* q_row = reinterpret_cast<const float*>(row_ptr(q, iq, h, i3));
+#pragma unroll
+  for (int c = 0; c < kPerLane; ++c) {
+    const int64_t e = lane + c * kWarpSize;
+    q_reg[c] = e < d ? q_row[e] : 0.0f;
+    acc[c] = 0.0f;
+  }
+  const char* m_row = has_mask ? row_ptr(mask, iq, h % mask.ne[2], i3 % mask.ne[3]) : nullptr;
+
+  float m = -INFINITY, l = 0.0f;
+  for (int64_t j = 0; j < n_kv; ++j) {
+    const char* k_row = row_ptr(k, j, h_kv, i3);
+    float s = 0.0f;
+#pragma unroll
+    for (int c = 0; c < kPerLane; ++c) {
+      const int64_t e = lane + c * kWarpSize;
+      if (e < d) s += q_reg[c] * load_kv(k_row, e, k_f16);
+    }
+    s = warp_sum(s) * scale;
+    if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
+    if (m_row)
+      s += mask_f16 ? f16_to_float(reinterpret_cast<const uint16_t*>(m_row)[j])
+                    : reinterpret_cast<const float*>(m_row)[j];
+    // masked key (or a NaN score, as on the CPU): weight exactly 0; s is the same in every lane
+    if (!(s > -INFINITY)) continue;
+    const float m_new = fmaxf(m, s);
+    const float alpha = expf(m - m_new);  // 0 while m is still -inf
+    const float p = expf(s - m_new);
+    l = l * alpha + p;
+    const char* v_row = row_ptr(v, j, h_kv, i3);
+#pragma unroll
+    for (int c = 0; c < kPerLane; ++c) {
+      const int64_t e = lane + c * kWarpSize;
+      if (e < dv) acc[c] = acc[c] * alpha + p * load_kv(v_row, e, v_f16);
+    }
+    m = m_new;
+  }
+
+  // output [dv, n_head, n_q]: a query's heads are adjacent rows
+  auto* out = reinterpret_cast<float*>(row_ptr(dst, h, iq, i3));
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;  // no visible key: zeros, as soft_max does
+#pragma unroll
+  for (int c = 0; c < kPerLane; ++c) {
+    const int64_t e = lane + c * kWarpSize;
+    if (e < dv) out[e] = acc[c] * inv;
+  }
+}
+
+}  // namespace
+
+CudaError launch_flash_attn(const LaunchContext& ctx, const Tensor* dst, float scale, float softcap) {
+  const Tensor* q = dst->src[0];
+  const Tensor* k = dst->src[1];
+  const Tensor* v = dst->src[2];
+  const Tensor* mask = dst->src[3];
+  const int64_t warps = q->ne[1] * q->ne[2] * q->ne[3];
+  if (warps == 0) return {};
+  const TensorDesc mask_desc = mask ? desc_of(mask) : TensorDesc{};
+  flash_attn_kernel<<<static_cast<unsigned>((warps + kWarps - 1) / kWarps), kWarps * kWarpSize, 0,
+                      ctx.stream>>>(desc_of(dst), desc_of(q), desc_of(k), desc_of(v), mask_desc,
+                                    mask != nullptr, mask && mask->type == DType::f16, k->type == DType::f16,
+                                    v->type == DType::f16, scale, softcap);
+  LOOM_CUDA_CHECK_LAUNCH("flash_attn_kernel");
+  return {};
+}
+
+}  // namespace loom::cuda

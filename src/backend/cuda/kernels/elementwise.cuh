@@ -1,0 +1,16 @@
+// Elementwise kernels: add/sub/mul/div with broadcasting, unary activations, gated activations.
+// Host-callable launchers; the kernels are in elementwise.cu.
+#pragma once
+
+#include "backend/cuda/kernels/launch.h"
+
+namespace loom::cuda {
+
+/// add, sub, mul, div (dst->op); src[1] broadcasts over src[0] by modulo in every dimension.
+CudaError launch_binary(const LaunchContext& ctx, const Tensor* dst);
+/// scale (x * p0 + p1), silu, gelu, gelu_erf, softcap (p0 * tanh(x / p0)), by dst->op.
+CudaError launch_unary(const LaunchContext& ctx, const Tensor* dst, float p0, float p1);
+/// swiglu, geglu: act(src[0]) * src[1].
+CudaError launch_gated(const LaunchContext& ctx, const Tensor* dst);
+
+}  // namespace loom::cuda

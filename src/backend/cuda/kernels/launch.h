@@ -1,0 +1,54 @@
+// What every kernel launcher receives, and the Tensor -> TensorDesc conversion. Host code only:
+// included by the .cu files' launchers and by the backend's dispatch (cuda_backend.cpp).
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "backend/cuda/cuda_error.h"
+#include "backend/cuda/kernels/tensor_desc.h"
+#include "loom/tensor.h"
+
+namespace loom::cuda {
+
+/// The stream and resources a node's kernels run with.
+struct LaunchContext {
+  cudaStream_t stream = nullptr;
+  cublasHandle_t cublas = nullptr;
+  void* scratch = nullptr;  ///< device scratch of at least the node's scratch_bytes()
+  size_t scratch_size = 0;
+};
+
+inline TensorDesc desc_of(const Tensor* t) {
+  TensorDesc d{};
+  d.data = static_cast<char*>(t->data);
+  for (int i = 0; i < 4; ++i) {
+    d.ne[i] = t->ne[i];
+    d.nb[i] = static_cast<int64_t>(t->nb[i]);
+  }
+  return d;
+}
+
+/// Blocks of `threads` covering `n` items, capped so the grid stays within CUDA's x limit
+/// (kernels loop with a grid stride over the rest).
+inline unsigned grid_for(int64_t n, int threads) {
+  const int64_t blocks = (n + threads - 1) / threads;
+  constexpr int64_t kMaxBlocks = 1 << 20;
+  return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > kMaxBlocks ? kMaxBlocks : blocks));
+}
+
+/// Threads for a block that walks a row of n elements: a multiple of 32, at most 1024.
+inline int row_block_threads(int64_t n) {
+  if (n >= 1024) return 1024;
+  return n < 32 ? 32 : static_cast<int>((n + 31) / 32 * 32);
+}
+
+/// Blocks for kernels that take one row per block and loop with a grid stride over the rest.
+inline unsigned row_grid(int64_t rows) {
+  constexpr int64_t kMaxBlocks = int64_t{1} << 30;
+  return static_cast<unsigned>(rows < 1 ? 1 : (rows > kMaxBlocks ? kMaxBlocks : rows));
+}
+
+}  // namespace loom::cuda

@@ -1,0 +1,259 @@
+// mul_mat and mul_mat_id.
+//
+// Layout (ggml's): a is [k, m] with each of the m rows holding k contiguous elements, b is [k, n]
+// likewise, and dst[i, j] = dot(a row i, b row j) is [m, n] with m innermost. In cuBLAS's
+// column-major terms a is a k x m matrix (lda = a.nb1 / size), so dst (m x n, ldc = m) = a^T b.
+//
+// Paths:
+// - f32/f16/bf16 weights and more than kMatVecMaxCols columns: b is packed into scratch in the
+//   weights' type and cublasGemmStridedBatchedEx runs with f32 accumulation and f32 output
+//   (CUBLAS_COMPUTE_32F without TF32, so f32 weights give true f32 products).
+// - everything else: mul_mat_vec_kernel, one warp per output row and up to kMatVecMaxCols
+//   columns, dequantizing each weight once per column tile and accumulating in float.
+//   Bytes model for one column: the weight matrix is read once (m * row_size bytes), so a
+//   decode step is bandwidth-bound; with many columns the weights are re-read n / 8 times
+//   (correct first: a tiled quantized GEMM is future work).
+#include <algorithm>
+#include <type_traits>
+
+#include "backend/cuda/kernels/common.cuh"
+#include "backend/cuda/kernels/matmul.cuh"
+#include "backend/cuda/kernels/quant.cuh"
+#include "loom/dtype.h"
+
+namespace loom::cuda {
+
+namespace {
+
+constexpr int kMatVecMaxCols = 8;
+constexpr int kMatVecWarps = 4;  // rows per block
+constexpr unsigned kMaxGridYZ = 65535;
+
+// dst[i, j0 .. j0+ncols) of batch (i2, i3) for one warp per row i.
+template <class F>
+__global__ void mul_mat_vec_kernel(TensorDesc dst, TensorDesc a, TensorDesc b, int64_t r2, int64_t r3) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kMatVecWarps + threadIdx.x / kWarpSize;
+  if (i >= dst.ne[0]) return;  // no block-wide synchronization below
+  const int64_t k = a.ne[0], n = dst.ne[1], batches = dst.ne[2] * dst.ne[3];
+  for (int64_t z = blockIdx.z; z < batches; z += gridDim.z) {
+    const int64_t i2 = z % dst.ne[2], i3 = z / dst.ne[2];
+    const char* a_row = row_ptr(a, i, i2 / r2, i3 / r3);
+    for (int64_t j0 = static_cast<int64_t>(blockIdx.y) * kMatVecMaxCols; j0 < n;
+         j0 += static_cast<int64_t>(gridDim.y) * kMatVecMaxCols) {
+      const int ncols = static_cast<int>(n - j0 < kMatVecMaxCols ? n - j0 : kMatVecMaxCols);
+      const char* b_col = b.data + j0 * b.nb[1] + i2 * b.nb[2] + i3 * b.nb[3];
+      float acc[kMatVecMaxCols] = {};
+      for (int64_t e = lane; e < k; e += kWarpSize) {
+        const float w = load_element<F>(a_row, e);
+        const char* b_elem = b_col + e * b.nb[0];
+#pragma unroll
+        for (int c = 0; c < kMatVecMaxCols; ++c)
+          if (c < ncols) acc[c] += w * *reinterpret_cast<const float*>(b_elem + c * b.nb[1]);
+      }
+#pragma unroll
+      for (int c = 0; c < kMatVecMaxCols; ++c) {
+        if (c >= ncols) break;
+        const float sum = warp_sum(acc[c]);
+        if (lane == 0) *reinterpret_cast<float*>(element_ptr(dst, i, j0 + c, i2, i3)) = sum;
+      }
+    }
+  }
+}
+
+// out[:, e, t] = as[ids[e, t]] * b[:, e or 0, t]: one warp per output row and (e, t) column.
+template <class F>
+__global__ void mul_mat_id_kernel(TensorDesc dst, TensorDesc as, TensorDesc b, TensorDesc ids) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kMatVecWarps + threadIdx.x / kWarpSize;
+  if (i >= dst.ne[0]) return;
+  const int64_t k = as.ne[0];
+  for (int64_t t = blockIdx.z; t < dst.ne[2]; t += gridDim.z) {
+    for (int64_t e = blockIdx.y; e < dst.ne[1]; e += gridDim.y) {
+      const int32_t expert = *reinterpret_cast<const int32_t*>(ids.data + e * ids.nb[0] + t * ids.nb[1]);
+      float* out = reinterpret_cast<float*>(element_ptr(dst, i, e, t, 0));
+      if (expert < 0 || expert >= as.ne[2]) {
+        if (lane == 0) *out = __int_as_float(0x7fc00000);
+        continue;
+      }
+      const char* a_row = row_ptr(as, i, expert, 0);
+      const char* b_col = row_ptr(b, b.ne[1] == 1 ? 0 : e, t, 0);
+      float acc = 0.0f;
+      for (int64_t j = lane; j < k; j += kWarpSize)
+        acc += load_element<F>(a_row, j) * *reinterpret_cast<const float*>(b_col + j * b.nb[0]);
+      acc = warp_sum(acc);
+      if (lane == 0) *out = acc;
+    }
+  }
+}
+
+// Packs b (f32, any strides) into a contiguous [k, n, b2, b3] array of T.
+template <typename T>
+__global__ void pack_b_kernel(T* out, TensorDesc b) {
+  const int64_t n = nelements(b);
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t i[4];
+    split_index(e, b.ne, i);
+    const float v = *reinterpret_cast<const float*>(element_ptr(b, i[0], i[1], i[2], i[3]));
+    if constexpr (sizeof(T) == 4) {
+      out[e] = v;
+    } else if constexpr (std::is_same_v<T, __half>) {
+      out[e] = __float2half_rn(v);
+    } else {
+      out[e] = __float2bfloat16_rn(v);
+    }
+  }
+}
+
+unsigned capped(int64_t n, unsigned cap) {
+  return static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(n, 1), cap));
+}
+
+template <class F>
+CudaError mat_vec(const LaunchContext& ctx, const Tensor* dst) {
+  const Tensor* a = dst->src[0];
+  const Tensor* b = dst->src[1];
+  const dim3 grid(static_cast<unsigned>((dst->ne[0] + kMatVecWarps - 1) / kMatVecWarps),
+                  capped((dst->ne[1] + kMatVecMaxCols - 1) / kMatVecMaxCols, kMaxGridYZ),
+                  capped(dst->ne[2] * dst->ne[3], kMaxGridYZ));
+  mul_mat_vec_kernel<F><<<grid, kMatVecWarps * kWarpSize, 0, ctx.stream>>>(
+      desc_of(dst), desc_of(a), desc_of(b), b->ne[2] / a->ne[2], b->ne[3] / a->ne[3]);
+  LOOM_CUDA_CHECK_LAUNCH("mul_mat_vec_kernel");
+  return {};
+}
+
+template <class F>
+CudaError mat_vec_id(const LaunchContext& ctx, const Tensor* dst) {
+  const dim3 grid(static_cast<unsigned>((dst->ne[0] + kMatVecWarps - 1) / kMatVecWarps),
+                  capped(dst->ne[1], kMaxGridYZ), capped(dst->ne[2], kMaxGridYZ));
+  mul_mat_id_kernel<F><<<grid, kMatVecWarps * kWarpSize, 0, ctx.stream>>>(
+      desc_of(dst), desc_of(dst->src[0]), desc_of(dst->src[1]), desc_of(dst->src[2]));
+  LOOM_CUDA_CHECK_LAUNCH("mul_mat_id_kernel");
+  return {};
+}
+
+bool is_float_type(DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16; }
+
+// Whether the cuBLAS path applies: float weights, enough columns to be worth a GEMM, and weight
+// strides cuBLAS can express (whole elements, lda >= k, int range): true of every tensor Loom
+// builds; an odd view falls back to the mat-vec kernel, which takes any strides.
+bool use_cublas(const Tensor* dst) {
+  const Tensor* a = dst->src[0];
+  if (!is_float_type(a->type) || dst->ne[1] <= kMatVecMaxCols) return false;
+  const size_t ts = dtype_type_size(a->type);
+  const bool whole_elements = a->nb[1] % ts == 0 && a->nb[2] % ts == 0 && a->nb[3] % ts == 0;
+  const bool fits_int = a->nb[1] / ts <= INT32_MAX && a->ne[1] <= INT32_MAX && dst->ne[1] <= INT32_MAX &&
+                        dst->ne[2] <= INT32_MAX;
+  return whole_elements && fits_int && a->nb[1] >= static_cast<size_t>(a->ne[0]) * ts;  // lda >= k
+}
+
+CudaError gemm_cublas(const LaunchContext& ctx, const Tensor* dst) {
+  const Tensor* a = dst->src[0];
+  const Tensor* b = dst->src[1];
+  const int64_t k = a->ne[0], m = a->ne[1], n = b->ne[1];
+  const int64_t b2 = b->ne[2], b3 = b->ne[3];
+  const int64_t r2 = b2 / a->ne[2], r3 = b3 / a->ne[3];
+  const size_t ts = dtype_type_size(a->type);
+
+  cudaDataType_t type = CUDA_R_32F;
+  const int64_t count = b->nelements();
+  constexpr int kThreads = 256;
+  if (a->type == DType::f32) {
+    pack_b_kernel<float><<<grid_for(count, kThreads), kThreads, 0, ctx.stream>>>(
+        static_cast<float*>(ctx.scratch), desc_of(b));
+  } else if (a->type == DType::f16) {
+    type = CUDA_R_16F;
+    pack_b_kernel<__half><<<grid_for(count, kThreads), kThreads, 0, ctx.stream>>>(
+        static_cast<__half*>(ctx.scratch), desc_of(b));
+  } else {
+    type = CUDA_R_16BF;
+    pack_b_kernel<__nv_bfloat16><<<grid_for(count, kThreads), kThreads, 0, ctx.stream>>>(
+        static_cast<__nv_bfloat16*>(ctx.scratch), desc_of(b));
+  }
+  LOOM_CUDA_CHECK_LAUNCH("pack_b_kernel");
+
+  const float alpha = 1.0f, beta = 0.0f;
+  const auto lda = static_cast<int>(a->nb[1] / ts);
+  const int64_t b_batch = k * n;  // elements per packed b batch
+  const auto* b_base = static_cast<const char*>(ctx.scratch);
+  auto* c_base = static_cast<char*>(dst->data);
+  const int64_t c_batch = static_cast<int64_t>(dst->nb[2] / sizeof(float));
+  // Consecutive b batches share an a batch (grouped-query broadcast): one strided call per a
+  // batch with stride 0 over its r2 b batches, or one call over all of dim 2 when r2 == 1.
+  for (int64_t i3 = 0; i3 < b3; ++i3) {
+    const char* a3 = static_cast<const char*>(a->data) + (i3 / r3) * a->nb[3];
+    const int64_t groups = r2 == 1 ? 1 : a->ne[2];
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t first = r2 == 1 ? 0 : g * r2;  // first b batch of the call
+      const int64_t batch = r2 == 1 ? b2 : r2;
+      const char* a_ptr = a3 + (r2 == 1 ? 0 : g * a->nb[2]);
+      const int64_t stride_a = r2 == 1 ? static_cast<int64_t>(a->nb[2] / ts) : 0;
+      const char* b_ptr = b_base + ((i3 * b2 + first) * b_batch) * static_cast<int64_t>(ts);
+      char* c_ptr = c_base + i3 * dst->nb[3] + first * dst->nb[2];
+      LOOM_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+          ctx.cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
+          &alpha, a_ptr, type, lda, stride_a, b_ptr, type, static_cast<int>(k), b_batch, &beta, c_ptr,
+          CUDA_R_32F, static_cast<int>(m), c_batch, static_cast<int>(batch), CUBLAS_COMPUTE_32F,
+          CUBLAS_GEMM_DEFAULT));
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
+size_t mul_mat_scratch_bytes(const Tensor* dst) {
+  if (!use_cublas(dst)) return 0;
+  const Tensor* a = dst->src[0];
+  return static_cast<size_t>(dst->src[1]->nelements()) * (a->type == DType::f32 ? 4 : 2);
+}
+
+CudaError launch_mul_mat(const LaunchContext& ctx, const Tensor* dst) {
+  if (dst->nelements() == 0) return {};
+  if (use_cublas(dst)) return gemm_cublas(ctx, dst);
+  switch (dst->src[0]->type) {
+    case DType::f32:
+      return mat_vec<FormatF32>(ctx, dst);
+    case DType::f16:
+      return mat_vec<FormatF16>(ctx, dst);
+    case DType::bf16:
+      return mat_vec<FormatBF16>(ctx, dst);
+    case DType::q8_0:
+      return mat_vec<FormatQ8_0>(ctx, dst);
+    case DType::q4_0:
+      return mat_vec<FormatQ4_0>(ctx, dst);
+    case DType::q4_k:
+      return mat_vec<FormatQ4_K>(ctx, dst);
+    case DType::q6_k:
+      return mat_vec<FormatQ6_K>(ctx, dst);
+    case DType::i32:
+      break;
+  }
+  return CudaError::runtime(cudaErrorInvalidValue, "mul_mat: i32 weights", __FILE__, __LINE__);
+}
+
+CudaError launch_mul_mat_id(const LaunchContext& ctx, const Tensor* dst) {
+  if (dst->nelements() == 0) return {};
+  switch (dst->src[0]->type) {
+    case DType::f32:
+      return mat_vec_id<FormatF32>(ctx, dst);
+    case DType::f16:
+      return mat_vec_id<FormatF16>(ctx, dst);
+    case DType::bf16:
+      return mat_vec_id<FormatBF16>(ctx, dst);
+    case DType::q8_0:
+      return mat_vec_id<FormatQ8_0>(ctx, dst);
+    case DType::q4_0:
+      return mat_vec_id<FormatQ4_0>(ctx, dst);
+    case DType::q4_k:
+      return mat_vec_id<FormatQ4_K>(ctx, dst);
+    case DType::q6_k:
+      return mat_vec_id<FormatQ6_K>(ctx, dst);
+    case DType::i32:
+      break;
+  }
+  return CudaError::runtime(cudaErrorInvalidValue, "mul_mat_id: i32 weights", __FILE__, __LINE__);
+}
+
+}  // namespace loom::cuda

@@ -1,0 +1,62 @@
+// Row normalizations: one block per row, block-wide sums in float (tree order keeps the error
+// near sqrt(n) ulp, well inside the op test's tolerance against the CPU's double sums).
+// Bytes model: the row is read twice (norm: three times) and written once; L2 holds it between.
+#include "backend/cuda/kernels/common.cuh"
+#include "backend/cuda/kernels/norm.cuh"
+
+namespace loom::cuda {
+
+namespace {
+
+__global__ void rms_norm_kernel(TensorDesc dst, TensorDesc a, float eps) {
+  __shared__ float scratch[32];
+  for (int64_t r = blockIdx.x; r < nrows(dst); r += gridDim.x) {
+    int64_t i1, i2, i3;
+    split_row(r, dst.ne[1], dst.ne[2], i1, i2, i3);
+    const auto* x = reinterpret_cast<const float*>(row_ptr(a, i1, i2, i3));
+    auto* y = reinterpret_cast<float*>(row_ptr(dst, i1, i2, i3));
+    const int64_t n = dst.ne[0];
+    float sum = 0.0f;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum += x[i] * x[i];
+    sum = block_sum(sum, scratch);
+    const float s = 1.0f / sqrtf(sum / static_cast<float>(n) + eps);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) y[i] = x[i] * s;
+  }
+}
+
+__global__ void norm_kernel(TensorDesc dst, TensorDesc a, float eps) {
+  __shared__ float scratch[32];
+  for (int64_t r = blockIdx.x; r < nrows(dst); r += gridDim.x) {
+    int64_t i1, i2, i3;
+    split_row(r, dst.ne[1], dst.ne[2], i1, i2, i3);
+    const auto* x = reinterpret_cast<const float*>(row_ptr(a, i1, i2, i3));
+    auto* y = reinterpret_cast<float*>(row_ptr(dst, i1, i2, i3));
+    const int64_t n = dst.ne[0];
+    float sum = 0.0f;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum += x[i];
+    const float mean = block_sum(sum, scratch) / static_cast<float>(n);
+    float var = 0.0f;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) var += (x[i] - mean) * (x[i] - mean);
+    var = block_sum(var, scratch);
+    const float s = 1.0f / sqrtf(var / static_cast<float>(n) + eps);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) y[i] = (x[i] - mean) * s;
+  }
+}
+
+}  // namespace
+
+CudaError launch_norm(const LaunchContext& ctx, const Tensor* dst, float eps) {
+  const int64_t rows = dst->nrows();
+  if (rows == 0 || dst->ne[0] == 0) return {};
+  const int threads = row_block_threads(dst->ne[0]);
+  if (dst->op == OpKind::rms_norm) {
+    rms_norm_kernel<<<row_grid(rows), threads, 0, ctx.stream>>>(desc_of(dst), desc_of(dst->src[0]), eps);
+    LOOM_CUDA_CHECK_LAUNCH("rms_norm_kernel");
+  } else {
+    norm_kernel<<<row_grid(rows), threads, 0, ctx.stream>>>(desc_of(dst), desc_of(dst->src[0]), eps);
+    LOOM_CUDA_CHECK_LAUNCH("norm_kernel");
+  }
+  return {};
+}
+
+}  // namespace loom::cuda

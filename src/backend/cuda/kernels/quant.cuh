@@ -1,0 +1,166 @@
+// Element formats on the device: reading one element of a row (dequantizing) and writing a whole
+// block (quantizing). The block layouts are GGUF's; copy.cu checks them against loom/dtype.h.
+// Includes nothing outside src/backend/cuda/.
+//
+// Each format is a struct with kBlock (elements per block), kBytes (bytes per block),
+// load(block, j) -> element j as float, and (except the K-quants) store(x, block) writing kBlock
+// floats as one block. Kernels are templated on these structs; the host maps a DType to one with a
+// switch. The stores of q8_0 and q4_0 are the CPU reference quantizers, bit for bit. The K-quants
+// have none: the reference quantizers search per sub-block for the best scale, and the op test
+// holds other backends to them within 1/20 of the format's own error, which a simple
+// quantizer misses by ~50x; the backend declares K-quant destinations unsupported instead.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cuda/kernels/common.cuh"
+
+namespace loom::cuda {
+
+// Unaligned-safe little-endian 16-bit load: quantized blocks are 2-byte aligned at best.
+__device__ __forceinline__ uint16_t load_u16(const uint8_t* p) {
+  return static_cast<uint16_t>(p[0] | (p[1] << 8));
+}
+__device__ __forceinline__ void store_u16(uint8_t* p, uint16_t v) {
+  p[0] = static_cast<uint8_t>(v & 0xff);
+  p[1] = static_cast<uint8_t>(v >> 8);
+}
+__device__ __forceinline__ int clamp_int(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
+
+struct FormatF32 {
+  static constexpr int kBlock = 1;
+  static constexpr int kBytes = 4;
+  __device__ static float load(const uint8_t* b, int) { return *reinterpret_cast<const float*>(b); }
+  __device__ static void store(const float* x, uint8_t* b) { *reinterpret_cast<float*>(b) = x[0]; }
+};
+
+struct FormatF16 {
+  static constexpr int kBlock = 1;
+  static constexpr int kBytes = 2;
+  __device__ static float load(const uint8_t* b, int) {
+    return f16_to_float(*reinterpret_cast<const uint16_t*>(b));
+  }
+  __device__ static void store(const float* x, uint8_t* b) {
+    *reinterpret_cast<uint16_t*>(b) = float_to_f16(x[0]);
+  }
+};
+
+struct FormatBF16 {
+  static constexpr int kBlock = 1;
+  static constexpr int kBytes = 2;
+  __device__ static float load(const uint8_t* b, int) {
+    return bf16_to_float(*reinterpret_cast<const uint16_t*>(b));
+  }
+  __device__ static void store(const float* x, uint8_t* b) {
+    *reinterpret_cast<uint16_t*>(b) = float_to_bf16(x[0]);
+  }
+};
+
+/// i32 read as float (get_rows of an index table); stores round to nearest like the CPU.
+struct FormatI32 {
+  static constexpr int kBlock = 1;
+  static constexpr int kBytes = 4;
+  __device__ static float load(const uint8_t* b, int) {
+    return static_cast<float>(*reinterpret_cast<const int32_t*>(b));
+  }
+  __device__ static void store(const float* x, uint8_t* b) {
+    *reinterpret_cast<int32_t*>(b) = __float2int_rn(x[0]);
+  }
+};
+
+/// q8_0: d (f16), 32 x int8; x = q * d. Quantization is the CPU reference's, bit for bit.
+struct FormatQ8_0 {
+  static constexpr int kBlock = 32;
+  static constexpr int kBytes = 34;
+  __device__ static float load(const uint8_t* b, int j) {
+    return static_cast<float>(static_cast<int8_t>(b[2 + j])) * f16_to_float(load_u16(b));
+  }
+  __device__ static void store(const float* x, uint8_t* b) {
+    float amax = 0.0f;
+    for (int i = 0; i < kBlock; ++i) amax = fmaxf(amax, fabsf(x[i]));
+    const float d = amax / 127.0f;
+    const float id = d > 0.0f ? 1.0f / d : 0.0f;
+    store_u16(b, float_to_f16(d));
+    for (int i = 0; i < kBlock; ++i)
+      b[2 + i] = static_cast<uint8_t>(static_cast<int8_t>(__float2int_rn(x[i] * id)));
+  }
+};
+
+/// q4_0: d (f16), 16 bytes of nibbles; element j < 16 in the low nibble of byte j, j >= 16 in the
+/// high nibble of byte j - 16; x = (nibble - 8) * d. Quantization matches the CPU reference.
+struct FormatQ4_0 {
+  static constexpr int kBlock = 32;
+  static constexpr int kBytes = 18;
+  __device__ static float load(const uint8_t* b, int j) {
+    const uint8_t byte = b[2 + (j & 15)];
+    const int q = j < 16 ? (byte & 0x0f) : (byte >> 4);
+    return static_cast<float>(q - 8) * f16_to_float(load_u16(b));
+  }
+  __device__ static void store(const float* x, uint8_t* b) {
+    float extreme = 0.0f;  // the value of largest magnitude maps to code 0 (-8)
+    for (int i = 0; i < kBlock; ++i)
+      if (fabsf(x[i]) > fabsf(extreme)) extreme = x[i];
+    const float d = extreme / -8.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    store_u16(b, float_to_f16(d));
+    for (int i = 0; i < kBlock / 2; ++i) {
+      const int lo = clamp_int(__float2int_rn(x[i] * id) + 8, 0, 15);
+      const int hi = clamp_int(__float2int_rn(x[i + kBlock / 2] * id) + 8, 0, 15);
+      b[2 + i] = static_cast<uint8_t>(lo | (hi << 4));
+    }
+  }
+};
+
+/// Sub-block s (0..7) scale and min of a q4_K block from its 12 packed bytes: the first four
+/// sub-blocks keep 6 bits in bytes s and s+4; the last four split theirs into a nibble in byte
+/// s+4 and the top 2 bits of bytes s-4 (scale) and s (min).
+__device__ __forceinline__ void q4k_scale_min(int s, const uint8_t* q, int& sc, int& m) {
+  if (s < 4) {
+    sc = q[s] & 63;
+    m = q[s + 4] & 63;
+  } else {
+    sc = (q[s + 4] & 0x0f) | ((q[s - 4] >> 6) << 4);
+    m = (q[s + 4] >> 4) | ((q[s] >> 6) << 4);
+  }
+}
+
+/// q4_K: d, dmin (f16), 12 bytes of 6-bit scales/mins, 128 bytes of nibbles. Elements 64p..64p+31
+/// are the low nibbles of qs[32p..32p+31], 64p+32..64p+63 the high nibbles; x = d*sc*q - dmin*m.
+struct FormatQ4_K {
+  static constexpr int kBlock = 256;
+  static constexpr int kBytes = 144;
+  __device__ static float load(const uint8_t* b, int j) {
+    const int s = j / 32;  // sub-block
+    int sc, m;
+    q4k_scale_min(s, b + 4, sc, m);
+    const uint8_t byte = b[16 + (j / 64) * 32 + (j % 32)];
+    const int q = (s & 1) ? (byte >> 4) : (byte & 0x0f);
+    return f16_to_float(load_u16(b)) * static_cast<float>(sc) * static_cast<float>(q) -
+           f16_to_float(load_u16(b + 2)) * static_cast<float>(m);
+  }
+};
+
+/// q6_K: 128 bytes of low nibbles (ql), 64 bytes of 2-bit high parts (qh), 16 int8 scales, d
+/// (f16). In each half h of 128 elements, element 32c + l (c = 0..3) takes the low nibble (c < 2)
+/// or high nibble (c >= 2) of ql[64h + 32(c&1) + l] and bits 2c..2c+1 of qh[32h + l];
+/// x = d * scales[j / 16] * (q - 32).
+struct FormatQ6_K {
+  static constexpr int kBlock = 256;
+  static constexpr int kBytes = 210;
+  __device__ static float load(const uint8_t* b, int j) {
+    const int h = j / 128, c = (j % 128) / 32, l = j % 32;
+    const uint8_t low = b[64 * h + 32 * (c & 1) + l];
+    const int q = ((c < 2) ? (low & 0x0f) : (low >> 4)) | (((b[128 + 32 * h + l] >> (2 * c)) & 3) << 4);
+    const int8_t scale = static_cast<int8_t>(b[192 + j / 16]);
+    return f16_to_float(load_u16(b + 208)) * static_cast<float>(scale) * static_cast<float>(q - 32);
+  }
+};
+
+/// Element i0 of a row whose blocks are packed from `row`.
+template <class F>
+__device__ __forceinline__ float load_element(const char* row, int64_t i0) {
+  return F::load(reinterpret_cast<const uint8_t*>(row) + (i0 / F::kBlock) * F::kBytes,
+                 static_cast<int>(i0 % F::kBlock));
+}
+
+}  // namespace loom::cuda
