@@ -344,10 +344,18 @@ constexpr DType kWeightTypes[] = {DType::f32,  DType::f16,  DType::bf16, DType::
 std::vector<float> act_values(ActType t, const void* row, int64_t n) {
   std::vector<float> v(n);
   switch (t) {
-    case ActType::f32: std::memcpy(v.data(), row, n * sizeof(float)); break;
-    case ActType::f16: dequantize_row(DType::f16, row, v.data(), n); break;
-    case ActType::q8_0: dequantize_row(DType::q8_0, row, v.data(), n); break;
-    case ActType::q8_k: dequantize_row_q8_k(static_cast<const BlockQ8_K*>(row), v.data(), n); break;
+    case ActType::f32:
+      std::memcpy(v.data(), row, n * sizeof(float));
+      break;
+    case ActType::f16:
+      dequantize_row(DType::f16, row, v.data(), n);
+      break;
+    case ActType::q8_0:
+      dequantize_row(DType::q8_0, row, v.data(), n);
+      break;
+    case ActType::q8_k:
+      dequantize_row_q8_k(static_cast<const BlockQ8_K*>(row), v.data(), n);
+      break;
   }
   return v;
 }
@@ -484,10 +492,17 @@ double dot_error_bound(ActType t, const double* a, const float* x, int64_t k) {
     for (int64_t i = b0; i < b0 + bs; ++i) {
       double ex = 0;
       switch (t) {
-        case ActType::f32: break;
-        case ActType::f16: ex = std::fabs(x[i]) * std::ldexp(1.0, -11) + std::ldexp(1.0, -25); break;
-        case ActType::q8_0: ex = 0.57 * amax / 127; break;  // half a step + the f16 rounding of the scale
-        case ActType::q8_k: ex = 0.51 * amax / 127; break;
+        case ActType::f32:
+          break;
+        case ActType::f16:
+          ex = std::fabs(x[i]) * std::ldexp(1.0, -11) + std::ldexp(1.0, -25);
+          break;
+        case ActType::q8_0:
+          ex = 0.57 * amax / 127;
+          break;  // half a step + the f16 rounding of the scale
+        case ActType::q8_k:
+          ex = 0.51 * amax / 127;
+          break;
       }
       bound += std::fabs(a[i]) * ex;
     }
@@ -513,7 +528,9 @@ void check_mul_mat(const MulMatCase& c) {
   Tensor* b_src = nullptr;
   Tensor* b = nullptr;
   switch (c.layout) {
-    case BLayout::contiguous: b = b_src = g.input(DType::f32, {c.k, c.n, c.b2, c.b3}, "b"); break;
+    case BLayout::contiguous:
+      b = b_src = g.input(DType::f32, {c.k, c.n, c.b2, c.b3}, "b");
+      break;
     case BLayout::transposed:
       b_src = g.input(DType::f32, {c.n, c.k, c.b2, c.b3}, "bt");
       b = transpose(g, b_src);
@@ -537,9 +554,12 @@ void check_mul_mat(const MulMatCase& c) {
   ASSERT_TRUE(a_deq.ok());
   auto bval = [&](int64_t kk, int64_t j, int64_t i2, int64_t i3) {
     switch (c.layout) {
-      case BLayout::contiguous: return bf[kk + c.k * (j + c.n * (i2 + c.b2 * i3))];
-      case BLayout::transposed: return bf[j + c.n * (kk + c.k * (i2 + c.b2 * i3))];
-      case BLayout::permuted: return bf[kk + c.k * (i2 + c.b2 * (j + c.n * i3))];
+      case BLayout::contiguous:
+        return bf[kk + c.k * (j + c.n * (i2 + c.b2 * i3))];
+      case BLayout::transposed:
+        return bf[j + c.n * (kk + c.k * (i2 + c.b2 * i3))];
+      case BLayout::permuted:
+        return bf[kk + c.k * (i2 + c.b2 * (j + c.n * i3))];
     }
     return 0.0f;
   };

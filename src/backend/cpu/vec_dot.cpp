@@ -206,10 +206,14 @@ bool use_avx2() {
 
 size_t act_row_size(ActType t, int64_t n) {
   switch (t) {
-    case ActType::f32: return static_cast<size_t>(n) * sizeof(float);
-    case ActType::f16: return static_cast<size_t>(n) * sizeof(f16_bits);
-    case ActType::q8_0: return static_cast<size_t>(n / kQK8_0) * sizeof(BlockQ8_0);
-    case ActType::q8_k: return static_cast<size_t>(n / kQK_K) * sizeof(BlockQ8_K);
+    case ActType::f32:
+      return static_cast<size_t>(n) * sizeof(float);
+    case ActType::f16:
+      return static_cast<size_t>(n) * sizeof(f16_bits);
+    case ActType::q8_0:
+      return static_cast<size_t>(n / kQK8_0) * sizeof(BlockQ8_0);
+    case ActType::q8_k:
+      return static_cast<size_t>(n / kQK_K) * sizeof(BlockQ8_K);
   }
   return 0;
 }
@@ -217,9 +221,12 @@ size_t act_row_size(ActType t, int64_t n) {
 int64_t act_block_size(ActType t) {
   switch (t) {
     case ActType::f32:
-    case ActType::f16: return 1;
-    case ActType::q8_0: return kQK8_0;
-    case ActType::q8_k: return kQK_K;
+    case ActType::f16:
+      return 1;
+    case ActType::q8_0:
+      return kQK8_0;
+    case ActType::q8_k:
+      return kQK_K;
   }
   return 1;
 }

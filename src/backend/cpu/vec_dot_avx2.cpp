@@ -268,10 +268,18 @@ void dot_q6_k(int64_t n, const void* wv, const void* const* xs, float* out) {
 template <template <int> class K>
 void by_cols(int64_t n, const void* w, const void* const* xs, int nc, float* out) {
   switch (nc) {
-    case 1: K<1>::run(n, w, xs, out); return;
-    case 2: K<2>::run(n, w, xs, out); return;
-    case 3: K<3>::run(n, w, xs, out); return;
-    default: K<4>::run(n, w, xs, out); return;
+    case 1:
+      K<1>::run(n, w, xs, out);
+      return;
+    case 2:
+      K<2>::run(n, w, xs, out);
+      return;
+    case 3:
+      K<3>::run(n, w, xs, out);
+      return;
+    default:
+      K<4>::run(n, w, xs, out);
+      return;
   }
 }
 
