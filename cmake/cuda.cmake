@@ -9,6 +9,7 @@ option(LOOM_CUDA_LINEINFO "Keep source line info in CUDA kernels (for Nsight Com
 add_library(loom_cuda SHARED
   src/backend/cuda/cuda_backend.cpp
   src/backend/cuda/cuda_device.cpp
+  src/backend/cuda/cuda_seed_api.cpp
   src/backend/cuda/kernels/elementwise.cu
   src/backend/cuda/kernels/norm.cu
   src/backend/cuda/kernels/softmax.cu
@@ -24,6 +25,9 @@ target_include_directories(loom_cuda PUBLIC ${PROJECT_SOURCE_DIR}/include PRIVAT
 # (--exclude-libs), so the library never binds to the program's copy or the other way round.
 # Registration goes through the function pointer the program passes to loom_backend_register.
 target_link_libraries(loom_cuda PRIVATE loom_core CUDA::cudart CUDA::cublas loom_options)
+# The seed C ABI (cuda_seed_api.cpp, include/loom-cuda.h) builds on loom.h's library: one last-error
+# slot and one graph handle for both. Public: C programs calling loom-cuda.h use loom.h too.
+target_link_libraries(loom_cuda PUBLIC loom_capi PRIVATE nlohmann_json::nlohmann_json)
 target_link_options(loom_cuda PRIVATE -Wl,--exclude-libs,ALL)
 if(NOT LOOM_SANITIZE)
   # every symbol resolved at link time (sanitizer runtimes resolve theirs at load time instead)

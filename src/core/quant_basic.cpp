@@ -6,14 +6,19 @@
 
 namespace loom {
 
+namespace {
+constexpr float kMaxF16 = 65504.0f;  // largest finite half: block scales are stored as f16
+}  // namespace
+
 void quantize_row_q8_0(const float* x, BlockQ8_0* y, int64_t n) {
   for (int64_t b = 0; b < n / kQK8_0; ++b, x += kQK8_0) {
     float amax = 0.0f;
     for (int i = 0; i < kQK8_0; ++i) amax = std::max(amax, std::fabs(x[i]));
-    const float d = amax / 127.0f;
+    const float d = std::min(amax / 127.0f, kMaxF16);  // beyond f16's range values saturate
     const float id = d > 0.0f ? 1.0f / d : 0.0f;
     y[b].d = f32_to_f16(d);
-    for (int i = 0; i < kQK8_0; ++i) y[b].qs[i] = static_cast<int8_t>(std::lrint(x[i] * id));
+    for (int i = 0; i < kQK8_0; ++i)
+      y[b].qs[i] = static_cast<int8_t>(std::clamp<long>(std::lrint(x[i] * id), -127, 127));
   }
 }
 
@@ -31,7 +36,7 @@ void quantize_row_q4_0(const float* x, BlockQ4_0* y, int64_t n) {
     float extreme = 0.0f;
     for (int i = 0; i < kQK4_0; ++i)
       if (std::fabs(x[i]) > std::fabs(extreme)) extreme = x[i];
-    const float d = extreme / -8.0f;
+    const float d = std::clamp(extreme / -8.0f, -kMaxF16, kMaxF16);
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     y[b].d = f32_to_f16(d);
     for (int i = 0; i < kQK4_0 / 2; ++i) {

@@ -1,1 +1,260 @@
-// STUB
+// Scalar reference dot products and the run-time choice between them and the AVX2 kernels.
+#include "backend/cpu/vec_dot.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "core/quant.h"
+
+namespace loom::cpu {
+
+namespace {
+
+// f16 -> f32 through a table: the bit-twiddling conversion costs more than the multiply-add it
+// feeds, and 256 KiB of table is cheap next to any f16 weight matrix.
+const float* f16_table() {
+  static const std::vector<float> table = [] {
+    std::vector<float> t(65536);
+    for (uint32_t i = 0; i < 65536; ++i) t[i] = f16_to_f32(static_cast<f16_bits>(i));
+    return t;
+  }();
+  return table.data();
+}
+
+// ---- activation conversions -----------------------------------------------------------------------
+
+void from_float_f32(const float* x, void* y, int64_t n) { std::memcpy(y, x, n * sizeof(float)); }
+
+void from_float_f16(const float* x, void* y, int64_t n) {
+  auto out = static_cast<f16_bits*>(y);
+  for (int64_t i = 0; i < n; ++i) out[i] = f32_to_f16(x[i]);
+}
+
+void from_float_q8_0(const float* x, void* y, int64_t n) {
+  quantize_row_q8_0(x, static_cast<BlockQ8_0*>(y), n);
+}
+void from_float_q8_k(const float* x, void* y, int64_t n) {
+  quantize_row_q8_k(x, static_cast<BlockQ8_K*>(y), n);
+}
+
+// ---- dots -------------------------------------------------------------------------------------------
+
+// Four partial sums give the scalar loop some instruction-level parallelism.
+float dot_f32(int64_t n, const float* w, const float* x) {
+  float s[4] = {0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4)
+    for (int k = 0; k < 4; ++k) s[k] += w[i + k] * x[i + k];
+  for (; i < n; ++i) s[0] += w[i] * x[i];
+  return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
+float dot_f16(int64_t n, const f16_bits* w, const f16_bits* x) {
+  const float* t = f16_table();
+  float s[4] = {0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4)
+    for (int k = 0; k < 4; ++k) s[k] += t[w[i + k]] * t[x[i + k]];
+  for (; i < n; ++i) s[0] += t[w[i]] * t[x[i]];
+  return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
+float dot_f16_f32(int64_t n, const f16_bits* w, const float* x) {
+  const float* t = f16_table();
+  float s[4] = {0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4)
+    for (int k = 0; k < 4; ++k) s[k] += t[w[i + k]] * x[i + k];
+  for (; i < n; ++i) s[0] += t[w[i]] * x[i];
+  return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
+float dot_bf16_f32(int64_t n, const bf16_bits* w, const float* x) {
+  float s[4] = {0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4)
+    for (int k = 0; k < 4; ++k) s[k] += bf16_to_f32(w[i + k]) * x[i + k];
+  for (; i < n; ++i) s[0] += bf16_to_f32(w[i]) * x[i];
+  return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
+float dot_q8_0(int64_t n, const BlockQ8_0* w, const BlockQ8_0* x) {
+  const float* t = f16_table();
+  float sum = 0.0f;
+  for (int64_t b = 0; b < n / kQK8_0; ++b) {
+    int32_t isum = 0;
+    for (int i = 0; i < kQK8_0; ++i) isum += w[b].qs[i] * x[b].qs[i];
+    sum += static_cast<float>(isum) * (t[w[b].d] * t[x[b].d]);
+  }
+  return sum;
+}
+
+float dot_q4_0(int64_t n, const BlockQ4_0* w, const BlockQ8_0* x) {
+  const float* t = f16_table();
+  float sum = 0.0f;
+  for (int64_t b = 0; b < n / kQK4_0; ++b) {
+    int32_t isum = 0;
+    for (int i = 0; i < kQK4_0 / 2; ++i) {
+      isum += ((w[b].qs[i] & 0xF) - 8) * x[b].qs[i];
+      isum += ((w[b].qs[i] >> 4) - 8) * x[b].qs[i + kQK4_0 / 2];
+    }
+    sum += static_cast<float>(isum) * (t[w[b].d] * t[x[b].d]);
+  }
+  return sum;
+}
+
+// Per super-block: d*dx * sum_j sc_j*(q.x)_j - dmin*dx * sum_j m_j*(sum of x over sub-block j);
+// both sums are exact integers.
+float dot_q4_k(int64_t n, const BlockQ4_K* w, const BlockQ8_K* x) {
+  const float* t = f16_table();
+  float sum = 0.0f;
+  for (int64_t b = 0; b < n / kQK_K; ++b) {
+    int32_t isum = 0, msum = 0;
+    for (int p = 0; p < 4; ++p) {
+      uint8_t sc0, m0, sc1, m1;
+      q4k_get_scale_min(2 * p, w[b].scales, &sc0, &m0);
+      q4k_get_scale_min(2 * p + 1, w[b].scales, &sc1, &m1);
+      const uint8_t* qs = w[b].qs + 32 * p;
+      const int8_t* xq = x[b].qs + 64 * p;
+      int32_t s0 = 0, s1 = 0;
+      for (int l = 0; l < 32; ++l) {
+        s0 += (qs[l] & 0xF) * xq[l];
+        s1 += (qs[l] >> 4) * xq[l + 32];
+      }
+      isum += sc0 * s0 + sc1 * s1;
+      msum += m0 * (x[b].bsums[4 * p] + x[b].bsums[4 * p + 1]) +
+              m1 * (x[b].bsums[4 * p + 2] + x[b].bsums[4 * p + 3]);
+    }
+    sum += x[b].d * (t[w[b].d] * static_cast<float>(isum) - t[w[b].dmin] * static_cast<float>(msum));
+  }
+  return sum;
+}
+
+// Q6_K codes are stored with a +32 bias: sum (q-32)*x = sum q*x - 32 * sum x, and the scale of the
+// 16-element sub-block s pairs with bsums[s].
+float dot_q6_k(int64_t n, const BlockQ6_K* w, const BlockQ8_K* x) {
+  const float* t = f16_table();
+  float sum = 0.0f;
+  for (int64_t b = 0; b < n / kQK_K; ++b) {
+    int32_t isum = 0;
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* ql = w[b].ql + 64 * h;
+      const uint8_t* qh = w[b].qh + 32 * h;
+      const int8_t* sc = w[b].scales + 8 * h;
+      const int8_t* xq = x[b].qs + 128 * h;
+      for (int g = 0; g < 2; ++g) {  // g: first or second 16 of each 32
+        int32_t s[4] = {0, 0, 0, 0};
+        for (int l = 16 * g; l < 16 * g + 16; ++l) {
+          s[0] += ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) * xq[l];
+          s[1] += ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) * xq[l + 32];
+          s[2] += ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) * xq[l + 64];
+          s[3] += ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) * xq[l + 96];
+        }
+        for (int k = 0; k < 4; ++k) isum += sc[g + 2 * k] * s[k];
+      }
+    }
+    int32_t bias = 0;
+    for (int s = 0; s < kQK_K / 16; ++s) bias += w[b].scales[s] * x[b].bsums[s];
+    sum += t[w[b].d] * x[b].d * static_cast<float>(isum - 32 * bias);
+  }
+  return sum;
+}
+
+// Adapts a one-column dot to the multi-column signature.
+template <typename W, typename X, float (*F)(int64_t, const W*, const X*)>
+void multi(int64_t n, const void* w, const void* const* xs, int nc, float* out) {
+  for (int c = 0; c < nc; ++c) out[c] = F(n, static_cast<const W*>(w), static_cast<const X*>(xs[c]));
+}
+
+// Indexed by DType; i32 has no kernel.
+constexpr VecDotKernel kScalar[kDTypeCount] = {
+    /* f32  */ {ActType::f32, from_float_f32, multi<float, float, dot_f32>},
+    /* f16  */ {ActType::f32, from_float_f32, multi<f16_bits, float, dot_f16_f32>},
+    /* bf16 */ {ActType::f32, from_float_f32, multi<bf16_bits, float, dot_bf16_f32>},
+    /* i32  */ {ActType::f32, nullptr, nullptr},
+    /* q8_0 */ {ActType::q8_0, from_float_q8_0, multi<BlockQ8_0, BlockQ8_0, dot_q8_0>},
+    /* q4_0 */ {ActType::q8_0, from_float_q8_0, multi<BlockQ4_0, BlockQ8_0, dot_q4_0>},
+    /* q4_K */ {ActType::q8_k, from_float_q8_k, multi<BlockQ4_K, BlockQ8_K, dot_q4_k>},
+    /* q6_K */ {ActType::q8_k, from_float_q8_k, multi<BlockQ6_K, BlockQ8_K, dot_q6_k>},
+};
+static_assert(static_cast<int>(DType::q6_k) == kDTypeCount - 1, "kScalar is indexed by DType");
+constexpr VecDotKernel kScalarF16F16 = {ActType::f16, from_float_f16, multi<f16_bits, f16_bits, dot_f16>};
+
+bool env_forces_scalar() {
+  const char* v = std::getenv("LOOM_CPU_SIMD");
+  return v && std::strcmp(v, "0") == 0;
+}
+
+bool cpu_has_avx2_fma_f16c() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#else
+  return false;
+#endif
+}
+
+// Decided once: the environment and the CPU do not change while the process runs.
+bool use_avx2() {
+  static const bool use = !env_forces_scalar() && cpu_has_avx2_fma_f16c() &&
+                          detail::vec_dot_kernel_avx2_unchecked(DType::f32) != nullptr;
+  return use;
+}
+
+}  // namespace
+
+size_t act_row_size(ActType t, int64_t n) {
+  switch (t) {
+    case ActType::f32:
+      return static_cast<size_t>(n) * sizeof(float);
+    case ActType::f16:
+      return static_cast<size_t>(n) * sizeof(f16_bits);
+    case ActType::q8_0:
+      return static_cast<size_t>(n / kQK8_0) * sizeof(BlockQ8_0);
+    case ActType::q8_k:
+      return static_cast<size_t>(n / kQK_K) * sizeof(BlockQ8_K);
+  }
+  return 0;
+}
+
+int64_t act_block_size(ActType t) {
+  switch (t) {
+    case ActType::f32:
+    case ActType::f16:
+      return 1;
+    case ActType::q8_0:
+      return kQK8_0;
+    case ActType::q8_k:
+      return kQK_K;
+  }
+  return 1;
+}
+
+const char* vec_dot_isa() { return use_avx2() ? "avx2" : "scalar"; }
+
+const VecDotKernel* vec_dot_kernel_scalar(DType weight) {
+  const VecDotKernel& k = kScalar[static_cast<size_t>(weight)];
+  return k.dot ? &k : nullptr;
+}
+
+const VecDotKernel* vec_dot_kernel_avx2(DType weight) {
+  if (!cpu_has_avx2_fma_f16c()) return nullptr;
+  return detail::vec_dot_kernel_avx2_unchecked(weight);
+}
+
+const VecDotKernel& vec_dot_f16_f16(bool simd) {
+  if (simd && cpu_has_avx2_fma_f16c()) {
+    if (const VecDotKernel* k = detail::vec_dot_f16_f16_avx2_unchecked()) return *k;
+  }
+  return kScalarF16F16;
+}
+
+const VecDotKernel* vec_dot_kernel(DType weight) {
+  if (use_avx2()) {
+    if (const VecDotKernel* k = detail::vec_dot_kernel_avx2_unchecked(weight)) return k;
+  }
+  return vec_dot_kernel_scalar(weight);
+}
+
+}  // namespace loom::cpu

@@ -237,6 +237,16 @@ Result<std::unique_ptr<Backend>> make_backend(const BackendOptions& options) {
 
 }  // namespace
 
+// Hooks for the seed C API (cuda_seed_api.cpp), which launches node by node itself so that it can
+// check an abort callback and time each node (declared in cuda_common.h).
+CudaError launch_node(const LaunchContext& ctx, const Tensor* node) { return run_node(ctx, node); }
+size_t node_scratch_bytes(const Tensor& node) { return scratch_bytes(node); }
+Result<std::unique_ptr<Backend>> make_cuda_backend(int device) {
+  BackendOptions options;
+  options.device = device;
+  return make_backend(options);
+}
+
 }  // namespace loom::cuda
 
 /// Entry point the registry looks up after dlopen(). This library carries its own copy of

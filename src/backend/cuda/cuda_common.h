@@ -1,13 +1,25 @@
 // Host-side helpers of the CUDA backend: CudaError -> Status, checks that return a Status.
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include "backend/cuda/cuda_error.h"
+#include "loom/backend.h"
 #include "loom/status.h"
 #include "loom/tensor.h"
 
 namespace loom::cuda {
+
+struct LaunchContext;
+
+/// Launches one node's kernels on ctx.stream (nothing for views); the backend's compute and the
+/// seed C API (cuda_seed_api.cpp, which launches node by node) both use it. Defined in cuda_backend.cpp.
+CudaError launch_node(const LaunchContext& ctx, const Tensor* node);
+/// Device scratch bytes launch_node needs for `node`.
+size_t node_scratch_bytes(const Tensor& node);
+/// A "cuda" backend on device `device`, as the registry's factory makes it.
+Result<std::unique_ptr<Backend>> make_cuda_backend(int device);
 
 /// "cuda: cudaMemcpyAsync(...) failed at src/backend/cuda/cuda_device.cpp:88: cudaErrorInvalidValue:
 /// invalid argument (<context>)". Out of memory maps to StatusCode::out_of_memory.
