@@ -20,8 +20,11 @@ using gguf_detail::escape;
 namespace {
 
 void put_bytes(std::vector<uint8_t>& out, const void* p, size_t n) {
-  const auto* b = static_cast<const uint8_t*>(p);
-  out.insert(out.end(), b, b + n);
+  if (n == 0) return;
+  // resize + memcpy rather than insert: g++ 12 reports a false -Wstringop-overflow for the latter
+  const size_t at = out.size();
+  out.resize(at + n);
+  std::memcpy(out.data() + at, p, n);
 }
 template <typename T>
 void put(std::vector<uint8_t>& out, T v) {
