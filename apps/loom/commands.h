@@ -17,6 +17,8 @@ struct Command {
 /// Each adds its subcommand to `app` and appends it to `out`; options live in the lambda's state.
 void add_run_command(CLI::App& app, std::vector<Command>& out);
 void add_backends_command(CLI::App& app, std::vector<Command>& out);
+void add_info_command(CLI::App& app, std::vector<Command>& out);
+void add_quantize_command(CLI::App& app, std::vector<Command>& out);
 void add_tokenize_command(CLI::App& app, std::vector<Command>& out);
 
 }  // namespace loom::app

@@ -9,6 +9,8 @@ int main(int argc, char** argv) {
   std::vector<loom::app::Command> commands;
   loom::app::add_run_command(app, commands);
   loom::app::add_backends_command(app, commands);
+  loom::app::add_info_command(app, commands);
+  loom::app::add_quantize_command(app, commands);
   loom::app::add_tokenize_command(app, commands);
   CLI11_PARSE(app, argc, argv);
   for (auto& c : commands)

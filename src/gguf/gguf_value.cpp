@@ -108,7 +108,7 @@ std::string escape(std::string_view s, size_t max_bytes) {
   out.reserve(n + 8);
   for (size_t i = 0; i < n; ++i) {
     const auto c = static_cast<unsigned char>(s[i]);
-    if (c >= 0x20 && c < 0x7f && c != '\\')
+    if (c >= 0x20 && c < 0x7f && c != '\\' && c != '"')
       out += static_cast<char>(c);
     else
       out += fmt::format("\\x{:02x}", c);

@@ -177,16 +177,11 @@ class CudaBackend final : public Backend {
     }
 
     std::lock_guard lock(dev_.stream_mutex());
-    LOOM_TRY(dev_.make_current());
-    LOOM_TRY(dev_.reserve_scratch(scratch));
-    LaunchContext ctx;
-    ctx.stream = dev_.stream();
-    ctx.cublas = dev_.cublas();
-    ctx.scratch = dev_.scratch();
-    ctx.scratch_size = dev_.scratch_size();
+    Result<LaunchContext> ctx = dev_.launch_context(scratch);
+    if (!ctx.ok()) return ctx.status();
     for (const Tensor* t : g.nodes()) {
       if (t->op == OpKind::view) continue;
-      CudaError e = run_node(ctx, t);
+      CudaError e = run_node(*ctx, t);
       if (e.ok() && sync_each_node_) e = sync();
       if (!e.ok()) {
         (void)sync();  // let queued work finish before buffers can be freed

@@ -57,62 +57,69 @@ namespace {
 
 bool range_ok(size_t offset, size_t n, size_t size) { return offset <= size && n <= size - offset; }
 
+/// Memory on one device: a block from DeviceContext::allocate, which goes back to the device's
+/// cache with the buffer, or borrowed memory (loom_backend_cuda_buffer_from_ptr), which stays
+/// with its owner.
 class DeviceBuffer final : public Buffer {
  public:
-  DeviceBuffer(DeviceContext& dev, BufferType& type, void* ptr, size_t size, size_t capacity)
-      : dev_(dev), type_(type), ptr_(ptr), size_(size), capacity_(capacity) {}
-  ~DeviceBuffer() override { dev_.release(ptr_, capacity_); }
+  /// The `capacity` of borrowed memory: nothing to give back (pool blocks are never empty).
+  static constexpr size_t kBorrowed = 0;
+
+  DeviceBuffer(DeviceContext& dev, void* ptr, size_t size, size_t capacity)
+      : dev_(dev), ptr_(ptr), size_(size), capacity_(capacity) {}
+  ~DeviceBuffer() override {
+    if (capacity_ != kBorrowed) dev_.release(ptr_, capacity_);
+  }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 
   void* base() override { return ptr_; }
   size_t size() const override { return size_; }
-  BufferType& type() const override { return type_; }
+  BufferType& type() const override { return dev_.buffer_type(); }
 
   Status write(size_t offset, const void* src, size_t n) override {
-    if (!range_ok(offset, n, size_))
-      return make_error(StatusCode::invalid_argument, "cuda buffer write: [{}, {}) exceeds its {} bytes",
-                        offset, offset + n, size_);
-    if (n == 0) return {};
-    std::lock_guard lock(dev_.stream_mutex());
-    LOOM_TRY(dev_.make_current());
-    LOOM_CUDA_STATUS(
-        cudaMemcpyAsync(static_cast<char*>(ptr_) + offset, src, n, cudaMemcpyHostToDevice, dev_.stream()));
-    LOOM_CUDA_STATUS(cudaStreamSynchronize(dev_.stream()));
-    return {};
+    return on_stream("write", offset, n, [&](cudaStream_t stream) -> Status {
+      LOOM_CUDA_STATUS(cudaMemcpyAsync(at(offset), src, n, cudaMemcpyHostToDevice, stream));
+      return {};
+    });
   }
 
   Status read(size_t offset, void* dst, size_t n) const override {
-    if (!range_ok(offset, n, size_))
-      return make_error(StatusCode::invalid_argument, "cuda buffer read: [{}, {}) exceeds its {} bytes",
-                        offset, offset + n, size_);
-    if (n == 0) return {};
-    std::lock_guard lock(dev_.stream_mutex());
-    LOOM_TRY(dev_.make_current());
-    LOOM_CUDA_STATUS(cudaMemcpyAsync(dst, static_cast<const char*>(ptr_) + offset, n, cudaMemcpyDeviceToHost,
-                                     dev_.stream()));
-    LOOM_CUDA_STATUS(cudaStreamSynchronize(dev_.stream()));
-    return {};
+    return on_stream("read", offset, n, [&](cudaStream_t stream) -> Status {
+      LOOM_CUDA_STATUS(cudaMemcpyAsync(dst, at(offset), n, cudaMemcpyDeviceToHost, stream));
+      return {};
+    });
   }
 
   Status fill(size_t offset, uint8_t value, size_t n) override {
+    return on_stream("fill", offset, n, [&](cudaStream_t stream) -> Status {
+      LOOM_CUDA_STATUS(cudaMemsetAsync(at(offset), value, n, stream));
+      return {};
+    });
+  }
+
+ private:
+  char* at(size_t offset) const { return static_cast<char*>(ptr_) + offset; }
+
+  // Checks [offset, offset + n), then runs `op` on the device's stream and waits for it, so the
+  // host memory of a copy may be reused as soon as this returns.
+  template <typename Op>
+  Status on_stream(const char* what, size_t offset, size_t n, Op&& op) const {
     if (!range_ok(offset, n, size_))
-      return make_error(StatusCode::invalid_argument, "cuda buffer fill: [{}, {}) exceeds its {} bytes",
+      return make_error(StatusCode::invalid_argument, "cuda buffer {}: [{}, {}) exceeds its {} bytes", what,
                         offset, offset + n, size_);
     if (n == 0) return {};
     std::lock_guard lock(dev_.stream_mutex());
     LOOM_TRY(dev_.make_current());
-    LOOM_CUDA_STATUS(cudaMemsetAsync(static_cast<char*>(ptr_) + offset, value, n, dev_.stream()));
+    LOOM_TRY(op(dev_.stream()));
     LOOM_CUDA_STATUS(cudaStreamSynchronize(dev_.stream()));
     return {};
   }
 
- private:
   DeviceContext& dev_;
-  BufferType& type_;
   void* ptr_;
   size_t size_;
-  size_t capacity_;
+  size_t capacity_;  // of the pool block, or kBorrowed
 };
 
 }  // namespace
@@ -127,7 +134,7 @@ class DeviceBufferType final : public BufferType {
     size_t capacity = 0;
     Result<void*> p = dev_.allocate(size, &capacity);
     if (!p.ok()) return p.status();
-    return std::unique_ptr<Buffer>(new DeviceBuffer(dev_, *this, *p, size, capacity));
+    return std::unique_ptr<Buffer>(new DeviceBuffer(dev_, *p, size, capacity));
   }
 
  private:
@@ -252,6 +259,10 @@ void DeviceContext::destroy() {
 
 BufferType& DeviceContext::buffer_type() { return *buffer_type_; }
 
+std::unique_ptr<Buffer> borrow_device_memory(DeviceContext& dev, void* ptr, size_t size) {
+  return std::make_unique<DeviceBuffer>(dev, ptr, size, DeviceBuffer::kBorrowed);
+}
+
 Status DeviceContext::make_current() const {
   LOOM_CUDA_STATUS(cudaSetDevice(info_.ordinal));
   return {};
@@ -301,6 +312,17 @@ void DeviceContext::trim_cache_locked() {
   for (auto& [capacity, ptr] : cache_)
     if (cudaFree(ptr) != cudaSuccess) (void)cudaGetLastError();  // nothing better to do with it
   cache_.clear();
+}
+
+Result<LaunchContext> DeviceContext::launch_context(size_t scratch_bytes) {
+  LOOM_TRY(make_current());
+  LOOM_TRY(reserve_scratch(scratch_bytes));
+  LaunchContext ctx;
+  ctx.stream = stream_;
+  ctx.cublas = cublas_;
+  ctx.scratch = scratch_;
+  ctx.scratch_size = scratch_size_;
+  return ctx;
 }
 
 Status DeviceContext::reserve_scratch(size_t bytes) {

@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 
+#include "backend/cuda/kernels/launch.h"
 #include "loom/backend.h"
 #include "loom/cuda.h"
 
@@ -47,15 +48,16 @@ class DeviceContext {
   /// Returns a block to the cache (no device work may still use it).
   void release(void* ptr, size_t capacity);
 
-  /// Grows the compute scratch to at least `bytes` (caller holds stream_mutex()).
-  Status reserve_scratch(size_t bytes);
-  void* scratch() const { return scratch_; }
-  size_t scratch_size() const { return scratch_size_; }
+  /// Makes this device current, grows the compute scratch to at least `scratch_bytes` and returns
+  /// what node kernels launch with; the caller holds stream_mutex() until those kernels have run.
+  Result<LaunchContext> launch_context(size_t scratch_bytes);
 
  private:
   DeviceContext() = default;
   Status init(int ordinal);
   void destroy();
+  // Grows the scratch (stream_mutex() is held).
+  Status reserve_scratch(size_t bytes);
   // Frees every cached block; the pool mutex is held.
   void trim_cache_locked();
 
@@ -69,6 +71,10 @@ class DeviceContext {
   void* scratch_ = nullptr;
   size_t scratch_size_ = 0;
 };
+
+/// A buffer over `size` bytes of device memory that Loom did not allocate
+/// (loom_backend_cuda_buffer_from_ptr); freeing the buffer leaves the memory to its owner.
+std::unique_ptr<Buffer> borrow_device_memory(DeviceContext& dev, void* ptr, size_t size);
 
 /// Number of devices, or a device_error naming CUDA's reason (no driver, no GPU).
 Result<int> device_count();

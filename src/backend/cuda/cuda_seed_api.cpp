@@ -102,52 +102,6 @@ class Event {
   cudaEvent_t event_ = nullptr;
 };
 
-// ---- buffers over foreign device memory -----------------------------------------------------------------
-
-bool range_ok(size_t offset, size_t n, size_t size) { return offset <= size && n <= size - offset; }
-
-/// Device memory Loom did not allocate (loom_backend_cuda_buffer_from_ptr); never freed by Loom.
-class ForeignDeviceBuffer final : public Buffer {
- public:
-  ForeignDeviceBuffer(DeviceContext& dev, void* ptr, size_t size) : dev_(dev), ptr_(ptr), size_(size) {}
-  void* base() override { return ptr_; }
-  size_t size() const override { return size_; }
-  BufferType& type() const override { return dev_.buffer_type(); }
-  Status write(size_t offset, const void* src, size_t n) override {
-    return copy(static_cast<char*>(ptr_) + offset, src, offset, n, cudaMemcpyHostToDevice);
-  }
-  Status read(size_t offset, void* dst, size_t n) const override {
-    return copy(dst, static_cast<const char*>(ptr_) + offset, offset, n, cudaMemcpyDeviceToHost);
-  }
-  Status fill(size_t offset, uint8_t value, size_t n) override {
-    if (!range_ok(offset, n, size_))
-      return make_error(StatusCode::invalid_argument, "cuda buffer fill: [{}, {}) exceeds its {} bytes",
-                        offset, offset + n, size_);
-    std::lock_guard lock(dev_.stream_mutex());
-    LOOM_TRY(dev_.make_current());
-    LOOM_CUDA_STATUS(cudaMemsetAsync(static_cast<char*>(ptr_) + offset, value, n, dev_.stream()));
-    LOOM_CUDA_STATUS(cudaStreamSynchronize(dev_.stream()));
-    return {};
-  }
-
- private:
-  Status copy(void* dst, const void* src, size_t offset, size_t n, cudaMemcpyKind kind) const {
-    if (!range_ok(offset, n, size_))
-      return make_error(StatusCode::invalid_argument, "cuda buffer copy: [{}, {}) exceeds its {} bytes",
-                        offset, offset + n, size_);
-    if (n == 0) return {};
-    std::lock_guard lock(dev_.stream_mutex());
-    LOOM_TRY(dev_.make_current());
-    LOOM_CUDA_STATUS(cudaMemcpyAsync(dst, src, n, kind, dev_.stream()));
-    LOOM_CUDA_STATUS(cudaStreamSynchronize(dev_.stream()));
-    return {};
-  }
-
-  DeviceContext& dev_;
-  void* ptr_;
-  size_t size_;
-};
-
 std::string mib(size_t bytes) { return fmt::format("{:.2f} MiB", static_cast<double>(bytes) / (1 << 20)); }
 
 }  // namespace
@@ -387,15 +341,11 @@ Status compute(loom_cuda_context& ctx, loom_graph* graph) {
   std::swap(trace_path, ctx.capture_path);  // only the next compute is traced
   DeviceContext& dev = *ctx.dev;
   std::lock_guard lock(dev.stream_mutex());
-  LOOM_TRY(dev.make_current());
-  Trace trace;  // events belong to the current device: made after make_current
+  loom::Result<LaunchContext> launch = dev.launch_context(scratch);
+  if (!launch.ok()) return launch.status();
+  const LaunchContext& lc = *launch;
+  Trace trace;  // events belong to the current device: made after launch_context made it current
   if (!trace_path.empty()) LOOM_TRY(trace.create(kernel_nodes.size()));
-  LOOM_TRY(dev.reserve_scratch(scratch));
-  LaunchContext lc;
-  lc.stream = dev.stream();
-  lc.cublas = dev.cublas();
-  lc.scratch = dev.scratch();
-  lc.scratch_size = dev.scratch_size();
   std::vector<int> launched;
   bool aborted = false;
   for (size_t k = 0; k < kernel_nodes.size(); ++k) {
@@ -702,7 +652,7 @@ LOOM_API loom_buffer* loom_backend_cuda_buffer_from_ptr(void* data, size_t size)
       report(dev.status());
       return nullptr;
     }
-    return to_c(static_cast<Buffer*>(new ForeignDeviceBuffer(**dev, data, size)));
+    return to_c(borrow_device_memory(**dev, data, size).release());
   });
 }
 

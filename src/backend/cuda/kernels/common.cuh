@@ -56,44 +56,58 @@ __device__ __forceinline__ uint16_t float_to_bf16(float v) {
   return __bfloat16_as_ushort(__float2bfloat16_rn(v));
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
+struct SumOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
+struct MaxOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+/// Reduces v over the warp with `op`; every lane gets the result.
+template <typename Op>
+__device__ __forceinline__ float warp_reduce(float v, Op op) {
 #pragma unroll
-  for (int o = kWarpSize / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  for (int o = kWarpSize / 2; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
 
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = kWarpSize / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+/// Reduces v over the whole block with `op` (blockDim.x a multiple of 32, at most 1024); every
+/// thread gets it. `identity` fills the lanes past the last warp. `scratch` holds 32 floats of
+/// shared memory; the call ends with the block synchronized, so the scratch may be reused at once.
+template <typename Op>
+__device__ __forceinline__ float block_reduce(float v, float* scratch, float identity, Op op) {
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int n_warps = blockDim.x / kWarpSize;
+  v = warp_reduce(v, op);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < n_warps ? scratch[lane] : identity;
+  v = warp_reduce(v, op);
+  __syncthreads();
   return v;
 }
 
-/// Sum over the whole block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
-/// `scratch` holds 32 floats of shared memory; the call ends with the block synchronized, so the
-/// scratch may be reused at once.
+__device__ __forceinline__ float warp_sum(float v) { return warp_reduce(v, SumOp{}); }
+/// Sum over the whole block; the contract of block_reduce.
 __device__ __forceinline__ float block_sum(float v, float* scratch) {
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  const int n_warps = blockDim.x / kWarpSize;
-  v = warp_sum(v);
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  v = lane < n_warps ? scratch[lane] : 0.0f;
-  v = warp_sum(v);
-  __syncthreads();
-  return v;
+  return block_reduce(v, scratch, 0.0f, SumOp{});
+}
+/// Maximum over the whole block; the contract of block_reduce.
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+  return block_reduce(v, scratch, -INFINITY, MaxOp{});
 }
 
-/// Maximum over the whole block; same contract as block_sum.
-__device__ __forceinline__ float block_max(float v, float* scratch) {
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  const int n_warps = blockDim.x / kWarpSize;
-  v = warp_max(v);
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  v = lane < n_warps ? scratch[lane] : -INFINITY;
-  v = warp_max(v);
-  __syncthreads();
-  return v;
+/// Calls f(i) with the index i[4] of every element of `t`, one thread per element in a
+/// grid-stride loop (launch with grid_for(nelements, threads)).
+template <typename F>
+__device__ __forceinline__ void for_each_element(const TensorDesc& t, F&& f) {
+  const int64_t n = nelements(t);
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t i[4];
+    split_index(e, t.ne, i);
+    f(i);
+  }
 }
 
 }  // namespace loom::cuda

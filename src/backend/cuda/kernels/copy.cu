@@ -145,11 +145,7 @@ __global__ void cpy_quantize_kernel(TensorDesc dst, DType dst_type, int block, i
 }
 
 __global__ void concat_kernel(TensorDesc dst, TensorDesc a, TensorDesc b, int dim, int type_size) {
-  const int64_t n = nelements(dst);
-  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    int64_t i[4];
-    split_index(e, dst.ne, i);
+  for_each_element(dst, [&](int64_t* i) {
     char* out = element_ptr(dst, i[0], i[1], i[2], i[3]);
     const TensorDesc* from = &a;
     if (i[dim] >= a.ne[dim]) {
@@ -162,7 +158,7 @@ __global__ void concat_kernel(TensorDesc dst, TensorDesc a, TensorDesc b, int di
     } else {
       *reinterpret_cast<uint16_t*>(out) = *reinterpret_cast<const uint16_t*>(in);
     }
-  }
+  });
 }
 
 }  // namespace

@@ -8,22 +8,8 @@ namespace loom::cuda {
 
 namespace {
 
-__global__ void rms_norm_kernel(TensorDesc dst, TensorDesc a, float eps) {
-  __shared__ float scratch[32];
-  for (int64_t r = blockIdx.x; r < nrows(dst); r += gridDim.x) {
-    int64_t i1, i2, i3;
-    split_row(r, dst.ne[1], dst.ne[2], i1, i2, i3);
-    const auto* x = reinterpret_cast<const float*>(row_ptr(a, i1, i2, i3));
-    auto* y = reinterpret_cast<float*>(row_ptr(dst, i1, i2, i3));
-    const int64_t n = dst.ne[0];
-    float sum = 0.0f;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum += x[i] * x[i];
-    sum = block_sum(sum, scratch);
-    const float s = 1.0f / sqrtf(sum / static_cast<float>(n) + eps);
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) y[i] = x[i] * s;
-  }
-}
-
+// norm is rms_norm of the row less its mean: kCenter adds the pass that computes the mean.
+template <bool kCenter>
 __global__ void norm_kernel(TensorDesc dst, TensorDesc a, float eps) {
   __shared__ float scratch[32];
   for (int64_t r = blockIdx.x; r < nrows(dst); r += gridDim.x) {
@@ -32,9 +18,12 @@ __global__ void norm_kernel(TensorDesc dst, TensorDesc a, float eps) {
     const auto* x = reinterpret_cast<const float*>(row_ptr(a, i1, i2, i3));
     auto* y = reinterpret_cast<float*>(row_ptr(dst, i1, i2, i3));
     const int64_t n = dst.ne[0];
-    float sum = 0.0f;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum += x[i];
-    const float mean = block_sum(sum, scratch) / static_cast<float>(n);
+    float mean = 0.0f;
+    if constexpr (kCenter) {
+      float sum = 0.0f;
+      for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum += x[i];
+      mean = block_sum(sum, scratch) / static_cast<float>(n);
+    }
     float var = 0.0f;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) var += (x[i] - mean) * (x[i] - mean);
     var = block_sum(var, scratch);
@@ -50,10 +39,10 @@ CudaError launch_norm(const LaunchContext& ctx, const Tensor* dst, float eps) {
   if (rows == 0 || dst->ne[0] == 0) return {};
   const int threads = row_block_threads(dst->ne[0]);
   if (dst->op == OpKind::rms_norm) {
-    rms_norm_kernel<<<row_grid(rows), threads, 0, ctx.stream>>>(desc_of(dst), desc_of(dst->src[0]), eps);
+    norm_kernel<false><<<row_grid(rows), threads, 0, ctx.stream>>>(desc_of(dst), desc_of(dst->src[0]), eps);
     LOOM_CUDA_CHECK_LAUNCH("rms_norm_kernel");
   } else {
-    norm_kernel<<<row_grid(rows), threads, 0, ctx.stream>>>(desc_of(dst), desc_of(dst->src[0]), eps);
+    norm_kernel<true><<<row_grid(rows), threads, 0, ctx.stream>>>(desc_of(dst), desc_of(dst->src[0]), eps);
     LOOM_CUDA_CHECK_LAUNCH("norm_kernel");
   }
   return {};

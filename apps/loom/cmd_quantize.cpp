@@ -1,0 +1,119 @@
+// `loom quantize IN.gguf OUT.gguf TYPE [-t threads] [--dry-run]`.
+#include <unistd.h>
+
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "commands.h"
+#include "gguf_info.h"
+#include "quantize_model.h"
+
+namespace loom::app {
+
+namespace {
+
+struct QuantizeCliOptions {
+  std::string input;
+  std::string output;
+  std::string type;
+  int n_threads = 0;
+  bool dry_run = false;
+};
+
+const char* ggml_name(uint32_t id) {
+  const GgmlTypeInfo* t = ggml_type_info(id);
+  return t ? t->name : "?";
+}
+
+std::string valid_types() {
+  std::string s;
+  for (QuantFtype f :
+       {QuantFtype::q8_0, QuantFtype::q4_0, QuantFtype::q4_k, QuantFtype::q6_k, QuantFtype::q4_k_m})
+    s += fmt::format("{}{}", s.empty() ? "" : ", ", quant_ftype_name(f));
+  return s;
+}
+
+int fail(const Status& s) {
+  std::fprintf(stderr, "loom: %s\n", s.to_string().c_str());
+  return 1;
+}
+
+void print_plan(const QuantizePlan& plan) {
+  for (const TensorPlan& p : plan.tensors)
+    fmt::print(
+        "{:<40} {:>6} -> {}{}\n", p.name, ggml_name(p.src_type), ggml_name(p.dst_type),
+        p.fell_back ? fmt::format("  (fallback: ne0 = {} does not fit the chosen block)", p.ne[0]) : "");
+}
+
+int run_quantize(const QuantizeCliOptions& o) {
+  const auto ftype = quant_ftype_from_name(o.type);
+  if (!ftype)
+    return fail(make_error(StatusCode::invalid_argument, "quantize: unknown type '{}'; expected one of {}",
+                           o.type, valid_types()));
+  if (o.dry_run) {
+    auto in = GgufFile::open(o.input);
+    if (!in) return fail(in.status());
+    auto plan = plan_quantization(*in, *ftype);
+    if (!plan) return fail(plan.status());
+    print_plan(*plan);
+    return 0;
+  }
+  QuantizeOptions qo;
+  qo.n_threads = o.n_threads;
+  // One line rewritten in place on a terminal; nothing per tensor when stderr is a log file.
+  if (::isatty(STDERR_FILENO)) {
+    qo.on_tensor = [](const QuantizeProgress& p) {
+      if (p.done) return;  // the line names the tensor being converted, which may take seconds
+      fmt::print(stderr, "\r\x1b[2K[{:>{}}/{}] {:5.1f}%  {} {} -> {}", p.index + 1,
+                 fmt::format("{}", p.count).size(), p.count,
+                 p.bytes_total
+                     ? 100.0 * static_cast<double>(p.bytes_done) / static_cast<double>(p.bytes_total)
+                     : 100.0,
+                 p.tensor->name, ggml_name(p.tensor->src_type), ggml_name(p.tensor->dst_type));
+      std::fflush(stderr);
+    };
+  }
+  auto r = quantize_gguf(o.input, o.output, *ftype, qo);
+  if (qo.on_tensor) fmt::print(stderr, "\r\x1b[2K");
+  if (!r) return fail(r.status());
+  std::map<std::string, size_t> counts;
+  size_t fallbacks = 0;
+  for (const TensorPlan& p : r->plan.tensors) {
+    ++counts[ggml_name(p.dst_type)];
+    fallbacks += p.fell_back;
+  }
+  std::string mix;
+  for (const auto& [name, n] : counts) mix += fmt::format("{}{} {}", mix.empty() ? "" : ", ", n, name);
+  fmt::print(
+      stderr,
+      "loom: {} -> {} ({}): {} tensors ({}), {} -> {} of tensor data, file {}, {:.1f} s on {} threads\n",
+      o.input, o.output, quant_ftype_name(*ftype), r->plan.tensors.size(), mix, format_bytes(r->bytes_in),
+      format_bytes(r->bytes_out), format_bytes(r->file_bytes), r->seconds, r->n_threads);
+  if (fallbacks)
+    fmt::print(
+        stderr,
+        "loom: {} tensor(s) have a row length the chosen block does not divide and used a fallback type "
+        "(see --dry-run)\n",
+        fallbacks);
+  return 0;
+}
+
+}  // namespace
+
+void add_quantize_command(CLI::App& app, std::vector<Command>& out) {
+  auto opts = std::make_shared<QuantizeCliOptions>();
+  auto* cmd = app.add_subcommand("quantize", "Quantize a GGUF model's f32/f16/bf16 weights");
+  cmd->add_option("input", opts->input, "Input GGUF file")->required();
+  cmd->add_option("output", opts->output, "Output GGUF file (written atomically)")->required();
+  cmd->add_option("type", opts->type, "q8_0, q4_0, q4_K, q6_K or q4_K_M (llama.cpp's mixture)")->required();
+  cmd->add_option("-t,--threads", opts->n_threads, "Threads (0: all hardware threads)")
+      ->check(CLI::Range(0, 1024));
+  cmd->add_flag("--dry-run", opts->dry_run, "Print each tensor's input and output type; write nothing");
+  out.push_back({cmd, [opts] { return run_quantize(*opts); }});
+}
+
+}  // namespace loom::app

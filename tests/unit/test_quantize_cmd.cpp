@@ -1,0 +1,480 @@
+// `loom quantize` and `loom info`: a small LLaMA-shaped f32/f16/bf16 model written with GgufWriter
+// is quantized, re-read and checked: each tensor's type against the rule (worked out by hand here,
+// not by calling the rule), dequantized values against per-type error bounds, metadata kept, and
+// errors for bad input.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <set>
+
+#include "gguf_info.h"
+#include "loom/gguf.h"
+#include "quantize_mixture.h"
+#include "quantize_model.h"
+
+namespace loom::app {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int kLayers = 8;
+constexpr int64_t kEmbd = 256;
+constexpr int64_t kKv = 64;
+constexpr int64_t kFf = 256;
+constexpr int64_t kVocab = 48;
+
+// The tensors of the test model with their original values (after rounding to the stored type).
+struct TestModel {
+  struct Tensor {
+    std::string name;
+    DType type;
+    std::vector<int64_t> ne;
+    std::vector<float> values;   // as stored, widened to float
+    std::vector<uint8_t> bytes;  // as stored
+  };
+  std::vector<Tensor> tensors;
+
+  const Tensor& get(const std::string& name) const {
+    for (const Tensor& t : tensors)
+      if (t.name == name) return t;
+    throw std::runtime_error("no tensor " + name);
+  }
+};
+
+struct ModelOptions {
+  bool with_output = true;
+  float nan_in = 0.0f;       // when nonzero: put a NaN into blk.2.ffn_up.weight
+  bool quantized_q = false;  // store blk.3.attn_q.weight as q8_0
+  bool split = false;
+};
+
+TestModel make_model(const ModelOptions& o, uint32_t seed = 1) {
+  TestModel m;
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 0.05f);
+  auto add = [&](std::string name, std::vector<int64_t> ne, DType type = DType::f32, bool norm = false) {
+    TestModel::Tensor t{std::move(name), type, std::move(ne), {}, {}};
+    int64_t n = 1;
+    for (int64_t d : t.ne) n *= d;
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) x = norm ? 1.0f + nd(rng) : nd(rng);
+    t.bytes.resize(dtype_row_size(type, t.ne[0]) * static_cast<size_t>(n / t.ne[0]));
+    quantize_row(type, v.data(), t.bytes.data(), n);
+    t.values.resize(v.size());
+    dequantize_row(type, t.bytes.data(), t.values.data(), n);
+    m.tensors.push_back(std::move(t));
+  };
+  add("token_embd.weight", {kEmbd, kVocab});
+  for (int l = 0; l < kLayers; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".";
+    add(b + "attn_norm.weight", {kEmbd}, DType::f32, true);
+    const DType q_type = l == 1                      ? DType::f16
+                         : l == 2                    ? DType::bf16
+                         : (l == 3 && o.quantized_q) ? DType::q8_0
+                                                     : DType::f32;
+    add(b + "attn_q.weight", {kEmbd, kEmbd}, q_type);
+    add(b + "attn_k.weight", {kEmbd, kKv});
+    add(b + "attn_v.weight", {kEmbd, kKv});
+    add(b + "attn_output.weight", {kEmbd, kEmbd});
+    add(b + "ffn_norm.weight", {kEmbd}, DType::f32, true);
+    add(b + "ffn_gate.weight", {kEmbd, kFf});
+    add(b + "ffn_up.weight", {kEmbd, kFf});
+    add(b + "ffn_down.weight", {kFf, kEmbd});
+  }
+  add("blk.0.attn_q.bias", {kEmbd});      // not a weight: copied
+  add("blk.0.ffn_odd.weight", {96, 8});   // 96 % 256 != 0: K-quants fall back to q8_0
+  add("blk.0.ffn_tiny.weight", {40, 4});  // 40 % 32 != 0: f16
+  add("blk.0.col.weight", {kEmbd, 1});    // one significant dimension: copied
+  add("output_norm.weight", {kEmbd}, DType::f32, true);
+  if (o.with_output) add("output.weight", {kEmbd, kVocab});
+  if (o.nan_in != 0.0f) {
+    for (TestModel::Tensor& t : m.tensors)
+      if (t.name == "blk.2.ffn_up.weight") {
+        float* f = reinterpret_cast<float*>(t.bytes.data());
+        f[3 * kEmbd + 17] = std::nanf("");
+      }
+  }
+  (void)o.split;
+  return m;
+}
+
+void write_model(const TestModel& m, const std::string& path, const ModelOptions& o) {
+  GgufWriter w;
+  ASSERT_TRUE(w.add_string("general.architecture", "llama").ok());
+  ASSERT_TRUE(w.add_string("general.name", "loom quantize test").ok());
+  ASSERT_TRUE(w.add_u32("general.alignment", 64).ok());
+  ASSERT_TRUE(w.add_u32("general.file_type", 0).ok());
+  ASSERT_TRUE(w.add_u32("llama.block_count", kLayers).ok());
+  ASSERT_TRUE(w.add_u32("llama.embedding_length", kEmbd).ok());
+  ASSERT_TRUE(w.add_f32("llama.rope.freq_base", 500000.0f).ok());
+  std::vector<std::string> tokens;
+  std::vector<float> scores;
+  for (int i = 0; i < kVocab; ++i) {
+    tokens.push_back("tok" + std::to_string(i));
+    scores.push_back(-0.5f * static_cast<float>(i));
+  }
+  ASSERT_TRUE(w.add_array("tokenizer.ggml.tokens", std::span<const std::string>(tokens)).ok());
+  ASSERT_TRUE(w.add_array("tokenizer.ggml.scores", std::span<const float>(scores)).ok());
+  if (o.split) {
+    ASSERT_TRUE(w.add_u16("split.count", 2).ok());
+  }
+  for (const TestModel::Tensor& t : m.tensors)
+    ASSERT_TRUE(w.add_tensor(t.name, t.type, t.ne, t.bytes.data()).ok()) << t.name;
+  ASSERT_TRUE(w.write(path).ok());
+}
+
+class QuantizeCmd : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("loom-quantize-test-" + std::to_string(::getpid()) + "-" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+  // Writes the model and returns its path.
+  std::string model(const ModelOptions& o = {}) {
+    model_ = make_model(o);
+    const std::string p = path("in.gguf");
+    write_model(model_, p, o);
+    return p;
+  }
+
+  fs::path dir_;
+  TestModel model_;
+};
+
+// Relative RMS error bounds on Gaussian data, a little above what each format reaches
+// (tests/unit/test_quant.cpp measures the same quantizers).
+double error_bound(DType t) {
+  switch (t) {
+    case DType::q8_0:
+      return 0.006;
+    case DType::q4_0:
+      return 0.11;
+    case DType::q4_k:
+      return 0.08;
+    case DType::q6_k:
+      return 0.02;
+    case DType::f16:
+      return 3e-4;
+    default:
+      return 0.0;
+  }
+}
+
+// Checks every output tensor: type as `expected` says, values within the type's bound (bytes equal
+// when copied), shape unchanged.
+void check_output(const TestModel& m, const GgufFile& out, const std::map<std::string, DType>& expected) {
+  ASSERT_EQ(out.tensors().size(), m.tensors.size());
+  for (size_t i = 0; i < m.tensors.size(); ++i) {
+    const TestModel::Tensor& src = m.tensors[i];
+    const GgufTensorInfo& t = out.tensors()[i];
+    ASSERT_EQ(t.name, src.name) << "tensor order is kept";
+    for (size_t d = 0; d < src.ne.size(); ++d) EXPECT_EQ(t.ne[d], src.ne[d]) << src.name;
+    const auto it = expected.find(src.name);
+    ASSERT_NE(it, expected.end()) << src.name;
+    ASSERT_TRUE(t.dtype.has_value()) << src.name;
+    EXPECT_EQ(dtype_name(*t.dtype), std::string(dtype_name(it->second))) << src.name;
+    if (*t.dtype == src.type) {
+      ASSERT_EQ(t.size, src.bytes.size()) << src.name;
+      EXPECT_EQ(std::memcmp(t.data, src.bytes.data(), t.size), 0) << src.name << " must be copied unchanged";
+      continue;
+    }
+    std::vector<float> y(src.values.size());
+    const int64_t ne0 = src.ne[0];
+    const size_t row_bytes = dtype_row_size(*t.dtype, ne0);
+    for (size_t r = 0; r < y.size() / static_cast<size_t>(ne0); ++r)
+      dequantize_row(*t.dtype, t.data + r * row_bytes, y.data() + r * static_cast<size_t>(ne0), ne0);
+    double err = 0.0, ref = 0.0;
+    for (size_t j = 0; j < y.size(); ++j) {
+      err += (y[j] - src.values[j]) * (y[j] - src.values[j]);
+      ref += src.values[j] * src.values[j];
+    }
+    const double rel = std::sqrt(err / ref);
+    EXPECT_LE(rel, error_bound(*t.dtype)) << src.name << " as " << dtype_name(*t.dtype);
+    EXPECT_GT(rel, 0.0) << src.name << ": converted data equal to the input means nothing was converted";
+  }
+}
+
+// The types the rule gives the test model, written out by hand from llama.cpp's rules.
+std::map<std::string, DType> expected_types(const TestModel& m, QuantFtype f, bool tied = false) {
+  const DType base = quant_ftype_base_type(f);
+  const std::set<int> more_bits = {0, 3, 6, 7};  // n = 8: i < 1, i >= 7, (i - 1) % 3 == 2
+  std::map<std::string, DType> e;
+  for (const TestModel::Tensor& t : m.tensors) {
+    const std::string& n = t.name;
+    DType d = base;
+    if (n.find("norm") != std::string::npos || n == "blk.0.attn_q.bias" || n == "blk.0.col.weight") {
+      d = t.type;
+    } else if (n == "output.weight" || (tied && n == "token_embd.weight")) {
+      d = base == DType::q8_0 ? DType::q8_0 : DType::q6_k;
+    } else if (n == "blk.0.ffn_odd.weight") {
+      d = (base == DType::q4_k || base == DType::q6_k) ? DType::q8_0 : base;
+    } else if (n == "blk.0.ffn_tiny.weight") {
+      d = DType::f16;
+    } else if (f == QuantFtype::q4_k_m &&
+               (n.find("attn_v") != std::string::npos || n.find("ffn_down") != std::string::npos)) {
+      const int layer = std::stoi(n.substr(4));
+      d = more_bits.count(layer) ? DType::q6_k : DType::q4_k;
+    }
+    e[n] = d;
+  }
+  return e;
+}
+
+// ---- the rule alone ---------------------------------------------------------------------------------
+
+TEST(QuantMixture, UseMoreBits) {
+  std::vector<int> picked;
+  for (int i = 0; i < 8; ++i)
+    if (use_more_bits(i, 8)) picked.push_back(i);
+  EXPECT_EQ(picked, (std::vector<int>{0, 3, 6, 7}));
+  picked.clear();
+  for (int i = 0; i < 32; ++i)
+    if (use_more_bits(i, 32)) picked.push_back(i);
+  // first 4, last 4, and i with (i - 4) % 3 == 2 in between
+  EXPECT_EQ(picked, (std::vector<int>{0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31}));
+}
+
+TEST(QuantMixture, ChooseTypes) {
+  const QuantFtype m = QuantFtype::q4_k_m;
+  EXPECT_EQ(choose_quant_type("output.weight", 0, 32, m), DType::q6_k);
+  EXPECT_EQ(choose_quant_type("output.weight", 0, 32, QuantFtype::q8_0), DType::q8_0);
+  EXPECT_EQ(choose_quant_type("output.weight", 0, 32, QuantFtype::q4_0), DType::q6_k);
+  EXPECT_EQ(choose_quant_type("token_embd.weight", 0, 32, m), DType::q4_k);
+  EXPECT_EQ(choose_quant_type("token_embd.weight", 0, 32, m, {.tied_embeddings = true}), DType::q6_k);
+  EXPECT_EQ(choose_quant_type("blk.6.attn_v.weight", 6, 32, m), DType::q6_k);
+  EXPECT_EQ(choose_quant_type("blk.5.attn_v.weight", 5, 32, m), DType::q4_k);
+  EXPECT_EQ(choose_quant_type("blk.9.attn_qkv.weight", 9, 32, m), DType::q6_k);
+  EXPECT_EQ(choose_quant_type("blk.31.ffn_down.weight", 31, 32, m), DType::q6_k);
+  EXPECT_EQ(choose_quant_type("blk.10.ffn_down.weight", 10, 32, m), DType::q4_k);
+  EXPECT_EQ(choose_quant_type("blk.0.ffn_up.weight", 0, 32, m), DType::q4_k);
+  EXPECT_EQ(choose_quant_type("blk.0.attn_q.weight", 0, 32, m), DType::q4_k);
+  EXPECT_EQ(choose_quant_type("blk.0.attn_v.weight", 0, 32, QuantFtype::q4_k), DType::q4_k)
+      << "plain q4_K: no mixture";
+  EXPECT_EQ(choose_quant_type("blk.5.attn_k.weight", 5, 32, m, {.n_expert = 8}), DType::q8_0);
+  EXPECT_EQ(choose_quant_type("blk.5.attn_v.weight", 5, 32, m, {.n_expert = 8}), DType::q8_0);
+
+  EXPECT_TRUE(tensor_is_quantizable("blk.0.attn_q.weight", 2));
+  EXPECT_TRUE(tensor_is_quantizable("blk.0.ffn_down_exps.weight", 3));
+  EXPECT_FALSE(tensor_is_quantizable("blk.0.attn_norm.weight", 2)) << "norms never";
+  EXPECT_FALSE(tensor_is_quantizable("blk.0.attn_q.weight", 1)) << "1-D never";
+  EXPECT_FALSE(tensor_is_quantizable("blk.0.attn_q.bias", 2));
+  EXPECT_FALSE(tensor_is_quantizable("blk.0.ffn_gate_inp.weight", 2)) << "MoE router";
+  EXPECT_FALSE(tensor_is_quantizable("position_embd.weight", 2));
+
+  EXPECT_EQ(fallback_quant_type(DType::q4_k, 4096), DType::q4_k);
+  EXPECT_EQ(fallback_quant_type(DType::q4_k, 96), DType::q8_0);
+  EXPECT_EQ(fallback_quant_type(DType::q6_k, 160), DType::q8_0);
+  EXPECT_EQ(fallback_quant_type(DType::q4_k, 40), DType::f16);
+  EXPECT_EQ(fallback_quant_type(DType::q8_0, 40), DType::f16);
+  EXPECT_EQ(fallback_quant_type(DType::q4_0, 96), DType::q4_0);
+}
+
+TEST(QuantMixture, FtypeNames) {
+  EXPECT_EQ(quant_ftype_from_name("q4_K_M"), QuantFtype::q4_k_m);
+  EXPECT_EQ(quant_ftype_from_name("Q4_K_M"), QuantFtype::q4_k_m);
+  EXPECT_EQ(quant_ftype_from_name("q8_0"), QuantFtype::q8_0);
+  EXPECT_EQ(quant_ftype_from_name("q6_k"), QuantFtype::q6_k);
+  EXPECT_FALSE(quant_ftype_from_name("q5_K").has_value());
+  EXPECT_FALSE(quant_ftype_from_name("").has_value());
+  EXPECT_FALSE(quant_ftype_from_name("f16").has_value());
+  EXPECT_EQ(quant_ftype_file_type(QuantFtype::q4_k_m), 15u);
+  EXPECT_EQ(quant_ftype_file_type(QuantFtype::q8_0), 7u);
+  EXPECT_EQ(quant_ftype_file_type(QuantFtype::q4_0), 2u);
+  EXPECT_EQ(quant_ftype_file_type(QuantFtype::q6_k), 18u);
+}
+
+// ---- whole files --------------------------------------------------------------------------------------
+
+TEST_F(QuantizeCmd, Q4KMMixtureValuesAndMetadata) {
+  const std::string in = model();
+  const std::string out = path("out.gguf");
+  size_t progress_calls = 0;
+  QuantizeOptions opts;
+  opts.n_threads = 3;
+  opts.on_tensor = [&](const QuantizeProgress& p) {
+    EXPECT_EQ(p.index, progress_calls / 2);
+    EXPECT_EQ(p.done, progress_calls % 2 == 1) << "a start, then a done, per tensor";
+    EXPECT_EQ(p.count, model_.tensors.size());
+    EXPECT_LE(p.bytes_done, p.bytes_total);
+    ++progress_calls;
+  };
+  auto r = quantize_gguf(in, out, QuantFtype::q4_k_m, opts);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(progress_calls, 2 * model_.tensors.size());
+  EXPECT_EQ(r->n_threads, 3);
+  EXPECT_LT(r->bytes_out, r->bytes_in / 5) << "f32 -> ~4.5-6.6 bits per weight";
+
+  auto f = GgufFile::open(out);
+  ASSERT_TRUE(f.ok()) << f.status().to_string();
+  check_output(model_, *f, expected_types(model_, QuantFtype::q4_k_m));
+
+  auto src = GgufFile::open(in);
+  ASSERT_TRUE(src.ok());
+  ASSERT_EQ(f->kvs().size(), src->kvs().size() + 1) << "every key plus general.quantization_version";
+  for (size_t i = 0; i < src->kvs().size(); ++i) {
+    const GgufKV& a = src->kvs()[i];
+    const GgufKV& b = f->kvs()[i];
+    EXPECT_EQ(a.key, b.key) << "order is kept";
+    if (a.key == "general.file_type") continue;
+    EXPECT_EQ(a.value.type(), b.value.type()) << a.key;
+    ASSERT_EQ(a.value.raw().size(), b.value.raw().size()) << a.key;
+    EXPECT_EQ(std::memcmp(a.value.raw().data(), b.value.raw().data(), a.value.raw().size()), 0) << a.key;
+  }
+  EXPECT_EQ(*f->get_u32("general.file_type"), 15u);
+  EXPECT_EQ(*f->get_u32("general.quantization_version"), 2u);
+  EXPECT_EQ(f->alignment(), 64u);
+  for (const GgufTensorInfo& t : f->tensors()) EXPECT_EQ(t.offset % 64, 0u) << t.name;
+  EXPECT_EQ(f->get_string_array("tokenizer.ggml.tokens")->size(), static_cast<size_t>(kVocab));
+}
+
+TEST_F(QuantizeCmd, SingleTypes) {
+  const std::string in = model();
+  for (QuantFtype f : {QuantFtype::q8_0, QuantFtype::q4_0, QuantFtype::q4_k, QuantFtype::q6_k}) {
+    SCOPED_TRACE(quant_ftype_name(f));
+    const std::string out = path(std::string("out-") + quant_ftype_name(f) + ".gguf");
+    auto r = quantize_gguf(in, out, f, {.n_threads = 2, .on_tensor = {}});
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    auto g = GgufFile::open(out);
+    ASSERT_TRUE(g.ok());
+    check_output(model_, *g, expected_types(model_, f));
+    EXPECT_EQ(*g->get_u32("general.file_type"), quant_ftype_file_type(f));
+  }
+}
+
+TEST_F(QuantizeCmd, TiedEmbeddingsGetTheOutputType) {
+  ModelOptions o;
+  o.with_output = false;
+  const std::string in = model(o);
+  const std::string out = path("out.gguf");
+  auto r = quantize_gguf(in, out, QuantFtype::q4_k_m);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  auto g = GgufFile::open(out);
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(g->find_tensor("token_embd.weight")->dtype, DType::q6_k);
+  check_output(model_, *g, expected_types(model_, QuantFtype::q4_k_m, /*tied=*/true));
+}
+
+TEST_F(QuantizeCmd, ThreadCountDoesNotChangeBytes) {
+  const std::string in = model();
+  ASSERT_TRUE(quantize_gguf(in, path("a.gguf"), QuantFtype::q4_k_m, {.n_threads = 1, .on_tensor = {}}).ok());
+  ASSERT_TRUE(quantize_gguf(in, path("b.gguf"), QuantFtype::q4_k_m, {.n_threads = 7, .on_tensor = {}}).ok());
+  auto read = [](const std::string& p) {
+    std::ifstream f(p, std::ios::binary);
+    return std::vector<char>(std::istreambuf_iterator<char>(f), {});
+  };
+  const auto a = read(path("a.gguf")), b = read(path("b.gguf"));
+  EXPECT_GT(a.size(), 100000u);
+  EXPECT_TRUE(a == b);
+}
+
+TEST_F(QuantizeCmd, Errors) {
+  const std::string in = model();
+  auto r = quantize_gguf(path("missing.gguf"), path("o.gguf"), QuantFtype::q8_0);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::io_error);
+
+  r = quantize_gguf(in, in, QuantFtype::q8_0);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::invalid_argument);
+  EXPECT_TRUE(GgufFile::open(in).ok()) << "the input is untouched";
+
+  r = quantize_gguf(in, path("no/such/dir/o.gguf"), QuantFtype::q8_0);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::io_error);
+
+  // not a GGUF file
+  const std::string junk = path("junk.gguf");
+  std::ofstream(junk) << "this is not a model";
+  r = quantize_gguf(junk, path("o.gguf"), QuantFtype::q8_0);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::format_error);
+  EXPECT_FALSE(fs::exists(path("o.gguf")));
+}
+
+TEST_F(QuantizeCmd, RejectsNaNWeightsNamingTheElement) {
+  ModelOptions o;
+  o.nan_in = 1.0f;
+  const std::string in = model(o);
+  const std::string out = path("out.gguf");
+  auto r = quantize_gguf(in, out, QuantFtype::q4_k, {.n_threads = 4, .on_tensor = {}});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::invalid_argument);
+  EXPECT_NE(r.status().message().find("tensor 'blk.2.ffn_up.weight': row 3 column 17 is nan"),
+            std::string::npos)
+      << r.status().message();
+  EXPECT_FALSE(fs::exists(out)) << "a failed run leaves no output";
+  for (const auto& e : fs::directory_iterator(dir_))
+    EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << "temporary left: " << e.path();
+}
+
+TEST_F(QuantizeCmd, RejectsQuantizedInputAndSplitFiles) {
+  ModelOptions o;
+  o.quantized_q = true;
+  std::string in = model(o);
+  auto r = quantize_gguf(in, path("o.gguf"), QuantFtype::q4_k_m);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::unsupported);
+  EXPECT_NE(r.status().message().find("'blk.3.attn_q.weight' is q8_0"), std::string::npos)
+      << r.status().message();
+  // the same type needs no conversion: q8_0 -> q8_0 is a copy
+  r = quantize_gguf(in, path("o.gguf"), QuantFtype::q8_0);
+  EXPECT_TRUE(r.ok()) << r.status().to_string();
+
+  ModelOptions s;
+  s.split = true;
+  in = model(s);
+  r = quantize_gguf(in, path("o2.gguf"), QuantFtype::q8_0);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::unsupported);
+  EXPECT_NE(r.status().message().find("split"), std::string::npos);
+}
+
+// ---- loom info ----------------------------------------------------------------------------------------
+
+TEST_F(QuantizeCmd, InfoDescribesMetadataTensorsAndTotals) {
+  const std::string in = model();
+  const std::string out = path("out.gguf");
+  ASSERT_TRUE(quantize_gguf(in, out, QuantFtype::q4_k_m).ok());
+  auto f = GgufFile::open(out);
+  ASSERT_TRUE(f.ok());
+  const std::string text = describe_gguf(*f, 3);
+  auto has = [&](const std::string& s) { return text.find(s) != std::string::npos; };
+  EXPECT_TRUE(has("GGUF v3")) << text;
+  EXPECT_TRUE(has("metadata: 10 keys")) << text;
+  EXPECT_TRUE(has("general.architecture")) << text;
+  EXPECT_TRUE(has("\"llama\"")) << text;
+  EXPECT_TRUE(has("array[string]")) << text;
+  EXPECT_TRUE(has("[\"tok0\", \"tok1\", \"tok2\", ... (48 elements)]")) << text;
+  EXPECT_TRUE(has("tensors:  " + std::to_string(model_.tensors.size()))) << text;
+  uint64_t params = 0;
+  for (const auto& t : model_.tensors) params += t.values.size();
+  EXPECT_TRUE(has("parameters (" + std::to_string(params) + ")")) << text;
+  // one line per tensor with its type and shape
+  EXPECT_TRUE(has("blk.3.attn_v.weight")) << text;
+  size_t lines_with_q6 = 0;
+  for (size_t pos = 0; (pos = text.find(" q6_K ", pos)) != std::string::npos; ++pos) ++lines_with_q6;
+  EXPECT_EQ(lines_with_q6, 4u + 4u + 1u + 1u)
+      << "attn_v and ffn_down in 4 layers, output, the per-type total\n"
+      << text;
+  EXPECT_TRUE(has("[256, 64]")) << text;
+
+  // a bad file is a clean error, not a crash
+  const std::string junk = path("junk.gguf");
+  std::ofstream(junk) << "GGUF but not really";
+  auto bad = GgufFile::open(junk);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find(junk), std::string::npos);
+}
+
+}  // namespace
+}  // namespace loom::app
