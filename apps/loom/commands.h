@@ -17,5 +17,6 @@ struct Command {
 /// Each adds its subcommand to `app` and appends it to `out`; options live in the lambda's state.
 void add_run_command(CLI::App& app, std::vector<Command>& out);
 void add_backends_command(CLI::App& app, std::vector<Command>& out);
+void add_gen_model_command(CLI::App& app, std::vector<Command>& out);
 
 }  // namespace loom::app

@@ -9,6 +9,7 @@ int main(int argc, char** argv) {
   std::vector<loom::app::Command> commands;
   loom::app::add_run_command(app, commands);
   loom::app::add_backends_command(app, commands);
+  loom::app::add_gen_model_command(app, commands);
   CLI11_PARSE(app, argc, argv);
   for (auto& c : commands)
     if (c.sub->parsed()) return c.run();
