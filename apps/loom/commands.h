@@ -20,5 +20,6 @@ void add_backends_command(CLI::App& app, std::vector<Command>& out);
 void add_info_command(CLI::App& app, std::vector<Command>& out);
 void add_quantize_command(CLI::App& app, std::vector<Command>& out);
 void add_tokenize_command(CLI::App& app, std::vector<Command>& out);
+void add_gen_model_command(CLI::App& app, std::vector<Command>& out);
 
 }  // namespace loom::app

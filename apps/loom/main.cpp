@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   loom::app::add_info_command(app, commands);
   loom::app::add_quantize_command(app, commands);
   loom::app::add_tokenize_command(app, commands);
+  loom::app::add_gen_model_command(app, commands);
   CLI11_PARSE(app, argc, argv);
   for (auto& c : commands)
     if (c.sub->parsed()) return c.run();

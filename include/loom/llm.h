@@ -1,0 +1,196 @@
+// The model layer: LLaMA-family decoders loaded from GGUF, an F16 KV cache, and a Context that
+// runs chunked prefill and one-token decode steps on any backend.
+//
+// Typical use (what `loom run` does):
+//
+//   loom::llm::SessionParams sp;
+//   sp.model_path = "model.gguf"; sp.backend = "cpu"; sp.n_threads = 8; sp.n_ctx = 4096; sp.n_batch = 512;
+//   auto session = loom::llm::open_session(sp);            // backend + model + context
+//   if (!session) ... session.status().to_string() ...
+//   loom::llm::Context& ctx = *session->context;
+//   auto logits = ctx.decode(prompt_tokens, /*pos=*/0);    // prefill in chunks of n_batch
+//   ... pick a token t from *logits (n_vocab floats) ...
+//   logits = ctx.decode({&t, 1}, n_prompt);                // one decode step
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "loom/backend.h"
+#include "loom/gguf.h"
+#include "loom/status.h"
+
+namespace loom::llm {
+
+namespace detail {
+struct ModelImpl;
+struct ContextImpl;
+}  // namespace detail
+
+/// Decoder architectures Loom can run.
+enum class Arch { llama, qwen2, qwen3 };
+/// GGUF spelling ("llama", "qwen2", "qwen3").
+const char* arch_name(Arch a);
+/// Parses a `general.architecture` value; nullopt when Loom does not know it.
+std::optional<Arch> arch_from_name(std::string_view name);
+
+/// How RoPE frequencies are stretched beyond the training context.
+enum class RopeScaling { none, linear, yarn };
+
+/// Model hyperparameters, from the GGUF metadata (`{arch}.*` keys).
+struct HParams {
+  Arch arch = Arch::llama;
+  uint32_t n_ctx_train = 0;    ///< {arch}.context_length
+  uint32_t n_embd = 0;         ///< {arch}.embedding_length
+  uint32_t n_layer = 0;        ///< {arch}.block_count
+  uint32_t n_ff = 0;           ///< {arch}.feed_forward_length
+  uint32_t n_head = 0;         ///< {arch}.attention.head_count
+  uint32_t n_head_kv = 0;      ///< {arch}.attention.head_count_kv (default: n_head)
+  uint32_t head_dim_k = 0;     ///< {arch}.attention.key_length (default: n_embd / n_head)
+  uint32_t head_dim_v = 0;     ///< {arch}.attention.value_length (default: head_dim_k)
+  uint32_t n_rot = 0;          ///< {arch}.rope.dimension_count (default: head_dim_k)
+  uint32_t n_vocab = 0;        ///< tokenizer.ggml.tokens, else {arch}.vocab_size, else token_embd
+  float norm_rms_eps = 1e-5f;  ///< {arch}.attention.layer_norm_rms_epsilon
+  float rope_freq_base = 10000.0f;
+  RopeScaling rope_scaling = RopeScaling::none;
+  float rope_scaling_factor = 1.0f;  ///< {arch}.rope.scaling.factor
+  uint32_t n_ctx_orig = 0;           ///< {arch}.rope.scaling.original_context_length (default: n_ctx_train)
+
+  uint32_t n_embd_k_gqa() const { return head_dim_k * n_head_kv; }
+  uint32_t n_embd_v_gqa() const { return head_dim_v * n_head_kv; }
+};
+
+/// Reads and checks the hyperparameters of a GGUF model; errors name the file and key.
+Result<HParams> read_hparams(const GgufFile& file);
+
+/// How a model is loaded.
+struct ModelLoadOptions {
+  bool progress = true;       ///< progress on stderr while loading, only when stderr is a terminal
+  bool print_summary = true;  ///< one line on stderr: architecture, parameters, size, types, context
+  /// Host memory the weights may use; 0 reads MemAvailable from /proc/meminfo. Only checked when
+  /// the backend computes on host memory (the weights stay in the file's mapping).
+  uint64_t available_memory = 0;
+};
+
+/// A loaded model: hyperparameters and weights in the backend's memory (on the CPU, the weights are
+/// used straight from the file's read-only mapping; other backends get a copy in device memory).
+class Model {
+ public:
+  /// Loads `path` for `backend`, which must outlive the model. Fails before touching the weights
+  /// when they need more memory than there is, or when a tensor is missing or mis-shaped.
+  static Result<std::unique_ptr<Model>> load(const std::string& path, Backend& backend,
+                                             const ModelLoadOptions& options = {});
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  const HParams& hparams() const;
+  /// The file: metadata for the tokenizer and chat templates (valid while the model lives).
+  const GgufFile& gguf() const;
+  Backend& backend() const;
+  /// Sum of the elements of all weights.
+  uint64_t n_params() const;
+  /// Bytes of all weights.
+  uint64_t n_bytes() const;
+  /// "q4_K: 96, q6_K: 17, f32: 33": tensors per type, most frequent first.
+  std::string type_mixture() const;
+  /// The summary line printed on load (without "loom: ").
+  std::string summary() const;
+
+  const detail::ModelImpl& impl() const { return *impl_; }
+
+ private:
+  explicit Model(std::unique_ptr<detail::ModelImpl> impl);
+  std::unique_ptr<detail::ModelImpl> impl_;
+};
+
+/// How a context is sized.
+struct ContextParams {
+  int n_ctx = 0;      ///< KV cache cells; 0: the training context, at most 4096
+  int n_batch = 512;  ///< tokens per forward pass (prefill chunk, `-ub`)
+  /// Host memory for the KV cache and activations; 0 reads MemAvailable (host backends only).
+  uint64_t available_memory = 0;
+};
+
+/// Per-call options of Context::decode.
+struct DecodeOptions {
+  bool all_logits = false;  ///< logits of every token (perplexity), not just the last one
+  int seq_id = 0;           ///< sequence the tokens belong to (one sequence is supported: 0)
+};
+
+/// Bookkeeping of the last decode, for logs and benchmarks.
+struct DecodeStats {
+  int n_steps = 0;              ///< forward passes (chunks) of the last decode
+  size_t n_nodes = 0;           ///< nodes of the last pass's graph
+  size_t arena_bytes = 0;       ///< activation arena (kept across passes)
+  int n_arena_allocations = 0;  ///< times the arena was (re)allocated since the context was made
+};
+
+/// A KV cache and the machinery to run forward passes of a model. Not thread-safe.
+class Context {
+ public:
+  /// The model (and its backend) must outlive the context.
+  static Result<std::unique_ptr<Context>> create(const Model& model, const ContextParams& params = {});
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  /// Runs `tokens` at positions pos, pos+1, ... of sequence `seq_id`: in chunks of n_batch tokens,
+  /// writing their keys and values into the cache. Returns the logits of the last token (n_vocab
+  /// floats), or of every token (n_tokens * n_vocab, token-major) with `all_logits`. The span
+  /// stays valid until the next decode. `pos` must follow the sequence's last cached position (use
+  /// kv_cache_seq_rm to rewind). On error the cache is left as it was before the failing chunk.
+  Result<std::span<const float>> decode(std::span<const int32_t> tokens, int pos,
+                                        const DecodeOptions& options = {});
+
+  /// Empties the cache.
+  void kv_cache_clear();
+  /// Removes positions [p0, p1) of sequence `seq_id` (p1 < 0: to the end).
+  Status kv_cache_seq_rm(int seq_id, int p0, int p1 = -1);
+  /// Largest cached position of a sequence, -1 when it has none.
+  int kv_cache_seq_pos_max(int seq_id) const;
+  /// Cells in use.
+  int kv_cache_used() const;
+
+  int n_ctx() const;
+  int n_batch() const;
+  int n_vocab() const;
+  /// Bytes of the KV cache.
+  size_t kv_cache_bytes() const;
+  const Model& model() const;
+  const DecodeStats& stats() const;
+
+ private:
+  explicit Context(std::unique_ptr<detail::ContextImpl> impl);
+  std::unique_ptr<detail::ContextImpl> impl_;
+};
+
+/// Everything `loom run` needs from the command line.
+struct SessionParams {
+  std::string model_path;
+  std::string backend = "cpu";  ///< registry name: "cpu", "cuda"
+  int n_threads = 0;            ///< CPU threads (0: all cores)
+  int device = 0;               ///< GPU ordinal
+  int n_ctx = 0;                ///< see ContextParams
+  int n_batch = 512;            ///< see ContextParams (-ub)
+  bool progress = true;
+  bool print_summary = true;  ///< model summary and a context line on stderr
+};
+
+/// A backend, a model on it and a context over the model. Members are destroyed in reverse order,
+/// so the context goes before the model and the model before the backend.
+struct Session {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Context> context;
+};
+
+/// Creates the backend, loads the model and makes a context.
+Result<Session> open_session(const SessionParams& params);
+
+}  // namespace loom::llm

@@ -1,0 +1,44 @@
+// What the LLaMA family shares: tensor declarations and the registry of architectures.
+#include "llm/llm_arch.h"
+
+namespace loom::llm::detail {
+
+void declare_llama_family(TensorLoader& tl, const HParams& hp, ModelWeights& w) {
+  const int64_t n_embd = hp.n_embd;
+  const int64_t n_vocab = hp.n_vocab;
+  const int64_t q_dim = static_cast<int64_t>(hp.head_dim_k) * hp.n_head;
+  const int64_t o_dim = static_cast<int64_t>(hp.head_dim_v) * hp.n_head;
+  w.tok_embd = tl.require("token_embd.weight", {n_embd, n_vocab, 1, 1}, WeightKind::matrix);
+  w.output_norm = tl.require("output_norm.weight", {n_embd, 1, 1, 1}, WeightKind::vector);
+  w.output = tl.optional("output.weight", {n_embd, n_vocab, 1, 1}, WeightKind::matrix);
+  if (!w.output) w.output = w.tok_embd;  // tied embeddings
+  w.rope_freqs = tl.optional("rope_freqs.weight", {hp.n_rot / 2, 1, 1, 1}, WeightKind::vector);
+  w.layers.resize(hp.n_layer);
+  for (int il = 0; il < static_cast<int>(hp.n_layer); ++il) {
+    LayerWeights& l = w.layers[il];
+    auto name = [il](const char* what) { return TensorLoader::layer_name(il, what); };
+    l.attn_norm = tl.require(name("attn_norm.weight"), {n_embd, 1, 1, 1}, WeightKind::vector);
+    l.wq = tl.require(name("attn_q.weight"), {n_embd, q_dim, 1, 1}, WeightKind::matrix);
+    l.wk = tl.require(name("attn_k.weight"), {n_embd, hp.n_embd_k_gqa(), 1, 1}, WeightKind::matrix);
+    l.wv = tl.require(name("attn_v.weight"), {n_embd, hp.n_embd_v_gqa(), 1, 1}, WeightKind::matrix);
+    l.wo = tl.require(name("attn_output.weight"), {o_dim, n_embd, 1, 1}, WeightKind::matrix);
+    l.ffn_norm = tl.require(name("ffn_norm.weight"), {n_embd, 1, 1, 1}, WeightKind::vector);
+    l.ffn_gate = tl.require(name("ffn_gate.weight"), {n_embd, hp.n_ff, 1, 1}, WeightKind::matrix);
+    l.ffn_up = tl.require(name("ffn_up.weight"), {n_embd, hp.n_ff, 1, 1}, WeightKind::matrix);
+    l.ffn_down = tl.require(name("ffn_down.weight"), {hp.n_ff, n_embd, 1, 1}, WeightKind::matrix);
+  }
+}
+
+const Architecture& architecture_for(Arch a) {
+  switch (a) {
+    case Arch::llama:
+      return llama_architecture();
+    case Arch::qwen2:
+      return qwen2_architecture();
+    case Arch::qwen3:
+      return qwen3_architecture();
+  }
+  return llama_architecture();
+}
+
+}  // namespace loom::llm::detail

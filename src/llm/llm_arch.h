@@ -1,0 +1,138 @@
+// The architecture interface: each decoder family (one llm_arch_*.cpp per family) declares which
+// GGUF tensors it needs and builds one forward pass from the shared graph helpers of StepBuilder.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "loom/graph.h"
+#include "loom/llm.h"
+
+namespace loom::llm::detail {
+
+class KvCache;
+
+/// Weights of one block; optional ones are nullptr when the file lacks them.
+struct LayerWeights {
+  Tensor* attn_norm = nullptr;
+  Tensor* wq = nullptr;
+  Tensor* wk = nullptr;
+  Tensor* wv = nullptr;
+  Tensor* wo = nullptr;
+  Tensor* bq = nullptr;  // biases (qwen2; optional for llama)
+  Tensor* bk = nullptr;
+  Tensor* bv = nullptr;
+  Tensor* bo = nullptr;
+  Tensor* q_norm = nullptr;  // per-head RMS norm of queries and keys (qwen3)
+  Tensor* k_norm = nullptr;
+  Tensor* ffn_norm = nullptr;
+  Tensor* ffn_gate = nullptr;
+  Tensor* ffn_up = nullptr;
+  Tensor* ffn_down = nullptr;
+};
+
+struct ModelWeights {
+  Tensor* tok_embd = nullptr;     // [n_embd, n_vocab]
+  Tensor* output_norm = nullptr;  // [n_embd]
+  Tensor* output = nullptr;       // [n_embd, n_vocab]; tok_embd when the file ties them
+  Tensor* rope_freqs = nullptr;   // [n_rot/2] frequency divisors (Llama 3.1 style), optional
+  std::vector<LayerWeights> layers;
+};
+
+/// What a weight must be: a matrix may have any type Loom can multiply; vectors (norms, biases,
+/// frequency factors) must be f32 because elementwise ops take f32 only.
+enum class WeightKind { matrix, vector };
+
+/// Finds tensors in the model file, checks them and makes weight tensors for them. The first
+/// problem is recorded (later calls return nullptr) so an architecture declares everything and the
+/// loader checks status() once, like Graph.
+class TensorLoader {
+ public:
+  virtual ~TensorLoader() = default;
+  /// The tensor `name` with exactly shape `ne`; a missing one is an error.
+  virtual Tensor* require(const std::string& name, const Shape& ne, WeightKind kind) = 0;
+  /// As require, but nullptr without error when the file lacks it.
+  virtual Tensor* optional(const std::string& name, const Shape& ne, WeightKind kind) = 0;
+  /// "blk.{il}.{what}.weight"-style names.
+  static std::string layer_name(int il, const char* what) { return "blk." + std::to_string(il) + "." + what; }
+};
+
+/// Inputs every forward pass gets; set on the host before compute.
+struct StepInputs {
+  Tensor* tokens = nullptr;     // i32 [n_tokens]
+  Tensor* positions = nullptr;  // i32 [n_tokens]
+  Tensor* kv_cells = nullptr;   // i32 [n_tokens]: cache cell each token's K and V go to
+  Tensor* kq_mask = nullptr;    // f32 [n_kv, n_tokens]: 0 where a query sees a cell, -inf elsewhere
+};
+
+/// Shape of one forward pass.
+struct StepShape {
+  int n_tokens = 1;
+  int n_kv = 1;              // cache cells attention reads: [0, n_kv)
+  bool all_outputs = false;  // logits for every token, else only the last
+};
+
+/// Graph helpers shared by the architectures. Ops record errors in the graph (nullptr propagates).
+class StepBuilder {
+ public:
+  StepBuilder(Graph& g, const HParams& hp, const ModelWeights& w, KvCache& kv, RopeMode rope_mode,
+              const StepShape& shape);
+
+  Graph& graph() { return g_; }
+  const HParams& hparams() const { return hp_; }
+  const ModelWeights& weights() const { return w_; }
+  const StepInputs& inputs() const { return in_; }
+  int n_tokens() const { return shape_.n_tokens; }
+
+  /// Token embeddings: f32 [n_embd, n_tokens].
+  Tensor* embed();
+  /// rms_norm over dim 0, times `weight` (broadcast).
+  Tensor* rms_norm(Tensor* x, Tensor* weight);
+  /// w x (+ bias): [k, n] -> [m, n].
+  Tensor* linear(Tensor* w, Tensor* x, Tensor* bias = nullptr);
+  /// [head_dim * n_heads, n_tokens] -> [head_dim, n_heads, n_tokens].
+  Tensor* split_heads(Tensor* x, int64_t head_dim, int64_t n_heads);
+  /// Rotary embedding at the step's positions, in the architecture's mode.
+  Tensor* rope(Tensor* x);
+  /// Stores k and v ([head_dim, n_head_kv, n_tokens]) in layer `il`'s cache cells, then attends
+  /// with q ([head_dim, n_head, n_tokens]) over the first n_kv cells -> [head_dim_v * n_head, n_tokens].
+  Tensor* attention(int il, Tensor* q, Tensor* k, Tensor* v);
+  /// SwiGLU feed-forward: down(silu(gate x) * up x).
+  Tensor* ffn_swiglu(const LayerWeights& l, Tensor* x);
+  /// The rows whose logits are wanted: the last token's unless all outputs were asked for.
+  Tensor* select_outputs(Tensor* x);
+  /// Final norm and output projection -> logits f32 [n_vocab, n_outputs].
+  Tensor* logits(Tensor* x);
+
+ private:
+  Graph& g_;
+  const HParams& hp_;
+  const ModelWeights& w_;
+  KvCache& kv_;
+  RopeParams rope_;
+  StepShape shape_;
+  StepInputs in_;
+};
+
+/// One decoder family.
+class Architecture {
+ public:
+  virtual ~Architecture() = default;
+  virtual Arch arch() const = 0;
+  virtual RopeMode rope_mode() const = 0;
+  /// Declares the family's tensors through `tl`.
+  virtual void declare_weights(TensorLoader& tl, const HParams& hp, ModelWeights& w) const = 0;
+  /// Builds one forward pass; returns the logits (nullptr on error: see the graph's status).
+  virtual Tensor* build(StepBuilder& b) const = 0;
+};
+
+const Architecture& llama_architecture();
+const Architecture& qwen2_architecture();
+const Architecture& qwen3_architecture();
+const Architecture& architecture_for(Arch a);
+
+/// The tensors every LLaMA-family model has: embeddings, output norm, output (tied to the
+/// embeddings when absent), optional rope_freqs, and per layer the attention and SwiGLU weights.
+void declare_llama_family(TensorLoader& tl, const HParams& hp, ModelWeights& w);
+
+}  // namespace loom::llm::detail

@@ -1,0 +1,81 @@
+// StepBuilder: the graph pieces every LLaMA-family architecture shares.
+#include <cmath>
+
+#include "llm/llm_arch.h"
+#include "llm/llm_kv_cache.h"
+
+namespace loom::llm::detail {
+
+StepBuilder::StepBuilder(Graph& g, const HParams& hp, const ModelWeights& w, KvCache& kv, RopeMode rope_mode,
+                         const StepShape& shape)
+    : g_(g), hp_(hp), w_(w), kv_(kv), shape_(shape) {
+  const int64_t t = shape.n_tokens;
+  in_.tokens = g.input(DType::i32, {t, 1, 1, 1}, "inp_tokens");
+  in_.positions = g.input(DType::i32, {t, 1, 1, 1}, "inp_pos");
+  in_.kv_cells = g.input(DType::i32, {t, 1, 1, 1}, "inp_kv_cells");
+  in_.kq_mask = g.input(DType::f32, {shape.n_kv, t, 1, 1}, "inp_kq_mask");
+
+  rope_ = RopeParams{};
+  rope_.n_dims = static_cast<int32_t>(hp.n_rot);
+  rope_.mode = rope_mode;
+  rope_.n_ctx_orig = static_cast<int32_t>(hp.n_ctx_orig);
+  rope_.freq_base = hp.rope_freq_base;
+  rope_.freq_scale = hp.rope_scaling == RopeScaling::none ? 1.0f : 1.0f / hp.rope_scaling_factor;
+  // YaRN mixes interpolation and extrapolation fully (ext_factor 1) with the paper's beta range.
+  rope_.ext_factor = hp.rope_scaling == RopeScaling::yarn ? 1.0f : 0.0f;
+  rope_.attn_factor = 1.0f;
+  rope_.beta_fast = 32.0f;
+  rope_.beta_slow = 1.0f;
+}
+
+Tensor* StepBuilder::embed() { return get_rows(g_, w_.tok_embd, in_.tokens); }
+
+Tensor* StepBuilder::rms_norm(Tensor* x, Tensor* weight) {
+  return mul(g_, loom::rms_norm(g_, x, hp_.norm_rms_eps), weight);
+}
+
+Tensor* StepBuilder::linear(Tensor* w, Tensor* x, Tensor* bias) {
+  Tensor* y = mul_mat(g_, w, x);
+  return bias ? add(g_, y, bias) : y;
+}
+
+Tensor* StepBuilder::split_heads(Tensor* x, int64_t head_dim, int64_t n_heads) {
+  return reshape(g_, x, {head_dim, n_heads, shape_.n_tokens, 1});
+}
+
+Tensor* StepBuilder::rope(Tensor* x) { return loom::rope(g_, x, in_.positions, w_.rope_freqs, rope_); }
+
+Tensor* StepBuilder::attention(int il, Tensor* q, Tensor* k, Tensor* v) {
+  if (!q || !k || !v) return nullptr;
+  const int64_t n_kv = shape_.n_kv;
+  Tensor* cache_k = kv_.k(il);
+  Tensor* cache_v = kv_.v(il);
+  // Rows go into the cache as [head_dim, n_tokens, n_head_kv], one row per (token, head).
+  Tensor* k_stored = set_rows(g_, cache_k, permute(g_, k, 0, 2, 1, 3), in_.kv_cells);
+  Tensor* v_stored = set_rows(g_, cache_v, permute(g_, v, 0, 2, 1, 3), in_.kv_cells);
+  if (!k_stored || !v_stored) return nullptr;
+  // Views of the stores (not of the cache leafs), so attention is ordered after the writes.
+  Tensor* keys = view(g_, k_stored, {cache_k->ne[0], n_kv, cache_k->ne[2], 1}, k_stored->nb, 0);
+  Tensor* vals = view(g_, v_stored, {cache_v->ne[0], n_kv, cache_v->ne[2], 1}, v_stored->nb, 0);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hp_.head_dim_k));
+  Tensor* out = flash_attn(g_, permute(g_, q, 0, 2, 1, 3), keys, vals, in_.kq_mask, scale);  // [dv, H, T]
+  return reshape(g_, out, {static_cast<int64_t>(hp_.head_dim_v) * hp_.n_head, shape_.n_tokens, 1, 1});
+}
+
+Tensor* StepBuilder::ffn_swiglu(const LayerWeights& l, Tensor* x) {
+  Tensor* h = swiglu(g_, mul_mat(g_, l.ffn_gate, x), mul_mat(g_, l.ffn_up, x));
+  return mul_mat(g_, l.ffn_down, h);
+}
+
+Tensor* StepBuilder::select_outputs(Tensor* x) {
+  if (!x || shape_.all_outputs || x->ne[1] == 1) return x;
+  return view(g_, x, {x->ne[0], 1, 1, 1}, x->nb, x->nb[1] * static_cast<size_t>(x->ne[1] - 1));
+}
+
+Tensor* StepBuilder::logits(Tensor* x) {
+  Tensor* y = linear(w_.output, rms_norm(select_outputs(x), w_.output_norm));
+  if (y) y->name = "logits";
+  return y;
+}
+
+}  // namespace loom::llm::detail

@@ -1,0 +1,160 @@
+// Hyperparameters from GGUF metadata. Keys follow the GGUF convention `{arch}.name`; optional keys
+// take the defaults GGUF runtimes use, and every value is range-checked so later size arithmetic
+// cannot overflow on a hostile file.
+#include <fmt/format.h>
+
+#include "loom/llm.h"
+
+namespace loom::llm {
+
+const char* arch_name(Arch a) {
+  switch (a) {
+    case Arch::llama:
+      return "llama";
+    case Arch::qwen2:
+      return "qwen2";
+    case Arch::qwen3:
+      return "qwen3";
+  }
+  return "unknown";
+}
+
+std::optional<Arch> arch_from_name(std::string_view name) {
+  for (Arch a : {Arch::llama, Arch::qwen2, Arch::qwen3})
+    if (name == arch_name(a)) return a;
+  return std::nullopt;
+}
+
+namespace {
+
+// Limits far above any released model, small enough that products of two fit in 64 bits.
+constexpr uint32_t kMaxDim = 1u << 20;
+constexpr uint32_t kMaxLayers = 4096;
+constexpr uint32_t kMaxHeads = 4096;
+constexpr uint32_t kMaxCtx = 1u << 24;
+
+Status out_of_range(const GgufFile& f, const std::string& key, uint64_t v, uint64_t lo, uint64_t hi) {
+  return make_error(StatusCode::format_error, "{}: key '{}': value {} is outside [{}, {}]", f.name(), key, v,
+                    lo, hi);
+}
+
+Status get_dim(const GgufFile& f, const std::string& key, uint32_t hi, uint32_t& out) {
+  auto v = f.get_u32(key);
+  if (!v) return v.status();
+  if (*v < 1 || *v > hi) return out_of_range(f, key, *v, 1, hi);
+  out = *v;
+  return {};
+}
+
+Status get_dim_or(const GgufFile& f, const std::string& key, uint32_t fallback, uint32_t hi, uint32_t& out) {
+  if (!f.has(key)) {
+    out = fallback;
+    return {};
+  }
+  return get_dim(f, key, hi, out);
+}
+
+}  // namespace
+
+Result<HParams> read_hparams(const GgufFile& f) {
+  auto arch_str = f.get_string("general.architecture");
+  if (!arch_str) return arch_str.status();
+  auto arch = arch_from_name(*arch_str);
+  if (!arch)
+    return make_error(StatusCode::unsupported,
+                      "{}: unknown architecture '{}' (supported: llama, qwen2, qwen3)", f.name(), *arch_str);
+  HParams hp;
+  hp.arch = *arch;
+  const std::string p = std::string(*arch_str) + ".";
+
+  LOOM_TRY(get_dim(f, p + "context_length", kMaxCtx, hp.n_ctx_train));
+  LOOM_TRY(get_dim(f, p + "embedding_length", kMaxDim, hp.n_embd));
+  LOOM_TRY(get_dim(f, p + "block_count", kMaxLayers, hp.n_layer));
+  LOOM_TRY(get_dim(f, p + "feed_forward_length", kMaxDim, hp.n_ff));
+  LOOM_TRY(get_dim(f, p + "attention.head_count", kMaxHeads, hp.n_head));
+  LOOM_TRY(get_dim_or(f, p + "attention.head_count_kv", hp.n_head, kMaxHeads, hp.n_head_kv));
+  if (hp.n_head % hp.n_head_kv != 0)
+    return make_error(StatusCode::format_error,
+                      "{}: {}attention.head_count {} is not a multiple of head_count_kv {}", f.name(), p,
+                      hp.n_head, hp.n_head_kv);
+  const bool has_key_length = f.has(p + "attention.key_length");
+  if (!has_key_length && hp.n_embd % hp.n_head != 0)
+    return make_error(StatusCode::format_error,
+                      "{}: {}embedding_length {} is not a multiple of head_count {} and there is no "
+                      "{}attention.key_length",
+                      f.name(), p, hp.n_embd, hp.n_head, p);
+  LOOM_TRY(get_dim_or(f, p + "attention.key_length", hp.n_embd / hp.n_head, kMaxDim / 4, hp.head_dim_k));
+  LOOM_TRY(get_dim_or(f, p + "attention.value_length", hp.head_dim_k, kMaxDim / 4, hp.head_dim_v));
+  LOOM_TRY(get_dim_or(f, p + "rope.dimension_count", hp.head_dim_k, hp.head_dim_k, hp.n_rot));
+  if (hp.n_rot % 2 != 0)
+    return make_error(StatusCode::format_error, "{}: {}rope.dimension_count {} must be even", f.name(), p,
+                      hp.n_rot);
+
+  auto eps = f.get_f32(p + "attention.layer_norm_rms_epsilon");
+  if (!eps) return eps.status();
+  if (!(*eps > 0.0f && *eps < 1.0f))
+    return make_error(StatusCode::format_error, "{}: {}attention.layer_norm_rms_epsilon {} must be in (0, 1)",
+                      f.name(), p, *eps);
+  hp.norm_rms_eps = *eps;
+  auto base = f.get_f32_or(p + "rope.freq_base", 10000.0f);
+  if (!base) return base.status();
+  if (!(*base > 1.0f))
+    return make_error(StatusCode::format_error, "{}: {}rope.freq_base {} must be > 1", f.name(), p, *base);
+  hp.rope_freq_base = *base;
+
+  // Scaling: `rope.scaling.type` ("none", "linear", "yarn") with `.factor`; older files carry only
+  // `rope.scale_linear`.
+  std::string scaling_type = "none";
+  if (f.has(p + "rope.scaling.type")) {
+    auto t = f.get_string(p + "rope.scaling.type");
+    if (!t) return t.status();
+    scaling_type = std::string(*t);
+  }
+  float factor = 0.0f;
+  if (f.has(p + "rope.scaling.factor")) {
+    auto v = f.get_f32(p + "rope.scaling.factor");
+    if (!v) return v.status();
+    factor = *v;
+  } else if (f.has(p + "rope.scale_linear")) {
+    auto v = f.get_f32(p + "rope.scale_linear");
+    if (!v) return v.status();
+    factor = *v;
+    if (scaling_type == "none") scaling_type = "linear";
+  }
+  if (scaling_type == "none") {
+    hp.rope_scaling = RopeScaling::none;
+  } else if (scaling_type == "linear" || scaling_type == "yarn") {
+    hp.rope_scaling = scaling_type == "linear" ? RopeScaling::linear : RopeScaling::yarn;
+    if (!(factor >= 1.0f && factor <= 1024.0f))
+      return make_error(StatusCode::format_error,
+                        "{}: {}rope.scaling.factor {} must be in [1, 1024] for {} scaling", f.name(), p,
+                        factor, scaling_type);
+    hp.rope_scaling_factor = factor;
+  } else {
+    return make_error(StatusCode::unsupported,
+                      "{}: {}rope.scaling.type '{}' is not supported (none, linear, yarn)", f.name(), p,
+                      scaling_type);
+  }
+  LOOM_TRY(get_dim_or(f, p + "rope.scaling.original_context_length", hp.n_ctx_train, kMaxCtx, hp.n_ctx_orig));
+
+  // Vocabulary size: the tokenizer's list when present; token_embd is checked against it later.
+  if (const GgufValue* toks = f.find("tokenizer.ggml.tokens"); toks && toks->is_array()) {
+    if (toks->array_size() < 1 || toks->array_size() > (1u << 24))
+      return make_error(StatusCode::format_error, "{}: tokenizer.ggml.tokens has {} entries", f.name(),
+                        toks->array_size());
+    hp.n_vocab = static_cast<uint32_t>(toks->array_size());
+  } else if (f.has(p + "vocab_size")) {
+    LOOM_TRY(get_dim(f, p + "vocab_size", 1u << 24, hp.n_vocab));
+  } else if (const GgufTensorInfo* te = f.find_tensor("token_embd.weight")) {
+    if (te->ne[1] < 1 || te->ne[1] > (1 << 24))
+      return make_error(StatusCode::format_error, "{}: token_embd.weight has {} rows", f.name(), te->ne[1]);
+    hp.n_vocab = static_cast<uint32_t>(te->ne[1]);
+  } else {
+    return make_error(StatusCode::format_error,
+                      "{}: no vocabulary size (no tokenizer.ggml.tokens, {}vocab_size or token_embd.weight)",
+                      f.name(), p);
+  }
+  return hp;
+}
+
+}  // namespace loom::llm

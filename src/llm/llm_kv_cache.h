@@ -1,0 +1,61 @@
+// The KV cache: per layer, K and V as F16 [head_dim, n_ctx, n_head_kv] in one persistent buffer of
+// the backend, plus host-side bookkeeping of which cell holds which position of which sequence.
+//
+// Cells are handed out first-fit, so a single sequence grown from position 0 has cell i = position
+// i and attention reads the prefix [0, pos + n_tokens). The causal mask is built from the cells'
+// absolute positions, so truncating (seq_rm) and refilling needs no data movement.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "loom/backend.h"
+#include "loom/graph.h"
+#include "loom/llm.h"
+
+namespace loom::llm::detail {
+
+class KvCache {
+ public:
+  /// Allocates and zeroes the cache (zeros, not garbage, in cells masked out of attention, so no
+  /// NaN can leak through a 0 weight).
+  static Result<std::unique_ptr<KvCache>> create(const HParams& hp, int n_ctx, BufferType& type);
+  /// Bytes the cache of this model and size needs.
+  static uint64_t bytes_needed(const HParams& hp, int n_ctx);
+
+  Tensor* k(int il) const { return k_[il]; }
+  Tensor* v(int il) const { return v_[il]; }
+  int n_ctx() const { return static_cast<int>(cells_.size()); }
+  size_t bytes() const { return buffer_ ? buffer_->size() : 0; }
+
+  /// Takes free cells for `positions` of `seq`: returns their indices, or an error when the cache
+  /// cannot hold them. The cells count as used until release().
+  Result<std::vector<int32_t>> claim(std::span<const int32_t> positions, int seq);
+  /// Frees cells (a failed step).
+  void release(std::span<const int32_t> cells);
+  /// One past the highest used cell: how many cells attention must read.
+  int n_kv() const;
+  /// Mask for queries at `positions` of `seq` over cells [0, n_kv): row i, column j is 0 when cell j
+  /// holds a position <= positions[i] of the sequence, else -inf.
+  void fill_mask(std::span<const int32_t> positions, int seq, int n_kv, float* mask) const;
+
+  void clear();
+  void seq_rm(int seq, int p0, int p1);
+  int seq_pos_max(int seq) const;
+  int used() const { return n_used_; }
+
+ private:
+  struct Cell {
+    int32_t pos = -1;  // -1: free
+    int32_t seq = -1;
+  };
+  KvCache() = default;
+  Graph tensors_;  // owns the K/V tensor objects (leafs, never computed)
+  std::vector<Tensor*> k_, v_;
+  std::unique_ptr<Buffer> buffer_;
+  std::vector<Cell> cells_;
+  int n_used_ = 0;
+};
+
+}  // namespace loom::llm::detail

@@ -1,0 +1,35 @@
+// What a Model holds; shared by the loader (llm_model.cpp) and the Context.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "llm/llm_arch.h"
+#include "loom/gguf.h"
+#include "loom/llm.h"
+
+namespace loom::llm::detail {
+
+struct ModelImpl {
+  explicit ModelImpl(GgufFile f) : file(std::move(f)) {}
+
+  GgufFile file;
+  HParams hp;
+  const Architecture* arch = nullptr;
+  Backend* backend = nullptr;
+  Graph weight_tensors;  // owns the weights' Tensor objects (leafs, never computed)
+  ModelWeights w;
+  std::unique_ptr<Buffer> buffer;  // a view of the mapping (host) or a device copy
+  uint64_t n_params = 0;
+  uint64_t n_bytes = 0;
+  std::vector<std::pair<std::string, int>> type_counts;  // most frequent first
+};
+
+/// Host memory the kernel says is available (MemAvailable), 0 when it cannot be read.
+uint64_t host_memory_available();
+/// "1.50 GiB", "812.3 MiB".
+std::string format_bytes(uint64_t bytes);
+
+}  // namespace loom::llm::detail

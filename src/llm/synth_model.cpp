@@ -1,0 +1,246 @@
+#include "llm/synth_model.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <numbers>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "llm/progress.h"
+#include "llm/synth_vocab.h"
+#include "loom/gguf.h"
+
+namespace loom::llm {
+
+namespace {
+
+// name, arch, vocab, embd, layers, heads, kv heads, head dim, ffn, ctx, rope base, eps, tied, qkv bias,
+// qk norm, llama3 rope factor
+constexpr SynthShape kShapes[] = {
+    {"llama3-1b", Arch::llama, 128256, 2048, 16, 32, 8, 64, 8192, 131072, 500000.0f, 1e-5f, true, false,
+     false, 32.0f},
+    {"llama3-8b", Arch::llama, 128256, 4096, 32, 32, 8, 128, 14336, 131072, 500000.0f, 1e-5f, false, false,
+     false, 8.0f},
+    {"small", Arch::llama, 2048, 256, 4, 8, 4, 32, 768, 1024, 10000.0f, 1e-5f, false, false, false, 0.0f},
+    {"tiny", Arch::llama, 512, 128, 2, 4, 2, 32, 384, 512, 10000.0f, 1e-5f, false, false, false, 0.0f},
+    {"qwen2-tiny", Arch::qwen2, 512, 128, 2, 4, 2, 32, 384, 512, 1000000.0f, 1e-6f, true, true, false, 0.0f},
+    {"qwen3-tiny", Arch::qwen3, 512, 128, 2, 4, 2, 64, 384, 512, 1000000.0f, 1e-6f, false, false, true, 0.0f},
+};
+
+uint64_t splitmix64(uint64_t& state) {
+  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+uint64_t hash_name(std::string_view s) {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+enum class Init { matrix, norm, bias, fixed };
+
+struct PlannedTensor {
+  std::string name;
+  std::vector<int64_t> ne;
+  DType type;
+  Init init;
+  std::vector<float> fixed;  // Init::fixed values
+};
+
+// Fills rows [r0, r1) of a tensor of `ne0` columns.
+void generate_rows(const PlannedTensor& t, uint64_t seed, int64_t r0, int64_t r1, uint8_t* dst) {
+  const int64_t ne0 = t.ne[0];
+  const size_t row_bytes = dtype_row_size(t.type, ne0);
+  std::vector<float> row(static_cast<size_t>(ne0));
+  const uint64_t tensor_seed = seed ^ hash_name(t.name);
+  float lo = -1.0f, hi = 1.0f;
+  switch (t.init) {
+    case Init::matrix:
+      hi = std::sqrt(3.0f / static_cast<float>(ne0));
+      lo = -hi;
+      break;
+    case Init::norm:
+      lo = 0.75f;
+      hi = 1.25f;
+      break;
+    case Init::bias:
+      lo = -0.2f;
+      hi = 0.2f;
+      break;
+    case Init::fixed:
+      break;
+  }
+  for (int64_t r = r0; r < r1; ++r) {
+    if (t.init == Init::fixed) {
+      std::copy(t.fixed.begin() + r * ne0, t.fixed.begin() + (r + 1) * ne0, row.begin());
+    } else {
+      uint64_t state = tensor_seed + 0xD1B54A32D192ED03ull * static_cast<uint64_t>(r + 1);
+      for (float& x : row) {
+        const float u = static_cast<float>(splitmix64(state) >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+        x = lo + (hi - lo) * u;
+      }
+    }
+    quantize_row(t.type, row.data(), dst + static_cast<size_t>(r) * row_bytes, ne0);
+  }
+}
+
+std::vector<PlannedTensor> plan_tensors(const SynthShape& s, FileType ft) {
+  MixtureModelInfo info;
+  info.n_layer = s.n_layer;
+  info.has_output = !s.tied_output;
+  std::vector<PlannedTensor> out;
+  auto add = [&](std::string name, std::vector<int64_t> ne, Init init) {
+    Shape shape{1, 1, 1, 1};
+    for (size_t i = 0; i < ne.size(); ++i) shape[i] = ne[i];
+    const DType type = tensor_type_for(ft, name, shape, static_cast<int>(ne.size()), info);
+    out.push_back({std::move(name), std::move(ne), type, init, {}});
+  };
+  const int64_t q_dim = static_cast<int64_t>(s.head_dim) * s.n_head;
+  const int64_t kv_dim = static_cast<int64_t>(s.head_dim) * s.n_head_kv;
+  add("token_embd.weight", {s.n_embd, s.n_vocab}, Init::matrix);
+  if (s.llama3_rope_factor > 0.0f) {
+    out.push_back({"rope_freqs.weight",
+                   {s.head_dim / 2},
+                   DType::f32,
+                   Init::fixed,
+                   llama3_rope_freq_factors(s.head_dim, s.rope_base, s.llama3_rope_factor)});
+  }
+  for (int il = 0; il < s.n_layer; ++il) {
+    auto n = [il](const char* what) { return fmt::format("blk.{}.{}", il, what); };
+    add(n("attn_norm.weight"), {s.n_embd}, Init::norm);
+    add(n("attn_q.weight"), {s.n_embd, q_dim}, Init::matrix);
+    add(n("attn_k.weight"), {s.n_embd, kv_dim}, Init::matrix);
+    add(n("attn_v.weight"), {s.n_embd, kv_dim}, Init::matrix);
+    if (s.qkv_bias) {
+      add(n("attn_q.bias"), {q_dim}, Init::bias);
+      add(n("attn_k.bias"), {kv_dim}, Init::bias);
+      add(n("attn_v.bias"), {kv_dim}, Init::bias);
+    }
+    if (s.qk_norm) {
+      add(n("attn_q_norm.weight"), {s.head_dim}, Init::norm);
+      add(n("attn_k_norm.weight"), {s.head_dim}, Init::norm);
+    }
+    add(n("attn_output.weight"), {q_dim, s.n_embd}, Init::matrix);
+    add(n("ffn_norm.weight"), {s.n_embd}, Init::norm);
+    add(n("ffn_gate.weight"), {s.n_embd, s.n_ff}, Init::matrix);
+    add(n("ffn_up.weight"), {s.n_embd, s.n_ff}, Init::matrix);
+    add(n("ffn_down.weight"), {s.n_ff, s.n_embd}, Init::matrix);
+  }
+  add("output_norm.weight", {s.n_embd}, Init::norm);
+  if (!s.tied_output) add("output.weight", {s.n_embd, s.n_vocab}, Init::matrix);
+  return out;
+}
+
+Status add_metadata(GgufWriter& w, const SynthShape& s, FileType ft) {
+  const std::string a = arch_name(s.arch);
+  LOOM_TRY(w.add_string("general.architecture", a));
+  LOOM_TRY(w.add_string("general.name", fmt::format("loom synthetic {} {}", s.name, file_type_name(ft))));
+  LOOM_TRY(w.add_u32("general.file_type", file_type_gguf_id(ft)));
+  LOOM_TRY(w.add_u32("general.quantization_version", 2));
+  LOOM_TRY(w.add_u32(a + ".context_length", static_cast<uint32_t>(s.n_ctx)));
+  LOOM_TRY(w.add_u32(a + ".embedding_length", static_cast<uint32_t>(s.n_embd)));
+  LOOM_TRY(w.add_u32(a + ".block_count", static_cast<uint32_t>(s.n_layer)));
+  LOOM_TRY(w.add_u32(a + ".feed_forward_length", static_cast<uint32_t>(s.n_ff)));
+  LOOM_TRY(w.add_u32(a + ".attention.head_count", static_cast<uint32_t>(s.n_head)));
+  LOOM_TRY(w.add_u32(a + ".attention.head_count_kv", static_cast<uint32_t>(s.n_head_kv)));
+  LOOM_TRY(w.add_u32(a + ".attention.key_length", static_cast<uint32_t>(s.head_dim)));
+  LOOM_TRY(w.add_u32(a + ".attention.value_length", static_cast<uint32_t>(s.head_dim)));
+  LOOM_TRY(w.add_f32(a + ".attention.layer_norm_rms_epsilon", s.norm_eps));
+  LOOM_TRY(w.add_f32(a + ".rope.freq_base", s.rope_base));
+  LOOM_TRY(w.add_u32(a + ".rope.dimension_count", static_cast<uint32_t>(s.head_dim)));
+  LOOM_TRY(w.add_u32(a + ".vocab_size", static_cast<uint32_t>(s.n_vocab)));
+
+  const SynthVocab v = make_synth_vocab(s.n_vocab);
+  LOOM_TRY(w.add_string("tokenizer.ggml.model", "gpt2"));
+  LOOM_TRY(w.add_string("tokenizer.ggml.pre", "default"));
+  LOOM_TRY(w.add_array("tokenizer.ggml.tokens", std::span<const std::string>(v.tokens)));
+  LOOM_TRY(w.add_array("tokenizer.ggml.token_type", std::span<const int32_t>(v.token_types)));
+  LOOM_TRY(w.add_array("tokenizer.ggml.merges", std::span<const std::string>(v.merges)));
+  LOOM_TRY(w.add_u32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(v.bos)));
+  LOOM_TRY(w.add_u32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(v.eos)));
+  LOOM_TRY(w.add_bool("tokenizer.ggml.add_bos_token", true));
+  return {};
+}
+
+}  // namespace
+
+std::span<const SynthShape> synth_shapes() { return kShapes; }
+
+const SynthShape* find_synth_shape(std::string_view name) {
+  for (const SynthShape& s : kShapes)
+    if (name == s.name) return &s;
+  return nullptr;
+}
+
+std::vector<float> llama3_rope_freq_factors(int n_rot, float freq_base, float factor) {
+  const double low_freq_factor = 1.0, high_freq_factor = 4.0, old_ctx = 8192.0;
+  const double low_wavelen = old_ctx / low_freq_factor, high_wavelen = old_ctx / high_freq_factor;
+  std::vector<float> out;
+  for (int i = 0; i < n_rot / 2; ++i) {
+    const double freq = std::pow(static_cast<double>(freq_base), -2.0 * i / n_rot);
+    const double wavelen = 2.0 * std::numbers::pi / freq;
+    double scaled = freq;
+    if (wavelen > low_wavelen) {
+      scaled = freq / factor;
+    } else if (wavelen >= high_wavelen) {
+      const double smooth = (old_ctx / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+      scaled = (1.0 - smooth) * freq / factor + smooth * freq;
+    }
+    out.push_back(static_cast<float>(freq / scaled));  // rope divides theta by this
+  }
+  return out;
+}
+
+Status write_synth_model(const std::string& path, const SynthShape& shape, FileType ft,
+                         const SynthOptions& options) {
+  GgufWriter w;
+  LOOM_TRY(add_metadata(w, shape, ft));
+  const std::vector<PlannedTensor> tensors = plan_tensors(shape, ft);
+  uint64_t total = 0;
+  for (const PlannedTensor& t : tensors)
+    total += dtype_row_size(t.type, t.ne[0]) * static_cast<uint64_t>(t.ne.size() > 1 ? t.ne[1] : 1);
+  const int n_threads = options.n_threads > 0
+                            ? options.n_threads
+                            : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  auto progress = std::make_shared<ProgressLine>(options.progress, fmt::format("loom: writing {}", path));
+  auto done = std::make_shared<uint64_t>(0);
+  for (const PlannedTensor& t : tensors) {
+    const uint64_t seed = options.seed;
+    LOOM_TRY(w.add_tensor(
+        t.name, t.type, t.ne, [&t, seed, n_threads, progress, done, total](std::span<uint8_t> dst) {
+          const int64_t rows = t.ne.size() > 1 ? t.ne[1] : 1;
+          // Rows in chunks handed out by a counter: quantizing a 128256-row embedding is the bulk of the
+          // work.
+          std::atomic<int64_t> next{0};
+          const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(64, rows / (4 * n_threads) + 1));
+          auto work = [&] {
+            for (int64_t r0; (r0 = next.fetch_add(chunk)) < rows;)
+              generate_rows(t, seed, r0, std::min(rows, r0 + chunk), dst.data());
+          };
+          const int n = static_cast<int>(std::min<int64_t>(n_threads, (rows + chunk - 1) / chunk));
+          std::vector<std::thread> pool;
+          try {
+            for (int i = 1; i < n; ++i) pool.emplace_back(work);
+          } catch (const std::system_error&) {
+            // fewer threads than asked for: the ones started (and this one) share the rows
+          }
+          work();
+          for (auto& th : pool) th.join();
+          *done += dst.size();
+          progress->update(total ? static_cast<double>(*done) / total : 1.0);
+          return Status{};
+        }));
+  }
+  Status s = w.write(path);
+  progress->done();
+  return s;
+}
+
+}  // namespace loom::llm

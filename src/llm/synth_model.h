@@ -1,0 +1,59 @@
+// Synthetic models: GGUF files of real model shapes with deterministic random weights, for tests,
+// benchmarks and demos without downloading anything (`loom gen-model`).
+//
+// Weights are uniform in +-sqrt(3 / fan_in) (variance 1/fan_in, fan_in = ne0, the row length), so
+// every projection keeps activations O(1) and logits have a standard deviation near 1; norm weights
+// are uniform in [0.75, 1.25], biases in +-0.2. Each row is drawn from its own counter-based stream
+// seeded by (seed, tensor name, row), so files are identical whatever the thread count.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "llm/quant_mixture.h"
+#include "loom/llm.h"
+#include "loom/status.h"
+
+namespace loom::llm {
+
+/// A named model shape.
+struct SynthShape {
+  const char* name;
+  Arch arch;
+  int n_vocab;
+  int n_embd;
+  int n_layer;
+  int n_head;
+  int n_head_kv;
+  int head_dim;  ///< may differ from n_embd / n_head (qwen3)
+  int n_ff;
+  int n_ctx;
+  float rope_base;
+  float norm_eps;
+  bool tied_output;          ///< no output.weight: logits use token_embd
+  bool qkv_bias;             ///< attn_q/k/v.bias (qwen2)
+  bool qk_norm;              ///< attn_q_norm / attn_k_norm (qwen3)
+  float llama3_rope_factor;  ///< > 0: a rope_freqs.weight tensor as Llama 3.1+ files carry
+};
+
+/// llama3-1b, llama3-8b, small, tiny, qwen2-tiny, qwen3-tiny.
+std::span<const SynthShape> synth_shapes();
+const SynthShape* find_synth_shape(std::string_view name);
+
+struct SynthOptions {
+  uint64_t seed = 1;
+  int n_threads = 0;     ///< quantization threads (0: all cores)
+  bool progress = true;  ///< on stderr, only when it is a terminal
+};
+
+/// Writes the model atomically to `path`, generating and quantizing one tensor at a time.
+Status write_synth_model(const std::string& path, const SynthShape& shape, FileType type,
+                         const SynthOptions& options = {});
+
+/// Llama 3.1's frequency divisors for RoPE (factor, low 1, high 4, original context 8192), n_rot/2.
+std::vector<float> llama3_rope_freq_factors(int n_rot, float freq_base, float factor);
+
+}  // namespace loom::llm
