@@ -5,7 +5,7 @@ Loads a Loom-written GGUF (llama, qwen2 or qwen3; weights dequantized by tools/g
 transformers' LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM, runs the given tokens in float64,
 and compares the logits with the float32 [n_tokens, n_vocab] file Loom wrote (`loom run --dump-logits`).
 
-    python3 tools/hf_reference.py --model m.gguf --tokens 1,2,3 --loom-logits l.bin [--threshold 1e-4]
+    python3 tools/hf_reference.py --model m.gguf --loom-logits l.bin [--tokens 1,2,3] [--threshold 1e-4]
 
 Exit code 0 when NMSE = sum((loom-ref)^2)/sum(ref^2) <= threshold, 1 otherwise.
 """
@@ -90,14 +90,15 @@ def build_model(g):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
-    ap.add_argument("--tokens", required=True, help="comma-separated token ids")
+    ap.add_argument("--tokens", help="comma-separated token ids (default: read LOOM_LOGITS.tokens, which loom writes)")
     ap.add_argument("--loom-logits", required=True, help="float32 [n_tokens, n_vocab] written by Loom")
     ap.add_argument("--threshold", type=float, default=1e-4)
     a = ap.parse_args()
 
     g = GgufReader(a.model)
     model, n_vocab = build_model(g)
-    tokens = [int(t) for t in a.tokens.split(",")]
+    text = a.tokens if a.tokens else open(a.loom_logits + ".tokens").read()
+    tokens = [int(t) for t in text.replace("\n", "").split(",") if t.strip()]
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     model = model.to(dev).eval()
     with torch.no_grad():

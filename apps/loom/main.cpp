@@ -1,7 +1,24 @@
 // The `loom` command: one subcommand per cmd_*.cpp file.
+#include <cstring>
+#include <string>
 #include <vector>
 
 #include "commands.h"
+
+namespace {
+
+// llama.cpp's multi-letter single-dash flags, which CLI11 does not accept as names, spelled long.
+const char* long_spelling(const char* arg) {
+  static const std::pair<const char*, const char*> kAliases[] = {
+      {"-ub", "--ubatch-size"}, {"-ngl", "--n-gpu-layers"}, {"-fa", "--flash-attn"},
+      {"-pg", "--pp-tg"},       {"-nkvo", "--no-kv-offload"},
+  };
+  for (const auto& [short_name, long_name] : kAliases)
+    if (std::strcmp(arg, short_name) == 0) return long_name;
+  return arg;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"Loom: LLM inference on NVIDIA GPUs and CPUs"};
@@ -13,7 +30,13 @@ int main(int argc, char** argv) {
   loom::app::add_quantize_command(app, commands);
   loom::app::add_tokenize_command(app, commands);
   loom::app::add_gen_model_command(app, commands);
-  CLI11_PARSE(app, argc, argv);
+  std::vector<const char*> args(argv, argv + argc);
+  for (size_t i = 1; i < args.size(); ++i) args[i] = long_spelling(args[i]);
+  try {
+    app.parse(static_cast<int>(args.size()), args.data());
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
   for (auto& c : commands)
     if (c.sub->parsed()) return c.run();
   return commands.front().run();  // `loom` alone runs the main job
