@@ -55,7 +55,11 @@ def build_model(g):
     else:
         raise SystemExit(f"hf_reference: architecture '{arch}' is not handled")
     cfg._attn_implementation = "eager"
-    model = cls(cfg).to(torch.float64)
+    # Built directly on the GPU in float64: random initialisation of a 1B model on the CPU takes minutes.
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.set_default_dtype(torch.float64)
+    with torch.device(dev):
+        model = cls(cfg)
 
     sd = {"model.embed_tokens.weight": g.tensor("token_embd.weight"), "model.norm.weight": g.tensor("output_norm.weight")}
     if not tied:
@@ -77,7 +81,7 @@ def build_model(g):
                     nh = n_head if gname == "attn_q" else n_head_kv
                     w = unpermute_rope_rows(w, nh) if kind == "weight" else w
                 sd[f"model.layers.{il}.{hname}.{kind}"] = w
-    state = {k: torch.from_numpy(np.ascontiguousarray(v)).to(torch.float64) for k, v in sd.items()}
+    state = {k: torch.from_numpy(np.ascontiguousarray(v)).to(dev, torch.float64) for k, v in sd.items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [m for m in missing if not (tied and m == "lm_head.weight") and "rotary_emb" not in m]
     if missing or unexpected:

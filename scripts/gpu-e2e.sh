@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# End-to-end checks on the GPU machine (called by gpu-check.sh after the build):
+# for synthetic models of each architecture and weight type, CUDA logits against the CPU's
+# (NMSE <= 1e-4) and the same greedy tokens for 16 steps; f16/f32 models also against transformers.
+set -uo pipefail
+bin=${1:?usage: gpu-e2e.sh BUILD_BIN_DIR OUT_DIR}
+out=${2:?}
+work=/tmp/loom-e2e
+mkdir -p "$work"
+prompt="The quick brown fox jumps over the lazy dog while the cat sleeps in the warm sun"
+fails=0
+check() {  # check LABEL COMMAND...
+  local label=$1; shift
+  if "$@"; then echo "e2e: $label ok"; else echo "e2e: $label FAIL"; fails=$((fails + 1)); fi
+}
+models=("tiny f32" "tiny f16" "qwen2-tiny f32" "qwen3-tiny f16" "small q4_K_M"
+        "llama3-1b f16" "llama3-1b q8_0" "llama3-1b q4_0" "llama3-1b q4_K_M")
+for m in "${models[@]}"; do
+  read -r shape type <<<"$m"
+  f="$work/$shape-$type.gguf"
+  "$bin/loom" gen-model --shape "$shape" --type "$type" -o "$f" -t 16 >/dev/null 2>&1 || { echo "e2e: gen-model $m FAIL"; fails=$((fails+1)); continue; }
+  for be in cpu cuda; do
+    "$bin/loom" run -m "$f" --backend $be -t 16 -p "$prompt" -n 16 --temp 0 \
+      --dump-logits "$work/$shape-$type-$be.bin" >"$work/$shape-$type-$be.txt" 2>"$work/$shape-$type-$be.err" \
+      || { echo "e2e: run $m $be FAIL: $(tail -1 "$work/$shape-$type-$be.err")"; fails=$((fails+1)); }
+  done
+  tail -1 "$work/$shape-$type-cuda.err"
+  check "$m logits cuda vs cpu" python3 tools/compare_logits.py "$work/$shape-$type-cuda.bin" "$work/$shape-$type-cpu.bin" \
+    --threshold 1e-4 --label "$m"
+  check "$m greedy 16 tokens cuda == cpu" cmp -s "$work/$shape-$type-cuda.txt" "$work/$shape-$type-cpu.txt"
+  if [[ $type == f32 || $type == f16 ]]; then
+    check "$m vs transformers (cuda logits)" python3 tools/hf_reference.py --model "$f" \
+      --loom-logits "$work/$shape-$type-cuda.bin" --threshold 1e-4
+  fi
+done
+echo "e2e: $fails failures"
+exit $((fails > 0))
