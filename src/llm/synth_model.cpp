@@ -91,16 +91,27 @@ void generate_rows(const PlannedTensor& t, uint64_t seed, int64_t r0, int64_t r1
   }
 }
 
+// The mixture rule over the whole list (its counters run in file order); tensors it does not
+// quantize (norms, biases, rope factors) are written as f32.
+void assign_types(std::vector<PlannedTensor>& tensors, FileType ft, const MixtureModelInfo& info) {
+  std::vector<MixtureTensor> seen;
+  for (const PlannedTensor& t : tensors) {
+    MixtureTensor m{t.name, {1, 1, 1, 1}};
+    std::copy(t.ne.begin(), t.ne.end(), m.ne.begin());
+    seen.push_back(m);
+  }
+  const std::vector<TensorTypeChoice> choices = choose_tensor_types(ft, seen, info);
+  for (size_t i = 0; i < tensors.size(); ++i)
+    tensors[i].type = choices[i].quantizable ? choices[i].type : DType::f32;
+}
+
 std::vector<PlannedTensor> plan_tensors(const SynthShape& s, FileType ft) {
   MixtureModelInfo info;
   info.n_layer = s.n_layer;
-  info.has_output = !s.tied_output;
+  info.tied_embeddings = s.tied_output;
   std::vector<PlannedTensor> out;
   auto add = [&](std::string name, std::vector<int64_t> ne, Init init) {
-    Shape shape{1, 1, 1, 1};
-    for (size_t i = 0; i < ne.size(); ++i) shape[i] = ne[i];
-    const DType type = tensor_type_for(ft, name, shape, static_cast<int>(ne.size()), info);
-    out.push_back({std::move(name), std::move(ne), type, init, {}});
+    out.push_back({std::move(name), std::move(ne), DType::f32, init, {}});  // type: assign_types
   };
   const int64_t q_dim = static_cast<int64_t>(s.head_dim) * s.n_head;
   const int64_t kv_dim = static_cast<int64_t>(s.head_dim) * s.n_head_kv;
@@ -135,6 +146,7 @@ std::vector<PlannedTensor> plan_tensors(const SynthShape& s, FileType ft) {
   }
   add("output_norm.weight", {s.n_embd}, Init::norm);
   if (!s.tied_output) add("output.weight", {s.n_embd, s.n_vocab}, Init::matrix);
+  assign_types(out, ft, info);
   return out;
 }
 
