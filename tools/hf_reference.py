@@ -1,9 +1,17 @@
 #!/usr/bin/env python3
 """Independent reference: Loom's logits against Hugging Face transformers on the same weights.
 
-Loads a Loom-written GGUF (llama, qwen2 or qwen3; weights dequantized by tools/gguf_numpy.py) into
-transformers' LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM, runs the given tokens in float64,
-and compares the logits with the float32 [n_tokens, n_vocab] file Loom wrote (`loom run --dump-logits`).
+Loads a Loom-written GGUF (llama, qwen2, qwen3, qwen3moe, gemma2 or gemma3; weights dequantized by
+tools/gguf_numpy.py) into transformers' LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM /
+Qwen3MoeForCausalLM / Gemma2ForCausalLM / Gemma3ForCausalLM (text-only, Gemma3TextConfig), runs the
+given tokens in float64, and compares the logits with the float32 [n_tokens, n_vocab] file Loom wrote
+(`loom run --dump-logits`).
+
+GGUF conventions undone here: llama q/k rows are permuted for interleaved RoPE; Gemma norm weights
+are stored as 1 + w (transformers' Gemma RMSNorm multiplies by 1 + w itself). The gemma and qwen3moe
+mappings were written against transformers 4.5x (per-expert Linear modules; rope_theta /
+rope_local_base_freq / rope_scaling); fused expert tensors (gate_up_proj) of newer versions are
+handled, other config changes may not be.
 
     python3 tools/hf_reference.py --model m.gguf --loom-logits l.bin [--tokens 1,2,3] [--threshold 1e-4]
 
@@ -46,12 +54,38 @@ def build_model(g):
         rope_theta=float(p("rope.freq_base", 10000.0)), max_position_embeddings=int(p("context_length", 2048)),
         tie_word_embeddings=tied, torch_dtype=torch.float64,
     )
+    gemma = arch in ("gemma2", "gemma3")
+    if gemma:
+        # Loom's rule (llm_hparams.cpp): query_pre_attn_scalar is head_dim except for the 27B models.
+        layers_27b = 46 if arch == "gemma2" else 62
+        qpas = n_embd // n_head if int(p("block_count")) == layers_27b else head_dim
+        window = int(p("attention.sliding_window", 0)) or int(p("context_length", 2048))
+        common.update(query_pre_attn_scalar=qpas, sliding_window=window, hidden_activation="gelu_pytorch_tanh")
     if arch == "llama":
         cfg, cls = transformers.LlamaConfig(**common, attention_bias=False, mlp_bias=False), transformers.LlamaForCausalLM
     elif arch == "qwen2":
         cfg, cls = transformers.Qwen2Config(**common), transformers.Qwen2ForCausalLM
     elif arch == "qwen3":
         cfg, cls = transformers.Qwen3Config(**common, attention_bias=False), transformers.Qwen3ForCausalLM
+    elif arch == "qwen3moe":
+        cfg = transformers.Qwen3MoeConfig(
+            **common, attention_bias=False, num_experts=int(p("expert_count")),
+            num_experts_per_tok=int(p("expert_used_count")), moe_intermediate_size=int(p("expert_feed_forward_length")),
+            norm_topk_prob=bool(p("expert_weights_norm", True)), decoder_sparse_step=1, mlp_only_layers=[])
+        cls = transformers.Qwen3MoeForCausalLM
+    elif arch == "gemma2":
+        cfg = transformers.Gemma2Config(
+            **common, attn_logit_softcapping=float(p("attn_logit_softcapping", 50.0)),
+            final_logit_softcapping=float(p("final_logit_softcapping", 30.0)))
+        cls = transformers.Gemma2ForCausalLM
+    elif arch == "gemma3":
+        extra = dict(rope_local_base_freq=float(p("rope.freq_base_swa", 10000.0)), attn_logit_softcapping=None,
+                     final_logit_softcapping=float(p("final_logit_softcapping")) if p("final_logit_softcapping") else None)
+        if p("rope.scaling.type", "none") == "linear":
+            extra["rope_scaling"] = {"rope_type": "linear", "factor": float(p("rope.scaling.factor"))}
+        if not p("attention.sliding_window"):  # no window in the file: every layer global
+            extra["layer_types"] = ["full_attention"] * int(p("block_count"))
+        cfg, cls = transformers.Gemma3TextConfig(**common, **extra), transformers.Gemma3ForCausalLM
     else:
         raise SystemExit(f"hf_reference: architecture '{arch}' is not handled")
     cfg._attn_implementation = "eager"
@@ -61,7 +95,9 @@ def build_model(g):
     with torch.device(dev):
         model = cls(cfg)
 
-    sd = {"model.embed_tokens.weight": g.tensor("token_embd.weight"), "model.norm.weight": g.tensor("output_norm.weight")}
+    out_norm = g.tensor("output_norm.weight")
+    sd = {"model.embed_tokens.weight": g.tensor("token_embd.weight"),
+          "model.norm.weight": out_norm - 1.0 if gemma else out_norm}
     if not tied:
         sd["lm_head.weight"] = g.tensor("output.weight")
     names = {
@@ -70,6 +106,12 @@ def build_model(g):
         "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
         "ffn_down": "mlp.down_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
     }
+    if gemma:  # sandwich norms: ffn_norm is the pre-FFN norm there
+        names.update({"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
+                      "post_ffw_norm": "post_feedforward_layernorm"})
+    if arch == "qwen3moe":
+        names["ffn_gate_inp"] = "mlp.gate"
+    hf_keys = set(model.state_dict().keys())
     for il in range(cfg.num_hidden_layers):
         for gname, hname in names.items():
             for kind in ("weight", "bias"):
@@ -80,10 +122,33 @@ def build_model(g):
                 if arch == "llama" and gname in ("attn_q", "attn_k"):
                     nh = n_head if gname == "attn_q" else n_head_kv
                     w = unpermute_rope_rows(w, nh) if kind == "weight" else w
+                if gemma and gname.endswith("norm"):
+                    w = w - 1.0  # GGUF holds 1 + w
                 sd[f"model.layers.{il}.{hname}.{kind}"] = w
+        if arch == "qwen3moe":
+            # GGUF stacks experts: gate/up (n_expert, n_ff_exp, n_embd), down (n_expert, n_embd, n_ff_exp),
+            # each expert's slice being the torch Linear weight.
+            gate, up, down = (g.tensor(f"blk.{il}.ffn_{n}_exps.weight") for n in ("gate", "up", "down"))
+            prefix = f"model.layers.{il}.mlp.experts"
+            if f"{prefix}.0.gate_proj.weight" in hf_keys:
+                for e in range(gate.shape[0]):
+                    sd[f"{prefix}.{e}.gate_proj.weight"] = gate[e]
+                    sd[f"{prefix}.{e}.up_proj.weight"] = up[e]
+                    sd[f"{prefix}.{e}.down_proj.weight"] = down[e]
+            elif f"{prefix}.gate_up_proj" in hf_keys:  # fused experts: gate rows first, then up
+                fused = np.concatenate([gate, up], axis=1)
+                if tuple(model.state_dict()[f"{prefix}.gate_up_proj"].shape) != fused.shape:
+                    fused = fused.swapaxes(1, 2)
+                sd[f"{prefix}.gate_up_proj"] = fused
+                dshape = tuple(model.state_dict()[f"{prefix}.down_proj"].shape)
+                sd[f"{prefix}.down_proj"] = down if dshape == down.shape else down.swapaxes(1, 2)
+            else:
+                raise SystemExit(f"hf_reference: unknown expert layout in {cls.__name__}")
     state = {k: torch.from_numpy(np.ascontiguousarray(v)).to(dev, torch.float64) for k, v in sd.items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [m for m in missing if not (tied and m == "lm_head.weight") and "rotary_emb" not in m]
+    # Buffers computed from the config (RoPE tables, Gemma 3's embedding scale) are not weights.
+    missing = [m for m in missing if not (tied and m == "lm_head.weight") and "rotary_emb" not in m
+               and not m.endswith("embed_scale")]
     if missing or unexpected:
         raise SystemExit(f"hf_reference: weights do not map: missing {missing}, unexpected {unexpected}")
     if tied:

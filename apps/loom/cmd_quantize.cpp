@@ -29,11 +29,12 @@ const char* ggml_name(uint32_t id) {
   return t ? t->name : "?";
 }
 
+// The file types `loom quantize` writes: the quantized ones.
 std::string valid_types() {
   std::string s;
-  for (QuantFtype f :
-       {QuantFtype::q8_0, QuantFtype::q4_0, QuantFtype::q4_k, QuantFtype::q6_k, QuantFtype::q4_k_m})
-    s += fmt::format("{}{}", s.empty() ? "" : ", ", quant_ftype_name(f));
+  for (llm::FileType f : llm::all_file_types())
+    if (llm::file_type_is_quantized(f))
+      s += fmt::format("{}{}", s.empty() ? "" : ", ", llm::file_type_name(f));
   return s;
 }
 
@@ -50,9 +51,14 @@ void print_plan(const QuantizePlan& plan) {
 }
 
 int run_quantize(const QuantizeCliOptions& o) {
-  const auto ftype = quant_ftype_from_name(o.type);
+  const auto ftype = llm::file_type_from_name(o.type);
   if (!ftype)
     return fail(make_error(StatusCode::invalid_argument, "quantize: unknown type '{}'; expected one of {}",
+                           o.type, valid_types()));
+  if (!llm::file_type_is_quantized(*ftype))
+    return fail(make_error(StatusCode::invalid_argument,
+                           "quantize: '{}' is not a quantized type; expected one of {} (loom gen-model "
+                           "writes float models)",
                            o.type, valid_types()));
   if (o.dry_run) {
     auto in = GgufFile::open(o.input);
@@ -91,7 +97,7 @@ int run_quantize(const QuantizeCliOptions& o) {
   fmt::print(
       stderr,
       "loom: {} -> {} ({}): {} tensors ({}), {} -> {} of tensor data, file {}, {:.1f} s on {} threads\n",
-      o.input, o.output, quant_ftype_name(*ftype), r->plan.tensors.size(), mix, format_bytes(r->bytes_in),
+      o.input, o.output, llm::file_type_name(*ftype), r->plan.tensors.size(), mix, format_bytes(r->bytes_in),
       format_bytes(r->bytes_out), format_bytes(r->file_bytes), r->seconds, r->n_threads);
   if (fallbacks)
     fmt::print(

@@ -4,7 +4,6 @@
 #include "quantize_model.h"
 
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -18,24 +17,6 @@ namespace loom::app {
 namespace {
 
 constexpr uint32_t kQuantizationVersion = 2;  // GGML_QNT_VERSION: the block layouts in dtype.h
-
-// ggml_n_dims: trailing dimensions of 1 do not count, so a [4096, 1] tensor is 1-D.
-int significant_dims(const Shape& ne) {
-  for (int i = kMaxDims - 1; i > 0; --i)
-    if (ne[i] > 1) return i + 1;
-  return 1;
-}
-
-// "blk.12.attn_v.weight" -> 12; -1 for tensors outside the blocks.
-int block_index(std::string_view name) {
-  if (name.substr(0, 4) != "blk.") return -1;
-  int v = -1;
-  const char* first = name.data() + 4;
-  const char* last = name.data() + name.size();
-  auto [ptr, ec] = std::from_chars(first, last, v);
-  if (ec != std::errc() || ptr == first || ptr == last || *ptr != '.') return -1;
-  return v;
-}
 
 bool is_float_type(uint32_t ggml_type) {
   const auto t = dtype_from_gguf(ggml_type);
@@ -95,9 +76,14 @@ Status convert_tensor(const GgufTensorInfo& t, DType src, DType dst, int n_threa
 
 }  // namespace
 
-Result<QuantizePlan> plan_quantization(const GgufFile& in, QuantFtype ftype) {
+Result<QuantizePlan> plan_quantization(const GgufFile& in, llm::FileType ftype) {
   QuantizePlan plan;
   plan.ftype = ftype;
+  if (!llm::file_type_is_quantized(ftype))
+    return make_error(StatusCode::invalid_argument,
+                      "{}: loom quantize writes quantized file types; '{}' is not one (loom gen-model "
+                      "writes {} models)",
+                      in.name(), llm::file_type_name(ftype), llm::file_type_name(ftype));
   if (const GgufValue* v = in.find("split.count"); v && v->as_u64().value_or(1) > 1)
     return make_error(StatusCode::unsupported,
                       "{}: split GGUF files (split.count = {}) are not supported; merge them first",
@@ -109,38 +95,28 @@ Result<QuantizePlan> plan_quantization(const GgufFile& in, QuantFtype ftype) {
   plan.info.n_expert = arch.empty() ? 0 : metadata_int(in, arch + ".expert_count");
   if (plan.n_layers == 0)
     for (const GgufTensorInfo& t : in.tensors())
-      plan.n_layers = std::max(plan.n_layers, block_index(t.name) + 1);
+      plan.n_layers = std::max(plan.n_layers, llm::tensor_block_index(t.name) + 1);
+  plan.info.n_layer = plan.n_layers;
   plan.info.tied_embeddings = in.find_tensor("output.weight") == nullptr;
 
-  int n_attn_v = 0;
-  for (const GgufTensorInfo& t : in.tensors())
-    n_attn_v += tensor_is_attn_v_like(t.name) && tensor_is_quantizable(t.name, significant_dims(t.ne));
+  std::vector<llm::MixtureTensor> tensors;
+  for (const GgufTensorInfo& t : in.tensors()) tensors.push_back({t.name, t.ne});
+  const std::vector<llm::TensorTypeChoice> choices = llm::choose_tensor_types(ftype, tensors, plan.info);
 
-  int i_attn_v = 0, i_ffn_down = 0;
-  for (const GgufTensorInfo& t : in.tensors()) {
+  for (size_t i = 0; i < in.tensors().size(); ++i) {
+    const GgufTensorInfo& t = in.tensors()[i];
+    const llm::TensorTypeChoice& c = choices[i];
     TensorPlan p;
     p.name = std::string(t.name);
     p.ne = t.ne;
-    p.n_dims = significant_dims(t.ne);
+    p.n_dims = llm::significant_dims(t.ne);
     p.src_type = p.dst_type = t.ggml_type;
     p.src_bytes = p.dst_bytes = t.size;
-    p.quantizable = tensor_is_quantizable(t.name, p.n_dims);
+    p.quantizable = c.quantizable;
     if (p.quantizable) {
-      // llama.cpp's counters: rank among attn_v-like tensors / among ffn_down tensors (for MoE
-      // models the block index, since expert tensors are not one per block in file order).
-      int layer = 0, n_layers = plan.n_layers;
-      if (tensor_is_attn_v_like(t.name)) {
-        layer = i_attn_v++;
-        n_layers = n_attn_v;
-      } else if (tensor_is_ffn_down(t.name)) {
-        layer = plan.info.n_expert > 1 ? std::max(0, block_index(t.name)) : i_ffn_down;
-        ++i_ffn_down;
-      }
-      const DType wanted = choose_quant_type(t.name, layer, n_layers, ftype, plan.info);
-      const DType chosen = fallback_quant_type(wanted, t.ne[0]);
-      p.fell_back = chosen != wanted;
-      p.dst_type = dtype_traits(chosen).gguf_id;
-      p.dst_bytes = static_cast<uint64_t>(dtype_row_size(chosen, t.ne[0])) *
+      p.fell_back = c.type != c.wanted;
+      p.dst_type = dtype_traits(c.type).gguf_id;
+      p.dst_bytes = static_cast<uint64_t>(dtype_row_size(c.type, t.ne[0])) *
                     static_cast<uint64_t>(t.nelements() / t.ne[0]);
       p.convert = p.dst_type != p.src_type;
       if (p.convert && !is_float_type(t.ggml_type))
@@ -156,7 +132,7 @@ Result<QuantizePlan> plan_quantization(const GgufFile& in, QuantFtype ftype) {
 }
 
 Result<QuantizeSummary> quantize_gguf(const std::string& in_path, const std::string& out_path,
-                                      QuantFtype ftype, const QuantizeOptions& options) {
+                                      llm::FileType ftype, const QuantizeOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
   std::error_code ec;
   if (std::filesystem::exists(out_path, ec) && std::filesystem::equivalent(in_path, out_path, ec))
@@ -176,7 +152,7 @@ Result<QuantizeSummary> quantize_gguf(const std::string& in_path, const std::str
   bool have_file_type = false, have_qversion = false;
   for (const GgufKV& kv : in->kvs()) {
     if (kv.key == "general.file_type") {
-      LOOM_TRY(w.add_u32(kv.key, quant_ftype_file_type(ftype)));
+      LOOM_TRY(w.add_u32(kv.key, llm::file_type_gguf_id(ftype)));
       have_file_type = true;
     } else if (kv.key == "general.quantization_version") {
       LOOM_TRY(w.add_u32(kv.key, kQuantizationVersion));
@@ -186,7 +162,7 @@ Result<QuantizeSummary> quantize_gguf(const std::string& in_path, const std::str
     }
   }
   if (!have_qversion) LOOM_TRY(w.add_u32("general.quantization_version", kQuantizationVersion));
-  if (!have_file_type) LOOM_TRY(w.add_u32("general.file_type", quant_ftype_file_type(ftype)));
+  if (!have_file_type) LOOM_TRY(w.add_u32("general.file_type", llm::file_type_gguf_id(ftype)));
 
   const auto tensors = in->tensors();
   const size_t count = tensors.size();

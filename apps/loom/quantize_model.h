@@ -1,4 +1,4 @@
-// `loom quantize`'s engine: reads a GGUF model, picks each tensor's type (quantize_mixture.h),
+// `loom quantize`'s engine: reads a GGUF model, picks each tensor's type (llm/quant_mixture.h),
 // converts the weights on several threads and writes a new GGUF atomically.
 #pragma once
 
@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "llm/quant_mixture.h"
 #include "loom/gguf.h"
-#include "quantize_mixture.h"
 
 namespace loom::app {
 
@@ -28,16 +28,16 @@ struct TensorPlan {
 
 /// Every tensor's fate, in file order, and the model facts the rules used.
 struct QuantizePlan {
-  QuantFtype ftype = QuantFtype::q8_0;
-  int n_layers = 0;  ///< {arch}.block_count, else the highest blk.N + 1
-  MixtureModelInfo info;
+  llm::FileType ftype = llm::FileType::q8_0;
+  int n_layers = 0;  ///< {arch}.block_count, else the highest blk.N + 1 (also info.n_layer)
+  llm::MixtureModelInfo info;
   std::vector<TensorPlan> tensors;
 };
 
 /// Decides every tensor's output type without touching tensor data. Fails, naming the tensor, when
 /// a tensor to be quantized holds a type other than f32, f16 or bf16 (or the target type itself),
-/// and for split files.
-Result<QuantizePlan> plan_quantization(const GgufFile& in, QuantFtype ftype);
+/// for split files, and for a file type that is not a quantized one (f32, f16, bf16).
+Result<QuantizePlan> plan_quantization(const GgufFile& in, llm::FileType ftype);
 
 /// Reported when each tensor starts (done = false) and when it is written (done = true).
 struct QuantizeProgress {
@@ -67,6 +67,6 @@ struct QuantizeSummary {
 /// with general.file_type and general.quantization_version (2) set. Weights containing NaN or inf
 /// are an error naming the tensor, row and column. On any failure `out_path` is left untouched.
 Result<QuantizeSummary> quantize_gguf(const std::string& in_path, const std::string& out_path,
-                                      QuantFtype ftype, const QuantizeOptions& options = {});
+                                      llm::FileType ftype, const QuantizeOptions& options = {});
 
 }  // namespace loom::app

@@ -1,4 +1,5 @@
-// The model layer: LLaMA-family decoders loaded from GGUF, an F16 KV cache, and a Context that
+// The model layer: LLaMA-family decoders (dense, Gemma 2/3 with sliding-window attention, Qwen3
+// mixture of experts) loaded from GGUF, an F16 KV cache, and a Context that
 // runs chunked prefill and one-token decode steps on any backend.
 //
 // Typical use (what `loom run` does):
@@ -33,8 +34,8 @@ struct ContextImpl;
 }  // namespace detail
 
 /// Decoder architectures Loom can run.
-enum class Arch { llama, qwen2, qwen3 };
-/// GGUF spelling ("llama", "qwen2", "qwen3").
+enum class Arch { llama, qwen2, qwen3, qwen3moe, gemma2, gemma3 };
+/// GGUF spelling ("llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3").
 const char* arch_name(Arch a);
 /// Parses a `general.architecture` value; nullopt when Loom does not know it.
 std::optional<Arch> arch_from_name(std::string_view name);
@@ -60,9 +61,29 @@ struct HParams {
   RopeScaling rope_scaling = RopeScaling::none;
   float rope_scaling_factor = 1.0f;  ///< {arch}.rope.scaling.factor
   uint32_t n_ctx_orig = 0;           ///< {arch}.rope.scaling.original_context_length (default: n_ctx_train)
+  /// Query scale: 1/sqrt(head_dim_k), except where the family says otherwise (Gemma 27B).
+  float attn_scale = 0.0f;
+
+  // Sliding-window attention (gemma2, gemma3): local layers see only the last n_swa positions.
+  uint32_t n_swa = 0;       ///< {arch}.attention.sliding_window; 0: every layer attends globally
+  uint32_t swa_period = 0;  ///< of each `swa_period` layers, all but the last are local (gemma2 2, gemma3 6)
+  /// RoPE base of local layers ({arch}.rope.freq_base_swa; gemma3: 10000); they use no rope scaling.
+  float rope_freq_base_swa = 10000.0f;
+  float attn_softcap = 0.0f;   ///< {arch}.attn_logit_softcapping; 0: off
+  float final_softcap = 0.0f;  ///< {arch}.final_logit_softcapping; 0: off
+
+  // Mixture of experts (qwen3moe); n_expert 0 for dense models.
+  uint32_t n_expert = 0;            ///< {arch}.expert_count
+  uint32_t n_expert_used = 0;       ///< {arch}.expert_used_count
+  uint32_t n_ff_exp = 0;            ///< {arch}.expert_feed_forward_length
+  bool expert_weights_norm = true;  ///< {arch}.expert_weights_norm: selected weights renormalized to sum 1
 
   uint32_t n_embd_k_gqa() const { return head_dim_k * n_head_kv; }
   uint32_t n_embd_v_gqa() const { return head_dim_v * n_head_kv; }
+  /// Whether layer `il` attends through the sliding window.
+  bool is_swa(uint32_t il) const { return n_swa > 0 && swa_period > 1 && il % swa_period < swa_period - 1; }
+  /// Whether any layer does.
+  bool has_swa() const { return n_swa > 0 && swa_period > 1 && n_layer > 0; }
 };
 
 /// Reads and checks the hyperparameters of a GGUF model; errors name the file and key.

@@ -3,7 +3,7 @@
 
 namespace loom::llm::detail {
 
-void declare_llama_family(TensorLoader& tl, const HParams& hp, ModelWeights& w) {
+void declare_llama_family(TensorLoader& tl, const HParams& hp, ModelWeights& w, bool dense_ffn) {
   const int64_t n_embd = hp.n_embd;
   const int64_t n_vocab = hp.n_vocab;
   const int64_t q_dim = static_cast<int64_t>(hp.head_dim_k) * hp.n_head;
@@ -22,6 +22,7 @@ void declare_llama_family(TensorLoader& tl, const HParams& hp, ModelWeights& w) 
     l.wk = tl.require(name("attn_k.weight"), {n_embd, hp.n_embd_k_gqa(), 1, 1}, WeightKind::matrix);
     l.wv = tl.require(name("attn_v.weight"), {n_embd, hp.n_embd_v_gqa(), 1, 1}, WeightKind::matrix);
     l.wo = tl.require(name("attn_output.weight"), {o_dim, n_embd, 1, 1}, WeightKind::matrix);
+    if (!dense_ffn) continue;
     l.ffn_norm = tl.require(name("ffn_norm.weight"), {n_embd, 1, 1, 1}, WeightKind::vector);
     l.ffn_gate = tl.require(name("ffn_gate.weight"), {n_embd, hp.n_ff, 1, 1}, WeightKind::matrix);
     l.ffn_up = tl.require(name("ffn_up.weight"), {n_embd, hp.n_ff, 1, 1}, WeightKind::matrix);
@@ -37,6 +38,12 @@ const Architecture& architecture_for(Arch a) {
       return qwen2_architecture();
     case Arch::qwen3:
       return qwen3_architecture();
+    case Arch::qwen3moe:
+      return qwen3moe_architecture();
+    case Arch::gemma2:
+      return gemma2_architecture();
+    case Arch::gemma3:
+      return gemma3_architecture();
   }
   return llama_architecture();
 }

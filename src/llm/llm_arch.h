@@ -23,12 +23,19 @@ struct LayerWeights {
   Tensor* bk = nullptr;
   Tensor* bv = nullptr;
   Tensor* bo = nullptr;
-  Tensor* q_norm = nullptr;  // per-head RMS norm of queries and keys (qwen3)
+  Tensor* q_norm = nullptr;  // per-head RMS norm of queries and keys (qwen3, gemma3)
   Tensor* k_norm = nullptr;
+  Tensor* attn_post_norm = nullptr;  // norm of the attention output before the residual add (gemma)
   Tensor* ffn_norm = nullptr;
   Tensor* ffn_gate = nullptr;
   Tensor* ffn_up = nullptr;
   Tensor* ffn_down = nullptr;
+  Tensor* ffn_post_norm = nullptr;  // norm of the FFN output before the residual add (gemma)
+  // Mixture of experts: router [n_embd, n_expert] and stacked experts.
+  Tensor* ffn_gate_inp = nullptr;
+  Tensor* ffn_gate_exps = nullptr;  // [n_embd, n_ff_exp, n_expert]
+  Tensor* ffn_up_exps = nullptr;    // [n_embd, n_ff_exp, n_expert]
+  Tensor* ffn_down_exps = nullptr;  // [n_ff_exp, n_embd, n_expert]
 };
 
 struct ModelWeights {
@@ -63,6 +70,7 @@ struct StepInputs {
   Tensor* positions = nullptr;  // i32 [n_tokens]
   Tensor* kv_cells = nullptr;   // i32 [n_tokens]: cache cell each token's K and V go to
   Tensor* kq_mask = nullptr;    // f32 [n_kv, n_tokens]: 0 where a query sees a cell, -inf elsewhere
+  Tensor* kq_mask_swa = nullptr;  // as kq_mask, also -inf beyond the sliding window; only with local layers
 };
 
 /// Shape of one forward pass.
@@ -94,14 +102,24 @@ class StepBuilder {
   Tensor* split_heads(Tensor* x, int64_t head_dim, int64_t n_heads);
   /// Rotary embedding at the step's positions, in the architecture's mode.
   Tensor* rope(Tensor* x);
+  /// As rope(x), with layer `il`'s parameters: local (sliding-window) layers use
+  /// rope_freq_base_swa and no frequency scaling.
+  Tensor* rope(Tensor* x, int il);
   /// Stores k and v ([head_dim, n_head_kv, n_tokens]) in layer `il`'s cache cells, then attends
   /// with q ([head_dim, n_head, n_tokens]) over the first n_kv cells -> [head_dim_v * n_head, n_tokens].
+  /// Uses the model's query scale and attention soft-cap, and the sliding-window mask on local layers.
   Tensor* attention(int il, Tensor* q, Tensor* k, Tensor* v);
   /// SwiGLU feed-forward: down(silu(gate x) * up x).
   Tensor* ffn_swiglu(const LayerWeights& l, Tensor* x);
+  /// GeGLU feed-forward (GELU, tanh form): down(gelu(gate x) * up x).
+  Tensor* ffn_geglu(const LayerWeights& l, Tensor* x);
+  /// Mixture-of-experts SwiGLU feed-forward: softmax router, top n_expert_used experts, their
+  /// weights renormalized (expert_weights_norm), weighted sum of the experts' outputs. Routing stays
+  /// on the device. x: [n_embd, n_tokens] -> [n_embd, n_tokens].
+  Tensor* ffn_moe(const LayerWeights& l, Tensor* x);
   /// The rows whose logits are wanted: the last token's unless all outputs were asked for.
   Tensor* select_outputs(Tensor* x);
-  /// Final norm and output projection -> logits f32 [n_vocab, n_outputs].
+  /// Final norm, output projection and soft-cap (final_softcap) -> logits f32 [n_vocab, n_outputs].
   Tensor* logits(Tensor* x);
 
  private:
@@ -110,6 +128,7 @@ class StepBuilder {
   const ModelWeights& w_;
   KvCache& kv_;
   RopeParams rope_;
+  RopeParams rope_swa_;  // local layers
   StepShape shape_;
   StepInputs in_;
 };
@@ -129,10 +148,20 @@ class Architecture {
 const Architecture& llama_architecture();
 const Architecture& qwen2_architecture();
 const Architecture& qwen3_architecture();
+const Architecture& qwen3moe_architecture();
+const Architecture& gemma2_architecture();
+const Architecture& gemma3_architecture();
 const Architecture& architecture_for(Arch a);
 
 /// The tensors every LLaMA-family model has: embeddings, output norm, output (tied to the
-/// embeddings when absent), optional rope_freqs, and per layer the attention and SwiGLU weights.
-void declare_llama_family(TensorLoader& tl, const HParams& hp, ModelWeights& w);
+/// embeddings when absent), optional rope_freqs, and per layer the attention weights and, with
+/// `dense_ffn`, the gated FFN weights (ffn_norm, ffn_gate, ffn_up, ffn_down).
+void declare_llama_family(TensorLoader& tl, const HParams& hp, ModelWeights& w, bool dense_ffn = true);
+
+/// Gemma 2/3 (llm_arch_gemma2.cpp): the LLaMA-family tensors (tied output) plus the post-attention
+/// and post-FFN norms, and with `qk_norm` the per-head query/key norms (Gemma 3).
+void declare_gemma_family(TensorLoader& tl, const HParams& hp, ModelWeights& w, bool qk_norm);
+/// The Gemma forward pass; QK-norm where the layers have q_norm/k_norm.
+Tensor* build_gemma(StepBuilder& b);
 
 }  // namespace loom::llm::detail

@@ -27,7 +27,8 @@ struct ContextImpl {
   std::unique_ptr<Buffer> arena;   // activations, reused across passes
   std::unique_ptr<Buffer> inputs;  // input leafs, reused across passes
   std::vector<float> logits;       // host copy returned by decode
-  std::vector<float> mask;         // host staging of the mask
+  std::vector<float> mask;         // host staging of the masks
+  std::vector<float> mask_swa;
   DecodeStats stats;
 
   // Gives every tensor of `g` memory: input leafs in `inputs`, activations in `arena` (both
@@ -102,6 +103,11 @@ struct ContextImpl {
     mask.resize(static_cast<size_t>(n_kv) * n);
     kv->fill_mask(positions, seq, n_kv, mask.data());
     LOOM_TRY(tensor_write(in.kq_mask, mask.data(), 0, mask.size() * sizeof(float)));
+    if (in.kq_mask_swa) {
+      mask_swa.resize(mask.size());
+      kv->fill_mask(positions, seq, n_kv, mask_swa.data(), static_cast<int>(m->hp.n_swa));
+      LOOM_TRY(tensor_write(in.kq_mask_swa, mask_swa.data(), 0, mask_swa.size() * sizeof(float)));
+    }
     LOOM_TRY(backend->compute(g));
     ++stats.n_steps;
     if (out) {

@@ -14,6 +14,7 @@ StepBuilder::StepBuilder(Graph& g, const HParams& hp, const ModelWeights& w, KvC
   in_.positions = g.input(DType::i32, {t, 1, 1, 1}, "inp_pos");
   in_.kv_cells = g.input(DType::i32, {t, 1, 1, 1}, "inp_kv_cells");
   in_.kq_mask = g.input(DType::f32, {shape.n_kv, t, 1, 1}, "inp_kq_mask");
+  if (hp.has_swa()) in_.kq_mask_swa = g.input(DType::f32, {shape.n_kv, t, 1, 1}, "inp_kq_mask_swa");
 
   rope_ = RopeParams{};
   rope_.n_dims = static_cast<int32_t>(hp.n_rot);
@@ -26,6 +27,10 @@ StepBuilder::StepBuilder(Graph& g, const HParams& hp, const ModelWeights& w, KvC
   rope_.attn_factor = 1.0f;
   rope_.beta_fast = 32.0f;
   rope_.beta_slow = 1.0f;
+  rope_swa_ = rope_;
+  rope_swa_.freq_base = hp.rope_freq_base_swa;
+  rope_swa_.freq_scale = 1.0f;
+  rope_swa_.ext_factor = 0.0f;
 }
 
 Tensor* StepBuilder::embed() { return get_rows(g_, w_.tok_embd, in_.tokens); }
@@ -45,6 +50,11 @@ Tensor* StepBuilder::split_heads(Tensor* x, int64_t head_dim, int64_t n_heads) {
 
 Tensor* StepBuilder::rope(Tensor* x) { return loom::rope(g_, x, in_.positions, w_.rope_freqs, rope_); }
 
+Tensor* StepBuilder::rope(Tensor* x, int il) {
+  const bool local = hp_.is_swa(static_cast<uint32_t>(il));
+  return loom::rope(g_, x, in_.positions, w_.rope_freqs, local ? rope_swa_ : rope_);
+}
+
 Tensor* StepBuilder::attention(int il, Tensor* q, Tensor* k, Tensor* v) {
   if (!q || !k || !v) return nullptr;
   const int64_t n_kv = shape_.n_kv;
@@ -57,14 +67,46 @@ Tensor* StepBuilder::attention(int il, Tensor* q, Tensor* k, Tensor* v) {
   // Views of the stores (not of the cache leafs), so attention is ordered after the writes.
   Tensor* keys = view(g_, k_stored, {cache_k->ne[0], n_kv, cache_k->ne[2], 1}, k_stored->nb, 0);
   Tensor* vals = view(g_, v_stored, {cache_v->ne[0], n_kv, cache_v->ne[2], 1}, v_stored->nb, 0);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hp_.head_dim_k));
-  Tensor* out = flash_attn(g_, permute(g_, q, 0, 2, 1, 3), keys, vals, in_.kq_mask, scale);  // [dv, H, T]
+  const float scale =
+      hp_.attn_scale > 0.0f ? hp_.attn_scale : 1.0f / std::sqrt(static_cast<float>(hp_.head_dim_k));
+  Tensor* mask = hp_.is_swa(static_cast<uint32_t>(il)) ? in_.kq_mask_swa : in_.kq_mask;
+  Tensor* out =
+      flash_attn(g_, permute(g_, q, 0, 2, 1, 3), keys, vals, mask, scale, hp_.attn_softcap);  // [dv, H, T]
   return reshape(g_, out, {static_cast<int64_t>(hp_.head_dim_v) * hp_.n_head, shape_.n_tokens, 1, 1});
 }
 
 Tensor* StepBuilder::ffn_swiglu(const LayerWeights& l, Tensor* x) {
   Tensor* h = swiglu(g_, mul_mat(g_, l.ffn_gate, x), mul_mat(g_, l.ffn_up, x));
   return mul_mat(g_, l.ffn_down, h);
+}
+
+Tensor* StepBuilder::ffn_geglu(const LayerWeights& l, Tensor* x) {
+  Tensor* h = geglu(g_, mul_mat(g_, l.ffn_gate, x), mul_mat(g_, l.ffn_up, x));
+  return mul_mat(g_, l.ffn_down, h);
+}
+
+Tensor* StepBuilder::ffn_moe(const LayerWeights& l, Tensor* x) {
+  if (!x) return nullptr;
+  const int64_t n_embd = x->ne[0], n_tokens = x->ne[1];
+  const int64_t n_expert = hp_.n_expert, n_used = hp_.n_expert_used;
+  Tensor* probs = soft_max(g_, mul_mat(g_, l.ffn_gate_inp, x), nullptr, 1.0f);  // [n_expert, T]
+  Tensor* ids = top_k(g_, probs, static_cast<int>(n_used));                     // i32 [n_used, T]
+  // The chosen experts' probabilities: each token's probabilities become rows of one element, so
+  // get_rows with that token's ids gathers them without leaving the device.
+  Tensor* weights = get_rows(g_, reshape(g_, probs, {1, n_expert, n_tokens, 1}), ids);  // [1, n_used, T]
+  if (hp_.expert_weights_norm) {
+    Tensor* w2 = reshape(g_, weights, {n_used, n_tokens, 1, 1});
+    w2 = div(g_, w2, sum_rows(g_, w2));  // [n_used, T] / [1, T]
+    weights = reshape(g_, w2, {1, n_used, n_tokens, 1});
+  }
+  Tensor* xe = reshape(g_, x, {n_embd, 1, n_tokens, 1});    // every selected expert reads the same row
+  Tensor* gate = mul_mat_id(g_, l.ffn_gate_exps, xe, ids);  // [n_ff_exp, n_used, T]
+  Tensor* up = mul_mat_id(g_, l.ffn_up_exps, xe, ids);
+  Tensor* down = mul_mat_id(g_, l.ffn_down_exps, swiglu(g_, gate, up), ids);  // [n_embd, n_used, T]
+  down = mul(g_, down, weights);
+  // Sum over the experts: with the expert dim innermost (a strided view), one sum_rows reduces it.
+  Tensor* sum = sum_rows(g_, permute(g_, down, 1, 0, 2, 3));  // [1, n_embd, T]
+  return reshape(g_, sum, {n_embd, n_tokens, 1, 1});
 }
 
 Tensor* StepBuilder::select_outputs(Tensor* x) {
@@ -74,6 +116,7 @@ Tensor* StepBuilder::select_outputs(Tensor* x) {
 
 Tensor* StepBuilder::logits(Tensor* x) {
   Tensor* y = linear(w_.output, rms_norm(select_outputs(x), w_.output_norm));
+  if (hp_.final_softcap > 0.0f) y = softcap(g_, y, hp_.final_softcap);
   if (y) y->name = "logits";
   return y;
 }

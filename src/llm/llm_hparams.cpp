@@ -1,6 +1,8 @@
 // Hyperparameters from GGUF metadata. Keys follow the GGUF convention `{arch}.name`; optional keys
 // take the defaults GGUF runtimes use, and every value is range-checked so later size arithmetic
 // cannot overflow on a hostile file.
+#include <cmath>
+
 #include <fmt/format.h>
 
 #include "loom/llm.h"
@@ -15,12 +17,22 @@ const char* arch_name(Arch a) {
       return "qwen2";
     case Arch::qwen3:
       return "qwen3";
+    case Arch::qwen3moe:
+      return "qwen3moe";
+    case Arch::gemma2:
+      return "gemma2";
+    case Arch::gemma3:
+      return "gemma3";
   }
   return "unknown";
 }
 
+namespace {
+constexpr Arch kArchs[] = {Arch::llama, Arch::qwen2, Arch::qwen3, Arch::qwen3moe, Arch::gemma2, Arch::gemma3};
+}  // namespace
+
 std::optional<Arch> arch_from_name(std::string_view name) {
-  for (Arch a : {Arch::llama, Arch::qwen2, Arch::qwen3})
+  for (Arch a : kArchs)
     if (name == arch_name(a)) return a;
   return std::nullopt;
 }
@@ -32,6 +44,7 @@ constexpr uint32_t kMaxDim = 1u << 20;
 constexpr uint32_t kMaxLayers = 4096;
 constexpr uint32_t kMaxHeads = 4096;
 constexpr uint32_t kMaxCtx = 1u << 24;
+constexpr uint32_t kMaxExperts = 4096;
 
 Status out_of_range(const GgufFile& f, const std::string& key, uint64_t v, uint64_t lo, uint64_t hi) {
   return make_error(StatusCode::format_error, "{}: key '{}': value {} is outside [{}, {}]", f.name(), key, v,
@@ -54,15 +67,74 @@ Status get_dim_or(const GgufFile& f, const std::string& key, uint32_t fallback, 
   return get_dim(f, key, hi, out);
 }
 
+// An optional float in [lo, hi]; `out` keeps its value when the key is absent.
+Status get_f32_in(const GgufFile& f, const std::string& key, float lo, float hi, float& out) {
+  if (!f.has(key)) return {};
+  auto v = f.get_f32(key);
+  if (!v) return v.status();
+  if (!(*v >= lo && *v <= hi))
+    return make_error(StatusCode::format_error, "{}: key '{}': value {} is outside [{}, {}]", f.name(), key,
+                      *v, lo, hi);
+  out = *v;
+  return {};
+}
+
+// Gemma 2 and 3: sliding-window layers, soft-capping, the query scale and local RoPE.
+Status read_gemma(const GgufFile& f, const std::string& p, HParams& hp) {
+  const bool gemma2 = hp.arch == Arch::gemma2;
+  // Gemma 2 alternates local and global layers starting with a local one; Gemma 3 has five local
+  // layers per global one. The files carry only the window, not the pattern.
+  hp.swa_period = gemma2 ? 2 : 6;
+  if (f.has(p + "attention.sliding_window")) {
+    auto w = f.get_u32(p + "attention.sliding_window");
+    if (!w) return w.status();
+    if (*w > kMaxCtx) return out_of_range(f, p + "attention.sliding_window", *w, 0, kMaxCtx);
+    hp.n_swa = *w;
+  }
+  // Gemma 2's local layers share the global RoPE; Gemma 3's use base 10000 without scaling.
+  hp.rope_freq_base_swa = gemma2 ? hp.rope_freq_base : 10000.0f;
+  LOOM_TRY(get_f32_in(f, p + "rope.freq_base_swa", 1.0f, 1e12f, hp.rope_freq_base_swa));
+  if (!(hp.rope_freq_base_swa > 1.0f))
+    return make_error(StatusCode::format_error, "{}: {}rope.freq_base_swa {} must be > 1", f.name(), p,
+                      hp.rope_freq_base_swa);
+  // Gemma 2 was trained with both caps; older files lack the keys and mean these values.
+  if (gemma2) {
+    hp.attn_softcap = 50.0f;
+    hp.final_softcap = 30.0f;
+  }
+  LOOM_TRY(get_f32_in(f, p + "attn_logit_softcapping", 0.0f, 1e6f, hp.attn_softcap));
+  LOOM_TRY(get_f32_in(f, p + "final_logit_softcapping", 0.0f, 1e6f, hp.final_softcap));
+  // Queries are scaled by 1/sqrt(query_pre_attn_scalar), which is head_dim for every size except the
+  // 27B models (n_embd / n_head there). GGUF files carry no key for it, so the 27B models are told
+  // apart by their layer count (46 for Gemma 2, 62 for Gemma 3), as llama.cpp does.
+  if (hp.n_layer == (gemma2 ? 46u : 62u))
+    hp.attn_scale = 1.0f / std::sqrt(static_cast<float>(hp.n_embd / hp.n_head));
+  return {};
+}
+
+// Mixture of experts: expert count, experts per token and their FFN width.
+Status read_moe(const GgufFile& f, const std::string& p, HParams& hp) {
+  LOOM_TRY(get_dim(f, p + "expert_count", kMaxExperts, hp.n_expert));
+  LOOM_TRY(get_dim(f, p + "expert_used_count", hp.n_expert, hp.n_expert_used));
+  LOOM_TRY(get_dim(f, p + "expert_feed_forward_length", kMaxDim, hp.n_ff_exp));
+  auto norm = f.get_bool_or(p + "expert_weights_norm", true);
+  if (!norm) return norm.status();
+  hp.expert_weights_norm = *norm;
+  return {};
+}
+
 }  // namespace
 
 Result<HParams> read_hparams(const GgufFile& f) {
   auto arch_str = f.get_string("general.architecture");
   if (!arch_str) return arch_str.status();
   auto arch = arch_from_name(*arch_str);
-  if (!arch)
-    return make_error(StatusCode::unsupported,
-                      "{}: unknown architecture '{}' (supported: llama, qwen2, qwen3)", f.name(), *arch_str);
+  if (!arch) {
+    std::string supported;
+    for (Arch a : kArchs) supported += fmt::format("{}{}", supported.empty() ? "" : ", ", arch_name(a));
+    return make_error(StatusCode::unsupported, "{}: unknown architecture '{}' (supported: {})", f.name(),
+                      *arch_str, supported);
+  }
   HParams hp;
   hp.arch = *arch;
   const std::string p = std::string(*arch_str) + ".";
@@ -70,7 +142,13 @@ Result<HParams> read_hparams(const GgufFile& f) {
   LOOM_TRY(get_dim(f, p + "context_length", kMaxCtx, hp.n_ctx_train));
   LOOM_TRY(get_dim(f, p + "embedding_length", kMaxDim, hp.n_embd));
   LOOM_TRY(get_dim(f, p + "block_count", kMaxLayers, hp.n_layer));
-  LOOM_TRY(get_dim(f, p + "feed_forward_length", kMaxDim, hp.n_ff));
+  if (hp.arch == Arch::qwen3moe) {
+    // Every layer is sparse: the dense width is informational and some files omit it.
+    LOOM_TRY(read_moe(f, p, hp));
+    LOOM_TRY(get_dim_or(f, p + "feed_forward_length", hp.n_ff_exp, kMaxDim, hp.n_ff));
+  } else {
+    LOOM_TRY(get_dim(f, p + "feed_forward_length", kMaxDim, hp.n_ff));
+  }
   LOOM_TRY(get_dim(f, p + "attention.head_count", kMaxHeads, hp.n_head));
   LOOM_TRY(get_dim_or(f, p + "attention.head_count_kv", hp.n_head, kMaxHeads, hp.n_head_kv));
   if (hp.n_head % hp.n_head_kv != 0)
@@ -136,6 +214,8 @@ Result<HParams> read_hparams(const GgufFile& f) {
                       scaling_type);
   }
   LOOM_TRY(get_dim_or(f, p + "rope.scaling.original_context_length", hp.n_ctx_train, kMaxCtx, hp.n_ctx_orig));
+  if (hp.arch == Arch::gemma2 || hp.arch == Arch::gemma3) LOOM_TRY(read_gemma(f, p, hp));
+  if (hp.attn_scale == 0.0f) hp.attn_scale = 1.0f / std::sqrt(static_cast<float>(hp.head_dim_k));
 
   // Vocabulary size: the tokenizer's list when present; token_embd is checked against it later.
   if (const GgufValue* toks = f.find("tokenizer.ggml.tokens"); toks && toks->is_array()) {

@@ -76,13 +76,15 @@ int KvCache::n_kv() const {
   return 0;
 }
 
-void KvCache::fill_mask(std::span<const int32_t> positions, int seq, int n_kv, float* mask) const {
+void KvCache::fill_mask(std::span<const int32_t> positions, int seq, int n_kv, float* mask, int n_swa) const {
   const float neg_inf = -std::numeric_limits<float>::infinity();
   for (size_t i = 0; i < positions.size(); ++i) {
     float* row = mask + i * static_cast<size_t>(n_kv);
     for (int j = 0; j < n_kv; ++j) {
       const Cell& c = cells_[j];
-      row[j] = (c.pos >= 0 && c.seq == seq && c.pos <= positions[i]) ? 0.0f : neg_inf;
+      const bool visible =
+          c.pos >= 0 && c.seq == seq && c.pos <= positions[i] && (n_swa <= 0 || positions[i] - c.pos < n_swa);
+      row[j] = visible ? 0.0f : neg_inf;
     }
   }
 }

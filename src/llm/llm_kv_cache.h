@@ -37,8 +37,9 @@ class KvCache {
   /// One past the highest used cell: how many cells attention must read.
   int n_kv() const;
   /// Mask for queries at `positions` of `seq` over cells [0, n_kv): row i, column j is 0 when cell j
-  /// holds a position <= positions[i] of the sequence, else -inf.
-  void fill_mask(std::span<const int32_t> positions, int seq, int n_kv, float* mask) const;
+  /// holds a position <= positions[i] of the sequence, else -inf. With a sliding window `n_swa` > 0,
+  /// also -inf where positions[i] - position >= n_swa (the cells stay: global layers still read them).
+  void fill_mask(std::span<const int32_t> positions, int seq, int n_kv, float* mask, int n_swa = 0) const;
 
   void clear();
   void seq_rm(int seq, int p0, int p1);

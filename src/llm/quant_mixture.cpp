@@ -1,8 +1,10 @@
+// The per-tensor type rule (see quant_mixture.h for the rules and their sources).
 #include "llm/quant_mixture.h"
 
+#include <algorithm>
+#include <array>
 #include <cctype>
 #include <charconv>
-#include <string>
 
 namespace loom::llm {
 
@@ -15,20 +17,25 @@ struct FileTypeInfo {
   DType base;
 };
 
-constexpr FileTypeInfo kFileTypes[] = {
-    {FileType::f32, "f32", 0, DType::f32},     {FileType::f16, "f16", 1, DType::f16},
-    {FileType::bf16, "bf16", 32, DType::bf16}, {FileType::q8_0, "q8_0", 7, DType::q8_0},
-    {FileType::q4_0, "q4_0", 2, DType::q4_0},  {FileType::q4_k, "q4_K", 14, DType::q4_k},
-    {FileType::q6_k, "q6_K", 18, DType::q6_k}, {FileType::q4_k_m, "q4_K_M", 15, DType::q4_k},
-};
+// In enum order: info_of indexes it.
+constexpr std::array<FileTypeInfo, 8> kFileTypes = {{
+    {FileType::f32, "f32", 0, DType::f32},
+    {FileType::f16, "f16", 1, DType::f16},
+    {FileType::bf16, "bf16", 32, DType::bf16},
+    {FileType::q8_0, "q8_0", 7, DType::q8_0},
+    {FileType::q4_0, "q4_0", 2, DType::q4_0},
+    {FileType::q4_k, "q4_K", 14, DType::q4_k},
+    {FileType::q6_k, "q6_K", 18, DType::q6_k},
+    {FileType::q4_k_m, "q4_K_M", 15, DType::q4_k},
+}};
 
-const FileTypeInfo& info_of(FileType t) {
-  for (const auto& i : kFileTypes)
-    if (i.type == t) return i;
-  return kFileTypes[0];
-}
+constexpr std::array<FileType, 8> kAllFileTypes = {FileType::f32,  FileType::f16,   FileType::bf16,
+                                                   FileType::q8_0, FileType::q4_0,  FileType::q4_k,
+                                                   FileType::q6_k, FileType::q4_k_m};
 
-bool iequals(std::string_view a, std::string_view b) {
+const FileTypeInfo& info_of(FileType t) { return kFileTypes[static_cast<size_t>(t)]; }
+
+bool iequal(std::string_view a, std::string_view b) {
   if (a.size() != b.size()) return false;
   for (size_t i = 0; i < a.size(); ++i)
     if (std::tolower(static_cast<unsigned char>(a[i])) != std::tolower(static_cast<unsigned char>(b[i])))
@@ -36,33 +43,14 @@ bool iequals(std::string_view a, std::string_view b) {
   return true;
 }
 
-// Layer index of "blk.N.xxx", -1 for other names.
-int layer_of(std::string_view name) {
-  if (name.substr(0, 4) != "blk.") return -1;
-  int il = -1;
-  const char* first = name.data() + 4;
-  const char* last = name.data() + name.size();
-  auto [p, ec] = std::from_chars(first, last, il);
-  if (ec != std::errc() || p == last || *p != '.') return -1;
-  return il;
+bool contains(std::string_view s, std::string_view part) { return s.find(part) != std::string_view::npos; }
+bool ends_with(std::string_view s, std::string_view tail) {
+  return s.size() >= tail.size() && s.substr(s.size() - tail.size()) == tail;
 }
 
-bool contains(std::string_view s, std::string_view part) { return s.find(part) != std::string_view::npos; }
-
-// llama.cpp's fallback for rows that K-quant blocks do not divide.
-DType fit_rows(DType t, int64_t ne0) {
-  if (ne0 % dtype_block_size(t) == 0) return t;
-  DType fallback = t;
-  switch (t) {
-    case DType::q4_k:  // llama.cpp: q5_0, which Loom lacks; q8_0 is the nearest type at least as precise
-    case DType::q6_k:
-      fallback = DType::q8_0;
-      break;
-    default:
-      break;
-  }
-  if (ne0 % dtype_block_size(fallback) == 0) return fallback;
-  return DType::f16;
+bool is_output(std::string_view name) { return name == "output.weight"; }
+bool is_token_embd(std::string_view name) {
+  return name == "token_embd.weight" || name == "per_layer_token_embd.weight";
 }
 
 }  // namespace
@@ -70,31 +58,110 @@ DType fit_rows(DType t, int64_t ne0) {
 const char* file_type_name(FileType t) { return info_of(t).name; }
 uint32_t file_type_gguf_id(FileType t) { return info_of(t).gguf_id; }
 DType file_type_base(FileType t) { return info_of(t).base; }
+bool file_type_is_quantized(FileType t) { return dtype_is_quantized(file_type_base(t)); }
+std::span<const FileType> all_file_types() { return kAllFileTypes; }
 
 std::optional<FileType> file_type_from_name(std::string_view name) {
-  for (const auto& i : kFileTypes)
-    if (iequals(name, i.name)) return i.type;
+  for (const FileTypeInfo& f : kFileTypes)
+    if (iequal(name, f.name)) return f.type;
   return std::nullopt;
 }
 
-bool use_more_bits(int i_layer, int n_layer) {
-  return i_layer < n_layer / 8 || i_layer >= 7 * n_layer / 8 || (i_layer - n_layer / 8) % 3 == 2;
+int significant_dims(const Shape& ne) {
+  for (int i = kMaxDims - 1; i > 0; --i)
+    if (ne[static_cast<size_t>(i)] > 1) return i + 1;
+  return 1;
 }
 
-DType tensor_type_for(FileType ft, std::string_view name, const Shape& ne, int n_dims,
-                      const MixtureModelInfo& info) {
-  if (n_dims < 2) return DType::f32;
-  DType t = file_type_base(ft);
-  if (ft == FileType::q4_k_m) {
-    const bool is_output = name == "output.weight" || (!info.has_output && name == "token_embd.weight");
-    if (is_output) {
-      t = ne[0] % kQK_K != 0 ? DType::q8_0 : DType::q6_k;
-    } else if (contains(name, "attn_v.weight") || contains(name, "ffn_down")) {
-      const int il = layer_of(name);
-      if (il >= 0 && use_more_bits(il, info.n_layer)) t = DType::q6_k;
-    }
+int tensor_block_index(std::string_view name) {
+  if (name.substr(0, 4) != "blk.") return -1;
+  int v = -1;
+  const char* first = name.data() + 4;
+  const char* last = name.data() + name.size();
+  auto [ptr, ec] = std::from_chars(first, last, v);
+  if (ec != std::errc() || ptr == first || ptr == last || *ptr != '.') return -1;
+  return v;
+}
+
+bool tensor_is_quantizable(std::string_view name, int n_dims) {
+  if (n_dims < 2 || !ends_with(name, "weight")) return false;
+  // Small or precision-critical tensors llama.cpp keeps as they are; the list covers the
+  // architectures Loom loads (LLaMA-like, MoE, BERT-like embeddings, T5 biases, Gemma 3n).
+  static constexpr std::string_view kKeep[] = {
+      "_norm.weight", "ffn_gate_inp.weight",  "attn_rel_b.weight", "ssm_conv1d", ".position_embd", "altup",
+      "laurel",       "per_layer_model_proj",
+  };
+  for (std::string_view k : kKeep)
+    if (contains(name, k)) return false;
+  return name != "position_embd.weight" && name != "token_types.weight";
+}
+
+bool tensor_is_attn_v_like(std::string_view name) {
+  return contains(name, "attn_v.weight") || contains(name, "attn_qkv.weight") ||
+         contains(name, "attn_kv_b.weight");
+}
+
+bool tensor_is_ffn_down(std::string_view name) { return contains(name, "ffn_down"); }
+
+bool use_more_bits(int layer, int n_layers) {
+  return layer < n_layers / 8 || layer >= 7 * n_layers / 8 || (layer - n_layers / 8) % 3 == 2;
+}
+
+DType choose_quant_type(std::string_view name, int layer, int n_layers, FileType ft,
+                        const MixtureModelInfo& info) {
+  const DType base = file_type_base(ft);
+  // llama.cpp applies its rules only when the target is a quantized type.
+  if (!file_type_is_quantized(ft)) return base;
+  // The output matrix (or the embedding standing in for it) is the most sensitive tensor.
+  if (is_output(name) || (info.tied_embeddings && is_token_embd(name)))
+    return base == DType::q8_0 ? DType::q8_0 : DType::q6_k;
+  if (is_token_embd(name)) return base;
+  if (tensor_is_attn_v_like(name)) {
+    if (info.n_expert == 8) return DType::q8_0;  // 8 experts share attention: ~128 MB more for Mixtral
+    if (ft == FileType::q4_k_m && use_more_bits(layer, n_layers)) return DType::q6_k;
+    return base;
   }
-  return fit_rows(t, ne[0]);
+  if (contains(name, "attn_k.weight")) return info.n_expert == 8 ? DType::q8_0 : base;
+  if (tensor_is_ffn_down(name) && ft == FileType::q4_k_m && use_more_bits(layer, n_layers))
+    return DType::q6_k;
+  return base;
+}
+
+DType fallback_quant_type(DType t, int64_t ne0) {
+  if (ne0 % dtype_block_size(t) == 0) return t;
+  if ((t == DType::q4_k || t == DType::q6_k) && ne0 % dtype_block_size(DType::q8_0) == 0) return DType::q8_0;
+  return DType::f16;
+}
+
+std::vector<TensorTypeChoice> choose_tensor_types(FileType ft, std::span<const MixtureTensor> tensors,
+                                                  const MixtureModelInfo& info) {
+  // llama.cpp counts the attn_v-like tensors up front: their count is the counter's n.
+  int n_attn_v = 0;
+  for (const MixtureTensor& t : tensors) n_attn_v += tensor_is_attn_v_like(t.name);
+
+  std::vector<TensorTypeChoice> out;
+  out.reserve(tensors.size());
+  int i_attn_v = 0, i_ffn_down = 0;
+  for (const MixtureTensor& t : tensors) {
+    TensorTypeChoice c;
+    c.quantizable = tensor_is_quantizable(t.name, significant_dims(t.ne));
+    if (c.quantizable) {
+      int layer = 0, n_layers = info.n_layer;
+      if (tensor_is_attn_v_like(t.name)) {
+        layer = i_attn_v++;
+        n_layers = n_attn_v;
+      } else if (tensor_is_ffn_down(t.name)) {
+        // MoE files need not hold expert tensors in block order, so llama.cpp reads the block
+        // index from the name there.
+        layer = info.n_expert > 1 ? std::max(0, tensor_block_index(t.name)) : i_ffn_down;
+        ++i_ffn_down;
+      }
+      c.wanted = choose_quant_type(t.name, layer, n_layers, ft, info);
+      c.type = fallback_quant_type(c.wanted, t.ne[0]);
+    }
+    out.push_back(c);
+  }
+  return out;
 }
 
 }  // namespace loom::llm

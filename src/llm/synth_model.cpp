@@ -19,17 +19,40 @@ namespace loom::llm {
 namespace {
 
 // name, arch, vocab, embd, layers, heads, kv heads, head dim, ffn, ctx, rope base, eps, tied, qkv bias,
-// qk norm, llama3 rope factor
+// qk norm, llama3 rope factor, experts, experts used, expert ffn, sliding window, attention soft-cap,
+// final soft-cap, linear rope factor
+// clang-format off
 constexpr SynthShape kShapes[] = {
     {"llama3-1b", Arch::llama, 128256, 2048, 16, 32, 8, 64, 8192, 131072, 500000.0f, 1e-5f, true, false,
-     false, 32.0f},
+     false, 32.0f, 0, 0, 0, 0, 0.0f, 0.0f, 0.0f},
     {"llama3-8b", Arch::llama, 128256, 4096, 32, 32, 8, 128, 14336, 131072, 500000.0f, 1e-5f, false, false,
-     false, 8.0f},
-    {"small", Arch::llama, 2048, 256, 4, 8, 4, 32, 768, 1024, 10000.0f, 1e-5f, false, false, false, 0.0f},
-    {"tiny", Arch::llama, 512, 128, 2, 4, 2, 32, 384, 512, 10000.0f, 1e-5f, false, false, false, 0.0f},
-    {"qwen2-tiny", Arch::qwen2, 512, 128, 2, 4, 2, 32, 384, 512, 1000000.0f, 1e-6f, true, true, false, 0.0f},
-    {"qwen3-tiny", Arch::qwen3, 512, 128, 2, 4, 2, 64, 384, 512, 1000000.0f, 1e-6f, false, false, true, 0.0f},
+     false, 8.0f, 0, 0, 0, 0, 0.0f, 0.0f, 0.0f},
+    {"small", Arch::llama, 2048, 256, 4, 8, 4, 32, 768, 1024, 10000.0f, 1e-5f, false, false, false, 0.0f, 0, 0,
+     0, 0, 0.0f, 0.0f, 0.0f},
+    {"tiny", Arch::llama, 512, 128, 2, 4, 2, 32, 384, 512, 10000.0f, 1e-5f, false, false, false, 0.0f, 0, 0, 0,
+     0, 0.0f, 0.0f, 0.0f},
+    {"qwen2-tiny", Arch::qwen2, 512, 128, 2, 4, 2, 32, 384, 512, 1000000.0f, 1e-6f, true, true, false, 0.0f, 0,
+     0, 0, 0, 0.0f, 0.0f, 0.0f},
+    {"qwen3-tiny", Arch::qwen3, 512, 128, 2, 4, 2, 64, 384, 512, 1000000.0f, 1e-6f, false, false, true, 0.0f,
+     0, 0, 0, 0, 0.0f, 0.0f, 0.0f},
+    {"qwen3moe-tiny", Arch::qwen3moe, 512, 128, 2, 4, 2, 64, 384, 512, 1000000.0f, 1e-6f, false, false, true,
+     0.0f, 8, 2, 64, 0, 0.0f, 0.0f, 0.0f},
+    // Gemma 2: local layers 0 and 2, global layer 1; Gemma 2's caps.
+    {"gemma2-tiny", Arch::gemma2, 512, 128, 3, 4, 2, 64, 384, 512, 10000.0f, 1e-6f, true, false, false, 0.0f,
+     0, 0, 0, 4, 50.0f, 30.0f, 0.0f},
+    // Gemma 3: local layers 0-4, global layer 5 with linear RoPE scaling as in the 4B+ models.
+    {"gemma3-tiny", Arch::gemma3, 512, 128, 6, 4, 2, 64, 384, 512, 1000000.0f, 1e-6f, true, false, true, 0.0f,
+     0, 0, 0, 4, 0.0f, 0.0f, 8.0f},
 };
+// clang-format on
+
+bool is_gemma(Arch a) { return a == Arch::gemma2 || a == Arch::gemma3; }
+
+int64_t rows_of(const std::vector<int64_t>& ne) {
+  int64_t rows = 1;
+  for (size_t i = 1; i < ne.size(); ++i) rows *= ne[i];
+  return rows;
+}
 
 uint64_t splitmix64(uint64_t& state) {
   uint64_t z = (state += 0x9E3779B97F4A7C15ull);
@@ -91,16 +114,28 @@ void generate_rows(const PlannedTensor& t, uint64_t seed, int64_t r0, int64_t r1
   }
 }
 
+// The mixture rule over the whole list (its counters run in file order); tensors it does not
+// quantize (norms, biases, rope factors) are written as f32.
+void assign_types(std::vector<PlannedTensor>& tensors, FileType ft, const MixtureModelInfo& info) {
+  std::vector<MixtureTensor> seen;
+  for (const PlannedTensor& t : tensors) {
+    MixtureTensor m{t.name, {1, 1, 1, 1}};
+    std::copy(t.ne.begin(), t.ne.end(), m.ne.begin());
+    seen.push_back(m);
+  }
+  const std::vector<TensorTypeChoice> choices = choose_tensor_types(ft, seen, info);
+  for (size_t i = 0; i < tensors.size(); ++i)
+    tensors[i].type = choices[i].quantizable ? choices[i].type : DType::f32;
+}
+
 std::vector<PlannedTensor> plan_tensors(const SynthShape& s, FileType ft) {
   MixtureModelInfo info;
   info.n_layer = s.n_layer;
-  info.has_output = !s.tied_output;
+  info.tied_embeddings = s.tied_output;
+  info.n_expert = s.n_expert;
   std::vector<PlannedTensor> out;
   auto add = [&](std::string name, std::vector<int64_t> ne, Init init) {
-    Shape shape{1, 1, 1, 1};
-    for (size_t i = 0; i < ne.size(); ++i) shape[i] = ne[i];
-    const DType type = tensor_type_for(ft, name, shape, static_cast<int>(ne.size()), info);
-    out.push_back({std::move(name), std::move(ne), type, init, {}});
+    out.push_back({std::move(name), std::move(ne), DType::f32, init, {}});  // type: assign_types
   };
   const int64_t q_dim = static_cast<int64_t>(s.head_dim) * s.n_head;
   const int64_t kv_dim = static_cast<int64_t>(s.head_dim) * s.n_head_kv;
@@ -128,13 +163,23 @@ std::vector<PlannedTensor> plan_tensors(const SynthShape& s, FileType ft) {
       add(n("attn_k_norm.weight"), {s.head_dim}, Init::norm);
     }
     add(n("attn_output.weight"), {q_dim, s.n_embd}, Init::matrix);
+    if (is_gemma(s.arch)) add(n("post_attention_norm.weight"), {s.n_embd}, Init::norm);
     add(n("ffn_norm.weight"), {s.n_embd}, Init::norm);
-    add(n("ffn_gate.weight"), {s.n_embd, s.n_ff}, Init::matrix);
-    add(n("ffn_up.weight"), {s.n_embd, s.n_ff}, Init::matrix);
-    add(n("ffn_down.weight"), {s.n_ff, s.n_embd}, Init::matrix);
+    if (s.n_expert > 0) {
+      add(n("ffn_gate_inp.weight"), {s.n_embd, s.n_expert}, Init::matrix);
+      add(n("ffn_gate_exps.weight"), {s.n_embd, s.n_ff_exp, s.n_expert}, Init::matrix);
+      add(n("ffn_up_exps.weight"), {s.n_embd, s.n_ff_exp, s.n_expert}, Init::matrix);
+      add(n("ffn_down_exps.weight"), {s.n_ff_exp, s.n_embd, s.n_expert}, Init::matrix);
+    } else {
+      add(n("ffn_gate.weight"), {s.n_embd, s.n_ff}, Init::matrix);
+      add(n("ffn_up.weight"), {s.n_embd, s.n_ff}, Init::matrix);
+      add(n("ffn_down.weight"), {s.n_ff, s.n_embd}, Init::matrix);
+    }
+    if (is_gemma(s.arch)) add(n("post_ffw_norm.weight"), {s.n_embd}, Init::norm);
   }
   add("output_norm.weight", {s.n_embd}, Init::norm);
   if (!s.tied_output) add("output.weight", {s.n_embd, s.n_vocab}, Init::matrix);
+  assign_types(out, ft, info);
   return out;
 }
 
@@ -156,6 +201,19 @@ Status add_metadata(GgufWriter& w, const SynthShape& s, FileType ft) {
   LOOM_TRY(w.add_f32(a + ".rope.freq_base", s.rope_base));
   LOOM_TRY(w.add_u32(a + ".rope.dimension_count", static_cast<uint32_t>(s.head_dim)));
   LOOM_TRY(w.add_u32(a + ".vocab_size", static_cast<uint32_t>(s.n_vocab)));
+  if (s.n_expert > 0) {
+    LOOM_TRY(w.add_u32(a + ".expert_count", static_cast<uint32_t>(s.n_expert)));
+    LOOM_TRY(w.add_u32(a + ".expert_used_count", static_cast<uint32_t>(s.n_expert_used)));
+    LOOM_TRY(w.add_u32(a + ".expert_feed_forward_length", static_cast<uint32_t>(s.n_ff_exp)));
+  }
+  if (s.sliding_window > 0)
+    LOOM_TRY(w.add_u32(a + ".attention.sliding_window", static_cast<uint32_t>(s.sliding_window)));
+  if (s.attn_softcap > 0.0f) LOOM_TRY(w.add_f32(a + ".attn_logit_softcapping", s.attn_softcap));
+  if (s.final_softcap > 0.0f) LOOM_TRY(w.add_f32(a + ".final_logit_softcapping", s.final_softcap));
+  if (s.rope_linear_factor > 0.0f) {
+    LOOM_TRY(w.add_string(a + ".rope.scaling.type", "linear"));
+    LOOM_TRY(w.add_f32(a + ".rope.scaling.factor", s.rope_linear_factor));
+  }
 
   const SynthVocab v = make_synth_vocab(s.n_vocab);
   LOOM_TRY(w.add_string("tokenizer.ggml.model", "gpt2"));
@@ -205,7 +263,7 @@ Status write_synth_model(const std::string& path, const SynthShape& shape, FileT
   const std::vector<PlannedTensor> tensors = plan_tensors(shape, ft);
   uint64_t total = 0;
   for (const PlannedTensor& t : tensors)
-    total += dtype_row_size(t.type, t.ne[0]) * static_cast<uint64_t>(t.ne.size() > 1 ? t.ne[1] : 1);
+    total += dtype_row_size(t.type, t.ne[0]) * static_cast<uint64_t>(rows_of(t.ne));
   const int n_threads = options.n_threads > 0
                             ? options.n_threads
                             : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -215,7 +273,7 @@ Status write_synth_model(const std::string& path, const SynthShape& shape, FileT
     const uint64_t seed = options.seed;
     LOOM_TRY(w.add_tensor(
         t.name, t.type, t.ne, [&t, seed, n_threads, progress, done, total](std::span<uint8_t> dst) {
-          const int64_t rows = t.ne.size() > 1 ? t.ne[1] : 1;
+          const int64_t rows = rows_of(t.ne);
           // Rows in chunks handed out by a counter: quantizing a 128256-row embedding is the bulk of the
           // work.
           std::atomic<int64_t> next{0};

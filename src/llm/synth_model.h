@@ -37,9 +37,17 @@ struct SynthShape {
   bool qkv_bias;             ///< attn_q/k/v.bias (qwen2)
   bool qk_norm;              ///< attn_q_norm / attn_k_norm (qwen3)
   float llama3_rope_factor;  ///< > 0: a rope_freqs.weight tensor as Llama 3.1+ files carry
+  int n_expert;              ///< > 0: every FFN is a mixture of experts (qwen3moe)
+  int n_expert_used;         ///< experts per token
+  int n_ff_exp;              ///< width of each expert
+  int sliding_window;        ///< > 0: attention.sliding_window (gemma's local layers)
+  float attn_softcap;        ///< > 0: attn_logit_softcapping
+  float final_softcap;       ///< > 0: final_logit_softcapping
+  float rope_linear_factor;  ///< > 0: rope.scaling.type linear with this factor (gemma3's global layers)
 };
 
-/// llama3-1b, llama3-8b, small, tiny, qwen2-tiny, qwen3-tiny.
+/// llama3-1b, llama3-8b, small, tiny, qwen2-tiny, qwen3-tiny, qwen3moe-tiny, gemma2-tiny, gemma3-tiny.
+/// The gemma shapes have a window of 4 positions so that short prompts reach past it.
 std::span<const SynthShape> synth_shapes();
 const SynthShape* find_synth_shape(std::string_view name);
 

@@ -14,14 +14,24 @@
 #include <set>
 
 #include "gguf_info.h"
+#include "llm/quant_mixture.h"
 #include "loom/gguf.h"
-#include "quantize_mixture.h"
 #include "quantize_model.h"
 
 namespace loom::app {
 namespace {
 
 namespace fs = std::filesystem;
+using llm::choose_quant_type;
+using llm::fallback_quant_type;
+using llm::file_type_base;
+using llm::file_type_from_name;
+using llm::file_type_gguf_id;
+using llm::file_type_is_quantized;
+using llm::file_type_name;
+using llm::FileType;
+using llm::tensor_is_quantizable;
+using llm::use_more_bits;
 
 constexpr int kLayers = 8;
 constexpr int64_t kEmbd = 256;
@@ -205,8 +215,8 @@ void check_output(const TestModel& m, const GgufFile& out, const std::map<std::s
 }
 
 // The types the rule gives the test model, written out by hand from llama.cpp's rules.
-std::map<std::string, DType> expected_types(const TestModel& m, QuantFtype f, bool tied = false) {
-  const DType base = quant_ftype_base_type(f);
+std::map<std::string, DType> expected_types(const TestModel& m, FileType f, bool tied = false) {
+  const DType base = file_type_base(f);
   const std::set<int> more_bits = {0, 3, 6, 7};  // n = 8: i < 1, i >= 7, (i - 1) % 3 == 2
   std::map<std::string, DType> e;
   for (const TestModel::Tensor& t : m.tensors) {
@@ -220,7 +230,7 @@ std::map<std::string, DType> expected_types(const TestModel& m, QuantFtype f, bo
       d = (base == DType::q4_k || base == DType::q6_k) ? DType::q8_0 : base;
     } else if (n == "blk.0.ffn_tiny.weight") {
       d = DType::f16;
-    } else if (f == QuantFtype::q4_k_m &&
+    } else if (f == FileType::q4_k_m &&
                (n.find("attn_v") != std::string::npos || n.find("ffn_down") != std::string::npos)) {
       const int layer = std::stoi(n.substr(4));
       d = more_bits.count(layer) ? DType::q6_k : DType::q4_k;
@@ -245,10 +255,10 @@ TEST(QuantMixture, UseMoreBits) {
 }
 
 TEST(QuantMixture, ChooseTypes) {
-  const QuantFtype m = QuantFtype::q4_k_m;
+  const FileType m = FileType::q4_k_m;
   EXPECT_EQ(choose_quant_type("output.weight", 0, 32, m), DType::q6_k);
-  EXPECT_EQ(choose_quant_type("output.weight", 0, 32, QuantFtype::q8_0), DType::q8_0);
-  EXPECT_EQ(choose_quant_type("output.weight", 0, 32, QuantFtype::q4_0), DType::q6_k);
+  EXPECT_EQ(choose_quant_type("output.weight", 0, 32, FileType::q8_0), DType::q8_0);
+  EXPECT_EQ(choose_quant_type("output.weight", 0, 32, FileType::q4_0), DType::q6_k);
   EXPECT_EQ(choose_quant_type("token_embd.weight", 0, 32, m), DType::q4_k);
   EXPECT_EQ(choose_quant_type("token_embd.weight", 0, 32, m, {.tied_embeddings = true}), DType::q6_k);
   EXPECT_EQ(choose_quant_type("blk.6.attn_v.weight", 6, 32, m), DType::q6_k);
@@ -258,7 +268,7 @@ TEST(QuantMixture, ChooseTypes) {
   EXPECT_EQ(choose_quant_type("blk.10.ffn_down.weight", 10, 32, m), DType::q4_k);
   EXPECT_EQ(choose_quant_type("blk.0.ffn_up.weight", 0, 32, m), DType::q4_k);
   EXPECT_EQ(choose_quant_type("blk.0.attn_q.weight", 0, 32, m), DType::q4_k);
-  EXPECT_EQ(choose_quant_type("blk.0.attn_v.weight", 0, 32, QuantFtype::q4_k), DType::q4_k)
+  EXPECT_EQ(choose_quant_type("blk.0.attn_v.weight", 0, 32, FileType::q4_k), DType::q4_k)
       << "plain q4_K: no mixture";
   EXPECT_EQ(choose_quant_type("blk.5.attn_k.weight", 5, 32, m, {.n_expert = 8}), DType::q8_0);
   EXPECT_EQ(choose_quant_type("blk.5.attn_v.weight", 5, 32, m, {.n_expert = 8}), DType::q8_0);
@@ -280,17 +290,17 @@ TEST(QuantMixture, ChooseTypes) {
 }
 
 TEST(QuantMixture, FtypeNames) {
-  EXPECT_EQ(quant_ftype_from_name("q4_K_M"), QuantFtype::q4_k_m);
-  EXPECT_EQ(quant_ftype_from_name("Q4_K_M"), QuantFtype::q4_k_m);
-  EXPECT_EQ(quant_ftype_from_name("q8_0"), QuantFtype::q8_0);
-  EXPECT_EQ(quant_ftype_from_name("q6_k"), QuantFtype::q6_k);
-  EXPECT_FALSE(quant_ftype_from_name("q5_K").has_value());
-  EXPECT_FALSE(quant_ftype_from_name("").has_value());
-  EXPECT_FALSE(quant_ftype_from_name("f16").has_value());
-  EXPECT_EQ(quant_ftype_file_type(QuantFtype::q4_k_m), 15u);
-  EXPECT_EQ(quant_ftype_file_type(QuantFtype::q8_0), 7u);
-  EXPECT_EQ(quant_ftype_file_type(QuantFtype::q4_0), 2u);
-  EXPECT_EQ(quant_ftype_file_type(QuantFtype::q6_k), 18u);
+  EXPECT_EQ(file_type_from_name("q4_K_M"), FileType::q4_k_m);
+  EXPECT_EQ(file_type_from_name("Q4_K_M"), FileType::q4_k_m);
+  EXPECT_EQ(file_type_from_name("q8_0"), FileType::q8_0);
+  EXPECT_EQ(file_type_from_name("q6_k"), FileType::q6_k);
+  EXPECT_FALSE(file_type_from_name("q5_K").has_value());
+  EXPECT_FALSE(file_type_from_name("").has_value());
+  EXPECT_FALSE(file_type_is_quantized(*file_type_from_name("f16"))) << "loom quantize rejects float types";
+  EXPECT_EQ(file_type_gguf_id(FileType::q4_k_m), 15u);
+  EXPECT_EQ(file_type_gguf_id(FileType::q8_0), 7u);
+  EXPECT_EQ(file_type_gguf_id(FileType::q4_0), 2u);
+  EXPECT_EQ(file_type_gguf_id(FileType::q6_k), 18u);
 }
 
 // ---- whole files --------------------------------------------------------------------------------------
@@ -308,7 +318,7 @@ TEST_F(QuantizeCmd, Q4KMMixtureValuesAndMetadata) {
     EXPECT_LE(p.bytes_done, p.bytes_total);
     ++progress_calls;
   };
-  auto r = quantize_gguf(in, out, QuantFtype::q4_k_m, opts);
+  auto r = quantize_gguf(in, out, FileType::q4_k_m, opts);
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_EQ(progress_calls, 2 * model_.tensors.size());
   EXPECT_EQ(r->n_threads, 3);
@@ -316,7 +326,7 @@ TEST_F(QuantizeCmd, Q4KMMixtureValuesAndMetadata) {
 
   auto f = GgufFile::open(out);
   ASSERT_TRUE(f.ok()) << f.status().to_string();
-  check_output(model_, *f, expected_types(model_, QuantFtype::q4_k_m));
+  check_output(model_, *f, expected_types(model_, FileType::q4_k_m));
 
   auto src = GgufFile::open(in);
   ASSERT_TRUE(src.ok());
@@ -339,15 +349,15 @@ TEST_F(QuantizeCmd, Q4KMMixtureValuesAndMetadata) {
 
 TEST_F(QuantizeCmd, SingleTypes) {
   const std::string in = model();
-  for (QuantFtype f : {QuantFtype::q8_0, QuantFtype::q4_0, QuantFtype::q4_k, QuantFtype::q6_k}) {
-    SCOPED_TRACE(quant_ftype_name(f));
-    const std::string out = path(std::string("out-") + quant_ftype_name(f) + ".gguf");
+  for (FileType f : {FileType::q8_0, FileType::q4_0, FileType::q4_k, FileType::q6_k}) {
+    SCOPED_TRACE(file_type_name(f));
+    const std::string out = path(std::string("out-") + file_type_name(f) + ".gguf");
     auto r = quantize_gguf(in, out, f, {.n_threads = 2, .on_tensor = {}});
     ASSERT_TRUE(r.ok()) << r.status().to_string();
     auto g = GgufFile::open(out);
     ASSERT_TRUE(g.ok());
     check_output(model_, *g, expected_types(model_, f));
-    EXPECT_EQ(*g->get_u32("general.file_type"), quant_ftype_file_type(f));
+    EXPECT_EQ(*g->get_u32("general.file_type"), file_type_gguf_id(f));
   }
 }
 
@@ -356,18 +366,18 @@ TEST_F(QuantizeCmd, TiedEmbeddingsGetTheOutputType) {
   o.with_output = false;
   const std::string in = model(o);
   const std::string out = path("out.gguf");
-  auto r = quantize_gguf(in, out, QuantFtype::q4_k_m);
+  auto r = quantize_gguf(in, out, FileType::q4_k_m);
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   auto g = GgufFile::open(out);
   ASSERT_TRUE(g.ok());
   EXPECT_EQ(g->find_tensor("token_embd.weight")->dtype, DType::q6_k);
-  check_output(model_, *g, expected_types(model_, QuantFtype::q4_k_m, /*tied=*/true));
+  check_output(model_, *g, expected_types(model_, FileType::q4_k_m, /*tied=*/true));
 }
 
 TEST_F(QuantizeCmd, ThreadCountDoesNotChangeBytes) {
   const std::string in = model();
-  ASSERT_TRUE(quantize_gguf(in, path("a.gguf"), QuantFtype::q4_k_m, {.n_threads = 1, .on_tensor = {}}).ok());
-  ASSERT_TRUE(quantize_gguf(in, path("b.gguf"), QuantFtype::q4_k_m, {.n_threads = 7, .on_tensor = {}}).ok());
+  ASSERT_TRUE(quantize_gguf(in, path("a.gguf"), FileType::q4_k_m, {.n_threads = 1, .on_tensor = {}}).ok());
+  ASSERT_TRUE(quantize_gguf(in, path("b.gguf"), FileType::q4_k_m, {.n_threads = 7, .on_tensor = {}}).ok());
   auto read = [](const std::string& p) {
     std::ifstream f(p, std::ios::binary);
     return std::vector<char>(std::istreambuf_iterator<char>(f), {});
@@ -379,23 +389,30 @@ TEST_F(QuantizeCmd, ThreadCountDoesNotChangeBytes) {
 
 TEST_F(QuantizeCmd, Errors) {
   const std::string in = model();
-  auto r = quantize_gguf(path("missing.gguf"), path("o.gguf"), QuantFtype::q8_0);
+  auto r = quantize_gguf(path("missing.gguf"), path("o.gguf"), FileType::q8_0);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::io_error);
 
-  r = quantize_gguf(in, in, QuantFtype::q8_0);
+  r = quantize_gguf(in, in, FileType::q8_0);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::invalid_argument);
   EXPECT_TRUE(GgufFile::open(in).ok()) << "the input is untouched";
 
-  r = quantize_gguf(in, path("no/such/dir/o.gguf"), QuantFtype::q8_0);
+  r = quantize_gguf(in, path("no/such/dir/o.gguf"), FileType::q8_0);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::io_error);
+
+  // float file types are gen-model's, not quantize's
+  r = quantize_gguf(in, path("o.gguf"), FileType::f16);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::invalid_argument);
+  EXPECT_NE(r.status().message().find("'f16' is not one"), std::string::npos) << r.status().message();
+  EXPECT_FALSE(fs::exists(path("o.gguf")));
 
   // not a GGUF file
   const std::string junk = path("junk.gguf");
   std::ofstream(junk) << "this is not a model";
-  r = quantize_gguf(junk, path("o.gguf"), QuantFtype::q8_0);
+  r = quantize_gguf(junk, path("o.gguf"), FileType::q8_0);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::format_error);
   EXPECT_FALSE(fs::exists(path("o.gguf")));
@@ -406,7 +423,7 @@ TEST_F(QuantizeCmd, RejectsNaNWeightsNamingTheElement) {
   o.nan_in = 1.0f;
   const std::string in = model(o);
   const std::string out = path("out.gguf");
-  auto r = quantize_gguf(in, out, QuantFtype::q4_k, {.n_threads = 4, .on_tensor = {}});
+  auto r = quantize_gguf(in, out, FileType::q4_k, {.n_threads = 4, .on_tensor = {}});
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::invalid_argument);
   EXPECT_NE(r.status().message().find("tensor 'blk.2.ffn_up.weight': row 3 column 17 is nan"),
@@ -421,19 +438,19 @@ TEST_F(QuantizeCmd, RejectsQuantizedInputAndSplitFiles) {
   ModelOptions o;
   o.quantized_q = true;
   std::string in = model(o);
-  auto r = quantize_gguf(in, path("o.gguf"), QuantFtype::q4_k_m);
+  auto r = quantize_gguf(in, path("o.gguf"), FileType::q4_k_m);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::unsupported);
   EXPECT_NE(r.status().message().find("'blk.3.attn_q.weight' is q8_0"), std::string::npos)
       << r.status().message();
   // the same type needs no conversion: q8_0 -> q8_0 is a copy
-  r = quantize_gguf(in, path("o.gguf"), QuantFtype::q8_0);
+  r = quantize_gguf(in, path("o.gguf"), FileType::q8_0);
   EXPECT_TRUE(r.ok()) << r.status().to_string();
 
   ModelOptions s;
   s.split = true;
   in = model(s);
-  r = quantize_gguf(in, path("o2.gguf"), QuantFtype::q8_0);
+  r = quantize_gguf(in, path("o2.gguf"), FileType::q8_0);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::unsupported);
   EXPECT_NE(r.status().message().find("split"), std::string::npos);
@@ -444,7 +461,7 @@ TEST_F(QuantizeCmd, RejectsQuantizedInputAndSplitFiles) {
 TEST_F(QuantizeCmd, InfoDescribesMetadataTensorsAndTotals) {
   const std::string in = model();
   const std::string out = path("out.gguf");
-  ASSERT_TRUE(quantize_gguf(in, out, QuantFtype::q4_k_m).ok());
+  ASSERT_TRUE(quantize_gguf(in, out, FileType::q4_k_m).ok());
   auto f = GgufFile::open(out);
   ASSERT_TRUE(f.ok());
   const std::string text = describe_gguf(*f, 3);

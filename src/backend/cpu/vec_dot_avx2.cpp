@@ -10,6 +10,7 @@
 
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 
+#include <algorithm>
 #include <immintrin.h>
 
 namespace loom::cpu {
@@ -369,7 +370,8 @@ inline void round_32(const float* x, float id, int8_t* q) {
 void from_float_q8_0(const float* x, void* yv, int64_t n) {
   auto y = static_cast<BlockQ8_0*>(yv);
   for (int64_t b = 0; b < n / kQK8_0; ++b, x += kQK8_0) {
-    const float d = abs_max(x, kQK8_0) / 127.0f;
+    // capped at f16's largest value like the scalar quantizer, so both give identical blocks
+    const float d = std::min(abs_max(x, kQK8_0) / 127.0f, 65504.0f);
     const float id = d > 0.0f ? 1.0f / d : 0.0f;
     y[b].d = f32_to_f16(d);
     round_32(x, id, y[b].qs);

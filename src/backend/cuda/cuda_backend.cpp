@@ -105,7 +105,11 @@ CudaError run_node(const LaunchContext& ctx, const Tensor* t) {
 
 bool is_k_quant(DType t) { return t == DType::q4_k || t == DType::q6_k; }
 
-size_t scratch_bytes(const Tensor& t) { return t.op == OpKind::mul_mat ? mul_mat_scratch_bytes(&t) : 0; }
+size_t scratch_bytes(const Tensor& t) {
+  if (t.op == OpKind::mul_mat) return mul_mat_scratch_bytes(&t);
+  if (t.op == OpKind::mul_mat_id) return mul_mat_id_scratch_bytes(&t);
+  return 0;
+}
 
 class CudaBackend final : public Backend {
  public:

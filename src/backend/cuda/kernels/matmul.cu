@@ -8,22 +8,39 @@
 // - f32/f16/bf16 weights and more than kMatVecMaxCols columns: b is packed into scratch in the
 //   weights' type and cublasGemmStridedBatchedEx runs with f32 accumulation and f32 output
 //   (CUBLAS_COMPUTE_32F without TF32, so f32 weights give true f32 products).
-// - everything else: mul_mat_vec_kernel, one warp per output row and up to kMatVecMaxCols
-//   columns, dequantizing each weight once per column tile and accumulating in float.
-//   Bytes model for one column: the weight matrix is read once (m * row_size bytes), so a
-//   decode step is bandwidth-bound; with many columns the weights are re-read n / 8 times
-//   (correct first: a tiled quantized GEMM is future work).
+// - f32/f16/bf16 weights otherwise: mul_mat_vec_kernel, one warp per output row and up to
+//   kMatVecMaxCols columns, accumulating in float.
+// - quantized weights (q8_0, q4_0, q4_K, q6_K): b's rows are first quantized into scratch exactly
+//   as the CPU backend quantizes them (q8_0 blocks for q8_0/q4_0 weights, q8_K blocks for the
+//   K-quants; see quantize_act.cuh), then mul_mat_q8_kernel sums each block's products in integers
+//   (dp4a), one warp per output row and up to kMatVecMaxCols columns, kParts lanes per weight
+//   block. Multiplying dequantized weights by f32 activations instead left whole-model logits
+//   NMSE 5e-4..1e-3 away from the CPU backend's on the H200; with the same quantized activations
+//   the two differ only in the order of float accumulation.
+//   Bytes model for one column: the weight matrix is read once (m * row_size bytes) plus the
+//   quantized column (~1.1 * k bytes, from L1/L2 for every row), so a decode step is
+//   bandwidth-bound; with many columns the weights are re-read n / 8 times (from L2 for matrices
+//   that fit; a tiled quantized GEMM is future work).
 #include <algorithm>
+#include <cstddef>
 #include <type_traits>
 
 #include "backend/cuda/kernels/common.cuh"
 #include "backend/cuda/kernels/matmul.cuh"
 #include "backend/cuda/kernels/quant.cuh"
+#include "backend/cuda/kernels/quantize_act.cuh"
 #include "loom/dtype.h"
 
 namespace loom::cuda {
 
 namespace {
+
+// The device formats must be GGUF's and the CPU backend's (loom/dtype.h).
+static_assert(DotQ8_0::kBytes == sizeof(BlockQ8_0) && DotQ8_0::kBlock == kQK8_0);
+static_assert(DotQ4_0::kBytes == sizeof(BlockQ4_0) && DotQ4_0::kBlock == kQK4_0);
+static_assert(DotQ4_K::kBytes == sizeof(BlockQ4_K) && DotQ4_K::kBlock == kQK_K);
+static_assert(DotQ6_K::kBytes == sizeof(BlockQ6_K) && DotQ6_K::kBlock == kQK_K);
+static_assert(sizeof(ActQ8_K) == sizeof(BlockQ8_K) && offsetof(ActQ8_K, bsums) == offsetof(BlockQ8_K, bsums));
 
 constexpr int kMatVecMaxCols = 8;
 constexpr int kMatVecWarps = 4;  // rows per block
@@ -87,6 +104,142 @@ __global__ void mul_mat_id_kernel(TensorDesc dst, TensorDesc as, TensorDesc b, T
   }
 }
 
+// ---- quantized weights ------------------------------------------------------------------------------
+
+// Quantizes every row of b (f32, any strides) into q8_0 blocks, rows in (i1, i2, i3) order, k / 32
+// blocks each: one warp per block, lane l taking element l.
+__global__ void quantize_q8_0_kernel(ActQ8_0* out, TensorDesc b) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t per_row = b.ne[0] / 32, total = nrows(b) * per_row;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / kWarpSize);
+  for (int64_t g = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpSize; g < total;
+       g += warps) {
+    int64_t i1, i2, i3;
+    split_row(g / per_row, b.ne[1], b.ne[2], i1, i2, i3);
+    const float x = *reinterpret_cast<const float*>(element_ptr(b, (g % per_row) * 32 + lane, i1, i2, i3));
+    // the 0 operand drops NaN from the maximum, as the CPU's std::max does
+    const float amax = warp_reduce(fmaxf(0.0f, fabsf(x)), MaxOp{});
+    const float d = q8_0_scale(amax);
+    ActQ8_0& y = out[g];
+    y.qs[lane] = static_cast<int8_t>(q8_code(mul_rn(x, q8_inverse(d))));
+    if (lane == 0) {
+      y.d = float_to_half(d);
+      y.unused = 0;
+    }
+  }
+}
+
+// Quantizes every row of b into q8_K blocks (k / 256 per row): one warp per block, lane l taking
+// elements 8l .. 8l+7, so lanes 2j and 2j+1 together hold bsums[j].
+__global__ void quantize_q8_k_kernel(ActQ8_K* out, TensorDesc b) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t per_row = b.ne[0] / 256, total = nrows(b) * per_row;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / kWarpSize);
+  for (int64_t g = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpSize; g < total;
+       g += warps) {
+    int64_t i1, i2, i3;
+    split_row(g / per_row, b.ne[1], b.ne[2], i1, i2, i3);
+    const int64_t i0 = (g % per_row) * 256 + 8 * lane;
+    float x[8];
+    float amax = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      x[e] = *reinterpret_cast<const float*>(element_ptr(b, i0 + e, i1, i2, i3));
+      amax = fmaxf(amax, fabsf(x[e]));
+    }
+    amax = warp_reduce(amax, MaxOp{});
+    const float d = q8_k_scale(amax);
+    const float id = q8_inverse(d);
+    uint32_t packed[2] = {0, 0};
+    int sum = 0;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const int q = q8_code(mul_rn(x[e], id));
+      sum += q;
+      packed[e / 4] |= (static_cast<uint32_t>(q) & 0xffu) << (8 * (e % 4));
+    }
+    ActQ8_K& y = out[g];
+    auto* qs = reinterpret_cast<uint32_t*>(y.qs + 8 * lane);  // 4-byte aligned: ActQ8_K is 292 bytes
+    qs[0] = packed[0];
+    qs[1] = packed[1];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    if (lane % 2 == 0) y.bsums[lane / 2] = static_cast<int16_t>(sum);
+    if (lane == 0) y.d = d;
+  }
+}
+
+// acc[c] += dot(weight row, activation row x + c * n_blocks) for c < ncols: the warp splits the
+// row's blocks, D::kParts lanes to a block, 32 / D::kParts blocks per step; each lane unpacks its
+// share of a weight block once for all columns. One column has little work per step to hide the
+// memory latency behind, so its loop is unrolled to keep several steps' loads in flight; with
+// more columns their independent loads do that already (and registers are scarcer).
+template <class D, int kCols>
+__device__ __forceinline__ void dot_columns(const uint8_t* w_row, int64_t n_blocks, const typename D::Act* x,
+                                            int ncols, float (&acc)[kCols]) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int part = lane % D::kParts;
+  constexpr int kUnroll = kCols == 1 ? 4 : 1;
+#pragma unroll kUnroll
+  for (int64_t ib = lane / D::kParts; ib < n_blocks; ib += kWarpSize / D::kParts) {
+    const typename D::Part w = D::decode(w_row + ib * D::kBytes, part);
+#pragma unroll
+    for (int c = 0; c < kCols; ++c)
+      if (c < ncols) acc[c] += D::dot(w, x[c * n_blocks + ib], part);
+  }
+}
+
+// dst[i, j0 .. j0+ncols) of batch (i2, i3) for one warp per row i, ncols <= kCols; xq holds b's
+// rows quantized, in (j, i2, i3) order. kCols is 1 (decoding one token) or kMatVecMaxCols.
+template <class D, int kCols>
+__global__ void mul_mat_q8_kernel(TensorDesc dst, TensorDesc a, const typename D::Act* xq, int64_t r2,
+                                  int64_t r3) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kMatVecWarps + threadIdx.x / kWarpSize;
+  if (i >= dst.ne[0]) return;  // no block-wide synchronization below
+  const int64_t n_blocks = a.ne[0] / D::kBlock, n = dst.ne[1], batches = dst.ne[2] * dst.ne[3];
+  for (int64_t z = blockIdx.z; z < batches; z += gridDim.z) {
+    const int64_t i2 = z % dst.ne[2], i3 = z / dst.ne[2];
+    const auto* w_row = reinterpret_cast<const uint8_t*>(row_ptr(a, i, i2 / r2, i3 / r3));
+    for (int64_t j0 = static_cast<int64_t>(blockIdx.y) * kCols; j0 < n;
+         j0 += static_cast<int64_t>(gridDim.y) * kCols) {
+      const int ncols = static_cast<int>(n - j0 < kCols ? n - j0 : kCols);
+      float acc[kCols] = {};
+      dot_columns<D>(w_row, n_blocks, xq + (j0 + n * z) * n_blocks, ncols, acc);
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) {
+        if (c >= ncols) break;
+        const float sum = warp_sum(acc[c]);
+        if (lane == 0) *reinterpret_cast<float*>(element_ptr(dst, i, j0 + c, i2, i3)) = sum;
+      }
+    }
+  }
+}
+
+// out[:, e, t] = as[ids[e, t]] * b[:, e or 0, t] with b quantized in xq (row (e or 0) + b1 * t).
+template <class D>
+__global__ void mul_mat_id_q8_kernel(TensorDesc dst, TensorDesc as, const typename D::Act* xq, int64_t b1,
+                                     TensorDesc ids) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kMatVecWarps + threadIdx.x / kWarpSize;
+  if (i >= dst.ne[0]) return;
+  const int64_t n_blocks = as.ne[0] / D::kBlock;
+  for (int64_t t = blockIdx.z; t < dst.ne[2]; t += gridDim.z) {
+    for (int64_t e = blockIdx.y; e < dst.ne[1]; e += gridDim.y) {
+      const int32_t expert = *reinterpret_cast<const int32_t*>(ids.data + e * ids.nb[0] + t * ids.nb[1]);
+      float* out = reinterpret_cast<float*>(element_ptr(dst, i, e, t, 0));
+      if (expert < 0 || expert >= as.ne[2]) {
+        if (lane == 0) *out = __int_as_float(0x7fc00000);
+        continue;
+      }
+      const auto* w_row = reinterpret_cast<const uint8_t*>(row_ptr(as, i, expert, 0));
+      float acc[1] = {0.0f};
+      dot_columns<D>(w_row, n_blocks, xq + ((b1 == 1 ? 0 : e) + b1 * t) * n_blocks, 1, acc);
+      const float sum = warp_sum(acc[0]);
+      if (lane == 0) *out = sum;
+    }
+  }
+}
+
 // Packs b (f32, any strides) into a contiguous [k, n, b2, b3] array of T.
 template <typename T>
 __global__ void pack_b_kernel(T* out, TensorDesc b) {
@@ -130,6 +283,72 @@ CudaError mat_vec_id(const LaunchContext& ctx, const Tensor* dst) {
   mul_mat_id_kernel<F><<<grid, kMatVecWarps * kWarpSize, 0, ctx.stream>>>(
       desc_of(dst), desc_of(dst->src[0]), desc_of(dst->src[1]), desc_of(dst->src[2]));
   LOOM_CUDA_CHECK_LAUNCH("mul_mat_id_kernel");
+  return {};
+}
+
+bool is_k_quant(DType t) { return t == DType::q4_k || t == DType::q6_k; }
+bool is_quantized_weight(DType t) { return t == DType::q8_0 || t == DType::q4_0 || is_k_quant(t); }
+
+// Bytes of one row of k activations quantized for weights of type t.
+size_t act_row_bytes(DType weight, int64_t k) {
+  return is_k_quant(weight) ? static_cast<size_t>(k / 256) * sizeof(ActQ8_K)
+                            : static_cast<size_t>(k / 32) * sizeof(ActQ8_0);
+}
+
+size_t quantized_act_bytes(const Tensor* dst) {
+  const Tensor* b = dst->src[1];
+  return static_cast<size_t>(b->nrows()) * act_row_bytes(dst->src[0]->type, b->ne[0]);
+}
+
+// Quantizes all of b's rows into the scratch, as D's activation blocks.
+template <class D>
+CudaError quantize_activations(const LaunchContext& ctx, const Tensor* dst) {
+  if (ctx.scratch_size < quantized_act_bytes(dst))
+    return CudaError::runtime(cudaErrorInvalidValue,
+                              "mul_mat: scratch smaller than the quantized activations", __FILE__, __LINE__);
+  const Tensor* b = dst->src[1];
+  const int64_t blocks = b->nrows() * (b->ne[0] / D::kBlock);
+  constexpr int kThreads = 256;
+  const unsigned grid = grid_for(blocks * kWarpSize, kThreads);
+  if constexpr (std::is_same_v<typename D::Act, ActQ8_K>) {
+    quantize_q8_k_kernel<<<grid, kThreads, 0, ctx.stream>>>(static_cast<ActQ8_K*>(ctx.scratch), desc_of(b));
+    LOOM_CUDA_CHECK_LAUNCH("quantize_q8_k_kernel");
+  } else {
+    quantize_q8_0_kernel<<<grid, kThreads, 0, ctx.stream>>>(static_cast<ActQ8_0*>(ctx.scratch), desc_of(b));
+    LOOM_CUDA_CHECK_LAUNCH("quantize_q8_0_kernel");
+  }
+  return {};
+}
+
+template <class D, int kCols>
+CudaError launch_mat_vec_q8(const LaunchContext& ctx, const Tensor* dst) {
+  const Tensor* a = dst->src[0];
+  const Tensor* b = dst->src[1];
+  const dim3 grid(static_cast<unsigned>((dst->ne[0] + kMatVecWarps - 1) / kMatVecWarps),
+                  capped((dst->ne[1] + kCols - 1) / kCols, kMaxGridYZ),
+                  capped(dst->ne[2] * dst->ne[3], kMaxGridYZ));
+  mul_mat_q8_kernel<D, kCols><<<grid, kMatVecWarps * kWarpSize, 0, ctx.stream>>>(
+      desc_of(dst), desc_of(a), static_cast<const typename D::Act*>(ctx.scratch), b->ne[2] / a->ne[2],
+      b->ne[3] / a->ne[3]);
+  LOOM_CUDA_CHECK_LAUNCH("mul_mat_q8_kernel");
+  return {};
+}
+
+template <class D>
+CudaError mat_vec_q8(const LaunchContext& ctx, const Tensor* dst) {
+  if (CudaError e = quantize_activations<D>(ctx, dst); !e.ok()) return e;
+  return dst->ne[1] == 1 ? launch_mat_vec_q8<D, 1>(ctx, dst) : launch_mat_vec_q8<D, kMatVecMaxCols>(ctx, dst);
+}
+
+template <class D>
+CudaError mat_vec_id_q8(const LaunchContext& ctx, const Tensor* dst) {
+  if (CudaError e = quantize_activations<D>(ctx, dst); !e.ok()) return e;
+  const dim3 grid(static_cast<unsigned>((dst->ne[0] + kMatVecWarps - 1) / kMatVecWarps),
+                  capped(dst->ne[1], kMaxGridYZ), capped(dst->ne[2], kMaxGridYZ));
+  mul_mat_id_q8_kernel<D><<<grid, kMatVecWarps * kWarpSize, 0, ctx.stream>>>(
+      desc_of(dst), desc_of(dst->src[0]), static_cast<const typename D::Act*>(ctx.scratch),
+      dst->src[1]->ne[1], desc_of(dst->src[2]));
+  LOOM_CUDA_CHECK_LAUNCH("mul_mat_id_q8_kernel");
   return {};
 }
 
@@ -204,9 +423,14 @@ CudaError gemm_cublas(const LaunchContext& ctx, const Tensor* dst) {
 }  // namespace
 
 size_t mul_mat_scratch_bytes(const Tensor* dst) {
+  if (is_quantized_weight(dst->src[0]->type)) return quantized_act_bytes(dst);
   if (!use_cublas(dst)) return 0;
   const Tensor* a = dst->src[0];
   return static_cast<size_t>(dst->src[1]->nelements()) * (a->type == DType::f32 ? 4 : 2);
+}
+
+size_t mul_mat_id_scratch_bytes(const Tensor* dst) {
+  return is_quantized_weight(dst->src[0]->type) ? quantized_act_bytes(dst) : 0;
 }
 
 CudaError launch_mul_mat(const LaunchContext& ctx, const Tensor* dst) {
@@ -220,13 +444,13 @@ CudaError launch_mul_mat(const LaunchContext& ctx, const Tensor* dst) {
     case DType::bf16:
       return mat_vec<FormatBF16>(ctx, dst);
     case DType::q8_0:
-      return mat_vec<FormatQ8_0>(ctx, dst);
+      return mat_vec_q8<DotQ8_0>(ctx, dst);
     case DType::q4_0:
-      return mat_vec<FormatQ4_0>(ctx, dst);
+      return mat_vec_q8<DotQ4_0>(ctx, dst);
     case DType::q4_k:
-      return mat_vec<FormatQ4_K>(ctx, dst);
+      return mat_vec_q8<DotQ4_K>(ctx, dst);
     case DType::q6_k:
-      return mat_vec<FormatQ6_K>(ctx, dst);
+      return mat_vec_q8<DotQ6_K>(ctx, dst);
     case DType::i32:
       break;
   }
@@ -243,13 +467,13 @@ CudaError launch_mul_mat_id(const LaunchContext& ctx, const Tensor* dst) {
     case DType::bf16:
       return mat_vec_id<FormatBF16>(ctx, dst);
     case DType::q8_0:
-      return mat_vec_id<FormatQ8_0>(ctx, dst);
+      return mat_vec_id_q8<DotQ8_0>(ctx, dst);
     case DType::q4_0:
-      return mat_vec_id<FormatQ4_0>(ctx, dst);
+      return mat_vec_id_q8<DotQ4_0>(ctx, dst);
     case DType::q4_k:
-      return mat_vec_id<FormatQ4_K>(ctx, dst);
+      return mat_vec_id_q8<DotQ4_K>(ctx, dst);
     case DType::q6_k:
-      return mat_vec_id<FormatQ6_K>(ctx, dst);
+      return mat_vec_id_q8<DotQ6_K>(ctx, dst);
     case DType::i32:
       break;
   }

@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "backend/cuda/kernels/common.cuh"
+#include "backend/cuda/kernels/quantize_act.cuh"  // q4k_scale_min
 
 namespace loom::cuda {
 
@@ -111,19 +112,6 @@ struct FormatQ4_0 {
     }
   }
 };
-
-/// Sub-block s (0..7) scale and min of a q4_K block from its 12 packed bytes: the first four
-/// sub-blocks keep 6 bits in bytes s and s+4; the last four split theirs into a nibble in byte
-/// s+4 and the top 2 bits of bytes s-4 (scale) and s (min).
-__device__ __forceinline__ void q4k_scale_min(int s, const uint8_t* q, int& sc, int& m) {
-  if (s < 4) {
-    sc = q[s] & 63;
-    m = q[s + 4] & 63;
-  } else {
-    sc = (q[s + 4] & 0x0f) | ((q[s - 4] >> 6) << 4);
-    m = (q[s + 4] >> 4) | ((q[s] >> 6) << 4);
-  }
-}
 
 /// q4_K: d, dmin (f16), 12 bytes of 6-bit scales/mins, 128 bytes of nibbles. Elements 64p..64p+31
 /// are the low nibbles of qs[32p..32p+31], 64p+32..64p+63 the high nibbles; x = d*sc*q - dmin*m.
