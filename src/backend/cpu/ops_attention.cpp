@@ -33,10 +33,6 @@ namespace {
 
 /// Query heads processed together per K/V row; bounds the scratch per thread.
 constexpr int64_t kMaxRunHeads = 8;
-/// Work units (runs) below which runs are split, so that this many threads find work. Splitting
-/// costs K/V sharing: a 4096-key decode of 32/8 heads took 2.8 ms in runs of 4 and 3.9 ms in runs
-/// of 2 (one thread), so only problems smaller than this (decode of models with < 8 KV heads) split.
-constexpr int64_t kMinUnits = 8;
 /// Keys scored together: the accumulators are then loaded and stored once per block, not per key.
 constexpr int64_t kKeyBlock = 32;
 constexpr size_t kAlign = 64;
@@ -213,16 +209,13 @@ void op_flash_attn(const KernelContext& ctx, Tensor* dst) {
   const bool k_f16 = k->type == DType::f16, v_f16 = v->type == DType::f16;
   const Scratch scratch = Scratch::at(ctx.work, ctx.ith, d, dv);
 
-  // Runs are fixed by the shape, never by where a thread's share ends: dot_heads lays out its
-  // accumulators by the run length, so a head scored in a run of 1 and in a run of 4 differs in the
-  // last bits, and results must not depend on the thread count (perplexity is compared bit for bit
-  // between 1 and 3 threads). The unit of work is one run: a whole GQA group (up to kMaxRunHeads
-  // heads) where there are enough of them; problems with few (decode steps) halve the runs until
-  // there are kMinUnits, trading K/V sharing (f16 conversion is a third of the time) for threads.
+  // Runs are whole GQA groups (split in runs of kMaxRunHeads), never cut where a thread's share
+  // ends: dot_heads lays out its accumulators by the run length, so a head scored in a run of 1 and
+  // in a run of 4 differs in the last bits. Fixed runs make results independent of the thread count
+  // (perplexity is compared bit for bit between 1 and 3 threads) and of the query count (chunked
+  // prefill equals one-shot prefill). The price: a decode step has only n_head_kv units of work.
   const int64_t n_head_kv = n_head / n_rep;
-  int64_t run_len = std::min(n_rep, kMaxRunHeads);
-  while (run_len > 1 && n_q * ne3 * n_head_kv * ((n_rep + run_len - 1) / run_len) < kMinUnits)
-    run_len = (run_len + 1) / 2;
+  const int64_t run_len = std::min(n_rep, kMaxRunHeads);
   const int64_t runs_per_group = (n_rep + run_len - 1) / run_len;
   int64_t begin, end;
   ctx.split(runs_per_group * n_head_kv * n_q * ne3, begin, end);
