@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include "generate.h"
@@ -49,6 +50,56 @@ Result<std::string> resolve_backend(const GenerateOptions& o) {
   return std::string("cuda");
 }
 
+void add_model_flags(CLI::App& cmd, GenerateOptions& o) {
+  cmd.add_option("-m,--model", o.model_path, "GGUF model file");
+  cmd.add_option("-c,--ctx-size", o.n_ctx, "Context size (0: the model's, at most 4096)")->check(CLI::Range(0, 1 << 24));
+  cmd.add_option("-t,--threads", o.n_threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 1024));
+  cmd.add_option("--ubatch-size", o.n_batch, "Prompt tokens per forward pass")->check(CLI::Range(1, 1 << 16));
+  cmd.add_option("--n-gpu-layers", o.n_gpu_layers, "Layers on the GPU (0: CPU only; >= layer count: all)")
+      ->check(CLI::Range(0, 100000));
+  cmd.add_option("--backend", o.backend, "Backend by name (cpu, cuda); overrides -ngl");
+}
+
+void add_sampling_flags(CLI::App& cmd, GenerateOptions& o) {
+  cmd.add_option("--temp", o.temperature, "Temperature (0: greedy)");
+  cmd.add_option("--top-k", o.top_k, "Top-k (0: off)");
+  cmd.add_option("--top-p", o.top_p, "Top-p (1: off)");
+  cmd.add_option("--min-p", o.min_p, "Min-p (0: off)");
+  cmd.add_option("--repeat-penalty", o.repeat_penalty, "Repetition penalty (1: off)");
+  cmd.add_option("-s,--seed", o.seed, "Sampling seed (default: random)");
+}
+
+Result<llm::Session> open_generate_session(const GenerateOptions& o, std::string& backend_name) {
+  auto name = resolve_backend(o);
+  if (!name) return name.status();
+  backend_name = *name;
+  llm::SessionParams sp;
+  sp.model_path = o.model_path;
+  sp.backend = backend_name;
+  sp.n_threads = o.n_threads;
+  sp.n_ctx = o.n_ctx;
+  sp.n_batch = o.n_batch;
+  auto session = llm::open_session(sp);
+  if (!session) return session.status();
+  const int n_layer = static_cast<int>(session->model->hparams().n_layer);
+  if (o.n_gpu_layers > 0 && o.n_gpu_layers < n_layer && o.backend.empty())
+    return make_error(StatusCode::unsupported,
+                      "-ngl {}: splitting {} layers between GPU and CPU is not supported yet; use -ngl 0 (CPU) "
+                      "or -ngl {} or more (all on the GPU)", o.n_gpu_layers, n_layer, n_layer);
+  return session;
+}
+
+Result<Sampler> make_sampler(const GenerateOptions& o) {
+  SamplerParams spar;
+  spar.seed = o.seed;
+  spar.temperature = o.temperature;
+  spar.top_k = o.top_k;
+  spar.top_p = o.top_p;
+  spar.min_p = o.min_p;
+  spar.penalties.repeat = o.repeat_penalty;
+  return Sampler::create(spar);
+}
+
 int run_generate(const GenerateOptions& o) {
   std::string prompt = o.prompt;
   if (!o.prompt_file.empty()) {
@@ -58,23 +109,10 @@ int run_generate(const GenerateOptions& o) {
     ss << f.rdbuf();
     prompt = ss.str();
   }
-  auto backend_name = resolve_backend(o);
-  if (!backend_name) return fail(backend_name.status());
-
-  llm::SessionParams sp;
-  sp.model_path = o.model_path;
-  sp.backend = *backend_name;
-  sp.n_threads = o.n_threads;
-  sp.n_ctx = o.n_ctx;
-  sp.n_batch = o.n_batch;
-  auto session = llm::open_session(sp);
+  std::string backend_name;
+  auto session = open_generate_session(o, backend_name);
   if (!session) return fail(session.status());
   llm::Context& ctx = *session->context;
-  const int n_layer = static_cast<int>(session->model->hparams().n_layer);
-  if (o.n_gpu_layers > 0 && o.n_gpu_layers < n_layer && o.backend.empty())
-    return fail(make_error(StatusCode::unsupported,
-                           "-ngl {}: splitting {} layers between GPU and CPU is not supported yet; use -ngl 0 (CPU) "
-                           "or -ngl {} or more (all on the GPU)", o.n_gpu_layers, n_layer, n_layer));
 
   auto tok = Tokenizer::from_gguf(session->model->gguf());
   if (!tok) return fail(tok.status());
@@ -86,14 +124,7 @@ int run_generate(const GenerateOptions& o) {
     return fail(make_error(StatusCode::invalid_argument, "prompt ({} tokens) + -n {} exceeds the context of {} (-c)",
                            tokens.size(), o.n_predict, ctx.n_ctx()));
 
-  SamplerParams spar;
-  spar.seed = o.seed;
-  spar.temperature = o.temperature;
-  spar.top_k = o.top_k;
-  spar.top_p = o.top_p;
-  spar.min_p = o.min_p;
-  spar.penalties.repeat = o.repeat_penalty;
-  auto sampler = Sampler::create(spar);
+  auto sampler = make_sampler(o);
   if (!sampler) return fail(sampler.status());
 
   fmt::print("{}", prompt);
@@ -136,7 +167,7 @@ int run_generate(const GenerateOptions& o) {
   fmt::print(stderr, "loom: prompt {} tokens in {:.1f} ms ({:.1f} tokens/s); generated {} tokens in {:.1f} ms ({:.1f} tokens/s); "
              "backend {}, seed {}\n",
              n_prompt, prompt_ms, n_prompt / (prompt_ms / 1000.0), n_gen, gen_ms,
-             n_gen > 0 ? n_gen / (gen_ms / 1000.0) : 0.0, *backend_name, sampler->seed());
+             n_gen > 0 ? n_gen / (gen_ms / 1000.0) : 0.0, backend_name, sampler->seed());
   return 0;
 }
 

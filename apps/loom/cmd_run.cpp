@@ -121,22 +121,11 @@ namespace loom::app {
 void add_run_command(CLI::App& app, std::vector<Command>& out) {
   auto g = std::make_shared<GenerateOptions>();
   auto* cmd = app.add_subcommand("run", "Generate text with a GGUF model (-m); without -m, run the built-in demo graph");
-  cmd->add_option("-m,--model", g->model_path, "GGUF model file");
+  add_model_flags(*cmd, *g);
   cmd->add_option("-p,--prompt", g->prompt, "Prompt");
   cmd->add_option("-f,--file", g->prompt_file, "Read the prompt from a file");
   cmd->add_option("-n,--n-predict", g->n_predict, "Tokens to generate")->check(CLI::Range(0, 1 << 20));
-  cmd->add_option("-c,--ctx-size", g->n_ctx, "Context size (0: the model's, at most 4096)")->check(CLI::Range(0, 1 << 24));
-  cmd->add_option("-t,--threads", g->n_threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 1024));
-  cmd->add_option("--ubatch-size", g->n_batch, "Prompt tokens per forward pass")->check(CLI::Range(1, 1 << 16));
-  cmd->add_option("--temp", g->temperature, "Temperature (0: greedy)");
-  cmd->add_option("--top-k", g->top_k, "Top-k (0: off)");
-  cmd->add_option("--top-p", g->top_p, "Top-p (1: off)");
-  cmd->add_option("--min-p", g->min_p, "Min-p (0: off)");
-  cmd->add_option("--repeat-penalty", g->repeat_penalty, "Repetition penalty (1: off)");
-  cmd->add_option("-s,--seed", g->seed, "Sampling seed (default: random)");
-  cmd->add_option("--n-gpu-layers", g->n_gpu_layers, "Layers on the GPU (0: CPU only; >= layer count: all)")
-      ->check(CLI::Range(0, 100000));
-  cmd->add_option("--backend", g->backend, "Backend by name (cpu, cuda); overrides -ngl");
+  add_sampling_flags(*cmd, *g);
   cmd->add_option("--dump-logits", g->dump_logits, "Write the prompt's logits (f32) to FILE and its ids to FILE.tokens");
   out.push_back({cmd, [g] {
                    if (!g->model_path.empty()) return run_generate(*g);

@@ -21,5 +21,7 @@ void add_info_command(CLI::App& app, std::vector<Command>& out);
 void add_quantize_command(CLI::App& app, std::vector<Command>& out);
 void add_tokenize_command(CLI::App& app, std::vector<Command>& out);
 void add_gen_model_command(CLI::App& app, std::vector<Command>& out);
+void add_perplexity_command(CLI::App& app, std::vector<Command>& out);
+void add_chat_command(CLI::App& app, std::vector<Command>& out);
 
 }  // namespace loom::app

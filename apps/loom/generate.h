@@ -4,7 +4,13 @@
 #include <cstdint>
 #include <string>
 
+#include "loom/llm.h"
 #include "loom/sample.h"
+#include "loom/status.h"
+
+namespace CLI {
+class App;
+}
 
 namespace loom::app {
 
@@ -28,5 +34,19 @@ struct GenerateOptions {
 };
 
 int run_generate(const GenerateOptions& o);
+
+// Pieces shared by the commands that load a model (run, chat, perplexity).
+
+/// Registers -m, -c, -t, -ub, -ngl and --backend on `cmd`, writing into `o`.
+void add_model_flags(CLI::App& cmd, GenerateOptions& o);
+/// Registers --temp, --top-k, --top-p, --min-p, --repeat-penalty and -s on `cmd`, writing into `o`.
+void add_sampling_flags(CLI::App& cmd, GenerateOptions& o);
+/// The backend --backend names, else the one -ngl implies ("cpu" for -ngl 0, else "cuda").
+Result<std::string> resolve_backend(const GenerateOptions& o);
+/// Opens the backend `o` asks for (its name in `backend_name`), the model and a context, and
+/// rejects an -ngl that would split the layers between the GPU and the CPU.
+Result<llm::Session> open_generate_session(const GenerateOptions& o, std::string& backend_name);
+/// The sampler chain of `o`'s sampling flags.
+Result<Sampler> make_sampler(const GenerateOptions& o);
 
 }  // namespace loom::app

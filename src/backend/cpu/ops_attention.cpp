@@ -2,9 +2,9 @@
 // online softmax (running max and sum; the accumulator is rescaled when the max grows), so no
 // n_q x n_kv score matrix is ever stored.
 //
-// Work items are (head, query, ne3) triples, head fastest. A thread walks its items in runs of
-// query heads that share one KV head (GQA), so each K/V row is loaded (and converted from f16)
-// once per run instead of once per head. Keys go in blocks of kKeyBlock: scores for the block,
+// Work units are runs of query heads that share one KV head (GQA), for one (query, ne3), so each
+// K/V row is loaded (and converted from f16) once per run instead of once per head; the runs
+// depend on the shape only, so results do not depend on the thread count. Keys go in blocks of kKeyBlock: scores for the block,
 // one rescale of the accumulators if the max grew, then the weighted V sum with the accumulators
 // held in registers across the block. Keys every head of a run masks out (-inf) are skipped
 // before K/V are touched, which halves the work of a causal prefill.
@@ -209,14 +209,22 @@ void op_flash_attn(const KernelContext& ctx, Tensor* dst) {
   const bool k_f16 = k->type == DType::f16, v_f16 = v->type == DType::f16;
   const Scratch scratch = Scratch::at(ctx.work, ctx.ith, d, dv);
 
+  // Runs are whole GQA groups (split in runs of kMaxRunHeads), never cut where a thread's share
+  // ends: dot_heads lays out its accumulators by the run length, so a head scored in a run of 1 and
+  // in a run of 4 differs in the last bits. Fixed runs make results independent of the thread count
+  // (perplexity is compared bit for bit between 1 and 3 threads) and of the query count (chunked
+  // prefill equals one-shot prefill). The price: a decode step has only n_head_kv units of work.
+  const int64_t n_head_kv = n_head / n_rep;
+  const int64_t run_len = std::min(n_rep, kMaxRunHeads);
+  const int64_t runs_per_group = (n_rep + run_len - 1) / run_len;
   int64_t begin, end;
-  ctx.split(n_head * n_q * ne3, begin, end);
-  for (int64_t r = begin; r < end;) {
-    const int64_t h0 = r % n_head, t = (r / n_head) % n_q, i3 = r / (n_head * n_q);
-    const int64_t kv_head = h0 / n_rep;
-    // The run: heads h0 .. h0+nr-1, all mapped to kv_head, all within this thread's share.
-    const int64_t nr = std::min({n_rep - h0 % n_rep, end - r, kMaxRunHeads});
-    r += nr;
+  ctx.split(runs_per_group * n_head_kv * n_q * ne3, begin, end);
+  for (int64_t u = begin; u < end; ++u) {
+    const int64_t kv_head = (u / runs_per_group) % n_head_kv;
+    const int64_t t = (u / (runs_per_group * n_head_kv)) % n_q, i3 = u / (runs_per_group * n_head_kv * n_q);
+    // The run: heads h0 .. h0+nr-1, all mapped to kv_head.
+    const int64_t h0 = kv_head * n_rep + (u % runs_per_group) * run_len;
+    const int64_t nr = std::min(run_len, (kv_head + 1) * n_rep - h0);
 
     const float* q_rows[kMaxRunHeads];
     const uint8_t* m_rows[kMaxRunHeads];

@@ -1,0 +1,357 @@
+// `loom chat -m MODEL`: an interactive conversation through the model's chat template.
+//
+// Each turn renders the whole conversation and tokenizes it, then decodes only what the KV cache
+// does not already hold: the cache keeps the tokens of earlier turns (prompts and replies), and
+// the new prompt is compared with them token by token. Usually the new tokens just extend the
+// cache; where they differ (a reply re-tokenizes differently from how it was generated, a template
+// trims the reply) the cache is cut back to the first differing token with kv_cache_seq_rm and
+// decoding resumes there.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <CLI/CLI.hpp>
+
+#include "chat_stream.h"
+#include "commands.h"
+#include "generate.h"
+#include "loom/chat.h"
+#include "loom/llm.h"
+#include "loom/sample.h"
+#include "loom/text.h"
+
+namespace loom::app {
+
+bool StopFilter::add(std::string_view piece) {
+  text_ += piece;
+  if (!stop_.empty()) {
+    // Emitted text never holds the start of the stop string, so the search starts near its end.
+    const size_t at = text_.find(stop_, emitted_ > stop_.size() ? emitted_ - stop_.size() : 0);
+    if (at != std::string::npos) {
+      text_.resize(at);
+      emit(text_.size());
+      return true;
+    }
+  }
+  emit(text_.size() - held_back());
+  return false;
+}
+
+void StopFilter::finish() { emit(text_.size()); }
+
+// Length of the longest suffix of the text that is a proper prefix of the stop string.
+size_t StopFilter::held_back() const {
+  if (stop_.empty()) return 0;
+  for (size_t n = std::min(stop_.size() - 1, text_.size()); n > 0; --n)
+    if (text_.compare(text_.size() - n, n, stop_, 0, n) == 0) return n;
+  return 0;
+}
+
+void StopFilter::emit(size_t upto) {
+  if (upto <= emitted_) return;
+  sink_(std::string_view(text_).substr(emitted_, upto - emitted_));
+  emitted_ = upto;
+}
+
+std::string to_valid_utf8(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto b = static_cast<unsigned char>(s[i]);
+    size_t len = 0;
+    uint32_t cp = 0;
+    if (b < 0x80) {
+      len = 1;
+      cp = b;
+    } else if ((b & 0xE0) == 0xC0) {
+      len = 2;
+      cp = b & 0x1F;
+    } else if ((b & 0xF0) == 0xE0) {
+      len = 3;
+      cp = b & 0x0F;
+    } else if ((b & 0xF8) == 0xF0) {
+      len = 4;
+      cp = b & 0x07;
+    }
+    bool ok = len > 0 && i + len <= s.size();
+    for (size_t k = 1; ok && k < len; ++k) {
+      const auto c = static_cast<unsigned char>(s[i + k]);
+      ok = (c & 0xC0) == 0x80;
+      cp = (cp << 6) | (c & 0x3F);
+    }
+    // no overlong forms, surrogates or code points past U+10FFFF
+    static constexpr uint32_t kMin[5] = {0, 0, 0x80, 0x800, 0x10000};
+    ok = ok && cp >= kMin[len] && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
+    if (ok) {
+      out.append(s.substr(i, len));
+      i += len;
+    } else {
+      out += "\xEF\xBF\xBD";
+      ++i;
+    }
+  }
+  return out;
+}
+
+namespace {
+
+struct ChatOptions {
+  GenerateOptions gen;
+  std::string template_name;  ///< --chat-template
+  std::string system_prompt;  ///< -sys
+  int n_predict = -1;         ///< -n per reply; -1: until the end of the turn or a full context
+};
+
+int fail(const Status& s) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "\nloom: %s\n", s.to_string().c_str());
+  return 1;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Reads one user message: a line, or several when lines end with '\' (the backslash is dropped
+// and the lines joined with '\n'). false at end of input.
+bool read_message(std::string& out) {
+  out.clear();
+  std::string line;
+  bool any = false;
+  while (std::getline(std::cin, line)) {
+    any = true;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (!line.empty() && line.back() == '\\') {
+      line.pop_back();
+      out += line + "\n";
+      continue;
+    }
+    out += line;
+    return true;
+  }
+  return any;
+}
+
+class Chat {
+ public:
+  Chat(const ChatOptions& o, llm::Context& ctx, const Tokenizer& tok, ChatTemplate tmpl, Sampler& sampler)
+      : o_(o), ctx_(ctx), tok_(tok), tmpl_(tmpl), sampler_(sampler) {
+    const SpecialTokens& sp = tok.special();
+    // The model's own BOS/EOS spellings, so that the tokenizer matches them as special tokens.
+    if (sp.bos != kNoToken) render_.bos_token = std::string(tok.token_text(sp.bos));
+    if (sp.eos != kNoToken) render_.eos_token = std::string(tok.token_text(sp.eos));
+    end_of_turn_ = chat_end_of_turn(tmpl, render_);
+    for (TokenId id : {sp.eos, sp.eot, tok.find_token(end_of_turn_)})
+      if (id != kNoToken) stop_ids_.insert(id);
+    reset();
+  }
+
+  void reset() {
+    messages_.clear();
+    if (!o_.system_prompt.empty()) messages_.push_back({"system", o_.system_prompt});
+    ctx_.kv_cache_clear();
+    cached_.clear();
+  }
+
+  /// One exchange: the user's message in, the reply streamed to stdout. An error that leaves the
+  /// conversation usable (a prompt too long for the context) is reported and the message dropped.
+  Status turn(const std::string& user) {
+    ++n_turns_;
+    messages_.push_back({"user", user});
+    auto prompt = tokenize_conversation();
+    if (!prompt) {
+      // Most likely the message itself (not valid UTF-8): say so and let the user go on.
+      messages_.pop_back();
+      fmt::print(stderr, "loom: message dropped: {}\n", prompt.status().to_string());
+      return {};
+    }
+    if (prompt->size() >= static_cast<size_t>(ctx_.n_ctx())) {
+      messages_.pop_back();
+      fmt::print(
+          stderr,
+          "loom: the conversation ({} tokens) no longer fits the context of {} (-c); /reset starts over\n",
+          prompt->size(), ctx_.n_ctx());
+      return {};
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    size_t reused = 0;
+    auto logits = sync_cache(*prompt, reused);
+    if (!logits) return logits.status();
+    const double prompt_s = seconds_since(t0);
+    const size_t n_new = prompt->size() - reused;
+
+    StopFilter out(end_of_turn_, [](std::string_view text) {
+      std::fwrite(text.data(), 1, text.size(), stdout);
+      std::fflush(stdout);
+    });
+    const auto t1 = std::chrono::steady_clock::now();
+    int n_gen = 0;
+    const char* why = "end of turn";
+    std::span<const float> last = *logits;
+    while (true) {
+      if (o_.n_predict >= 0 && n_gen >= o_.n_predict) {
+        why = "-n";
+        break;
+      }
+      if (cached_.size() >= static_cast<size_t>(ctx_.n_ctx())) {
+        why = "context full";
+        break;
+      }
+      auto next = sampler_.sample(last, cached_);
+      if (!next) return next.status();
+      if (stop_ids_.count(*next)) break;
+      ++n_gen;
+      auto piece = tok_.token_to_piece(*next);
+      if (!piece) return piece.status();
+      const bool stopped = out.add(*piece);
+      // The token is decoded even when it completes the stop string, so the cache holds everything
+      // the model wrote; the next turn's prompt re-synchronizes from the first difference anyway.
+      auto step = ctx_.decode(std::span<const int32_t>(&*next, 1), static_cast<int>(cached_.size()));
+      if (!step) {
+        invalidate_cache();
+        return step.status();
+      }
+      cached_.push_back(*next);
+      last = *step;
+      if (stopped) break;
+    }
+    out.finish();
+    fmt::print("\n");
+    std::fflush(stdout);
+    const double gen_s = seconds_since(t1);
+    messages_.push_back({"assistant", to_valid_utf8(out.text())});
+    fmt::print(
+        stderr,
+        "loom: turn {}: prompt {} tokens ({} from the cache, {} decoded in {:.1f} ms); reply {} tokens in "
+        "{:.1f} ms ({:.1f} tokens/s), stopped by {}\n",
+        n_turns_, prompt->size(), reused, n_new, prompt_s * 1000.0, n_gen, gen_s * 1000.0,
+        n_gen > 0 && gen_s > 0.0 ? n_gen / gen_s : 0.0, why);
+    return {};
+  }
+
+ private:
+  Result<std::vector<int32_t>> tokenize_conversation() const {
+    auto text = render_chat(tmpl_, messages_, render_);
+    if (!text) return text.status();
+    // The rendered text carries no leading BOS (see loom/chat.h): add it as the tokenizer says,
+    // without its add_eos, which would end the prompt before the reply.
+    auto ids = tok_.encode(*text, /*add_special=*/false, /*parse_special=*/true);
+    if (!ids) return ids.status();
+    std::vector<int32_t> out;
+    const SpecialTokens& sp = tok_.special();
+    if (sp.add_bos && sp.bos != kNoToken) out.push_back(sp.bos);
+    out.insert(out.end(), ids->begin(), ids->end());
+    return out;
+  }
+
+  // Brings the cache to `prompt` and returns the logits of its last token.
+  Result<std::span<const float>> sync_cache(const std::vector<int32_t>& prompt, size_t& reused) {
+    size_t keep = 0;
+    while (keep < cached_.size() && keep < prompt.size() && cached_[keep] == prompt[keep]) ++keep;
+    // The last prompt token is always decoded again when nothing else is new: its logits are needed.
+    if (keep == prompt.size()) --keep;
+    if (keep < cached_.size()) {
+      if (Status s = ctx_.kv_cache_seq_rm(0, static_cast<int>(keep)); !s.ok()) {
+        invalidate_cache();
+        return s;
+      }
+      cached_.resize(keep);
+    }
+    reused = keep;
+    auto logits = ctx_.decode(std::span<const int32_t>(prompt).subspan(keep), static_cast<int>(keep));
+    if (!logits) {
+      invalidate_cache();
+      return logits.status();
+    }
+    cached_ = prompt;
+    return logits;
+  }
+
+  // After a failed decode the cache may hold part of a batch: start the next turn from scratch.
+  void invalidate_cache() {
+    ctx_.kv_cache_clear();
+    cached_.clear();
+  }
+
+  const ChatOptions& o_;
+  llm::Context& ctx_;
+  const Tokenizer& tok_;
+  ChatTemplate tmpl_;
+  Sampler& sampler_;
+  ChatRenderOptions render_;
+  std::string end_of_turn_;
+  std::set<TokenId> stop_ids_;
+  std::vector<ChatMessage> messages_;
+  std::vector<int32_t> cached_;  // the tokens whose keys and values are in the cache, positions 0..
+  int n_turns_ = 0;
+};
+
+int run_chat(const ChatOptions& o) {
+  // A misspelled --chat-template fails before the model loads.
+  if (!o.template_name.empty())
+    if (auto t = chat_template_from_name(o.template_name); !t) return fail(t.status());
+  std::string backend_name;
+  auto session = open_generate_session(o.gen, backend_name);
+  if (!session) return fail(session.status());
+  auto tok = Tokenizer::from_gguf(session->model->gguf());
+  if (!tok) return fail(tok.status());
+  auto tmpl = chat_template_for_model(session->model->gguf(), o.template_name);
+  if (!tmpl) return fail(tmpl.status());
+  auto sampler = make_sampler(o.gen);
+  if (!sampler) return fail(sampler.status());
+
+  const bool interactive = ::isatty(STDIN_FILENO) != 0;
+  fmt::print(stderr, "loom: chat template {}{}, context {}, backend {}, seed {}{}\n",
+             chat_template_name(*tmpl), o.template_name.empty() ? " (from the model)" : "",
+             session->context->n_ctx(), backend_name, sampler->seed(),
+             interactive ? "; /exit quits, /reset starts over, end a line with \\ to go on" : "");
+  Chat chat(o, *session->context, *tok, *tmpl, *sampler);
+  std::string line;
+  while (true) {
+    if (interactive) {
+      fmt::print("> ");
+      std::fflush(stdout);
+    }
+    if (!read_message(line)) break;
+    if (line == "/exit") break;
+    if (line == "/reset") {
+      chat.reset();
+      fmt::print(stderr, "loom: conversation cleared\n");
+      continue;
+    }
+    if (line.empty()) continue;
+    if (Status s = chat.turn(line); !s.ok()) return fail(s);
+  }
+  if (interactive) fmt::print("\n");
+  return 0;
+}
+
+}  // namespace
+
+void add_chat_command(CLI::App& app, std::vector<Command>& out) {
+  auto o = std::make_shared<ChatOptions>();
+  auto* cmd =
+      app.add_subcommand("chat",
+                         "Chat with a model: reads messages from stdin (one per line), streams replies; "
+                         "/exit or end of input quits, /reset starts over");
+  add_model_flags(*cmd, o->gen);
+  cmd->get_option("--model")->required();
+  cmd->add_option("--chat-template", o->template_name,
+                  "Chat template (" + chat_template_names() + "); default: detected from the model");
+  cmd->add_option("--system-prompt", o->system_prompt, "System message (-sys)");
+  cmd->add_option("-n,--n-predict", o->n_predict, "Most tokens per reply (-1: until the end of the turn)")
+      ->check(CLI::Range(-1, 1 << 20));
+  add_sampling_flags(*cmd, o->gen);
+  out.push_back({cmd, [o] { return run_chat(*o); }});
+}
+
+}  // namespace loom::app
