@@ -1,9 +1,12 @@
-"""Minimal GGUF reader in numpy, for reference checks on the GPU machine (no gguf package there).
+"""Minimal GGUF reader and writer in numpy, for reference checks and exports on the GPU machine (no gguf
+package there).
 
-Reads versions 2 and 3: metadata, tensor infos, and tensors of types f32, f16, bf16, q8_0 and q4_0
+The reader reads versions 2 and 3: metadata, tensor infos, and tensors of types f32, f16, bf16, q8_0 and q4_0
 dequantized to float32. Arrays come back in numpy's order: a GGUF tensor with ne = [n_embd, n_vocab]
-is an array of shape (n_vocab, n_embd).
+is an array of shape (n_vocab, n_embd). The writer (GgufWriter) writes version 3 files with f32 and f16
+tensors; tools/train_shakespeare.py exports Loom's small model with it.
 """
+import os
 import struct
 
 import numpy as np
@@ -94,3 +97,89 @@ class GgufReader:
             hi = (qs >> 4).astype(np.float32) - 8
             return (np.concatenate([lo, hi], axis=1) * d).reshape(shape)
         raise ValueError(f"{self.path}: tensor '{name}' has type {ttype}, not supported by this reader")
+
+
+class GgufWriter:
+    """Minimal GGUF version 3 writer: metadata in the order added, then tensor infos, then each
+    tensor's data at a multiple of the alignment (32, GGUF's default). Tensors are numpy arrays in
+    numpy order: an array of shape (n_out, n_in) is written with ne = [n_in, n_out]. f32 and f16
+    arrays only (the types Loom's small model needs). write() goes through a temporary file and a
+    rename, so a crash never leaves a truncated model behind."""
+
+    ALIGN = 32
+    T_U32, T_I32, T_F32, T_BOOL, T_STRING, T_ARRAY, T_U64 = 4, 5, 6, 7, 8, 9, 10
+
+    def __init__(self):
+        self.kvs = []  # (key, encoded bytes: type id + value)
+        self.tensors = []  # (name, array, ggml type)
+        self._names = set()
+
+    @staticmethod
+    def _str(s):
+        b = s.encode("utf-8")
+        return struct.pack("<Q", len(b)) + b
+
+    def _add(self, key, payload):
+        if not key or key in self._names:
+            raise ValueError(f"GgufWriter: key '{key}' is empty or added twice")
+        self._names.add(key)
+        self.kvs.append((key, payload))
+
+    def add_u32(self, key, v):
+        self._add(key, struct.pack("<II", self.T_U32, int(v)))
+
+    def add_i32(self, key, v):
+        self._add(key, struct.pack("<Ii", self.T_I32, int(v)))
+
+    def add_u64(self, key, v):
+        self._add(key, struct.pack("<IQ", self.T_U64, int(v)))
+
+    def add_f32(self, key, v):
+        self._add(key, struct.pack("<If", self.T_F32, float(v)))
+
+    def add_bool(self, key, v):
+        self._add(key, struct.pack("<I?", self.T_BOOL, bool(v)))
+
+    def add_string(self, key, v):
+        self._add(key, struct.pack("<I", self.T_STRING) + self._str(v))
+
+    def add_string_array(self, key, values):
+        body = b"".join(self._str(v) for v in values)
+        self._add(key, struct.pack("<IIQ", self.T_ARRAY, self.T_STRING, len(values)) + body)
+
+    def add_i32_array(self, key, values):
+        a = np.asarray(values, dtype="<i4")
+        self._add(key, struct.pack("<IIQ", self.T_ARRAY, self.T_I32, a.size) + a.tobytes())
+
+    def add_tensor(self, name, array):
+        a = np.ascontiguousarray(array)
+        types = {np.dtype(np.float32): TYPE_F32, np.dtype(np.float16): TYPE_F16}
+        if a.dtype not in types:
+            raise ValueError(f"GgufWriter: tensor '{name}' has dtype {a.dtype}; only float32 and float16 are written")
+        if not 1 <= a.ndim <= 4 or len(name.encode()) > 64 or any(t[0] == name for t in self.tensors):
+            raise ValueError(f"GgufWriter: tensor '{name}': bad name (duplicate or > 64 bytes) or {a.ndim} dims")
+        self.tensors.append((name, a.astype(a.dtype.newbyteorder("<"), copy=False), types[a.dtype]))
+
+    def write(self, path):
+        pad = lambda n: (n + self.ALIGN - 1) // self.ALIGN * self.ALIGN  # noqa: E731
+        head = [b"GGUF", struct.pack("<IQQ", 3, len(self.tensors), len(self.kvs))]
+        head += [self._str(k) + v for k, v in self.kvs]
+        offset = 0
+        for name, a, ttype in self.tensors:
+            ne = list(reversed(a.shape))
+            head.append(self._str(name) + struct.pack(f"<I{len(ne)}QIQ", len(ne), *ne, ttype, offset))
+            offset = pad(offset + a.nbytes)
+        header = b"".join(head)
+        tmp = f"{path}.tmp{os.getpid()}"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(header + b"\0" * (pad(len(header)) - len(header)))
+                for _, a, _ in self.tensors:
+                    f.write(a.tobytes())
+                    f.write(b"\0" * (pad(a.nbytes) - a.nbytes))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
