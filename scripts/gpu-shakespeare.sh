@@ -28,7 +28,7 @@ python3 -c "t=open('.data/tinyshakespeare.txt').read(); open('/tmp/heldout.txt',
 for be in cuda cpu; do
   echo "perplexity $be: $($bin/loom perplexity -m "$model" -f /tmp/heldout.txt -c 256 --backend $be -t 16 2>&1 | grep -E 'PPL|tokens/s' | tr '\n' ' ')"
 done
-prompt=$(head -c 1200 /tmp/heldout.txt)
+prompt=$(head -c 500 /tmp/heldout.txt)  # ~170 tokens: inside the 256 context
 for be in cuda cpu; do
   $bin/loom run -m "$model" --backend $be -t 16 -p "$prompt" -n 1 --temp 0 --dump-logits /tmp/$be.bin >/dev/null 2>&1
 done
