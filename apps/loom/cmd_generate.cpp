@@ -164,6 +164,7 @@ int run_generate(const GenerateOptions& o) {
   }
   const double gen_ms = ms_since(t1);
   fmt::print("\n");
+  std::fflush(stdout);  // the stats line on stderr comes after the text
   fmt::print(stderr, "loom: prompt {} tokens in {:.1f} ms ({:.1f} tokens/s); generated {} tokens in {:.1f} ms ({:.1f} tokens/s); "
              "backend {}, seed {}\n",
              n_prompt, prompt_ms, n_prompt / (prompt_ms / 1000.0), n_gen, gen_ms,

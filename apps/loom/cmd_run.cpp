@@ -1,5 +1,8 @@
 // `loom run`. Until the model runner lands, `loom run` evaluates a built-in LLaMA-style
 // graph (random weights, byte vocabulary) to show the engine end to end.
+#include <filesystem>
+#include <optional>
+#include <cstdlib>
 #include <chrono>
 #include <cstdio>
 #include <random>
@@ -118,17 +121,55 @@ int run_demo(const RunOptions& o) {
 
 namespace loom::app {
 
+namespace {
+
+constexpr const char* kBuiltinModelFile = "loom-shakespeare-q8_0.gguf";
+
+// The built-in model ships in the repository's models/ folder: found from $LOOM_MODEL, then next to
+// the program's build or install tree, then in ./models.
+std::optional<std::string> find_builtin_model() {
+  if (const char* env = std::getenv("LOOM_MODEL"); env && *env) return std::string(env);
+  std::vector<std::filesystem::path> dirs;
+  std::error_code ec;
+  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const auto bin = exe.parent_path();
+    dirs = {bin / "../../models", bin / "../models", bin / "../share/loom/models"};
+  }
+  dirs.emplace_back("models");
+  for (const auto& d : dirs) {
+    const auto f = d / kBuiltinModelFile;
+    if (std::filesystem::is_regular_file(f, ec)) return std::filesystem::weakly_canonical(f, ec).string();
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 void add_run_command(CLI::App& app, std::vector<Command>& out) {
   auto g = std::make_shared<GenerateOptions>();
-  auto* cmd = app.add_subcommand("run", "Generate text with a GGUF model (-m); without -m, run the built-in demo graph");
+  auto* cmd = app.add_subcommand("run", "Generate text with a GGUF model (-m; default: the built-in Shakespeare model)");
   add_model_flags(*cmd, *g);
   cmd->add_option("-p,--prompt", g->prompt, "Prompt");
   cmd->add_option("-f,--file", g->prompt_file, "Read the prompt from a file");
   cmd->add_option("-n,--n-predict", g->n_predict, "Tokens to generate")->check(CLI::Range(0, 1 << 20));
   add_sampling_flags(*cmd, *g);
   cmd->add_option("--dump-logits", g->dump_logits, "Write the prompt's logits (f32) to FILE and its ids to FILE.tokens");
-  out.push_back({cmd, [g] {
+  out.push_back({cmd, [g, cmd] {
                    if (!g->model_path.empty()) return run_generate(*g);
+                   // No -m: the built-in Shakespeare model, on the GPU when one is usable.
+                   if (auto path = find_builtin_model()) {
+                     GenerateOptions o = *g;
+                     o.model_path = *path;
+                     if (cmd->count("--prompt") == 0 && cmd->count("--file") == 0) o.prompt = "ROMEO:";
+                     if (cmd->count("--n-predict") == 0) o.n_predict = 200;
+                     if (o.backend.empty() && cmd->count("--n-gpu-layers") == 0)
+                       o.backend = create_backend("cuda").ok() ? "cuda" : "cpu";
+                     return run_generate(o);
+                   }
+                   fmt::print(stderr, "loom: the built-in model (models/{}) was not found next to the program; "
+                                      "running the demo graph with random weights instead (LOOM_MODEL=FILE or -m FILE)\n",
+                              kBuiltinModelFile);
                    RunOptions demo;
                    demo.backend = g->backend.empty() ? (g->n_gpu_layers > 0 ? "cuda" : "cpu") : g->backend;
                    if (!g->prompt.empty()) demo.prompt = g->prompt;
