@@ -48,4 +48,31 @@ const Architecture& architecture_for(Arch a) {
   return llama_architecture();
 }
 
+Tensor* build_llama_family(StepBuilder& b) {
+  Graph& g = b.graph();
+  const HParams& hp = b.hparams();
+  const int n_layer = static_cast<int>(hp.n_layer);
+  Tensor* x = b.embed();
+  for (int il = 0; il < n_layer; ++il) {
+    const LayerWeights& l = b.weights().layers[il];
+    Tensor* h = b.rms_norm(x, l.attn_norm);
+    Tensor* q = b.split_heads(b.linear(l.wq, h, l.bq), hp.head_dim_k, hp.n_head);
+    Tensor* k = b.split_heads(b.linear(l.wk, h, l.bk), hp.head_dim_k, hp.n_head_kv);
+    Tensor* v = b.split_heads(b.linear(l.wv, h, l.bv), hp.head_dim_v, hp.n_head_kv);
+    if (l.q_norm) {  // over head_dim: dim 0 of [head_dim, n_head, n_tokens]
+      q = b.rms_norm(q, l.q_norm);
+      k = b.rms_norm(k, l.k_norm);
+    }
+    Tensor* attn = b.attention(il, b.rope(q), b.rope(k), v);
+    if (il == n_layer - 1) {  // only the rows whose logits are wanted go on
+      attn = b.select_outputs(attn);
+      x = b.select_outputs(x);
+    }
+    x = add(g, x, b.linear(l.wo, attn, l.bo));
+    Tensor* f = b.rms_norm(x, l.ffn_norm);
+    x = add(g, x, l.ffn_gate_inp ? b.ffn_moe(l, f) : b.ffn_swiglu(l, f));
+  }
+  return b.logits(x);
+}
+
 }  // namespace loom::llm::detail

@@ -157,6 +157,10 @@ const Architecture& architecture_for(Arch a);
 /// embeddings when absent), optional rope_freqs, and per layer the attention weights and, with
 /// `dense_ffn`, the gated FFN weights (ffn_norm, ffn_gate, ffn_up, ffn_down).
 void declare_llama_family(TensorLoader& tl, const HParams& hp, ModelWeights& w, bool dense_ffn = true);
+/// The forward pass shared by llama, qwen2, qwen3 and qwen3moe: pre-norm attention and FFN blocks.
+/// What the weights hold picks the variant: projection biases when present (qwen2), QK-norm when
+/// q_norm is (qwen3), a mixture of experts when the layer has a router (qwen3moe), else SwiGLU.
+Tensor* build_llama_family(StepBuilder& b);
 
 /// Gemma 2/3 (llm_arch_gemma2.cpp): the LLaMA-family tensors (tied output) plus the post-attention
 /// and post-FFN norms, and with `qk_norm` the per-head query/key norms (Gemma 3).

@@ -23,27 +23,7 @@ class Qwen2Architecture final : public Architecture {
     }
   }
 
-  Tensor* build(StepBuilder& b) const override {
-    Graph& g = b.graph();
-    const HParams& hp = b.hparams();
-    const int n_layer = static_cast<int>(hp.n_layer);
-    Tensor* x = b.embed();
-    for (int il = 0; il < n_layer; ++il) {
-      const LayerWeights& l = b.weights().layers[il];
-      Tensor* h = b.rms_norm(x, l.attn_norm);
-      Tensor* q = b.split_heads(b.linear(l.wq, h, l.bq), hp.head_dim_k, hp.n_head);
-      Tensor* k = b.split_heads(b.linear(l.wk, h, l.bk), hp.head_dim_k, hp.n_head_kv);
-      Tensor* v = b.split_heads(b.linear(l.wv, h, l.bv), hp.head_dim_v, hp.n_head_kv);
-      Tensor* attn = b.attention(il, b.rope(q), b.rope(k), v);
-      if (il == n_layer - 1) {
-        attn = b.select_outputs(attn);
-        x = b.select_outputs(x);
-      }
-      x = add(g, x, b.linear(l.wo, attn));
-      x = add(g, x, b.ffn_swiglu(l, b.rms_norm(x, l.ffn_norm)));
-    }
-    return b.logits(x);
-  }
+  Tensor* build(StepBuilder& b) const override { return build_llama_family(b); }
 };
 
 }  // namespace

@@ -31,29 +31,7 @@ class Qwen3MoeArchitecture final : public Architecture {
     }
   }
 
-  Tensor* build(StepBuilder& b) const override {
-    Graph& g = b.graph();
-    const HParams& hp = b.hparams();
-    const int n_layer = static_cast<int>(hp.n_layer);
-    Tensor* x = b.embed();
-    for (int il = 0; il < n_layer; ++il) {
-      const LayerWeights& l = b.weights().layers[il];
-      Tensor* h = b.rms_norm(x, l.attn_norm);
-      Tensor* q = b.split_heads(b.linear(l.wq, h), hp.head_dim_k, hp.n_head);
-      Tensor* k = b.split_heads(b.linear(l.wk, h), hp.head_dim_k, hp.n_head_kv);
-      Tensor* v = b.split_heads(b.linear(l.wv, h), hp.head_dim_v, hp.n_head_kv);
-      q = b.rms_norm(q, l.q_norm);
-      k = b.rms_norm(k, l.k_norm);
-      Tensor* attn = b.attention(il, b.rope(q), b.rope(k), v);
-      if (il == n_layer - 1) {
-        attn = b.select_outputs(attn);
-        x = b.select_outputs(x);
-      }
-      x = add(g, x, b.linear(l.wo, attn));
-      x = add(g, x, b.ffn_moe(l, b.rms_norm(x, l.ffn_norm)));
-    }
-    return b.logits(x);
-  }
+  Tensor* build(StepBuilder& b) const override { return build_llama_family(b); }
 };
 
 }  // namespace
