@@ -242,22 +242,9 @@ std::vector<double> flatten(const std::vector<Vec>& rows) {
 
 class LlmArchs2 : public ModelFiles {
  protected:
-  struct Loaded {
-    std::unique_ptr<Backend> backend;
-    std::unique_ptr<Model> model;
-    std::unique_ptr<Context> ctx;
-  };
+  using Loaded = LoadedModel;
   Loaded open(const std::string& file, int n_ctx, int n_batch, int n_threads = 2) {
-    Loaded l;
-    l.backend = make_cpu_backend(n_threads);
-    auto m = Model::load(file, *l.backend, quiet_load());
-    EXPECT_TRUE(m.ok()) << m.status().to_string();
-    if (!m.ok()) return l;
-    l.model = std::move(m.value());
-    auto c = Context::create(*l.model, ContextParams{n_ctx, n_batch, 0});
-    EXPECT_TRUE(c.ok()) << c.status().to_string();
-    if (c.ok()) l.ctx = std::move(c.value());
-    return l;
+    return open_cpu_model(file, n_threads, n_ctx, n_batch);
   }
   // All logits of `tokens` at positions pos0.. in chunks of n_batch.
   std::vector<float> all_logits(const std::string& file, const std::vector<int32_t>& tokens, int pos0,

@@ -71,6 +71,28 @@ struct Rewrite {
   std::function<Status(GgufWriter&, const GgufFile&)> add;
 };
 
+/// A CPU backend, a model loaded on it and a context (members destroyed in reverse order).
+struct LoadedModel {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Context> ctx;
+};
+
+/// Loads `file` on a CPU backend of n_threads and makes a context; failures are test failures
+/// (and leave the missing members null).
+inline LoadedModel open_cpu_model(const std::string& file, int n_threads, int n_ctx, int n_batch) {
+  LoadedModel l;
+  l.backend = make_cpu_backend(n_threads);
+  auto m = Model::load(file, *l.backend, quiet_load());
+  EXPECT_TRUE(m.ok()) << m.status().to_string();
+  if (!m.ok()) return l;
+  l.model = std::move(m.value());
+  auto c = Context::create(*l.model, ContextParams{n_ctx, n_batch, 0});
+  EXPECT_TRUE(c.ok()) << c.status().to_string();
+  if (c.ok()) l.ctx = std::move(c.value());
+  return l;
+}
+
 /// Copies `src` to `dst` with the changes of `r`.
 inline Status rewrite_gguf(const std::string& src, const std::string& dst, const Rewrite& r) {
   auto f = GgufFile::open(src);

@@ -8,22 +8,9 @@ namespace {
 
 class LlmContext : public ModelFiles {
  protected:
-  struct Loaded {
-    std::unique_ptr<Backend> backend;
-    std::unique_ptr<Model> model;
-    std::unique_ptr<Context> ctx;
-  };
+  using Loaded = LoadedModel;
   Loaded open(const std::string& file, int n_threads, int n_ctx, int n_batch) {
-    Loaded l;
-    l.backend = make_cpu_backend(n_threads);
-    auto m = Model::load(file, *l.backend, quiet_load());
-    EXPECT_TRUE(m.ok()) << m.status().to_string();
-    if (!m.ok()) return l;
-    l.model = std::move(m.value());
-    auto c = Context::create(*l.model, ContextParams{n_ctx, n_batch, 0});
-    EXPECT_TRUE(c.ok()) << c.status().to_string();
-    if (c.ok()) l.ctx = std::move(c.value());
-    return l;
+    return open_cpu_model(file, n_threads, n_ctx, n_batch);
   }
 };
 

@@ -29,23 +29,10 @@ const char* kText =
     "about the fisherman; a few of the older ones still remembered him, and they told the story of "
     "the winter the river froze and he walked across it to bring bread to a neighbour who was ill.";
 
-struct Loaded {
-  std::unique_ptr<Backend> backend;
-  std::unique_ptr<Model> model;
-  std::unique_ptr<Context> ctx;
-};
+using Loaded = LoadedModel;
 
 Loaded open_model(const std::string& file, int n_threads, int n_ctx, int n_batch) {
-  Loaded l;
-  l.backend = make_cpu_backend(n_threads);
-  auto m = Model::load(file, *l.backend, quiet_load());
-  EXPECT_TRUE(m.ok()) << m.status().to_string();
-  if (!m.ok()) return l;
-  l.model = std::move(m.value());
-  auto c = Context::create(*l.model, ContextParams{n_ctx, n_batch, 0});
-  EXPECT_TRUE(c.ok()) << c.status().to_string();
-  if (c.ok()) l.ctx = std::move(c.value());
-  return l;
+  return open_cpu_model(file, n_threads, n_ctx, n_batch);
 }
 
 // -log p(next) from one row of logits, written out separately from the code under test.
