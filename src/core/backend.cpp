@@ -12,7 +12,8 @@ namespace loom {
 namespace {
 
 struct Registry {
-  std::mutex mutex;
+  // Recursive: a backend library loaded under the lock registers itself through register_backend.
+  std::recursive_mutex mutex;
   std::map<std::string, BackendFactory, std::less<>> factories;
   bool dynamic_loaded = false;
   std::string load_error;  // why a backend library that exists failed to load
@@ -52,11 +53,7 @@ void load_dynamic_backends(Registry& r) {
       continue;
     }
     auto fn = reinterpret_cast<LibraryRegisterFn>(dlsym(handle, "loom_backend_register"));
-    if (fn) {
-      r.mutex.unlock();  // the library calls register_backend
-      fn(&register_backend);
-      r.mutex.lock();
-    }
+    if (fn) fn(&register_backend);
     break;
   }
 }
