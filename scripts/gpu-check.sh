@@ -35,14 +35,14 @@ step unit_tests ctest --test-dir $build --output-on-failure -j 8 -E loom-test-op
 step ops_cpu $build/bin/loom-test-ops -t 16
 step ops_cuda $build/bin/loom-test-ops --backend cuda,cpu -t 16
 [[ ${LOOM_GPU_PERF:-0} == 1 ]] && step ops_cuda_perf $build/bin/loom-test-ops --backend cuda perf
-step demo_cuda $build/bin/loom run --backend cuda -n 8
+step builtin_cuda $build/bin/loom run --backend cuda -n 8
 step capi_cuda $build/bin/loom-test-capi-cuda
 step e2e bash scripts/gpu-e2e.sh $build/bin "$out"
 
 echo
 echo "== summary =="
 printf '%-16s %s\n' step result
-for k in configure build unit_tests ops_cpu ops_cuda ops_cuda_perf demo_cuda capi_cuda e2e; do
+for k in configure build unit_tests ops_cpu ops_cuda ops_cuda_perf builtin_cuda capi_cuda e2e; do
   printf '%-16s %s\n' "$k" "${result[$k]:-skipped}"
 done
 grep -h -E '^[0-9]+ passed' "$out"/ops_*.log 2>/dev/null | sed 's/^/ops: /'

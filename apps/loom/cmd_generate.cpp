@@ -41,14 +41,16 @@ Status write_logits(const std::string& path, std::span<const float> logits, std:
 
 }  // namespace
 
-Result<std::string> resolve_backend(const GenerateOptions& o) {
+namespace {
+
+// --backend, else what -ngl implies. Any -ngl > 0 means the GPU: splitting layers between GPU and
+// CPU is not built yet, and open_generate_session refuses an -ngl below the layer count.
+std::string resolve_backend(const GenerateOptions& o) {
   if (!o.backend.empty()) return o.backend;
-  if (o.n_gpu_layers == 0) return std::string("cpu");
-  // -ngl N: N layers on the GPU. Splitting a model between the GPU and the CPU is not built yet,
-  // so any N > 0 puts the whole model on the GPU; say so rather than silently differ from
-  // llama.cpp when N is smaller than the layer count.
-  return std::string("cuda");
+  return o.n_gpu_layers > 0 || o.gpu_if_usable ? "cuda" : "cpu";
 }
+
+}  // namespace
 
 void add_model_flags(CLI::App& cmd, GenerateOptions& o) {
   cmd.add_option("-m,--model", o.model_path, "GGUF model file");
@@ -70,9 +72,7 @@ void add_sampling_flags(CLI::App& cmd, GenerateOptions& o) {
 }
 
 Result<llm::Session> open_generate_session(const GenerateOptions& o, std::string& backend_name) {
-  auto name = resolve_backend(o);
-  if (!name) return name.status();
-  backend_name = *name;
+  backend_name = resolve_backend(o);
   llm::SessionParams sp;
   sp.model_path = o.model_path;
   sp.backend = backend_name;
@@ -80,6 +80,12 @@ Result<llm::Session> open_generate_session(const GenerateOptions& o, std::string
   sp.n_ctx = o.n_ctx;
   sp.n_batch = o.n_batch;
   auto session = llm::open_session(sp);
+  const bool no_gpu = !session && (session.status().code() == StatusCode::device_error ||
+                                   session.status().code() == StatusCode::unsupported);
+  if (no_gpu && o.gpu_if_usable && o.backend.empty() && o.n_gpu_layers == 0) {
+    backend_name = sp.backend = "cpu";  // no usable GPU: the CPU, as asked
+    session = llm::open_session(sp);
+  }
   if (!session) return session.status();
   const int n_layer = static_cast<int>(session->model->hparams().n_layer);
   if (o.n_gpu_layers > 0 && o.n_gpu_layers < n_layer && o.backend.empty())

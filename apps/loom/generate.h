@@ -30,6 +30,7 @@ struct GenerateOptions {
   uint32_t seed = kRandomSeed;  ///< -s
   int n_gpu_layers = 0;      ///< -ngl
   std::string backend;       ///< --backend overrides -ngl's choice
+  bool gpu_if_usable = false;  ///< no --backend or -ngl: the GPU when one is usable, else the CPU
   std::string dump_logits;   ///< --dump-logits: all prompt logits (f32) to this file, ids to FILE.tokens
 };
 
@@ -41,8 +42,6 @@ int run_generate(const GenerateOptions& o);
 void add_model_flags(CLI::App& cmd, GenerateOptions& o);
 /// Registers --temp, --top-k, --top-p, --min-p, --repeat-penalty and -s on `cmd`, writing into `o`.
 void add_sampling_flags(CLI::App& cmd, GenerateOptions& o);
-/// The backend --backend names, else the one -ngl implies ("cpu" for -ngl 0, else "cuda").
-Result<std::string> resolve_backend(const GenerateOptions& o);
 /// Opens the backend `o` asks for (its name in `backend_name`), the model and a context, and
 /// rejects an -ngl that would split the layers between the GPU and the CPU.
 Result<llm::Session> open_generate_session(const GenerateOptions& o, std::string& backend_name);

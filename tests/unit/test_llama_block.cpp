@@ -4,7 +4,7 @@
 #include <cmath>
 #include <random>
 
-#include "llm/llama_block.h"
+#include "llama_block.h"
 #include "loom/cpu.h"
 #include "loom/planner.h"
 

@@ -1,6 +1,6 @@
-// A LLaMA-style decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU) built as a Loom graph.
-// The foundation's end-to-end check and the built-in demo; the model issue grows this into full
-// GGUF-driven architectures.
+// A LLaMA-style decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU) built straight from graph
+// ops, with no GGUF or KV cache: the foundation's check that the ops compose into a correct block
+// (test_llama_block.cpp). Models proper live in src/llm.
 #pragma once
 
 #include <vector>

@@ -1,4 +1,4 @@
-#include "llm/llama_block.h"
+#include "llama_block.h"
 
 #include <cmath>
 #include <limits>
