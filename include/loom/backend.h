@@ -7,6 +7,7 @@
 #include <string_view>
 #include <vector>
 
+#include "loom/exec.h"
 #include "loom/graph.h"
 #include "loom/status.h"
 
@@ -60,6 +61,21 @@ class Backend {
   virtual Status compute(const Graph& g) = 0;
   /// Waits for work queued on the backend.
   virtual Status synchronize() { return {}; }
+
+  // ---- the graph executor (backends without one keep the defaults: plain in-order evaluation) ----
+  /// Switches the executor's techniques (takes effect at the next compute).
+  virtual void set_exec_options(const ExecOptions& options) { (void)options; }
+  virtual ExecOptions exec_options() const { return ExecOptions{}; }
+  /// What the executor did since the last reset_exec_counters().
+  virtual ExecCounters exec_counters() const { return ExecCounters{}; }
+  virtual void reset_exec_counters() {}
+  /// Writes a Chrome-trace JSON of the next compute (per-dispatch GPU times) to `path`, and the
+  /// plan as DOT to `path` + ".dot". Unsupported backends return an error.
+  virtual Status capture_next_compute(const std::string& path) {
+    return make_error(StatusCode::unsupported, "{}: no trace capture", name());
+  }
+  /// Clears a sticky error state left by a failed launch or sync (see compute()).
+  virtual Status reset() { return {}; }
 };
 
 using BackendFactory = std::function<Result<std::unique_ptr<Backend>>(const BackendOptions&)>;

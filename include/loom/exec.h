@@ -1,0 +1,70 @@
+// The graph executor's switches and counters, as backends expose them (Backend::set_exec_options,
+// Backend::exec_counters). The plan itself (dispatches, ranges, passes) is in src/exec.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+namespace loom {
+
+/// Kinds of fused dispatch (src/exec/plan.h documents the node roles of each).
+enum class FusedKind : uint8_t {
+  none,                 ///< one graph node
+  rms_norm_mul,         ///< rms_norm(x) * w
+  add_rms_norm_mul,     ///< y = a + b; rms_norm(y) * w (y is written too: it is the residual)
+  mat_vec_bias,         ///< mul_mat(w, x) + bias
+  glu_mat_vec,          ///< swiglu/geglu(mul_mat(w_gate, x), mul_mat(w_up, x))
+  rope_set_rows,        ///< rope(k) stored into the KV cache by set_rows (+ rope(q) in the same launch)
+  scale_mask_soft_max,  ///< soft_max(scale(x) + mask)
+  moe_route,            ///< soft_max -> top_k -> gather weights (-> normalise): ids and weights
+  count_,
+};
+inline constexpr int kFusedKindCount = static_cast<int>(FusedKind::count_);
+const char* fused_kind_name(FusedKind k);
+
+/// Which executor techniques are on. Every field defaults to on; `serialize` overrides all of them
+/// (one kernel at a time, in graph order, no CUDA graph: the mode for hunting races).
+/// Environment: LOOM_EXEC_SERIALIZE=1, LOOM_EXEC_GRAPH=0, LOOM_EXEC_CONCURRENCY=0, LOOM_EXEC_FUSION=0,
+/// LOOM_EXEC_REORDER=0, LOOM_EXEC_PDL=0 turn the matching switch (read by exec_options_from_env()).
+struct ExecOptions {
+  bool serialize = false;    ///< everything off
+  bool graph = true;         ///< record the pass as a CUDA graph and replay it
+  bool concurrency = true;   ///< edges only where byte ranges conflict (else a chain)
+  bool fusion = true;        ///< fusion pass
+  bool reorder = true;       ///< 64-dispatch look-ahead reorder pass
+  bool pdl = true;           ///< programmatic dependent launch on single-predecessor chains (Hopper+)
+  int n_cb = 1;              ///< chunks a first (non-replayed) pass is submitted in
+  int lookahead = 64;        ///< reorder window
+};
+
+/// Options with the environment's overrides applied to `base`.
+ExecOptions exec_options_from_env(ExecOptions base = {});
+/// "serialize" / "graph+concurrency+fusion+reorder+pdl" etc.
+std::string exec_options_string(const ExecOptions& o);
+
+/// What the executor did, summed since the last reset.
+struct ExecCounters {
+  uint64_t computes = 0;        ///< graph_compute calls
+  uint64_t dispatches = 0;      ///< dispatches planned (after fusion)
+  uint64_t graph_nodes = 0;     ///< graph nodes with kernels (before fusion)
+  uint64_t kernels = 0;         ///< kernel launches (in a replayed graph: its kernel nodes)
+  uint64_t edges = 0;           ///< dependency edges after transitive reduction
+  uint64_t pdl_edges = 0;       ///< of which programmatic (PDL)
+  uint64_t groups = 0;          ///< concurrent groups (dispatches with the same dependency depth)
+  std::array<uint64_t, 9> group_hist{};  ///< groups of size 1, 2, 3-4, 5-8, 9-16, 17-32, 33-64, 65-128, >128
+  std::array<uint64_t, kFusedKindCount> fusions{};  ///< fused dispatches by kind
+  uint64_t reordered = 0;       ///< dispatches moved by the reorder pass
+  uint64_t graph_builds = 0;    ///< executable graphs instantiated
+  uint64_t graph_updates = 0;   ///< executable graphs updated in place (cudaGraphExecUpdate)
+  uint64_t graph_replays = 0;   ///< launches of a cached executable graph
+  uint64_t host_syncs = 0;      ///< host waits on the device
+  uint64_t host_ns = 0;         ///< host time inside compute, excluding the final wait on the device
+};
+
+/// Human-readable multi-line summary (what `loom run --stats` prints).
+std::string exec_counters_string(const ExecCounters& c);
+/// Index into ExecCounters::group_hist for a group of `size` dispatches.
+int group_hist_bucket(uint64_t size);
+
+}  // namespace loom

@@ -1,0 +1,39 @@
+// Fused kernels: one launch for a group of graph nodes the executor's fusion pass matched
+// (src/exec/plan.h lists each kind's node roles). Each must equal the unfused composition within
+// the ops' NMSE thresholds. Kernels in fused.cu.
+#pragma once
+
+#include "backend/cuda/kernels/launch.h"
+#include "backend/cuda/kernels/rope.cuh"
+
+namespace loom::cuda {
+
+/// mul = rms_norm(norm->src[0]) * mul->src[1]  (weight broadcast over rows like the binary kernel).
+CudaError launch_rms_norm_mul(const LaunchContext& ctx, const Tensor* norm, const Tensor* mul);
+/// add = add->src[0] + add->src[1] (written: it is the residual); mul = rms_norm(add) * mul->src[1].
+CudaError launch_add_rms_norm_mul(const LaunchContext& ctx, const Tensor* add, const Tensor* norm,
+                                  const Tensor* mul);
+/// add = mul_mat(mm->src[0], mm->src[1]) + add->src[1]; any weight type mul_mat takes, n columns
+/// small enough for the mat-vec path (supports_fused checks).
+CudaError launch_mat_vec_bias(const LaunchContext& ctx, const Tensor* mm, const Tensor* add);
+/// glu = swiglu/geglu(mm_gate, mm_up): both projections of one activation row in one kernel.
+CudaError launch_glu_mat_vec(const LaunchContext& ctx, const Tensor* mm_gate, const Tensor* mm_up,
+                             const Tensor* glu);
+/// Rotates rope_k's input and stores it through set_rows into the cache; rope_q (may be null) is
+/// rotated in the same launch. Both ropes share `args` (same params, same positions tensor).
+CudaError launch_rope_set_rows(const LaunchContext& ctx, const Tensor* rope_k, const Tensor* set_rows,
+                               const Tensor* rope_q, const RopeArgs& args);
+/// soft_max = softmax(scale(x) + mask) with scale/bias from the scale node and mask = add->src[1].
+CudaError launch_scale_mask_soft_max(const LaunchContext& ctx, const Tensor* scale, const Tensor* add,
+                                     const Tensor* soft_max);
+/// MoE routing per token: probabilities (softmax of the router logits), the top-k expert ids
+/// (top_k's output) and their weights (get_rows' output, or div's: normalised by their sum).
+CudaError launch_moe_route(const LaunchContext& ctx, const Tensor* soft_max, const Tensor* top_k,
+                           const Tensor* get_rows, const Tensor* sum_rows, const Tensor* div);
+
+/// Device scratch a fused dispatch needs (quantized activations of glu_mat_vec / mat_vec_bias).
+size_t fused_scratch_bytes(FusedKind kind, const Tensor* const* nodes);
+/// Whether the fused kernels handle these nodes' types and shapes.
+bool fused_supported(FusedKind kind, const Tensor* const* nodes);
+
+}  // namespace loom::cuda

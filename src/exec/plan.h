@@ -1,0 +1,113 @@
+// The executor's plan: a graph becomes a list of dispatches (one kernel launch or one fused kernel
+// each) with the exact byte ranges they read and write; passes rewrite it (fusion, reorder) and
+// derive the dependencies (RAW/WAR/WAW on overlapping bytes, transitively reduced).
+// Backend-agnostic: it only looks at tensors' addresses, so it runs after allocation.
+//
+// Node roles of each fused kind (Dispatch::nodes, in this order; "kept" nodes are written, the
+// others are intermediates the fused kernel never stores):
+//   rms_norm_mul         {norm, mul}                          kept: mul.  mul = mul(norm, w) with w = mul->src[1]
+//   add_rms_norm_mul     {add, norm, mul}                     kept: add, mul (add is the residual)
+//   mat_vec_bias         {mul_mat, add}                       kept: add.  add = add(mul_mat, bias), bias = add->src[1]
+//   glu_mat_vec          {mm_gate, mm_up, glu}                kept: glu.  glu = swiglu/geglu(mm_gate, mm_up), both
+//                                                             mul_mats read the same activations (src[1])
+//   rope_set_rows        {rope_k, set_rows, rope_q or null}   kept: set_rows, rope_q. set_rows->src[1] is
+//                                                             permute(rope_k, 0, 2, 1, 3) (a view of rope_k)
+//   scale_mask_soft_max  {scale, add, soft_max}               kept: soft_max. add = add(scale, mask);
+//                                                             soft_max has no mask of its own
+//   moe_route            {soft_max, top_k, get_rows, sum_rows or null, div or null}
+//                                                             kept: top_k and the last of get_rows/div.
+//                                                             top_k reads soft_max; get_rows reads a
+//                                                             [1, n_expert, T] view of soft_max with the
+//                                                             top_k ids; div = div(view(get_rows), sum_rows)
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "loom/exec.h"
+#include "loom/graph.h"
+
+namespace loom::exec {
+
+/// Bytes [begin, end) of one address space.
+struct ByteRange {
+  uintptr_t begin = 0;
+  uintptr_t end = 0;
+  bool empty() const { return end <= begin; }
+  bool overlaps(const ByteRange& o) const { return begin < o.end && o.begin < end; }
+};
+
+/// The bytes a tensor's elements span: from its first element to one past its last, strides
+/// included (a view contributes its own extent, not its source's whole allocation).
+ByteRange tensor_range(const Tensor& t);
+
+inline constexpr int kMaxFusedNodes = 5;
+
+struct Dispatch {
+  FusedKind kind = FusedKind::none;
+  std::array<Tensor*, kMaxFusedNodes> nodes{};  ///< roles per kind (above); kind none: nodes[0]
+  int order = 0;              ///< graph index of the node that anchors it (its last node)
+  std::vector<ByteRange> reads;
+  std::vector<ByteRange> writes;
+  bool barrier = false;       ///< host-visible result or side effect: reorder does not move past it
+  size_t scratch_bytes = 0;   ///< device scratch the kernels need (set by the backend)
+  ByteRange scratch;          ///< where (assign_scratch); counted among writes
+  int depth = 0;              ///< longest path from a root in the dependency DAG
+
+  Tensor* node() const { return nodes[0]; }
+  /// The node that names the dispatch: the last non-null role.
+  Tensor* anchor() const;
+  int n_nodes() const;
+};
+
+/// Asks the backend whether it has a kernel for a candidate fused dispatch.
+class FusionSupport {
+ public:
+  virtual ~FusionSupport() = default;
+  virtual bool supports_fused(const Dispatch& d) const = 0;
+};
+
+struct PlanStats {
+  uint64_t graph_nodes = 0;  ///< nodes with kernels
+  std::array<uint64_t, kFusedKindCount> fusions{};
+  uint64_t reordered = 0;
+  uint64_t edges = 0;
+  uint64_t groups = 0;
+  std::array<uint64_t, 9> group_hist{};
+};
+
+struct Plan {
+  std::vector<Dispatch> dispatches;    ///< in encoding order
+  std::vector<std::vector<int>> deps;  ///< deps[i]: earlier dispatches i waits for (reduced)
+  PlanStats stats;
+
+  /// One line per dispatch: index, kind/op, anchor, depth, deps, ranges.
+  std::string dump() const;
+  /// Graphviz DOT of the dependency DAG.
+  std::string dot() const;
+};
+
+// ---- passes, in the order the executor runs them ------------------------------------------------
+
+/// One dispatch per node that launches work (views and leafs launch nothing), in graph order.
+/// Every tensor must be allocated.
+Plan build_plan(const Graph& g);
+/// Rewrites matching node groups into fused dispatches the backend supports.
+void fuse(Plan& plan, const Graph& g, const FusionSupport& support);
+/// Gives each dispatch with scratch_bytes > 0 one of `n_slots` slots of `slot_bytes` at `base`,
+/// round robin, and adds the slot to its writes (so two users of a slot are ordered).
+void assign_scratch(Plan& plan, uintptr_t base, size_t slot_bytes, int n_slots);
+/// Greedy look-ahead: repeatedly emits, from the next `lookahead` pending dispatches, every one that
+/// conflicts with no earlier pending dispatch, so independent dispatches become adjacent groups.
+/// Barriers stop the look-ahead. Counts the dispatches that moved.
+void reorder(Plan& plan, int lookahead);
+/// deps and depth: with `concurrency`, each dispatch waits for earlier ones whose ranges conflict
+/// (RAW, WAR, WAW), transitively reduced; without, each waits for the one before it (a chain).
+void build_dependencies(Plan& plan, bool concurrency);
+
+/// Whether two dispatches must be ordered (one writes bytes the other reads or writes).
+bool conflicts(const Dispatch& a, const Dispatch& b);
+
+}  // namespace loom::exec
