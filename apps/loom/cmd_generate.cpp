@@ -1,6 +1,7 @@
 // `loom run -m MODEL`: tokenize the prompt, prefill, then sample and stream tokens.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -10,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "generate.h"
+#include "loom/exec.h"
 #include "loom/llm.h"
 #include "loom/sample.h"
 #include "loom/text.h"
@@ -37,6 +39,38 @@ Status write_logits(const std::string& path, std::span<const float> logits, std:
   t << "\n";
   if (!f || !t) return make_error(StatusCode::io_error, "{}: write failed", path);
   return {};
+}
+
+// The --stats report: the context's bookkeeping of the prompt and of the last step, and what the
+// backend's graph executor did for the prompt and for the `n_steps` one-token steps.
+void print_stats(int n_prompt, const llm::DecodeStats& prompt, const ExecCounters& prompt_exec,
+                 const llm::DecodeStats& step, const ExecCounters& step_exec, int n_steps,
+                 const llm::Context& ctx) {
+  auto indent = [](const std::string& s) {
+    std::string out;
+    size_t start = 0;
+    while (start < s.size()) {
+      const size_t end = std::min(s.find('\n', start), s.size());
+      out += "loom:   " + s.substr(start, end - start) + "\n";
+      start = end + 1;
+    }
+    return out;
+  };
+  fmt::print(
+      stderr,
+      "loom: stats: context {} cells ({} used), batch {}, KV cache {:.1f} MiB, activation arena {:.1f} MiB "
+      "(allocated {} times)\n",
+      ctx.n_ctx(), ctx.kv_cache_used(), ctx.n_batch(), ctx.kv_cache_bytes() / (1024.0 * 1024.0),
+      step.arena_bytes / (1024.0 * 1024.0), step.n_arena_allocations);
+  fmt::print(stderr,
+             "loom: stats: prompt: {} tokens, forward passes {}, {} graph nodes in the last; executor:\n{}",
+             n_prompt, prompt.n_steps, prompt.n_nodes, indent(exec_counters_string(prompt_exec)));
+  fmt::print(stderr, "loom: stats: generation: {} one-token steps, {} graph nodes in the last; executor:\n{}",
+             n_steps, n_steps > 0 ? step.n_nodes : 0, indent(exec_counters_string(step_exec)));
+  if (n_steps > 0)
+    fmt::print(stderr, "loom: stats: generation: {:.1f} kernels/token, host {:.1f} us/token\n",
+               static_cast<double>(step_exec.kernels) / n_steps,
+               static_cast<double>(step_exec.host_ns) / n_steps / 1e3);
 }
 
 }  // namespace
@@ -136,6 +170,8 @@ int run_generate(const GenerateOptions& o) {
   fmt::print("{}", prompt);
   std::fflush(stdout);
   const int n_prompt = static_cast<int>(tokens.size());
+  Backend& backend = *session->backend;
+  backend.reset_exec_counters();  // loading may have computed; --stats covers prompt and generation only
   auto t0 = std::chrono::steady_clock::now();
   llm::DecodeOptions dopt;
   dopt.all_logits = !o.dump_logits.empty();
@@ -148,8 +184,14 @@ int run_generate(const GenerateOptions& o) {
     last = logits->subspan(logits->size() - static_cast<size_t>(ctx.n_vocab()));
   }
 
+  // The prompt's pass and the one-token steps differ in shape: --stats reports them apart.
+  const ExecCounters prompt_counters = backend.exec_counters();
+  const llm::DecodeStats prompt_stats = ctx.stats();
+  backend.reset_exec_counters();
+
   const auto& special = tok->special();
   int n_gen = 0;
+  int n_steps = 0;
   auto t1 = std::chrono::steady_clock::now();
   for (; n_gen < o.n_predict; ++n_gen) {
     auto next = sampler->sample(last, tokens);
@@ -166,6 +208,7 @@ int run_generate(const GenerateOptions& o) {
     }
     auto step = ctx.decode(std::span<const int32_t>(&tokens.back(), 1), static_cast<int>(tokens.size()) - 1);
     if (!step) return fail(step.status());
+    ++n_steps;
     last = *step;
   }
   const double gen_ms = ms_since(t1);
@@ -175,6 +218,8 @@ int run_generate(const GenerateOptions& o) {
              "backend {}, seed {}\n",
              n_prompt, prompt_ms, n_prompt / (prompt_ms / 1000.0), n_gen, gen_ms,
              n_gen > 0 ? n_gen / (gen_ms / 1000.0) : 0.0, backend_name, sampler->seed());
+  if (o.stats)
+    print_stats(n_prompt, prompt_stats, prompt_counters, ctx.stats(), backend.exec_counters(), n_steps, ctx);
   return 0;
 }
 

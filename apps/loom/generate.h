@@ -32,6 +32,7 @@ struct GenerateOptions {
   std::string backend;       ///< --backend overrides -ngl's choice
   bool gpu_if_usable = false;  ///< no --backend or -ngl: the GPU when one is usable, else the CPU
   std::string dump_logits;   ///< --dump-logits: all prompt logits (f32) to this file, ids to FILE.tokens
+  bool stats = false;        ///< --stats: decode and graph-executor statistics on stderr at the end
 };
 
 int run_generate(const GenerateOptions& o);

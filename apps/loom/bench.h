@@ -1,0 +1,110 @@
+// `loom bench`: llama-bench's tests and tables, plus a sweep over graph-executor configurations.
+//
+// Tests, as llama-bench runs them:
+//   ppP     one decode call of P random tokens into an empty KV cache;
+//   tgN     N one-token decode calls from an empty cache (random tokens, no sampling);
+//   ppP+tgN both, timed together.
+// Only the decode calls are timed. Each test runs once as a warm-up (not counted; CUDA graphs get
+// built there) and then `repetitions` times; t/s is reported as mean ± sample stdev over the
+// repetitions (llama-bench's statistic) and, for --exec sweeps, the median. The backend's
+// executor counters are reset after the warm-up, so they cover exactly the measured repetitions.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "loom/exec.h"
+#include "loom/llm.h"
+#include "loom/status.h"
+
+namespace loom::app {
+
+/// One executor configuration of `--exec`.
+struct ExecConfig {
+  std::string name;                    ///< serialize, graph, concurrency, fusion, reorder, all, default
+  std::optional<ExecOptions> options;  ///< nullopt ("default"): leave the backend's options alone
+};
+
+/// Parses a comma-separated list of configuration names:
+///   serialize   ExecOptions{serialize = true}
+///   graph       CUDA graph only (concurrency, fusion, reorder, pdl off)
+///   concurrency graph + concurrency
+///   fusion      graph + concurrency + fusion
+///   reorder     graph + concurrency + fusion + reorder
+///   all         everything, PDL included
+///   default     whatever the backend has (its defaults with the LOOM_EXEC_* environment)
+/// n_cb and lookahead come from the environment (exec_options_from_env). An unknown or empty name
+/// is an invalid_argument error listing the known ones.
+Result<std::vector<ExecConfig>> parse_exec_configs(std::string_view list);
+
+/// Whether two option sets switch the same techniques with the same parameters.
+bool same_exec_options(const ExecOptions& a, const ExecOptions& b);
+
+/// One test: n_prompt > 0 and/or n_gen > 0.
+struct BenchTest {
+  int n_prompt = 0;
+  int n_gen = 0;
+  /// "pp512", "tg128", "pp512+tg128".
+  std::string name() const;
+  int n_tokens() const { return n_prompt + n_gen; }
+};
+
+/// Mean, sample standard deviation and median of tokens per second.
+struct TsStats {
+  double mean = 0.0;
+  double stddev = 0.0;  ///< 0 with fewer than two samples
+  double median = 0.0;
+};
+/// t/s of each sample (n_tokens / seconds) and their statistics.
+TsStats ts_stats(const std::vector<double>& samples_ns, int n_tokens);
+
+/// The model columns of a result (same for every test of one model).
+struct BenchModelInfo {
+  std::string filename;  ///< as given on the command line
+  std::string type;      ///< "llama 1B Q4_0": architecture, size label, main weight type
+  uint64_t size = 0;     ///< weight bytes
+  uint64_t n_params = 0;
+};
+/// The info of a loaded model (`filename` as given).
+BenchModelInfo bench_model_info(const llm::Model& model, const std::string& filename);
+
+/// One row of the report.
+struct BenchResult {
+  BenchModelInfo model;
+  std::string backend;  ///< registry name: cpu, cuda
+  int n_gpu_layers = 0;
+  int n_threads = 0;
+  int n_batch = 0;
+  std::string exec;          ///< configuration name; empty without --exec
+  std::string exec_options;  ///< exec_options_string of what the backend reports it runs with
+  BenchTest test;
+  std::vector<double> samples_ns;  ///< time in decode calls, per measured repetition
+  ExecCounters counters;           ///< summed over the measured repetitions
+  TsStats stats() const { return ts_stats(samples_ns, test.n_tokens()); }
+  /// Tokens decoded in the measured repetitions.
+  uint64_t tokens() const { return samples_ns.size() * static_cast<uint64_t>(test.n_tokens()); }
+};
+
+/// How run_bench_test runs.
+struct BenchRunOptions {
+  int repetitions = 5;
+  bool warmup = true;
+  uint32_t seed = 1234;  ///< random tokens
+};
+
+/// Runs `test` on `ctx` (whose model's backend is `backend`): fills samples_ns and counters of
+/// `out`; leaves the other fields alone. The context must hold test.n_tokens() tokens; its KV cache
+/// is cleared before every repetition.
+Status run_bench_test(llm::Context& ctx, Backend& backend, const BenchTest& test,
+                      const BenchRunOptions& options, BenchResult& out);
+
+enum class BenchFormat { md, json, csv };
+/// md: llama-bench's markdown table (with the executor columns when any result has `exec`);
+/// json: an array of objects with llama-bench's field names plus Loom's; csv: one header line and
+/// one line per result, every field quoted.
+std::string format_bench(const std::vector<BenchResult>& results, BenchFormat format);
+
+}  // namespace loom::app

@@ -1,0 +1,230 @@
+// `loom bench`: llama-bench's flags and tables (bench.h), plus --exec sweeps of the graph executor.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <CLI/CLI.hpp>
+
+#include "bench.h"
+#include "commands.h"
+#include "generate.h"
+
+namespace loom::app {
+
+Status run_bench_test(llm::Context& ctx, Backend& backend, const BenchTest& test,
+                      const BenchRunOptions& options, BenchResult& out) {
+  if (test.n_prompt < 0 || test.n_gen < 0 || test.n_tokens() == 0)
+    return make_error(StatusCode::invalid_argument,
+                      "bench: a test needs prompt or generated tokens (got p {}, n {})", test.n_prompt,
+                      test.n_gen);
+  if (test.n_tokens() > ctx.n_ctx())
+    return make_error(StatusCode::invalid_argument,
+                      "bench: {} needs {} tokens of context; the context has {}", test.name(),
+                      test.n_tokens(), ctx.n_ctx());
+  if (options.repetitions < 1)
+    return make_error(StatusCode::invalid_argument, "bench: repetitions {} must be >= 1",
+                      options.repetitions);
+
+  // Random ids: what the tokens say does not change the work of a dense model's forward pass.
+  std::mt19937 rng(options.seed);
+  std::uniform_int_distribution<int32_t> pick(0, ctx.n_vocab() - 1);
+  std::vector<int32_t> tokens(static_cast<size_t>(test.n_tokens()));
+  for (auto& t : tokens) t = pick(rng);
+
+  using clock = std::chrono::steady_clock;
+  auto once = [&](double& ns) -> Status {
+    ctx.kv_cache_clear();
+    ns = 0.0;
+    if (test.n_prompt > 0) {
+      const auto t0 = clock::now();
+      auto r = ctx.decode(std::span<const int32_t>(tokens.data(), static_cast<size_t>(test.n_prompt)), 0);
+      ns += std::chrono::duration<double, std::nano>(clock::now() - t0).count();
+      if (!r) return r.status();
+    }
+    for (int i = 0; i < test.n_gen; ++i) {
+      const int pos = test.n_prompt + i;
+      const auto t0 = clock::now();
+      auto r = ctx.decode(std::span<const int32_t>(&tokens[static_cast<size_t>(pos)], 1), pos);
+      ns += std::chrono::duration<double, std::nano>(clock::now() - t0).count();
+      if (!r) return r.status();
+    }
+    return {};
+  };
+
+  double ns = 0.0;
+  if (options.warmup) LOOM_TRY(once(ns));
+  backend.reset_exec_counters();
+  out.samples_ns.clear();
+  for (int rep = 0; rep < options.repetitions; ++rep) {
+    LOOM_TRY(once(ns));
+    out.samples_ns.push_back(ns);
+  }
+  out.counters = backend.exec_counters();
+  ctx.kv_cache_clear();
+  return {};
+}
+
+namespace {
+
+struct BenchOptions {
+  std::vector<std::string> models;
+  std::vector<int> n_prompt = {512};
+  std::vector<int> n_gen = {128};
+  std::vector<std::string> pp_tg;  // "P,N"
+  int repetitions = 5;
+  int n_gpu_layers = 99;
+  int n_threads = 0;
+  int n_batch = 512;
+  std::string output = "md";
+  std::string flash_attn;
+  std::string backend;
+  std::string exec;
+  bool no_warmup = false;
+};
+
+int fail(const Status& s) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "loom: %s\n", s.to_string().c_str());
+  return 1;
+}
+
+Result<std::vector<BenchTest>> collect_tests(const BenchOptions& o) {
+  std::vector<BenchTest> tests;
+  for (int p : o.n_prompt)
+    if (p > 0) tests.push_back({p, 0});
+  for (int n : o.n_gen)
+    if (n > 0) tests.push_back({0, n});
+  for (const std::string& pg : o.pp_tg) {
+    BenchTest t;
+    char tail = 0;
+    if (std::sscanf(pg.c_str(), "%d,%d%c", &t.n_prompt, &t.n_gen, &tail) != 2 || t.n_prompt < 0 ||
+        t.n_gen < 0 || t.n_tokens() == 0)
+      return make_error(StatusCode::invalid_argument, "-pg '{}': expected PROMPT,GEN (e.g. 512,128)", pg);
+    tests.push_back(t);
+  }
+  if (tests.empty())
+    return make_error(StatusCode::invalid_argument, "bench: no tests (every -p and -n is 0 and no -pg)");
+  return tests;
+}
+
+int run_bench(const BenchOptions& o) {
+  if (o.models.empty())
+    return fail(make_error(StatusCode::invalid_argument, "bench: no model (-m FILE[,FILE...])"));
+  auto tests = collect_tests(o);
+  if (!tests) return fail(tests.status());
+  std::vector<ExecConfig> configs = {ExecConfig{"", std::nullopt}};
+  if (!o.exec.empty()) {
+    auto parsed = parse_exec_configs(o.exec);
+    if (!parsed) return fail(parsed.status());
+    configs = std::move(*parsed);
+  }
+  if (o.flash_attn == "0" || o.flash_attn == "off")
+    fmt::print(stderr, "loom: bench: -fa {}: Loom always uses flash attention; the flag is ignored\n",
+               o.flash_attn);
+  const BenchFormat format = o.output == "json"  ? BenchFormat::json
+                             : o.output == "csv" ? BenchFormat::csv
+                                                 : BenchFormat::md;
+  int n_ctx = 1;
+  for (const BenchTest& t : *tests) n_ctx = std::max(n_ctx, t.n_tokens());
+
+  BenchRunOptions run;
+  run.repetitions = o.repetitions;
+  run.warmup = !o.no_warmup;
+  std::vector<BenchResult> results;
+  for (const std::string& path : o.models) {
+    GenerateOptions g;
+    g.model_path = path;
+    g.n_threads = o.n_threads;
+    g.n_ctx = n_ctx;
+    g.n_batch = o.n_batch;
+    g.backend = o.backend;
+    // -ngl > 0: the GPU when one is usable, else the CPU (the backend column says which ran).
+    g.gpu_if_usable = o.backend.empty() && o.n_gpu_layers > 0;
+    std::string backend_name;
+    auto session = open_generate_session(g, backend_name);
+    if (!session) return fail(session.status());
+    if (g.gpu_if_usable && backend_name == "cpu")
+      fmt::print(stderr, "loom: bench: no usable GPU; running on the CPU\n");
+    Backend& backend = *session->backend;
+    llm::Context& ctx = *session->context;
+    const BenchModelInfo info = bench_model_info(*session->model, path);
+    bool warned_ignored = false;
+    for (const ExecConfig& config : configs) {
+      if (config.options) {
+        backend.set_exec_options(*config.options);
+        if (!warned_ignored && !same_exec_options(backend.exec_options(), *config.options)) {
+          fmt::print(stderr,
+                     "loom: bench: the {} backend does not take executor options ({} asked, it reports {})\n",
+                     backend_name, exec_options_string(*config.options),
+                     exec_options_string(backend.exec_options()));
+          warned_ignored = true;
+        }
+      }
+      for (const BenchTest& test : *tests) {
+        const std::string label = config.name.empty() ? std::string() : fmt::format(" [{}]", config.name);
+        BenchResult r;
+        r.model = info;
+        r.backend = backend_name;
+        r.n_gpu_layers = o.n_gpu_layers;
+        r.n_threads = o.n_threads;
+        r.n_batch = ctx.n_batch();
+        r.exec = config.name;
+        r.exec_options = exec_options_string(backend.exec_options());
+        r.test = test;
+        if (auto s = run_bench_test(ctx, backend, test, run, r); !s.ok())
+          return fail(make_error(s.code(), "bench: {} {}{}: {}", path, test.name(), label, s.message()));
+        const TsStats st = r.stats();
+        fmt::print(stderr, "loom: bench: {} {}{} {}: {:.2f} ± {:.2f} t/s (median {:.2f})\n", info.type,
+                   backend_name, label, test.name(), st.mean, st.stddev, st.median);
+        results.push_back(std::move(r));
+      }
+    }
+  }
+  std::fflush(stderr);
+  const std::string report = format_bench(results, format);
+  std::fwrite(report.data(), 1, report.size(), stdout);
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app, std::vector<Command>& out) {
+  auto o = std::make_shared<BenchOptions>();
+  auto* cmd = app.add_subcommand(
+      "bench", "Measure prompt processing (ppN) and generation (tgN) speed, as llama-bench does");
+  cmd->add_option("-m,--model", o->models, "GGUF model file(s), comma-separated")->delimiter(',')->required();
+  cmd->add_option("-p,--n-prompt", o->n_prompt, "Prompt tokens of each pp test, comma-separated (0: none)")
+      ->delimiter(',')
+      ->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("-n,--n-gen", o->n_gen, "Generated tokens of each tg test, comma-separated (0: none)")
+      ->delimiter(',')
+      ->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("--pp-tg", o->pp_tg, "Combined test PROMPT,GEN (-pg; repeatable)");
+  cmd->add_option("-r,--repetitions", o->repetitions, "Measured repetitions of each test")
+      ->check(CLI::Range(1, 100000));
+  cmd->add_option("--n-gpu-layers", o->n_gpu_layers,
+                  "-ngl: 0 runs on the CPU; > 0 on the GPU when one is usable")
+      ->check(CLI::Range(0, 100000));
+  cmd->add_option("-t,--threads", o->n_threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 1024));
+  cmd->add_option("--ubatch-size", o->n_batch, "-ub: prompt tokens per forward pass")
+      ->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("-o,--output", o->output, "Output format: md, json or csv")
+      ->check(CLI::IsMember({"md", "json", "csv"}));
+  cmd->add_option("--flash-attn", o->flash_attn, "-fa: accepted for llama-bench compatibility (always on)")
+      ->check(CLI::IsMember({"0", "1", "on", "off", "auto"}));
+  cmd->add_option("--backend", o->backend, "Backend by name (cpu, cuda); overrides -ngl");
+  cmd->add_option(
+      "--exec", o->exec,
+      "Executor configurations to compare, comma-separated: serialize, graph, concurrency, fusion, "
+      "reorder, all, default");
+  cmd->add_flag("--no-warmup", o->no_warmup, "Skip the warm-up run of each test");
+  out.push_back({cmd, [o] { return run_bench(*o); }});
+}
+
+}  // namespace loom::app

@@ -1,0 +1,238 @@
+// `loom bench` (apps/loom/bench.h): the --exec names map to the documented switches, the t/s
+// statistics match values worked out by hand, and pp/tg tests on a tiny synthetic model time every
+// repetition and come out as a llama-bench markdown table, JSON that parses, and CSV.
+#include <cmath>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "bench.h"
+#include "test_llm_common.h"
+
+namespace loom::llm::testing {
+namespace {
+
+using app::BenchResult;
+using app::BenchTest;
+
+TEST(BenchExecConfigs, NamesMapToCumulativeSwitches) {
+  auto c = app::parse_exec_configs("serialize,graph,concurrency,fusion,reorder,all,default");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  ASSERT_EQ(c->size(), 7u);
+  EXPECT_EQ((*c)[0].name, "serialize");
+  ASSERT_TRUE((*c)[0].options);
+  EXPECT_TRUE((*c)[0].options->serialize);
+  EXPECT_EQ(exec_options_string(*(*c)[0].options), "serialize");
+  // graph .. all switch on one more technique each, in this order
+  const char* expected[] = {"graph", "graph+concurrency", "graph+concurrency+fusion",
+                            "graph+concurrency+fusion+reorder", "graph+concurrency+fusion+reorder+pdl"};
+  for (int i = 0; i < 5; ++i) {
+    const auto& cfg = (*c)[static_cast<size_t>(i + 1)];
+    ASSERT_TRUE(cfg.options) << cfg.name;
+    EXPECT_FALSE(cfg.options->serialize) << cfg.name;
+    EXPECT_EQ(exec_options_string(*cfg.options), expected[i]) << cfg.name;
+  }
+  EXPECT_FALSE((*c)[6].options.has_value());  // default: the backend's own
+}
+
+TEST(BenchExecConfigs, UnknownAndEmptyNamesAreErrors) {
+  for (const char* bad : {"graph,nope", "", "graph,", "Graph"}) {
+    auto c = app::parse_exec_configs(bad);
+    ASSERT_FALSE(c.ok()) << bad;
+    EXPECT_EQ(c.status().code(), StatusCode::invalid_argument);
+    EXPECT_NE(c.status().message().find("serialize, graph"), std::string::npos) << c.status().message();
+  }
+}
+
+TEST(BenchExecConfigs, SameOptions) {
+  ExecOptions a, b;
+  EXPECT_TRUE(app::same_exec_options(a, b));
+  b.fusion = false;
+  EXPECT_FALSE(app::same_exec_options(a, b));
+  a.serialize = b.serialize = true;  // serialize overrides the rest
+  EXPECT_TRUE(app::same_exec_options(a, b));
+}
+
+TEST(BenchStats, MeanSampleStddevMedian) {
+  // 10 tokens in 1 s, 2 s and 0.5 s: 10, 5 and 20 t/s.
+  const auto s = app::ts_stats({1e9, 2e9, 0.5e9}, 10);
+  EXPECT_NEAR(s.mean, 35.0 / 3.0, 1e-9);
+  const double m = 35.0 / 3.0;
+  const double var = ((10 - m) * (10 - m) + (5 - m) * (5 - m) + (20 - m) * (20 - m)) / 2.0;
+  EXPECT_NEAR(s.stddev, std::sqrt(var), 1e-9);
+  EXPECT_NEAR(s.median, 10.0, 1e-9);
+  const auto one = app::ts_stats({4e9}, 8);
+  EXPECT_NEAR(one.mean, 2.0, 1e-12);
+  EXPECT_EQ(one.stddev, 0.0);
+  EXPECT_NEAR(app::ts_stats({1e9, 3e9}, 6).median, 4.0, 1e-9);  // (6 + 2) / 2
+}
+
+TEST(BenchTestNames, LikeLlamaBench) {
+  EXPECT_EQ((BenchTest{512, 0}).name(), "pp512");
+  EXPECT_EQ((BenchTest{0, 128}).name(), "tg128");
+  EXPECT_EQ((BenchTest{512, 128}).name(), "pp512+tg128");
+}
+
+class Bench : public ModelFiles {};
+
+// The trimmed cells of a markdown table line "| a | b |".
+std::vector<std::string> md_cells(const std::string& line) {
+  std::vector<std::string> cells;
+  size_t start = line.find('|');
+  while (start != std::string::npos) {
+    const size_t end = line.find('|', start + 1);
+    if (end == std::string::npos) break;
+    std::string c = line.substr(start + 1, end - start - 1);
+    c.erase(0, c.find_first_not_of(' '));
+    c.erase(c.find_last_not_of(' ') + 1);
+    cells.push_back(c);
+    start = end;
+  }
+  return cells;
+}
+
+// The lines of a markdown table, each as its cells.
+std::vector<std::vector<std::string>> md_table(const std::string& md) {
+  std::vector<std::vector<std::string>> rows;
+  std::istringstream lines(md);
+  for (std::string line; std::getline(lines, line);) rows.push_back(md_cells(line));
+  return rows;
+}
+
+TEST_F(Bench, TinyModelOnTheCpu) {
+  const std::string file = model("tiny", "q8_0");
+  LoadedModel l = open_cpu_model(file, 2, 16, 512);
+  ASSERT_TRUE(l.ctx);
+  const app::BenchModelInfo info = app::bench_model_info(*l.model, file);
+  EXPECT_EQ(info.type.rfind("llama ", 0), 0u) << info.type;
+  EXPECT_NE(info.type.find("Q8_0"), std::string::npos) << info.type;
+  EXPECT_EQ(info.size, l.model->n_bytes());
+  EXPECT_GT(info.n_params, 0u);
+
+  app::BenchRunOptions run;
+  run.repetitions = 3;
+  std::vector<BenchResult> results;
+  for (BenchTest t : {BenchTest{8, 0}, BenchTest{0, 4}, BenchTest{4, 2}}) {
+    BenchResult r;
+    r.model = info;
+    r.backend = "cpu";
+    r.n_threads = 2;
+    r.n_batch = l.ctx->n_batch();
+    r.test = t;
+    auto s = app::run_bench_test(*l.ctx, *l.backend, t, run, r);
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    ASSERT_EQ(r.samples_ns.size(), 3u);
+    for (double ns : r.samples_ns) EXPECT_GT(ns, 0.0);
+    EXPECT_GT(r.stats().mean, 0.0);
+    EXPECT_EQ(r.tokens(), 3u * static_cast<uint64_t>(t.n_tokens()));
+    EXPECT_EQ(l.ctx->kv_cache_used(), 0);  // left empty for the next test
+    results.push_back(std::move(r));
+  }
+  // A test larger than the context (16 cells) is refused before decoding.
+  BenchResult big;
+  auto s = app::run_bench_test(*l.ctx, *l.backend, BenchTest{12, 8}, run, big);
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument);
+  EXPECT_TRUE(big.samples_ns.empty());
+
+  // markdown: header, alignment rule, one row per test with "mean ± stdev"
+  const auto md = md_table(app::format_bench(results, app::BenchFormat::md));
+  ASSERT_EQ(md.size(), 5u);
+  const std::vector<std::string> header = {"model", "size",    "params", "backend",
+                                           "ngl",   "threads", "test",   "t/s"};
+  EXPECT_EQ(md[0], header);  // CPU rows carry the thread count; no executor columns without --exec
+  ASSERT_EQ(md[1].size(), header.size());
+  EXPECT_EQ(md[1][0].find_first_not_of('-'), std::string::npos);  // text: left-aligned
+  EXPECT_EQ(md[1][1].back(), ':');                                // numbers: right-aligned
+  const char* names[] = {"pp8", "tg4", "pp4+tg2"};
+  for (size_t i = 0; i < 3; ++i) {
+    const auto& row = md[i + 2];
+    ASSERT_EQ(row.size(), header.size());
+    EXPECT_EQ(row[0], info.type);
+    EXPECT_EQ(row[3], "CPU");
+    EXPECT_EQ(row[5], "2");
+    EXPECT_EQ(row[6], names[i]);
+    const auto st = results[i].stats();
+    EXPECT_EQ(row[7], fmt::format("{:.2f} ± {:.2f}", st.mean, st.stddev));
+  }
+
+  // json: llama-bench's fields, consistent with the samples
+  auto j = nlohmann::json::parse(app::format_bench(results, app::BenchFormat::json));
+  ASSERT_TRUE(j.is_array());
+  ASSERT_EQ(j.size(), 3u);
+  EXPECT_EQ(j[0]["test"], "pp8");
+  EXPECT_EQ(j[0]["n_prompt"], 8);
+  EXPECT_EQ(j[1]["n_gen"], 4);
+  EXPECT_EQ(j[0]["model_filename"], file);
+  EXPECT_EQ(j[0]["backends"], "CPU");
+  for (size_t i = 0; i < 3; ++i) {
+    const auto st = results[i].stats();
+    EXPECT_NEAR(j[i]["avg_ts"].get<double>(), st.mean, 1e-9 * st.mean);
+    EXPECT_EQ(j[i]["samples_ns"].size(), 3u);
+    EXPECT_EQ(j[i]["samples_ts"].size(), 3u);
+    EXPECT_GT(j[i]["avg_ns"].get<uint64_t>(), 0u);
+  }
+
+  // csv: a header and one line per result, same number of fields
+  const std::string csv = app::format_bench(results, app::BenchFormat::csv);
+  std::istringstream cl(csv);
+  std::vector<std::string> csv_lines;
+  for (std::string line; std::getline(cl, line);) csv_lines.push_back(line);
+  ASSERT_EQ(csv_lines.size(), 4u);
+  EXPECT_EQ(csv_lines[0].rfind("model_filename,model_type,", 0), 0u) << csv_lines[0];
+  auto fields = [](const std::string& line) {  // commas outside quotes + 1
+    size_t n = 1;
+    bool quoted = false;
+    for (char c : line) {
+      if (c == '"') quoted = !quoted;
+      if (c == ',' && !quoted) ++n;
+    }
+    return n;
+  };
+  for (size_t i = 1; i < 4; ++i) EXPECT_EQ(fields(csv_lines[i]), fields(csv_lines[0])) << csv_lines[i];
+}
+
+TEST_F(Bench, ExecColumnsShowConfigurationAndCounters) {
+  BenchResult r;
+  r.model.type = "llama 1B Q4_0";
+  r.model.size = 700u << 20;
+  r.model.n_params = 1'240'000'000;
+  r.backend = "cuda";
+  r.n_gpu_layers = 99;
+  r.exec = "graph";
+  r.test = BenchTest{0, 4};
+  r.samples_ns = {4e7, 5e7};      // 100 and 80 t/s
+  r.counters.kernels = 8 * 100;   // 8 tokens: 100 kernels each
+  r.counters.host_ns = 8 * 2500;  // 2.5 us each
+  r.counters.graph_builds = 1;
+  r.counters.graph_replays = 7;
+  const auto md = md_table(app::format_bench({r}, app::BenchFormat::md));
+  ASSERT_EQ(md.size(), 3u);
+  const std::vector<std::string> header = {"model",      "size",     "params",      "backend",
+                                           "ngl",        "exec",     "test",        "t/s",
+                                           "median t/s", "kern/tok", "host us/tok", "graphs b/r"};
+  EXPECT_EQ(md[0], header);  // no threads column: no CPU rows
+  const std::vector<std::string> row = {"llama 1B Q4_0",
+                                        "700.00 MiB",
+                                        "1.24 B",
+                                        "CUDA",
+                                        "99",
+                                        "graph",
+                                        "tg4",
+                                        "90.00 ± 14.14",  // 100 and 80 t/s
+                                        "90.00",          // median of two
+                                        "100.0",          // kernels per token
+                                        "2.5",            // host us per token
+                                        "1/7"};
+  EXPECT_EQ(md[2], row);
+  auto j = nlohmann::json::parse(app::format_bench({r}, app::BenchFormat::json));
+  EXPECT_DOUBLE_EQ(j[0]["kernels_per_token"].get<double>(), 100.0);
+  EXPECT_DOUBLE_EQ(j[0]["host_us_per_token"].get<double>(), 2.5);
+  EXPECT_EQ(j[0]["graph_builds"], 1);
+  EXPECT_EQ(j[0]["graph_replays"], 7);
+}
+
+}  // namespace
+}  // namespace loom::llm::testing
