@@ -10,6 +10,7 @@ add_library(loom_cuda SHARED
   src/backend/cuda/cuda_backend.cpp
   src/backend/cuda/cuda_device.cpp
   src/backend/cuda/cuda_seed_api.cpp
+  src/backend/cuda/cuda_exec.cpp
   src/backend/cuda/kernels/elementwise.cu
   src/backend/cuda/kernels/norm.cu
   src/backend/cuda/kernels/softmax.cu

@@ -433,6 +433,8 @@ size_t mul_mat_id_scratch_bytes(const Tensor* dst) {
   return is_quantized_weight(dst->src[0]->type) ? quantized_act_bytes(dst) : 0;
 }
 
+bool mul_mat_uses_cublas(const Tensor* dst) { return use_cublas(dst); }
+
 CudaError launch_mul_mat(const LaunchContext& ctx, const Tensor* dst) {
   if (dst->nelements() == 0) return {};
   if (use_cublas(dst)) return gemm_cublas(ctx, dst);

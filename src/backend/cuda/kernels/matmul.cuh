@@ -12,6 +12,9 @@ size_t mul_mat_scratch_bytes(const Tensor* dst);
 /// Device scratch mul_mat_id needs for this node (quantized activations).
 size_t mul_mat_id_scratch_bytes(const Tensor* dst);
 CudaError launch_mul_mat(const LaunchContext& ctx, const Tensor* dst);
+/// Whether launch_mul_mat calls cuBLAS for this node (the executor orders cuBLAS calls, which share
+/// the device's cuBLAS workspace).
+bool mul_mat_uses_cublas(const Tensor* dst);
 /// Expert ids out of range give NaN columns.
 CudaError launch_mul_mat_id(const LaunchContext& ctx, const Tensor* dst);
 
