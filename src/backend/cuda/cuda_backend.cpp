@@ -108,8 +108,6 @@ CudaError run_node(const LaunchContext& ctx, const Tensor* t) {
   return {};
 }
 
-bool is_k_quant(DType t) { return t == DType::q4_k || t == DType::q6_k; }
-
 size_t scratch_bytes(const Tensor& t) {
   if (t.op == OpKind::mul_mat) return mul_mat_scratch_bytes(&t);
   if (t.op == OpKind::mul_mat_id) return mul_mat_id_scratch_bytes(&t);
@@ -124,12 +122,10 @@ bool supports_op_impl(const Tensor& node) {
     case OpKind::mul_mat:
     case OpKind::mul_mat_id:
       return node.src[0] && node.src[0]->type != DType::i32;
-    // no device quantizer for the K-quants (see kernels/quant.cuh)
     case OpKind::set_rows:
-      return node.type != DType::i32 && !is_k_quant(node.type);
+      return node.type != DType::i32;
     case OpKind::cpy:
-      return node.src[0] && (node.src[0]->type == DType::i32) == (node.type == DType::i32) &&
-             !is_k_quant(node.type);
+      return node.src[0] && (node.src[0]->type == DType::i32) == (node.type == DType::i32);
     case OpKind::concat:
       return !dtype_is_quantized(node.type);
     case OpKind::flash_attn:
