@@ -19,6 +19,7 @@ add_library(loom_cuda SHARED
   src/backend/cuda/kernels/matmul.cu
   src/backend/cuda/kernels/rope.cu
   src/backend/cuda/kernels/attention.cu
+  src/backend/cuda/kernels/fused.cu
 )
 # include/ is public for programs that link loom_cuda to call include/loom/cuda.h directly.
 target_include_directories(loom_cuda PUBLIC ${PROJECT_SOURCE_DIR}/include PRIVATE ${PROJECT_SOURCE_DIR}/src)

@@ -79,6 +79,7 @@ __device__ void store_any(DType type, const float* x, uint8_t* block) {
 }
 
 __global__ void get_rows_kernel(TensorDesc dst, TensorDesc a, DType a_type, TensorDesc idx) {
+  pdl_wait();
   for (int64_t r = blockIdx.x; r < nrows(dst); r += gridDim.x) {
     int64_t i1, i2, i3;  // i1: position in the index list; i2, i3: batch shared with a
     split_row(r, dst.ne[1], dst.ne[2], i1, i2, i3);
@@ -110,6 +111,7 @@ __device__ bool set_rows_block(const TensorDesc& dst, const TensorDesc& src, con
 // One thread per destination block: gathers the block's source floats, then stores it.
 __global__ void set_rows_kernel(TensorDesc dst, DType dst_type, int block, int block_bytes, TensorDesc src,
                                 TensorDesc idx) {
+  pdl_wait();
   const int64_t blocks_per_row = src.ne[0] / block;
   const int64_t n = nrows(src) * blocks_per_row;
   for (int64_t q = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; q < n;
@@ -140,6 +142,7 @@ __global__ void set_rows_kquant_kernel(TensorDesc dst, TensorDesc src, TensorDes
 // cpy into a non-quantized destination: element e of the source in logical order goes to element
 // e of the destination; either side may have any strides. i32 is copied bit for bit.
 __global__ void cpy_kernel(TensorDesc dst, DType dst_type, TensorDesc src, DType src_type) {
+  pdl_wait();
   const int64_t n = nelements(dst);
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -160,6 +163,7 @@ __global__ void cpy_kernel(TensorDesc dst, DType dst_type, TensorDesc src, DType
 // cpy into a quantized destination (contiguous, rows of whole blocks): one thread per block.
 __global__ void cpy_quantize_kernel(TensorDesc dst, DType dst_type, int block, int block_bytes,
                                     TensorDesc src, DType src_type) {
+  pdl_wait();
   const int64_t n = nelements(dst) / block;
   for (int64_t q = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; q < n;
        q += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -193,6 +197,7 @@ __global__ void cpy_kquant_kernel(TensorDesc dst, TensorDesc src, DType src_type
 }
 
 __global__ void concat_kernel(TensorDesc dst, TensorDesc a, TensorDesc b, int dim, int type_size) {
+  pdl_wait();
   for_each_element(dst, [&](int64_t* i) {
     char* out = element_ptr(dst, i[0], i[1], i[2], i[3]);
     const TensorDesc* from = &a;
