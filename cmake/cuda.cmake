@@ -10,6 +10,7 @@ add_library(loom_cuda SHARED
   src/backend/cuda/cuda_backend.cpp
   src/backend/cuda/cuda_device.cpp
   src/backend/cuda/cuda_seed_api.cpp
+  src/backend/cuda/cuda_exec.cpp
   src/backend/cuda/kernels/elementwise.cu
   src/backend/cuda/kernels/norm.cu
   src/backend/cuda/kernels/softmax.cu
@@ -18,6 +19,7 @@ add_library(loom_cuda SHARED
   src/backend/cuda/kernels/matmul.cu
   src/backend/cuda/kernels/rope.cu
   src/backend/cuda/kernels/attention.cu
+  src/backend/cuda/kernels/fused.cu
 )
 # include/ is public for programs that link loom_cuda to call include/loom/cuda.h directly.
 target_include_directories(loom_cuda PUBLIC ${PROJECT_SOURCE_DIR}/include PRIVATE ${PROJECT_SOURCE_DIR}/src)

@@ -92,8 +92,8 @@ std::string exec_counters_string(const ExecCounters& c) {
     }
   if (!any) s += " none";
   s += fmt::format(
-      "\nreordered {}  graph builds {}  updates {}  replays {}  host syncs {}  host {:.1f} us/compute\n",
-      c.reordered, c.graph_builds, c.graph_updates, c.graph_replays, c.host_syncs,
+      "\nreordered {}  graph builds {}  chunk graphs {}  updates {}  replays {}  host syncs {}  host {:.1f} us/compute\n",
+      c.reordered, c.graph_builds, c.chunk_graphs, c.graph_updates, c.graph_replays, c.host_syncs,
       static_cast<double>(c.host_ns) * per / 1e3);
   return s;
 }

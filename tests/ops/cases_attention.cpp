@@ -8,15 +8,9 @@
 
 namespace loom::optest {
 
-namespace {
-
 // ---- rope -------------------------------------------------------------------------------------------
 
-// Positions up to 1024: float32 angles pos * base^(-2i/n) carry a few ulps (or, computed by
-// repeated multiplication, up to ~i ulps) of relative error, i.e. up to ~1e-3 rad at pos 1024,
-// NMSE up to ~1e-6. 1e-5 sits above that; a wrong pair, sign or frequency is O(1).
-constexpr double kNmseRope = 1e-5;
-constexpr int64_t kMaxPos = 1024;
+namespace {
 
 // YaRN's correction range: the pair indices whose wavelength spans between beta_fast and
 // beta_slow rotations over the training context (Peng et al. 2023, "YaRN", section 3.2).
@@ -28,6 +22,8 @@ void yarn_range(const RopeParams& p, double& low, double& high) {
   low = std::max(0.0, std::floor(dim_for_rotations(p.beta_fast)));
   high = std::min(static_cast<double>(p.n_dims - 1), std::ceil(dim_for_rotations(p.beta_slow)));
 }
+
+}  // namespace
 
 // a: [head_dim, n_head, n_tokens]; pos: [n_tokens]; ff: [n_dims/2] or empty.
 RefTensor rope_ref(const RefTensor& a, const RefTensor& pos, const RefTensor* ff, const RopeParams& p) {
@@ -61,6 +57,15 @@ RefTensor rope_ref(const RefTensor& a, const RefTensor& pos, const RefTensor* ff
   return out;
 }
 
+RopeParams rope_params(RopeMode mode, int32_t n_dims, float base, float freq_scale, float ext, float attn) {
+  return {n_dims, mode, 4096, base, freq_scale, ext, attn, 32.0f, 1.0f};
+}
+
+namespace {
+
+// Positions up to 1024, as kNmseRope (op_test.h) assumes.
+constexpr int64_t kMaxPos = 1024;
+
 struct RopeCase {
   int64_t head_dim, n_head, n_tokens;
   RopeParams p;
@@ -68,11 +73,6 @@ struct RopeCase {
   bool fused_qkv = false;  // the input is the query part of a fused QKV row (a view)
   bool in_place = false;   // the input is an activation the op may overwrite
 };
-
-RopeParams rope_params(RopeMode mode, int32_t n_dims, float base, float freq_scale = 1.0f, float ext = 0.0f,
-                       float attn = 1.0f) {
-  return {n_dims, mode, 4096, base, freq_scale, ext, attn, 32.0f, 1.0f};
-}
 
 // K and V heads after the Q heads in the fused layout.
 constexpr int64_t kFusedKvHeads = 2;

@@ -356,14 +356,15 @@ void add_data_cases(CaseList& cases, CaseSet set) {
   }
   add_get_rows(cases, DType::f32, {4096, 50, 1, 1}, 9, false);
 
-  for (DType t : {DType::f32, DType::f16, DType::bf16, DType::q8_0, DType::q4_0}) {
+  for (DType t : {DType::f32, DType::f16, DType::bf16, DType::q8_0, DType::q4_0, DType::q4_k, DType::q6_k}) {
     const int64_t n = row_len(t, 19);
     add_set_rows(cases, t, {n, 16, 1, 1}, 3, {1, 1}, false);
     add_set_rows(cases, t, {n, 10, 4, 1}, 2, {2, 1}, false);  // indices broadcast over dim 2
     add_set_rows(cases, t, {n, 8, 2, 2}, 8, {1, 1}, false);   // every row rewritten
     add_set_rows(cases, t, {n, 5, 3, 2}, 1, {3, 2}, false);   // one row per slice, one token
   }
-  for (DType t : {DType::f16, DType::q8_0}) add_set_rows_into_slice(cases, t, row_len(t, 24), 12, 4);
+  for (DType t : {DType::f16, DType::q8_0, DType::q4_k})
+    add_set_rows_into_slice(cases, t, row_len(t, 24), 12, 4);
 
   const DType from_f32[] = {DType::f32,  DType::f16,  DType::bf16, DType::q8_0,
                             DType::q4_0, DType::q4_k, DType::q6_k};

@@ -7,8 +7,6 @@
 
 namespace loom::optest {
 
-namespace {
-
 // Thresholds against the float64 product of the dequantized weights and the f32 activations.
 // Inputs are uniform in [-1, 1]; an error e of each activation relative to E[x^2] = 1/3 carries
 // straight into the dot products, so NMSE ~ E[e^2] * 3.
@@ -33,8 +31,7 @@ double mul_mat_nmse(DType weight) {
   }
 }
 
-// out[i, j, i2, i3] = sum_k a[k, i, i2 / (b2/a2), i3 / (b3/a3)] * b[k, j, i2, i3]: consecutive
-// batches of b share one matrix of a, as query heads share a key head under GQA.
+// Consecutive batches of b share one matrix of a, as query heads share a key head under GQA.
 RefTensor mul_mat_ref(const RefTensor& a, const RefTensor& b) {
   const int64_t k = a.ne[0], m = a.ne[1];
   const int64_t r2 = b.ne[2] / a.ne[2], r3 = b.ne[3] / a.ne[3];
@@ -51,6 +48,8 @@ RefTensor mul_mat_ref(const RefTensor& a, const RefTensor& b) {
         }
   return out;
 }
+
+namespace {
 
 enum class BLayout {
   packed,      // a plain leaf

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/exec.h"
 #include "loom/graph.h"
 
 namespace loom::optest {
@@ -125,6 +126,11 @@ using BuildFn = std::function<Tensor*(Graph& g, CaseInputs& in)>;
 using ReferenceFn = std::function<RefTensor(const std::vector<RefTensor>& inputs)>;
 
 /// One differential test case.
+///
+/// A case may check several results: `build` returns the first and marks the others with
+/// Graph::mark_output; the reference then returns all their values one after another (the returned
+/// tensor's first, then the others in the order they were marked), each in its logical order. Each
+/// result is compared on its own (i32 exactly, others by NMSE).
 struct OpCase {
   std::string op;         ///< group name for --op and --list (an op name, or "cont" for views)
   std::string desc;       ///< shapes, dtypes and parameters
@@ -132,6 +138,10 @@ struct OpCase {
   BuildFn build;          ///< returns the output tensor
   ReferenceFn reference;  ///< float64 result in the output's logical order (may be empty in perf mode)
   double flops = 0;       ///< useful floating-point operations, for GFLOP/s in perf mode (0: not shown)
+  /// The fused dispatch a backend with a graph executor must form from this graph: when the
+  /// backend under test reports exec counters (computes > 0) with fusion on, the run fails unless
+  /// its counters show at least one fusion of this kind.
+  FusedKind expected_fusion = FusedKind::none;
 };
 
 /// Which set of cases to register: small checked shapes, or large timed ones.
@@ -145,6 +155,8 @@ void add_row_cases(CaseList& cases, CaseSet set);
 void add_matmul_cases(CaseList& cases, CaseSet set);
 void add_attention_cases(CaseList& cases, CaseSet set);
 void add_data_cases(CaseList& cases, CaseSet set);
+/// The node groups a graph executor fuses, built as the model code builds them (cases_fused.cpp).
+void add_fused_cases(CaseList& cases, CaseSet set);
 
 /// Every case of a set, in a fixed order.
 CaseList all_cases(CaseSet set);
@@ -164,9 +176,27 @@ inline constexpr double kNmseExact = 1e-12;
 /// 10^5 still shows (NMSE ~1e-5).
 inline constexpr double kNmseElementwise = 1e-7;
 
+/// rope with positions up to 1024: float32 angles pos * base^(-2i/n) carry a few ulps (or, computed
+/// by repeated multiplication, up to ~i ulps) of relative error, i.e. up to ~1e-3 rad at pos 1024,
+/// NMSE up to ~1e-6. 1e-5 sits above that; a wrong pair, sign or frequency is O(1).
+inline constexpr double kNmseRope = 1e-5;
+
 // ---- helpers for case files ------------------------------------------------------------------------
 
 inline constexpr DType kAllWeightTypes[] = {DType::f32,  DType::f16,  DType::bf16, DType::q8_0,
                                             DType::q4_0, DType::q4_k, DType::q6_k};
+
+// References and thresholds shared between case files (the fused cases reuse the ops' own).
+
+/// mul_mat's threshold for weights of type `weight` (cases_matmul.cpp).
+double mul_mat_nmse(DType weight);
+/// out[i, j, i2, i3] = dot(a row i of batch (i2 / (b2/a2), i3 / (b3/a3)), b row j of batch (i2, i3)).
+RefTensor mul_mat_ref(const RefTensor& a, const RefTensor& b);
+/// rope of a [head_dim, n_head, n_tokens] with positions pos and optional frequency factors ff
+/// (cases_attention.cpp).
+RefTensor rope_ref(const RefTensor& a, const RefTensor& pos, const RefTensor* ff, const RopeParams& p);
+/// RopeParams with the model loader's defaults for the rest (n_ctx_orig 4096, beta 32/1).
+RopeParams rope_params(RopeMode mode, int32_t n_dims, float base, float freq_scale = 1.0f, float ext = 0.0f,
+                       float attn = 1.0f);
 
 }  // namespace loom::optest

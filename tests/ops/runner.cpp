@@ -9,6 +9,7 @@
 #include <set>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "loom/planner.h"
 
@@ -32,6 +33,7 @@ struct Execution {
   std::unique_ptr<Graph> graph = std::make_unique<Graph>();
   std::unique_ptr<CaseInputs> inputs = std::make_unique<CaseInputs>(*graph);
   Tensor* out = nullptr;
+  std::vector<const Tensor*> results;  ///< out, then the case's other marked outputs
   GraphAllocation alloc;
 };
 
@@ -39,6 +41,9 @@ Status build(const OpCase& c, Execution& e) {
   e.out = c.build(*e.graph, *e.inputs);
   if (!e.graph->status().ok()) return e.graph->status();
   if (!e.out) return make_error(StatusCode::internal, "the case returned no output tensor");
+  e.results.push_back(e.out);
+  for (const Tensor* t : e.graph->outputs())
+    if (std::find(e.results.begin(), e.results.end(), t) == e.results.end()) e.results.push_back(t);
   e.graph->mark_output(e.out);
   return {};
 }
@@ -184,14 +189,42 @@ Outcome fail(const std::string& what) {
   return Outcome::failed;
 }
 
+/// One checked result of a case: its type and how many of the values it contributes.
+struct ResultPart {
+  DType type = DType::f32;
+  size_t count = 0;
+  std::string name;
+};
+
 // Builds, allocates, fills, computes and reads one backend's result.
 struct BackendResult {
   Outcome outcome = Outcome::passed;
   std::string message;
-  std::vector<float> values;
-  DType type = DType::f32;
-  int n_in_place = 0;  ///< nodes the planner ran over their operand's memory
+  std::vector<float> values;      ///< every result's values, one after another
+  std::vector<ResultPart> parts;  ///< where each result's values are
+  int n_in_place = 0;             ///< nodes the planner ran over their operand's memory
+  std::string fusion_note;        ///< what the executor fused (verbose)
 };
+
+// With a graph executor that ran (computes > 0) and fusion on, the case's expected fusion must
+// show in the counters; a backend without an executor reports zeros and is not checked.
+Status check_expected_fusion(const OpCase& c, const Backend& backend, std::string& note) {
+  if (c.expected_fusion == FusedKind::none) return {};
+  const ExecCounters counters = backend.exec_counters();
+  if (counters.computes == 0) return {};
+  const ExecOptions options = backend.exec_options();
+  const auto k = static_cast<size_t>(c.expected_fusion);
+  note = fmt::format("{} {} fusion(s), {} dispatches for {} nodes", counters.fusions[k],
+                     fused_kind_name(c.expected_fusion), counters.dispatches, counters.graph_nodes);
+  if (options.serialize || !options.fusion) {
+    note += " (fusion off: not checked)";
+    return {};
+  }
+  if (counters.fusions[k] == 0)
+    return make_error(StatusCode::internal, "expected fusion {} did not happen ({} dispatches for {} nodes)",
+                      fused_kind_name(c.expected_fusion), counters.dispatches, counters.graph_nodes);
+  return {};
+}
 
 // A kernel must not write into its operands. The leaf that the output is a view of (the
 // destination of cpy or set_rows) changes only inside the bytes the output view spans.
@@ -202,10 +235,11 @@ Status check_inputs_intact(const Execution& e, const InputBytes& bytes) {
     std::vector<uint8_t> now(bytes[i].size());
     LOOM_TRY(tensor_read(t, now.data(), 0, now.size()));
     size_t begin = now.size(), end = now.size();  // the span allowed to change: none
-    if (t == e.out->root()) {
-      begin = static_cast<size_t>(static_cast<const uint8_t*>(e.out->data) -
-                                  static_cast<const uint8_t*>(t->data));
-      end = begin + e.out->nbytes();
+    for (const Tensor* r : e.results) {
+      if (t != r->root()) continue;
+      begin =
+          static_cast<size_t>(static_cast<const uint8_t*>(r->data) - static_cast<const uint8_t*>(t->data));
+      end = begin + r->nbytes();
     }
     for (size_t k = 0; k < now.size(); ++k) {
       if (k == begin) k = end;
@@ -217,7 +251,9 @@ Status check_inputs_intact(const Execution& e, const InputBytes& bytes) {
   return {};
 }
 
-BackendResult run_on(const OpCase& c, Backend& backend, const InputBytes& bytes) {
+// `under_test`: the backend whose executor must show the case's expected fusion (not the one
+// that provides the expected values).
+BackendResult run_on(const OpCase& c, Backend& backend, const InputBytes& bytes, bool under_test) {
   BackendResult r;
   Execution e;
   Status s = build(c, e);
@@ -229,22 +265,71 @@ BackendResult run_on(const OpCase& c, Backend& backend, const InputBytes& bytes)
     }
     s = allocate_and_fill(backend, e, bytes);
   }
-  if (s.ok()) s = poison_and_compute(backend, e);
-  if (s.ok()) s = check_inputs_intact(e, bytes);
   if (s.ok()) {
-    r.n_in_place = e.alloc.plan.n_in_place;
-    auto values = tensor_to_floats(e.out);
-    if (values)
-      r.values = std::move(values.value());
-    else
+    backend.reset_exec_counters();
+    s = poison_and_compute(backend, e);
+  }
+  if (s.ok() && under_test) s = check_expected_fusion(c, backend, r.fusion_note);
+  if (s.ok()) s = check_inputs_intact(e, bytes);
+  if (s.ok()) r.n_in_place = e.alloc.plan.n_in_place;
+  for (const Tensor* t : e.results) {
+    if (!s.ok()) break;
+    auto values = tensor_to_floats(t);
+    if (!values) {
       s = values.status();
+      break;
+    }
+    const std::string name = fmt::format("result {} ({}{}{})", r.parts.size() + 1, op_name(t->op),
+                                         t->name.empty() ? "" : " ", t->name);
+    r.parts.push_back({t->type, values.value().size(), name});
+    r.values.insert(r.values.end(), values.value().begin(), values.value().end());
   }
   if (!s.ok()) {
     r.outcome = Outcome::failed;
     r.message = fmt::format("{}: {}", backend.name(), s.to_string());
   }
-  r.type = e.out ? e.out->type : DType::f32;
   return r;
+}
+
+// Compares every result of a case with its slice of the expected values; fills the line's metric.
+Comparison compare_results(const BackendResult& a, const std::vector<double>& expected, double max_nmse,
+                           std::string& metric) {
+  size_t total = 0;
+  for (const ResultPart& p : a.parts) total += p.count;
+  if (total != expected.size() || total != a.values.size()) {
+    Comparison c;
+    c.ok = false;
+    c.detail = fmt::format("the results have {} values, the expected {}", a.values.size(), expected.size());
+    metric.assign(1, '-');  // not = "-": GCC 12 misreports -Wrestrict on that (its bug 105329)
+    return c;
+  }
+  Comparison all;
+  std::vector<std::string> failed, details;
+  double worst_nmse = -1.0;
+  int64_t mismatches = -1;
+  size_t at = 0;
+  for (const ResultPart& p : a.parts) {
+    const std::vector<float> out(a.values.begin() + at, a.values.begin() + at + p.count);
+    const std::vector<double> ref(expected.begin() + at, expected.begin() + at + p.count);
+    at += p.count;
+    const bool integer = p.type == DType::i32;
+    const Comparison c = integer ? compare_exact(out, ref) : compare_values(out, ref, max_nmse);
+    if (integer)
+      mismatches = std::max<int64_t>(mismatches, 0) + static_cast<int64_t>(c.nmse);
+    else
+      worst_nmse = std::max(worst_nmse, c.nmse);
+    all.ok = all.ok && c.ok;
+    std::string detail = a.parts.size() > 1 ? fmt::format("{}: {}", p.name, c.detail) : c.detail;
+    if (!c.ok) failed.push_back(detail);
+    details.push_back(std::move(detail));
+  }
+  all.detail = fmt::format("{}", fmt::join(failed.empty() ? details : failed, "; "));
+  std::vector<std::string> metrics;
+  if (worst_nmse >= 0.0) metrics.push_back(fmt::format("nmse={:.2e} <= {:.0e}", worst_nmse, max_nmse));
+  if (mismatches >= 0) metrics.push_back(fmt::format("mismatches={}", mismatches));
+  metric = fmt::format("{}", fmt::join(metrics, " "));
+  all.nmse = worst_nmse;
+  return all;
 }
 
 }  // namespace
@@ -256,7 +341,7 @@ Outcome check_case(const OpCase& c, Backend& backend, Backend* other, const RunS
   if (Status s = build(c, probe); !s.ok()) return fail("graph: " + s.to_string());
   const InputBytes bytes = generate_inputs(*probe.inputs, case_seed(c, run.seed));
 
-  BackendResult a = run_on(c, backend, bytes);
+  BackendResult a = run_on(c, backend, bytes, true);
   if (a.outcome == Outcome::unsupported) {
     end_line("not supported", "-", a.message, verbose);
     return Outcome::unsupported;
@@ -265,7 +350,7 @@ Outcome check_case(const OpCase& c, Backend& backend, Backend* other, const RunS
 
   std::vector<double> expected;
   if (other) {
-    BackendResult b = run_on(c, *other, bytes);
+    BackendResult b = run_on(c, *other, bytes, false);
     if (b.outcome == Outcome::unsupported) {
       end_line("not supported", "-", b.message, verbose);
       return Outcome::unsupported;
@@ -276,13 +361,11 @@ Outcome check_case(const OpCase& c, Backend& backend, Backend* other, const RunS
     expected = c.reference(reference_inputs(*probe.inputs, bytes)).v;
   }
 
-  const bool integer = a.type == DType::i32;
-  const Comparison cmp =
-      integer ? compare_exact(a.values, expected) : compare_values(a.values, expected, c.max_nmse);
-  const std::string metric = integer ? fmt::format("mismatches={}", static_cast<int64_t>(cmp.nmse))
-                                     : fmt::format("nmse={:.2e} <= {:.0e}", cmp.nmse, c.max_nmse);
+  std::string metric;
+  const Comparison cmp = compare_results(a, expected, c.max_nmse, metric);
   std::string detail = cmp.detail;
   if (verbose && a.n_in_place) detail += fmt::format("; {} node(s) ran in place", a.n_in_place);
+  if (verbose && !a.fusion_note.empty()) detail += "; " + a.fusion_note;
   end_line(cmp.ok ? "OK" : "FAIL", metric, detail, !cmp.ok || verbose);
   return cmp.ok ? Outcome::passed : Outcome::failed;
 }

@@ -139,6 +139,7 @@ CaseList all_cases(CaseSet set) {
   add_matmul_cases(cases, set);
   add_attention_cases(cases, set);
   add_data_cases(cases, set);
+  add_fused_cases(cases, set);
   return cases;
 }
 

@@ -8,6 +8,7 @@
 
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_device.h"
+#include "backend/cuda/cuda_exec.h"
 #include "backend/cuda/kernels/attention.cuh"
 #include "backend/cuda/kernels/copy.cuh"
 #include "backend/cuda/kernels/elementwise.cuh"
@@ -28,7 +29,9 @@ double yarn_corr_dim(int n_dims, int n_ctx_orig, double n_rot, double base) {
   return n_dims * std::log(n_ctx_orig / (n_rot * 2.0 * std::numbers::pi)) / (2.0 * std::log(base));
 }
 
-RopeArgs rope_args(const RopeParams& p) {
+}  // namespace
+
+RopeArgs make_rope_args(const RopeParams& p) {
   RopeArgs a;
   a.n_dims = p.n_dims;
   a.neox = p.mode == RopeMode::neox;
@@ -44,6 +47,8 @@ RopeArgs rope_args(const RopeParams& p) {
   }
   return a;
 }
+
+namespace {
 
 // Launches the kernels of one node (views never get here).
 CudaError run_node(const LaunchContext& ctx, const Tensor* t) {
@@ -90,7 +95,7 @@ CudaError run_node(const LaunchContext& ctx, const Tensor* t) {
     case OpKind::mul_mat_id:
       return launch_mul_mat_id(ctx, t);
     case OpKind::rope:
-      return launch_rope(ctx, t, rope_args(t->get_params<RopeParams>()));
+      return launch_rope(ctx, t, make_rope_args(t->get_params<RopeParams>()));
     case OpKind::flash_attn: {
       const auto p = t->get_params<FlashAttnParams>();
       return launch_flash_attn(ctx, t, p.scale, p.softcap);
@@ -103,129 +108,89 @@ CudaError run_node(const LaunchContext& ctx, const Tensor* t) {
   return {};
 }
 
-bool is_k_quant(DType t) { return t == DType::q4_k || t == DType::q6_k; }
-
 size_t scratch_bytes(const Tensor& t) {
   if (t.op == OpKind::mul_mat) return mul_mat_scratch_bytes(&t);
   if (t.op == OpKind::mul_mat_id) return mul_mat_id_scratch_bytes(&t);
   return 0;
 }
 
+bool supports_op_impl(const Tensor& node) {
+  switch (node.op) {
+    case OpKind::none:
+    case OpKind::view:
+      return true;
+    case OpKind::mul_mat:
+    case OpKind::mul_mat_id:
+      return node.src[0] && node.src[0]->type != DType::i32;
+    case OpKind::set_rows:
+      return node.type != DType::i32;
+    case OpKind::cpy:
+      return node.src[0] && (node.src[0]->type == DType::i32) == (node.type == DType::i32);
+    case OpKind::concat:
+      return !dtype_is_quantized(node.type);
+    case OpKind::flash_attn:
+      return node.src[0] && node.src[2] && node.src[0]->ne[0] <= kFlashAttnMaxHead &&
+             node.src[2]->ne[0] <= kFlashAttnMaxHead &&
+             (node.src[1]->type == DType::f32 || node.src[1]->type == DType::f16) &&
+             (node.src[2]->type == DType::f32 || node.src[2]->type == DType::f16);
+    case OpKind::get_rows:
+    case OpKind::add:
+    case OpKind::sub:
+    case OpKind::mul:
+    case OpKind::div:
+    case OpKind::scale:
+    case OpKind::rms_norm:
+    case OpKind::norm:
+    case OpKind::rope:
+    case OpKind::soft_max:
+    case OpKind::silu:
+    case OpKind::gelu:
+    case OpKind::gelu_erf:
+    case OpKind::swiglu:
+    case OpKind::geglu:
+    case OpKind::softcap:
+    case OpKind::argmax:
+    case OpKind::top_k:
+    case OpKind::sum_rows:
+      return true;
+    case OpKind::count_:
+      break;
+  }
+  return false;
+}
+
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(DeviceContext& dev)
-      : dev_(dev), sync_each_node_(std::getenv("LOOM_CUDA_SYNC_EACH_NODE") != nullptr) {}
+  explicit CudaBackend(DeviceContext& dev) : dev_(dev), exec_(dev) {}
 
   const char* name() const override { return "cuda"; }
   BufferType& buffer_type() override { return dev_.buffer_type(); }
 
-  bool supports_op(const Tensor& node) const override {
-    switch (node.op) {
-      case OpKind::none:
-      case OpKind::view:
-        return true;
-      case OpKind::mul_mat:
-      case OpKind::mul_mat_id:
-        return node.src[0] && node.src[0]->type != DType::i32;
-      // no device quantizer for the K-quants (see kernels/quant.cuh)
-      case OpKind::set_rows:
-        return node.type != DType::i32 && !is_k_quant(node.type);
-      case OpKind::cpy:
-        return node.src[0] && (node.src[0]->type == DType::i32) == (node.type == DType::i32) &&
-               !is_k_quant(node.type);
-      case OpKind::concat:
-        return !dtype_is_quantized(node.type);
-      case OpKind::flash_attn:
-        return node.src[0] && node.src[2] && node.src[0]->ne[0] <= kFlashAttnMaxHead &&
-               node.src[2]->ne[0] <= kFlashAttnMaxHead &&
-               (node.src[1]->type == DType::f32 || node.src[1]->type == DType::f16) &&
-               (node.src[2]->type == DType::f32 || node.src[2]->type == DType::f16);
-      case OpKind::get_rows:
-      case OpKind::add:
-      case OpKind::sub:
-      case OpKind::mul:
-      case OpKind::div:
-      case OpKind::scale:
-      case OpKind::rms_norm:
-      case OpKind::norm:
-      case OpKind::rope:
-      case OpKind::soft_max:
-      case OpKind::silu:
-      case OpKind::gelu:
-      case OpKind::gelu_erf:
-      case OpKind::swiglu:
-      case OpKind::geglu:
-      case OpKind::softcap:
-      case OpKind::argmax:
-      case OpKind::top_k:
-      case OpKind::sum_rows:
-        return true;
-      case OpKind::count_:
-        break;
-    }
-    return false;
-  }
+  bool supports_op(const Tensor& node) const override { return cuda_supports_op(node); }
 
-  Status compute(const Graph& g) override {
-    if (!g.status().ok()) return g.status();
-    size_t scratch = 0;
-    for (const Tensor* t : g.nodes()) {
-      if (t->op == OpKind::view) continue;
-      if (!supports_op(*t))
-        return make_error(StatusCode::unsupported, "cuda: no kernel for {} of {}", op_name(t->op),
-                          describe(*t));
-      LOOM_TRY(check_memory(*t, *t));
-      for (const Tensor* s : t->src)
-        if (s) LOOM_TRY(check_memory(*s, *t));
-      scratch = std::max(scratch, scratch_bytes(*t));
-    }
-
-    std::lock_guard lock(dev_.stream_mutex());
-    Result<LaunchContext> ctx = dev_.launch_context(scratch);
-    if (!ctx.ok()) return ctx.status();
-    for (const Tensor* t : g.nodes()) {
-      if (t->op == OpKind::view) continue;
-      CudaError e = run_node(*ctx, t);
-      if (e.ok() && sync_each_node_) e = sync();
-      if (!e.ok()) {
-        (void)sync();  // let queued work finish before buffers can be freed
-        return to_status(e, fmt::format("node {} {}", op_name(t->op), describe(*t)));
-      }
-    }
-    const CudaError e = sync();
-    if (!e.ok())
-      return to_status(
-          e, fmt::format("while running a graph of {} nodes; set LOOM_CUDA_SYNC_EACH_NODE=1 to find the node",
-                         g.nodes().size()));
-    return {};
-  }
+  Status compute(const Graph& g) override { return exec_.compute(g); }
 
   Status synchronize() override {
     std::lock_guard lock(dev_.stream_mutex());
     LOOM_TRY(dev_.make_current());
-    const CudaError e = sync();
-    return e.ok() ? Status{} : to_status(e);
+    LOOM_CUDA_STATUS(cudaStreamSynchronize(dev_.stream()));
+    return {};
   }
+
+  void set_exec_options(const ExecOptions& options) override { exec_.set_options(options); }
+  ExecOptions exec_options() const override { return exec_.options(); }
+  ExecCounters exec_counters() const override { return exec_.counters(); }
+  void reset_exec_counters() override { exec_.reset_counters(); }
+  Status capture_next_compute(const std::string& path) override {
+    exec_.capture_next(path);
+    return {};
+  }
+  Status reset() override { return exec_.reset(); }
+  Executor& executor() { return exec_; }
 
  private:
-  CudaError sync() const {
-    LOOM_CUDA_CHECK(cudaStreamSynchronize(dev_.stream()));
-    return {};
-  }
-
-  // Every tensor a kernel touches must be in this device's memory.
-  Status check_memory(const Tensor& t, const Tensor& node) const {
-    if (!t.data || !t.buffer)
-      return make_error(StatusCode::invalid_argument, "cuda: tensor {} (used by {}) has no memory",
-                        describe(t), op_name(node.op));
-    if (&t.buffer->type() != &dev_.buffer_type())
-      return make_error(StatusCode::invalid_argument, "cuda: tensor {} (used by {}) is in {} memory, not {}",
-                        describe(t), op_name(node.op), t.buffer->type().name(), dev_.buffer_type().name());
-    return {};
-  }
-
   DeviceContext& dev_;
-  bool sync_each_node_;  // attributes asynchronous faults to their node, at the cost of speed
+  Executor exec_;
 };
 
 Result<std::unique_ptr<Backend>> make_backend(const BackendOptions& options) {
@@ -239,6 +204,11 @@ Result<std::unique_ptr<Backend>> make_backend(const BackendOptions& options) {
 // Hooks for the seed C API (cuda_seed_api.cpp), which launches node by node itself so that it can
 // check an abort callback and time each node (declared in cuda_common.h).
 CudaError launch_node(const LaunchContext& ctx, const Tensor* node) { return run_node(ctx, node); }
+bool cuda_supports_op(const Tensor& node) { return supports_op_impl(node); }
+Executor* executor_of(Backend& backend) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&backend);
+  return cuda ? &cuda->executor() : nullptr;
+}
 size_t node_scratch_bytes(const Tensor& node) { return scratch_bytes(node); }
 Result<std::unique_ptr<Backend>> make_cuda_backend(int device) {
   BackendOptions options;

@@ -6,6 +6,7 @@
 
 #include "backend/cuda/cuda_error.h"
 #include "loom/backend.h"
+#include "loom/graph.h"
 #include "loom/status.h"
 #include "loom/tensor.h"
 
@@ -18,6 +19,11 @@ struct LaunchContext;
 CudaError launch_node(const LaunchContext& ctx, const Tensor* node);
 /// Device scratch bytes launch_node needs for `node`.
 size_t node_scratch_bytes(const Tensor& node);
+/// Whether the CUDA kernels handle this node (op, dtypes, shape).
+bool cuda_supports_op(const Tensor& node);
+/// The kernel's view of a rope node's parameters (YaRN terms computed once).
+struct RopeArgs;
+RopeArgs make_rope_args(const ::loom::RopeParams& p);
 /// A "cuda" backend on device `device`, as the registry's factory makes it.
 Result<std::unique_ptr<Backend>> make_cuda_backend(int device);
 

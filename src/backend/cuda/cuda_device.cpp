@@ -244,6 +244,8 @@ Status DeviceContext::init(int ordinal) {
   LOOM_CUDA_STATUS(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   LOOM_CUBLAS_STATUS(cublasCreate(&cublas_));
   LOOM_CUBLAS_STATUS(cublasSetStream(cublas_, stream_));
+  LOOM_CUDA_STATUS(cudaMalloc(&cublas_workspace_, kCublasWorkspaceBytes));
+  LOOM_CUBLAS_STATUS(cublasSetWorkspace(cublas_, cublas_workspace_, kCublasWorkspaceBytes));
   buffer_type_ = std::make_unique<DeviceBufferType>(*this);
   return {};
 }
@@ -252,6 +254,8 @@ Status DeviceContext::init(int ordinal) {
 void DeviceContext::destroy() {
   if (cublas_) cublasDestroy(cublas_);
   if (stream_) cudaStreamDestroy(stream_);
+  if (cublas_workspace_) cudaFree(cublas_workspace_);
+  cublas_workspace_ = nullptr;
   cublas_ = nullptr;
   stream_ = nullptr;
   (void)cudaGetLastError();

@@ -35,6 +35,10 @@ class DeviceContext {
   const CudaDeviceInfo& info() const { return info_; }
   cudaStream_t stream() const { return stream_; }
   cublasHandle_t cublas() const { return cublas_; }
+  /// The cuBLAS workspace (set on the handle, so cuBLAS never allocates inside a graph capture);
+  /// every cuBLAS call writes it, so the executor orders them.
+  const void* cublas_workspace() const { return cublas_workspace_; }
+  size_t cublas_workspace_size() const { return kCublasWorkspaceBytes; }
   BufferType& buffer_type();
   /// Held while work runs on the stream (compute, buffer copies), so that callers on several
   /// threads take turns on one device.
@@ -70,6 +74,8 @@ class DeviceContext {
   std::multimap<size_t, void*> cache_;  // free blocks by capacity
   void* scratch_ = nullptr;
   size_t scratch_size_ = 0;
+  static constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+  void* cublas_workspace_ = nullptr;
 };
 
 /// A buffer over `size` bytes of device memory that Loom did not allocate

@@ -15,6 +15,7 @@
 
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_device.h"
+#include "backend/cuda/cuda_exec.h"
 #include "backend/cuda/kernels/launch.h"
 #include "capi/capi_export.h"
 #include "loom-cuda.h"
@@ -255,126 +256,52 @@ Status translate(const loom_cuda_context& ctx, loom_graph* graph, DeviceGraph& o
   return {};
 }
 
-// Per-node GPU times for loom_cuda_capture_next_compute.
-struct Trace {
-  std::vector<Event> start, end;
-  Status create(size_t n) {
-    start = std::vector<Event>(n);
-    end = std::vector<Event>(n);
-    for (size_t i = 0; i < n; ++i) {
-      LOOM_TRY(start[i].create());
-      LOOM_TRY(end[i].create());
-    }
-    return {};
-  }
-};
-
-Status write_trace(const loom_cuda_context& ctx, const std::string& path, const std::vector<Tensor*>& nodes,
-                   const std::vector<int>& launched, Trace& trace) {
-  using nlohmann::json;
-  json events = json::array();
-  events.push_back({{"name", "thread_name"},
-                    {"ph", "M"},
-                    {"pid", 0},
-                    {"tid", 0},
-                    {"args", {{"name", fmt::format("cuda{} stream", ctx.dev->ordinal())}}}});
-  double total_us = 0.0;
-  for (size_t k = 0; k < launched.size(); ++k) {
-    const Tensor& t = *nodes[static_cast<size_t>(launched[k])];
-    float begin_ms = 0.0f, dur_ms = 0.0f;
-    LOOM_CUDA_STATUS(cudaEventElapsedTime(&begin_ms, trace.start[0].get(), trace.start[k].get()));
-    LOOM_CUDA_STATUS(cudaEventElapsedTime(&dur_ms, trace.start[k].get(), trace.end[k].get()));
-    json srcs = json::array();
-    for (const Tensor* s : t.src)
-      if (s) srcs.push_back(describe(*s));
-    events.push_back({{"name", t.name.empty() ? std::string(loom::op_name(t.op))
-                                              : fmt::format("{} {}", loom::op_name(t.op), t.name)},
-                      {"cat", loom::op_name(t.op)},
-                      {"ph", "X"},
-                      {"pid", 0},
-                      {"tid", 0},
-                      {"ts", begin_ms * 1000.0},
-                      {"dur", dur_ms * 1000.0},
-                      {"args",
-                       {{"node", launched[k]},
-                        {"tensor", describe(t)},
-                        {"type", loom::dtype_name(t.type)},
-                        {"shape", loom::shape_string(t.ne)},
-                        {"srcs", srcs}}}});
-    total_us += dur_ms * 1000.0;
-  }
-  const json doc = {{"traceEvents", events},
-                    {"displayTimeUnit", "ns"},
-                    {"otherData",
-                     {{"device", ctx.dev->info().name},
-                      {"mode", "plain"},
-                      {"n_cb", ctx.n_cb},
-                      {"n_nodes", nodes.size()},
-                      {"n_kernel_nodes", launched.size()},
-                      {"sum_node_gpu_us", total_us}}}};
-  std::ofstream file(path);
-  file << doc.dump(1) << '\n';
-  file.close();
-  if (!file)
-    return make_error(StatusCode::io_error, "loom_cuda_graph_compute: cannot write the trace to '{}': {}",
-                      path, std::strerror(errno));
-  log(LOOM_LOG_INFO, "loom_cuda_graph_compute: trace of {} nodes written to '{}'", launched.size(), path);
-  return {};
-}
-
+// The C graph as device tensors, run through the backend's executor (cuda_exec.h): plan, fusion,
+// CUDA graph replay, abort callback between chunks, trace capture.
 Status compute(loom_cuda_context& ctx, loom_graph* graph) {
-  const char* fn = "loom_cuda_graph_compute";
   DeviceGraph dg;
   LOOM_TRY(translate(ctx, graph, dg));
-  size_t scratch = 0;
-  std::vector<int> kernel_nodes;  // indices of nodes that launch kernels (views do not)
-  for (size_t i = 0; i < dg.nodes.size(); ++i) {
-    const Tensor& t = *dg.nodes[i];
-    if (t.op == loom::OpKind::view) continue;
-    if (!ctx.backend->supports_op(t))
-      return make_error(StatusCode::unsupported, "{}: no CUDA kernel for {} of {}", fn, loom::op_name(t.op),
-                        describe(t));
-    scratch = std::max(scratch, node_scratch_bytes(t));
-    kernel_nodes.push_back(static_cast<int>(i));
+  Executor* ex = executor_of(*ctx.backend);
+  LOOM_ASSERT(ex != nullptr);
+  loom::ExecOptions o = ex->options();
+  o.n_cb = ctx.n_cb;
+  ex->set_options(o);
+  ex->set_abort_callback(ctx.abort_callback, ctx.abort_user_data);
+  if (!ctx.capture_path.empty()) {
+    ex->capture_next(ctx.capture_path);
+    log(LOOM_LOG_INFO, "loom_cuda_graph_compute: tracing this compute into '{}' (and its plan into '{}.dot')",
+        ctx.capture_path, ctx.capture_path);
+    ctx.capture_path.clear();
   }
-  std::string trace_path;
-  std::swap(trace_path, ctx.capture_path);  // only the next compute is traced
-  DeviceContext& dev = *ctx.dev;
-  std::lock_guard lock(dev.stream_mutex());
-  loom::Result<LaunchContext> launch = dev.launch_context(scratch);
-  if (!launch.ok()) return launch.status();
-  const LaunchContext& lc = *launch;
-  Trace trace;  // events belong to the current device: made after launch_context made it current
-  if (!trace_path.empty()) LOOM_TRY(trace.create(kernel_nodes.size()));
-  std::vector<int> launched;
-  bool aborted = false;
-  for (size_t k = 0; k < kernel_nodes.size(); ++k) {
-    if (ctx.abort_callback && ctx.abort_callback(ctx.abort_user_data)) {
-      aborted = true;
-      break;
-    }
-    const Tensor* t = dg.nodes[static_cast<size_t>(kernel_nodes[k])];
-    if (!trace_path.empty()) LOOM_CUDA_STATUS(cudaEventRecord(trace.start[k].get(), lc.stream));
-    const CudaError e = launch_node(lc, t);
-    if (!e.ok()) {
-      if (cudaStreamSynchronize(lc.stream) != cudaSuccess) (void)cudaGetLastError();
-      return to_status(e, fmt::format("node {} {} {}", kernel_nodes[k], loom::op_name(t->op), describe(*t)));
-    }
-    if (!trace_path.empty()) LOOM_CUDA_STATUS(cudaEventRecord(trace.end[k].get(), lc.stream));
-    launched.push_back(kernel_nodes[k]);
+  return ctx.backend->compute(dg.graph);
+}
+
+// The executor's plan as the seed's concurrency list: node indices level by level (dispatches
+// whose dependencies are all in earlier levels), -1 between levels; a fused dispatch lists its nodes.
+Status find_concurrency(loom_cuda_context& ctx, loom_graph* graph) {
+  DeviceGraph dg;
+  LOOM_TRY(translate(ctx, graph, dg));
+  Executor* ex = executor_of(*ctx.backend);
+  LOOM_ASSERT(ex != nullptr);
+  loom::Result<loom::exec::Plan> plan = ex->plan(dg.graph);
+  if (!plan.ok()) return plan.status();
+  std::vector<size_t> order(plan->dispatches.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return plan->dispatches[a].depth < plan->dispatches[b].depth;
+  });
+  ctx.concur_list.clear();
+  int depth = -1;
+  for (size_t i : order) {
+    const loom::exec::Dispatch& d = plan->dispatches[i];
+    if (depth >= 0 && d.depth != depth) ctx.concur_list.push_back(-1);
+    depth = d.depth;
+    for (const Tensor* t : d.nodes)
+      if (t) ctx.concur_list.push_back(t->index);
   }
-  const cudaError_t sync = cudaStreamSynchronize(lc.stream);
-  if (sync != cudaSuccess)
-    return to_status(
-        CudaError::runtime(sync, "cudaStreamSynchronize", __FILE__, __LINE__),
-        fmt::format("after {} kernel nodes of a graph of {} nodes; set LOOM_CUDA_SYNC_EACH_NODE=1 "
-                    "with the \"cuda\" backend to find the node",
-                    launched.size(), dg.nodes.size()));
-  if (aborted)
-    return make_error(StatusCode::aborted, "{}: stopped by the abort callback after {} of {} kernel nodes",
-                      fn, launched.size(), kernel_nodes.size());
-  if (!trace_path.empty() && !launched.empty())
-    return write_trace(ctx, trace_path, dg.nodes, launched, trace);
+  ctx.optimized = true;
+  log(LOOM_LOG_DEBUG, "loom_cuda_graph_find_concurrency: {} dispatches in {} levels", plan->dispatches.size(),
+      plan->stats.groups);
   return {};
 }
 
@@ -536,13 +463,8 @@ LOOM_API loom_status loom_cuda_graph_find_concurrency(loom_cuda_context* ctx, lo
                                                       bool check_mem) {
   return guard_status("loom_cuda_graph_find_concurrency", [&]() -> Status {
     if (!ctx || !graph) return null_arg("loom_cuda_graph_find_concurrency", !ctx ? "context" : "graph");
-    const int n = loom_graph_n_nodes(graph);
-    ctx->concur_list.resize(static_cast<size_t>(n));
-    for (int i = 0; i < n; ++i) ctx->concur_list[static_cast<size_t>(i)] = i;
-    ctx->optimized = true;
-    log(LOOM_LOG_DEBUG, "loom_cuda_graph_find_concurrency: {} nodes, plain order (check_mem {})", n,
-        check_mem);
-    return {};
+    (void)check_mem;
+    return find_concurrency(*ctx, graph);
   });
 }
 

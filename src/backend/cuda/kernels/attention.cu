@@ -22,6 +22,7 @@ __device__ __forceinline__ float load_kv(const char* row, int64_t i, bool f16) {
 __global__ void flash_attn_kernel(TensorDesc dst, TensorDesc q, TensorDesc k, TensorDesc v, TensorDesc mask,
                                   bool has_mask, bool mask_f16, bool k_f16, bool v_f16, float scale,
                                   float softcap) {
+  pdl_wait();
   const int lane = threadIdx.x % kWarpSize;
   const int64_t w = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / kWarpSize;
   const int64_t n_q = q.ne[1], n_head = q.ne[2];

@@ -13,6 +13,28 @@ namespace loom::cuda {
 
 constexpr int kWarpSize = 32;
 
+// ---- programmatic dependent launch (PDL) ----------------------------------------------------------
+// A kernel launched with the programmatic-stream-serialization attribute may start while the kernel
+// before it still runs. griddepcontrol.wait blocks until the prerequisite grids have completed and
+// their memory operations are visible, so nothing may touch global memory before it. Every kernel
+// calls pdl_wait() first, in all threads, so that any launch may be made programmatic. Without the
+// attribute (and below sm_90, where it compiles to nothing) it returns at once.
+
+/// Waits for the grids this one depends on programmatically; first statement of every kernel.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+/// Lets the grid launched after this one with PDL be scheduled once every block of this grid has
+/// triggered or exited (its pdl_wait still waits for this grid to complete). Not used yet.
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
 __device__ __forceinline__ int64_t nelements(const TensorDesc& t) {
   return t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3];
 }

@@ -22,7 +22,10 @@ static_assert(offsetof(BlockQ6_K, qh) == 128 && offsetof(BlockQ6_K, scales) == 1
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kMaxBlock = 32;  // largest block of a format with a device store (q8_0, q4_0)
+constexpr int kMaxBlock = 32;  // largest block stored by the generic kernels (q8_0, q4_0)
+// The K-quant kernels run one thread per 256-element block, each a long serial scale search
+// (quant_k.cuh); small CTAs spread the few blocks of a typical copy over more SMs.
+constexpr int kKQuantThreads = 32;
 
 // Element (i0, i1, i2, i3) of a tensor of any type, as float. Quantized tensors have contiguous
 // rows (the op front ends check it), so their elements are found from the row start.
@@ -71,11 +74,12 @@ __device__ void store_any(DType type, const float* x, uint8_t* block) {
       return;
     case DType::q4_k:
     case DType::q6_k:
-      return;  // no device quantizer: supports_op rejects these destinations
+      return;  // 256-element blocks: set_rows_kquant_kernel and cpy_kquant_kernel
   }
 }
 
 __global__ void get_rows_kernel(TensorDesc dst, TensorDesc a, DType a_type, TensorDesc idx) {
+  pdl_wait();
   for (int64_t r = blockIdx.x; r < nrows(dst); r += gridDim.x) {
     int64_t i1, i2, i3;  // i1: position in the index list; i2, i3: batch shared with a
     split_row(r, dst.ne[1], dst.ne[2], i1, i2, i3);
@@ -88,29 +92,57 @@ __global__ void get_rows_kernel(TensorDesc dst, TensorDesc a, DType a_type, Tens
   }
 }
 
+// Source block q of a set_rows (blocks of `block` floats, row after row): its floats and the
+// destination block they go to, or false where the row's index is out of range (nothing written).
+__device__ bool set_rows_block(const TensorDesc& dst, const TensorDesc& src, const TensorDesc& idx, int64_t q,
+                               int64_t blocks_per_row, int block, int block_bytes, const float*& from,
+                               uint8_t*& to) {
+  const int64_t b = q % blocks_per_row;
+  int64_t i1, i2, i3;
+  split_row(q / blocks_per_row, src.ne[1], src.ne[2], i1, i2, i3);
+  const int32_t row = *reinterpret_cast<const int32_t*>(
+      idx.data + i1 * idx.nb[0] + (i2 % idx.ne[1]) * idx.nb[1] + (i3 % idx.ne[2]) * idx.nb[2]);
+  if (row < 0 || row >= dst.ne[1]) return false;
+  from = reinterpret_cast<const float*>(row_ptr(src, i1, i2, i3)) + b * block;
+  to = reinterpret_cast<uint8_t*>(row_ptr(dst, row, i2, i3)) + b * block_bytes;
+  return true;
+}
+
 // One thread per destination block: gathers the block's source floats, then stores it.
 __global__ void set_rows_kernel(TensorDesc dst, DType dst_type, int block, int block_bytes, TensorDesc src,
                                 TensorDesc idx) {
+  pdl_wait();
   const int64_t blocks_per_row = src.ne[0] / block;
   const int64_t n = nrows(src) * blocks_per_row;
   for (int64_t q = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; q < n;
        q += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t b = q % blocks_per_row;
-    int64_t i1, i2, i3;
-    split_row(q / blocks_per_row, src.ne[1], src.ne[2], i1, i2, i3);
-    const int32_t row = *reinterpret_cast<const int32_t*>(
-        idx.data + i1 * idx.nb[0] + (i2 % idx.ne[1]) * idx.nb[1] + (i3 % idx.ne[2]) * idx.nb[2]);
-    if (row < 0 || row >= dst.ne[1]) continue;  // out of range: nothing written
+    const float* s;
+    uint8_t* out;
+    if (!set_rows_block(dst, src, idx, q, blocks_per_row, block, block_bytes, s, out)) continue;
     float x[kMaxBlock];
-    const auto* s = reinterpret_cast<const float*>(row_ptr(src, i1, i2, i3)) + b * block;
     for (int j = 0; j < block; ++j) x[j] = s[j];
-    store_any(dst_type, x, reinterpret_cast<uint8_t*>(row_ptr(dst, row, i2, i3)) + b * block_bytes);
+    store_any(dst_type, x, out);
+  }
+}
+
+// set_rows into a K-quant (F = FormatQ4_K or FormatQ6_K): one thread per 256-element block. The
+// quantizer reads its floats in place, from the contiguous f32 source row.
+template <class F>
+__global__ void set_rows_kquant_kernel(TensorDesc dst, TensorDesc src, TensorDesc idx) {
+  const int64_t blocks_per_row = src.ne[0] / F::kBlock;
+  const int64_t n = nrows(src) * blocks_per_row;
+  for (int64_t q = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; q < n;
+       q += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float* s;
+    uint8_t* out;
+    if (set_rows_block(dst, src, idx, q, blocks_per_row, F::kBlock, F::kBytes, s, out)) F::store(s, out);
   }
 }
 
 // cpy into a non-quantized destination: element e of the source in logical order goes to element
 // e of the destination; either side may have any strides. i32 is copied bit for bit.
 __global__ void cpy_kernel(TensorDesc dst, DType dst_type, TensorDesc src, DType src_type) {
+  pdl_wait();
   const int64_t n = nelements(dst);
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -131,6 +163,7 @@ __global__ void cpy_kernel(TensorDesc dst, DType dst_type, TensorDesc src, DType
 // cpy into a quantized destination (contiguous, rows of whole blocks): one thread per block.
 __global__ void cpy_quantize_kernel(TensorDesc dst, DType dst_type, int block, int block_bytes,
                                     TensorDesc src, DType src_type) {
+  pdl_wait();
   const int64_t n = nelements(dst) / block;
   for (int64_t q = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; q < n;
        q += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -144,7 +177,27 @@ __global__ void cpy_quantize_kernel(TensorDesc dst, DType dst_type, int block, i
   }
 }
 
+// cpy into a K-quant (contiguous, rows of whole blocks): one thread per block, which gathers its 256
+// source elements in logical order into its own row of shared memory (padded by one float so the
+// threads' rows fall in different banks), then quantizes them.
+template <class F>
+__global__ void cpy_kquant_kernel(TensorDesc dst, TensorDesc src, DType src_type) {
+  __shared__ float staged[kKQuantThreads][F::kBlock + 1];
+  float* x = staged[threadIdx.x];
+  const int64_t n = nelements(dst) / F::kBlock;
+  for (int64_t q = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; q < n;
+       q += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    for (int j = 0; j < F::kBlock; ++j) {
+      int64_t s[4];
+      split_index(q * F::kBlock + j, src.ne, s);
+      x[j] = load_any(src_type, src, s[0], s[1], s[2], s[3]);
+    }
+    F::store(x, reinterpret_cast<uint8_t*>(dst.data) + q * F::kBytes);
+  }
+}
+
 __global__ void concat_kernel(TensorDesc dst, TensorDesc a, TensorDesc b, int dim, int type_size) {
+  pdl_wait();
   for_each_element(dst, [&](int64_t* i) {
     char* out = element_ptr(dst, i[0], i[1], i[2], i[3]);
     const TensorDesc* from = &a;
@@ -175,10 +228,20 @@ CudaError launch_get_rows(const LaunchContext& ctx, const Tensor* dst) {
 CudaError launch_set_rows(const LaunchContext& ctx, const Tensor* dst) {
   const Tensor* src = dst->src[0];
   const int block = static_cast<int>(dtype_block_size(dst->type));
-  if (block > kMaxBlock)  // K-quants: no device quantizer (supports_op rejects them first)
-    return CudaError::runtime(cudaErrorNotSupported, "set_rows into a K-quant", __FILE__, __LINE__);
   const int64_t n = src->nrows() * (src->ne[0] / block);
   if (n == 0) return {};
+  if (dst->type == DType::q4_k || dst->type == DType::q6_k) {
+    const unsigned grid = grid_for(n, kKQuantThreads);
+    if (dst->type == DType::q4_k) {
+      set_rows_kquant_kernel<FormatQ4_K>
+          <<<grid, kKQuantThreads, 0, ctx.stream>>>(desc_of(dst), desc_of(src), desc_of(dst->src[1]));
+    } else {
+      set_rows_kquant_kernel<FormatQ6_K>
+          <<<grid, kKQuantThreads, 0, ctx.stream>>>(desc_of(dst), desc_of(src), desc_of(dst->src[1]));
+    }
+    LOOM_CUDA_CHECK_LAUNCH("set_rows_kquant_kernel");
+    return {};
+  }
   set_rows_kernel<<<grid_for(n, kThreads), kThreads, 0, ctx.stream>>>(
       desc_of(dst), dst->type, block, static_cast<int>(dtype_type_size(dst->type)), desc_of(src),
       desc_of(dst->src[1]));
@@ -190,10 +253,20 @@ CudaError launch_cpy(const LaunchContext& ctx, const Tensor* dst) {
   const Tensor* src = dst->src[0];
   const int64_t n = dst->nelements();
   if (n == 0) return {};
+  if (dst->type == DType::q4_k || dst->type == DType::q6_k) {
+    const unsigned grid = grid_for(n / kQK_K, kKQuantThreads);
+    if (dst->type == DType::q4_k) {
+      cpy_kquant_kernel<FormatQ4_K>
+          <<<grid, kKQuantThreads, 0, ctx.stream>>>(desc_of(dst), desc_of(src), src->type);
+    } else {
+      cpy_kquant_kernel<FormatQ6_K>
+          <<<grid, kKQuantThreads, 0, ctx.stream>>>(desc_of(dst), desc_of(src), src->type);
+    }
+    LOOM_CUDA_CHECK_LAUNCH("cpy_kquant_kernel");
+    return {};
+  }
   if (dtype_is_quantized(dst->type)) {
     const int block = static_cast<int>(dtype_block_size(dst->type));
-    if (block > kMaxBlock)  // K-quants: no device quantizer (supports_op rejects them first)
-      return CudaError::runtime(cudaErrorNotSupported, "cpy into a K-quant", __FILE__, __LINE__);
     cpy_quantize_kernel<<<grid_for(n / block, kThreads), kThreads, 0, ctx.stream>>>(
         desc_of(dst), dst->type, block, static_cast<int>(dtype_type_size(dst->type)), desc_of(src),
         src->type);

@@ -2,6 +2,7 @@
 // addressed through its strides, so views with gaps between rows work unchanged.
 // Bytes model: 8-12 bytes moved per element, far below compute; the int64 index splits dominate
 // for now (a contiguous fast path is future work).
+#include "backend/cuda/kernels/activation.cuh"
 #include "backend/cuda/kernels/common.cuh"
 #include "backend/cuda/kernels/elementwise.cuh"
 
@@ -12,22 +13,13 @@ namespace {
 enum class Binary : int { add, sub, mul, div };
 enum class Unary : int { scale, silu, gelu, gelu_erf, softcap };
 
-__device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
-// GELU, tanh approximation: 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3))).
-__device__ __forceinline__ float gelu_tanh_f(float x) {
-  constexpr float kSqrt2OverPi = 0.79788456080286535588f;
-  return 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * x * (1.0f + 0.044715f * x * x)));
-}
-__device__ __forceinline__ float gelu_erf_f(float x) {
-  return 0.5f * x * (1.0f + erff(x * 0.70710678118654752440f));
-}
-
 // Element i[4] of an f32 tensor.
 __device__ __forceinline__ float& f32_at(const TensorDesc& t, const int64_t* i) {
   return *reinterpret_cast<float*>(element_ptr(t, i[0], i[1], i[2], i[3]));
 }
 
 __global__ void binary_kernel(TensorDesc dst, TensorDesc a, TensorDesc b, OpKind op) {
+  pdl_wait();
   for_each_element(dst, [&](const int64_t* i) {
     const int64_t j[4] = {i[0] % b.ne[0], i[1] % b.ne[1], i[2] % b.ne[2], i[3] % b.ne[3]};
     const float x = f32_at(a, i), y = f32_at(b, j);
@@ -51,6 +43,7 @@ __global__ void binary_kernel(TensorDesc dst, TensorDesc a, TensorDesc b, OpKind
 }
 
 __global__ void unary_kernel(TensorDesc dst, TensorDesc a, OpKind op, float p0, float p1) {
+  pdl_wait();
   for_each_element(dst, [&](const int64_t* i) {
     const float x = f32_at(a, i);
     float r;
@@ -76,10 +69,9 @@ __global__ void unary_kernel(TensorDesc dst, TensorDesc a, OpKind op, float p0, 
 }
 
 __global__ void gated_kernel(TensorDesc dst, TensorDesc gate, TensorDesc up, bool swiglu) {
-  for_each_element(dst, [&](const int64_t* i) {
-    const float g = f32_at(gate, i);
-    f32_at(dst, i) = (swiglu ? silu_f(g) : gelu_tanh_f(g)) * f32_at(up, i);
-  });
+  pdl_wait();
+  for_each_element(
+      dst, [&](const int64_t* i) { f32_at(dst, i) = gated_f(f32_at(gate, i), f32_at(up, i), swiglu); });
 }
 
 constexpr int kThreads = 256;

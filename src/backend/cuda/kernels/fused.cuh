@@ -5,6 +5,7 @@
 
 #include "backend/cuda/kernels/launch.h"
 #include "backend/cuda/kernels/rope.cuh"
+#include "loom/exec.h"
 
 namespace loom::cuda {
 

@@ -21,11 +21,14 @@
 //   quantized column (~1.1 * k bytes, from L1/L2 for every row), so a decode step is
 //   bandwidth-bound; with many columns the weights are re-read n / 8 times (from L2 for matrices
 //   that fit; a tiled quantized GEMM is future work).
+// The mat-vec inner loops are in mat_vec.cuh, shared with the fused gate/up projection (fused.cu);
+// mul_mat_vec_kernel and mul_mat_q8_kernel also serve the fused mat_vec_bias (kBias).
 #include <algorithm>
 #include <cstddef>
 #include <type_traits>
 
 #include "backend/cuda/kernels/common.cuh"
+#include "backend/cuda/kernels/mat_vec.cuh"
 #include "backend/cuda/kernels/matmul.cuh"
 #include "backend/cuda/kernels/quant.cuh"
 #include "backend/cuda/kernels/quantize_act.cuh"
@@ -42,13 +45,14 @@ static_assert(DotQ4_K::kBytes == sizeof(BlockQ4_K) && DotQ4_K::kBlock == kQK_K);
 static_assert(DotQ6_K::kBytes == sizeof(BlockQ6_K) && DotQ6_K::kBlock == kQK_K);
 static_assert(sizeof(ActQ8_K) == sizeof(BlockQ8_K) && offsetof(ActQ8_K, bsums) == offsetof(BlockQ8_K, bsums));
 
-constexpr int kMatVecMaxCols = 8;
-constexpr int kMatVecWarps = 4;  // rows per block
 constexpr unsigned kMaxGridYZ = 65535;
 
-// dst[i, j0 .. j0+ncols) of batch (i2, i3) for one warp per row i.
-template <class F>
-__global__ void mul_mat_vec_kernel(TensorDesc dst, TensorDesc a, TensorDesc b, int64_t r2, int64_t r3) {
+// dst[i, j0 .. j0+ncols) of batch (i2, i3) for one warp per row i, plus bias[i] with kBias
+// (mat_vec_bias: a template parameter, because a run-time one cost the plain kernels registers).
+template <class F, bool kBias>
+__global__ void mul_mat_vec_kernel(TensorDesc dst, TensorDesc a, TensorDesc b, int64_t r2, int64_t r3,
+                                   const float* bias) {
+  pdl_wait();
   const int lane = threadIdx.x % kWarpSize;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kMatVecWarps + threadIdx.x / kWarpSize;
   if (i >= dst.ne[0]) return;  // no block-wide synchronization below
@@ -61,17 +65,12 @@ __global__ void mul_mat_vec_kernel(TensorDesc dst, TensorDesc a, TensorDesc b, i
       const int ncols = static_cast<int>(n - j0 < kMatVecMaxCols ? n - j0 : kMatVecMaxCols);
       const char* b_col = b.data + j0 * b.nb[1] + i2 * b.nb[2] + i3 * b.nb[3];
       float acc[kMatVecMaxCols] = {};
-      for (int64_t e = lane; e < k; e += kWarpSize) {
-        const float w = load_element<F>(a_row, e);
-        const char* b_elem = b_col + e * b.nb[0];
-#pragma unroll
-        for (int c = 0; c < kMatVecMaxCols; ++c)
-          if (c < ncols) acc[c] += w * *reinterpret_cast<const float*>(b_elem + c * b.nb[1]);
-      }
+      dot_columns_float<F>(a_row, k, b_col, b.nb[0], b.nb[1], ncols, acc);
 #pragma unroll
       for (int c = 0; c < kMatVecMaxCols; ++c) {
         if (c >= ncols) break;
-        const float sum = warp_sum(acc[c]);
+        float sum = warp_sum(acc[c]);
+        if constexpr (kBias) sum += bias[i];
         if (lane == 0) *reinterpret_cast<float*>(element_ptr(dst, i, j0 + c, i2, i3)) = sum;
       }
     }
@@ -81,6 +80,7 @@ __global__ void mul_mat_vec_kernel(TensorDesc dst, TensorDesc a, TensorDesc b, i
 // out[:, e, t] = as[ids[e, t]] * b[:, e or 0, t]: one warp per output row and (e, t) column.
 template <class F>
 __global__ void mul_mat_id_kernel(TensorDesc dst, TensorDesc as, TensorDesc b, TensorDesc ids) {
+  pdl_wait();
   const int lane = threadIdx.x % kWarpSize;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kMatVecWarps + threadIdx.x / kWarpSize;
   if (i >= dst.ne[0]) return;
@@ -95,11 +95,10 @@ __global__ void mul_mat_id_kernel(TensorDesc dst, TensorDesc as, TensorDesc b, T
       }
       const char* a_row = row_ptr(as, i, expert, 0);
       const char* b_col = row_ptr(b, b.ne[1] == 1 ? 0 : e, t, 0);
-      float acc = 0.0f;
-      for (int64_t j = lane; j < k; j += kWarpSize)
-        acc += load_element<F>(a_row, j) * *reinterpret_cast<const float*>(b_col + j * b.nb[0]);
-      acc = warp_sum(acc);
-      if (lane == 0) *out = acc;
+      float acc[1] = {0.0f};
+      dot_columns_float<F>(a_row, k, b_col, b.nb[0], 0, 1, acc);
+      const float sum = warp_sum(acc[0]);
+      if (lane == 0) *out = sum;
     }
   }
 }
@@ -109,6 +108,7 @@ __global__ void mul_mat_id_kernel(TensorDesc dst, TensorDesc as, TensorDesc b, T
 // Quantizes every row of b (f32, any strides) into q8_0 blocks, rows in (i1, i2, i3) order, k / 32
 // blocks each: one warp per block, lane l taking element l.
 __global__ void quantize_q8_0_kernel(ActQ8_0* out, TensorDesc b) {
+  pdl_wait();
   const int lane = threadIdx.x % kWarpSize;
   const int64_t per_row = b.ne[0] / 32, total = nrows(b) * per_row;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / kWarpSize);
@@ -132,6 +132,7 @@ __global__ void quantize_q8_0_kernel(ActQ8_0* out, TensorDesc b) {
 // Quantizes every row of b into q8_K blocks (k / 256 per row): one warp per block, lane l taking
 // elements 8l .. 8l+7, so lanes 2j and 2j+1 together hold bsums[j].
 __global__ void quantize_q8_k_kernel(ActQ8_K* out, TensorDesc b) {
+  pdl_wait();
   const int lane = threadIdx.x % kWarpSize;
   const int64_t per_row = b.ne[0] / 256, total = nrows(b) * per_row;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / kWarpSize);
@@ -168,31 +169,13 @@ __global__ void quantize_q8_k_kernel(ActQ8_K* out, TensorDesc b) {
   }
 }
 
-// acc[c] += dot(weight row, activation row x + c * n_blocks) for c < ncols: the warp splits the
-// row's blocks, D::kParts lanes to a block, 32 / D::kParts blocks per step; each lane unpacks its
-// share of a weight block once for all columns. One column has little work per step to hide the
-// memory latency behind, so its loop is unrolled to keep several steps' loads in flight; with
-// more columns their independent loads do that already (and registers are scarcer).
-template <class D, int kCols>
-__device__ __forceinline__ void dot_columns(const uint8_t* w_row, int64_t n_blocks, const typename D::Act* x,
-                                            int ncols, float (&acc)[kCols]) {
-  const int lane = threadIdx.x % kWarpSize;
-  const int part = lane % D::kParts;
-  constexpr int kUnroll = kCols == 1 ? 4 : 1;
-#pragma unroll kUnroll
-  for (int64_t ib = lane / D::kParts; ib < n_blocks; ib += kWarpSize / D::kParts) {
-    const typename D::Part w = D::decode(w_row + ib * D::kBytes, part);
-#pragma unroll
-    for (int c = 0; c < kCols; ++c)
-      if (c < ncols) acc[c] += D::dot(w, x[c * n_blocks + ib], part);
-  }
-}
-
-// dst[i, j0 .. j0+ncols) of batch (i2, i3) for one warp per row i, ncols <= kCols; xq holds b's
-// rows quantized, in (j, i2, i3) order. kCols is 1 (decoding one token) or kMatVecMaxCols.
-template <class D, int kCols>
+// dst[i, j0 .. j0+ncols) of batch (i2, i3) for one warp per row i, ncols <= kCols, plus bias[i]
+// with kBias (mat_vec_bias); xq holds b's rows quantized, in (j, i2, i3) order. kCols is 1
+// (decoding one token) or kMatVecMaxCols.
+template <class D, int kCols, bool kBias>
 __global__ void mul_mat_q8_kernel(TensorDesc dst, TensorDesc a, const typename D::Act* xq, int64_t r2,
-                                  int64_t r3) {
+                                  int64_t r3, const float* bias) {
+  pdl_wait();
   const int lane = threadIdx.x % kWarpSize;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kMatVecWarps + threadIdx.x / kWarpSize;
   if (i >= dst.ne[0]) return;  // no block-wide synchronization below
@@ -208,7 +191,8 @@ __global__ void mul_mat_q8_kernel(TensorDesc dst, TensorDesc a, const typename D
 #pragma unroll
       for (int c = 0; c < kCols; ++c) {
         if (c >= ncols) break;
-        const float sum = warp_sum(acc[c]);
+        float sum = warp_sum(acc[c]);
+        if constexpr (kBias) sum += bias[i];
         if (lane == 0) *reinterpret_cast<float*>(element_ptr(dst, i, j0 + c, i2, i3)) = sum;
       }
     }
@@ -219,6 +203,7 @@ __global__ void mul_mat_q8_kernel(TensorDesc dst, TensorDesc a, const typename D
 template <class D>
 __global__ void mul_mat_id_q8_kernel(TensorDesc dst, TensorDesc as, const typename D::Act* xq, int64_t b1,
                                      TensorDesc ids) {
+  pdl_wait();
   const int lane = threadIdx.x % kWarpSize;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kMatVecWarps + threadIdx.x / kWarpSize;
   if (i >= dst.ne[0]) return;
@@ -243,6 +228,7 @@ __global__ void mul_mat_id_q8_kernel(TensorDesc dst, TensorDesc as, const typena
 // Packs b (f32, any strides) into a contiguous [k, n, b2, b3] array of T.
 template <typename T>
 __global__ void pack_b_kernel(T* out, TensorDesc b) {
+  pdl_wait();
   const int64_t n = nelements(b);
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -263,15 +249,16 @@ unsigned capped(int64_t n, unsigned cap) {
   return static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(n, 1), cap));
 }
 
-template <class F>
-CudaError mat_vec(const LaunchContext& ctx, const Tensor* dst) {
-  const Tensor* a = dst->src[0];
-  const Tensor* b = dst->src[1];
+// dst (mm's shape: mm itself, or the add of mat_vec_bias) = mm->src[0] x mm->src[1] (+ bias).
+template <class F, bool kBias>
+CudaError mat_vec(const LaunchContext& ctx, const Tensor* mm, const Tensor* dst, const float* bias) {
+  const Tensor* a = mm->src[0];
+  const Tensor* b = mm->src[1];
   const dim3 grid(static_cast<unsigned>((dst->ne[0] + kMatVecWarps - 1) / kMatVecWarps),
                   capped((dst->ne[1] + kMatVecMaxCols - 1) / kMatVecMaxCols, kMaxGridYZ),
                   capped(dst->ne[2] * dst->ne[3], kMaxGridYZ));
-  mul_mat_vec_kernel<F><<<grid, kMatVecWarps * kWarpSize, 0, ctx.stream>>>(
-      desc_of(dst), desc_of(a), desc_of(b), b->ne[2] / a->ne[2], b->ne[3] / a->ne[3]);
+  mul_mat_vec_kernel<F, kBias><<<grid, kMatVecWarps * kWarpSize, 0, ctx.stream>>>(
+      desc_of(dst), desc_of(a), desc_of(b), b->ne[2] / a->ne[2], b->ne[3] / a->ne[3], bias);
   LOOM_CUDA_CHECK_LAUNCH("mul_mat_vec_kernel");
   return {};
 }
@@ -296,53 +283,35 @@ size_t act_row_bytes(DType weight, int64_t k) {
 }
 
 size_t quantized_act_bytes(const Tensor* dst) {
-  const Tensor* b = dst->src[1];
-  return static_cast<size_t>(b->nrows()) * act_row_bytes(dst->src[0]->type, b->ne[0]);
+  return quantized_activation_bytes(dst->src[0]->type, dst->src[1]);
 }
 
-// Quantizes all of b's rows into the scratch, as D's activation blocks.
-template <class D>
-CudaError quantize_activations(const LaunchContext& ctx, const Tensor* dst) {
-  if (ctx.scratch_size < quantized_act_bytes(dst))
-    return CudaError::runtime(cudaErrorInvalidValue,
-                              "mul_mat: scratch smaller than the quantized activations", __FILE__, __LINE__);
-  const Tensor* b = dst->src[1];
-  const int64_t blocks = b->nrows() * (b->ne[0] / D::kBlock);
-  constexpr int kThreads = 256;
-  const unsigned grid = grid_for(blocks * kWarpSize, kThreads);
-  if constexpr (std::is_same_v<typename D::Act, ActQ8_K>) {
-    quantize_q8_k_kernel<<<grid, kThreads, 0, ctx.stream>>>(static_cast<ActQ8_K*>(ctx.scratch), desc_of(b));
-    LOOM_CUDA_CHECK_LAUNCH("quantize_q8_k_kernel");
-  } else {
-    quantize_q8_0_kernel<<<grid, kThreads, 0, ctx.stream>>>(static_cast<ActQ8_0*>(ctx.scratch), desc_of(b));
-    LOOM_CUDA_CHECK_LAUNCH("quantize_q8_0_kernel");
-  }
-  return {};
-}
-
-template <class D, int kCols>
-CudaError launch_mat_vec_q8(const LaunchContext& ctx, const Tensor* dst) {
-  const Tensor* a = dst->src[0];
-  const Tensor* b = dst->src[1];
+template <class D, int kCols, bool kBias>
+CudaError launch_mat_vec_q8(const LaunchContext& ctx, const Tensor* mm, const Tensor* dst,
+                            const float* bias) {
+  const Tensor* a = mm->src[0];
+  const Tensor* b = mm->src[1];
   const dim3 grid(static_cast<unsigned>((dst->ne[0] + kMatVecWarps - 1) / kMatVecWarps),
                   capped((dst->ne[1] + kCols - 1) / kCols, kMaxGridYZ),
                   capped(dst->ne[2] * dst->ne[3], kMaxGridYZ));
-  mul_mat_q8_kernel<D, kCols><<<grid, kMatVecWarps * kWarpSize, 0, ctx.stream>>>(
+  mul_mat_q8_kernel<D, kCols, kBias><<<grid, kMatVecWarps * kWarpSize, 0, ctx.stream>>>(
       desc_of(dst), desc_of(a), static_cast<const typename D::Act*>(ctx.scratch), b->ne[2] / a->ne[2],
-      b->ne[3] / a->ne[3]);
+      b->ne[3] / a->ne[3], bias);
   LOOM_CUDA_CHECK_LAUNCH("mul_mat_q8_kernel");
   return {};
 }
 
-template <class D>
-CudaError mat_vec_q8(const LaunchContext& ctx, const Tensor* dst) {
-  if (CudaError e = quantize_activations<D>(ctx, dst); !e.ok()) return e;
-  return dst->ne[1] == 1 ? launch_mat_vec_q8<D, 1>(ctx, dst) : launch_mat_vec_q8<D, kMatVecMaxCols>(ctx, dst);
+// Like mat_vec, for quantized weights: quantizes mm's activations into the scratch first.
+template <class D, bool kBias>
+CudaError mat_vec_q8(const LaunchContext& ctx, const Tensor* mm, const Tensor* dst, const float* bias) {
+  LOOM_CUDA_TRY(launch_quantize_activations(ctx, mm->src[0]->type, mm->src[1]));
+  return dst->ne[1] == 1 ? launch_mat_vec_q8<D, 1, kBias>(ctx, mm, dst, bias)
+                         : launch_mat_vec_q8<D, kMatVecMaxCols, kBias>(ctx, mm, dst, bias);
 }
 
 template <class D>
 CudaError mat_vec_id_q8(const LaunchContext& ctx, const Tensor* dst) {
-  if (CudaError e = quantize_activations<D>(ctx, dst); !e.ok()) return e;
+  LOOM_CUDA_TRY(launch_quantize_activations(ctx, dst->src[0]->type, dst->src[1]));
   const dim3 grid(static_cast<unsigned>((dst->ne[0] + kMatVecWarps - 1) / kMatVecWarps),
                   capped(dst->ne[1], kMaxGridYZ), capped(dst->ne[2], kMaxGridYZ));
   mul_mat_id_q8_kernel<D><<<grid, kMatVecWarps * kWarpSize, 0, ctx.stream>>>(
@@ -350,6 +319,30 @@ CudaError mat_vec_id_q8(const LaunchContext& ctx, const Tensor* dst) {
       dst->src[1]->ne[1], desc_of(dst->src[2]));
   LOOM_CUDA_CHECK_LAUNCH("mul_mat_id_q8_kernel");
   return {};
+}
+
+// The mat-vec path of mul_mat for any weight type but i32 (dst: see mat_vec).
+template <bool kBias>
+CudaError mat_vec_any(const LaunchContext& ctx, const Tensor* mm, const Tensor* dst, const float* bias) {
+  switch (mm->src[0]->type) {
+    case DType::f32:
+      return mat_vec<FormatF32, kBias>(ctx, mm, dst, bias);
+    case DType::f16:
+      return mat_vec<FormatF16, kBias>(ctx, mm, dst, bias);
+    case DType::bf16:
+      return mat_vec<FormatBF16, kBias>(ctx, mm, dst, bias);
+    case DType::q8_0:
+      return mat_vec_q8<DotQ8_0, kBias>(ctx, mm, dst, bias);
+    case DType::q4_0:
+      return mat_vec_q8<DotQ4_0, kBias>(ctx, mm, dst, bias);
+    case DType::q4_k:
+      return mat_vec_q8<DotQ4_K, kBias>(ctx, mm, dst, bias);
+    case DType::q6_k:
+      return mat_vec_q8<DotQ6_K, kBias>(ctx, mm, dst, bias);
+    case DType::i32:
+      break;
+  }
+  return CudaError::runtime(cudaErrorInvalidValue, "mul_mat: i32 weights", __FILE__, __LINE__);
 }
 
 bool is_float_type(DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16; }
@@ -422,6 +415,29 @@ CudaError gemm_cublas(const LaunchContext& ctx, const Tensor* dst) {
 
 }  // namespace
 
+size_t quantized_activation_bytes(DType weight, const Tensor* b) {
+  if (!is_quantized_weight(weight)) return 0;
+  return static_cast<size_t>(b->nrows()) * act_row_bytes(weight, b->ne[0]);
+}
+
+CudaError launch_quantize_activations(const LaunchContext& ctx, DType weight, const Tensor* b) {
+  if (ctx.scratch_size < quantized_activation_bytes(weight, b))
+    return CudaError::runtime(cudaErrorInvalidValue,
+                              "mul_mat: scratch smaller than the quantized activations", __FILE__, __LINE__);
+  const int64_t blocks = b->nrows() * (b->ne[0] / (is_k_quant(weight) ? 256 : 32));
+  if (blocks == 0) return {};
+  constexpr int kThreads = 256;
+  const unsigned grid = grid_for(blocks * kWarpSize, kThreads);
+  if (is_k_quant(weight)) {
+    quantize_q8_k_kernel<<<grid, kThreads, 0, ctx.stream>>>(static_cast<ActQ8_K*>(ctx.scratch), desc_of(b));
+    LOOM_CUDA_CHECK_LAUNCH("quantize_q8_k_kernel");
+  } else {
+    quantize_q8_0_kernel<<<grid, kThreads, 0, ctx.stream>>>(static_cast<ActQ8_0*>(ctx.scratch), desc_of(b));
+    LOOM_CUDA_CHECK_LAUNCH("quantize_q8_0_kernel");
+  }
+  return {};
+}
+
 size_t mul_mat_scratch_bytes(const Tensor* dst) {
   if (is_quantized_weight(dst->src[0]->type)) return quantized_act_bytes(dst);
   if (!use_cublas(dst)) return 0;
@@ -433,28 +449,18 @@ size_t mul_mat_id_scratch_bytes(const Tensor* dst) {
   return is_quantized_weight(dst->src[0]->type) ? quantized_act_bytes(dst) : 0;
 }
 
+bool mul_mat_uses_cublas(const Tensor* dst) { return use_cublas(dst); }
+
 CudaError launch_mul_mat(const LaunchContext& ctx, const Tensor* dst) {
   if (dst->nelements() == 0) return {};
   if (use_cublas(dst)) return gemm_cublas(ctx, dst);
-  switch (dst->src[0]->type) {
-    case DType::f32:
-      return mat_vec<FormatF32>(ctx, dst);
-    case DType::f16:
-      return mat_vec<FormatF16>(ctx, dst);
-    case DType::bf16:
-      return mat_vec<FormatBF16>(ctx, dst);
-    case DType::q8_0:
-      return mat_vec_q8<DotQ8_0>(ctx, dst);
-    case DType::q4_0:
-      return mat_vec_q8<DotQ4_0>(ctx, dst);
-    case DType::q4_k:
-      return mat_vec_q8<DotQ4_K>(ctx, dst);
-    case DType::q6_k:
-      return mat_vec_q8<DotQ6_K>(ctx, dst);
-    case DType::i32:
-      break;
-  }
-  return CudaError::runtime(cudaErrorInvalidValue, "mul_mat: i32 weights", __FILE__, __LINE__);
+  return mat_vec_any<false>(ctx, dst, dst, nullptr);
+}
+
+CudaError launch_mul_mat_vec_bias(const LaunchContext& ctx, const Tensor* mm, const Tensor* bias,
+                                  const Tensor* dst) {
+  if (dst->nelements() == 0) return {};
+  return mat_vec_any<true>(ctx, mm, dst, static_cast<const float*>(bias->data));
 }
 
 CudaError launch_mul_mat_id(const LaunchContext& ctx, const Tensor* dst) {

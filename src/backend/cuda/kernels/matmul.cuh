@@ -12,6 +12,20 @@ size_t mul_mat_scratch_bytes(const Tensor* dst);
 /// Device scratch mul_mat_id needs for this node (quantized activations).
 size_t mul_mat_id_scratch_bytes(const Tensor* dst);
 CudaError launch_mul_mat(const LaunchContext& ctx, const Tensor* dst);
+/// Whether launch_mul_mat calls cuBLAS for this node (the executor orders cuBLAS calls, which share
+/// the device's cuBLAS workspace).
+bool mul_mat_uses_cublas(const Tensor* dst);
+/// dst = mul_mat(mm->src[0], mm->src[1]) + bias in one mat-vec kernel (plus the activations'
+/// quantization for quantized weights, into ctx.scratch as mul_mat does): dst has mm's shape, bias
+/// is a packed f32 [m], added to every column. Any weight type but i32, any
+/// column count (the fused path keeps to kMatVecMaxCols, where mul_mat takes this kernel too).
+CudaError launch_mul_mat_vec_bias(const LaunchContext& ctx, const Tensor* mm, const Tensor* bias,
+                                  const Tensor* dst);
+/// Bytes of b's rows quantized for a mat-vec with weights of type `weight` (0 for float weights).
+size_t quantized_activation_bytes(DType weight, const Tensor* b);
+/// Quantizes all rows of b (f32, any strides) into ctx.scratch, in (i1, i2, i3) row order, as the
+/// mat-vec kernels for weights of type `weight` read them (q8_0 blocks, or q8_K for the K-quants).
+CudaError launch_quantize_activations(const LaunchContext& ctx, DType weight, const Tensor* b);
 /// Expert ids out of range give NaN columns.
 CudaError launch_mul_mat_id(const LaunchContext& ctx, const Tensor* dst);
 

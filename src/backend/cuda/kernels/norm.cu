@@ -11,6 +11,7 @@ namespace {
 // norm is rms_norm of the row less its mean: kCenter adds the pass that computes the mean.
 template <bool kCenter>
 __global__ void norm_kernel(TensorDesc dst, TensorDesc a, float eps) {
+  pdl_wait();
   __shared__ float scratch[32];
   for (int64_t r = blockIdx.x; r < nrows(dst); r += gridDim.x) {
     int64_t i1, i2, i3;

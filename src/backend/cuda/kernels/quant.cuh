@@ -3,17 +3,16 @@
 // Includes nothing outside src/backend/cuda/.
 //
 // Each format is a struct with kBlock (elements per block), kBytes (bytes per block),
-// load(block, j) -> element j as float, and (except the K-quants) store(x, block) writing kBlock
-// floats as one block. Kernels are templated on these structs; the host maps a DType to one with a
-// switch. The stores of q8_0 and q4_0 are the CPU reference quantizers, bit for bit. The K-quants
-// have none: the reference quantizers search per sub-block for the best scale, and the op test
-// holds other backends to them within 1/20 of the format's own error, which a simple
-// quantizer misses by ~50x; the backend declares K-quant destinations unsupported instead.
+// load(block, j) -> element j as float, and store(x, block) writing kBlock floats as one block.
+// Kernels are templated on these structs; the host maps a DType to one with a switch. Every store
+// is the CPU reference quantizer, bit for bit; the K-quants' (a per-sub-block scale search, one
+// thread per 256-element block) live in quant_k.cuh.
 #pragma once
 
 #include <cstdint>
 
 #include "backend/cuda/kernels/common.cuh"
+#include "backend/cuda/kernels/quant_k.cuh"
 #include "backend/cuda/kernels/quantize_act.cuh"  // q4k_scale_min
 
 namespace loom::cuda {
@@ -127,6 +126,7 @@ struct FormatQ4_K {
     return f16_to_float(load_u16(b)) * static_cast<float>(sc) * static_cast<float>(q) -
            f16_to_float(load_u16(b + 2)) * static_cast<float>(m);
   }
+  __device__ static void store(const float* x, uint8_t* b) { quantize_block_q4_k(x, b); }
 };
 
 /// q6_K: 128 bytes of low nibbles (ql), 64 bytes of 2-bit high parts (qh), 16 int8 scales, d
@@ -143,6 +143,7 @@ struct FormatQ6_K {
     const int8_t scale = static_cast<int8_t>(b[192 + j / 16]);
     return f16_to_float(load_u16(b + 208)) * static_cast<float>(scale) * static_cast<float>(q - 32);
   }
+  __device__ static void store(const float* x, uint8_t* b) { quantize_block_q6_k(x, b); }
 };
 
 /// Element i0 of a row whose blocks are packed from `row`.

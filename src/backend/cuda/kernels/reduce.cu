@@ -12,6 +12,7 @@ __device__ __forceinline__ float load_f32(const char* row, int64_t i, int64_t st
 }
 
 __global__ void sum_rows_kernel(TensorDesc dst, TensorDesc a) {
+  pdl_wait();
   __shared__ float scratch[32];
   for (int64_t r = blockIdx.x; r < nrows(a); r += gridDim.x) {
     int64_t i1, i2, i3;
@@ -30,6 +31,7 @@ __device__ __forceinline__ bool beats(float v, int64_t i, float best_v, int64_t 
 }
 
 __global__ void argmax_kernel(TensorDesc dst, TensorDesc a) {
+  pdl_wait();
   __shared__ float warp_v[32];
   __shared__ int64_t warp_i[32];
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
@@ -76,6 +78,7 @@ constexpr int kTopKThreads = 256;
 // the short rows of MoE routing, ~1.6e10 comparisons for a 128k vocabulary row (an estimate of
 // a few ms, not measured). A radix select of the k-th value first is the faster replacement.
 __global__ void top_k_kernel(TensorDesc dst, TensorDesc a, int k) {
+  pdl_wait();
   __shared__ float tile[kTopKThreads];
   const int64_t n = a.ne[0];
   for (int64_t r = blockIdx.y; r < nrows(a); r += gridDim.y) {

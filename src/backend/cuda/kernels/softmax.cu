@@ -1,9 +1,10 @@
-// soft_max: one block per row. Pass 1 writes the scaled, masked logits to dst and finds the
-// maximum; pass 2 exponentiates and sums; pass 3 normalizes. Each thread touches the same
-// elements in every pass, so dst may alias the input (in-place) without a barrier between.
+// soft_max: one block per row (soft_max_row in softmax_row.cuh: pass 1 writes the scaled, masked
+// logits to dst and finds the maximum; pass 2 exponentiates and sums; pass 3 normalizes). Each
+// thread touches the same elements in every pass, so dst may alias the input (in-place).
 // Bytes model: 3 reads + 2 writes of the row, all L2-resident for rows up to ~MBs.
 #include "backend/cuda/kernels/common.cuh"
 #include "backend/cuda/kernels/softmax.cuh"
+#include "backend/cuda/kernels/softmax_row.cuh"
 
 namespace loom::cuda {
 
@@ -11,6 +12,7 @@ namespace {
 
 __global__ void soft_max_kernel(TensorDesc dst, TensorDesc a, TensorDesc mask, bool has_mask, bool mask_f16,
                                 float scale) {
+  pdl_wait();
   __shared__ float scratch[32];
   const int64_t n = dst.ne[0];
   for (int64_t r = blockIdx.x; r < nrows(dst); r += gridDim.x) {
@@ -20,28 +22,16 @@ __global__ void soft_max_kernel(TensorDesc dst, TensorDesc a, TensorDesc mask, b
     auto* y = reinterpret_cast<float*>(row_ptr(dst, i1, i2, i3));
     // the mask's rows follow the logits' rows; it broadcasts over dims 2-3
     const char* m = has_mask ? row_ptr(mask, i1, i2 % mask.ne[2], i3 % mask.ne[3]) : nullptr;
-    float mx = -INFINITY;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-      float v = x[i] * scale;
-      if (m)
-        v += mask_f16 ? f16_to_float(reinterpret_cast<const uint16_t*>(m)[i])
-                      : reinterpret_cast<const float*>(m)[i];
-      y[i] = v;
-      mx = fmaxf(mx, v);
-    }
-    mx = block_max(mx, scratch);
-    if (mx == -INFINITY) {  // fully masked row: zeros, not NaN (as on the CPU)
-      for (int64_t i = threadIdx.x; i < n; i += blockDim.x) y[i] = 0.0f;
-      continue;
-    }
-    float sum = 0.0f;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-      const float e = expf(y[i] - mx);
-      y[i] = e;
-      sum += e;
-    }
-    const float inv = 1.0f / block_sum(sum, scratch);
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) y[i] *= inv;
+    soft_max_row(
+        y, n,
+        [&](int64_t i) {
+          float v = x[i] * scale;
+          if (m)
+            v += mask_f16 ? f16_to_float(reinterpret_cast<const uint16_t*>(m)[i])
+                          : reinterpret_cast<const float*>(m)[i];
+          return v;
+        },
+        scratch);
   }
 }
 

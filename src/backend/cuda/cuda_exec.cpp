@@ -1,0 +1,607 @@
+// The CUDA graph executor (see cuda_exec.h).
+#include "backend/cuda/cuda_exec.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/kernels/fused.cuh"
+#include "backend/cuda/kernels/matmul.cuh"
+
+namespace loom::cuda {
+
+namespace {
+
+uint64_t now_ns() {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+          .count());
+}
+
+// 64-bit mixing hash over words (structure, not contents: addresses, shapes, params).
+struct Hasher {
+  uint64_t h = 0x9e3779b97f4a7c15ull;
+  void add(uint64_t v) {
+    h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 32;
+  }
+  void add_tensor(const Tensor& t) {
+    add(static_cast<uint64_t>(t.type) | (static_cast<uint64_t>(t.op) << 8) | (uint64_t{t.flags} << 16));
+    add(reinterpret_cast<uintptr_t>(t.data));
+    for (int i = 0; i < kMaxDims; ++i) {
+      add(static_cast<uint64_t>(t.ne[i]));
+      add(t.nb[i]);
+    }
+  }
+};
+
+uint64_t fingerprint(const Graph& g, const ExecOptions& o) {
+  Hasher h;
+  h.add(static_cast<uint64_t>(o.serialize) | (uint64_t{o.graph} << 1) | (uint64_t{o.concurrency} << 2) |
+        (uint64_t{o.fusion} << 3) | (uint64_t{o.reorder} << 4) | (uint64_t{o.pdl} << 5) |
+        (static_cast<uint64_t>(o.lookahead) << 8));
+  for (const Tensor* t : g.nodes()) {
+    if (t->op == OpKind::view) continue;
+    h.add_tensor(*t);
+    const auto* p = reinterpret_cast<const uint64_t*>(t->params.data());
+    for (size_t i = 0; i < kMaxOpParams / 8; ++i) h.add(p[i]);
+    for (const Tensor* s : t->src) {
+      if (s) h.add_tensor(*s);
+      else h.add(0);
+    }
+  }
+  return h.h;
+}
+
+class CudaFusion final : public exec::FusionSupport {
+ public:
+  bool supports_fused(const exec::Dispatch& d) const override { return fused_supported(d.kind, d.nodes.data()); }
+};
+
+// Splits n dispatches into the seeds' chunks: the first max(64, 10%), then n_cb more of equal size.
+std::vector<size_t> chunk_bounds(size_t n, int n_cb) {
+  std::vector<size_t> b{0};
+  const size_t first = std::min(n, std::max<size_t>(64, n / 10));
+  if (first > 0) b.push_back(first);
+  const size_t rest = n - first;
+  const size_t parts = static_cast<size_t>(std::max(n_cb, 1));
+  for (size_t k = 1; k <= parts && rest > 0; ++k) {
+    const size_t end = first + rest * k / parts;
+    if (end > b.back()) b.push_back(end);
+  }
+  return b;
+}
+
+CudaError run_dispatch(const LaunchContext& base, const exec::Dispatch& d) {
+  LaunchContext ctx = base;
+  if (d.scratch_bytes > 0) {
+    ctx.scratch = reinterpret_cast<void*>(d.scratch.begin);
+    ctx.scratch_size = d.scratch_bytes;
+  }
+  const auto& n = d.nodes;
+  switch (d.kind) {
+    case FusedKind::none:
+      return launch_node(ctx, n[0]);
+    case FusedKind::rms_norm_mul:
+      return launch_rms_norm_mul(ctx, n[0], n[1]);
+    case FusedKind::add_rms_norm_mul:
+      return launch_add_rms_norm_mul(ctx, n[0], n[1], n[2]);
+    case FusedKind::mat_vec_bias:
+      return launch_mat_vec_bias(ctx, n[0], n[1]);
+    case FusedKind::glu_mat_vec:
+      return launch_glu_mat_vec(ctx, n[0], n[1], n[2]);
+    case FusedKind::rope_set_rows:
+      return launch_rope_set_rows(ctx, n[0], n[1], n[2], make_rope_args(n[0]->get_params<RopeParams>()));
+    case FusedKind::scale_mask_soft_max:
+      return launch_scale_mask_soft_max(ctx, n[0], n[1], n[2]);
+    case FusedKind::moe_route:
+      return launch_moe_route(ctx, n[0], n[1], n[2], n[3], n[4]);
+    case FusedKind::count_:
+      break;
+  }
+  return CudaError::runtime(cudaErrorInvalidValue, "unknown fused dispatch kind", __FILE__, __LINE__);
+}
+
+std::string dispatch_name(const exec::Dispatch& d) {
+  const Tensor* a = d.anchor();
+  const char* what = d.kind == FusedKind::none ? op_name(d.node()->op) : fused_kind_name(d.kind);
+  return a->name.empty() ? std::string(what) : fmt::format("{} {}", what, a->name);
+}
+
+constexpr size_t kScratchAlign = 256;
+constexpr int kScratchSlots = 8;
+
+}  // namespace
+
+Executor::Executor(DeviceContext& dev)
+    : dev_(dev), options_(exec_options_from_env()), sync_each_node_(std::getenv("LOOM_CUDA_SYNC_EACH_NODE") != nullptr) {}
+
+Executor::~Executor() {
+  if (dev_.make_current().ok()) {
+    if (cudaStreamSynchronize(dev_.stream()) != cudaSuccess) (void)cudaGetLastError();
+    clear_cache();
+    if (capture_stream_) cudaStreamDestroy(capture_stream_);
+    if (scratch_) dev_.release(scratch_, scratch_capacity_);
+  }
+  (void)cudaGetLastError();
+}
+
+void Executor::clear_cache() {
+  for (Cached& c : cache_)
+    if (c.exec) cudaGraphExecDestroy(c.exec);
+  cache_.clear();
+  seen_.clear();
+}
+
+Status Executor::fail(Status s) {
+  if (error_.ok()) error_ = s;
+  return s;
+}
+
+Status Executor::sync() {
+  ++counters_.host_syncs;
+  const cudaError_t e = cudaStreamSynchronize(dev_.stream());
+  if (e != cudaSuccess)
+    return fail(to_status(CudaError::runtime(e, "cudaStreamSynchronize", __FILE__, __LINE__),
+                          "after a graph compute; set LOOM_CUDA_SYNC_EACH_NODE=1 to find the dispatch"));
+  return {};
+}
+
+Status Executor::reset() {
+  std::lock_guard lock(dev_.stream_mutex());
+  LOOM_TRY(dev_.make_current());
+  if (cudaStreamSynchronize(dev_.stream()) != cudaSuccess) (void)cudaGetLastError();
+  (void)cudaGetLastError();
+  clear_cache();
+  error_ = {};
+  return {};
+}
+
+Status Executor::validate(const Graph& g) const {
+  const BufferType& type = dev_.buffer_type();
+  auto check = [&](const Tensor& t, const Tensor& node) -> Status {
+    if (!t.data || !t.buffer)
+      return make_error(StatusCode::invalid_argument, "cuda: tensor {} (used by {}) has no memory", describe(t),
+                        op_name(node.op));
+    if (&t.buffer->type() != &type)
+      return make_error(StatusCode::invalid_argument, "cuda: tensor {} (used by {}) is in {} memory, not {}",
+                        describe(t), op_name(node.op), t.buffer->type().name(), type.name());
+    return {};
+  };
+  for (const Tensor* t : g.nodes()) {
+    if (t->op == OpKind::view) continue;
+    if (!cuda_supports_op(*t))
+      return make_error(StatusCode::unsupported, "cuda: no kernel for {} of {}", op_name(t->op), describe(*t));
+    LOOM_TRY(check(*t, *t));
+    for (const Tensor* s : t->src)
+      if (s) LOOM_TRY(check(*s, *t));
+  }
+  return {};
+}
+
+Status Executor::ensure_scratch(size_t slot_bytes, int n_slots) {
+  slot_bytes = (slot_bytes + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
+  const size_t need = slot_bytes * static_cast<size_t>(n_slots);
+  if (slot_bytes <= slot_bytes_ && n_slots <= n_slots_) return {};
+  // Cached graphs point into the old scratch: they go with it.
+  LOOM_TRY(sync());
+  clear_cache();
+  if (scratch_) dev_.release(scratch_, scratch_capacity_);
+  scratch_ = nullptr;
+  scratch_capacity_ = 0;
+  slot_bytes_ = 0;
+  n_slots_ = 0;
+  Result<void*> p = dev_.allocate(need, &scratch_capacity_);
+  if (!p.ok()) return p.status();
+  scratch_ = *p;
+  slot_bytes_ = slot_bytes;
+  n_slots_ = n_slots;
+  return {};
+}
+
+Result<exec::Plan> Executor::make_plan(const Graph& g, const ExecOptions& o) {
+  exec::Plan p = exec::build_plan(g);
+  if (o.fusion) exec::fuse(p, g, CudaFusion{});
+  const auto ws = reinterpret_cast<uintptr_t>(dev_.cublas_workspace());
+  size_t max_scratch = 0;
+  for (exec::Dispatch& d : p.dispatches) {
+    d.scratch_bytes = d.kind == FusedKind::none ? node_scratch_bytes(*d.node())
+                                                : fused_scratch_bytes(d.kind, d.nodes.data());
+    max_scratch = std::max(max_scratch, d.scratch_bytes);
+    if (d.kind == FusedKind::none && d.node()->op == OpKind::mul_mat && mul_mat_uses_cublas(d.node()))
+      d.writes.push_back({ws, ws + dev_.cublas_workspace_size()});
+  }
+  const int slots = o.concurrency ? kScratchSlots : 1;
+  if (max_scratch > 0) {
+    LOOM_TRY(ensure_scratch(max_scratch, kScratchSlots));
+    exec::assign_scratch(p, reinterpret_cast<uintptr_t>(scratch_), slot_bytes_, slots);
+  }
+  if (o.reorder) exec::reorder(p, o.lookahead);
+  exec::build_dependencies(p, o.concurrency);
+  return p;
+}
+
+Result<exec::Plan> Executor::plan(const Graph& g) {
+  if (!g.status().ok()) return g.status();
+  std::lock_guard lock(dev_.stream_mutex());
+  LOOM_TRY(dev_.make_current());
+  LOOM_TRY(validate(g));
+  ExecOptions o = options_;
+  if (o.serialize) o = ExecOptions{.serialize = true, .graph = false, .concurrency = false, .fusion = false,
+                                   .reorder = false, .pdl = false};
+  return make_plan(g, o);
+}
+
+void Executor::count_plan(const exec::Plan& p) {
+  counters_.dispatches += p.dispatches.size();
+  counters_.graph_nodes += p.stats.graph_nodes;
+  counters_.edges += p.stats.edges;
+  counters_.groups += p.stats.groups;
+  counters_.reordered += p.stats.reordered;
+  for (size_t i = 0; i < p.stats.group_hist.size(); ++i) counters_.group_hist[i] += p.stats.group_hist[i];
+  for (size_t i = 0; i < p.stats.fusions.size(); ++i) counters_.fusions[i] += p.stats.fusions[i];
+}
+
+Status Executor::compute(const Graph& g) {
+  const uint64_t t0 = now_ns();
+  if (!g.status().ok()) return g.status();
+  if (!error_.ok())
+    return make_error(error_.code(),
+                      "cuda: the backend is in an error state since an earlier failure (reset it): {}",
+                      error_.message());
+  std::lock_guard lock(dev_.stream_mutex());
+  LOOM_TRY(dev_.make_current());
+  ++counters_.computes;
+  return compute_locked(g, t0);
+}
+
+Status Executor::compute_locked(const Graph& g, uint64_t t0) {
+  ExecOptions o = options_;
+  const bool trace = !trace_path_.empty();
+  if (o.serialize || sync_each_node_ || trace)
+    o = ExecOptions{.serialize = true, .graph = false, .concurrency = false, .fusion = trace && !o.serialize && o.fusion,
+                    .reorder = false, .pdl = false, .n_cb = o.n_cb, .lookahead = o.lookahead};
+  const uint64_t hash = fingerprint(g, o);
+
+  if (o.graph) {
+    for (auto it = cache_.begin(); it != cache_.end(); ++it) {
+      if (it->hash != hash) continue;
+      cache_.splice(cache_.begin(), cache_, it);  // most recently used first
+      if (aborted()) return make_error(StatusCode::aborted, "cuda: compute stopped by the abort callback before launch");
+      Cached& c = cache_.front();
+      const cudaError_t e = cudaGraphLaunch(c.exec, dev_.stream());
+      if (e != cudaSuccess)
+        return fail(to_status(CudaError::runtime(e, "cudaGraphLaunch", __FILE__, __LINE__), "replaying a pass"));
+      ++counters_.graph_replays;
+      counters_.kernels += c.kernels;
+      counters_.pdl_edges += c.pdl_edges;
+      counters_.dispatches += c.dispatches;
+      counters_.graph_nodes += c.stats.graph_nodes;
+      counters_.edges += c.stats.edges;
+      counters_.groups += c.stats.groups;
+      for (size_t i = 0; i < c.stats.group_hist.size(); ++i) counters_.group_hist[i] += c.stats.group_hist[i];
+      for (size_t i = 0; i < c.stats.fusions.size(); ++i) counters_.fusions[i] += c.stats.fusions[i];
+      counters_.host_ns += now_ns() - t0;
+      return sync();
+    }
+  }
+
+  LOOM_TRY(validate(g));
+  Result<exec::Plan> planned = make_plan(g, o);
+  if (!planned.ok()) return planned.status();
+  const exec::Plan& p = *planned;
+  count_plan(p);
+  if (trace) {
+    std::string path;
+    std::swap(path, trace_path_);
+    return run_traced(p, path, t0);
+  }
+  if (!o.graph) {
+    LOOM_TRY(run_eager(p, hash));
+  } else {
+    LOOM_TRY(run_new_structure(p, hash, o));
+  }
+  counters_.host_ns += now_ns() - t0;
+  return sync();
+}
+
+// ---- eager submission ------------------------------------------------------------------------------
+
+Status Executor::run_eager(const exec::Plan& p, uint64_t hash) {
+  const LaunchContext base{dev_.stream(), dev_.cublas(), nullptr, 0};
+  const std::vector<size_t> chunks = chunk_bounds(p.dispatches.size(), options_.n_cb);
+  for (size_t c = 0; c + 1 < chunks.size(); ++c) {
+    if (aborted()) {
+      (void)sync();
+      return make_error(StatusCode::aborted, "cuda: compute stopped by the abort callback after {} of {} dispatches",
+                        chunks[c], p.dispatches.size());
+    }
+    for (size_t i = chunks[c]; i < chunks[c + 1]; ++i) {
+      const exec::Dispatch& d = p.dispatches[i];
+      CudaError e = run_dispatch(base, d);
+      if (e.ok() && sync_each_node_) {
+        const cudaError_t s = cudaStreamSynchronize(dev_.stream());
+        if (s != cudaSuccess) e = CudaError::runtime(s, "cudaStreamSynchronize", __FILE__, __LINE__);
+      }
+      if (!e.ok()) {
+        if (cudaStreamSynchronize(dev_.stream()) != cudaSuccess) (void)cudaGetLastError();
+        return fail(to_status(e, fmt::format("dispatch {} {} {}", i, dispatch_name(d), describe(*d.anchor()))));
+      }
+    }
+  }
+  counters_.kernels += kernels_of(p, hash);
+  return {};
+}
+
+// Kernels an eager pass launches: counted once per structure by recording it (not instantiated).
+uint64_t Executor::kernels_of(const exec::Plan& p, uint64_t hash) {
+  auto it = eager_kernels_.find(hash);
+  if (it != eager_kernels_.end()) return it->second;
+  cudaGraph_t graph = nullptr;
+  uint64_t kernels = 0, pdl = 0;
+  if (!record(p, 0, p.dispatches.size(), false, &graph, &kernels, &pdl).ok()) kernels = p.dispatches.size();
+  if (graph) cudaGraphDestroy(graph);
+  if (eager_kernels_.size() > 64) eager_kernels_.clear();
+  eager_kernels_[hash] = kernels;
+  return kernels;
+}
+
+// ---- recording -------------------------------------------------------------------------------------
+
+Status Executor::record(const exec::Plan& p, size_t begin, size_t end, bool pdl, cudaGraph_t* out,
+                        uint64_t* kernels, uint64_t* pdl_edges) {
+  *out = nullptr;
+  *kernels = 0;
+  *pdl_edges = 0;
+  if (!capture_stream_) LOOM_CUDA_STATUS(cudaStreamCreateWithFlags(&capture_stream_, cudaStreamNonBlocking));
+  LOOM_CUBLAS_STATUS(cublasSetStream(dev_.cublas(), capture_stream_));
+  struct RestoreCublas {
+    DeviceContext& dev;
+    ~RestoreCublas() { (void)cublasSetStream(dev.cublas(), dev.stream()); }
+  } restore{dev_};
+  LOOM_CUDA_STATUS(cudaStreamBeginCapture(capture_stream_, cudaStreamCaptureModeThreadLocal));
+  const LaunchContext base{capture_stream_, dev_.cublas(), nullptr, 0};
+  std::vector<std::vector<cudaGraphNode_t>> terminal(end - begin);
+  std::vector<cudaGraphNode_t> deps;
+  Status failure;
+  for (size_t i = begin; i < end && failure.ok(); ++i) {
+    deps.clear();
+    for (int j : p.deps[i])
+      if (static_cast<size_t>(j) >= begin) {
+        const auto& t = terminal[static_cast<size_t>(j) - begin];
+        deps.insert(deps.end(), t.begin(), t.end());
+      }
+    std::sort(deps.begin(), deps.end());
+    deps.erase(std::unique(deps.begin(), deps.end()), deps.end());
+    cudaGraphEdgeData edge{};
+    bool programmatic = false;
+    if (pdl && deps.size() == 1 && p.deps[i].size() == 1) {
+      cudaGraphNodeType type{};
+      if (cudaGraphNodeGetType(deps[0], &type) == cudaSuccess && type == cudaGraphNodeTypeKernel) {
+        edge.from_port = cudaGraphKernelNodePortProgrammatic;
+        edge.type = cudaGraphDependencyTypeProgrammatic;
+        programmatic = true;
+      }
+    }
+    cudaError_t e = cudaStreamUpdateCaptureDependencies(capture_stream_, deps.data(), programmatic ? &edge : nullptr,
+                                                        deps.size(), cudaStreamSetCaptureDependencies);
+    if (e != cudaSuccess) {
+      failure = to_status(CudaError::runtime(e, "cudaStreamUpdateCaptureDependencies", __FILE__, __LINE__));
+      break;
+    }
+    const CudaError ce = run_dispatch(base, p.dispatches[i]);
+    if (!ce.ok()) {
+      failure = to_status(ce, fmt::format("recording dispatch {} {}", i, dispatch_name(p.dispatches[i])));
+      break;
+    }
+    cudaStreamCaptureStatus status{};
+    const cudaGraphNode_t* now = nullptr;
+    size_t n_now = 0;
+    e = cudaStreamGetCaptureInfo(capture_stream_, &status, nullptr, nullptr, &now, nullptr, &n_now);
+    if (e != cudaSuccess) {
+      failure = to_status(CudaError::runtime(e, "cudaStreamGetCaptureInfo", __FILE__, __LINE__));
+      break;
+    }
+    terminal[i - begin].assign(now, now + n_now);
+    *pdl_edges += programmatic;
+  }
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end_e = cudaStreamEndCapture(capture_stream_, &graph);
+  if (!failure.ok() || end_e != cudaSuccess) {
+    if (graph) cudaGraphDestroy(graph);
+    (void)cudaGetLastError();
+    if (!failure.ok()) return failure;
+    return to_status(CudaError::runtime(end_e, "cudaStreamEndCapture", __FILE__, __LINE__));
+  }
+  size_t n_nodes = 0;
+  LOOM_CUDA_STATUS(cudaGraphGetNodes(graph, nullptr, &n_nodes));
+  std::vector<cudaGraphNode_t> nodes(n_nodes);
+  LOOM_CUDA_STATUS(cudaGraphGetNodes(graph, nodes.data(), &n_nodes));
+  for (cudaGraphNode_t n : nodes) {
+    cudaGraphNodeType type{};
+    if (cudaGraphNodeGetType(n, &type) == cudaSuccess && type == cudaGraphNodeTypeKernel) ++*kernels;
+  }
+  *out = graph;
+  return {};
+}
+
+Status Executor::run_new_structure(const exec::Plan& p, uint64_t hash, const ExecOptions& o) {
+  const bool pdl = o.pdl && dev_.info().cc_major >= 9;
+  if (seen_.count(hash)) {
+    // Second sighting: the structure repeats, so record it whole once and replay it from now on.
+    cudaGraph_t graph = nullptr;
+    Cached c;
+    c.hash = hash;
+    c.dispatches = p.dispatches.size();
+    c.stats = p.stats;
+    LOOM_TRY(fail(record(p, 0, p.dispatches.size(), pdl, &graph, &c.kernels, &c.pdl_edges)));
+    Status s = instantiate_and_cache(graph, std::move(c));
+    cudaGraphDestroy(graph);
+    LOOM_TRY(fail(s));
+    if (aborted()) return make_error(StatusCode::aborted, "cuda: compute stopped by the abort callback before launch");
+    Cached& cached = cache_.front();
+    const cudaError_t e = cudaGraphLaunch(cached.exec, dev_.stream());
+    if (e != cudaSuccess)
+      return fail(to_status(CudaError::runtime(e, "cudaGraphLaunch", __FILE__, __LINE__), "first launch of a pass"));
+    counters_.kernels += cached.kernels;
+    counters_.pdl_edges += cached.pdl_edges;
+    return {};
+  }
+  // First sighting: chunks, each launched as soon as it is recorded while the next is recorded.
+  if (seen_.size() > 256) seen_.clear();
+  seen_.insert(hash);
+  const std::vector<size_t> chunks = chunk_bounds(p.dispatches.size(), o.n_cb);
+  std::vector<cudaGraphExec_t> launched;
+  Status result;
+  for (size_t c = 0; c + 1 < chunks.size() && result.ok(); ++c) {
+    if (aborted()) {
+      result = make_error(StatusCode::aborted, "cuda: compute stopped by the abort callback after {} of {} dispatches",
+                          chunks[c], p.dispatches.size());
+      break;
+    }
+    cudaGraph_t graph = nullptr;
+    uint64_t kernels = 0, pdl_edges = 0;
+    result = record(p, chunks[c], chunks[c + 1], pdl, &graph, &kernels, &pdl_edges);
+    if (!result.ok()) break;
+    cudaGraphExec_t exec = nullptr;
+    cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    if (e == cudaSuccess) {
+      launched.push_back(exec);
+      e = cudaGraphLaunch(exec, dev_.stream());
+    }
+    if (e != cudaSuccess) {
+      result = to_status(CudaError::runtime(e, "cudaGraphInstantiate/cudaGraphLaunch", __FILE__, __LINE__),
+                         fmt::format("chunk {} of a new pass", c));
+      break;
+    }
+    ++counters_.chunk_graphs;
+    counters_.kernels += kernels;
+    counters_.pdl_edges += pdl_edges;
+  }
+  // The chunks' executable graphs may be destroyed only once they have run.
+  const Status s = sync();
+  for (cudaGraphExec_t e : launched) cudaGraphExecDestroy(e);
+  --counters_.host_syncs;  // compute_locked's final sync is the same wait
+  if (!result.ok()) return result.code() == StatusCode::aborted ? result : fail(result);
+  return s;
+}
+
+Status Executor::instantiate_and_cache(cudaGraph_t graph, Cached c) {
+  if (cache_.size() >= kCacheCapacity) {
+    // Reuse the least recently used executable graph: update it in place when the topology allows.
+    Cached old = cache_.back();
+    cache_.pop_back();
+    cudaGraphExecUpdateResultInfo info{};
+    if (cudaGraphExecUpdate(old.exec, graph, &info) == cudaSuccess) {
+      c.exec = old.exec;
+      ++counters_.graph_updates;
+      cache_.push_front(std::move(c));
+      return {};
+    }
+    (void)cudaGetLastError();
+    cudaGraphExecDestroy(old.exec);
+  }
+  LOOM_CUDA_STATUS(cudaGraphInstantiate(&c.exec, graph, 0));
+  ++counters_.graph_builds;
+  cache_.push_front(std::move(c));
+  return {};
+}
+
+// ---- tracing -----------------------------------------------------------------------------------------
+
+Status Executor::run_traced(const exec::Plan& p, const std::string& path, uint64_t t0) {
+  const size_t n = p.dispatches.size();
+  std::vector<cudaEvent_t> start(n, nullptr), stop(n, nullptr);
+  struct Events {
+    std::vector<cudaEvent_t>& a;
+    std::vector<cudaEvent_t>& b;
+    ~Events() {
+      for (cudaEvent_t e : a)
+        if (e) cudaEventDestroy(e);
+      for (cudaEvent_t e : b)
+        if (e) cudaEventDestroy(e);
+    }
+  } cleanup{start, stop};
+  for (size_t i = 0; i < n; ++i) {
+    LOOM_CUDA_STATUS(cudaEventCreate(&start[i]));
+    LOOM_CUDA_STATUS(cudaEventCreate(&stop[i]));
+  }
+  const LaunchContext base{dev_.stream(), dev_.cublas(), nullptr, 0};
+  size_t done = 0;
+  bool stopped = false;
+  for (size_t i = 0; i < n; ++i) {
+    if (aborted()) {
+      stopped = true;
+      break;
+    }
+    LOOM_CUDA_STATUS(cudaEventRecord(start[i], dev_.stream()));
+    const CudaError e = run_dispatch(base, p.dispatches[i]);
+    if (!e.ok()) {
+      if (cudaStreamSynchronize(dev_.stream()) != cudaSuccess) (void)cudaGetLastError();
+      return fail(to_status(e, fmt::format("dispatch {} {}", i, dispatch_name(p.dispatches[i]))));
+    }
+    LOOM_CUDA_STATUS(cudaEventRecord(stop[i], dev_.stream()));
+    ++done;
+  }
+  counters_.host_ns += now_ns() - t0;
+  LOOM_TRY(sync());
+  if (stopped)
+    return make_error(StatusCode::aborted, "cuda: compute stopped by the abort callback after {} of {} dispatches",
+                      done, n);
+  using nlohmann::json;
+  json events = json::array();
+  events.push_back({{"name", "thread_name"},
+                    {"ph", "M"},
+                    {"pid", 0},
+                    {"tid", 0},
+                    {"args", {{"name", fmt::format("cuda{} stream", dev_.ordinal())}}}});
+  double total_us = 0.0;
+  for (size_t i = 0; i < done; ++i) {
+    const exec::Dispatch& d = p.dispatches[i];
+    float begin_ms = 0.0f, dur_ms = 0.0f;
+    LOOM_CUDA_STATUS(cudaEventElapsedTime(&begin_ms, start[0], start[i]));
+    LOOM_CUDA_STATUS(cudaEventElapsedTime(&dur_ms, start[i], stop[i]));
+    json nodes = json::array();
+    for (const Tensor* t : d.nodes)
+      if (t) nodes.push_back(describe(*t));
+    events.push_back({{"name", dispatch_name(d)},
+                      {"cat", d.kind == FusedKind::none ? op_name(d.node()->op) : fused_kind_name(d.kind)},
+                      {"ph", "X"},
+                      {"pid", 0},
+                      {"tid", 0},
+                      {"ts", begin_ms * 1000.0},
+                      {"dur", dur_ms * 1000.0},
+                      {"args",
+                       {{"dispatch", i},
+                        {"nodes", nodes},
+                        {"shape", shape_string(d.anchor()->ne)},
+                        {"type", dtype_name(d.anchor()->type)}}}});
+    total_us += dur_ms * 1000.0;
+  }
+  const json doc = {{"traceEvents", events},
+                    {"displayTimeUnit", "ns"},
+                    {"otherData",
+                     {{"device", dev_.info().name},
+                      {"options", exec_options_string(options_)},
+                      {"n_dispatches", n},
+                      {"n_graph_nodes", p.stats.graph_nodes},
+                      {"sum_dispatch_gpu_us", total_us}}}};
+  std::ofstream file(path);
+  file << doc.dump(1) << '\n';
+  std::ofstream dot(path + ".dot");
+  dot << p.dot();
+  if (!file || !dot)
+    return make_error(StatusCode::io_error, "cuda: cannot write the trace to '{}': {}", path, std::strerror(errno));
+  return {};
+}
+
+}  // namespace loom::cuda

@@ -1,0 +1,103 @@
+// The CUDA graph executor: plans a graph (src/exec: fusion, reorder, dependencies), records it as
+// a CUDA graph with one kernel node per dispatch and edges only where byte ranges conflict
+// (programmatic dependent launch on single-predecessor chains), caches the executable graph by a
+// structural hash of the pass and replays it while the structure stays the same.
+//
+// A pass whose structure is new is submitted the way the seeds submit: its first max(64, 10%)
+// dispatches as one graph launched as soon as it is recorded, the rest in n_cb more chunks, each
+// launched when recorded; the whole pass is then recorded once more as a single graph for replay.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "backend/cuda/cuda_device.h"
+#include "exec/plan.h"
+#include "loom/exec.h"
+
+namespace loom::cuda {
+
+class Executor {
+ public:
+  explicit Executor(DeviceContext& dev);
+  ~Executor();
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+
+  /// Runs `g` (every node supported, every tensor in this device's memory) and waits for it.
+  /// After a failed launch or sync every later call fails until reset().
+  Status compute(const Graph& g);
+  /// Clears the error state and the graph cache.
+  Status reset();
+
+  void set_options(const ExecOptions& o) { options_ = o; }
+  const ExecOptions& options() const { return options_; }
+  const ExecCounters& counters() const { return counters_; }
+  void reset_counters() { counters_ = {}; }
+  void set_abort_callback(bool (*fn)(void*), void* data) {
+    abort_fn_ = fn;
+    abort_data_ = data;
+  }
+  /// The next compute runs dispatch by dispatch with events and writes a Chrome trace to `path`
+  /// and the plan's DOT to `path`.dot.
+  void capture_next(std::string path) { trace_path_ = std::move(path); }
+  /// The plan the current options give for `g` (no kernels run): for find_concurrency.
+  Result<exec::Plan> plan(const Graph& g);
+
+ private:
+  struct Cached {
+    uint64_t hash = 0;
+    cudaGraphExec_t exec = nullptr;
+    uint64_t kernels = 0;
+    uint64_t dispatches = 0;
+    uint64_t pdl_edges = 0;
+    exec::PlanStats stats;
+  };
+  Status compute_locked(const Graph& g, uint64_t t0);
+  Status validate(const Graph& g) const;
+  Result<exec::Plan> make_plan(const Graph& g, const ExecOptions& o);
+  Status ensure_scratch(size_t slot_bytes, int n_slots);
+  Status run_eager(const exec::Plan& p, uint64_t hash);
+  Status run_traced(const exec::Plan& p, const std::string& path, uint64_t t0);
+  uint64_t kernels_of(const exec::Plan& p, uint64_t hash);
+  Status run_new_structure(const exec::Plan& p, uint64_t hash, const ExecOptions& o);
+  Status replay(Cached& c);
+  // Records dispatches [begin, end) of `p` into a new graph (edges inside the range only).
+  Status record(const exec::Plan& p, size_t begin, size_t end, bool pdl, cudaGraph_t* out, uint64_t* kernels,
+                uint64_t* pdl_edges);
+  Status instantiate_and_cache(cudaGraph_t graph, Cached info);
+  Status fail(Status s);
+  bool aborted() const { return abort_fn_ && abort_fn_(abort_data_); }
+  void count_plan(const exec::Plan& p);
+  void clear_cache();
+  Status sync();
+
+  DeviceContext& dev_;
+  ExecOptions options_;
+  ExecCounters counters_;
+  bool sync_each_node_ = false;
+  bool (*abort_fn_)(void*) = nullptr;
+  void* abort_data_ = nullptr;
+  std::string trace_path_;
+  Status error_;  // sticky
+  cudaStream_t capture_stream_ = nullptr;
+  void* scratch_ = nullptr;
+  size_t scratch_capacity_ = 0;
+  size_t slot_bytes_ = 0;
+  int n_slots_ = 0;
+  std::list<Cached> cache_;  // most recently used first
+  std::unordered_set<uint64_t> seen_;  // structures run once (built into a graph when seen again)
+  std::unordered_map<uint64_t, uint64_t> eager_kernels_;  // kernels per eager pass, by structure
+  static constexpr size_t kCacheCapacity = 16;
+};
+
+/// The executor behind a "cuda" backend (nullptr for other backends).
+Executor* executor_of(Backend& backend);
+
+}  // namespace loom::cuda

@@ -1,0 +1,585 @@
+// Fused kernels: one launch (plus the activations' quantization for quantized weights) for a
+// group of nodes the executor's fusion pass matched. Each computes what the unfused kernels
+// compute, in the same float operations where the order is free to choose (row reductions keep the
+// block shape of norm.cu/softmax.cu/reduce.cu), so the results match the unfused launches to
+// rounding; the intermediates are never stored.
+//
+// What each saves (bytes model, per row of n floats unless said otherwise):
+// - rms_norm_mul: the norm's output (write + read, 8n bytes) and one launch.
+// - add_rms_norm_mul: also the add's re-read by the norm (4n).
+// - mat_vec_bias: the product's write and re-read (8 bytes per output) and one launch.
+// - glu_mat_vec: one activation quantization, both products' write and re-read (16 bytes per
+//   output) and two launches; the weights are still read once each (bandwidth-bound at n = 1).
+// - rope_set_rows: the rotated keys' write and re-read, and one or two launches.
+// - scale_mask_soft_max: two intermediate rows (16n) and two launches.
+// - moe_route: the probabilities stay in shared memory; five launches become one.
+#include <algorithm>
+#include <cstring>
+#include <initializer_list>
+
+#include "backend/cuda/kernels/activation.cuh"
+#include "backend/cuda/kernels/common.cuh"
+#include "backend/cuda/kernels/fused.cuh"
+#include "backend/cuda/kernels/mat_vec.cuh"
+#include "backend/cuda/kernels/matmul.cuh"
+#include "backend/cuda/kernels/quant.cuh"
+#include "backend/cuda/kernels/quantize_act.cuh"
+#include "backend/cuda/kernels/rope_row.cuh"
+#include "backend/cuda/kernels/softmax_row.cuh"
+#include "loom/graph.h"
+
+namespace loom::cuda {
+
+namespace {
+
+constexpr unsigned kMaxGridYZ = 65535;
+/// Experts moe_route handles: one block of at most this many threads per token, one per expert.
+constexpr int kMoeMaxExperts = 256;
+
+__device__ __forceinline__ float f32_load(const TensorDesc& t, int64_t i0, int64_t i1, int64_t i2,
+                                          int64_t i3) {
+  return *reinterpret_cast<const float*>(element_ptr(t, i0, i1, i2, i3));
+}
+/// Element (i0, i1, i2, i3) of t broadcast by modulo, as binary ops read their second operand.
+__device__ __forceinline__ float f32_broadcast(const TensorDesc& t, int64_t i0, int64_t i1, int64_t i2,
+                                               int64_t i3) {
+  return f32_load(t, i0 % t.ne[0], i1 % t.ne[1], i2 % t.ne[2], i3 % t.ne[3]);
+}
+
+// ---- rms_norm_mul, add_rms_norm_mul ----------------------------------------------------------------
+
+// y = rms_norm(x) * w per row, with x = a + b (stored into `sum`: the residual) when has_add, else
+// x = a. One block per row as norm_kernel; each thread keeps to the same elements in both passes,
+// so y may alias a, b (same layout) or sum.
+__global__ void rms_norm_mul_kernel(TensorDesc y, TensorDesc a, TensorDesc b, TensorDesc sum, bool has_add,
+                                    TensorDesc w, float eps) {
+  pdl_wait();
+  __shared__ float scratch[32];
+  const int64_t n = y.ne[0];
+  for (int64_t r = blockIdx.x; r < nrows(y); r += gridDim.x) {
+    int64_t i1, i2, i3;
+    split_row(r, y.ne[1], y.ne[2], i1, i2, i3);
+    float ss = 0.0f;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      float x = f32_load(a, i, i1, i2, i3);
+      if (has_add) {
+        x = x + f32_broadcast(b, i, i1, i2, i3);
+        *reinterpret_cast<float*>(element_ptr(sum, i, i1, i2, i3)) = x;
+      }
+      ss += x * x;
+    }
+    ss = block_sum(ss, scratch);
+    const float s = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      const float x = has_add ? f32_load(sum, i, i1, i2, i3) : f32_load(a, i, i1, i2, i3);
+      const float normed = x * s;
+      *reinterpret_cast<float*>(element_ptr(y, i, i1, i2, i3)) = normed * f32_broadcast(w, i, i1, i2, i3);
+    }
+  }
+}
+
+// ---- glu_mat_vec -----------------------------------------------------------------------------------
+
+// dst[i, j] = act(gate row i . x_j) * (up row i . x_j) for one warp per row i and up to
+// kMatVecMaxCols columns (mul_mat_vec_kernel twice over, sharing the activation loads from L1).
+template <class F>
+__global__ void glu_mat_vec_kernel(TensorDesc dst, TensorDesc wg, TensorDesc wu, TensorDesc b, int64_t r2,
+                                   int64_t r3, bool swiglu) {
+  pdl_wait();
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kMatVecWarps + threadIdx.x / kWarpSize;
+  if (i >= dst.ne[0]) return;  // no block-wide synchronization below
+  const int64_t k = wg.ne[0], n = dst.ne[1], batches = dst.ne[2] * dst.ne[3];
+  for (int64_t z = blockIdx.z; z < batches; z += gridDim.z) {
+    const int64_t i2 = z % dst.ne[2], i3 = z / dst.ne[2];
+    const char* g_row = row_ptr(wg, i, i2 / r2, i3 / r3);
+    const char* u_row = row_ptr(wu, i, i2 / r2, i3 / r3);
+    for (int64_t j0 = static_cast<int64_t>(blockIdx.y) * kMatVecMaxCols; j0 < n;
+         j0 += static_cast<int64_t>(gridDim.y) * kMatVecMaxCols) {
+      const int ncols = static_cast<int>(n - j0 < kMatVecMaxCols ? n - j0 : kMatVecMaxCols);
+      const char* b_col = b.data + j0 * b.nb[1] + i2 * b.nb[2] + i3 * b.nb[3];
+      float acc_g[kMatVecMaxCols] = {}, acc_u[kMatVecMaxCols] = {};
+      dot_columns_float<F>(g_row, k, b_col, b.nb[0], b.nb[1], ncols, acc_g);
+      dot_columns_float<F>(u_row, k, b_col, b.nb[0], b.nb[1], ncols, acc_u);
+#pragma unroll
+      for (int c = 0; c < kMatVecMaxCols; ++c) {
+        if (c >= ncols) break;
+        const float g = warp_sum(acc_g[c]), u = warp_sum(acc_u[c]);
+        if (lane == 0) *reinterpret_cast<float*>(element_ptr(dst, i, j0 + c, i2, i3)) = gated_f(g, u, swiglu);
+      }
+    }
+  }
+}
+
+// The same for quantized weights (mul_mat_q8_kernel twice over); xq holds x's rows quantized once
+// for both, in (j, i2, i3) order.
+template <class D, int kCols>
+__global__ void glu_mat_vec_q8_kernel(TensorDesc dst, TensorDesc wg, TensorDesc wu, const typename D::Act* xq,
+                                      int64_t r2, int64_t r3, bool swiglu) {
+  pdl_wait();
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kMatVecWarps + threadIdx.x / kWarpSize;
+  if (i >= dst.ne[0]) return;  // no block-wide synchronization below
+  const int64_t n_blocks = wg.ne[0] / D::kBlock, n = dst.ne[1], batches = dst.ne[2] * dst.ne[3];
+  for (int64_t z = blockIdx.z; z < batches; z += gridDim.z) {
+    const int64_t i2 = z % dst.ne[2], i3 = z / dst.ne[2];
+    const auto* g_row = reinterpret_cast<const uint8_t*>(row_ptr(wg, i, i2 / r2, i3 / r3));
+    const auto* u_row = reinterpret_cast<const uint8_t*>(row_ptr(wu, i, i2 / r2, i3 / r3));
+    for (int64_t j0 = static_cast<int64_t>(blockIdx.y) * kCols; j0 < n;
+         j0 += static_cast<int64_t>(gridDim.y) * kCols) {
+      const int ncols = static_cast<int>(n - j0 < kCols ? n - j0 : kCols);
+      const typename D::Act* x = xq + (j0 + n * z) * n_blocks;
+      float acc_g[kCols] = {}, acc_u[kCols] = {};
+      dot_columns<D>(g_row, n_blocks, x, ncols, acc_g);
+      dot_columns<D>(u_row, n_blocks, x, ncols, acc_u);
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) {
+        if (c >= ncols) break;
+        const float g = warp_sum(acc_g[c]), u = warp_sum(acc_u[c]);
+        if (lane == 0) *reinterpret_cast<float*>(element_ptr(dst, i, j0 + c, i2, i3)) = gated_f(g, u, swiglu);
+      }
+    }
+  }
+}
+
+// ---- rope_set_rows ---------------------------------------------------------------------------------
+
+// Blocks r < k_rows rotate row r of K ([head_dim, n_head_kv, n_tokens]) and store it, converted to
+// the cache's type, at cache row idx[token] of head h (set_rows of permute(rope_k, 0, 2, 1, 3): the
+// source row (token, head) with indices broadcast by modulo over dims 2-3); the rest rotate row
+// r - k_rows of Q into q_dst (may alias q_src: rope_row keeps each pair to one thread).
+__global__ void rope_set_rows_kernel(TensorDesc cache, bool cache_f16, TensorDesc k_src, TensorDesc idx,
+                                     TensorDesc q_dst, TensorDesc q_src, int64_t k_rows, int64_t rows,
+                                     TensorDesc pos, TensorDesc freq_factors, bool has_ff, RopeArgs p) {
+  pdl_wait();
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    int64_t h, t, i3;
+    if (r < k_rows) {
+      split_row(r, k_src.ne[1], k_src.ne[2], h, t, i3);
+      const int32_t cell = *reinterpret_cast<const int32_t*>(
+          idx.data + t * idx.nb[0] + (h % idx.ne[1]) * idx.nb[1] + (i3 % idx.ne[2]) * idx.nb[2]);
+      if (cell < 0 || cell >= cache.ne[1]) continue;  // out of range: nothing written, as set_rows
+      const auto* x = reinterpret_cast<const float*>(row_ptr(k_src, h, t, i3));
+      const int32_t position = *reinterpret_cast<const int32_t*>(pos.data + t * pos.nb[0]);
+      char* out = row_ptr(cache, cell, h, i3);
+      if (cache_f16) {
+        rope_row(x, k_src.ne[0], position, p, freq_factors, has_ff,
+                 [&](int64_t j, float v) { reinterpret_cast<uint16_t*>(out)[j] = float_to_f16(v); });
+      } else {
+        rope_row(x, k_src.ne[0], position, p, freq_factors, has_ff,
+                 [&](int64_t j, float v) { reinterpret_cast<float*>(out)[j] = v; });
+      }
+    } else {
+      split_row(r - k_rows, q_dst.ne[1], q_dst.ne[2], h, t, i3);
+      const auto* x = reinterpret_cast<const float*>(row_ptr(q_src, h, t, i3));
+      auto* y = reinterpret_cast<float*>(row_ptr(q_dst, h, t, i3));
+      const int32_t position = *reinterpret_cast<const int32_t*>(pos.data + t * pos.nb[0]);
+      rope_row(x, q_dst.ne[0], position, p, freq_factors, has_ff, [&](int64_t j, float v) { y[j] = v; });
+    }
+  }
+}
+
+// ---- scale_mask_soft_max ---------------------------------------------------------------------------
+
+// y = softmax(((x * s + bias) + mask) * sm_scale) per row: the scale node, the add (mask broadcast
+// by modulo) and the soft_max's own scale, in the unfused kernels' float operations. y may alias x
+// (each thread keeps to its elements).
+__global__ void scale_mask_soft_max_kernel(TensorDesc y, TensorDesc x, TensorDesc mask, float s, float bias,
+                                           float sm_scale) {
+  pdl_wait();
+  __shared__ float scratch[32];
+  for (int64_t r = blockIdx.x; r < nrows(y); r += gridDim.x) {
+    int64_t i1, i2, i3;
+    split_row(r, y.ne[1], y.ne[2], i1, i2, i3);
+    const char* x_row = row_ptr(x, i1, i2, i3);
+    soft_max_row(
+        reinterpret_cast<float*>(row_ptr(y, i1, i2, i3)), y.ne[0],
+        [&](int64_t i) {
+          const float scaled = *reinterpret_cast<const float*>(x_row + i * x.nb[0]) * s + bias;
+          const float masked = scaled + f32_broadcast(mask, i, i1, i2, i3);
+          return masked * sm_scale;
+        },
+        scratch);
+  }
+}
+
+// ---- moe_route -------------------------------------------------------------------------------------
+
+// Per token t (row t of the router logits, one block, a thread per expert): the probabilities
+// (soft_max_row into shared memory), each expert's rank as top_k_kernel ranks (how many beat it:
+// larger, or equal with a lower index), the ids of ranks < k, and their probabilities (get_rows),
+// optionally divided by their sum (sum_rows summed in rank order by the first warp, as
+// sum_rows_kernel sums a row of k, then div). weights: element (e, t) at e * w_e + t * w_t bytes.
+__global__ void moe_route_kernel(TensorDesc logits, float scale, TensorDesc ids, char* weights, int64_t w_e,
+                                 int64_t w_t, int k, bool normalize) {
+  pdl_wait();
+  __shared__ float probs[kMoeMaxExperts];
+  __shared__ float chosen[kMoeMaxExperts];
+  __shared__ float scratch[32];
+  const int64_t n = logits.ne[0];
+  for (int64_t t = blockIdx.x; t < logits.ne[1]; t += gridDim.x) {
+    const auto* x = reinterpret_cast<const float*>(row_ptr(logits, t, 0, 0));
+    soft_max_row(
+        probs, n, [&](int64_t i) { return x[i] * scale; }, scratch);
+    __syncthreads();
+    const int64_t i = threadIdx.x;  // blockDim.x >= n
+    int64_t rank = k;               // not chosen
+    if (i < n) {
+      const float v = probs[i];
+      rank = 0;
+      for (int64_t j = 0; j < n; ++j) {
+        const float u = probs[j];
+        rank += (u > v || (u == v && j < i)) ? 1 : 0;
+      }
+      if (rank < k) {
+        *reinterpret_cast<int32_t*>(element_ptr(ids, rank, t, 0, 0)) = static_cast<int32_t>(i);
+        chosen[rank] = v;
+      }
+    }
+    __syncthreads();
+    float sum = 1.0f;
+    if (normalize) sum = block_sum(threadIdx.x < k ? chosen[threadIdx.x] : 0.0f, scratch);
+    if (threadIdx.x < k) {
+      const float w = chosen[threadIdx.x];
+      *reinterpret_cast<float*>(weights + threadIdx.x * w_e + t * w_t) = normalize ? w / sum : w;
+    }
+    __syncthreads();  // probs and chosen are rewritten for the next token
+  }
+}
+
+// ---- host side: checks -----------------------------------------------------------------------------
+
+bool is_f32(const Tensor* t) { return t && t->type == DType::f32; }
+bool same_shape(const Tensor* a, const Tensor* b) { return a->ne == b->ne; }
+bool is_float_weight(DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16; }
+bool is_mat_vec_weight(DType t) {
+  return is_float_weight(t) || t == DType::q8_0 || t == DType::q4_0 || t == DType::q4_k || t == DType::q6_k;
+}
+
+// Whether a kernel may write `out` while reading `in`: the byte ranges are disjoint, or they are
+// the same elements in the same layout (each fused kernel reads an element before it writes that
+// element in the same thread and touches it nowhere else; a broadcast operand of another shape
+// must therefore be disjoint). A partial overlap races: in the unfused
+// launches an earlier kernel had finished reading before a later one wrote, and the allocator may
+// have placed a later node's output over an earlier node's dead input. Unallocated tensors (no
+// data yet) are not checked.
+bool may_write_over(const Tensor* out, const Tensor* in) {
+  if (!out || !in || !out->data || !in->data) return true;
+  const auto* o = static_cast<const char*>(out->data);
+  const auto* i = static_cast<const char*>(in->data);
+  const bool disjoint = o + out->nbytes() <= i || i + in->nbytes() <= o;
+  return disjoint || (o == i && out->type == in->type && out->ne == in->ne && out->nb == in->nb);
+}
+// As may_write_over, but `in` is read whole by every block (a weight broadcast, activations):
+// only disjoint ranges are safe.
+bool disjoint(const Tensor* out, const Tensor* in) {
+  if (!out || !in || !out->data || !in->data) return true;
+  const auto* o = static_cast<const char*>(out->data);
+  const auto* i = static_cast<const char*>(in->data);
+  return o + out->nbytes() <= i || i + in->nbytes() <= o;
+}
+
+// A view that reshapes `base` (same bytes, packed) into shape ne.
+bool is_reshape_of(const Tensor* v, const Tensor* base, const Shape& ne) {
+  return v && v->view_src == base && v->view_offset == 0 && v->ne == ne && v->is_contiguous() &&
+         base->is_contiguous();
+}
+
+// ne[1] columns the mat-vec kernels take as one product (the fused launches keep to mul_mat's
+// mat-vec path for float weights, and to the same limit for quantized ones).
+bool mat_vec_shape(const Tensor* mm) {
+  const Tensor* w = mm->src[0];
+  const Tensor* x = mm->src[1];
+  return w && x && is_mat_vec_weight(w->type) && is_f32(x) && mm->ne[1] <= kMatVecMaxCols;
+}
+
+bool rms_norm_mul_ok(const Tensor* add, const Tensor* norm, const Tensor* mul) {
+  if (!norm || !mul || norm->op != OpKind::rms_norm || mul->op != OpKind::mul) return false;
+  if (mul->src[0] != norm || !same_shape(mul, norm) || !is_f32(norm) || !is_f32(mul) || !is_f32(mul->src[1]))
+    return false;
+  const Tensor* w = mul->src[1];
+  if (!disjoint(mul, w)) return false;
+  if (!add) return is_f32(norm->src[0]) && may_write_over(mul, norm->src[0]);
+  if (add->op != OpKind::add || norm->src[0] != add || !same_shape(add, norm) || !is_f32(add) ||
+      !is_f32(add->src[0]) || !is_f32(add->src[1]))
+    return false;
+  // sum and y are written while a, b and w are read
+  for (const Tensor* out : {add, mul})
+    for (const Tensor* in : {add->src[0], add->src[1]})
+      if (!may_write_over(out, in)) return false;
+  return disjoint(add, w) && may_write_over(mul, add);
+}
+
+bool mat_vec_bias_ok(const Tensor* mm, const Tensor* add) {
+  if (!mm || !add || mm->op != OpKind::mul_mat || add->op != OpKind::add) return false;
+  if (add->src[0] != mm || !same_shape(add, mm) || !is_f32(add) || !is_f32(add->src[1]) || !mat_vec_shape(mm))
+    return false;
+  // the kernel adds a packed vector over the output rows, the bias of a linear layer
+  const Tensor* bias = add->src[1];
+  if (bias->ne != Shape{add->ne[0], 1, 1, 1} || bias->nb[0] != sizeof(float)) return false;
+  return disjoint(add, mm->src[0]) && disjoint(add, mm->src[1]) && disjoint(add, bias);
+}
+
+bool glu_ok(const Tensor* gate, const Tensor* up, const Tensor* glu) {
+  if (!gate || !up || !glu || gate->op != OpKind::mul_mat || up->op != OpKind::mul_mat) return false;
+  if (glu->op != OpKind::swiglu && glu->op != OpKind::geglu) return false;
+  if (glu->src[0] != gate || glu->src[1] != up || !same_shape(glu, gate) || !is_f32(glu)) return false;
+  const Tensor* wg = gate->src[0];
+  const Tensor* wu = up->src[0];
+  if (gate->src[1] != up->src[1] || !wg || !wu || wg->type != wu->type || wg->ne != wu->ne) return false;
+  if (!mat_vec_shape(gate) || !same_shape(gate, up)) return false;
+  return disjoint(glu, gate->src[1]) && disjoint(glu, wg) && disjoint(glu, wu);
+}
+
+// rope_k's permute(0, 2, 1, 3): a view of rope_k with dims 1 and 2 swapped.
+bool is_k_permute(const Tensor* v, const Tensor* k) {
+  return v && v->view_src == k && v->view_offset == 0 && v->type == k->type &&
+         v->ne == Shape{k->ne[0], k->ne[2], k->ne[1], k->ne[3]} &&
+         v->nb == std::array<size_t, kMaxDims>{k->nb[0], k->nb[2], k->nb[1], k->nb[3]};
+}
+
+bool rope_set_rows_ok(const Tensor* rope_k, const Tensor* set_rows, const Tensor* rope_q) {
+  if (!rope_k || !set_rows || rope_k->op != OpKind::rope || set_rows->op != OpKind::set_rows) return false;
+  if (set_rows->type != DType::f16 && set_rows->type != DType::f32) return false;
+  if (!is_k_permute(set_rows->src[0], rope_k) || !is_f32(rope_k) || !is_f32(rope_k->src[0])) return false;
+  const Tensor* cache = set_rows->src[2];
+  const Tensor* idx = set_rows->src[1];
+  if (!cache || !idx || idx->type != DType::i32 || set_rows->nb[0] != dtype_type_size(set_rows->type))
+    return false;
+  // the rows the kernel reads: contiguous elements (x[j]), as rope_kernel reads them
+  if (rope_k->src[0]->nb[0] != sizeof(float)) return false;
+  const Tensor* readers[] = {rope_k->src[0], rope_k->src[1], rope_k->src[2], idx,
+                             rope_q ? rope_q->src[0] : nullptr};
+  for (const Tensor* in : readers)
+    if (!disjoint(set_rows, in)) return false;
+  if (!rope_q) return true;
+  if (rope_q->op != OpKind::rope || !is_f32(rope_q) || !is_f32(rope_q->src[0]) ||
+      rope_q->src[0]->nb[0] != sizeof(float) || rope_q->nb[0] != sizeof(float))
+    return false;
+  // one RopeArgs for both: the same positions, frequency factors and parameters
+  if (rope_q->src[1] != rope_k->src[1] || rope_q->src[2] != rope_k->src[2] ||
+      rope_q->ne[2] != rope_k->ne[2] || rope_q->ne[3] != rope_k->ne[3] ||
+      std::memcmp(&rope_q->get_params<RopeParams>(), &rope_k->get_params<RopeParams>(), sizeof(RopeParams)) !=
+          0)
+    return false;
+  for (const Tensor* in :
+       std::initializer_list<const Tensor*>{rope_k->src[0], rope_k->src[1], rope_k->src[2], idx, cache})
+    if (!disjoint(rope_q, in)) return false;
+  return may_write_over(rope_q, rope_q->src[0]);
+}
+
+bool scale_mask_soft_max_ok(const Tensor* scale, const Tensor* add, const Tensor* soft_max) {
+  if (!scale || !add || !soft_max || scale->op != OpKind::scale || add->op != OpKind::add ||
+      soft_max->op != OpKind::soft_max)
+    return false;
+  if (add->src[0] != scale || soft_max->src[0] != add || soft_max->src[1] != nullptr) return false;
+  if (!same_shape(scale, add) || !same_shape(add, soft_max) || !is_f32(scale->src[0]) ||
+      !is_f32(add->src[1]) || !is_f32(soft_max) || soft_max->nb[0] != sizeof(float))
+    return false;
+  return may_write_over(soft_max, scale->src[0]) && disjoint(soft_max, add->src[1]);
+}
+
+bool moe_route_ok(const Tensor* const* n) {
+  const Tensor* soft_max = n[0];
+  const Tensor* top_k = n[1];
+  const Tensor* get_rows = n[2];
+  const Tensor* sum_rows = n[3];
+  const Tensor* div = n[4];
+  if (!soft_max || !top_k || !get_rows || soft_max->op != OpKind::soft_max || top_k->op != OpKind::top_k ||
+      get_rows->op != OpKind::get_rows)
+    return false;
+  const int64_t n_expert = soft_max->ne[0], n_tokens = soft_max->ne[1];
+  const int k = top_k->get_params<TopKParams>().k;
+  if (n_expert > kMoeMaxExperts || soft_max->ne[2] != 1 || soft_max->ne[3] != 1 ||
+      soft_max->src[1] != nullptr || !is_f32(soft_max->src[0]) || soft_max->src[0]->nb[0] != sizeof(float) ||
+      top_k->src[0] != soft_max || k < 1 || k > n_expert)
+    return false;
+  if (!is_reshape_of(get_rows->src[0], soft_max, {1, n_expert, n_tokens, 1}) || get_rows->src[1] != top_k)
+    return false;
+  if ((sum_rows == nullptr) != (div == nullptr)) return false;
+  const Tensor* weights = get_rows;
+  if (div) {
+    const Shape w2{k, n_tokens, 1, 1};
+    if (sum_rows->op != OpKind::sum_rows || div->op != OpKind::div || div->src[1] != sum_rows ||
+        !is_reshape_of(sum_rows->src[0], get_rows, w2) || !is_reshape_of(div->src[0], get_rows, w2) ||
+        div->ne != w2)
+      return false;
+    weights = div;
+  }
+  return disjoint(top_k, soft_max->src[0]) && disjoint(weights, soft_max->src[0]) && disjoint(weights, top_k);
+}
+
+unsigned capped(int64_t n, unsigned cap) {
+  return static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(n, 1), cap));
+}
+
+// ---- host side: glu launches -----------------------------------------------------------------------
+
+template <class F>
+CudaError glu_float(const LaunchContext& ctx, const Tensor* gate, const Tensor* up, const Tensor* glu) {
+  const Tensor* wg = gate->src[0];
+  const Tensor* x = gate->src[1];
+  const dim3 grid(static_cast<unsigned>((glu->ne[0] + kMatVecWarps - 1) / kMatVecWarps),
+                  capped((glu->ne[1] + kMatVecMaxCols - 1) / kMatVecMaxCols, kMaxGridYZ),
+                  capped(glu->ne[2] * glu->ne[3], kMaxGridYZ));
+  glu_mat_vec_kernel<F><<<grid, kMatVecWarps * kWarpSize, 0, ctx.stream>>>(
+      desc_of(glu), desc_of(wg), desc_of(up->src[0]), desc_of(x), x->ne[2] / wg->ne[2], x->ne[3] / wg->ne[3],
+      glu->op == OpKind::swiglu);
+  LOOM_CUDA_CHECK_LAUNCH("glu_mat_vec_kernel");
+  return {};
+}
+
+template <class D, int kCols>
+CudaError glu_q8_cols(const LaunchContext& ctx, const Tensor* gate, const Tensor* up, const Tensor* glu) {
+  const Tensor* wg = gate->src[0];
+  const Tensor* x = gate->src[1];
+  const dim3 grid(static_cast<unsigned>((glu->ne[0] + kMatVecWarps - 1) / kMatVecWarps),
+                  capped((glu->ne[1] + kCols - 1) / kCols, kMaxGridYZ),
+                  capped(glu->ne[2] * glu->ne[3], kMaxGridYZ));
+  glu_mat_vec_q8_kernel<D, kCols><<<grid, kMatVecWarps * kWarpSize, 0, ctx.stream>>>(
+      desc_of(glu), desc_of(wg), desc_of(up->src[0]), static_cast<const typename D::Act*>(ctx.scratch),
+      x->ne[2] / wg->ne[2], x->ne[3] / wg->ne[3], glu->op == OpKind::swiglu);
+  LOOM_CUDA_CHECK_LAUNCH("glu_mat_vec_q8_kernel");
+  return {};
+}
+
+// Quantizes the shared activations once (into ctx.scratch), then both products in one kernel.
+template <class D>
+CudaError glu_q8(const LaunchContext& ctx, const Tensor* gate, const Tensor* up, const Tensor* glu) {
+  LOOM_CUDA_TRY(launch_quantize_activations(ctx, gate->src[0]->type, gate->src[1]));
+  return glu->ne[1] == 1 ? glu_q8_cols<D, 1>(ctx, gate, up, glu)
+                         : glu_q8_cols<D, kMatVecMaxCols>(ctx, gate, up, glu);
+}
+
+}  // namespace
+
+// ---- launchers -------------------------------------------------------------------------------------
+
+CudaError launch_rms_norm_mul(const LaunchContext& ctx, const Tensor* norm, const Tensor* mul) {
+  const int64_t rows = mul->nrows();
+  if (rows == 0 || mul->ne[0] == 0) return {};
+  const TensorDesc none{};
+  rms_norm_mul_kernel<<<row_grid(rows), row_block_threads(mul->ne[0]), 0, ctx.stream>>>(
+      desc_of(mul), desc_of(norm->src[0]), none, none, false, desc_of(mul->src[1]),
+      norm->get_params<NormParams>().eps);
+  LOOM_CUDA_CHECK_LAUNCH("rms_norm_mul_kernel");
+  return {};
+}
+
+CudaError launch_add_rms_norm_mul(const LaunchContext& ctx, const Tensor* add, const Tensor* norm,
+                                  const Tensor* mul) {
+  const int64_t rows = mul->nrows();
+  if (rows == 0 || mul->ne[0] == 0) return {};
+  rms_norm_mul_kernel<<<row_grid(rows), row_block_threads(mul->ne[0]), 0, ctx.stream>>>(
+      desc_of(mul), desc_of(add->src[0]), desc_of(add->src[1]), desc_of(add), true, desc_of(mul->src[1]),
+      norm->get_params<NormParams>().eps);
+  LOOM_CUDA_CHECK_LAUNCH("rms_norm_mul_kernel");
+  return {};
+}
+
+CudaError launch_mat_vec_bias(const LaunchContext& ctx, const Tensor* mm, const Tensor* add) {
+  return launch_mul_mat_vec_bias(ctx, mm, add->src[1], add);
+}
+
+CudaError launch_glu_mat_vec(const LaunchContext& ctx, const Tensor* mm_gate, const Tensor* mm_up,
+                             const Tensor* glu) {
+  if (glu->nelements() == 0) return {};
+  switch (mm_gate->src[0]->type) {
+    case DType::f32:
+      return glu_float<FormatF32>(ctx, mm_gate, mm_up, glu);
+    case DType::f16:
+      return glu_float<FormatF16>(ctx, mm_gate, mm_up, glu);
+    case DType::bf16:
+      return glu_float<FormatBF16>(ctx, mm_gate, mm_up, glu);
+    case DType::q8_0:
+      return glu_q8<DotQ8_0>(ctx, mm_gate, mm_up, glu);
+    case DType::q4_0:
+      return glu_q8<DotQ4_0>(ctx, mm_gate, mm_up, glu);
+    case DType::q4_k:
+      return glu_q8<DotQ4_K>(ctx, mm_gate, mm_up, glu);
+    case DType::q6_k:
+      return glu_q8<DotQ6_K>(ctx, mm_gate, mm_up, glu);
+    case DType::i32:
+      break;
+  }
+  return CudaError::runtime(cudaErrorInvalidValue, "glu_mat_vec: i32 weights", __FILE__, __LINE__);
+}
+
+CudaError launch_rope_set_rows(const LaunchContext& ctx, const Tensor* rope_k, const Tensor* set_rows,
+                               const Tensor* rope_q, const RopeArgs& args) {
+  const int64_t k_rows = rope_k->nrows();
+  const int64_t rows = k_rows + (rope_q ? rope_q->nrows() : 0);
+  if (rows == 0) return {};
+  const Tensor* ff = rope_k->src[2];
+  const TensorDesc ff_desc = ff ? desc_of(ff) : TensorDesc{};
+  const TensorDesc q_dst = rope_q ? desc_of(rope_q) : TensorDesc{};
+  const TensorDesc q_src = rope_q ? desc_of(rope_q->src[0]) : TensorDesc{};
+  const int64_t widest = std::max<int64_t>(rope_k->ne[0], rope_q ? rope_q->ne[0] : 0);
+  rope_set_rows_kernel<<<row_grid(rows), row_block_threads(widest), 0, ctx.stream>>>(
+      desc_of(set_rows), set_rows->type == DType::f16, desc_of(rope_k->src[0]), desc_of(set_rows->src[1]),
+      q_dst, q_src, k_rows, rows, desc_of(rope_k->src[1]), ff_desc, ff != nullptr, args);
+  LOOM_CUDA_CHECK_LAUNCH("rope_set_rows_kernel");
+  return {};
+}
+
+CudaError launch_scale_mask_soft_max(const LaunchContext& ctx, const Tensor* scale, const Tensor* add,
+                                     const Tensor* soft_max) {
+  const int64_t rows = soft_max->nrows();
+  if (rows == 0 || soft_max->ne[0] == 0) return {};
+  const auto& sp = scale->get_params<ScaleParams>();
+  scale_mask_soft_max_kernel<<<row_grid(rows), row_block_threads(soft_max->ne[0]), 0, ctx.stream>>>(
+      desc_of(soft_max), desc_of(scale->src[0]), desc_of(add->src[1]), sp.scale, sp.bias,
+      soft_max->get_params<SoftMaxParams>().scale);
+  LOOM_CUDA_CHECK_LAUNCH("scale_mask_soft_max_kernel");
+  return {};
+}
+
+CudaError launch_moe_route(const LaunchContext& ctx, const Tensor* soft_max, const Tensor* top_k,
+                           const Tensor* get_rows, const Tensor* sum_rows, const Tensor* div) {
+  const int64_t n_tokens = soft_max->ne[1];
+  if (n_tokens == 0) return {};
+  // weights (e, t): get_rows' [1, k, T] or div's [k, T]
+  const Tensor* weights = div ? div : get_rows;
+  const auto w_e = static_cast<int64_t>(div ? div->nb[0] : get_rows->nb[1]);
+  const auto w_t = static_cast<int64_t>(div ? div->nb[1] : get_rows->nb[2]);
+  moe_route_kernel<<<row_grid(n_tokens), row_block_threads(soft_max->ne[0]), 0, ctx.stream>>>(
+      desc_of(soft_max->src[0]), soft_max->get_params<SoftMaxParams>().scale, desc_of(top_k),
+      static_cast<char*>(weights->data), w_e, w_t, top_k->get_params<TopKParams>().k, sum_rows != nullptr);
+  LOOM_CUDA_CHECK_LAUNCH("moe_route_kernel");
+  return {};
+}
+
+size_t fused_scratch_bytes(FusedKind kind, const Tensor* const* nodes) {
+  switch (kind) {
+    case FusedKind::mat_vec_bias:
+    case FusedKind::glu_mat_vec:
+      return quantized_activation_bytes(nodes[0]->src[0]->type, nodes[0]->src[1]);
+    default:
+      return 0;
+  }
+}
+
+bool fused_supported(FusedKind kind, const Tensor* const* nodes) {
+  switch (kind) {
+    case FusedKind::rms_norm_mul:
+      return rms_norm_mul_ok(nullptr, nodes[0], nodes[1]);
+    case FusedKind::add_rms_norm_mul:
+      return nodes[0] && rms_norm_mul_ok(nodes[0], nodes[1], nodes[2]);
+    case FusedKind::mat_vec_bias:
+      return mat_vec_bias_ok(nodes[0], nodes[1]);
+    case FusedKind::glu_mat_vec:
+      return glu_ok(nodes[0], nodes[1], nodes[2]);
+    case FusedKind::rope_set_rows:
+      return rope_set_rows_ok(nodes[0], nodes[1], nodes[2]);
+    case FusedKind::scale_mask_soft_max:
+      return scale_mask_soft_max_ok(nodes[0], nodes[1], nodes[2]);
+    case FusedKind::moe_route:
+      return moe_route_ok(nodes);
+    case FusedKind::none:
+    case FusedKind::count_:
+      break;
+  }
+  return false;
+}
+
+}  // namespace loom::cuda

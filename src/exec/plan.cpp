@@ -1,0 +1,224 @@
+// Plan construction, reorder and dependencies (fusion matching is in fusion.cpp).
+#include "exec/plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace loom::exec {
+
+ByteRange tensor_range(const Tensor& t) {
+  const auto begin = reinterpret_cast<uintptr_t>(t.data);
+  return {begin, begin + t.nbytes()};
+}
+
+Tensor* Dispatch::anchor() const {
+  for (int i = kMaxFusedNodes - 1; i >= 0; --i)
+    if (nodes[i]) return nodes[i];
+  return nullptr;
+}
+
+int Dispatch::n_nodes() const {
+  int n = 0;
+  for (Tensor* t : nodes) n += t != nullptr;
+  return n;
+}
+
+namespace {
+
+void add_range(std::vector<ByteRange>& v, const ByteRange& r) {
+  if (!r.empty()) v.push_back(r);
+}
+
+bool any_overlap(const std::vector<ByteRange>& a, const std::vector<ByteRange>& b) {
+  for (const ByteRange& x : a)
+    for (const ByteRange& y : b)
+      if (x.overlaps(y)) return true;
+  return false;
+}
+
+// A write into memory the graph does not own (the KV cache, a weight): a side effect.
+bool writes_persistent(const Tensor& t) {
+  const Tensor* r = t.root();
+  return r != &t && r->is_leaf();
+}
+
+}  // namespace
+
+bool conflicts(const Dispatch& a, const Dispatch& b) {
+  return any_overlap(a.writes, b.writes) || any_overlap(a.writes, b.reads) || any_overlap(a.reads, b.writes);
+}
+
+Plan build_plan(const Graph& g) {
+  Plan plan;
+  plan.dispatches.reserve(g.nodes().size());
+  for (Tensor* t : g.nodes()) {
+    if (t->op == OpKind::view || t->op == OpKind::none) continue;
+    Dispatch d;
+    d.nodes[0] = t;
+    d.order = t->index;
+    for (const Tensor* s : t->src)
+      if (s) add_range(d.reads, tensor_range(*s));
+    add_range(d.writes, tensor_range(*t));
+    d.barrier = (t->flags & kTensorOutput) != 0 || writes_persistent(*t);
+    plan.dispatches.push_back(std::move(d));
+  }
+  plan.stats.graph_nodes = plan.dispatches.size();
+  return plan;
+}
+
+void assign_scratch(Plan& plan, uintptr_t base, size_t slot_bytes, int n_slots) {
+  int next = 0;
+  for (Dispatch& d : plan.dispatches) {
+    if (d.scratch_bytes == 0) continue;
+    const uintptr_t b = base + static_cast<uintptr_t>(next) * slot_bytes;
+    d.scratch = {b, b + d.scratch_bytes};
+    d.writes.push_back(d.scratch);
+    next = (next + 1) % std::max(n_slots, 1);
+  }
+}
+
+void reorder(Plan& plan, int lookahead) {
+  std::vector<Dispatch>& ds = plan.dispatches;
+  const size_t n = ds.size();
+  std::vector<size_t> pending(n);
+  for (size_t i = 0; i < n; ++i) pending[i] = i;
+  std::vector<size_t> order;
+  order.reserve(n);
+  std::vector<size_t> group, skipped;
+  uint64_t moved = 0;
+  while (!pending.empty()) {
+    group.assign(1, pending[0]);
+    skipped.clear();
+    const size_t window = std::min(pending.size(), static_cast<size_t>(std::max(lookahead, 1)));
+    if (!ds[pending[0]].barrier) {
+      for (size_t j = 1; j < window; ++j) {
+        const Dispatch& c = ds[pending[j]];
+        if (c.barrier) break;  // nothing moves across a side effect
+        bool free = true;
+        for (size_t s : skipped)
+          if (conflicts(ds[s], c)) free = false;
+        for (size_t m = 0; free && m < group.size(); ++m)
+          if (conflicts(ds[group[m]], c)) free = false;
+        if (free) {
+          if (!skipped.empty()) ++moved;
+          group.push_back(pending[j]);
+        } else {
+          skipped.push_back(pending[j]);
+        }
+      }
+    }
+    order.insert(order.end(), group.begin(), group.end());
+    // pending minus the group, order kept
+    std::vector<size_t> rest;
+    rest.reserve(pending.size() - group.size());
+    size_t gi = 0;
+    std::vector<size_t> sorted_group = group;
+    std::sort(sorted_group.begin(), sorted_group.end());
+    for (size_t p : pending) {
+      if (gi < sorted_group.size() && sorted_group[gi] == p) {
+        ++gi;
+        continue;
+      }
+      rest.push_back(p);
+    }
+    pending.swap(rest);
+  }
+  std::vector<Dispatch> out;
+  out.reserve(n);
+  for (size_t i : order) out.push_back(std::move(ds[i]));
+  ds.swap(out);
+  plan.stats.reordered = moved;
+}
+
+void build_dependencies(Plan& plan, bool concurrency) {
+  const std::vector<Dispatch>& ds = plan.dispatches;
+  const size_t n = ds.size();
+  plan.deps.assign(n, {});
+  plan.stats.edges = 0;
+  std::vector<int> depth(n, 0);
+  if (!concurrency) {
+    for (size_t i = 1; i < n; ++i) {
+      plan.deps[i].push_back(static_cast<int>(i - 1));
+      depth[i] = depth[i - 1] + 1;
+    }
+  } else {
+    // reach[i]: every dispatch i waits for, directly or not (bitset over earlier dispatches)
+    const size_t words = (n + 63) / 64;
+    std::vector<uint64_t> reach(n * words, 0);
+    auto reaches = [&](size_t i, size_t j) { return (reach[i * words + j / 64] >> (j % 64)) & 1u; };
+    std::vector<int> direct;
+    for (size_t i = 0; i < n; ++i) {
+      direct.clear();
+      for (size_t j = i; j-- > 0;)
+        if (conflicts(ds[j], ds[i])) direct.push_back(static_cast<int>(j));
+      // latest first: a conflicting j already reached through a kept later one is implied
+      uint64_t* ri = &reach[i * words];
+      for (int j : direct) {
+        if (reaches(i, static_cast<size_t>(j))) continue;
+        plan.deps[i].push_back(j);
+        const uint64_t* rj = &reach[static_cast<size_t>(j) * words];
+        for (size_t w = 0; w < words; ++w) ri[w] |= rj[w];
+        ri[j / 64] |= uint64_t{1} << (j % 64);
+        depth[i] = std::max(depth[i], depth[j] + 1);
+      }
+      std::reverse(plan.deps[i].begin(), plan.deps[i].end());
+    }
+  }
+  int max_depth = -1;
+  for (size_t i = 0; i < n; ++i) {
+    plan.dispatches[i].depth = depth[i];
+    plan.stats.edges += plan.deps[i].size();
+    max_depth = std::max(max_depth, depth[i]);
+  }
+  std::vector<uint64_t> per_depth(static_cast<size_t>(max_depth + 1), 0);
+  for (int d : depth) ++per_depth[static_cast<size_t>(d)];
+  plan.stats.groups = per_depth.size();
+  plan.stats.group_hist = {};
+  for (uint64_t size : per_depth) ++plan.stats.group_hist[static_cast<size_t>(group_hist_bucket(size))];
+}
+
+namespace {
+
+std::string dispatch_label(const Dispatch& d) {
+  const Tensor* a = d.anchor();
+  std::string what = d.kind == FusedKind::none ? op_name(d.node()->op) : fused_kind_name(d.kind);
+  return fmt::format("{} '{}' {}", what, a->name, shape_string(a->ne));
+}
+
+}  // namespace
+
+std::string Plan::dump() const {
+  std::string s = fmt::format("plan: {} dispatches from {} nodes, {} edges, {} groups, {} reordered\n",
+                              dispatches.size(), stats.graph_nodes, stats.edges, stats.groups, stats.reordered);
+  for (size_t i = 0; i < dispatches.size(); ++i) {
+    const Dispatch& d = dispatches[i];
+    s += fmt::format("{:5} {}{} depth {} deps [", i, dispatch_label(d), d.barrier ? " (barrier)" : "", d.depth);
+    if (i < deps.size())
+      for (size_t k = 0; k < deps[i].size(); ++k) s += fmt::format("{}{}", k ? " " : "", deps[i][k]);
+    s += "] reads";
+    for (const ByteRange& r : d.reads) s += fmt::format(" {:#x}+{}", r.begin, r.end - r.begin);
+    s += " writes";
+    for (const ByteRange& r : d.writes) s += fmt::format(" {:#x}+{}", r.begin, r.end - r.begin);
+    s += '\n';
+  }
+  return s;
+}
+
+std::string Plan::dot() const {
+  std::string s = "digraph plan {\n  rankdir=TB;\n  node [shape=box, fontname=monospace, fontsize=10];\n";
+  for (size_t i = 0; i < dispatches.size(); ++i) {
+    const Dispatch& d = dispatches[i];
+    std::string label = dispatch_label(d);
+    std::replace(label.begin(), label.end(), '"', '\'');
+    s += fmt::format("  d{} [label=\"{}: {}\"{}];\n", i, i, label,
+                     d.kind != FusedKind::none ? ", style=filled, fillcolor=lightblue"
+                                               : (d.barrier ? ", style=filled, fillcolor=lightgray" : ""));
+  }
+  for (size_t i = 0; i < deps.size(); ++i)
+    for (int j : deps[i]) s += fmt::format("  d{} -> d{};\n", j, i);
+  s += "}\n";
+  return s;
+}
+
+}  // namespace loom::exec

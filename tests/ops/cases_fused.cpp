@@ -1,0 +1,348 @@
+// Cases: the node groups a graph executor fuses into one dispatch (loom/exec.h FusedKind), each
+// built unfused exactly as the model code builds it (src/llm/llm_graph.cpp, llm_arch.cpp), so
+// that a backend without fusion computes them node by node and one with fusion must give the same
+// results from its fused kernels. Each case names the fusion it expects (OpCase::expected_fusion);
+// the results that the fused kernel keeps are all checked (Graph::mark_output inside the build).
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include "op_test.h"
+
+namespace loom::optest {
+
+namespace {
+
+double silu_ref(double x) { return x / (1.0 + std::exp(-x)); }
+double gelu_tanh_ref(double x) {
+  return 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * x * (1.0 + 0.044715 * x * x)));
+}
+
+// Values of several results one after another, as OpCase::reference returns them.
+RefTensor concat_results(std::initializer_list<const RefTensor*> parts) {
+  int64_t n = 0;
+  for (const RefTensor* p : parts) n += p->size();
+  RefTensor out({n, 1, 1, 1});
+  size_t at = 0;
+  for (const RefTensor* p : parts) {
+    std::copy(p->v.begin(), p->v.end(), out.v.begin() + static_cast<std::ptrdiff_t>(at));
+    at += p->v.size();
+  }
+  return out;
+}
+
+// Element (i0, i1, i2, i3) of b broadcast over a larger tensor by modulo, as binary ops read b.
+double broadcast_at(const RefTensor& b, int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
+  return b(i0 % b.ne[0], i1 % b.ne[1], i2 % b.ne[2], i3 % b.ne[3]);
+}
+
+// ---- rms_norm_mul, add_rms_norm_mul ----------------------------------------------------------------
+
+constexpr float kEps = 1e-5f;
+
+// rms_norm(x) * w per row, w broadcast by modulo.
+RefTensor rms_norm_mul_ref(const RefTensor& x, const RefTensor& w, double eps) {
+  RefTensor out(x.ne);
+  const int64_t n = x.ne[0];
+  for (int64_t i3 = 0; i3 < x.ne[3]; ++i3)
+    for (int64_t i2 = 0; i2 < x.ne[2]; ++i2)
+      for (int64_t i1 = 0; i1 < x.ne[1]; ++i1) {
+        double ss = 0.0;
+        for (int64_t i = 0; i < n; ++i) ss += x(i, i1, i2, i3) * x(i, i1, i2, i3);
+        const double s = 1.0 / std::sqrt(ss / n + eps);
+        for (int64_t i = 0; i < n; ++i)
+          out(i, i1, i2, i3) = x(i, i1, i2, i3) * s * broadcast_at(w, i, i1, i2, i3);
+      }
+  return out;
+}
+
+// StepBuilder::rms_norm: mul(rms_norm(x), weight); x of shape ne, the weight [w_ne].
+void add_rms_norm_mul(CaseList& cases, const Shape& ne, const Shape& w_ne) {
+  auto build = [=](Graph& g, CaseInputs& in) -> Tensor* {
+    Tensor* x = in.uniform(DType::f32, ne, -2.0f, 2.0f);
+    Tensor* w = in.uniform(DType::f32, w_ne, 0.5f, 1.5f);
+    return mul(g, rms_norm(g, x, kEps), w);
+  };
+  auto ref = [](const std::vector<RefTensor>& in) { return rms_norm_mul_ref(in[0], in[1], kEps); };
+  cases.push_back({"rms_norm_mul", fmt::format("x={} w={}", shape_string(ne), shape_string(w_ne)),
+                   kNmseElementwise, build, ref, 0.0, FusedKind::rms_norm_mul});
+}
+
+// The residual stream (llm_arch.cpp): x = add(x, sublayer); f = mul(rms_norm(x), ffn_norm). Both
+// the sum (the next layer's residual, marked as an output) and the normed row are checked.
+void add_add_rms_norm_mul(CaseList& cases, const Shape& ne, const Shape& b_ne) {
+  auto build = [=](Graph& g, CaseInputs& in) -> Tensor* {
+    Tensor* residual = in.uniform(DType::f32, ne, -2.0f, 2.0f);
+    Tensor* sublayer = in.uniform(DType::f32, b_ne, -1.0f, 1.0f);
+    Tensor* w = in.uniform(DType::f32, {ne[0], 1, 1, 1}, 0.5f, 1.5f);
+    Tensor* sum = add(g, residual, sublayer);
+    Tensor* normed = mul(g, rms_norm(g, sum, kEps), w);
+    if (sum) g.mark_output(sum);
+    return normed;
+  };
+  auto ref = [ne](const std::vector<RefTensor>& in) {
+    RefTensor sum(ne);
+    for (int64_t i3 = 0; i3 < ne[3]; ++i3)
+      for (int64_t i2 = 0; i2 < ne[2]; ++i2)
+        for (int64_t i1 = 0; i1 < ne[1]; ++i1)
+          for (int64_t i0 = 0; i0 < ne[0]; ++i0)
+            sum(i0, i1, i2, i3) = in[0](i0, i1, i2, i3) + broadcast_at(in[1], i0, i1, i2, i3);
+    const RefTensor normed = rms_norm_mul_ref(sum, in[2], kEps);
+    return concat_results({&normed, &sum});
+  };
+  cases.push_back({"add_rms_norm_mul",
+                   fmt::format("x={} + {} w=[{}]", shape_string(ne), shape_string(b_ne), ne[0]),
+                   kNmseElementwise, build, ref, 0.0, FusedKind::add_rms_norm_mul});
+}
+
+// ---- mat_vec_bias, glu_mat_vec ---------------------------------------------------------------------
+
+// A reduced dimension of whole blocks for quantized types, odd for plain ones.
+int64_t pick_k(DType t) {
+  if (t == DType::q4_k || t == DType::q6_k) return 512;
+  return dtype_is_quantized(t) ? 160 : 75;
+}
+
+// StepBuilder::linear with a bias: add(mul_mat(w, x), bias). k 0: pick_k.
+void add_mat_vec_bias(CaseList& cases, DType wt, int64_t m, int64_t n, int64_t k_in = 0) {
+  const int64_t k = k_in ? k_in : pick_k(wt);
+  auto build = [=](Graph& g, CaseInputs& in) -> Tensor* {
+    Tensor* w = in.uniform(wt, {k, m, 1, 1});
+    Tensor* x = in.uniform(DType::f32, {k, n, 1, 1});
+    Tensor* bias = in.uniform(DType::f32, {m, 1, 1, 1}, -4.0f, 4.0f);
+    return add(g, mul_mat(g, w, x), bias);
+  };
+  auto ref = [=](const std::vector<RefTensor>& in) {
+    RefTensor out = mul_mat_ref(in[0], in[1]);
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t i = 0; i < m; ++i) out(i, j) += in[2](i);
+    return out;
+  };
+  cases.push_back({"mat_vec_bias",
+                   fmt::format("w={}[{}, {}] x=f32[{}, {}] bias=[{}]", dtype_name(wt), k, m, k, n, m),
+                   mul_mat_nmse(wt), build, ref, 2.0 * m * n * k, FusedKind::mat_vec_bias});
+}
+
+// StepBuilder::ffn_swiglu / ffn_geglu: swiglu(mul_mat(gate, x), mul_mat(up, x)), both products
+// of the same activations. The product of two results carries both their errors: twice mul_mat's
+// allowance (quantized weights measured up to 7.4e-5 here against 5e-4 for one product).
+void add_glu_mat_vec(CaseList& cases, DType wt, int64_t m, int64_t n, bool swi, int64_t k_in = 0) {
+  const int64_t k = k_in ? k_in : pick_k(wt);
+  auto build = [=](Graph& g, CaseInputs& in) -> Tensor* {
+    Tensor* gate = in.uniform(wt, {k, m, 1, 1});
+    Tensor* up = in.uniform(wt, {k, m, 1, 1});
+    Tensor* x = in.uniform(DType::f32, {k, n, 1, 1});
+    Tensor* g_out = mul_mat(g, gate, x);
+    Tensor* u_out = mul_mat(g, up, x);
+    return swi ? swiglu(g, g_out, u_out) : geglu(g, g_out, u_out);
+  };
+  auto ref = [=](const std::vector<RefTensor>& in) {
+    const RefTensor gate = mul_mat_ref(in[0], in[2]);
+    const RefTensor up = mul_mat_ref(in[1], in[2]);
+    RefTensor out(gate.ne);
+    for (int64_t i = 0; i < out.size(); ++i)
+      out.v[i] = (swi ? silu_ref(gate.v[i]) : gelu_tanh_ref(gate.v[i])) * up.v[i];
+    return out;
+  };
+  cases.push_back(
+      {"glu_mat_vec",
+       fmt::format("{} w={}[{}, {}] x2 x=f32[{}, {}]", swi ? "swiglu" : "geglu", dtype_name(wt), k, m, k, n),
+       2.0 * mul_mat_nmse(wt), build, ref, 4.0 * m * n * k, FusedKind::glu_mat_vec});
+}
+
+// ---- rope_set_rows ---------------------------------------------------------------------------------
+
+// NOLINTNEXTLINE(clang-analyzer-optin.performance.Padding): fields follow the order of the case table
+struct RopeStoreCase {
+  int64_t head_dim, n_head, n_head_kv, n_tokens, n_cells;
+  DType cache_type;
+  RopeParams p;
+  bool freq_factors = false;
+  bool with_q = true;   // Q rotated too (the fused kernel's optional rope_q)
+  bool q_first = true;  // Q's rope built before K's
+};
+
+// StepBuilder::attention's store of the rotated keys: set_rows(cache_k, permute(rope(k), 0, 2, 1, 3),
+// kv_cells) into a [head_dim, n_cells, n_head_kv] cache, and rope(q) with the same positions. The
+// whole cache (rows not written keep their values) and the rotated Q are checked.
+void add_rope_set_rows(CaseList& cases, const RopeStoreCase& c) {
+  auto build = [c](Graph& g, CaseInputs& in) -> Tensor* {
+    Tensor* q = in.uniform(DType::f32, {c.head_dim, c.n_head, c.n_tokens, 1});
+    Tensor* k = in.uniform(DType::f32, {c.head_dim, c.n_head_kv, c.n_tokens, 1});
+    Tensor* pos = in.indices({c.n_tokens, 1, 1, 1}, 1024, false);
+    Tensor* cells = in.indices({c.n_tokens, 1, 1, 1}, c.n_cells, true);
+    Tensor* cache = in.uniform(c.cache_type, {c.head_dim, c.n_cells, c.n_head_kv, 1});
+    Tensor* ff = c.freq_factors ? in.uniform(DType::f32, {c.p.n_dims / 2, 1, 1, 1}, 1.0f, 8.0f) : nullptr;
+    Tensor* q_rot = c.with_q && c.q_first ? rope(g, q, pos, ff, c.p) : nullptr;
+    Tensor* k_rot = rope(g, k, pos, ff, c.p);
+    if (c.with_q && !c.q_first) q_rot = rope(g, q, pos, ff, c.p);
+    Tensor* stored = set_rows(g, cache, permute(g, k_rot, 0, 2, 1, 3), cells);
+    if (q_rot) g.mark_output(q_rot);
+    return stored;
+  };
+  auto ref = [c](const std::vector<RefTensor>& in) {
+    const RefTensor* ff = c.freq_factors ? &in[5] : nullptr;
+    const RefTensor k_rot = ref_round_trip(rope_ref(in[1], in[2], ff, c.p), c.cache_type);
+    RefTensor cache = in[4];
+    for (int64_t t = 0; t < c.n_tokens; ++t)
+      for (int64_t h = 0; h < c.n_head_kv; ++h) {
+        const auto cell = static_cast<int64_t>(in[3](t));
+        for (int64_t i = 0; i < c.head_dim; ++i) cache(i, cell, h) = k_rot(i, h, t);
+      }
+    if (!c.with_q) return cache;
+    const RefTensor q_rot = rope_ref(in[0], in[2], ff, c.p);
+    return concat_results({&cache, &q_rot});
+  };
+  const RopeParams& p = c.p;
+  std::string desc = fmt::format("hd={} heads={}/{} T={} cache={}[{}] {} n_dims={}", c.head_dim, c.n_head,
+                                 c.n_head_kv, c.n_tokens, dtype_name(c.cache_type), c.n_cells,
+                                 p.mode == RopeMode::neox ? "neox" : "normal", p.n_dims);
+  if (p.ext_factor != 0.0f) desc += " yarn";
+  if (c.freq_factors) desc += " freq_factors";
+  desc += !c.with_q ? " (no q)" : c.q_first ? "" : " (q roped after k)";
+  cases.push_back({"rope_set_rows", desc, kNmseRope, build, ref, 0.0, FusedKind::rope_set_rows});
+}
+
+// ---- scale_mask_soft_max ---------------------------------------------------------------------------
+
+// soft_max(add(scale(kq, s), mask)): attention scores scaled, masked (the mask broadcast over the
+// heads by add) and normalised per row; `sm_scale` is the soft_max's own scale.
+void add_scale_mask_soft_max(CaseList& cases, const Shape& ne, const Shape& mask_ne, float s, float bias,
+                             float sm_scale) {
+  auto build = [=](Graph& g, CaseInputs& in) -> Tensor* {
+    Tensor* kq = in.uniform(DType::f32, ne, -4.0f, 4.0f);
+    Tensor* mask = in.mask(DType::f32, mask_ne, 0.2, true, mask_ne[1]);
+    return soft_max(g, add(g, scale(g, kq, s, bias), mask), nullptr, sm_scale);
+  };
+  auto ref = [=](const std::vector<RefTensor>& in) {
+    const RefTensor& x = in[0];
+    RefTensor out(ne);
+    const int64_t n = ne[0];
+    std::vector<double> y(static_cast<size_t>(n));
+    for (int64_t i3 = 0; i3 < ne[3]; ++i3)
+      for (int64_t i2 = 0; i2 < ne[2]; ++i2)
+        for (int64_t i1 = 0; i1 < ne[1]; ++i1) {
+          double mx = -INFINITY;
+          for (int64_t i = 0; i < n; ++i) {
+            y[i] = (x(i, i1, i2, i3) * s + bias + broadcast_at(in[1], i, i1, i2, i3)) * sm_scale;
+            mx = std::max(mx, y[i]);
+          }
+          double sum = 0.0;
+          for (int64_t i = 0; i < n; ++i) sum += (y[i] = std::exp(y[i] - mx));
+          for (int64_t i = 0; i < n; ++i) out(i, i1, i2, i3) = y[i] / sum;
+        }
+    return out;
+  };
+  std::string desc = fmt::format("kq={} mask={} scale={:g}", shape_string(ne), shape_string(mask_ne), s);
+  if (bias != 0.0f) desc += fmt::format(" bias={:g}", bias);
+  if (sm_scale != 1.0f) desc += fmt::format(" soft_max scale={:g}", sm_scale);
+  cases.push_back(
+      {"scale_mask_soft_max", desc, kNmseElementwise, build, ref, 0.0, FusedKind::scale_mask_soft_max});
+}
+
+// ---- moe_route -------------------------------------------------------------------------------------
+
+// StepBuilder::ffn_moe's routing: probs = soft_max(logits); ids = top_k(probs, k); weights =
+// get_rows(reshape(probs, [1, n_expert, T]), ids), optionally divided by their sum. The weights
+// (as ffn_moe leaves them: [1, k, T]) and the ids (marked as an output) are checked.
+void add_moe_route(CaseList& cases, int64_t n_expert, int k, int64_t n_tokens, bool norm) {
+  auto build = [=](Graph& g, CaseInputs& in) -> Tensor* {
+    Tensor* logits = in.distinct({n_expert, n_tokens, 1, 1});
+    Tensor* probs = soft_max(g, logits, nullptr, 1.0f);
+    Tensor* ids = top_k(g, probs, k);
+    Tensor* weights = get_rows(g, reshape(g, probs, {1, n_expert, n_tokens, 1}), ids);
+    if (norm) {
+      Tensor* w2 = reshape(g, weights, {k, n_tokens, 1, 1});
+      w2 = div(g, w2, sum_rows(g, w2));
+      weights = reshape(g, w2, {1, k, n_tokens, 1});
+    }
+    if (ids) g.mark_output(ids);
+    return weights;
+  };
+  auto ref = [=](const std::vector<RefTensor>& in) {
+    RefTensor weights({1, k, n_tokens, 1}), ids({k, n_tokens, 1, 1});
+    std::vector<double> p(static_cast<size_t>(n_expert));
+    std::vector<int64_t> order(static_cast<size_t>(n_expert));
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      double mx = -INFINITY, sum = 0.0;
+      for (int64_t e = 0; e < n_expert; ++e) mx = std::max(mx, in[0](e, t));
+      for (int64_t e = 0; e < n_expert; ++e) sum += (p[e] = std::exp(in[0](e, t) - mx));
+      for (double& v : p) v /= sum;
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return p[a] > p[b]; });
+      double chosen = 0.0;
+      for (int e = 0; e < k; ++e) chosen += p[order[e]];
+      for (int e = 0; e < k; ++e) {
+        ids(e, t) = static_cast<double>(order[e]);
+        weights(0, e, t) = norm ? p[order[e]] / chosen : p[order[e]];
+      }
+    }
+    return concat_results({&weights, &ids});
+  };
+  cases.push_back({"moe_route",
+                   fmt::format("experts={} k={} T={}{}", n_expert, k, n_tokens, norm ? " normalised" : ""),
+                   kNmseElementwise, build, ref, 0.0, FusedKind::moe_route});
+}
+
+}  // namespace
+
+void add_fused_cases(CaseList& cases, CaseSet set) {
+  if (set == CaseSet::perf) {
+    add_rms_norm_mul(cases, {4096, 1, 1, 1}, {4096, 1, 1, 1});
+    add_add_rms_norm_mul(cases, {4096, 1, 1, 1}, {4096, 1, 1, 1});
+    for (DType wt : {DType::f16, DType::q8_0, DType::q4_k}) {
+      add_mat_vec_bias(cases, wt, 4096, 1, 4096);
+      add_glu_mat_vec(cases, wt, 14336, 1, true, 4096);
+    }
+    add_rope_set_rows(cases, {128, 32, 8, 1, 4096, DType::f16, rope_params(RopeMode::neox, 128, 500000.0f)});
+    add_scale_mask_soft_max(cases, {4096, 1, 32, 1}, {4096, 1, 1, 1}, 0.088f, 0.0f, 1.0f);
+    add_moe_route(cases, 128, 8, 1, true);
+    return;
+  }
+
+  // rms_norm(x) * w: a token's hidden row, several tokens, per-head norms (QK-norm: the weight
+  // [head_dim] broadcast over heads and tokens), a row longer than one block of threads.
+  add_rms_norm_mul(cases, {256, 1, 1, 1}, {256, 1, 1, 1});
+  add_rms_norm_mul(cases, {96, 5, 1, 1}, {96, 1, 1, 1});
+  add_rms_norm_mul(cases, {64, 4, 3, 1}, {64, 1, 1, 1});
+  add_rms_norm_mul(cases, {3000, 2, 1, 1}, {3000, 1, 1, 1});
+  add_add_rms_norm_mul(cases, {256, 1, 1, 1}, {256, 1, 1, 1});
+  add_add_rms_norm_mul(cases, {160, 7, 1, 1}, {160, 7, 1, 1});
+  add_add_rms_norm_mul(cases, {2050, 3, 1, 1}, {2050, 1, 1, 1});  // the second operand broadcast
+
+  for (DType wt : kAllWeightTypes)
+    for (int64_t n : {1, 3}) add_mat_vec_bias(cases, wt, 37, n);
+
+  for (DType wt : kAllWeightTypes)
+    for (int64_t n : {1, 3}) add_glu_mat_vec(cases, wt, 45, n, true);
+  for (DType wt : {DType::f32, DType::f16, DType::q8_0, DType::q4_k})
+    for (int64_t n : {1, 3}) add_glu_mat_vec(cases, wt, 29, n, false);
+
+  using M = RopeMode;
+  const RopeStoreCase stores[] = {
+      {64, 4, 2, 1, 8, DType::f16, rope_params(M::neox, 64, 10000.0f)},  // one token (decode)
+      {64, 4, 2, 5, 16, DType::f16, rope_params(M::normal, 64, 10000.0f)},
+      {128, 8, 2, 3, 6, DType::f16, rope_params(M::neox, 128, 500000.0f), true},  // llama-3 freq_factors
+      {80, 3, 1, 4, 9, DType::f16, rope_params(M::normal, 32, 10000.0f)},         // partial rotation
+      {64, 2, 2, 3, 5, DType::f16, rope_params(M::neox, 64, 10000.0f, 0.25f, 1.0f, 1.0f)},  // YaRN
+      {64, 4, 2, 4, 7, DType::f32, rope_params(M::neox, 64, 10000.0f)},
+      {64, 4, 2, 3, 8, DType::f16, rope_params(M::neox, 64, 10000.0f), false, true, false},
+      {32, 2, 2, 2, 4, DType::f16, rope_params(M::normal, 32, 10000.0f), false, false},
+  };
+  for (const RopeStoreCase& c : stores) add_rope_set_rows(cases, c);
+
+  add_scale_mask_soft_max(cases, {32, 4, 8, 1}, {32, 4, 1, 1}, 0.125f, 0.0f, 1.0f);
+  add_scale_mask_soft_max(cases, {100, 1, 16, 1}, {100, 1, 1, 1}, 0.0883883f, 0.0f, 1.0f);
+  add_scale_mask_soft_max(cases, {1500, 3, 2, 1}, {1500, 3, 1, 1}, 0.3f, 0.5f, 1.0f);
+  add_scale_mask_soft_max(cases, {48, 6, 4, 1}, {48, 6, 2, 1}, 1.0f, 0.0f, 0.5f);
+
+  add_moe_route(cases, 8, 2, 1, false);
+  add_moe_route(cases, 8, 2, 4, true);
+  add_moe_route(cases, 60, 4, 7, false);  // Qwen2-MoE: 60 experts, 4 used
+  add_moe_route(cases, 128, 8, 3, true);  // Qwen3-MoE: 128 experts, 8 used, normalised
+  add_moe_route(cases, 256, 8, 2, true);  // DeepSeek-V3-sized router
+}
+
+}  // namespace loom::optest

@@ -1,0 +1,214 @@
+// The executor's backend-agnostic passes: byte ranges, dependencies (RAW/WAR/WAW, transitive
+// reduction), reorder, fusion matching. No kernels run: plans only look at addresses.
+#include <gtest/gtest.h>
+
+#include "exec/plan.h"
+#include "loom/cpu.h"
+#include "loom/planner.h"
+
+namespace loom {
+namespace {
+
+using exec::ByteRange;
+using exec::Dispatch;
+using exec::Plan;
+
+// A dispatch over fake address ranges.
+Dispatch fake(std::vector<ByteRange> reads, std::vector<ByteRange> writes, bool barrier = false) {
+  Dispatch d;
+  d.reads = std::move(reads);
+  d.writes = std::move(writes);
+  d.barrier = barrier;
+  return d;
+}
+
+constexpr ByteRange r(uintptr_t b, uintptr_t e) { return {b, e}; }
+
+TEST(ExecPlan, TensorRangeOfViewIsItsOwnExtent) {
+  Graph g;
+  Tensor* a = g.input(DType::f32, {8, 4, 2, 1}, "a");
+  Tensor* row = view(g, a, {8, 1, 1, 1}, a->nb, a->nb[1] * 2);  // row 2 of matrix 0
+  Tensor* t = permute(g, a, 1, 0, 2, 3);
+  ASSERT_TRUE(g.status().ok());
+  auto alloc = allocate_graph(g, cpu_buffer_type());
+  ASSERT_TRUE(alloc.ok());
+  const ByteRange whole = exec::tensor_range(*a);
+  EXPECT_EQ(whole.end - whole.begin, 8u * 4 * 2 * 4);
+  const ByteRange rr = exec::tensor_range(*row);
+  EXPECT_EQ(rr.begin, whole.begin + 2 * 32);
+  EXPECT_EQ(rr.end - rr.begin, 32u);
+  const ByteRange pr = exec::tensor_range(*t);  // a permutation spans the same bytes
+  EXPECT_EQ(pr.begin, whole.begin);
+  EXPECT_EQ(pr.end, whole.end);
+}
+
+TEST(ExecPlan, DependenciesFollowConflictsOnly) {
+  Plan p;
+  p.dispatches.push_back(fake({r(0, 100)}, {r(100, 200)}));    // 0: reads X writes A
+  p.dispatches.push_back(fake({r(0, 100)}, {r(200, 300)}));    // 1: reads X writes B  (read-read: free)
+  p.dispatches.push_back(fake({r(150, 160)}, {r(300, 400)}));  // 2: RAW on part of A
+  p.dispatches.push_back(fake({r(500, 600)}, {r(0, 10)}));     // 3: WAR on X (0 and 1 read it)
+  p.dispatches.push_back(fake({}, {r(350, 360)}));             // 4: WAW with 2
+  exec::build_dependencies(p, true);
+  EXPECT_TRUE(p.deps[0].empty());
+  EXPECT_TRUE(p.deps[1].empty());
+  EXPECT_EQ(p.deps[2], (std::vector<int>{0}));
+  EXPECT_EQ(p.deps[3], (std::vector<int>{0, 1}));
+  EXPECT_EQ(p.deps[4], (std::vector<int>{2}));
+  EXPECT_EQ(p.stats.edges, 4u);
+  EXPECT_EQ(p.dispatches[2].depth, 1);
+  EXPECT_EQ(p.dispatches[4].depth, 2);
+  // depths: {0,1,3} at 0? 3 depends on 0 and 1 -> depth 1; groups: depth0 {0,1}, depth1 {2,3}, depth2 {4}
+  EXPECT_EQ(p.stats.groups, 3u);
+  EXPECT_EQ(p.stats.group_hist[1], 2u);  // two groups of size 2
+  EXPECT_EQ(p.stats.group_hist[0], 1u);  // one of size 1
+
+  exec::build_dependencies(p, false);  // a chain
+  for (size_t i = 1; i < p.deps.size(); ++i) EXPECT_EQ(p.deps[i], (std::vector<int>{static_cast<int>(i - 1)}));
+}
+
+TEST(ExecPlan, TransitiveReductionDropsImpliedEdges) {
+  Plan p;
+  p.dispatches.push_back(fake({}, {r(0, 10)}));                 // 0 writes A
+  p.dispatches.push_back(fake({r(0, 10)}, {r(10, 20)}));        // 1: A -> B
+  p.dispatches.push_back(fake({r(0, 10), r(10, 20)}, {r(20, 30)}));  // 2 reads A and B
+  exec::build_dependencies(p, true);
+  EXPECT_EQ(p.deps[2], (std::vector<int>{1}));  // 0 -> 2 is implied by 0 -> 1 -> 2
+  EXPECT_EQ(p.stats.edges, 2u);
+}
+
+TEST(ExecPlan, ReorderPullsIndependentWorkForward) {
+  Plan p;
+  p.dispatches.push_back(fake({}, {r(0, 10)}));          // A
+  p.dispatches.push_back(fake({r(0, 10)}, {r(10, 20)})); // B needs A
+  p.dispatches.push_back(fake({}, {r(20, 30)}));         // C independent
+  p.dispatches.push_back(fake({r(20, 30)}, {r(30, 40)}));// D needs C
+  for (int i = 0; i < 4; ++i) p.dispatches[i].order = i;
+  exec::reorder(p, 64);
+  std::vector<int> order;
+  for (const Dispatch& d : p.dispatches) order.push_back(d.order);
+  EXPECT_EQ(order, (std::vector<int>{0, 2, 1, 3}));
+  EXPECT_EQ(p.stats.reordered, 1u);
+
+  // A barrier stops the look-ahead: C cannot move above it
+  Plan q;
+  q.dispatches.push_back(fake({}, {r(0, 10)}));
+  q.dispatches.push_back(fake({r(0, 10)}, {r(10, 20)}, /*barrier=*/true));
+  q.dispatches.push_back(fake({}, {r(20, 30)}));
+  for (int i = 0; i < 3; ++i) q.dispatches[i].order = i;
+  exec::reorder(q, 64);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(q.dispatches[i].order, i);
+  EXPECT_EQ(q.stats.reordered, 0u);
+
+  // the window limits how far the look-ahead reaches
+  Plan w;
+  w.dispatches.push_back(fake({}, {r(0, 10)}));
+  w.dispatches.push_back(fake({r(0, 10)}, {r(10, 20)}));
+  w.dispatches.push_back(fake({r(10, 20)}, {r(20, 30)}));
+  w.dispatches.push_back(fake({}, {r(40, 50)}));  // independent but 3 ahead
+  for (int i = 0; i < 4; ++i) w.dispatches[i].order = i;
+  exec::reorder(w, 2);
+  EXPECT_EQ(w.dispatches[1].order, 1);
+}
+
+class AcceptAll final : public exec::FusionSupport {
+ public:
+  bool supports_fused(const Dispatch&) const override { return true; }
+};
+class AcceptNone final : public exec::FusionSupport {
+ public:
+  bool supports_fused(const Dispatch&) const override { return false; }
+};
+
+// A LLaMA-like layer: norm*w, gate/up + swiglu, down, residual add, norm*w, projection + bias.
+struct Layer {
+  Graph g;
+  Tensor *x, *h, *glu, *y, *z, *out;
+  GraphAllocation alloc;
+  explicit Layer(bool extra_reader_of_norm = false) {
+    const int64_t n = 64, ff = 128;
+    x = g.input(DType::f32, {n, 1, 1, 1}, "x");
+    Tensor* w1 = g.weight(DType::f32, {n, 1, 1, 1}, "w1");
+    Tensor* w2 = g.weight(DType::f32, {n, 1, 1, 1}, "w2");
+    Tensor* wg = g.weight(DType::f16, {n, ff, 1, 1}, "wg");
+    Tensor* wu = g.weight(DType::f16, {n, ff, 1, 1}, "wu");
+    Tensor* wd = g.weight(DType::f16, {ff, n, 1, 1}, "wd");
+    Tensor* wo = g.weight(DType::f16, {n, n, 1, 1}, "wo");
+    Tensor* bias = g.weight(DType::f32, {n, 1, 1, 1}, "bias");
+    Tensor* norm = rms_norm(g, x, 1e-5f);
+    h = mul(g, norm, w1);
+    glu = swiglu(g, mul_mat(g, wg, h), mul_mat(g, wu, h));
+    y = add(g, x, mul_mat(g, wd, glu));
+    z = mul(g, rms_norm(g, y, 1e-5f), w2);
+    out = add(g, mul_mat(g, wo, z), bias);
+    if (extra_reader_of_norm) out = add(g, out, norm);  // the first norm is read twice now
+    g.mark_output(out);
+    auto a = allocate_graph(g, cpu_buffer_type());
+    EXPECT_TRUE(a.ok()) << a.status().message();
+    if (a.ok()) alloc = std::move(a.value());
+  }
+};
+
+TEST(ExecPlan, FusionMatchesTheLayerPatterns) {
+  Layer l;
+  ASSERT_TRUE(l.g.status().ok());
+  Plan p = exec::build_plan(l.g);
+  EXPECT_EQ(p.dispatches.size(), 11u);  // norm mul mm mm swiglu mm add norm mul mm add
+  exec::fuse(p, l.g, AcceptAll{});
+  using K = FusedKind;
+  EXPECT_EQ(p.stats.fusions[static_cast<int>(K::rms_norm_mul)], 1u);
+  EXPECT_EQ(p.stats.fusions[static_cast<int>(K::glu_mat_vec)], 1u);
+  EXPECT_EQ(p.stats.fusions[static_cast<int>(K::add_rms_norm_mul)], 1u);
+  EXPECT_EQ(p.stats.fusions[static_cast<int>(K::mat_vec_bias)], 1u);
+  // norm*w, glu, down, add+norm*w, proj+bias
+  ASSERT_EQ(p.dispatches.size(), 5u);
+  EXPECT_EQ(p.dispatches[0].kind, K::rms_norm_mul);
+  EXPECT_EQ(p.dispatches[1].kind, K::glu_mat_vec);
+  EXPECT_EQ(p.dispatches[2].kind, K::none);
+  EXPECT_EQ(p.dispatches[3].kind, K::add_rms_norm_mul);
+  EXPECT_EQ(p.dispatches[3].nodes[0], l.y);  // the residual is kept
+  EXPECT_EQ(p.dispatches[3].writes.size(), 2u);
+  EXPECT_EQ(p.dispatches[4].anchor(), l.out);
+  // the fused glu reads h and both weights, and writes only its result
+  EXPECT_EQ(p.dispatches[1].writes.size(), 1u);
+  EXPECT_EQ(p.dispatches[1].writes[0].begin, exec::tensor_range(*l.glu).begin);
+  EXPECT_EQ(p.dispatches[1].reads.size(), 4u);  // wg, h, wu, h
+  exec::build_dependencies(p, true);
+  for (size_t i = 1; i < p.dispatches.size(); ++i) EXPECT_FALSE(p.deps[i].empty()) << i;
+  EXPECT_NE(p.dot().find("glu_mat_vec"), std::string::npos);
+  EXPECT_NE(p.dump().find("add_rms_norm_mul"), std::string::npos);
+}
+
+TEST(ExecPlan, FusionRespectsTheBackendAndExtraReaders) {
+  Layer l;
+  Plan p = exec::build_plan(l.g);
+  exec::fuse(p, l.g, AcceptNone{});
+  EXPECT_EQ(p.dispatches.size(), 11u);
+  for (uint64_t f : p.stats.fusions) EXPECT_EQ(f, 0u);
+
+  Layer shared(/*extra_reader_of_norm=*/true);
+  Plan q = exec::build_plan(shared.g);
+  exec::fuse(q, shared.g, AcceptAll{});
+  // the first rms_norm has two readers: it must stay its own dispatch
+  EXPECT_EQ(q.stats.fusions[static_cast<int>(FusedKind::rms_norm_mul)], 0u);
+  EXPECT_EQ(q.dispatches[0].kind, FusedKind::none);
+  EXPECT_EQ(q.dispatches[0].node()->op, OpKind::rms_norm);
+}
+
+TEST(ExecPlan, ScratchSlotsAreWrites) {
+  Plan p;
+  for (int i = 0; i < 3; ++i) {
+    p.dispatches.push_back(fake({r(0, 10)}, {r(100 + 10 * i, 110 + 10 * i)}));
+    p.dispatches.back().scratch_bytes = 8;
+  }
+  exec::assign_scratch(p, 1000, 16, 2);
+  EXPECT_EQ(p.dispatches[0].scratch.begin, 1000u);
+  EXPECT_EQ(p.dispatches[1].scratch.begin, 1016u);
+  EXPECT_EQ(p.dispatches[2].scratch.begin, 1000u);  // wraps: ordered after dispatch 0
+  exec::build_dependencies(p, true);
+  EXPECT_TRUE(p.deps[1].empty());
+  EXPECT_EQ(p.deps[2], (std::vector<int>{0}));
+}
+
+}  // namespace
+}  // namespace loom
