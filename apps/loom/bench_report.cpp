@@ -279,6 +279,7 @@ nlohmann::ordered_json result_json(const BenchResult& r) {
   j["fusions"] = fusions;
   j["reordered"] = c.reordered;
   j["graph_builds"] = c.graph_builds;
+  j["chunk_graphs"] = c.chunk_graphs;
   j["graph_updates"] = c.graph_updates;
   j["graph_replays"] = c.graph_replays;
   j["host_syncs"] = c.host_syncs;
