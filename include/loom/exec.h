@@ -18,6 +18,7 @@ enum class FusedKind : uint8_t {
   rope_set_rows,        ///< rope(k) stored into the KV cache by set_rows (+ rope(q) in the same launch)
   scale_mask_soft_max,  ///< soft_max(scale(x) + mask)
   moe_route,            ///< soft_max -> top_k -> gather weights (-> normalise): ids and weights
+  mat_vec_multi,        ///< 2-3 mul_mats of one activation (Q, K, V): one quantization, one kernel
   count_,
 };
 inline constexpr int kFusedKindCount = static_cast<int>(FusedKind::count_);

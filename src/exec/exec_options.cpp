@@ -18,6 +18,7 @@ const char* fused_kind_name(FusedKind k) {
     case FusedKind::rope_set_rows: return "rope_set_rows";
     case FusedKind::scale_mask_soft_max: return "scale_mask_soft_max";
     case FusedKind::moe_route: return "moe_route";
+    case FusedKind::mat_vec_multi: return "mat_vec_multi";
     case FusedKind::count_: break;
   }
   return "?";

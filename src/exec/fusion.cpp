@@ -36,6 +36,7 @@ class Matcher {
     for (size_t i = 0; i < plan_.dispatches.size(); ++i) try_rms_norm_mul(i);
     for (size_t i = 0; i < plan_.dispatches.size(); ++i) try_glu_mat_vec(i);
     for (size_t i = 0; i < plan_.dispatches.size(); ++i) try_mat_vec_bias(i);
+    for (size_t i = 0; i < plan_.dispatches.size(); ++i) try_mat_vec_multi(i);
     for (size_t i = 0; i < plan_.dispatches.size(); ++i) try_rope_set_rows(i);
     for (size_t i = 0; i < plan_.dispatches.size(); ++i) try_scale_mask_soft_max(i);
     // drop the dispatches folded into fused ones
@@ -161,6 +162,22 @@ class Matcher {
     if (!is(gate, OpKind::mul_mat) || !is(up, OpKind::mul_mat) || gate == up) return;
     if (gate->src[1] != up->src[1] || sole_user(gate) != glu || sole_user(up) != glu) return;
     commit(FusedKind::glu_mat_vec, {gate, up, glu}, {false, false, true});
+  }
+
+  // mul_mats reading the same activations (Q, K and V of one layer): up to three, nearest first.
+  void try_mat_vec_multi(size_t i) {
+    Tensor* mm0 = node_at(i);
+    if (!is(mm0, OpKind::mul_mat) || live(mm0) < 0) return;
+    std::vector<Tensor*> group{mm0};
+    for (size_t j = i + 1; j < std::min(plan_.dispatches.size(), i + 8) && group.size() < 3; ++j) {
+      Tensor* c = node_at(j);
+      if (is(c, OpKind::mul_mat) && live(c) >= 0 && c->src[1] == mm0->src[1] && c->src[0]->type == mm0->src[0]->type)
+        group.push_back(c);
+    }
+    if (group.size() == 3 &&
+        commit(FusedKind::mat_vec_multi, {group[0], group[1], group[2]}, {true, true, true}))
+      return;
+    if (group.size() >= 2) commit(FusedKind::mat_vec_multi, {group[0], group[1]}, {true, true});
   }
 
   void try_rope_set_rows(size_t i) {

@@ -19,6 +19,8 @@
 //                                                             top_k reads soft_max; get_rows reads a
 //                                                             [1, n_expert, T] view of soft_max with the
 //                                                             top_k ids; div = div(view(get_rows), sum_rows)
+//   mat_vec_multi        {mm0, mm1, mm2 or null}              kept: all. mul_mats with the same activations
+//                                                             (src[1]) and weights of one type
 #pragma once
 
 #include <array>

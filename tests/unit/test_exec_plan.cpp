@@ -212,3 +212,36 @@ TEST(ExecPlan, ScratchSlotsAreWrites) {
 
 }  // namespace
 }  // namespace loom
+
+namespace loom {
+namespace {
+
+TEST(ExecPlan, FusionGroupsProjectionsOfOneActivation) {
+  Graph g;
+  Tensor* x = g.input(DType::f32, {64, 1, 1, 1}, "x");
+  Tensor* wq = g.weight(DType::q8_0, {64, 64, 1, 1}, "wq");
+  Tensor* wk = g.weight(DType::q8_0, {64, 32, 1, 1}, "wk");
+  Tensor* wv = g.weight(DType::q8_0, {64, 32, 1, 1}, "wv");
+  Tensor* wo = g.weight(DType::f16, {64, 64, 1, 1}, "wo");  // another type: not grouped
+  Tensor* q = mul_mat(g, wq, x);
+  Tensor* k = mul_mat(g, wk, x);
+  Tensor* v = mul_mat(g, wv, x);
+  Tensor* o = mul_mat(g, wo, x);
+  Tensor* s = add(g, add(g, q, o), concat(g, k, v, 0));
+  g.mark_output(s);
+  ASSERT_TRUE(g.status().ok());
+  auto alloc = allocate_graph(g, cpu_buffer_type());
+  ASSERT_TRUE(alloc.ok());
+  Plan p = exec::build_plan(g);
+  exec::fuse(p, g, AcceptAll{});
+  EXPECT_EQ(p.stats.fusions[static_cast<int>(FusedKind::mat_vec_multi)], 1u);
+  ASSERT_EQ(p.dispatches[0].kind, FusedKind::mat_vec_multi);
+  EXPECT_EQ(p.dispatches[0].nodes[0], q);
+  EXPECT_EQ(p.dispatches[0].nodes[1], k);
+  EXPECT_EQ(p.dispatches[0].nodes[2], v);
+  EXPECT_EQ(p.dispatches[0].writes.size(), 3u);
+  EXPECT_EQ(p.dispatches[1].node(), o);
+}
+
+}  // namespace
+}  // namespace loom

@@ -104,6 +104,8 @@ CudaError run_dispatch(const LaunchContext& base, const exec::Dispatch& d) {
       return launch_scale_mask_soft_max(ctx, n[0], n[1], n[2]);
     case FusedKind::moe_route:
       return launch_moe_route(ctx, n[0], n[1], n[2], n[3], n[4]);
+    case FusedKind::mat_vec_multi:
+      return launch_mat_vec_multi(ctx, n[0], n[1], n[2]);
     case FusedKind::count_:
       break;
   }

@@ -32,6 +32,10 @@ CudaError launch_scale_mask_soft_max(const LaunchContext& ctx, const Tensor* sca
 CudaError launch_moe_route(const LaunchContext& ctx, const Tensor* soft_max, const Tensor* top_k,
                            const Tensor* get_rows, const Tensor* sum_rows, const Tensor* div);
 
+/// mm0, mm1 (and mm2 when not null) = mul_mat(mmK->src[0], x) for one activation x = mm0->src[1]:
+/// the activations quantized once (quantized weights), all products in one kernel launch.
+CudaError launch_mat_vec_multi(const LaunchContext& ctx, const Tensor* mm0, const Tensor* mm1, const Tensor* mm2);
+
 /// Device scratch a fused dispatch needs (quantized activations of glu_mat_vec / mat_vec_bias).
 size_t fused_scratch_bytes(FusedKind kind, const Tensor* const* nodes);
 /// Whether the fused kernels handle these nodes' types and shapes.
