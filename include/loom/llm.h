@@ -136,6 +136,10 @@ struct ContextParams {
   int n_batch = 512;  ///< tokens per forward pass (prefill chunk, `-ub`)
   /// Host memory for the KV cache and activations; 0 reads MemAvailable (host backends only).
   uint64_t available_memory = 0;
+  /// Attention reads the cache in extents rounded up to a multiple of this many cells (at most
+  /// n_ctx), so decode steps within one extent build graphs of one structure and addresses, which a
+  /// graph executor can replay. Cells past the used ones are masked out. 1: the exact extent.
+  int n_kv_bucket = 256;
 };
 
 /// Per-call options of Context::decode.
@@ -150,6 +154,19 @@ struct DecodeStats {
   size_t n_nodes = 0;           ///< nodes of the last pass's graph
   size_t arena_bytes = 0;       ///< activation arena (kept across passes)
   int n_arena_allocations = 0;  ///< times the arena was (re)allocated since the context was made
+  int n_kv = 0;                 ///< cache cells the last pass's attention read (bucketed, see n_kv_bucket)
+  /// Hash of the last pass's graph: per node its op, type, shape, strides, data address, parameters
+  /// and its operands' data addresses. Equal fingerprints: a captured pass can be replayed as is.
+  uint64_t graph_fingerprint = 0;
+  int n_input_writes = 0;       ///< transfers of step inputs to the backend in the last decode (1 per pass)
+  /// Passes of the last decode that built a graph; the others ran the previous pass's graph again
+  /// (same shape: a decode step inside the bucket of the one before).
+  int n_graph_builds = 0;
+  // Host time of the last decode, summed over its passes (nanoseconds); a reused graph costs only
+  // the inputs.
+  uint64_t host_build_ns = 0;   ///< building the graphs
+  uint64_t host_alloc_ns = 0;   ///< planning the arena, binding tensors, fingerprinting the graph
+  uint64_t host_inputs_ns = 0;  ///< filling the masks and writing the inputs
 };
 
 /// A KV cache and the machinery to run forward passes of a model. Not thread-safe.

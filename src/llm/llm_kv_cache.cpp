@@ -77,6 +77,7 @@ int KvCache::n_kv() const {
 }
 
 void KvCache::fill_mask(std::span<const int32_t> positions, int seq, int n_kv, float* mask, int n_swa) const {
+  LOOM_ASSERT(n_kv >= 0 && n_kv <= n_ctx());
   const float neg_inf = -std::numeric_limits<float>::infinity();
   for (size_t i = 0; i < positions.size(); ++i) {
     float* row = mask + i * static_cast<size_t>(n_kv);

@@ -39,6 +39,8 @@ class KvCache {
   /// Mask for queries at `positions` of `seq` over cells [0, n_kv): row i, column j is 0 when cell j
   /// holds a position <= positions[i] of the sequence, else -inf. With a sliding window `n_swa` > 0,
   /// also -inf where positions[i] - position >= n_swa (the cells stay: global layers still read them).
+  /// n_kv may exceed n_kv() (a bucketed extent, up to n_ctx()): free cells get -inf like any cell of
+  /// another sequence, so the zeros or stale K/V they hold never get a weight.
   void fill_mask(std::span<const int32_t> positions, int seq, int n_kv, float* mask, int n_swa = 0) const;
 
   void clear();
