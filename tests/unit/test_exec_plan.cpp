@@ -227,7 +227,7 @@ TEST(ExecPlan, FusionGroupsProjectionsOfOneActivation) {
   Tensor* k = mul_mat(g, wk, x);
   Tensor* v = mul_mat(g, wv, x);
   Tensor* o = mul_mat(g, wo, x);
-  Tensor* s = add(g, add(g, q, o), concat(g, k, v, 0));
+  Tensor* s = mul(g, mul(g, q, o), concat(g, k, v, 0));
   g.mark_output(s);
   ASSERT_TRUE(g.status().ok());
   auto alloc = allocate_graph(g, cpu_buffer_type());
