@@ -128,6 +128,25 @@ int main(int argc, char** argv) {
       continue;
     }
     const std::string short_name = path.substr(path.find_last_of('/') + 1);
+    if (&path == &models.front()) {
+      // Error state: a failed launch makes every later compute fail until reset(), which recovers.
+      ContextParams cp;
+      cp.n_ctx = 256;
+      auto ctx = Context::create(**model, cp);
+      setenv("LOOM_CUDA_INJECT_FAULT", "5", 1);
+      auto r1 = ctx ? (*ctx)->decode(prompt, 0) : Result<std::span<const float>>(ctx.status());
+      unsetenv("LOOM_CUDA_INJECT_FAULT");
+      check(!r1.ok(), fmt::format("{}: injected launch failure is reported ({})", short_name,
+                                  r1.ok() ? "no error" : r1.status().message()));
+      auto r2 = (*ctx)->decode(prompt, 0);
+      check(!r2.ok() && r2.status().message().find("error state") != std::string::npos,
+            fmt::format("{}: the next compute fails with the error state", short_name));
+      check((*backend)->reset().ok(), fmt::format("{}: reset", short_name));
+      (*ctx)->kv_cache_clear();
+      auto r3 = (*ctx)->decode(prompt, 0);
+      check(r3.ok() && std::vector<float>(r3->begin(), r3->end()) == base->logits[0],
+            fmt::format("{}: after reset the same logits as before", short_name));
+    }
     for (const char* cfg : {"graph", "concurrency", "fusion", "reorder", "all"}) {
       const ExecOptions o = named(cfg);
       std::vector<Trace> traces;

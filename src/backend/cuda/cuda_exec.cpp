@@ -80,7 +80,7 @@ std::vector<size_t> chunk_bounds(size_t n, int n_cb) {
   return b;
 }
 
-CudaError run_dispatch(const LaunchContext& base, const exec::Dispatch& d) {
+CudaError launch_dispatch(const LaunchContext& base, const exec::Dispatch& d) {
   LaunchContext ctx = base;
   if (d.scratch_bytes > 0) {
     ctx.scratch = reinterpret_cast<void*>(d.scratch.begin);
@@ -110,6 +110,13 @@ CudaError run_dispatch(const LaunchContext& base, const exec::Dispatch& d) {
       break;
   }
   return CudaError::runtime(cudaErrorInvalidValue, "unknown fused dispatch kind", __FILE__, __LINE__);
+}
+
+// LOOM_CUDA_INJECT_FAULT=N makes the Nth dispatch launched by a compute that plans (not a replay)
+// fail as a launch would: for testing the error state and reset().
+int64_t injected_fault_at() {
+  const char* v = std::getenv("LOOM_CUDA_INJECT_FAULT");
+  return v && *v ? std::atoll(v) : -1;
 }
 
 std::string dispatch_name(const exec::Dispatch& d) {
@@ -297,6 +304,7 @@ Status Executor::compute_locked(const Graph& g, uint64_t t0) {
   }
 
   LOOM_TRY(validate(g));
+  inject_countdown_ = injected_fault_at();
   Result<exec::Plan> planned = make_plan(g, o);
   if (!planned.ok()) return planned.status();
   const exec::Plan& p = *planned;
@@ -313,6 +321,12 @@ Status Executor::compute_locked(const Graph& g, uint64_t t0) {
   }
   counters_.host_ns += now_ns() - t0;
   return sync();
+}
+
+CudaError Executor::run_dispatch(const LaunchContext& base, const exec::Dispatch& d) {
+  if (inject_countdown_ > 0 && --inject_countdown_ == 0)
+    return CudaError::runtime(cudaErrorLaunchFailure, "injected fault (LOOM_CUDA_INJECT_FAULT)", __FILE__, __LINE__);
+  return launch_dispatch(base, d);
 }
 
 // ---- eager submission ------------------------------------------------------------------------------

@@ -73,6 +73,7 @@ class Executor {
                 uint64_t* pdl_edges);
   Status instantiate_and_cache(cudaGraph_t graph, Cached info);
   Status fail(Status s);
+  CudaError run_dispatch(const LaunchContext& base, const exec::Dispatch& d);
   bool aborted() const { return abort_fn_ && abort_fn_(abort_data_); }
   void count_plan(const exec::Plan& p);
   void clear_cache();
@@ -86,6 +87,7 @@ class Executor {
   void* abort_data_ = nullptr;
   std::string trace_path_;
   Status error_;  // sticky
+  int64_t inject_countdown_ = -1;
   cudaStream_t capture_stream_ = nullptr;
   void* scratch_ = nullptr;
   size_t scratch_capacity_ = 0;
