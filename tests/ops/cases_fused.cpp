@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -152,6 +154,45 @@ void add_glu_mat_vec(CaseList& cases, DType wt, int64_t m, int64_t n, bool swi, 
        2.0 * mul_mat_nmse(wt), build, ref, 4.0 * m * n * k, FusedKind::glu_mat_vec});
 }
 
+// ---- mat_vec_multi ---------------------------------------------------------------------------------
+
+// StepBuilder::attention's projections: mul_mat(wq, x), mul_mat(wk, x), mul_mat(wv, x) of one
+// activation x [k, n, b2, 1], weights [k, m_t, w2_t, 1] of one type (w2_t divides b2: broadcast as
+// mul_mat). The first product is the case's result and the others are marked outputs, so each is
+// checked on its own against mul_mat's threshold; no other node reads them, so no other fusion
+// (mat_vec_bias) takes a product away from the group.
+void add_mat_vec_multi(CaseList& cases, DType wt, std::vector<int64_t> rows, int64_t n, int64_t k,
+                       int64_t b2 = 1, std::vector<int64_t> w2 = {}) {
+  w2.resize(rows.size(), 1);
+  auto build = [=](Graph& g, CaseInputs& in) -> Tensor* {
+    std::vector<Tensor*> w;
+    for (size_t t = 0; t < rows.size(); ++t) w.push_back(in.uniform(wt, {k, rows[t], w2[t], 1}));
+    Tensor* x = in.uniform(DType::f32, {k, n, b2, 1});
+    std::vector<Tensor*> out;
+    for (Tensor* weights : w) out.push_back(mul_mat(g, weights, x));
+    for (size_t t = 1; t < out.size(); ++t)
+      if (out[t]) g.mark_output(out[t]);
+    return out[0];
+  };
+  auto ref = [=](const std::vector<RefTensor>& in) {
+    const RefTensor& x = in[rows.size()];
+    std::vector<RefTensor> out;
+    for (size_t t = 0; t < rows.size(); ++t) out.push_back(mul_mat_ref(in[t], x));
+    return out.size() == 2 ? concat_results({&out[0], &out[1]}) : concat_results({&out[0], &out[1], &out[2]});
+  };
+  std::string shapes;
+  double flops = 0.0;
+  for (size_t t = 0; t < rows.size(); ++t) {
+    shapes += fmt::format("{}[{}, {}{}] ", t == 0 ? "" : "+ ", k, rows[t],
+                          w2[t] > 1 ? fmt::format(", {}", w2[t]) : "");
+    flops += 2.0 * static_cast<double>(rows[t] * n * k * b2);
+  }
+  cases.push_back({"mat_vec_multi",
+                   fmt::format("w={} {}x=f32[{}, {}{}]", dtype_name(wt), shapes, k, n,
+                               b2 > 1 ? fmt::format(", {}", b2) : ""),
+                   mul_mat_nmse(wt), build, ref, flops, FusedKind::mat_vec_multi});
+}
+
 // ---- rope_set_rows ---------------------------------------------------------------------------------
 
 // NOLINTNEXTLINE(clang-analyzer-optin.performance.Padding): fields follow the order of the case table
@@ -296,6 +337,8 @@ void add_fused_cases(CaseList& cases, CaseSet set) {
       add_mat_vec_bias(cases, wt, 4096, 1, 4096);
       add_glu_mat_vec(cases, wt, 14336, 1, true, 4096);
     }
+    for (DType wt : {DType::f16, DType::q8_0, DType::q4_k})
+      add_mat_vec_multi(cases, wt, {4096, 1024, 1024}, 1, 4096);  // llama-3-8B Q, K, V
     add_rope_set_rows(cases, {128, 32, 8, 1, 4096, DType::f16, rope_params(RopeMode::neox, 128, 500000.0f)});
     add_scale_mask_soft_max(cases, {4096, 1, 32, 1}, {4096, 1, 1, 1}, 0.088f, 0.0f, 1.0f);
     add_moe_route(cases, 128, 8, 1, true);
@@ -319,6 +362,17 @@ void add_fused_cases(CaseList& cases, CaseSet set) {
     for (int64_t n : {1, 3}) add_glu_mat_vec(cases, wt, 45, n, true);
   for (DType wt : {DType::f32, DType::f16, DType::q8_0, DType::q4_k})
     for (int64_t n : {1, 3}) add_glu_mat_vec(cases, wt, 29, n, false);
+
+  // Q, K, V of one token or three (k 256: whole q4_K/q6_K blocks), two products (K and V), rows
+  // that leave a block of warps partly idle, an odd k for float weights, and batches with the
+  // weights broadcast over them (one matrix per batch for the second).
+  for (DType wt : kAllWeightTypes)
+    for (int64_t n : {1, 3}) add_mat_vec_multi(cases, wt, {64, 32, 32}, n, 256);
+  for (DType wt : {DType::f16, DType::q8_0, DType::q4_k}) add_mat_vec_multi(cases, wt, {45, 19}, 2, 256);
+  add_mat_vec_multi(cases, DType::f32, {37, 13, 6}, 8, 75);
+  add_mat_vec_multi(cases, DType::bf16, {21, 10}, 1, 75);
+  add_mat_vec_multi(cases, DType::q4_0, {24, 8, 8}, 3, 128, 2, {1, 2, 1});
+  add_mat_vec_multi(cases, DType::f32, {16, 12, 12}, 1, 96, 2, {2, 1, 1});
 
   using M = RopeMode;
   const RopeStoreCase stores[] = {

@@ -13,7 +13,12 @@
 // - rope_set_rows: the rotated keys' write and re-read, and one or two launches.
 // - scale_mask_soft_max: two intermediate rows (16n) and two launches.
 // - moe_route: the probabilities stay in shared memory; five launches become one.
+// - mat_vec_multi (Q, K, V of one activation): two or three launches become one, and for quantized
+//   weights two or three activation quantizations become one (so 2 launches in all, 1 for float
+//   weights); the weights are read once each as before. Per output it is mul_mat's mat-vec
+//   kernel unchanged (same warp split and reduction order): bit-identical to the unfused launches.
 #include <algorithm>
+#include <climits>
 #include <cstring>
 #include <initializer_list>
 
@@ -137,6 +142,94 @@ __global__ void glu_mat_vec_q8_kernel(TensorDesc dst, TensorDesc wg, TensorDesc 
         if (c >= ncols) break;
         const float g = warp_sum(acc_g[c]), u = warp_sum(acc_u[c]);
         if (lane == 0) *reinterpret_cast<float*>(element_ptr(dst, i, j0 + c, i2, i3)) = gated_f(g, u, swiglu);
+      }
+    }
+  }
+}
+
+// ---- mat_vec_multi ---------------------------------------------------------------------------------
+
+/// Products one mat_vec_multi launch computes at most (Q, K, V).
+constexpr int kMultiMax = 3;
+
+/// One product of mat_vec_multi: its output, its weights with their batch broadcast (r2, r3, as
+/// mul_mat's), and the first block of grid.x that computes its rows.
+struct MultiPart {
+  TensorDesc dst;
+  TensorDesc w;
+  int64_t r2, r3;
+  unsigned first_block;
+};
+
+/// The products of one launch; unused parts start at block UINT_MAX, so no block picks them.
+struct MultiArgs {
+  MultiPart part[kMultiMax];
+};
+
+// The part that block bx belongs to: parts own consecutive ranges of whole blocks, so the
+// choice is uniform over the block (mul_mat's kernels need no block-wide synchronization anyway).
+__device__ __forceinline__ const MultiPart& multi_part(const MultiArgs& args, unsigned bx) {
+  const int t = (bx >= args.part[1].first_block ? 1 : 0) + (bx >= args.part[2].first_block ? 1 : 0);
+  return args.part[t];
+}
+
+// mul_mat_vec_kernel (no bias) for up to three weight matrices against one activation b: each block
+// takes kMatVecWarps rows of one matrix, and every row keeps mul_mat's warp split and reduction, so
+// each output is bit-identical to the unfused launch. __grid_constant__ lets the part be indexed
+// at run time in parameter space instead of a local copy of the arguments.
+template <class F>
+__global__ void mat_vec_multi_kernel(const __grid_constant__ MultiArgs args, TensorDesc b) {
+  pdl_wait();
+  const MultiPart& p = multi_part(args, blockIdx.x);
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t i = static_cast<int64_t>(blockIdx.x - p.first_block) * kMatVecWarps + threadIdx.x / kWarpSize;
+  const TensorDesc& dst = p.dst;
+  if (i >= dst.ne[0]) return;  // no block-wide synchronization below
+  const int64_t k = b.ne[0], n = dst.ne[1], batches = dst.ne[2] * dst.ne[3];
+  for (int64_t z = blockIdx.z; z < batches; z += gridDim.z) {
+    const int64_t i2 = z % dst.ne[2], i3 = z / dst.ne[2];
+    const char* a_row = row_ptr(p.w, i, i2 / p.r2, i3 / p.r3);
+    for (int64_t j0 = static_cast<int64_t>(blockIdx.y) * kMatVecMaxCols; j0 < n;
+         j0 += static_cast<int64_t>(gridDim.y) * kMatVecMaxCols) {
+      const int ncols = static_cast<int>(n - j0 < kMatVecMaxCols ? n - j0 : kMatVecMaxCols);
+      const char* b_col = b.data + j0 * b.nb[1] + i2 * b.nb[2] + i3 * b.nb[3];
+      float acc[kMatVecMaxCols] = {};
+      dot_columns_float<F>(a_row, k, b_col, b.nb[0], b.nb[1], ncols, acc);
+#pragma unroll
+      for (int c = 0; c < kMatVecMaxCols; ++c) {
+        if (c >= ncols) break;
+        const float sum = warp_sum(acc[c]);
+        if (lane == 0) *reinterpret_cast<float*>(element_ptr(dst, i, j0 + c, i2, i3)) = sum;
+      }
+    }
+  }
+}
+
+// The same for quantized weights (mul_mat_q8_kernel without bias, per part); xq holds the
+// activation's rows quantized once for all parts, in (j, i2, i3) order.
+template <class D, int kCols>
+__global__ void mat_vec_multi_q8_kernel(const __grid_constant__ MultiArgs args, const typename D::Act* xq,
+                                        int64_t k) {
+  pdl_wait();
+  const MultiPart& p = multi_part(args, blockIdx.x);
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t i = static_cast<int64_t>(blockIdx.x - p.first_block) * kMatVecWarps + threadIdx.x / kWarpSize;
+  const TensorDesc& dst = p.dst;
+  if (i >= dst.ne[0]) return;  // no block-wide synchronization below
+  const int64_t n_blocks = k / D::kBlock, n = dst.ne[1], batches = dst.ne[2] * dst.ne[3];
+  for (int64_t z = blockIdx.z; z < batches; z += gridDim.z) {
+    const int64_t i2 = z % dst.ne[2], i3 = z / dst.ne[2];
+    const auto* w_row = reinterpret_cast<const uint8_t*>(row_ptr(p.w, i, i2 / p.r2, i3 / p.r3));
+    for (int64_t j0 = static_cast<int64_t>(blockIdx.y) * kCols; j0 < n;
+         j0 += static_cast<int64_t>(gridDim.y) * kCols) {
+      const int ncols = static_cast<int>(n - j0 < kCols ? n - j0 : kCols);
+      float acc[kCols] = {};
+      dot_columns<D>(w_row, n_blocks, xq + (j0 + n * z) * n_blocks, ncols, acc);
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) {
+        if (c >= ncols) break;
+        const float sum = warp_sum(acc[c]);
+        if (lane == 0) *reinterpret_cast<float*>(element_ptr(dst, i, j0 + c, i2, i3)) = sum;
       }
     }
   }
@@ -331,6 +424,29 @@ bool glu_ok(const Tensor* gate, const Tensor* up, const Tensor* glu) {
   return disjoint(glu, gate->src[1]) && disjoint(glu, wg) && disjoint(glu, wu);
 }
 
+// 2-3 mul_mats of one activation x with weights of one type, each on mul_mat's mat-vec path, the
+// weights' batches broadcast over x's as mul_mat broadcasts them. Every block reads x (or its
+// quantized copy) and one weight matrix while others write their outputs: all disjoint.
+bool mat_vec_multi_ok(const Tensor* const* n) {
+  if (!n[0] || !n[1] || n[0]->op != OpKind::mul_mat) return false;
+  const Tensor* x = n[0]->src[1];
+  const Tensor* w0 = n[0]->src[0];
+  if (!x || !w0) return false;
+  const int count = n[2] ? 3 : 2;
+  for (int t = 0; t < count; ++t) {
+    const Tensor* mm = n[t];
+    const Tensor* w = mm->src[0];
+    if (mm->op != OpKind::mul_mat || mm->src[1] != x || !mat_vec_shape(mm) || !is_f32(mm)) return false;
+    if (w->type != w0->type || w->ne[0] != x->ne[0] || w->ne[2] <= 0 || w->ne[3] <= 0 ||
+        x->ne[2] % w->ne[2] != 0 || x->ne[3] % w->ne[3] != 0)
+      return false;
+    if (mm->ne != Shape{w->ne[1], x->ne[1], x->ne[2], x->ne[3]} || !disjoint(mm, x)) return false;
+    for (int u = 0; u < count; ++u)
+      if (!disjoint(mm, n[u]->src[0]) || (u < t && !disjoint(mm, n[u]))) return false;
+  }
+  return true;
+}
+
 // rope_k's permute(0, 2, 1, 3): a view of rope_k with dims 1 and 2 swapped.
 bool is_k_permute(const Tensor* v, const Tensor* k) {
   return v && v->view_src == k && v->view_offset == 0 && v->type == k->type &&
@@ -451,6 +567,62 @@ CudaError glu_q8(const LaunchContext& ctx, const Tensor* gate, const Tensor* up,
                          : glu_q8_cols<D, kMatVecMaxCols>(ctx, gate, up, glu);
 }
 
+// ---- host side: mat_vec_multi launches -------------------------------------------------------------
+
+// The parts of a mat_vec_multi launch and the blocks of grid.x they need together (0: no rows).
+unsigned multi_args(const Tensor* const* mms, int count, MultiArgs& args) {
+  unsigned blocks = 0;
+  for (int t = 0; t < kMultiMax; ++t) {
+    MultiPart& p = args.part[t];
+    if (t >= count) {
+      p = MultiPart{TensorDesc{}, TensorDesc{}, 1, 1, UINT_MAX};
+      continue;
+    }
+    const Tensor* w = mms[t]->src[0];
+    const Tensor* x = mms[t]->src[1];
+    p = MultiPart{desc_of(mms[t]), desc_of(w), x->ne[2] / w->ne[2], x->ne[3] / w->ne[3], blocks};
+    blocks += static_cast<unsigned>((mms[t]->ne[0] + kMatVecWarps - 1) / kMatVecWarps);
+  }
+  return blocks;
+}
+
+template <class F>
+CudaError multi_float(const LaunchContext& ctx, const Tensor* const* mms, int count) {
+  MultiArgs args;
+  const unsigned blocks = multi_args(mms, count, args);
+  if (blocks == 0) return {};
+  const Tensor* x = mms[0]->src[1];
+  const dim3 grid(blocks, capped((x->ne[1] + kMatVecMaxCols - 1) / kMatVecMaxCols, kMaxGridYZ),
+                  capped(x->ne[2] * x->ne[3], kMaxGridYZ));
+  mat_vec_multi_kernel<F><<<grid, kMatVecWarps * kWarpSize, 0, ctx.stream>>>(args, desc_of(x));
+  LOOM_CUDA_CHECK_LAUNCH("mat_vec_multi_kernel");
+  return {};
+}
+
+template <class D, int kCols>
+CudaError multi_q8_cols(const LaunchContext& ctx, const Tensor* const* mms, int count) {
+  MultiArgs args;
+  const unsigned blocks = multi_args(mms, count, args);
+  if (blocks == 0) return {};
+  const Tensor* x = mms[0]->src[1];
+  const dim3 grid(blocks, capped((x->ne[1] + kCols - 1) / kCols, kMaxGridYZ),
+                  capped(x->ne[2] * x->ne[3], kMaxGridYZ));
+  mat_vec_multi_q8_kernel<D, kCols><<<grid, kMatVecWarps * kWarpSize, 0, ctx.stream>>>(
+      args, static_cast<const typename D::Act*>(ctx.scratch), x->ne[0]);
+  LOOM_CUDA_CHECK_LAUNCH("mat_vec_multi_q8_kernel");
+  return {};
+}
+
+// Quantizes the shared activations once (into ctx.scratch), then all products in one kernel, with
+// mul_mat's column tiling (1 column, or kMatVecMaxCols) so that each row sums as mul_mat's does.
+template <class D>
+CudaError multi_q8(const LaunchContext& ctx, const Tensor* const* mms, int count) {
+  const Tensor* x = mms[0]->src[1];
+  LOOM_CUDA_TRY(launch_quantize_activations(ctx, mms[0]->src[0]->type, x));
+  return x->ne[1] == 1 ? multi_q8_cols<D, 1>(ctx, mms, count)
+                       : multi_q8_cols<D, kMatVecMaxCols>(ctx, mms, count);
+}
+
 }  // namespace
 
 // ---- launchers -------------------------------------------------------------------------------------
@@ -505,6 +677,33 @@ CudaError launch_glu_mat_vec(const LaunchContext& ctx, const Tensor* mm_gate, co
   return CudaError::runtime(cudaErrorInvalidValue, "glu_mat_vec: i32 weights", __FILE__, __LINE__);
 }
 
+CudaError launch_mat_vec_multi(const LaunchContext& ctx, const Tensor* mm0, const Tensor* mm1,
+                               const Tensor* mm2) {
+  const Tensor* mms[kMultiMax] = {mm0, mm1, mm2};
+  const int count = mm2 ? 3 : 2;
+  const Tensor* x = mm0->src[1];
+  if (x->nelements() == 0) return {};
+  switch (mm0->src[0]->type) {
+    case DType::f32:
+      return multi_float<FormatF32>(ctx, mms, count);
+    case DType::f16:
+      return multi_float<FormatF16>(ctx, mms, count);
+    case DType::bf16:
+      return multi_float<FormatBF16>(ctx, mms, count);
+    case DType::q8_0:
+      return multi_q8<DotQ8_0>(ctx, mms, count);
+    case DType::q4_0:
+      return multi_q8<DotQ4_0>(ctx, mms, count);
+    case DType::q4_k:
+      return multi_q8<DotQ4_K>(ctx, mms, count);
+    case DType::q6_k:
+      return multi_q8<DotQ6_K>(ctx, mms, count);
+    case DType::i32:
+      break;
+  }
+  return CudaError::runtime(cudaErrorInvalidValue, "mat_vec_multi: i32 weights", __FILE__, __LINE__);
+}
+
 CudaError launch_rope_set_rows(const LaunchContext& ctx, const Tensor* rope_k, const Tensor* set_rows,
                                const Tensor* rope_q, const RopeArgs& args) {
   const int64_t k_rows = rope_k->nrows();
@@ -553,6 +752,7 @@ size_t fused_scratch_bytes(FusedKind kind, const Tensor* const* nodes) {
   switch (kind) {
     case FusedKind::mat_vec_bias:
     case FusedKind::glu_mat_vec:
+    case FusedKind::mat_vec_multi:  // the shared activation, quantized once for all products
       return quantized_activation_bytes(nodes[0]->src[0]->type, nodes[0]->src[1]);
     default:
       return 0;
@@ -575,6 +775,8 @@ bool fused_supported(FusedKind kind, const Tensor* const* nodes) {
       return scale_mask_soft_max_ok(nodes[0], nodes[1], nodes[2]);
     case FusedKind::moe_route:
       return moe_route_ok(nodes);
+    case FusedKind::mat_vec_multi:
+      return mat_vec_multi_ok(nodes);
     case FusedKind::none:
     case FusedKind::count_:
       break;

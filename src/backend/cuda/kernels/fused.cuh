@@ -34,9 +34,12 @@ CudaError launch_moe_route(const LaunchContext& ctx, const Tensor* soft_max, con
 
 /// mm0, mm1 (and mm2 when not null) = mul_mat(mmK->src[0], x) for one activation x = mm0->src[1]:
 /// the activations quantized once (quantized weights), all products in one kernel launch.
-CudaError launch_mat_vec_multi(const LaunchContext& ctx, const Tensor* mm0, const Tensor* mm1, const Tensor* mm2);
+/// Two launches for quantized weights (activation quantization + products), one for float weights.
+CudaError launch_mat_vec_multi(const LaunchContext& ctx, const Tensor* mm0, const Tensor* mm1,
+                               const Tensor* mm2);
 
-/// Device scratch a fused dispatch needs (quantized activations of glu_mat_vec / mat_vec_bias).
+/// Device scratch a fused dispatch needs (quantized activations of glu_mat_vec / mat_vec_bias /
+/// mat_vec_multi).
 size_t fused_scratch_bytes(FusedKind kind, const Tensor* const* nodes);
 /// Whether the fused kernels handle these nodes' types and shapes.
 bool fused_supported(FusedKind kind, const Tensor* const* nodes);
