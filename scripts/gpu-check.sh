@@ -20,6 +20,10 @@ export PATH=/usr/local/cuda/bin:$PATH
 declare -A result
 step() {  # step NAME COMMAND...: runs, logs to $out/NAME.log, records pass/fail
   local name=$1; shift
+  # LOOM_GPU_ONLY="ops_cuda exec": run only those steps (besides configure and build)
+  if [[ -n ${LOOM_GPU_ONLY:-} && $name != configure && $name != build && " $LOOM_GPU_ONLY " != *" $name "* ]]; then
+    return
+  fi
   local t0=$(date +%s)
   if "$@" >"$out/$name.log" 2>&1; then result[$name]="ok"; else result[$name]="FAIL(rc=$?)"; fi
   result[$name]="${result[$name]} $(( $(date +%s) - t0 ))s"

@@ -27,7 +27,9 @@ if [[ -x $bin/bench_launch ]]; then
   "$bin/bench_launch" || fails=$((fails + 1))
 fi
 if [[ -z $quick ]]; then
-  for m in "llama3-1b q4_0" "llama3-1b f16" "llama3-8b q4_0" "llama3-8b f16"; do
+  # LOOM_BENCH_MODELS="llama3-1b:q4_0 ..." narrows the decode benchmark
+  for m in ${LOOM_BENCH_MODELS:-llama3-1b:q4_0 llama3-1b:f16 llama3-8b:q4_0 llama3-8b:f16}; do
+    m=${m/:/ }
     read -r shape type <<<"$m"
     f=$(model "$shape" "$type") || { echo "exec: gen-model $m FAIL"; fails=$((fails + 1)); continue; }
     "$bin/loom" bench -m "$f" -p 512 -n 128 -r 3 --exec serialize,graph,concurrency,fusion,reorder,all \
