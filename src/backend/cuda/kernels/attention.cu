@@ -1,8 +1,9 @@
-// flash_attn: one warp per (query, head); keys are visited once with an online softmax (running
-// maximum m, running sum l, output accumulator rescaled by exp(m_old - m_new)), so no score row
-// is stored. Each lane holds head elements lane, lane+32, ... of q and of the accumulator.
-// Correct first: one key per step with a warp reduction for the score; a tiled kernel that
-// shares K/V tiles between queries through shared memory is the faster replacement.
+// flash_attn: one block per (query, head); its kSplit warps take every kSplit-th key, each with an
+// online softmax (running maximum m, running sum l, output accumulator rescaled by exp(m_old -
+// m_new)), and the block merges the warps' partial results through shared memory at the end. So a
+// decode step (one query, few heads) still spreads over n_head * kSplit warps. Keys the mask hides
+// are skipped before their dot product. Each lane holds head elements lane, lane+32, ... of q and
+// of the accumulator.
 // Bytes model: K and V are read once per query head, (n_q * n_head) * n_kv * (d + dv) * size.
 #include "backend/cuda/kernels/attention.cuh"
 #include "backend/cuda/kernels/common.cuh"
@@ -12,7 +13,7 @@ namespace loom::cuda {
 namespace {
 
 constexpr int kPerLane = kFlashAttnMaxHead / kWarpSize;
-constexpr int kWarps = 4;
+constexpr int kSplit = 8;  // warps per (query, head)
 
 __device__ __forceinline__ float load_kv(const char* row, int64_t i, bool f16) {
   return f16 ? f16_to_float(reinterpret_cast<const uint16_t*>(row)[i])
@@ -23,10 +24,12 @@ __global__ void flash_attn_kernel(TensorDesc dst, TensorDesc q, TensorDesc k, Te
                                   bool has_mask, bool mask_f16, bool k_f16, bool v_f16, float scale,
                                   float softcap) {
   pdl_wait();
+  __shared__ float sh_m[kSplit], sh_l[kSplit];
+  __shared__ float sh_acc[kSplit][kFlashAttnMaxHead];
   const int lane = threadIdx.x % kWarpSize;
-  const int64_t w = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / kWarpSize;
+  const int split = static_cast<int>(threadIdx.x / kWarpSize);
+  const int64_t w = blockIdx.x;  // one block per (query, head); the grid has exactly that many
   const int64_t n_q = q.ne[1], n_head = q.ne[2];
-  if (w >= n_q * n_head * q.ne[3]) return;  // whole warps exit; no block synchronization below
   const int64_t iq = w % n_q, h = (w / n_q) % n_head, i3 = w / (n_q * n_head);
   const int64_t h_kv = h / (n_head / k.ne[2]);  // consecutive query heads share a key head
   const int64_t d = q.ne[0], dv = v.ne[0], n_kv = k.ne[1];
@@ -42,7 +45,13 @@ __global__ void flash_attn_kernel(TensorDesc dst, TensorDesc q, TensorDesc k, Te
   const char* m_row = has_mask ? row_ptr(mask, iq, h % mask.ne[2], i3 % mask.ne[3]) : nullptr;
 
   float m = -INFINITY, l = 0.0f;
-  for (int64_t j = 0; j < n_kv; ++j) {
+  for (int64_t j = split; j < n_kv; j += kSplit) {
+    float mv = 0.0f;
+    if (m_row) {
+      mv = mask_f16 ? f16_to_float(reinterpret_cast<const uint16_t*>(m_row)[j])
+                    : reinterpret_cast<const float*>(m_row)[j];
+      if (mv == -INFINITY) continue;  // hidden whatever the score (finite, inf or NaN plus -inf never passes)
+    }
     const char* k_row = row_ptr(k, j, h_kv, i3);
     float s = 0.0f;
 #pragma unroll
@@ -52,9 +61,7 @@ __global__ void flash_attn_kernel(TensorDesc dst, TensorDesc q, TensorDesc k, Te
     }
     s = warp_sum(s) * scale;
     if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
-    if (m_row)
-      s += mask_f16 ? f16_to_float(reinterpret_cast<const uint16_t*>(m_row)[j])
-                    : reinterpret_cast<const float*>(m_row)[j];
+    s += mv;
     // masked key (or a NaN score, as on the CPU): weight exactly 0; s is the same in every lane
     if (!(s > -INFINITY)) continue;
     const float m_new = fmaxf(m, s);
@@ -70,13 +77,32 @@ __global__ void flash_attn_kernel(TensorDesc dst, TensorDesc q, TensorDesc k, Te
     m = m_new;
   }
 
+  // merge the warps: M = max m_s, L = sum l_s exp(m_s - M), out = sum acc_s exp(m_s - M) / L
+  if (lane == 0) {
+    sh_m[split] = m;
+    sh_l[split] = l;
+  }
+#pragma unroll
+  for (int c = 0; c < kPerLane; ++c) sh_acc[split][lane + c * kWarpSize] = acc[c];
+  __syncthreads();
+  float big = -INFINITY;
+#pragma unroll
+  for (int s2 = 0; s2 < kSplit; ++s2) big = fmaxf(big, sh_m[s2]);
+  float total = 0.0f;
+  float factor[kSplit];
+#pragma unroll
+  for (int s2 = 0; s2 < kSplit; ++s2) {
+    factor[s2] = sh_m[s2] == -INFINITY ? 0.0f : expf(sh_m[s2] - big);  // a warp that saw no key adds nothing
+    total += sh_l[s2] * factor[s2];
+  }
+  const float inv = total > 0.0f ? 1.0f / total : 0.0f;  // no visible key: zeros, as soft_max does
   // output [dv, n_head, n_q]: a query's heads are adjacent rows
   auto* out = reinterpret_cast<float*>(row_ptr(dst, h, iq, i3));
-  const float inv = l > 0.0f ? 1.0f / l : 0.0f;  // no visible key: zeros, as soft_max does
+  for (int64_t e = threadIdx.x; e < dv; e += blockDim.x) {
+    float sum = 0.0f;
 #pragma unroll
-  for (int c = 0; c < kPerLane; ++c) {
-    const int64_t e = lane + c * kWarpSize;
-    if (e < dv) out[e] = acc[c] * inv;
+    for (int s2 = 0; s2 < kSplit; ++s2) sum += sh_acc[s2][e] * factor[s2];
+    out[e] = sum * inv;
   }
 }
 
@@ -87,11 +113,13 @@ CudaError launch_flash_attn(const LaunchContext& ctx, const Tensor* dst, float s
   const Tensor* k = dst->src[1];
   const Tensor* v = dst->src[2];
   const Tensor* mask = dst->src[3];
-  const int64_t warps = q->ne[1] * q->ne[2] * q->ne[3];
-  if (warps == 0) return {};
+  const int64_t rows = q->ne[1] * q->ne[2] * q->ne[3];  // (query, head) pairs: one block each
+  if (rows == 0) return {};
+  if (rows > INT32_MAX)
+    return CudaError::runtime(cudaErrorInvalidConfiguration, "flash_attn: more than 2^31 query rows", __FILE__,
+                              __LINE__);
   const TensorDesc mask_desc = mask ? desc_of(mask) : TensorDesc{};
-  flash_attn_kernel<<<static_cast<unsigned>((warps + kWarps - 1) / kWarps), kWarps * kWarpSize, 0,
-                      ctx.stream>>>(desc_of(dst), desc_of(q), desc_of(k), desc_of(v), mask_desc,
+  flash_attn_kernel<<<static_cast<unsigned>(rows), kSplit * kWarpSize, 0, ctx.stream>>>(desc_of(dst), desc_of(q), desc_of(k), desc_of(v), mask_desc,
                                     mask != nullptr, mask && mask->type == DType::f16, k->type == DType::f16,
                                     v->type == DType::f16, scale, softcap);
   LOOM_CUDA_CHECK_LAUNCH("flash_attn_kernel");
