@@ -460,7 +460,8 @@ static void count_logs(loom_log_level level, const char* text, void* user_data) 
   ++*(int*)user_data;
 }
 
-static bool abort_on_third(void* user_data) { return ++*(int*)user_data >= 3; }
+static bool abort_on_first(void* user_data) { return ++*(int*)user_data >= 1; }
+static bool never_abort(void* user_data) { return ++*(int*)user_data < 0; }
 
 static void poison_results(const Model* m) {
   const loom_tensor* results[] = {m->h, m->a, m->q, m->qr, m->sm, m->act, m->out};
@@ -558,11 +559,39 @@ static int test_cuda(void) {
 
   CHECK(loom_cuda_if_optimized(cuda) == 0 && loom_cuda_get_concur_list(cuda) == NULL);
   CHECK_OK(loom_cuda_graph_find_concurrency(cuda, gf, true));
-  CHECK(loom_cuda_if_optimized(cuda) == loom_graph_n_nodes(gf));
-  const int* order = loom_cuda_get_concur_list(cuda);
-  int in_order = order != NULL;
-  for (int i = 0; order && i < loom_graph_n_nodes(gf); ++i) in_order &= order[i] == i;
-  CHECK(in_order);
+  /* the executor's plan, level by level (-1 between levels): every node that launches work appears
+   * once, after every node it reads */
+  {
+    const int n_list = loom_cuda_if_optimized(cuda);
+    const int* order = loom_cuda_get_concur_list(cuda);
+    const int n_nodes = loom_graph_n_nodes(gf);
+    CHECK(n_list > 0 && order != NULL);
+    int seen_at[256];
+    for (int i = 0; i < 256; ++i) seen_at[i] = -1;
+    int level = 0, listed = 0, ok = n_nodes <= 256;
+    for (int i = 0; ok && order && i < n_list; ++i) {
+      if (order[i] < 0) {
+        ++level;
+        continue;
+      }
+      ok &= order[i] < n_nodes && seen_at[order[i]] < 0;
+      if (ok) seen_at[order[i]] = level;
+      ++listed;
+    }
+    for (int i = 0; ok && i < n_nodes; ++i) {
+      const loom_tensor* t = loom_graph_node(gf, i);
+      const int is_view = strcmp(loom_tensor_op_name(t), "view") == 0;
+      ok &= is_view ? seen_at[i] < 0 : seen_at[i] >= 0;
+      for (int k = 0; ok && !is_view && k < 4; ++k) {
+        const loom_tensor* src = loom_tensor_src(t, k);
+        /* follow views to the node that produced the data */
+        while (src && strcmp(loom_tensor_op_name(src), "view") == 0) src = loom_tensor_src(src, 0);
+        for (int j = 0; ok && src && j < n_nodes; ++j)
+          if (loom_graph_node(gf, j) == src) ok &= seen_at[j] <= seen_at[i];
+      }
+    }
+    CHECK(ok && listed > 0 && level >= 1);
+  }
 
   /* LOOM_TEST_CAPI_TRACE=path keeps the trace there for a look in chrome://tracing */
   const char* keep_trace = getenv("LOOM_TEST_CAPI_TRACE");
@@ -580,6 +609,12 @@ static int test_cuda(void) {
   compare_results(&m, cpu1, "seed interface");
   CHECK(file_contains(trace, "\"traceEvents\"") && file_contains(trace, "mul_mat") &&
         file_contains(trace, "\"dur\""));
+  {
+    char dot[512];
+    snprintf(dot, sizeof dot, "%s.dot", trace);
+    CHECK(file_contains(dot, "digraph plan") && file_contains(dot, "->"));
+    if (!keep_trace) remove(dot);
+  }
   if (!keep_trace) remove(trace);
 
   /* new inputs: host writes reach the device only through set_tensor */
@@ -609,12 +644,16 @@ static int test_cuda(void) {
   const float* od = loom_tensor_data(m.out);
   CHECK(!isnan(od[F + 3]) && isnan(od[F + F / 2 + 3]) && fabsf(od[F + 3] - cpu2[6][F + 3]) < 1e-4f);
 
-  /* the abort callback is asked before each node */
+  /* the abort callback is asked before each chunk of a pass (a replay is one chunk) */
   int calls = 0;
-  loom_cuda_set_abort_callback(cuda, abort_on_third, &calls);
+  loom_cuda_set_abort_callback(cuda, abort_on_first, &calls);
   CHECK(loom_cuda_graph_compute(cuda, gf) == LOOM_STATUS_ABORTED);
-  CHECK(calls == 3);
+  CHECK(calls == 1);
   CHECK_CONTAINS(loom_last_error(), "abort");
+  calls = 0;
+  loom_cuda_set_abort_callback(cuda, never_abort, &calls);
+  CHECK_OK(loom_cuda_graph_compute(cuda, gf));
+  CHECK(calls >= 1);
   loom_cuda_set_abort_callback(cuda, NULL, NULL);
   CHECK_OK(loom_cuda_graph_compute(cuda, gf));
 

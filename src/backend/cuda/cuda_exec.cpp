@@ -612,9 +612,12 @@ Status Executor::run_traced(const exec::Plan& p, const std::string& path, uint64
     float begin_ms = 0.0f, dur_ms = 0.0f;
     LOOM_CUDA_STATUS(cudaEventElapsedTime(&begin_ms, start[0], start[i]));
     LOOM_CUDA_STATUS(cudaEventElapsedTime(&dur_ms, start[i], stop[i]));
-    json nodes = json::array();
+    json nodes = json::array(), ops = json::array();
     for (const Tensor* t : d.nodes)
-      if (t) nodes.push_back(describe(*t));
+      if (t) {
+        nodes.push_back(describe(*t));
+        ops.push_back(op_name(t->op));
+      }
     events.push_back({{"name", dispatch_name(d)},
                       {"cat", d.kind == FusedKind::none ? op_name(d.node()->op) : fused_kind_name(d.kind)},
                       {"ph", "X"},
@@ -624,6 +627,7 @@ Status Executor::run_traced(const exec::Plan& p, const std::string& path, uint64
                       {"dur", dur_ms * 1000.0},
                       {"args",
                        {{"dispatch", i},
+                        {"ops", ops},
                         {"nodes", nodes},
                         {"shape", shape_string(d.anchor()->ne)},
                         {"type", dtype_name(d.anchor()->type)}}}});
