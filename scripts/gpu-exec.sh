@@ -26,6 +26,10 @@ done
 if [[ -x $bin/bench_launch ]]; then
   "$bin/bench_launch" || fails=$((fails + 1))
 fi
+# Decoding 1,000 tokens from an empty cache: how often the executable graph is built (n_kv buckets).
+if f=$(model llama3-1b q4_0); then
+  "$bin/loom" bench -m "$f" -p 0 -n 1000 -r 1 --no-warmup --exec all || fails=$((fails + 1))
+fi
 if [[ -z $quick ]]; then
   # LOOM_BENCH_MODELS="llama3-1b:q4_0 ..." narrows the decode benchmark
   for m in ${LOOM_BENCH_MODELS:-llama3-1b:q4_0 llama3-1b:f16 llama3-8b:q4_0 llama3-8b:f16}; do
