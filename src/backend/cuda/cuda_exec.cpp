@@ -335,6 +335,7 @@ Status Executor::compute_locked(const Graph& g, uint64_t t0) {
   if (!planned.ok()) return planned.status();
   const exec::Plan& p = *planned;
   count_plan(p);
+  dump_plan(p);
   if (trace) {
     std::string path;
     std::swap(path, trace_path_);
@@ -353,6 +354,16 @@ CudaError Executor::run_dispatch(const LaunchContext& base, const exec::Dispatch
   if (inject_countdown_ > 0 && --inject_countdown_ == 0)
     return CudaError::runtime(cudaErrorLaunchFailure, "injected fault (LOOM_CUDA_INJECT_FAULT)", __FILE__, __LINE__);
   return launch_dispatch(base, d);
+}
+
+// LOOM_EXEC_DUMP=PREFIX writes every newly planned structure to PREFIX-N.txt (Plan::dump) and
+// PREFIX-N.dot (Graphviz), N counting from 0 in this process.
+void Executor::dump_plan(const exec::Plan& p) {
+  const char* prefix = std::getenv("LOOM_EXEC_DUMP");
+  if (!prefix || !*prefix) return;
+  const std::string base = fmt::format("{}-{}", prefix, n_dumped_++);
+  std::ofstream(base + ".txt") << exec_options_string(options_) << '\n' << p.dump();
+  std::ofstream(base + ".dot") << p.dot();
 }
 
 // ---- eager submission ------------------------------------------------------------------------------

@@ -76,6 +76,7 @@ class Executor {
   CudaError run_dispatch(const LaunchContext& base, const exec::Dispatch& d);
   bool aborted() const { return abort_fn_ && abort_fn_(abort_data_); }
   void count_plan(const exec::Plan& p);
+  void dump_plan(const exec::Plan& p);
   void clear_cache();
   Status sync();
 
@@ -88,6 +89,7 @@ class Executor {
   std::string trace_path_;
   Status error_;  // sticky
   int64_t inject_countdown_ = -1;
+  int n_dumped_ = 0;
   cudaStream_t capture_stream_ = nullptr;
   void* scratch_ = nullptr;
   size_t scratch_capacity_ = 0;
