@@ -284,6 +284,7 @@ nlohmann::ordered_json result_json(const BenchResult& r) {
   j["graph_replays"] = c.graph_replays;
   j["host_syncs"] = c.host_syncs;
   j["host_ns"] = c.host_ns;
+  j["host_hash_ns"] = c.host_hash_ns;
   return j;
 }
 

@@ -63,6 +63,7 @@ struct ExecCounters {
   uint64_t graph_replays = 0;   ///< launches of a cached executable graph
   uint64_t host_syncs = 0;      ///< host waits on the device
   uint64_t host_ns = 0;         ///< host time inside compute, excluding the final wait on the device
+  uint64_t host_hash_ns = 0;    ///< of which hashing the pass's structure (every compute)
 };
 
 /// Human-readable multi-line summary (what `loom run --stats` prints).

@@ -304,7 +304,9 @@ Status Executor::compute_locked(const Graph& g, uint64_t t0) {
   if (o.serialize || sync_each_node_ || trace)
     o = ExecOptions{.serialize = true, .graph = false, .concurrency = false, .fusion = trace && !o.serialize && o.fusion,
                     .reorder = false, .pdl = false, .n_cb = o.n_cb, .lookahead = o.lookahead};
+  const uint64_t t_hash = now_ns();
   const uint64_t hash = fingerprint(g, o);
+  counters_.host_hash_ns += now_ns() - t_hash;
 
   if (o.graph) {
     for (auto it = cache_.begin(); it != cache_.end(); ++it) {
