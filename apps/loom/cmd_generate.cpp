@@ -93,6 +93,8 @@ void add_model_flags(CLI::App& cmd, GenerateOptions& o) {
   cmd.add_option("--ubatch-size", o.n_batch, "Prompt tokens per forward pass")->check(CLI::Range(1, 1 << 16));
   cmd.add_option("--n-gpu-layers", o.n_gpu_layers, "Layers on the GPU (0: CPU only; >= layer count: all)")
       ->check(CLI::Range(0, 100000));
+  cmd.add_option("--trace", o.trace_path,
+                 "Write a Chrome trace (per-dispatch GPU times) of the third decode step to FILE, and its plan to FILE.dot");
   cmd.add_option("--backend", o.backend, "Backend by name (cpu, cuda); overrides -ngl");
 }
 
@@ -206,8 +208,13 @@ int run_generate(const GenerateOptions& o) {
       ++n_gen;
       break;
     }
+    if (!o.trace_path.empty() && n_steps == 2) {  // a replayed step: trace the third one
+      if (Status s = backend.capture_next_compute(o.trace_path); !s.ok()) return fail(s);
+    }
     auto step = ctx.decode(std::span<const int32_t>(&tokens.back(), 1), static_cast<int>(tokens.size()) - 1);
     if (!step) return fail(step.status());
+    if (!o.trace_path.empty() && n_steps == 2)
+      fmt::print(stderr, "loom: trace of decode step 3 written to {} (plan: {}.dot)\n", o.trace_path, o.trace_path);
     ++n_steps;
     last = *step;
   }

@@ -33,6 +33,7 @@ struct GenerateOptions {
   bool gpu_if_usable = false;  ///< no --backend or -ngl: the GPU when one is usable, else the CPU
   std::string dump_logits;   ///< --dump-logits: all prompt logits (f32) to this file, ids to FILE.tokens
   bool stats = false;        ///< --stats: decode and graph-executor statistics on stderr at the end
+  std::string trace_path;    ///< --trace: Chrome trace of the third decode step (CUDA)
 };
 
 int run_generate(const GenerateOptions& o);
