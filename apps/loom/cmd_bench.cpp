@@ -143,14 +143,15 @@ int run_bench(const BenchOptions& o) {
     g.n_ctx = n_ctx;
     g.n_batch = o.n_batch;
     g.backend = o.backend;
-    // -ngl > 0: the GPU when one is usable, else the CPU (the backend column says which ran).
+    // -ngl > 0: the GPU when one is usable (below the layer count: the last -ngl layers), else the
+    // CPU (the backend column says which ran).
+    g.n_gpu_layers = o.n_gpu_layers;
     g.gpu_if_usable = o.backend.empty() && o.n_gpu_layers > 0;
     std::string backend_name;
     auto session = open_generate_session(g, backend_name);
-    if (!session) return fail(session.status());
-    if (g.gpu_if_usable && backend_name == "cpu")
-      fmt::print(stderr, "loom: bench: no usable GPU; running on the CPU\n");
-    Backend& backend = *session->backend;
+    if (!session) return fail(session.status());  // without a usable GPU it noted the CPU fallback
+    // Executor options and counters: the GPU's when the layers are split.
+    Backend& backend = session->offload_backend ? *session->offload_backend : *session->backend;
     llm::Context& ctx = *session->context;
     const BenchModelInfo info = bench_model_info(*session->model, path);
     bool warned_ignored = false;
@@ -209,7 +210,8 @@ void add_bench_command(CLI::App& app, std::vector<Command>& out) {
   cmd->add_option("-r,--repetitions", o->repetitions, "Measured repetitions of each test")
       ->check(CLI::Range(1, 100000));
   cmd->add_option("--n-gpu-layers", o->n_gpu_layers,
-                  "-ngl: 0 runs on the CPU; > 0 on the GPU when one is usable")
+                  "-ngl: 0 runs on the CPU; > 0 on the GPU when one is usable (below the layer count: "
+                  "that many last layers, the rest on the CPU)")
       ->check(CLI::Range(0, 100000));
   cmd->add_option("-t,--threads", o->n_threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 1024));
   cmd->add_option("--ubatch-size", o->n_batch, "-ub: prompt tokens per forward pass")

@@ -12,6 +12,7 @@
 
 #include "generate.h"
 #include "loom/exec.h"
+#include "loom/gguf.h"
 #include "loom/llm.h"
 #include "loom/sample.h"
 #include "loom/text.h"
@@ -77,11 +78,27 @@ void print_stats(int n_prompt, const llm::DecodeStats& prompt, const ExecCounter
 
 namespace {
 
-// --backend, else what -ngl implies. Any -ngl > 0 means the GPU: splitting layers between GPU and
-// CPU is not built yet, and open_generate_session refuses an -ngl below the layer count.
+// --backend, else what -ngl implies: any -ngl > 0 means the GPU (open_generate_session splits the
+// layers when -ngl is below the layer count).
 std::string resolve_backend(const GenerateOptions& o) {
   if (!o.backend.empty()) return o.backend;
   return o.n_gpu_layers > 0 || o.gpu_if_usable ? "cuda" : "cpu";
+}
+
+// Errors that say there is no usable GPU (no CUDA build, no driver, no device), as opposed to a
+// problem with the model or the request.
+bool gpu_unusable(const Status& s) {
+  return s.code() == StatusCode::device_error || s.code() == StatusCode::unsupported;
+}
+
+// The layer count of a model file, read before the backends are made (the header and metadata
+// only; the weights stay unread).
+Result<int> layer_count(const std::string& path) {
+  auto file = GgufFile::open(path);
+  if (!file) return file.status();
+  auto hp = llm::read_hparams(*file);
+  if (!hp) return hp.status();
+  return static_cast<int>(hp->n_layer);
 }
 
 }  // namespace
@@ -115,20 +132,31 @@ Result<llm::Session> open_generate_session(const GenerateOptions& o, std::string
   sp.n_threads = o.n_threads;
   sp.n_ctx = o.n_ctx;
   sp.n_batch = o.n_batch;
-  auto session = llm::open_session(sp);
-  const bool no_gpu = !session && (session.status().code() == StatusCode::device_error ||
-                                   session.status().code() == StatusCode::unsupported);
-  if (no_gpu && o.gpu_if_usable && o.backend.empty() && o.n_gpu_layers == 0) {
-    backend_name = sp.backend = "cpu";  // no usable GPU: the CPU, as asked
-    session = llm::open_session(sp);
+  // -ngl N below the layer count: llama.cpp's split. The CPU is the main backend (embeddings and
+  // the first layers, weights used from the mapping); the last N layers and the head go to the GPU.
+  if (o.backend.empty() && o.n_gpu_layers > 0) {
+    auto n_layer = layer_count(o.model_path);
+    if (!n_layer) return n_layer.status();
+    if (o.n_gpu_layers < *n_layer) {
+      sp.backend = "cpu";
+      sp.offload_backend = "cuda";
+      sp.n_offload_layers = o.n_gpu_layers;
+      backend_name = "cuda+cpu";
+    }
   }
-  if (!session) return session.status();
-  const int n_layer = static_cast<int>(session->model->hparams().n_layer);
-  if (o.n_gpu_layers > 0 && o.n_gpu_layers < n_layer && o.backend.empty())
-    return make_error(StatusCode::unsupported,
-                      "-ngl {}: splitting {} layers between GPU and CPU is not supported yet; use -ngl 0 (CPU) "
-                      "or -ngl {} or more (all on the GPU)", o.n_gpu_layers, n_layer, n_layer);
-  return session;
+  auto session = llm::open_session(sp);
+  if (session || !gpu_unusable(session.status()) || !o.backend.empty()) return session;
+  // No usable GPU: the CPU, when the GPU was only wished for (no -ngl) or asked for by -ngl (with a
+  // note, as llama.cpp falls back); --backend cuda stays an error.
+  if (o.n_gpu_layers > 0)
+    fmt::print(stderr, "loom: -ngl {}: no usable GPU ({}); running every layer on the CPU\n", o.n_gpu_layers,
+               session.status().message());
+  else if (!o.gpu_if_usable)
+    return session;
+  sp.backend = backend_name = "cpu";
+  sp.offload_backend.clear();
+  sp.n_offload_layers = 0;
+  return llm::open_session(sp);
 }
 
 Result<Sampler> make_sampler(const GenerateOptions& o) {
@@ -172,7 +200,8 @@ int run_generate(const GenerateOptions& o) {
   fmt::print("{}", prompt);
   std::fflush(stdout);
   const int n_prompt = static_cast<int>(tokens.size());
-  Backend& backend = *session->backend;
+  // The backend whose executor --stats reports: the GPU's when the layers are split.
+  Backend& backend = session->offload_backend ? *session->offload_backend : *session->backend;
   backend.reset_exec_counters();  // loading may have computed; --stats covers prompt and generation only
   auto t0 = std::chrono::steady_clock::now();
   llm::DecodeOptions dopt;

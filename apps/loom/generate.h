@@ -30,7 +30,7 @@ struct GenerateOptions {
   uint32_t seed = kRandomSeed;  ///< -s
   int n_gpu_layers = 0;      ///< -ngl
   std::string backend;       ///< --backend overrides -ngl's choice
-  bool gpu_if_usable = false;  ///< no --backend or -ngl: the GPU when one is usable, else the CPU
+  bool gpu_if_usable = false;  ///< the GPU when one is usable, else the CPU (no --backend)
   std::string dump_logits;   ///< --dump-logits: all prompt logits (f32) to this file, ids to FILE.tokens
   bool stats = false;        ///< --stats: decode and graph-executor statistics on stderr at the end
   std::string trace_path;    ///< --trace: Chrome trace of the third decode step (CUDA)
@@ -44,8 +44,10 @@ int run_generate(const GenerateOptions& o);
 void add_model_flags(CLI::App& cmd, GenerateOptions& o);
 /// Registers --temp, --top-k, --top-p, --min-p, --repeat-penalty and -s on `cmd`, writing into `o`.
 void add_sampling_flags(CLI::App& cmd, GenerateOptions& o);
-/// Opens the backend `o` asks for (its name in `backend_name`), the model and a context, and
-/// rejects an -ngl that would split the layers between the GPU and the CPU.
+/// Opens the backend `o` asks for (its name in `backend_name`), the model and a context. Without
+/// --backend, -ngl N below the layer count splits the model: the last N layers and the output head
+/// on the GPU, the rest on the CPU (backend_name "cuda+cpu"). Without a usable GPU, -ngl > 0 notes
+/// that on stderr and runs everything on the CPU (gpu_if_usable: silently); --backend cuda fails.
 Result<llm::Session> open_generate_session(const GenerateOptions& o, std::string& backend_name);
 /// The sampler chain of `o`'s sampling flags.
 Result<Sampler> make_sampler(const GenerateOptions& o);

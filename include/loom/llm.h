@@ -96,10 +96,18 @@ struct ModelLoadOptions {
   /// Host memory the weights may use; 0 reads MemAvailable from /proc/meminfo. Only checked when
   /// the backend computes on host memory (the weights stay in the file's mapping).
   uint64_t available_memory = 0;
+  /// Layer offload, as llama.cpp's -ngl splits a model: the last `n_offload_layers` layers, the
+  /// output norm and the output projection get their weights (and KV cache) in this backend's memory
+  /// and run on it; the token embeddings and the first layers stay with the main backend. nullptr or
+  /// 0 layers: no offload; more layers than the model has: all of them. Must outlive the model.
+  Backend* offload_backend = nullptr;
+  int n_offload_layers = 0;
 };
 
 /// A loaded model: hyperparameters and weights in the backend's memory (on the CPU, the weights are
 /// used straight from the file's read-only mapping; other backends get a copy in device memory).
+/// With an offload backend (ModelLoadOptions), the offloaded layers' weights are copied into its
+/// memory and the rest stay with the main backend.
 class Model {
  public:
   /// Loads `path` for `backend`, which must outlive the model. Fails before touching the weights
@@ -113,7 +121,12 @@ class Model {
   const HParams& hparams() const;
   /// The file: metadata for the tokenizer and chat templates (valid while the model lives).
   const GgufFile& gguf() const;
+  /// The main backend: embeddings and the layers not offloaded.
   Backend& backend() const;
+  /// The backend of the offloaded layers and the output head; nullptr when nothing is offloaded.
+  Backend* offload_backend() const;
+  /// How many layers are offloaded: the last ones, [n_layer - n_offload_layers(), n_layer).
+  int n_offload_layers() const;
   /// Sum of the elements of all weights.
   uint64_t n_params() const;
   /// Bytes of all weights.
@@ -148,7 +161,8 @@ struct DecodeOptions {
   int seq_id = 0;           ///< sequence the tokens belong to (one sequence is supported: 0)
 };
 
-/// Bookkeeping of the last decode, for logs and benchmarks.
+/// Bookkeeping of the last decode, for logs and benchmarks. With an offload backend a pass is two
+/// graphs (one per backend): node counts and arena bytes are their sums.
 struct DecodeStats {
   int n_steps = 0;              ///< forward passes (chunks) of the last decode
   size_t n_nodes = 0;           ///< nodes of the last pass's graph
@@ -158,7 +172,9 @@ struct DecodeStats {
   /// Hash of the last pass's graph: per node its op, type, shape, strides, data address, parameters
   /// and its operands' data addresses. Equal fingerprints: a captured pass can be replayed as is.
   uint64_t graph_fingerprint = 0;
-  int n_input_writes = 0;       ///< transfers of step inputs to the backend in the last decode (1 per pass)
+  /// Transfers of step inputs to the backends in the last decode: 1 per pass and backend (an
+  /// offloaded model's second block carries the hidden state the first backend computed).
+  int n_input_writes = 0;
   /// Passes of the last decode that built a graph; the others ran the previous pass's graph again
   /// (same shape: a decode step inside the bucket of the one before).
   int n_graph_builds = 0;
@@ -203,6 +219,8 @@ class Context {
   const Model& model() const;
   const DecodeStats& stats() const;
 
+  const detail::ContextImpl& impl() const { return *impl_; }
+
  private:
   explicit Context(std::unique_ptr<detail::ContextImpl> impl);
   std::unique_ptr<detail::ContextImpl> impl_;
@@ -212,6 +230,8 @@ class Context {
 struct SessionParams {
   std::string model_path;
   std::string backend = "cpu";  ///< registry name: "cpu", "cuda"
+  std::string offload_backend;  ///< "": none; else the registry name of the offload backend
+  int n_offload_layers = 0;     ///< layers on the offload backend (see ModelLoadOptions)
   int n_threads = 0;            ///< CPU threads (0: all cores)
   int device = 0;               ///< GPU ordinal
   int n_ctx = 0;                ///< see ContextParams
@@ -220,10 +240,11 @@ struct SessionParams {
   bool print_summary = true;  ///< model summary and a context line on stderr
 };
 
-/// A backend, a model on it and a context over the model. Members are destroyed in reverse order,
-/// so the context goes before the model and the model before the backend.
+/// A backend (and an offload backend), a model on it and a context over the model. Members are
+/// destroyed in reverse order, so the context goes before the model and the model before the backends.
 struct Session {
   std::unique_ptr<Backend> backend;
+  std::unique_ptr<Backend> offload_backend;  ///< null unless SessionParams::offload_backend is set
   std::unique_ptr<Model> model;
   std::unique_ptr<Context> context;
 };

@@ -52,8 +52,8 @@ Tensor* build_llama_family(StepBuilder& b) {
   Graph& g = b.graph();
   const HParams& hp = b.hparams();
   const int n_layer = static_cast<int>(hp.n_layer);
-  Tensor* x = b.embed();
-  for (int il = 0; il < n_layer; ++il) {
+  Tensor* x = b.stream_in();
+  for (int il = b.layer_begin(); il < b.layer_end(); ++il) {
     const LayerWeights& l = b.weights().layers[il];
     Tensor* h = b.rms_norm(x, l.attn_norm);
     Tensor* q = b.split_heads(b.linear(l.wq, h, l.bq), hp.head_dim_k, hp.n_head);
@@ -63,7 +63,7 @@ Tensor* build_llama_family(StepBuilder& b) {
       q = b.rms_norm(q, l.q_norm);
       k = b.rms_norm(k, l.k_norm);
     }
-    Tensor* attn = b.attention(il, b.rope(q), b.rope(k), v);
+    Tensor* attn = b.attention(il, b.rope(q, il), b.rope(k, il), v);
     if (il == n_layer - 1) {  // only the rows whose logits are wanted go on
       attn = b.select_outputs(attn);
       x = b.select_outputs(x);
@@ -72,7 +72,7 @@ Tensor* build_llama_family(StepBuilder& b) {
     Tensor* f = b.rms_norm(x, l.ffn_norm);
     x = add(g, x, l.ffn_gate_inp ? b.ffn_moe(l, f) : b.ffn_swiglu(l, f));
   }
-  return b.logits(x);
+  return b.stream_out(x);
 }
 
 }  // namespace loom::llm::detail

@@ -36,12 +36,16 @@ struct LayerWeights {
   Tensor* ffn_gate_exps = nullptr;  // [n_embd, n_ff_exp, n_expert]
   Tensor* ffn_up_exps = nullptr;    // [n_embd, n_ff_exp, n_expert]
   Tensor* ffn_down_exps = nullptr;  // [n_ff_exp, n_embd, n_expert]
+  // The model's rope_freqs in this layer's memory: the loader sets it for every layer (a copy on the
+  // offload backend for offloaded layers), since a graph may only read its own backend's memory.
+  Tensor* rope_freqs = nullptr;
 };
 
 struct ModelWeights {
   Tensor* tok_embd = nullptr;     // [n_embd, n_vocab]
   Tensor* output_norm = nullptr;  // [n_embd]
-  Tensor* output = nullptr;       // [n_embd, n_vocab]; tok_embd when the file ties them
+  // [n_embd, n_vocab]; tok_embd when the file ties them, unless the head is offloaded (then a copy)
+  Tensor* output = nullptr;
   Tensor* rope_freqs = nullptr;   // [n_rot/2] frequency divisors (Llama 3.1 style), optional
   std::vector<LayerWeights> layers;
 };
@@ -64,9 +68,11 @@ class TensorLoader {
   static std::string layer_name(int il, const char* what) { return "blk." + std::to_string(il) + "." + what; }
 };
 
-/// Inputs every forward pass gets; set on the host before compute.
+/// Inputs of a forward pass; set on the host before compute. Those a pass's layer range does not
+/// need are nullptr.
 struct StepInputs {
-  Tensor* tokens = nullptr;     // i32 [n_tokens]
+  Tensor* tokens = nullptr;     // i32 [n_tokens]; passes that start at layer 0
+  Tensor* hidden = nullptr;     // f32 [n_embd, n_tokens]: the residual stream entering a later first layer
   Tensor* positions = nullptr;  // i32 [n_tokens]
   Tensor* kv_cells = nullptr;   // i32 [n_tokens]: cache cell each token's K and V go to
   Tensor* kq_mask = nullptr;    // f32 [n_kv, n_tokens]: 0 where a query sees a cell, -inf elsewhere
@@ -80,30 +86,45 @@ struct StepShape {
   bool all_outputs = false;  // logits for every token, else only the last
 };
 
+/// The layers one graph runs: a model split between two backends is run as two graphs, the first
+/// from the embeddings to the hidden state after its layers, the second from that hidden state
+/// (an input) to the logits.
+struct StepRange {
+  int layer_begin = 0;
+  int layer_end = -1;  // one past the last layer; -1: n_layer
+};
+
 /// Graph helpers shared by the architectures. Ops record errors in the graph (nullptr propagates).
 class StepBuilder {
  public:
   StepBuilder(Graph& g, const HParams& hp, const ModelWeights& w, KvCache& kv, RopeMode rope_mode,
-              const StepShape& shape);
+              const StepShape& shape, const StepRange& range = {});
 
   Graph& graph() { return g_; }
   const HParams& hparams() const { return hp_; }
   const ModelWeights& weights() const { return w_; }
   const StepInputs& inputs() const { return in_; }
   int n_tokens() const { return shape_.n_tokens; }
+  /// The layers this pass runs: [layer_begin(), layer_end()).
+  int layer_begin() const { return layer_begin_; }
+  int layer_end() const { return layer_end_; }
 
   /// Token embeddings: f32 [n_embd, n_tokens].
   Tensor* embed();
+  /// The residual stream entering layer_begin(): the token embeddings times `embed_scale` when the
+  /// pass starts at layer 0, else the hidden-state input.
+  Tensor* stream_in(float embed_scale = 1.0f);
+  /// What the pass returns from the residual stream after its last layer: the logits when that is
+  /// the model's last layer, else the stream itself (every token's row) for the next backend.
+  Tensor* stream_out(Tensor* x);
   /// rms_norm over dim 0, times `weight` (broadcast).
   Tensor* rms_norm(Tensor* x, Tensor* weight);
   /// w x (+ bias): [k, n] -> [m, n].
   Tensor* linear(Tensor* w, Tensor* x, Tensor* bias = nullptr);
   /// [head_dim * n_heads, n_tokens] -> [head_dim, n_heads, n_tokens].
   Tensor* split_heads(Tensor* x, int64_t head_dim, int64_t n_heads);
-  /// Rotary embedding at the step's positions, in the architecture's mode.
-  Tensor* rope(Tensor* x);
-  /// As rope(x), with layer `il`'s parameters: local (sliding-window) layers use
-  /// rope_freq_base_swa and no frequency scaling.
+  /// Rotary embedding of layer `il` at the step's positions, in the architecture's mode: local
+  /// (sliding-window) layers use rope_freq_base_swa and no frequency scaling.
   Tensor* rope(Tensor* x, int il);
   /// Stores k and v ([head_dim, n_head_kv, n_tokens]) in layer `il`'s cache cells, then attends
   /// with q ([head_dim, n_head, n_tokens]) over the first n_kv cells -> [head_dim_v * n_head, n_tokens].
@@ -130,6 +151,8 @@ class StepBuilder {
   RopeParams rope_;
   RopeParams rope_swa_;  // local layers
   StepShape shape_;
+  int layer_begin_ = 0;
+  int layer_end_ = 0;
   StepInputs in_;
 };
 
@@ -141,7 +164,9 @@ class Architecture {
   virtual RopeMode rope_mode() const = 0;
   /// Declares the family's tensors through `tl`.
   virtual void declare_weights(TensorLoader& tl, const HParams& hp, ModelWeights& w) const = 0;
-  /// Builds one forward pass; returns the logits (nullptr on error: see the graph's status).
+  /// Builds one forward pass over the builder's layer range (StepBuilder::stream_in / stream_out);
+  /// returns the logits, or the hidden state when the range stops short of the last layer (nullptr
+  /// on error: see the graph's status).
   virtual Tensor* build(StepBuilder& b) const = 0;
 };
 

@@ -31,8 +31,8 @@ Tensor* build_gemma(StepBuilder& b) {
   const HParams& hp = b.hparams();
   const int n_layer = static_cast<int>(hp.n_layer);
   // Embeddings are scaled by sqrt(n_embd) so they start at the residual stream's magnitude.
-  Tensor* x = scale(g, b.embed(), std::sqrt(static_cast<float>(hp.n_embd)));
-  for (int il = 0; il < n_layer; ++il) {
+  Tensor* x = b.stream_in(std::sqrt(static_cast<float>(hp.n_embd)));
+  for (int il = b.layer_begin(); il < b.layer_end(); ++il) {
     const LayerWeights& l = b.weights().layers[il];
     Tensor* h = b.rms_norm(x, l.attn_norm);
     Tensor* q = b.split_heads(b.linear(l.wq, h), hp.head_dim_k, hp.n_head);
@@ -50,7 +50,7 @@ Tensor* build_gemma(StepBuilder& b) {
     x = add(g, x, b.rms_norm(b.linear(l.wo, attn), l.attn_post_norm));
     x = add(g, x, b.rms_norm(b.ffn_geglu(l, b.rms_norm(x, l.ffn_norm)), l.ffn_post_norm));
   }
-  return b.logits(x);  // final soft-cap included
+  return b.stream_out(x);  // logits: final soft-cap included
 }
 
 namespace {

@@ -2,7 +2,8 @@
 // nodes; the previous pass's graph is run again when the shape is the same), places its
 // activations in one arena that is kept across passes (sized at creation for the largest pass,
 // n_batch tokens over a full cache, and grown only if a pass needs more, e.g. all-token logits),
-// writes the inputs in one transfer, computes and reads the logits back.
+// writes the inputs in one transfer, computes and reads the logits back. A model whose last layers
+// are offloaded to a second backend runs each pass as two such graphs (Segment), one per backend.
 //
 // Decode steps are made replayable by a graph executor that caches passes by structure (ops,
 // shapes, strides, data addresses): attention reads the cache in extents rounded up to
@@ -70,35 +71,32 @@ uint64_t graph_fingerprint(const Graph& g) {
 }
 }  // namespace
 
-struct ContextImpl {
-  const Model* model = nullptr;
-  const ModelImpl* m = nullptr;
+// The graph of one backend's share of a pass: every layer (one backend), or with an offload
+// backend the embeddings and first layers, then the last layers and the head. Each part has its
+// own inputs block, arena and cached graph in its backend's memory; the hidden state crosses from
+// one to the next through the host, inside the next part's inputs block (still one transfer each).
+struct Segment {
   Backend* backend = nullptr;
-  int n_ctx = 0;
-  int n_batch = 0;
-  int n_kv_bucket = 1;
-  std::unique_ptr<KvCache> kv;
+  StepRange range;
   std::unique_ptr<Buffer> arena;   // activations, reused across passes
   std::unique_ptr<Buffer> inputs;  // input leafs, reused across passes
   size_t inputs_used = 0;          // bytes of `inputs` the last allocated graph's leafs span
-  std::vector<float> logits;       // host copy returned by decode
   // Host image of `inputs`, written in one transfer per pass. Floats because the masks are most of
   // it (and are filled in place); the i32 inputs are copied in bytewise.
   std::vector<float> staging;
-  DecodeStats stats;
 
   // The last pass's graph, run again while passes keep its shape. A graph is a function of its
-  // shape alone (the weights and cache tensors never move; tokens, positions, cells and masks are
-  // inputs), and its tensors stay bound while neither the arena nor the inputs buffer is
-  // reallocated. Reuse skips building, planning and fingerprinting: 110-190 us of host time per
-  // decode step of a 16-layer graph (llama3-1b shape, 452 nodes; about half building, half
+  // shape alone (the weights and cache tensors never move; tokens, positions, cells, masks and the
+  // hidden state are inputs), and its tensors stay bound while neither the arena nor the inputs
+  // buffer is reallocated. Reuse skips building, planning and fingerprinting: 110-190 us of host
+  // time per decode step of a 16-layer graph (llama3-1b shape, 452 nodes; about half building, half
   // planning + binding + ~16 us fingerprint; shared 2-core Xeon VM, quiet to loaded), comparable to
   // the whole step of a 1B model on a fast GPU. A reused step costs ~1.6 us (the inputs).
   struct CachedStep {
     std::unique_ptr<Graph> graph;
     StepShape shape;
     StepInputs in;
-    Tensor* logits = nullptr;
+    Tensor* out = nullptr;          // the logits, or the hidden state for the next segment
     const Buffer* arena = nullptr;  // the buffers it was bound to
     const Buffer* inputs = nullptr;
     size_t inputs_used = 0;
@@ -109,39 +107,51 @@ struct ContextImpl {
              s.all_outputs == shape.all_outputs && arena == arena_now && inputs == inputs_now;
     }
   } step;
+};
 
-  // Gives every tensor of `g` memory: input leafs in `inputs`, activations in `arena` (both
-  // reallocated only when too small), views resolved to their source. Input offsets depend only on
-  // the leafs' order and shapes, arena offsets only on the graph (plan_memory is deterministic), so
-  // the same structure gets the same addresses while the buffers are kept.
-  Status allocate(Graph& g) {
-    BufferType& type = backend->buffer_type();
+struct ContextImpl {
+  const Model* model = nullptr;
+  const ModelImpl* m = nullptr;
+  int n_ctx = 0;
+  int n_batch = 0;
+  int n_kv_bucket = 1;
+  std::unique_ptr<KvCache> kv;
+  std::vector<Segment> segments;  // in layer order; the last one computes the logits
+  std::vector<float> logits;      // host copy returned by decode
+  DecodeStats stats;
+
+  // Gives every tensor of `g` memory: input leafs in the segment's `inputs`, activations in its
+  // `arena` (both reallocated only when too small), views resolved to their source. Input offsets
+  // depend only on the leafs' order and shapes, arena offsets only on the graph (plan_memory is
+  // deterministic), so the same structure gets the same addresses while the buffers are kept.
+  Status allocate(Segment& s, Graph& g) {
+    BufferType& type = s.backend->buffer_type();
     const size_t align = type.alignment();
     size_t in_bytes = 0;
     for (Tensor* t : g.leafs())
       if (!t->data) in_bytes += align_up(t->nbytes(), align);
-    if (!inputs || inputs->size() < in_bytes) {
-      inputs.reset();
+    if (!s.inputs || s.inputs->size() < in_bytes) {
+      s.inputs.reset();
       auto buf = type.allocate(in_bytes);
       if (!buf) return buf.status();
-      inputs = std::move(buf.value());
+      s.inputs = std::move(buf.value());
     }
     size_t off = 0;
     for (Tensor* t : g.leafs()) {
       if (t->data) continue;
-      LOOM_TRY(tensor_bind(t, inputs.get(), off));
+      LOOM_TRY(tensor_bind(t, s.inputs.get(), off));
       off += align_up(t->nbytes(), align);
     }
-    inputs_used = in_bytes;
+    s.inputs_used = in_bytes;
 
     const MemoryPlan plan = plan_memory(g, align);
-    if (!arena || arena->size() < plan.peak_bytes) {
-      arena.reset();  // free the old arena first: peak memory is one arena, not two
+    if (!s.arena || s.arena->size() < plan.peak_bytes) {
+      s.arena.reset();  // free the old arena first: peak memory is one arena, not two
       auto buf = type.allocate(plan.peak_bytes);
       if (!buf)
         return make_error(buf.status().code(), "activation arena of {}: {}", format_bytes(plan.peak_bytes),
                           buf.status().message());
-      arena = std::move(buf.value());
+      s.arena = std::move(buf.value());
       ++stats.n_arena_allocations;
     }
     for (Tensor* t : g.nodes()) {
@@ -151,97 +161,132 @@ struct ContextImpl {
         t->buffer = src->buffer;
         t->data = static_cast<uint8_t*>(src->data) + t->view_offset;
       } else {
-        LOOM_TRY(tensor_bind(t, arena.get(), plan.offsets[t->index]));
+        LOOM_TRY(tensor_bind(t, s.arena.get(), plan.offsets[t->index]));
       }
     }
-    stats.n_nodes = g.nodes().size();
-    stats.arena_bytes = arena->size();
     return {};
   }
 
-  // Builds the pass for `shape`; its logits tensor, nullptr on error (see g.status()).
-  Tensor* build(Graph& g, const StepShape& shape, StepInputs& in) {
-    StepBuilder b(g, m->hp, m->w, *kv, m->arch->rope_mode(), shape);
-    Tensor* logits_t = m->arch->build(b);
+  // Builds the segment's part of the pass for `shape`; its output (logits or hidden state),
+  // nullptr on error (see g.status()).
+  Tensor* build(const Segment& s, Graph& g, const StepShape& shape, StepInputs& in) {
+    StepBuilder b(g, m->hp, m->w, *kv, m->arch->rope_mode(), shape, s.range);
+    Tensor* out = m->arch->build(b);
     in = b.inputs();
-    if (logits_t) g.mark_output(logits_t);
-    return logits_t;
+    if (out) g.mark_output(out);
+    return out;
   }
 
-  // Byte offset of an input leaf in `inputs`.
-  size_t input_offset(const Tensor* t) {
-    LOOM_ASSERT(t->buffer == inputs.get());
+  // The sums DecodeStats reports over the segments.
+  void update_sizes() {
+    stats.n_nodes = 0;
+    stats.arena_bytes = 0;
+    for (const Segment& s : segments) {
+      stats.n_nodes += s.step.graph ? s.step.graph->nodes().size() : 0;
+      stats.arena_bytes += s.arena ? s.arena->size() : 0;
+    }
+  }
+
+  // Byte offset of an input leaf in the segment's `inputs`.
+  static size_t input_offset(const Segment& s, const Tensor* t) {
+    LOOM_ASSERT(t->buffer == s.inputs.get());
     return static_cast<size_t>(static_cast<const uint8_t*>(t->data) -
-                               static_cast<const uint8_t*>(inputs->base()));
+                               static_cast<const uint8_t*>(s.inputs->base()));
   }
 
-  // Stages every step input where allocate() bound it and sends the whole block in one transfer:
-  // one host-to-device copy per pass instead of one per input (a copy's fixed cost dominates
-  // inputs this small, and a replayed device graph then reads one block written before launch).
-  Status write_inputs(const Graph& g, const StepInputs& in, std::span<const int32_t> tokens,
-                      std::span<const int32_t> positions, std::span<const int32_t> cells, int seq, int n_kv) {
-    int n_inputs = 0;
-    for (const Tensor* t : g.leafs()) n_inputs += t->buffer == inputs.get();
+  // Stages every input of the segment's step where allocate() bound it and sends the whole block in
+  // one transfer: one host-to-device copy per pass instead of one per input (a copy's fixed cost
+  // dominates inputs this small, and a replayed device graph then reads one block written before
+  // launch). `hidden` is the previous segment's output, read back into the block.
+  Status write_inputs(Segment& s, std::span<const int32_t> tokens, std::span<const int32_t> positions,
+                      std::span<const int32_t> cells, int seq, int n_kv, const Tensor* hidden) {
+    const StepInputs& in = s.step.in;
+    int n_inputs = 0, n_expected = 0;
+    for (const Tensor* t : s.step.graph->leafs()) n_inputs += t->buffer == s.inputs.get();
+    for (const Tensor* t : {in.tokens, in.hidden, in.positions, in.kv_cells, in.kq_mask, in.kq_mask_swa})
+      n_expected += t != nullptr;
     // The block is written whole: a leaf in it that is not a step input would get stale bytes.
-    LOOM_ASSERT(n_inputs == (in.kq_mask_swa ? 5 : 4));
-    const size_t used = step.inputs_used;
+    LOOM_ASSERT(n_inputs == n_expected);
+    const size_t used = s.step.inputs_used;
     LOOM_ASSERT(used % sizeof(float) == 0);
-    staging.resize(used / sizeof(float));
-    auto* base = reinterpret_cast<uint8_t*>(staging.data());
+    s.staging.resize(used / sizeof(float));
+    auto* base = reinterpret_cast<uint8_t*>(s.staging.data());
     const size_t n_bytes = tokens.size() * sizeof(int32_t);
-    std::memcpy(base + input_offset(in.tokens), tokens.data(), n_bytes);
-    std::memcpy(base + input_offset(in.positions), positions.data(), n_bytes);
-    std::memcpy(base + input_offset(in.kv_cells), cells.data(), n_bytes);
-    kv->fill_mask(positions, seq, n_kv, staging.data() + input_offset(in.kq_mask) / sizeof(float));
+    if (in.tokens) std::memcpy(base + input_offset(s, in.tokens), tokens.data(), n_bytes);
+    if (in.positions) std::memcpy(base + input_offset(s, in.positions), positions.data(), n_bytes);
+    if (in.kv_cells) std::memcpy(base + input_offset(s, in.kv_cells), cells.data(), n_bytes);
+    if (in.kq_mask)
+      kv->fill_mask(positions, seq, n_kv, s.staging.data() + input_offset(s, in.kq_mask) / sizeof(float));
     if (in.kq_mask_swa)
-      kv->fill_mask(positions, seq, n_kv, staging.data() + input_offset(in.kq_mask_swa) / sizeof(float),
+      kv->fill_mask(positions, seq, n_kv, s.staging.data() + input_offset(s, in.kq_mask_swa) / sizeof(float),
                     static_cast<int>(m->hp.n_swa));
-    LOOM_TRY(inputs->write(0, staging.data(), used));
+    if (in.hidden) {
+      LOOM_ASSERT(hidden && hidden->nbytes() == in.hidden->nbytes());
+      LOOM_TRY(tensor_read(hidden, base + input_offset(s, in.hidden), 0, in.hidden->nbytes()));
+    }
+    LOOM_TRY(s.inputs->write(0, s.staging.data(), used));
     ++stats.n_input_writes;
     return {};
   }
 
-  // One forward pass over tokens already given cache cells; appends the logits to `out` if given.
+  // One forward pass over tokens already given cache cells, segment after segment; appends the
+  // logits to `out` if given.
   Status run_step(std::span<const int32_t> tokens, std::span<const int32_t> positions,
                   std::span<const int32_t> cells, int seq, bool all_outputs, std::vector<float>* out) {
-    // n_kv never exceeds n_ctx, so never what Context::create reserved the arena and the inputs for
-    // (n_batch tokens over the whole cache).
+    // n_kv never exceeds n_ctx, so never what Context::create reserved the arenas and the inputs
+    // for (n_batch tokens over the whole cache).
     const StepShape shape{static_cast<int>(tokens.size()), bucketed_n_kv(kv->n_kv(), n_kv_bucket, n_ctx),
                           all_outputs};
-    const Clock::time_point t0 = Clock::now();
-    Clock::time_point t1 = t0, t2 = t0;
-    if (!step.reusable(shape, arena.get(), inputs.get())) {
-      step = CachedStep{};
-      auto g = std::make_unique<Graph>();
-      StepInputs in;
-      Tensor* logits_t = build(*g, shape, in);
-      LOOM_TRY(g->status());
-      t1 = Clock::now();
-      LOOM_TRY(allocate(*g));
-      const uint64_t fingerprint = graph_fingerprint(*g);
-      t2 = Clock::now();
-      step =
-          CachedStep{std::move(g), shape, in, logits_t, arena.get(), inputs.get(), inputs_used, fingerprint};
-      ++stats.n_graph_builds;
+    const Tensor* carried = nullptr;  // the previous segment's hidden state
+    bool built = false;
+    uint64_t fingerprint = 0;
+    for (size_t i = 0; i < segments.size(); ++i) {
+      Segment& s = segments[i];
+      const Clock::time_point t0 = Clock::now();
+      Clock::time_point t1 = t0, t2 = t0;
+      if (!s.step.reusable(shape, s.arena.get(), s.inputs.get())) {
+        s.step = Segment::CachedStep{};
+        auto g = std::make_unique<Graph>();
+        StepInputs in;
+        Tensor* out_t = build(s, *g, shape, in);
+        LOOM_TRY(g->status());
+        t1 = Clock::now();
+        LOOM_TRY(allocate(s, *g));
+        const uint64_t fp = graph_fingerprint(*g);
+        t2 = Clock::now();
+        const Buffer* arena_now = s.arena.get();
+        const Buffer* inputs_now = s.inputs.get();
+        s.step =
+            Segment::CachedStep{std::move(g), shape, in, out_t, arena_now, inputs_now, s.inputs_used, fp};
+        built = true;
+      }
+      LOOM_TRY(write_inputs(s, tokens, positions, cells, seq, shape.n_kv, carried));
+      const Clock::time_point t3 = Clock::now();
+      stats.host_build_ns += elapsed_ns(t0, t1);
+      stats.host_alloc_ns += elapsed_ns(t1, t2);
+      stats.host_inputs_ns += elapsed_ns(t2, t3);
+      LOOM_TRY(s.backend->compute(*s.step.graph));
+      carried = s.step.out;
+      fingerprint = i == 0 ? s.step.fingerprint : mix_word(fingerprint, s.step.fingerprint);
     }
-    LOOM_TRY(write_inputs(*step.graph, step.in, tokens, positions, cells, seq, shape.n_kv));
-    const Clock::time_point t3 = Clock::now();
-    stats.host_build_ns += elapsed_ns(t0, t1);
-    stats.host_alloc_ns += elapsed_ns(t1, t2);
-    stats.host_inputs_ns += elapsed_ns(t2, t3);
+    if (built) {
+      ++stats.n_graph_builds;
+      update_sizes();
+    }
     stats.n_kv = shape.n_kv;
-    stats.graph_fingerprint = step.fingerprint;
-    LOOM_TRY(backend->compute(*step.graph));
+    stats.graph_fingerprint = fingerprint;
     ++stats.n_steps;
     if (out) {
-      const size_t count = static_cast<size_t>(step.logits->nelements());
+      const size_t count = static_cast<size_t>(carried->nelements());
       const size_t old = out->size();
       out->resize(old + count);
-      LOOM_TRY(tensor_read(step.logits, out->data() + old, 0, count * sizeof(float)));
+      LOOM_TRY(tensor_read(carried, out->data() + old, 0, count * sizeof(float)));
     }
     return {};
   }
 };
+
+const KvCache& context_kv_cache(const Context& ctx) { return *ctx.impl().kv; }
 
 }  // namespace detail
 
@@ -254,7 +299,6 @@ Result<std::unique_ptr<Context>> Context::create(const Model& model, const Conte
   detail::ContextImpl& c = *impl;
   c.model = &model;
   c.m = &model.impl();
-  c.backend = &model.backend();
   if (params.n_ctx < 0 || params.n_batch < 1 || params.n_kv_bucket < 1)
     return make_error(StatusCode::invalid_argument,
                       "context: n_ctx {} must be >= 0, n_batch {} >= 1 and n_kv_bucket {} >= 1", params.n_ctx,
@@ -264,28 +308,52 @@ Result<std::unique_ptr<Context>> Context::create(const Model& model, const Conte
   c.n_batch = std::min(params.n_batch, c.n_ctx);
   c.n_kv_bucket = params.n_kv_bucket;
 
-  BufferType& type = c.backend->buffer_type();
-  if (type.is_host()) {
-    const uint64_t need = detail::KvCache::bytes_needed(hp, c.n_ctx);
+  const int n_layer = static_cast<int>(hp.n_layer);
+  const int first_offload = c.m->first_offload_layer();
+  Backend* offload = c.m->n_offload > 0 ? c.m->offload_backend : nullptr;
+  BufferType& type = model.backend().buffer_type();
+  BufferType* offload_type = offload ? &offload->buffer_type() : nullptr;
+  const uint64_t host_need =
+      (type.is_host() ? detail::KvCache::bytes_needed(hp, c.n_ctx, first_offload) : 0) +
+      (offload_type && offload_type->is_host()
+           ? detail::KvCache::bytes_needed(hp, c.n_ctx, n_layer - first_offload)
+           : 0);
+  if (host_need > 0) {
     const uint64_t avail =
         params.available_memory ? params.available_memory : detail::host_memory_available();
-    if (avail && need > avail)
+    if (avail && host_need > avail)
       return make_error(
           StatusCode::out_of_memory,
           "context: a KV cache of {} cells needs {} but only {} of memory is available (MemAvailable); "
           "use a smaller n_ctx",
-          c.n_ctx, detail::format_bytes(need), detail::format_bytes(avail));
+          c.n_ctx, detail::format_bytes(host_need), detail::format_bytes(avail));
   }
-  auto kv = detail::KvCache::create(hp, c.n_ctx, type);
+  auto kv = detail::KvCache::create(hp, c.n_ctx, type, offload_type, first_offload);
   if (!kv) return kv.status();
   c.kv = std::move(kv.value());
 
-  // Reserve the arena with the largest pass, so decoding never reallocates it.
-  Graph g;
-  detail::StepInputs in;
-  c.build(g, detail::StepShape{c.n_batch, c.n_ctx, false}, in);
-  LOOM_TRY(g.status());
-  LOOM_TRY(c.allocate(g));
+  if (offload) {
+    c.segments.resize(2);
+    c.segments[0].backend = &model.backend();
+    c.segments[0].range = detail::StepRange{0, first_offload};
+    c.segments[1].backend = offload;
+    c.segments[1].range = detail::StepRange{first_offload, n_layer};
+  } else {
+    c.segments.resize(1);
+    c.segments[0].backend = &model.backend();
+    c.segments[0].range = detail::StepRange{0, n_layer};
+  }
+  // Reserve the arenas with the largest pass, so decoding never reallocates them.
+  for (detail::Segment& s : c.segments) {
+    Graph g;
+    detail::StepInputs in;
+    c.build(s, g, detail::StepShape{c.n_batch, c.n_ctx, false}, in);
+    LOOM_TRY(g.status());
+    LOOM_TRY(c.allocate(s, g));
+    c.stats.n_nodes += g.nodes().size();
+  }
+  c.stats.arena_bytes = 0;
+  for (const detail::Segment& s : c.segments) c.stats.arena_bytes += s.arena->size();
   return std::unique_ptr<Context>(new Context(std::move(impl)));
 }
 
@@ -372,6 +440,13 @@ Result<Session> open_session(const SessionParams& p) {
   ModelLoadOptions mo;
   mo.progress = p.progress;
   mo.print_summary = p.print_summary;
+  if (!p.offload_backend.empty() && p.n_offload_layers > 0) {
+    auto offload = create_backend(p.offload_backend, bo);
+    if (!offload) return offload.status();
+    s.offload_backend = std::move(offload.value());
+    mo.offload_backend = s.offload_backend.get();
+    mo.n_offload_layers = p.n_offload_layers;
+  }
   auto model = Model::load(p.model_path, *s.backend, mo);
   if (!model) return model.status();
   s.model = std::move(model.value());
@@ -382,9 +457,10 @@ Result<Session> open_session(const SessionParams& p) {
   if (!ctx) return ctx.status();
   s.context = std::move(ctx.value());
   if (p.print_summary)
-    fmt::print(stderr, "loom: context {} cells, batch {}, KV cache {} (f16), activations {}, backend {}\n",
+    fmt::print(stderr, "loom: context {} cells, batch {}, KV cache {} (f16), activations {}, backend {}{}\n",
                s.context->n_ctx(), s.context->n_batch(), detail::format_bytes(s.context->kv_cache_bytes()),
-               detail::format_bytes(s.context->stats().arena_bytes), s.backend->name());
+               detail::format_bytes(s.context->stats().arena_bytes), s.backend->name(),
+               s.model->offload_backend() ? fmt::format(" + {}", s.model->offload_backend()->name()) : "");
   return s;
 }
 

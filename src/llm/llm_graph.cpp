@@ -7,14 +7,27 @@
 namespace loom::llm::detail {
 
 StepBuilder::StepBuilder(Graph& g, const HParams& hp, const ModelWeights& w, KvCache& kv, RopeMode rope_mode,
-                         const StepShape& shape)
+                         const StepShape& shape, const StepRange& range)
     : g_(g), hp_(hp), w_(w), kv_(kv), shape_(shape) {
+  const int n_layer = static_cast<int>(hp.n_layer);
+  layer_end_ = range.layer_end < 0 ? n_layer : range.layer_end;
+  layer_begin_ = range.layer_begin;
+  LOOM_ASSERT(0 <= layer_begin_ && layer_begin_ <= layer_end_ && layer_end_ <= n_layer);
+  // Only the inputs the range reads: every input leaf is written each pass (one block per backend).
+  bool any_global = false, any_local = false;
+  for (int il = layer_begin_; il < layer_end_; ++il)
+    (hp.is_swa(static_cast<uint32_t>(il)) ? any_local : any_global) = true;
   const int64_t t = shape.n_tokens;
-  in_.tokens = g.input(DType::i32, {t, 1, 1, 1}, "inp_tokens");
-  in_.positions = g.input(DType::i32, {t, 1, 1, 1}, "inp_pos");
-  in_.kv_cells = g.input(DType::i32, {t, 1, 1, 1}, "inp_kv_cells");
-  in_.kq_mask = g.input(DType::f32, {shape.n_kv, t, 1, 1}, "inp_kq_mask");
-  if (hp.has_swa()) in_.kq_mask_swa = g.input(DType::f32, {shape.n_kv, t, 1, 1}, "inp_kq_mask_swa");
+  if (layer_begin_ == 0)
+    in_.tokens = g.input(DType::i32, {t, 1, 1, 1}, "inp_tokens");
+  else
+    in_.hidden = g.input(DType::f32, {hp.n_embd, t, 1, 1}, "inp_hidden");
+  if (layer_begin_ < layer_end_) {
+    in_.positions = g.input(DType::i32, {t, 1, 1, 1}, "inp_pos");
+    in_.kv_cells = g.input(DType::i32, {t, 1, 1, 1}, "inp_kv_cells");
+  }
+  if (any_global) in_.kq_mask = g.input(DType::f32, {shape.n_kv, t, 1, 1}, "inp_kq_mask");
+  if (any_local) in_.kq_mask_swa = g.input(DType::f32, {shape.n_kv, t, 1, 1}, "inp_kq_mask_swa");
 
   rope_ = RopeParams{};
   rope_.n_dims = static_cast<int32_t>(hp.n_rot);
@@ -35,6 +48,17 @@ StepBuilder::StepBuilder(Graph& g, const HParams& hp, const ModelWeights& w, KvC
 
 Tensor* StepBuilder::embed() { return get_rows(g_, w_.tok_embd, in_.tokens); }
 
+Tensor* StepBuilder::stream_in(float embed_scale) {
+  if (layer_begin_ > 0) return in_.hidden;
+  return embed_scale == 1.0f ? embed() : scale(g_, embed(), embed_scale);
+}
+
+Tensor* StepBuilder::stream_out(Tensor* x) {
+  if (layer_end_ == static_cast<int>(hp_.n_layer)) return logits(x);
+  if (x) x->name = "hidden_out";
+  return x;
+}
+
 Tensor* StepBuilder::rms_norm(Tensor* x, Tensor* weight) {
   return mul(g_, loom::rms_norm(g_, x, hp_.norm_rms_eps), weight);
 }
@@ -48,11 +72,11 @@ Tensor* StepBuilder::split_heads(Tensor* x, int64_t head_dim, int64_t n_heads) {
   return reshape(g_, x, {head_dim, n_heads, shape_.n_tokens, 1});
 }
 
-Tensor* StepBuilder::rope(Tensor* x) { return loom::rope(g_, x, in_.positions, w_.rope_freqs, rope_); }
-
 Tensor* StepBuilder::rope(Tensor* x, int il) {
   const bool local = hp_.is_swa(static_cast<uint32_t>(il));
-  return loom::rope(g_, x, in_.positions, w_.rope_freqs, local ? rope_swa_ : rope_);
+  Tensor* freq_factors = w_.layers[il].rope_freqs;
+  LOOM_ASSERT(freq_factors || !w_.rope_freqs);  // the loader gives every layer its copy
+  return loom::rope(g_, x, in_.positions, freq_factors, local ? rope_swa_ : rope_);
 }
 
 Tensor* StepBuilder::attention(int il, Tensor* q, Tensor* k, Tensor* v) {

@@ -11,40 +11,50 @@ namespace {
 size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 }  // namespace
 
-uint64_t KvCache::bytes_needed(const HParams& hp, int n_ctx) {
+uint64_t KvCache::bytes_needed(const HParams& hp, int n_ctx, int n_layers) {
   const uint64_t per_layer =
       static_cast<uint64_t>(n_ctx) * hp.n_head_kv * (hp.head_dim_k + hp.head_dim_v) * 2;
-  return per_layer * hp.n_layer;
+  return per_layer * (n_layers < 0 ? hp.n_layer : static_cast<uint32_t>(n_layers));
 }
 
-Result<std::unique_ptr<KvCache>> KvCache::create(const HParams& hp, int n_ctx, BufferType& type) {
+Result<std::unique_ptr<KvCache>> KvCache::create(const HParams& hp, int n_ctx, BufferType& type,
+                                                 BufferType* offload_type, int first_offload_layer) {
   if (n_ctx < 1)
     return make_error(StatusCode::invalid_argument, "kv cache: n_ctx {} must be positive", n_ctx);
+  const int n_layer = static_cast<int>(hp.n_layer);
+  const int split =
+      offload_type && first_offload_layer >= 0 ? std::min(first_offload_layer, n_layer) : n_layer;
   std::unique_ptr<KvCache> kv(new KvCache());
-  const size_t align = type.alignment();
-  size_t total = 0;
-  for (uint32_t il = 0; il < hp.n_layer; ++il) {
-    Tensor* k = kv->tensors_.new_tensor(DType::f16, {hp.head_dim_k, n_ctx, hp.n_head_kv, 1},
-                                        fmt::format("cache_k_l{}", il));
-    Tensor* v = kv->tensors_.new_tensor(DType::f16, {hp.head_dim_v, n_ctx, hp.n_head_kv, 1},
-                                        fmt::format("cache_v_l{}", il));
-    kv->k_.push_back(k);
-    kv->v_.push_back(v);
-    total += align_up(k->nbytes(), align) + align_up(v->nbytes(), align);
+  for (int il = 0; il < n_layer; ++il) {
+    kv->k_.push_back(kv->tensors_.new_tensor(DType::f16, {hp.head_dim_k, n_ctx, hp.n_head_kv, 1},
+                                             fmt::format("cache_k_l{}", il)));
+    kv->v_.push_back(kv->tensors_.new_tensor(DType::f16, {hp.head_dim_v, n_ctx, hp.n_head_kv, 1},
+                                             fmt::format("cache_v_l{}", il)));
   }
-  auto buf = type.allocate(total);
-  if (!buf)
-    return make_error(buf.status().code(), "kv cache of {} cells ({:.1f} MiB): {}", n_ctx, total / 1048576.0,
-                      buf.status().message());
-  kv->buffer_ = std::move(buf.value());
-  LOOM_TRY(kv->buffer_->fill(0, 0, total));
-  size_t off = 0;
-  for (uint32_t il = 0; il < hp.n_layer; ++il) {
-    for (Tensor* t : {kv->k_[il], kv->v_[il]}) {
-      LOOM_TRY(tensor_bind(t, kv->buffer_.get(), off));
-      off += align_up(t->nbytes(), align);
+  // Layers [begin, end) in one zeroed buffer of `t`.
+  auto place = [&](BufferType& t, int begin, int end, std::unique_ptr<Buffer>& out) -> Status {
+    if (begin == end) return {};
+    const size_t align = t.alignment();
+    size_t total = 0;
+    for (int il = begin; il < end; ++il)
+      total += align_up(kv->k_[il]->nbytes(), align) + align_up(kv->v_[il]->nbytes(), align);
+    auto buf = t.allocate(total);
+    if (!buf)
+      return make_error(buf.status().code(), "kv cache of {} cells, layers {}-{} ({:.1f} MiB of {}): {}",
+                        n_ctx, begin, end - 1, total / 1048576.0, t.name(), buf.status().message());
+    out = std::move(buf.value());
+    LOOM_TRY(out->fill(0, 0, total));
+    size_t off = 0;
+    for (int il = begin; il < end; ++il) {
+      for (Tensor* x : {kv->k_[il], kv->v_[il]}) {
+        LOOM_TRY(tensor_bind(x, out.get(), off));
+        off += align_up(x->nbytes(), align);
+      }
     }
-  }
+    return {};
+  };
+  LOOM_TRY(place(type, 0, split, kv->buffer_));
+  if (split < n_layer) LOOM_TRY(place(*offload_type, split, n_layer, kv->offload_buffer_));
   kv->cells_.assign(static_cast<size_t>(n_ctx), Cell{});
   return kv;
 }

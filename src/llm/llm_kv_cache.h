@@ -1,5 +1,6 @@
 // The KV cache: per layer, K and V as F16 [head_dim, n_ctx, n_head_kv] in one persistent buffer of
-// the backend, plus host-side bookkeeping of which cell holds which position of which sequence.
+// the backend (two when the last layers are offloaded: each layer's K and V live where the layer
+// runs), plus host-side bookkeeping of which cell holds which position of which sequence.
 //
 // Cells are handed out first-fit, so a single sequence grown from position 0 has cell i = position
 // i and attention reads the prefix [0, pos + n_tokens). The causal mask is built from the cells'
@@ -19,15 +20,20 @@ namespace loom::llm::detail {
 class KvCache {
  public:
   /// Allocates and zeroes the cache (zeros, not garbage, in cells masked out of attention, so no
-  /// NaN can leak through a 0 weight).
-  static Result<std::unique_ptr<KvCache>> create(const HParams& hp, int n_ctx, BufferType& type);
-  /// Bytes the cache of this model and size needs.
-  static uint64_t bytes_needed(const HParams& hp, int n_ctx);
+  /// NaN can leak through a 0 weight). Layers from `first_offload_layer` on go in `offload_type`
+  /// memory when it is given.
+  static Result<std::unique_ptr<KvCache>> create(const HParams& hp, int n_ctx, BufferType& type,
+                                                 BufferType* offload_type = nullptr,
+                                                 int first_offload_layer = -1);
+  /// Bytes the cache of this model and size needs for `n_layers` layers (-1: all).
+  static uint64_t bytes_needed(const HParams& hp, int n_ctx, int n_layers = -1);
 
   Tensor* k(int il) const { return k_[il]; }
   Tensor* v(int il) const { return v_[il]; }
   int n_ctx() const { return static_cast<int>(cells_.size()); }
-  size_t bytes() const { return buffer_ ? buffer_->size() : 0; }
+  size_t bytes() const {
+    return (buffer_ ? buffer_->size() : 0) + (offload_buffer_ ? offload_buffer_->size() : 0);
+  }
 
   /// Takes free cells for `positions` of `seq`: returns their indices, or an error when the cache
   /// cannot hold them. The cells count as used until release().
@@ -57,8 +63,12 @@ class KvCache {
   Graph tensors_;  // owns the K/V tensor objects (leafs, never computed)
   std::vector<Tensor*> k_, v_;
   std::unique_ptr<Buffer> buffer_;
+  std::unique_ptr<Buffer> offload_buffer_;  // the offloaded layers' K and V
   std::vector<Cell> cells_;
   int n_used_ = 0;
 };
+
+/// The cache of a context (for tests: where its layers' tensors live).
+const KvCache& context_kv_cache(const Context& ctx);
 
 }  // namespace loom::llm::detail

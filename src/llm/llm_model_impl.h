@@ -19,12 +19,19 @@ struct ModelImpl {
   HParams hp;
   const Architecture* arch = nullptr;
   Backend* backend = nullptr;
+  // Layers [n_layer - n_offload, n_layer), output_norm and output run on `offload_backend`.
+  Backend* offload_backend = nullptr;
+  int n_offload = 0;
   Graph weight_tensors;  // owns the weights' Tensor objects (leafs, never computed)
   ModelWeights w;
-  std::unique_ptr<Buffer> buffer;  // a view of the mapping (host) or a device copy
+  std::unique_ptr<Buffer> buffer;          // a view of the mapping (host) or a device copy
+  std::unique_ptr<Buffer> offload_buffer;  // the offloaded weights, copied into offload memory
   uint64_t n_params = 0;
   uint64_t n_bytes = 0;
+  uint64_t offload_bytes = 0;  // weights in offload memory, with the copies of shared ones
   std::vector<std::pair<std::string, int>> type_counts;  // most frequent first
+
+  int first_offload_layer() const { return static_cast<int>(hp.n_layer) - n_offload; }
 };
 
 /// Host memory the kernel says is available (MemAvailable), 0 when it cannot be read.
