@@ -42,14 +42,16 @@ step ops_cuda $build/bin/loom-test-ops --backend cuda,cpu -t 16
 step builtin_cuda $build/bin/loom run --backend cuda -n 8
 step capi_cuda $build/bin/loom-test-capi-cuda
 step e2e bash scripts/gpu-e2e.sh $build/bin "$out"
+step ngl bash scripts/gpu-ngl.sh $build/bin "$out"
 step exec bash scripts/gpu-exec.sh $build/bin "$out" ${LOOM_GPU_QUICK:+quick}
 
 echo
 echo "== summary =="
 printf '%-16s %s\n' step result
-for k in configure build unit_tests ops_cpu ops_cuda ops_cuda_perf builtin_cuda capi_cuda e2e exec; do
+for k in configure build unit_tests ops_cpu ops_cuda ops_cuda_perf builtin_cuda capi_cuda e2e ngl exec; do
   printf '%-16s %s\n' "$k" "${result[$k]:-skipped}"
 done
 grep -h -E '^[0-9]+ passed' "$out"/ops_*.log 2>/dev/null | sed 's/^/ops: /'
 grep -h -E '^e2e: |^compare_logits|^hf_reference' "$out"/e2e.log 2>/dev/null
+grep -h -E '^ngl|^compare_logits' "$out"/ngl.log 2>/dev/null
 grep -h -E '^exec|^\|' "$out"/exec.log 2>/dev/null
