@@ -337,6 +337,7 @@ void add_fused_cases(CaseList& cases, CaseSet set) {
       add_mat_vec_bias(cases, wt, 4096, 1, 4096);
       add_glu_mat_vec(cases, wt, 14336, 1, true, 4096);
     }
+    add_glu_mat_vec(cases, DType::f16, 8192, 1, true, 2048);  // a 2048-wide model's gate + up
     for (DType wt : {DType::f16, DType::q8_0, DType::q4_k})
       add_mat_vec_multi(cases, wt, {4096, 1024, 1024}, 1, 4096);  // llama-3-8B Q, K, V
     add_rope_set_rows(cases, {128, 32, 8, 1, 4096, DType::f16, rope_params(RopeMode::neox, 128, 500000.0f)});
@@ -362,6 +363,14 @@ void add_fused_cases(CaseList& cases, CaseSet set) {
     for (int64_t n : {1, 3}) add_glu_mat_vec(cases, wt, 45, n, true);
   for (DType wt : {DType::f32, DType::f16, DType::q8_0, DType::q4_k})
     for (int64_t n : {1, 3}) add_glu_mat_vec(cases, wt, 29, n, false);
+  // Float weights on the mat-vec loop's 16-byte path (k 1344: aligned rows, whole unrolled steps
+  // and a remainder); the k 75 cases above take its one-element path.
+  for (DType wt : {DType::f32, DType::f16, DType::bf16})
+    for (int64_t n : {1, 3}) {
+      add_mat_vec_bias(cases, wt, 37, n, 1344);
+      add_glu_mat_vec(cases, wt, 45, n, true, 1344);
+      add_mat_vec_multi(cases, wt, {40, 12, 12}, n, 1344);
+    }
 
   // Q, K, V of one token or three (k 256: whole q4_K/q6_K blocks), two products (K and V), rows
   // that leave a block of warps partly idle, an odd k for float weights, and batches with the

@@ -64,6 +64,14 @@ struct MulMatCase {
   std::array<int64_t, 2> b_batch;  // {b2, b3}
   BLayout layout = BLayout::packed;
   bool a_window = false;  // a is the second half of the rows of a larger weight
+  // Float weights only: a is the view at element a_shift of each row of a leaf [k + a_shift, ...],
+  // so rows start off 16-byte boundaries (some rows, others on them) even when k is a multiple of
+  // the mat-vec kernel's vector width.
+  int64_t a_shift = 0;
+  // Packed b only: b is the view at element b_offset (<= b_pad) of each row of a leaf
+  // [k + b_pad, ...]: for b_pad odd the column stride is not a multiple of 16 bytes, and for
+  // b_offset odd column 0 is off a 16-byte boundary too.
+  int64_t b_pad = 0, b_offset = 0;
 };
 
 void add_mul_mat(CaseList& cases, const MulMatCase& c, bool perf) {
@@ -73,13 +81,18 @@ void add_mul_mat(CaseList& cases, const MulMatCase& c, bool perf) {
     if (c.a_window) {
       Tensor* whole = in.uniform(c.wt, {c.k, 2 * c.m, c.a_batch[0], c.a_batch[1]});
       a = view(g, whole, a_ne, whole->nb, c.m * whole->nb[1]);
+    } else if (c.a_shift > 0) {
+      Tensor* whole = in.uniform(c.wt, {c.k + c.a_shift, c.m, c.a_batch[0], c.a_batch[1]});
+      a = view(g, whole, a_ne, whole->nb, static_cast<size_t>(c.a_shift) * dtype_type_size(c.wt));
     } else {
       a = in.uniform(c.wt, a_ne);
     }
     Tensor* b = nullptr;
     switch (c.layout) {
       case BLayout::packed:
-        b = in.uniform(DType::f32, {c.k, c.n, c.b_batch[0], c.b_batch[1]});
+        b = in.uniform(DType::f32, {c.k + c.b_pad, c.n, c.b_batch[0], c.b_batch[1]});
+        if (c.b_pad > 0)
+          b = view(g, b, {c.k, c.n, c.b_batch[0], c.b_batch[1]}, b->nb, static_cast<size_t>(c.b_offset) * 4);
         break;
       case BLayout::permuted:
         b = permute(g, in.uniform(DType::f32, {c.k, c.b_batch[0], c.n, c.b_batch[1]}), 0, 2, 1, 3);
@@ -94,9 +107,12 @@ void add_mul_mat(CaseList& cases, const MulMatCase& c, bool perf) {
   if (!perf) {
     ref = [c](const std::vector<RefTensor>& in) {
       RefTensor a = in[0];
-      if (c.a_window)
-        a = ref_view(in[0], {c.k, c.m, c.a_batch[0], c.a_batch[1]}, packed_strides(in[0].ne), c.m * c.k);
+      const Shape a_ne{c.k, c.m, c.a_batch[0], c.a_batch[1]};
+      if (c.a_window) a = ref_view(in[0], a_ne, packed_strides(in[0].ne), c.m * c.k);
+      if (c.a_shift > 0) a = ref_view(in[0], a_ne, packed_strides(in[0].ne), c.a_shift);
       RefTensor b = in[1];
+      if (c.b_pad > 0)
+        b = ref_view(in[1], {c.k, c.n, c.b_batch[0], c.b_batch[1]}, packed_strides(in[1].ne), c.b_offset);
       if (c.layout == BLayout::permuted) b = ref_permute(in[1], 0, 2, 1, 3);
       if (c.layout == BLayout::transposed) b = ref_transpose(in[1]);
       return mul_mat_ref(a, b);
@@ -108,6 +124,8 @@ void add_mul_mat(CaseList& cases, const MulMatCase& c, bool perf) {
   std::string desc = fmt::format(
       "a={}{}{} b=f32{}{}", dtype_name(c.wt), shape_string({c.k, c.m, c.a_batch[0], c.a_batch[1]}),
       c.a_window ? " (row window)" : "", shape_string({c.k, c.n, c.b_batch[0], c.b_batch[1]}), layout);
+  if (c.a_shift > 0) desc += fmt::format(" (a rows at element {} of {})", c.a_shift, c.k + c.a_shift);
+  if (c.b_pad > 0) desc += fmt::format(" (b rows at element {} of {})", c.b_offset, c.k + c.b_pad);
   const double flops = 2.0 * c.m * c.n * c.k * c.b_batch[0] * c.b_batch[1];
   cases.push_back({"mul_mat", desc, mul_mat_nmse(c.wt), build, ref, flops});
 }
@@ -169,6 +187,11 @@ void add_matmul_cases(CaseList& cases, CaseSet set) {
       add_mul_mat(cases, {wt, 4096, 1, 4096, {1, 1}, {1, 1}}, true);
       add_mul_mat(cases, {wt, 4096, 512, 4096, {1, 1}, {1, 1}}, true);
     }
+    // A 2048-wide model's FFN projections at decode: up/gate (8192 rows of 2048) and down.
+    for (DType wt : {DType::f16, DType::bf16}) {
+      add_mul_mat(cases, {wt, 8192, 1, 2048, {1, 1}, {1, 1}}, true);
+      add_mul_mat(cases, {wt, 2048, 1, 8192, {1, 1}, {1, 1}}, true);
+    }
     for (DType wt : {DType::f16, DType::q8_0, DType::q4_0, DType::q4_k}) {
       add_mul_mat_id(cases, {wt, 2048, 4096, 32, 4, 1, true}, true);
       add_mul_mat_id(cases, {wt, 2048, 4096, 32, 4, 128, false}, true);
@@ -195,6 +218,25 @@ void add_matmul_cases(CaseList& cases, CaseSet set) {
   add_mul_mat(cases, {DType::q8_0, 200, 3, 4096, {1, 1}, {1, 1}}, false);
   add_mul_mat(cases, {DType::q4_k, 130, 33, 1024, {1, 1}, {1, 1}}, false);
   add_mul_mat(cases, {DType::q6_k, 67, 96, 768, {1, 1}, {1, 1}}, false);
+  // The float mat-vec loop's two paths (mat_vec.cuh): 16-byte loads for aligned rows and
+  // contiguous activations (k 1344: whole unrolled steps and a remainder for every width), one
+  // element per lane otherwise: k not a multiple of the vector width, rows off 16-byte boundaries
+  // (a shifted: the paths mixed within one matrix), activations off them or with an odd column stride.
+  for (DType wt : {DType::f32, DType::f16, DType::bf16})
+    for (int64_t n : {1, 3}) {
+      MulMatCase aligned{wt, 37, n, 1344, {1, 1}, {1, 1}};
+      add_mul_mat(cases, aligned, false);
+      MulMatCase odd_k{wt, 37, n, 75, {1, 1}, {1, 1}};
+      add_mul_mat(cases, odd_k, false);
+      MulMatCase shifted = aligned;
+      shifted.a_shift = 1;
+      add_mul_mat(cases, shifted, false);
+      MulMatCase padded = aligned;  // column 0 aligned: the wide path for 1 column only
+      padded.b_pad = 1;
+      add_mul_mat(cases, padded, false);
+      padded.b_offset = 1;
+      add_mul_mat(cases, padded, false);
+    }
   // Tiny and attention-shaped products: K^T Q per head under GQA (f16 cache, permuted queries).
   add_mul_mat(cases, {DType::f32, 1, 1, 1, {1, 1}, {1, 1}}, false);
   add_mul_mat(cases, {DType::f16, 37, 6, 128, {2, 1}, {8, 1}, BLayout::permuted}, false);

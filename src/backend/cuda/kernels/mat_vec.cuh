@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "backend/cuda/kernels/common.cuh"
 #include "backend/cuda/kernels/quant.cuh"
@@ -16,14 +17,116 @@ constexpr int kMatVecMaxCols = 8;
 /// Warps (output rows) per block.
 constexpr int kMatVecWarps = 4;
 
+/// How 16 bytes of float weights of format F unpack into kElems floats, in element order.
+template <class F>
+struct WideWeights;
+
+template <>
+struct WideWeights<FormatF32> {
+  static constexpr int kElems = 4;
+  __device__ static void unpack(const uint4& q, float (&w)[kElems]) {
+    w[0] = __uint_as_float(q.x);
+    w[1] = __uint_as_float(q.y);
+    w[2] = __uint_as_float(q.z);
+    w[3] = __uint_as_float(q.w);
+  }
+};
+
+template <>
+struct WideWeights<FormatF16> {
+  static constexpr int kElems = 8;
+  __device__ static void unpack(const uint4& q, float (&w)[kElems]) {
+    const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      __half2 h;
+      static_assert(sizeof(h) == sizeof(words[i]));
+      memcpy(&h, &words[i], sizeof(h));
+      const float2 f = __half22float2(h);  // .x: the lower address, element 2i
+      w[2 * i] = f.x;
+      w[2 * i + 1] = f.y;
+    }
+  }
+};
+
+template <>
+struct WideWeights<FormatBF16> {
+  static constexpr int kElems = 8;
+  __device__ static void unpack(const uint4& q, float (&w)[kElems]) {
+    const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // bf16 is the upper half of an f32: exact by shifting
+      w[2 * i] = __uint_as_float(words[i] << 16);
+      w[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+    }
+  }
+};
+
+/// Whether dot_columns_float may take the 16-byte path for this row and these columns: every
+/// weight and activation load whole and aligned. Depends only on the row's and columns' addresses
+/// and strides, so every kernel sharing this loop (mul_mat, mat_vec_bias, glu_mat_vec,
+/// mat_vec_multi) takes the same path for the same tensors and sums in the same order.
+template <class F>
+__device__ __forceinline__ bool wide_float_path(const char* a_row, int64_t k, const char* b_col,
+                                                int64_t b_nb0, int64_t b_nb1, int ncols) {
+  const auto addr = reinterpret_cast<uintptr_t>(a_row) | reinterpret_cast<uintptr_t>(b_col);
+  return k % WideWeights<F>::kElems == 0 && b_nb0 == static_cast<int64_t>(sizeof(float)) && addr % 16 == 0 &&
+         (ncols == 1 || b_nb1 % 16 == 0);
+}
+
+/// One lane's step of the 16-byte path: weights q (vector v of the row) against vector v of each column.
+template <class F, int kCols>
+__device__ __forceinline__ void dot_wide_step(const uint4& q, int64_t v, const char* b_col, int64_t b_nb1,
+                                              int ncols, float (&acc)[kCols]) {
+  constexpr int kElems = WideWeights<F>::kElems;
+  float w[kElems];
+  WideWeights<F>::unpack(q, w);
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) {
+    if (c >= ncols) break;
+    const auto* x = reinterpret_cast<const float4*>(b_col + c * b_nb1) + v * (kElems / 4);
+#pragma unroll
+    for (int h = 0; h < kElems / 4; ++h) {
+      const float4 xv = __ldg(x + h);
+      acc[c] += w[4 * h] * xv.x;
+      acc[c] += w[4 * h + 1] * xv.y;
+      acc[c] += w[4 * h + 2] * xv.z;
+      acc[c] += w[4 * h + 3] * xv.w;
+    }
+  }
+}
+
 /// acc[c] += this lane's share of dot(weight row, activation column c) for c < ncols: float
 /// weights of format F (f32, f16, bf16), f32 activations at b_col + e * b_nb0 + c * b_nb1. The lanes
 /// split the k elements; the caller sums acc over the warp.
+///
+/// Aligned rows of contiguous activations (wide_float_path, true of every weight and activation
+/// Loom builds for a model) go 16 bytes of weights per lane per load (uint4: 8 f16/bf16 or 4 f32,
+/// 512 bytes per warp per step instead of 64 for one f16 element per lane), kUnroll steps issued
+/// before any is used so that 2 KiB per warp are in flight: a decode step is bandwidth-bound on
+/// the weights, and with 4-16 warps per SM one element per lane reached ~10% of the H200's HBM
+/// bandwidth. Each lane sums its vectors' elements in order; the warp reduction is the caller's.
+/// Other rows (odd k, offset views, strided activations) take one element per lane per step.
 template <class F, int kCols>
 __device__ __forceinline__ void dot_columns_float(const char* a_row, int64_t k, const char* b_col,
                                                   int64_t b_nb0, int64_t b_nb1, int ncols,
                                                   float (&acc)[kCols]) {
   const int lane = threadIdx.x % kWarpSize;
+  if (wide_float_path<F>(a_row, k, b_col, b_nb0, b_nb1, ncols)) {
+    constexpr int kUnroll = 4;
+    const auto* w_vec = reinterpret_cast<const uint4*>(a_row);
+    const int64_t nv = k / WideWeights<F>::kElems;
+    int64_t v = lane;
+    for (; v + (kUnroll - 1) * kWarpSize < nv; v += kUnroll * kWarpSize) {
+      uint4 q[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) q[u] = __ldg(w_vec + v + u * kWarpSize);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) dot_wide_step<F>(q[u], v + u * kWarpSize, b_col, b_nb1, ncols, acc);
+    }
+    for (; v < nv; v += kWarpSize) dot_wide_step<F>(__ldg(w_vec + v), v, b_col, b_nb1, ncols, acc);
+    return;
+  }
   for (int64_t e = lane; e < k; e += kWarpSize) {
     const float w = load_element<F>(a_row, e);
     const char* b_elem = b_col + e * b_nb0;
