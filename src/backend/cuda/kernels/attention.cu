@@ -13,7 +13,9 @@ namespace loom::cuda {
 namespace {
 
 constexpr int kPerLane = kFlashAttnMaxHead / kWarpSize;
-constexpr int kSplit = 8;  // warps per (query, head)
+// Warps per (query, head). A decode step is latency-bound (each key costs a dependent load, a warp
+// reduction and an exp): 16 warps per head give ~16 keys each at a 256-cell KV extent.
+constexpr int kSplit = 16;
 
 __device__ __forceinline__ float load_kv(const char* row, int64_t i, bool f16) {
   return f16 ? f16_to_float(reinterpret_cast<const uint16_t*>(row)[i])
@@ -85,23 +87,27 @@ __global__ void flash_attn_kernel(TensorDesc dst, TensorDesc q, TensorDesc k, Te
 #pragma unroll
   for (int c = 0; c < kPerLane; ++c) sh_acc[split][lane + c * kWarpSize] = acc[c];
   __syncthreads();
-  float big = -INFINITY;
-#pragma unroll
-  for (int s2 = 0; s2 < kSplit; ++s2) big = fmaxf(big, sh_m[s2]);
-  float total = 0.0f;
-  float factor[kSplit];
-#pragma unroll
-  for (int s2 = 0; s2 < kSplit; ++s2) {
-    factor[s2] = sh_m[s2] == -INFINITY ? 0.0f : expf(sh_m[s2] - big);  // a warp that saw no key adds nothing
-    total += sh_l[s2] * factor[s2];
+  __shared__ float sh_factor[kSplit];
+  __shared__ float sh_inv;
+  if (threadIdx.x == 0) {
+    float big = -INFINITY;
+    for (int s2 = 0; s2 < kSplit; ++s2) big = fmaxf(big, sh_m[s2]);
+    float total = 0.0f;
+    for (int s2 = 0; s2 < kSplit; ++s2) {
+      // a warp that saw no visible key adds nothing
+      sh_factor[s2] = sh_m[s2] == -INFINITY ? 0.0f : expf(sh_m[s2] - big);
+      total += sh_l[s2] * sh_factor[s2];
+    }
+    sh_inv = total > 0.0f ? 1.0f / total : 0.0f;  // no visible key: zeros, as soft_max does
   }
-  const float inv = total > 0.0f ? 1.0f / total : 0.0f;  // no visible key: zeros, as soft_max does
+  __syncthreads();
+  const float inv = sh_inv;
   // output [dv, n_head, n_q]: a query's heads are adjacent rows
   auto* out = reinterpret_cast<float*>(row_ptr(dst, h, iq, i3));
   for (int64_t e = threadIdx.x; e < dv; e += blockDim.x) {
     float sum = 0.0f;
 #pragma unroll
-    for (int s2 = 0; s2 < kSplit; ++s2) sum += sh_acc[s2][e] * factor[s2];
+    for (int s2 = 0; s2 < kSplit; ++s2) sum += sh_acc[s2][e] * sh_factor[s2];
     out[e] = sum * inv;
   }
 }
