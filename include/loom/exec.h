@@ -28,7 +28,8 @@ const char* fused_kind_name(FusedKind k);
 /// (one kernel at a time, in graph order, no CUDA graph: the mode for hunting races).
 /// Environment: LOOM_EXEC_SERIALIZE=1, LOOM_EXEC_GRAPH=0, LOOM_EXEC_CONCURRENCY=0, LOOM_EXEC_FUSION=0,
 /// LOOM_EXEC_REORDER=0, LOOM_EXEC_PDL=0 turn the matching switch (read by exec_options_from_env());
-/// LOOM_EXEC_DUMP=PREFIX writes each new plan as PREFIX-N.txt and PREFIX-N.dot (CUDA backend).
+/// LOOM_EXEC_DUMP=PREFIX writes each new plan as PREFIX-N.txt and PREFIX-N.dot, and for each recorded
+/// replay graph the kernel each dispatch launches with its grid and block (PREFIX-graph-N.kernels.txt).
 struct ExecOptions {
   bool serialize = false;    ///< everything off
   bool graph = true;         ///< record the pass as a CUDA graph and replay it

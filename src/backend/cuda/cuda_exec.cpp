@@ -412,7 +412,7 @@ uint64_t Executor::kernels_of(const exec::Plan& p, uint64_t hash) {
 // ---- recording -------------------------------------------------------------------------------------
 
 Status Executor::record(const exec::Plan& p, size_t begin, size_t end, bool pdl, cudaGraph_t* out,
-                        uint64_t* kernels, uint64_t* pdl_edges) {
+                        uint64_t* kernels, uint64_t* pdl_edges, std::string* listing) {
   *out = nullptr;
   *kernels = 0;
   *pdl_edges = 0;
@@ -476,6 +476,22 @@ Status Executor::record(const exec::Plan& p, size_t begin, size_t end, bool pdl,
     if (!failure.ok()) return failure;
     return to_status(CudaError::runtime(end_e, "cudaStreamEndCapture", __FILE__, __LINE__));
   }
+  if (listing) {
+    // each dispatch's last kernel: the kernel chosen and its launch shape
+    for (size_t i = begin; i < end; ++i)
+      for (cudaGraphNode_t node : terminal[i - begin]) {
+        cudaKernelNodeParams kp{};
+        const char* name = nullptr;
+        if (cudaGraphKernelNodeGetParams(node, &kp) != cudaSuccess ||
+            cudaFuncGetName(&name, kp.func) != cudaSuccess || !name) {
+          (void)cudaGetLastError();
+          name = "(a library kernel)";
+        }
+        *listing += fmt::format("{:5} {:40} {} grid ({},{},{}) block ({},{},{}) smem {}\n", i,
+                                dispatch_name(p.dispatches[i]), name, kp.gridDim.x, kp.gridDim.y, kp.gridDim.z,
+                                kp.blockDim.x, kp.blockDim.y, kp.blockDim.z, kp.sharedMemBytes);
+      }
+  }
   size_t n_nodes = 0;
   LOOM_CUDA_STATUS(cudaGraphGetNodes(graph, nullptr, &n_nodes));
   std::vector<cudaGraphNode_t> nodes(n_nodes);
@@ -497,7 +513,13 @@ Status Executor::run_new_structure(const exec::Plan& p, uint64_t hash, const Exe
     c.hash = hash;
     c.dispatches = p.dispatches.size();
     c.stats = p.stats;
-    LOOM_TRY(fail(record(p, 0, p.dispatches.size(), pdl, &graph, &c.kernels, &c.pdl_edges)));
+    const char* dump = std::getenv("LOOM_EXEC_DUMP");
+    std::string listing;
+    LOOM_TRY(fail(record(p, 0, p.dispatches.size(), pdl, &graph, &c.kernels, &c.pdl_edges,
+                         dump && *dump ? &listing : nullptr)));
+    if (dump && *dump)
+      std::ofstream(fmt::format("{}-graph-{}.kernels.txt", dump, n_graph_dumps_++))
+          << "dispatch label kernel launch (the last kernel of each dispatch)\n" << listing;
     Status s = instantiate_and_cache(graph, std::move(c));
     cudaGraphDestroy(graph);
     LOOM_TRY(fail(s));

@@ -69,8 +69,9 @@ class Executor {
   Status run_new_structure(const exec::Plan& p, uint64_t hash, const ExecOptions& o);
   Status replay(Cached& c);
   // Records dispatches [begin, end) of `p` into a new graph (edges inside the range only).
+  // `listing`, when given, receives each dispatch's last kernel: name, grid, block.
   Status record(const exec::Plan& p, size_t begin, size_t end, bool pdl, cudaGraph_t* out, uint64_t* kernels,
-                uint64_t* pdl_edges);
+                uint64_t* pdl_edges, std::string* listing = nullptr);
   Status instantiate_and_cache(cudaGraph_t graph, Cached info);
   Status fail(Status s);
   CudaError run_dispatch(const LaunchContext& base, const exec::Dispatch& d);
@@ -90,6 +91,7 @@ class Executor {
   Status error_;  // sticky
   int64_t inject_countdown_ = -1;
   int n_dumped_ = 0;
+  int n_graph_dumps_ = 0;
   cudaStream_t capture_stream_ = nullptr;
   void* scratch_ = nullptr;
   size_t scratch_capacity_ = 0;
