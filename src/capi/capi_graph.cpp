@@ -1,6 +1,7 @@
 // C ABI: graphs (node subsets of a context) and backends.
 #include <algorithm>
 #include <iterator>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "capi/capi_internal.h"
@@ -21,12 +22,26 @@ Status compute_graph(Backend& backend, loom_graph* graph) {
   // does not need (other outputs, abandoned attempts). So the backend gets a scratch Graph with a
   // copy of each needed node: the copies keep the originals' memory, operands and parameters, so
   // kernels write the results where the originals' handles read them.
+  // Operands and view sources are re-pointed at the copies (leafs stay the originals), so the
+  // backend sees one consistent graph. Every node is marked as an output: through the C ABI any
+  // tensor may be read after compute, so no executor may drop an intermediate.
   Graph exec;
+  std::unordered_map<const Tensor*, Tensor*> copies;
   for (const Tensor* n : graph->nodes) {
     Tensor* copy = exec.add_node(n->op, n->type, n->ne, {});
     const int32_t index = copy->index;
     *copy = *n;
     copy->index = index;
+    copy->flags |= loom::kTensorOutput;
+    for (Tensor*& s : copy->src) {
+      auto it = s ? copies.find(s) : copies.end();
+      if (it != copies.end()) s = it->second;
+    }
+    if (copy->view_src) {
+      auto it = copies.find(copy->view_src);
+      if (it != copies.end()) copy->view_src = it->second;
+    }
+    copies.emplace(n, copy);
   }
   return backend.compute(exec);
 }

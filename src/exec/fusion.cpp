@@ -21,7 +21,11 @@ class Matcher {
   Matcher(Plan& plan, const Graph& g, const FusionSupport& support) : plan_(plan), support_(support) {
     for (size_t i = 0; i < plan.dispatches.size(); ++i) at_[plan.dispatches[i].node()] = i;
     for (Tensor* t : g.nodes()) {
-      if (t->op == OpKind::view) continue;
+      if (t->op == OpKind::view) {
+        // a view the caller reads after compute keeps what it shows alive
+        if (t->flags & kTensorOutput) users_[producer(t)].push_back(t);
+        continue;
+      }
       for (const Tensor* s : t->src) {
         const Tensor* p = producer(s);
         if (p) users_[p].push_back(t);
@@ -105,7 +109,7 @@ class Matcher {
       for (const Tensor* s : t->src)
         if (s && !is_dropped(producer(s))) d.reads.push_back(tensor_range(*s));
       if (kept[r]) d.writes.push_back(tensor_range(*t));
-      d.barrier = d.barrier || plan_.dispatches[at_.at(t)].barrier;
+      d.barrier = d.barrier || plan_.dispatches[at_.find(t)->second].barrier;  // live() found it
     }
     if (!support_.supports_fused(d)) return false;
     for (size_t m : members)
@@ -189,7 +193,9 @@ class Matcher {
     if (!is(rope_k, OpKind::rope) || view->view_src->op == OpKind::view || sole_user(rope_k) != sr) return;
     // the query's rope: same positions, factors and parameters, nearby
     Tensor* rope_q = nullptr;
-    const size_t k_at = at_.at(rope_k);
+    auto k_it = at_.find(rope_k);
+    if (k_it == at_.end()) return;  // not a node of this plan
+    const size_t k_at = k_it->second;
     for (size_t j = k_at >= 6 ? k_at - 6 : 0; j < std::min(plan_.dispatches.size(), k_at + 7); ++j) {
       Tensor* c = node_at(j);
       if (c == rope_k || !is(c, OpKind::rope) || live(c) < 0) continue;

@@ -245,3 +245,28 @@ TEST(ExecPlan, FusionGroupsProjectionsOfOneActivation) {
 
 }  // namespace
 }  // namespace loom
+
+namespace loom {
+namespace {
+
+// A caller reading an intermediate through a view (an output-flagged view) keeps it from being fused away.
+TEST(ExecPlan, FusionKeepsIntermediatesReadThroughOutputViews) {
+  Graph g;
+  Tensor* x = g.input(DType::f32, {64, 2, 1, 1}, "x");
+  Tensor* w = g.weight(DType::f32, {64, 1, 1, 1}, "w");
+  Tensor* norm = rms_norm(g, x, 1e-5f);
+  Tensor* y = mul(g, norm, w);
+  Tensor* row = view(g, norm, {64, 1, 1, 1}, norm->nb, 0);  // the caller reads the norm's first row
+  g.mark_output(row);
+  g.mark_output(y);
+  ASSERT_TRUE(g.status().ok());
+  auto alloc = allocate_graph(g, cpu_buffer_type());
+  ASSERT_TRUE(alloc.ok());
+  Plan p = exec::build_plan(g);
+  exec::fuse(p, g, AcceptAll{});
+  EXPECT_EQ(p.stats.fusions[static_cast<int>(FusedKind::rms_norm_mul)], 0u);
+  EXPECT_EQ(p.dispatches.size(), 2u);
+}
+
+}  // namespace
+}  // namespace loom

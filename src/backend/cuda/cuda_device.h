@@ -37,7 +37,7 @@ class DeviceContext {
   cublasHandle_t cublas() const { return cublas_; }
   /// The cuBLAS workspace (set on the handle, so cuBLAS never allocates inside a graph capture);
   /// every cuBLAS call writes it, so the executor orders them.
-  const void* cublas_workspace() const { return cublas_workspace_; }
+  void* cublas_workspace() const { return cublas_workspace_; }
   size_t cublas_workspace_size() const { return kCublasWorkspaceBytes; }
   BufferType& buffer_type();
   /// Held while work runs on the stream (compute, buffer copies), so that callers on several

@@ -417,12 +417,31 @@ Status Executor::record(const exec::Plan& p, size_t begin, size_t end, bool pdl,
   *kernels = 0;
   *pdl_edges = 0;
   if (!capture_stream_) LOOM_CUDA_STATUS(cudaStreamCreateWithFlags(&capture_stream_, cudaStreamNonBlocking));
+  // cublasSetStream resets the handle's workspace to cuBLAS's own pool: set ours again each time, so
+  // cuBLAS never allocates inside a capture and its writes stay inside the range the plan orders.
+  void* ws = dev_.cublas_workspace();
   LOOM_CUBLAS_STATUS(cublasSetStream(dev_.cublas(), capture_stream_));
+  LOOM_CUBLAS_STATUS(cublasSetWorkspace(dev_.cublas(), ws, dev_.cublas_workspace_size()));
   struct RestoreCublas {
     DeviceContext& dev;
-    ~RestoreCublas() { (void)cublasSetStream(dev.cublas(), dev.stream()); }
-  } restore{dev_};
+    void* ws;
+    ~RestoreCublas() {
+      (void)cublasSetStream(dev.cublas(), dev.stream());
+      (void)cublasSetWorkspace(dev.cublas(), ws, dev.cublas_workspace_size());
+    }
+  } restore{dev_, ws};
   LOOM_CUDA_STATUS(cudaStreamBeginCapture(capture_stream_, cudaStreamCaptureModeThreadLocal));
+  // Ends the capture if anything below throws, so the stream is usable again.
+  struct EndCaptureOnThrow {
+    cudaStream_t stream;
+    bool armed = true;
+    ~EndCaptureOnThrow() {
+      if (!armed) return;
+      cudaGraph_t g = nullptr;
+      if (cudaStreamEndCapture(stream, &g) == cudaSuccess && g) cudaGraphDestroy(g);
+      (void)cudaGetLastError();
+    }
+  } end_guard{capture_stream_};
   const LaunchContext base{capture_stream_, dev_.cublas(), nullptr, 0};
   std::vector<std::vector<cudaGraphNode_t>> terminal(end - begin);
   std::vector<cudaGraphNode_t> deps;
@@ -469,6 +488,7 @@ Status Executor::record(const exec::Plan& p, size_t begin, size_t end, bool pdl,
     *pdl_edges += programmatic;
   }
   cudaGraph_t graph = nullptr;
+  end_guard.armed = false;
   const cudaError_t end_e = cudaStreamEndCapture(capture_stream_, &graph);
   if (!failure.ok() || end_e != cudaSuccess) {
     if (graph) cudaGraphDestroy(graph);
@@ -493,9 +513,13 @@ Status Executor::record(const exec::Plan& p, size_t begin, size_t end, bool pdl,
       }
   }
   size_t n_nodes = 0;
-  LOOM_CUDA_STATUS(cudaGraphGetNodes(graph, nullptr, &n_nodes));
+  cudaError_t ge = cudaGraphGetNodes(graph, nullptr, &n_nodes);
   std::vector<cudaGraphNode_t> nodes(n_nodes);
-  LOOM_CUDA_STATUS(cudaGraphGetNodes(graph, nodes.data(), &n_nodes));
+  if (ge == cudaSuccess) ge = cudaGraphGetNodes(graph, nodes.data(), &n_nodes);
+  if (ge != cudaSuccess) {
+    cudaGraphDestroy(graph);
+    return to_status(CudaError::runtime(ge, "cudaGraphGetNodes", __FILE__, __LINE__));
+  }
   for (cudaGraphNode_t n : nodes) {
     cudaGraphNodeType type{};
     if (cudaGraphNodeGetType(n, &type) == cudaSuccess && type == cudaGraphNodeTypeKernel) ++*kernels;

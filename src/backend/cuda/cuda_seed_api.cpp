@@ -251,6 +251,8 @@ Status translate(const loom_cuda_context& ctx, loom_graph* graph, DeviceGraph& o
     Tensor* node = to_cpp(loom_graph_node(graph, i));
     Tensor* copy = out.graph.add_node(node->op, node->type, node->ne, {});
     LOOM_TRY(copy_of(node, copy));
+    // get_tensor may read any node afterwards: the executor must not drop intermediates
+    copy->flags |= loom::kTensorOutput;
     out.nodes.push_back(copy);
   }
   return {};

@@ -129,6 +129,7 @@ __global__ void set_rows_kernel(TensorDesc dst, DType dst_type, int block, int b
 // quantizer reads its floats in place, from the contiguous f32 source row.
 template <class F>
 __global__ void set_rows_kquant_kernel(TensorDesc dst, TensorDesc src, TensorDesc idx) {
+  pdl_wait();
   const int64_t blocks_per_row = src.ne[0] / F::kBlock;
   const int64_t n = nrows(src) * blocks_per_row;
   for (int64_t q = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; q < n;
@@ -182,6 +183,7 @@ __global__ void cpy_quantize_kernel(TensorDesc dst, DType dst_type, int block, i
 // threads' rows fall in different banks), then quantizes them.
 template <class F>
 __global__ void cpy_kquant_kernel(TensorDesc dst, TensorDesc src, DType src_type) {
+  pdl_wait();
   __shared__ float staged[kKQuantThreads][F::kBlock + 1];
   float* x = staged[threadIdx.x];
   const int64_t n = nelements(dst) / F::kBlock;
