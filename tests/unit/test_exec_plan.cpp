@@ -2,6 +2,8 @@
 // reduction), reorder, fusion matching. No kernels run: plans only look at addresses.
 #include <gtest/gtest.h>
 
+#include <random>
+
 #include "exec/plan.h"
 #include "loom/cpu.h"
 #include "loom/planner.h"
@@ -266,6 +268,79 @@ TEST(ExecPlan, FusionKeepsIntermediatesReadThroughOutputViews) {
   exec::fuse(p, g, AcceptAll{});
   EXPECT_EQ(p.stats.fusions[static_cast<int>(FusedKind::rms_norm_mul)], 0u);
   EXPECT_EQ(p.dispatches.size(), 2u);
+}
+
+}  // namespace
+}  // namespace loom
+
+namespace loom {
+namespace {
+
+// Property test over random plans: reorder keeps every conflicting pair in order and moves nothing
+// across a barrier; the dependencies order exactly the conflicting pairs (transitively), point only at
+// conflicting dispatches, and carry no edge implied by another path.
+TEST(ExecPlan, RandomPlansKeepConflictsOrderedAndEdgesMinimal) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int n = 2 + static_cast<int>(rng() % 60);
+    Plan p;
+    for (int i = 0; i < n; ++i) {
+      auto range = [&] {
+        const uintptr_t b = rng() % 200;
+        return ByteRange{b, b + 1 + rng() % 12};
+      };
+      std::vector<ByteRange> reads, writes;
+      for (unsigned k = rng() % 3; k-- > 0;) reads.push_back(range());
+      for (unsigned k = 1 + rng() % 2; k-- > 0;) writes.push_back(range());
+      p.dispatches.push_back(fake(reads, writes, rng() % 17 == 0));
+      p.dispatches.back().order = i;
+    }
+    const std::vector<Dispatch> original = p.dispatches;
+    exec::reorder(p, 1 + static_cast<int>(rng() % 70));
+    std::vector<int> pos(n, -1);
+    for (int k = 0; k < n; ++k) {
+      const int o = p.dispatches[k].order;
+      ASSERT_TRUE(o >= 0 && o < n && pos[o] < 0);  // a permutation
+      pos[o] = k;
+    }
+    for (int a = 0; a < n; ++a)
+      for (int b = a + 1; b < n; ++b) {
+        if (exec::conflicts(original[a], original[b])) {
+          ASSERT_LT(pos[a], pos[b]) << "trial " << trial;
+        }
+        if (original[a].barrier || original[b].barrier) {
+          ASSERT_LT(pos[a], pos[b]) << "barrier, trial " << trial;
+        }
+      }
+
+    exec::build_dependencies(p, true);
+    // reach[j][i]: j waits for i through the edges
+    std::vector<std::vector<char>> reach(n, std::vector<char>(n, 0));
+    for (int j = 0; j < n; ++j)
+      for (int i : p.deps[j]) {
+        ASSERT_LT(i, j);
+        ASSERT_TRUE(exec::conflicts(p.dispatches[i], p.dispatches[j])) << "edge without a conflict";
+        reach[j][i] = 1;
+        for (int k = 0; k < n; ++k)
+          if (reach[i][k]) reach[j][k] = 1;
+      }
+    for (int j = 0; j < n; ++j)
+      for (int i = 0; i < j; ++i)
+        if (exec::conflicts(p.dispatches[i], p.dispatches[j])) {
+          ASSERT_TRUE(reach[j][i]) << "missing order";
+        }
+    for (int j = 0; j < n; ++j)
+      for (int i : p.deps[j])
+        for (int k : p.deps[j])
+          if (k != i) {
+            ASSERT_FALSE(reach[k][i]) << "edge " << i << "->" << j << " implied via " << k;
+          }
+    for (int j = 0; j < n; ++j) {
+      int depth = 0;
+      for (int i : p.deps[j]) depth = std::max(depth, p.dispatches[i].depth + 1);
+      ASSERT_EQ(p.dispatches[j].depth, depth);
+    }
+  }
 }
 
 }  // namespace
