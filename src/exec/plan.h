@@ -109,6 +109,12 @@ void reorder(Plan& plan, int lookahead);
 /// (RAW, WAR, WAW), transitively reduced; without, each waits for the one before it (a chain).
 void build_dependencies(Plan& plan, bool concurrency);
 
+/// 64-bit hash of a pass's structure (not its contents): every node's op, type, flags, shape, strides,
+/// address and parameters, which tensors it reads (leaf operands in full), and the options. Two passes
+/// with equal hashes launch the same kernels with the same arguments, so a recorded CUDA graph of one
+/// replays the other. Runs on every compute: four independent multiply lanes, about a cycle per word.
+uint64_t structure_hash(const Graph& g, const ExecOptions& o);
+
 /// Whether two dispatches must be ordered (one writes bytes the other reads or writes).
 bool conflicts(const Dispatch& a, const Dispatch& b);
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <unordered_map>
 
 #include "exec/plan.h"
 #include "loom/cpu.h"
@@ -341,6 +342,60 @@ TEST(ExecPlan, RandomPlansKeepConflictsOrderedAndEdgesMinimal) {
       ASSERT_EQ(p.dispatches[j].depth, depth);
     }
   }
+}
+
+}  // namespace
+}  // namespace loom
+
+namespace loom {
+namespace {
+
+// The replay cache's key: the same structure hashes the same (also in a copy of the graph, as the C ABI
+// makes), and any change a kernel would see changes it.
+TEST(ExecPlan, StructureHashSeesEverythingAKernelSees) {
+  Layer l;
+  ASSERT_TRUE(l.g.status().ok());
+  const ExecOptions o;
+  const uint64_t h0 = exec::structure_hash(l.g, o);
+  EXPECT_EQ(exec::structure_hash(l.g, o), h0);
+
+  // a node-for-node copy (operands re-pointed at the copies) hashes the same
+  Graph copy;
+  std::unordered_map<const Tensor*, Tensor*> map;
+  for (const Tensor* n : l.g.nodes()) {
+    Tensor* c = copy.add_node(n->op, n->type, n->ne, {});
+    const int32_t index = c->index;
+    *c = *n;
+    c->index = index;
+    for (Tensor*& s : c->src)
+      if (s && map.count(s)) s = map[s];
+    if (c->view_src && map.count(c->view_src)) c->view_src = map[c->view_src];
+    map[n] = c;
+  }
+  EXPECT_EQ(exec::structure_hash(copy, o), h0);
+
+  auto changed = [&](auto&& mutate, auto&& undo, const char* what) {
+    mutate();
+    EXPECT_NE(exec::structure_hash(l.g, o), h0) << what;
+    undo();
+    EXPECT_EQ(exec::structure_hash(l.g, o), h0) << what << " (undone)";
+  };
+  Tensor* n = l.glu;
+  void* data = n->data;
+  changed([&] { n->data = static_cast<char*>(data) + 256; }, [&] { n->data = data; }, "a node's address");
+  Tensor* leaf = n->src[0]->src[0];  // the gate weight
+  void* wdata = leaf->data;
+  changed([&] { leaf->data = static_cast<char*>(wdata) + 256; }, [&] { leaf->data = wdata; }, "a weight's address");
+  changed([&] { n->params[3] ^= 1; }, [&] { n->params[3] ^= 1; }, "a parameter byte");
+  changed([&] { n->op = OpKind::geglu; }, [&] { n->op = OpKind::swiglu; }, "the op");
+  changed([&] { n->nb[1] += 4; }, [&] { n->nb[1] -= 4; }, "a stride");
+  Tensor* other = l.h;
+  Tensor* src1 = n->src[1];
+  changed([&] { n->src[1] = other; }, [&] { n->src[1] = src1; }, "an operand");
+  changed([&] { n->flags |= kTensorOutput; }, [&] { n->flags &= ~uint32_t{kTensorOutput}; }, "the output flag");
+  ExecOptions no_fusion;
+  no_fusion.fusion = false;
+  EXPECT_NE(exec::structure_hash(l.g, no_fusion), h0);
 }
 
 }  // namespace
