@@ -18,6 +18,7 @@
 
 #include <fmt/format.h>
 
+#include "exec/plan.h"
 #include "llm/llm_kv_cache.h"
 #include "llm/llm_model_impl.h"
 #include "loom/planner.h"
@@ -43,32 +44,6 @@ int bucketed_n_kv(int n_kv, int bucket, int n_ctx) {
   return static_cast<int>(std::min<int64_t>(std::max<int64_t>(up, 1), n_ctx));
 }
 
-// 64-bit hash combining: each word goes through a murmur3-style finalizer before it is folded in,
-// so nearby values (shapes, offsets) spread over all bits.
-uint64_t mix_word(uint64_t h, uint64_t v) {
-  v ^= v >> 33;
-  v *= 0xff51afd7ed558ccdull;
-  v ^= v >> 33;
-  return (h ^ v) * 0x9e3779b97f4a7c15ull + 0x632be59bd9b4e019ull;
-}
-
-uint64_t graph_fingerprint(const Graph& g) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (const Tensor* t : g.nodes()) {
-    h = mix_word(h, static_cast<uint64_t>(t->op) | static_cast<uint64_t>(t->type) << 8 |
-                        static_cast<uint64_t>(t->flags) << 16);
-    for (int d = 0; d < kMaxDims; ++d) h = mix_word(h, static_cast<uint64_t>(t->ne[d]));
-    for (int d = 0; d < kMaxDims; ++d) h = mix_word(h, t->nb[d]);
-    h = mix_word(h, reinterpret_cast<uintptr_t>(t->data));
-    for (size_t i = 0; i < kMaxOpParams; i += sizeof(uint64_t)) {
-      uint64_t w;
-      std::memcpy(&w, t->params.data() + i, sizeof(w));
-      h = mix_word(h, w);
-    }
-    for (const Tensor* s : t->src) h = mix_word(h, s ? reinterpret_cast<uintptr_t>(s->data) : 0);
-  }
-  return mix_word(h, g.nodes().size());
-}
 }  // namespace
 
 // The graph of one backend's share of a pass: every layer (one backend), or with an offload
@@ -252,7 +227,7 @@ struct ContextImpl {
         LOOM_TRY(g->status());
         t1 = Clock::now();
         LOOM_TRY(allocate(s, *g));
-        const uint64_t fp = graph_fingerprint(*g);
+        const uint64_t fp = exec::structure_hash(*g, ExecOptions{});
         t2 = Clock::now();
         const Buffer* arena_now = s.arena.get();
         const Buffer* inputs_now = s.inputs.get();
@@ -267,7 +242,7 @@ struct ContextImpl {
       stats.host_inputs_ns += elapsed_ns(t2, t3);
       LOOM_TRY(s.backend->compute(*s.step.graph));
       carried = s.step.out;
-      fingerprint = i == 0 ? s.step.fingerprint : mix_word(fingerprint, s.step.fingerprint);
+      fingerprint = fingerprint * 0x9e3779b97f4a7c15ull + s.step.fingerprint;  // segments in order
     }
     if (built) {
       ++stats.n_graph_builds;
