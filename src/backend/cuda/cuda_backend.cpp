@@ -201,8 +201,8 @@ Result<std::unique_ptr<Backend>> make_backend(const BackendOptions& options) {
 
 }  // namespace
 
-// Hooks for the seed C API (cuda_seed_api.cpp), which launches node by node itself so that it can
-// check an abort callback and time each node (declared in cuda_common.h).
+// Hooks for the executor (cuda_exec.cpp) and the seed C API (cuda_seed_api.cpp), declared in
+// cuda_common.h.
 CudaError launch_node(const LaunchContext& ctx, const Tensor* node) { return run_node(ctx, node); }
 bool cuda_supports_op(const Tensor& node) { return supports_op_impl(node); }
 Executor* executor_of(Backend& backend) {

@@ -318,32 +318,6 @@ void DeviceContext::trim_cache_locked() {
   cache_.clear();
 }
 
-Result<LaunchContext> DeviceContext::launch_context(size_t scratch_bytes) {
-  LOOM_TRY(make_current());
-  LOOM_TRY(reserve_scratch(scratch_bytes));
-  LaunchContext ctx;
-  ctx.stream = stream_;
-  ctx.cublas = cublas_;
-  ctx.scratch = scratch_;
-  ctx.scratch_size = scratch_size_;
-  return ctx;
-}
-
-Status DeviceContext::reserve_scratch(size_t bytes) {
-  if (bytes <= scratch_size_) return {};
-  // queued kernels may still read the old scratch
-  LOOM_CUDA_STATUS(cudaStreamSynchronize(stream_));
-  release(scratch_, scratch_size_);
-  scratch_ = nullptr;
-  scratch_size_ = 0;
-  size_t capacity = 0;
-  Result<void*> p = allocate(bytes, &capacity);
-  if (!p.ok()) return p.status();
-  scratch_ = *p;
-  scratch_size_ = capacity;
-  return {};
-}
-
 }  // namespace loom::cuda
 
 // ---- public entry points (loom/cuda.h) ------------------------------------------------------------------

@@ -1,4 +1,4 @@
-// Per-device state of the CUDA backend: stream, cuBLAS handle, memory cache, scratch, and the
+// Per-device state of the CUDA backend: stream, cuBLAS handle and workspace, memory cache, and the
 // device buffer type.
 #pragma once
 
@@ -52,16 +52,10 @@ class DeviceContext {
   /// Returns a block to the cache (no device work may still use it).
   void release(void* ptr, size_t capacity);
 
-  /// Makes this device current, grows the compute scratch to at least `scratch_bytes` and returns
-  /// what node kernels launch with; the caller holds stream_mutex() until those kernels have run.
-  Result<LaunchContext> launch_context(size_t scratch_bytes);
-
  private:
   DeviceContext() = default;
   Status init(int ordinal);
   void destroy();
-  // Grows the scratch (stream_mutex() is held).
-  Status reserve_scratch(size_t bytes);
   // Frees every cached block; the pool mutex is held.
   void trim_cache_locked();
 
@@ -72,8 +66,6 @@ class DeviceContext {
   std::mutex stream_mutex_;
   std::mutex pool_mutex_;
   std::multimap<size_t, void*> cache_;  // free blocks by capacity
-  void* scratch_ = nullptr;
-  size_t scratch_size_ = 0;
   static constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
   void* cublas_workspace_ = nullptr;
 };

@@ -2,16 +2,13 @@
 // a graph built on host memory is computed on the device by translating each tensor's host address
 // into its range's device copy. Runs in plain mode (one kernel after another on the device stream).
 #include <algorithm>
-#include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
-#include <nlohmann/json.hpp>
 
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_device.h"
@@ -82,25 +79,6 @@ struct MappedRange {
   uint8_t* device_address(const void* p) const {
     return static_cast<uint8_t*>(device->base()) + (static_cast<const uint8_t*>(p) - host);
   }
-};
-
-/// A cudaEvent_t owned by its scope.
-class Event {
- public:
-  Event() = default;
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
-  ~Event() {
-    if (event_ && cudaEventDestroy(event_) != cudaSuccess) (void)cudaGetLastError();
-  }
-  Status create() {
-    LOOM_CUDA_STATUS(cudaEventCreate(&event_));
-    return {};
-  }
-  cudaEvent_t get() const { return event_; }
-
- private:
-  cudaEvent_t event_ = nullptr;
 };
 
 std::string mib(size_t bytes) { return fmt::format("{:.2f} MiB", static_cast<double>(bytes) / (1 << 20)); }
