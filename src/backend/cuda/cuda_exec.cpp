@@ -207,20 +207,32 @@ Result<exec::Plan> Executor::plan(const Graph& g) {
   std::lock_guard lock(dev_.stream_mutex());
   LOOM_TRY(dev_.make_current());
   LOOM_TRY(validate(g));
-  ExecOptions o = options_;
-  if (o.serialize) o = ExecOptions{.serialize = true, .graph = false, .concurrency = false, .fusion = false,
-                                   .reorder = false, .pdl = false};
-  return make_plan(g, o);
+  return make_plan(g, effective_options(false));
 }
 
-void Executor::count_plan(const exec::Plan& p) {
-  counters_.dispatches += p.dispatches.size();
-  counters_.graph_nodes += p.stats.graph_nodes;
-  counters_.edges += p.stats.edges;
-  counters_.groups += p.stats.groups;
-  counters_.reordered += p.stats.reordered;
-  for (size_t i = 0; i < p.stats.group_hist.size(); ++i) counters_.group_hist[i] += p.stats.group_hist[i];
-  for (size_t i = 0; i < p.stats.fusions.size(); ++i) counters_.fusions[i] += p.stats.fusions[i];
+// Options as this compute runs them: serialize (asked for, LOOM_CUDA_SYNC_EACH_NODE, or a trace,
+// which times dispatches one at a time) turns every technique off; a trace keeps fusion, so it shows
+// the kernels a normal run launches.
+ExecOptions Executor::effective_options(bool trace) const {
+  const ExecOptions& o = options_;
+  if (!o.serialize && !sync_each_node_ && !trace) return o;
+  ExecOptions s;
+  s.serialize = true;
+  s.graph = s.concurrency = s.reorder = s.pdl = false;
+  s.fusion = trace && !o.serialize && o.fusion;
+  s.n_cb = o.n_cb;
+  s.lookahead = o.lookahead;
+  return s;
+}
+
+void Executor::count_plan(const exec::PlanStats& stats, size_t n_dispatches) {
+  counters_.dispatches += n_dispatches;
+  counters_.graph_nodes += stats.graph_nodes;
+  counters_.edges += stats.edges;
+  counters_.groups += stats.groups;
+  counters_.reordered += stats.reordered;
+  for (size_t i = 0; i < stats.group_hist.size(); ++i) counters_.group_hist[i] += stats.group_hist[i];
+  for (size_t i = 0; i < stats.fusions.size(); ++i) counters_.fusions[i] += stats.fusions[i];
 }
 
 Status Executor::compute(const Graph& g) {
@@ -237,11 +249,8 @@ Status Executor::compute(const Graph& g) {
 }
 
 Status Executor::compute_locked(const Graph& g, uint64_t t0) {
-  ExecOptions o = options_;
   const bool trace = !trace_path_.empty();
-  if (o.serialize || sync_each_node_ || trace)
-    o = ExecOptions{.serialize = true, .graph = false, .concurrency = false, .fusion = trace && !o.serialize && o.fusion,
-                    .reorder = false, .pdl = false, .n_cb = o.n_cb, .lookahead = o.lookahead};
+  const ExecOptions o = effective_options(trace);
   const uint64_t t_hash = now_ns();
   const uint64_t hash = exec::structure_hash(g, o);
   counters_.host_hash_ns += now_ns() - t_hash;
@@ -258,12 +267,7 @@ Status Executor::compute_locked(const Graph& g, uint64_t t0) {
       ++counters_.graph_replays;
       counters_.kernels += c.kernels;
       counters_.pdl_edges += c.pdl_edges;
-      counters_.dispatches += c.dispatches;
-      counters_.graph_nodes += c.stats.graph_nodes;
-      counters_.edges += c.stats.edges;
-      counters_.groups += c.stats.groups;
-      for (size_t i = 0; i < c.stats.group_hist.size(); ++i) counters_.group_hist[i] += c.stats.group_hist[i];
-      for (size_t i = 0; i < c.stats.fusions.size(); ++i) counters_.fusions[i] += c.stats.fusions[i];
+      count_plan(c.stats, c.dispatches);  // a replay does the recorded plan's work
       counters_.host_ns += now_ns() - t0;
       return sync();
     }
@@ -274,7 +278,7 @@ Status Executor::compute_locked(const Graph& g, uint64_t t0) {
   Result<exec::Plan> planned = make_plan(g, o);
   if (!planned.ok()) return planned.status();
   const exec::Plan& p = *planned;
-  count_plan(p);
+  count_plan(p.stats, p.dispatches.size());
   dump_plan(p);
   if (trace) {
     std::string path;

@@ -76,7 +76,8 @@ class Executor {
   Status fail(Status s);
   CudaError run_dispatch(const LaunchContext& base, const exec::Dispatch& d);
   bool aborted() const { return abort_fn_ && abort_fn_(abort_data_); }
-  void count_plan(const exec::Plan& p);
+  void count_plan(const exec::PlanStats& stats, size_t n_dispatches);
+  ExecOptions effective_options(bool trace) const;
   void dump_plan(const exec::Plan& p);
   void clear_cache();
   Status sync();
