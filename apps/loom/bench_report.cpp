@@ -13,25 +13,6 @@ namespace loom::app {
 
 // ---- executor configurations ---------------------------------------------------------------------
 
-namespace {
-
-constexpr const char* kExecConfigNames = "serialize, graph, concurrency, fusion, reorder, all, default";
-
-// The techniques are cumulative in this order; `level` is how many of graph, concurrency, fusion,
-// reorder, pdl are on.
-ExecOptions cumulative_options(int level) {
-  ExecOptions o = exec_options_from_env();  // n_cb and lookahead
-  o.serialize = false;
-  o.graph = level >= 1;
-  o.concurrency = level >= 2;
-  o.fusion = level >= 3;
-  o.reorder = level >= 4;
-  o.pdl = level >= 5;
-  return o;
-}
-
-}  // namespace
-
 Result<std::vector<ExecConfig>> parse_exec_configs(std::string_view list) {
   std::vector<ExecConfig> out;
   size_t start = 0;
@@ -41,25 +22,13 @@ Result<std::vector<ExecConfig>> parse_exec_configs(std::string_view list) {
     start = comma + 1;
     ExecConfig c;
     c.name = name;
-    if (name == "serialize") {
-      ExecOptions o = exec_options_from_env();
-      o.serialize = true;
-      c.options = o;
-    } else if (name == "graph") {
-      c.options = cumulative_options(1);
-    } else if (name == "concurrency") {
-      c.options = cumulative_options(2);
-    } else if (name == "fusion") {
-      c.options = cumulative_options(3);
-    } else if (name == "reorder") {
-      c.options = cumulative_options(4);
-    } else if (name == "all") {
-      c.options = cumulative_options(5);
-    } else if (name == "default") {
-      c.options = std::nullopt;
+    if (name == "default") {
+      c.options = std::nullopt;  // the backend's own
+    } else if (auto o = exec_options_named(name, exec_options_from_env())) {
+      c.options = *o;
     } else {
-      return make_error(StatusCode::invalid_argument, "--exec: unknown configuration '{}' (known: {})", name,
-                        kExecConfigNames);
+      return make_error(StatusCode::invalid_argument, "--exec: unknown configuration '{}' (known: {}, default)", name,
+                        kExecConfigurationNames);
     }
     out.push_back(std::move(c));
   }

@@ -4,7 +4,9 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 
 namespace loom {
 
@@ -43,6 +45,14 @@ struct ExecOptions {
 
 /// Options with the environment's overrides applied to `base`.
 ExecOptions exec_options_from_env(ExecOptions base = {});
+/// The executor's cumulative configurations by name, on top of `base` (which supplies n_cb and
+/// lookahead): "serialize"; "graph" (a CUDA graph, a chain); "concurrency" (+ edges only where ranges
+/// conflict); "fusion"; "reorder"; "all" (+ PDL). Empty for an unknown name. `loom bench --exec` and
+/// the executor equivalence test use these.
+std::optional<ExecOptions> exec_options_named(std::string_view name, ExecOptions base = {});
+/// "serialize, graph, concurrency, fusion, reorder, all".
+inline constexpr const char* kExecConfigurationNames = "serialize, graph, concurrency, fusion, reorder, all";
+
 /// "serialize" / "graph+concurrency+fusion+reorder+pdl" etc.
 std::string exec_options_string(const ExecOptions& o);
 

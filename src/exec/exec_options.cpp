@@ -52,6 +52,25 @@ ExecOptions exec_options_from_env(ExecOptions o) {
   return o;
 }
 
+std::optional<ExecOptions> exec_options_named(std::string_view name, ExecOptions o) {
+  static constexpr std::string_view kCumulative[] = {"graph", "concurrency", "fusion", "reorder", "all"};
+  if (name == "serialize") {
+    o.serialize = true;
+    return o;
+  }
+  for (int level = 1; level <= 5; ++level) {
+    if (name != kCumulative[level - 1]) continue;
+    o.serialize = false;
+    o.graph = level >= 1;
+    o.concurrency = level >= 2;
+    o.fusion = level >= 3;
+    o.reorder = level >= 4;
+    o.pdl = level >= 5;
+    return o;
+  }
+  return std::nullopt;
+}
+
 std::string exec_options_string(const ExecOptions& o) {
   if (o.serialize) return "serialize";
   std::string s;

@@ -70,21 +70,7 @@ Result<Trace> decode_run(Backend& backend, const Model& model, const ExecOptions
   return t;
 }
 
-ExecOptions named(const std::string& name) {
-  ExecOptions o;
-  if (name == "serialize") {
-    o.serialize = true;
-  } else if (name == "graph") {
-    o.concurrency = o.fusion = o.reorder = o.pdl = false;
-  } else if (name == "concurrency") {
-    o.fusion = o.reorder = o.pdl = false;
-  } else if (name == "fusion") {
-    o.reorder = o.pdl = false;
-  } else if (name == "reorder") {
-    o.pdl = false;
-  }
-  return o;  // "all"
-}
+ExecOptions named(const std::string& name) { return *exec_options_named(name); }
 
 }  // namespace
 
