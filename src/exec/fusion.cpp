@@ -20,6 +20,7 @@ class Matcher {
  public:
   Matcher(Plan& plan, const Graph& g, const FusionSupport& support) : plan_(plan), support_(support) {
     for (size_t i = 0; i < plan.dispatches.size(); ++i) at_[plan.dispatches[i].node()] = i;
+    dead_.assign(plan.dispatches.size(), false);
     for (Tensor* t : g.nodes()) {
       if (t->op == OpKind::view) {
         // a view the caller reads after compute keeps what it shows alive
@@ -47,7 +48,7 @@ class Matcher {
     std::vector<Dispatch> out;
     out.reserve(plan_.dispatches.size());
     for (size_t i = 0; i < plan_.dispatches.size(); ++i)
-      if (!dead_.count(i)) out.push_back(std::move(plan_.dispatches[i]));
+      if (!dead_[i]) out.push_back(std::move(plan_.dispatches[i]));
     plan_.dispatches.swap(out);
   }
 
@@ -67,7 +68,7 @@ class Matcher {
     auto it = at_.find(t);
     if (it == at_.end()) return -1;
     const size_t i = it->second;
-    if (dead_.count(i) || plan_.dispatches[i].kind != FusedKind::none) return -1;
+    if (dead_[i] || plan_.dispatches[i].kind != FusedKind::none) return -1;
     return static_cast<long>(i);
   }
   const Tensor* sole_user(const Tensor* t) const {
@@ -113,13 +114,13 @@ class Matcher {
     }
     if (!support_.supports_fused(d)) return false;
     for (size_t m : members)
-      if (m != last) dead_.insert({m, true});
+      if (m != last) dead_[m] = true;
     plan_.dispatches[last] = std::move(d);
     ++plan_.stats.fusions[static_cast<size_t>(kind)];
     return true;
   }
 
-  Tensor* node_at(size_t i) const { return dead_.count(i) ? nullptr : plan_.dispatches[i].node(); }
+  Tensor* node_at(size_t i) const { return dead_[i] ? nullptr : plan_.dispatches[i].node(); }
   bool is(const Tensor* t, OpKind op) const { return t && t->op == op; }
 
   // rms_norm -> mul(norm, w)
@@ -253,7 +254,7 @@ class Matcher {
   const FusionSupport& support_;
   std::unordered_map<const Tensor*, size_t> at_;  // node -> its original dispatch
   std::unordered_map<const Tensor*, std::vector<Tensor*>> users_;
-  std::unordered_map<size_t, bool> dead_;
+  std::vector<bool> dead_;  // per original dispatch: folded into a fused one
 };
 
 }  // namespace
