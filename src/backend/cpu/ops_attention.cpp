@@ -9,10 +9,10 @@
 // held in registers across the block. Keys every head of a run masks out (-inf) are skipped
 // before K/V are touched, which halves the work of a causal prefill.
 //
-// Cost per (head, key): 2*D + 2*Dv FLOPs and one exp; K/V bytes are read once per run. Measured
-// single-threaded (2.3 GHz AVX2 Xeon, shared machine, D = 128, 32/8 heads): ~23 GFLOP/s for a
-// 4096-key f16 decode and ~20 GFLOP/s for a causal 256x256 f16 prefill, about a third of FMA
-// peak; the profile splits evenly between the Q.K dots, the V sums and f16 conversion/overhead.
+// Cost per (head, key): 2*D + 2*Dv FLOPs (in double) and one exp; K/V bytes are read once per run.
+// Measured single-threaded in float (2.3 GHz AVX2 Xeon, shared machine, D = 128, 32/8 heads): ~23
+// GFLOP/s for a 4096-key f16 decode and ~20 GFLOP/s for a causal 256x256 f16 prefill; in double
+// (since the CPU and CUDA kernels round the same values, docs/NUMERICS.md) see docs/PERFORMANCE.md.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -39,69 +39,70 @@ constexpr size_t kAlign = 64;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // ---- row primitives: portable versions and AVX2 versions chosen at run time ----------------------
-
-float dot_portable(const float* a, const float* b, int64_t n) {
-  // Independent partial sums let the compiler keep several lanes busy without -ffast-math.
-  float s[8] = {};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int l = 0; l < 8; ++l) s[l] += a[i + l] * b[i + l];
-  float sum = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
-  for (; i < n; ++i) sum += a[i] * b[i];
-  return sum;
-}
+//
+// Everything past the inputs is double: q and K/V rows are converted once (exactly), products of
+// two such values are exact in double, and scores, weights, sums and accumulators stay double until
+// the output is rounded to float. The CUDA kernel does the same (kernels/attention.cu), so both
+// round the same exact value whatever order they take the keys in (docs/NUMERICS.md).
 
 /// out[h] = dot(q[h], k) for nr query rows against one key row.
-void dot_heads_portable(const float* const* q, int64_t nr, const float* k, int64_t n, float* out) {
-  for (int64_t h = 0; h < nr; ++h) out[h] = dot_portable(q[h], k, n);
+void dot_heads_portable(const double* const* q, int64_t nr, const double* k, int64_t n, double* out) {
+  for (int64_t h = 0; h < nr; ++h) {
+    // independent partial sums let the compiler keep several lanes busy without -ffast-math
+    double s[4] = {};
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4)
+      for (int l = 0; l < 4; ++l) s[l] += q[h][i + l] * k[i + l];
+    double sum = (s[0] + s[1]) + (s[2] + s[3]);
+    for (; i < n; ++i) sum += q[h][i] * k[i];
+    out[h] = sum;
+  }
 }
 
-void f16_row_portable(const f16_bits* src, float* dst, int64_t n) {
+void f16_row_portable(const f16_bits* src, double* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(src[i]);
 }
 
 /// acc += sum over c of w[c] * rows[c], for n rows of length dv.
-void weighted_sum_portable(float* acc, const float* w, const float* const* rows, int64_t n, int64_t dv) {
+void weighted_sum_portable(double* acc, const double* w, const double* const* rows, int64_t n, int64_t dv) {
   for (int64_t c = 0; c < n; ++c)
     for (int64_t i = 0; i < dv; ++i) acc[i] += w[c] * rows[c][i];
 }
 
 #ifdef LOOM_FA_X86
-__attribute__((target("avx2,fma"))) float hsum256(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
+__attribute__((target("avx2,fma"))) double hsum256(__m256d v) {
+  __m128d s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+  return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
 }
 
 /// NR heads against one key row, C independent accumulator chains per head: NR * C = 8 chains
 /// keep both FMA ports busy through the 4-cycle FMA latency, and each key vector is loaded once
 /// for all NR heads of a GQA group.
 template <int NR, int C>
-__attribute__((target("avx2,fma"))) void dot_heads_avx2_n(const float* const* q, const float* k, int64_t n,
-                                                          float* out) {
-  __m256 s[NR][C];
+__attribute__((target("avx2,fma"))) void dot_heads_avx2_n(const double* const* q, const double* k, int64_t n,
+                                                          double* out) {
+  __m256d s[NR][C];
   for (int h = 0; h < NR; ++h)
-    for (int c = 0; c < C; ++c) s[h][c] = _mm256_setzero_ps();
+    for (int c = 0; c < C; ++c) s[h][c] = _mm256_setzero_pd();
   int64_t i = 0;
-  for (; i + 8 * C <= n; i += 8 * C)
+  for (; i + 4 * C <= n; i += 4 * C)
     for (int c = 0; c < C; ++c) {
-      const __m256 kv = _mm256_loadu_ps(k + i + 8 * c);
-      for (int h = 0; h < NR; ++h) s[h][c] = _mm256_fmadd_ps(_mm256_loadu_ps(q[h] + i + 8 * c), kv, s[h][c]);
+      const __m256d kv = _mm256_loadu_pd(k + i + 4 * c);
+      for (int h = 0; h < NR; ++h) s[h][c] = _mm256_fmadd_pd(_mm256_loadu_pd(q[h] + i + 4 * c), kv, s[h][c]);
     }
-  for (; i + 8 <= n; i += 8) {
-    const __m256 kv = _mm256_loadu_ps(k + i);
-    for (int h = 0; h < NR; ++h) s[h][0] = _mm256_fmadd_ps(_mm256_loadu_ps(q[h] + i), kv, s[h][0]);
+  for (; i + 4 <= n; i += 4) {
+    const __m256d kv = _mm256_loadu_pd(k + i);
+    for (int h = 0; h < NR; ++h) s[h][0] = _mm256_fmadd_pd(_mm256_loadu_pd(q[h] + i), kv, s[h][0]);
   }
   for (int h = 0; h < NR; ++h) {
-    for (int c = 1; c < C; ++c) s[h][0] = _mm256_add_ps(s[h][0], s[h][c]);
-    float sum = hsum256(s[h][0]);
+    for (int c = 1; c < C; ++c) s[h][0] = _mm256_add_pd(s[h][0], s[h][c]);
+    double sum = hsum256(s[h][0]);
     for (int64_t j = i; j < n; ++j) sum += q[h][j] * k[j];
     out[h] = sum;
   }
 }
 
-void dot_heads_avx2(const float* const* q, int64_t nr, const float* k, int64_t n, float* out) {
+void dot_heads_avx2(const double* const* q, int64_t nr, const double* k, int64_t n, double* out) {
   int64_t h = 0;
   for (; h + 8 <= nr; h += 8) dot_heads_avx2_n<8, 1>(q + h, k, n, out + h);
   if (h + 4 <= nr) dot_heads_avx2_n<4, 2>(q + h, k, n, out + h), h += 4;
@@ -109,43 +110,43 @@ void dot_heads_avx2(const float* const* q, int64_t nr, const float* k, int64_t n
   if (h < nr) dot_heads_avx2_n<1, 8>(q + h, k, n, out + h);
 }
 
-__attribute__((target("avx2,f16c"))) void f16_row_avx2(const f16_bits* src, float* dst, int64_t n) {
+__attribute__((target("avx2,f16c"))) void f16_row_avx2(const f16_bits* src, double* dst, int64_t n) {
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  for (; i + 4 <= n; i += 4)
+    _mm256_storeu_pd(dst + i, _mm256_cvtps_pd(_mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + i)))));
   for (; i < n; ++i) dst[i] = f16_to_f32(src[i]);
 }
 
-/// U vectors of acc (8*U floats at i) += sum over c of w[c] * rows[c][i..]: U independent FMA
+/// U vectors of acc (4*U doubles at i) += sum over c of w[c] * rows[c][i..]: U independent FMA
 /// chains, each acc vector loaded and stored once per block of keys.
 template <int U>
-__attribute__((target("avx2,fma"))) void weighted_sum_avx2_n(float* acc, const float* w,
-                                                             const float* const* rows, int64_t n, int64_t i) {
-  __m256 a[U];
-  for (int u = 0; u < U; ++u) a[u] = _mm256_loadu_ps(acc + i + 8 * u);
+__attribute__((target("avx2,fma"))) void weighted_sum_avx2_n(double* acc, const double* w,
+                                                             const double* const* rows, int64_t n, int64_t i) {
+  __m256d a[U];
+  for (int u = 0; u < U; ++u) a[u] = _mm256_loadu_pd(acc + i + 4 * u);
   for (int64_t c = 0; c < n; ++c) {
-    const __m256 wc = _mm256_set1_ps(w[c]);
-    const float* r = rows[c] + i;
-    for (int u = 0; u < U; ++u) a[u] = _mm256_fmadd_ps(wc, _mm256_loadu_ps(r + 8 * u), a[u]);
+    const __m256d wc = _mm256_set1_pd(w[c]);
+    const double* r = rows[c] + i;
+    for (int u = 0; u < U; ++u) a[u] = _mm256_fmadd_pd(wc, _mm256_loadu_pd(r + 4 * u), a[u]);
   }
-  for (int u = 0; u < U; ++u) _mm256_storeu_ps(acc + i + 8 * u, a[u]);
+  for (int u = 0; u < U; ++u) _mm256_storeu_pd(acc + i + 4 * u, a[u]);
 }
 
-void weighted_sum_avx2(float* acc, const float* w, const float* const* rows, int64_t n, int64_t dv) {
+void weighted_sum_avx2(double* acc, const double* w, const double* const* rows, int64_t n, int64_t dv) {
   int64_t i = 0;
-  for (; i + 64 <= dv; i += 64) weighted_sum_avx2_n<8>(acc, w, rows, n, i);
-  if (i + 32 <= dv) weighted_sum_avx2_n<4>(acc, w, rows, n, i), i += 32;
-  if (i + 16 <= dv) weighted_sum_avx2_n<2>(acc, w, rows, n, i), i += 16;
-  if (i + 8 <= dv) weighted_sum_avx2_n<1>(acc, w, rows, n, i), i += 8;
+  for (; i + 32 <= dv; i += 32) weighted_sum_avx2_n<8>(acc, w, rows, n, i);
+  if (i + 16 <= dv) weighted_sum_avx2_n<4>(acc, w, rows, n, i), i += 16;
+  if (i + 8 <= dv) weighted_sum_avx2_n<2>(acc, w, rows, n, i), i += 8;
+  if (i + 4 <= dv) weighted_sum_avx2_n<1>(acc, w, rows, n, i), i += 4;
   for (; i < dv; ++i)
     for (int64_t c = 0; c < n; ++c) acc[i] += w[c] * rows[c][i];
 }
 #endif
 
 struct RowKernels {
-  void (*dot_heads)(const float* const*, int64_t, const float*, int64_t, float*);
-  void (*f16_row)(const f16_bits*, float*, int64_t);
-  void (*weighted_sum)(float*, const float*, const float* const*, int64_t, int64_t);
+  void (*dot_heads)(const double* const*, int64_t, const double*, int64_t, double*);
+  void (*f16_row)(const f16_bits*, double*, int64_t);
+  void (*weighted_sum)(double*, const double*, const double* const*, int64_t, int64_t);
 };
 
 const RowKernels& row_kernels() {
@@ -162,28 +163,39 @@ const RowKernels& row_kernels() {
   return k;
 }
 
+void f32_row(const float* src, double* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = src[i];
+}
+
 // ---- scratch layout ------------------------------------------------------------------------------
 
 size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
-size_t floats_bytes(int64_t n) { return round_up(static_cast<size_t>(n) * sizeof(float), kAlign); }
+size_t doubles_bytes(int64_t n) { return round_up(static_cast<size_t>(n) * sizeof(double), kAlign); }
 
-/// One thread's scratch: the run's accumulators, one converted K row, a block of converted V rows.
+/// One thread's scratch: the run's accumulators and query rows, one converted K row, a block of
+/// converted V rows.
 struct Scratch {
-  float* acc;    ///< [kMaxRunHeads][dv]
-  float* k_row;  ///< [d]
-  float* v_blk;  ///< [kKeyBlock][dv]
+  double* acc;    ///< [kMaxRunHeads][dv]
+  double* q;      ///< [kMaxRunHeads][d]
+  double* k_row;  ///< [d]
+  double* v_blk;  ///< [kKeyBlock][dv]
 
   static size_t bytes(int64_t d, int64_t dv) {
-    return floats_bytes(kMaxRunHeads * dv) + floats_bytes(d) + floats_bytes(kKeyBlock * dv);
+    return doubles_bytes(kMaxRunHeads * dv) + doubles_bytes(kMaxRunHeads * d) + doubles_bytes(d) +
+           doubles_bytes(kKeyBlock * dv);
   }
   static Scratch at(uint8_t* work, int ith, int64_t d, int64_t dv) {
     auto base = reinterpret_cast<uintptr_t>(work);
     base = round_up(base, kAlign) + static_cast<size_t>(ith) * bytes(d, dv);
     auto* p = reinterpret_cast<uint8_t*>(base);
     Scratch s;
-    s.acc = reinterpret_cast<float*>(p);
-    s.k_row = reinterpret_cast<float*>(p + floats_bytes(kMaxRunHeads * dv));
-    s.v_blk = reinterpret_cast<float*>(p + floats_bytes(kMaxRunHeads * dv) + floats_bytes(d));
+    s.acc = reinterpret_cast<double*>(p);
+    p += doubles_bytes(kMaxRunHeads * dv);
+    s.q = reinterpret_cast<double*>(p);
+    p += doubles_bytes(kMaxRunHeads * d);
+    s.k_row = reinterpret_cast<double*>(p);
+    p += doubles_bytes(d);
+    s.v_blk = reinterpret_cast<double*>(p);
     return s;
   }
 };
@@ -226,41 +238,42 @@ void op_flash_attn(const KernelContext& ctx, Tensor* dst) {
     const int64_t h0 = kv_head * n_rep + (u % runs_per_group) * run_len;
     const int64_t nr = std::min(run_len, (kv_head + 1) * n_rep - h0);
 
-    const float* q_rows[kMaxRunHeads];
+    const double* q_rows[kMaxRunHeads];
     const uint8_t* m_rows[kMaxRunHeads];
-    float run_max[kMaxRunHeads];
+    double run_max[kMaxRunHeads];
     double run_sum[kMaxRunHeads];
     bool mask_shared = true;
     for (int64_t h = 0; h < nr; ++h) {
-      q_rows[h] = reinterpret_cast<const float*>(at(q, 0, t, h0 + h, i3));
+      double* qd = scratch.q + h * d;
+      f32_row(reinterpret_cast<const float*>(at(q, 0, t, h0 + h, i3)), qd, d);
+      q_rows[h] = qd;
       m_rows[h] = mask ? at(mask, 0, t, (h0 + h) % mask->ne[2], i3 % mask->ne[3]) : nullptr;
       mask_shared = mask_shared && m_rows[h] == m_rows[0];
       run_max[h] = kNegInf;
       run_sum[h] = 0.0;
     }
-    float* acc = scratch.acc;
-    std::fill(acc, acc + nr * dv, 0.0f);
+    double* acc = scratch.acc;
+    std::fill(acc, acc + nr * dv, 0.0);
 
     for (int64_t j0 = 0; j0 < n_kv; j0 += kKeyBlock) {
       const int64_t jn = std::min(kKeyBlock, n_kv - j0);
       // Keys of the block some head can see, and their mask values: a key every head of the run
       // ignores costs no K/V traffic (half the keys of a causal prefill).
       int64_t keys[kKeyBlock];
-      float score[kMaxRunHeads][kKeyBlock];
-      float bias[kMaxRunHeads][kKeyBlock];
+      double score[kMaxRunHeads][kKeyBlock];
+      double bias[kMaxRunHeads][kKeyBlock];
       const int64_t n_bias_rows = mask ? (mask_shared ? 1 : nr) : 0;
       for (int64_t h = 0; h < n_bias_rows; ++h) {
         if (mask->type == DType::f16)
           rk.f16_row(reinterpret_cast<const f16_bits*>(m_rows[h]) + j0, bias[h], jn);
         else
-          std::memcpy(bias[h], reinterpret_cast<const float*>(m_rows[h]) + j0,
-                      static_cast<size_t>(jn) * sizeof(float));
+          f32_row(reinterpret_cast<const float*>(m_rows[h]) + j0, bias[h], jn);
       }
       int64_t n_vis = 0;
       for (int64_t jj = 0; jj < jn; ++jj) {
         bool any = false;
         for (int64_t h = 0; h < nr; ++h) {
-          const float b = n_bias_rows == 0 ? 0.0f : bias[n_bias_rows == 1 ? 0 : h][jj];
+          const double b = n_bias_rows == 0 ? 0.0 : bias[n_bias_rows == 1 ? 0 : h][jj];
           score[h][n_vis] = b;
           any = any || b != kNegInf;
         }
@@ -270,15 +283,15 @@ void op_flash_attn(const KernelContext& ctx, Tensor* dst) {
 
       // Scores: score = softcap(q.k * scale) + mask.
       for (int64_t c = 0; c < n_vis; ++c) {
-        const auto* k_row = reinterpret_cast<const float*>(at(k, 0, keys[c], kv_head, i3));
-        if (k_f16) {
-          rk.f16_row(reinterpret_cast<const f16_bits*>(k_row), scratch.k_row, d);
-          k_row = scratch.k_row;
-        }
-        float dots[kMaxRunHeads];
-        rk.dot_heads(q_rows, nr, k_row, d, dots);
+        const uint8_t* k_src = at(k, 0, keys[c], kv_head, i3);
+        if (k_f16)
+          rk.f16_row(reinterpret_cast<const f16_bits*>(k_src), scratch.k_row, d);
+        else
+          f32_row(reinterpret_cast<const float*>(k_src), scratch.k_row, d);
+        double dots[kMaxRunHeads];
+        rk.dot_heads(q_rows, nr, scratch.k_row, d, dots);
         for (int64_t h = 0; h < nr; ++h) {
-          float s = dots[h] * p.scale;
+          double s = dots[h] * p.scale;
           if (p.softcap > 0.0f) s = p.softcap * std::tanh(s / p.softcap);
           score[h][c] += s;
         }
@@ -288,16 +301,16 @@ void op_flash_attn(const KernelContext& ctx, Tensor* dst) {
       bool has_weight[kMaxRunHeads];
       bool need_v = false;
       for (int64_t h = 0; h < nr; ++h) {
-        float* w = score[h];
-        float block_max = kNegInf;
+        double* w = score[h];
+        double block_max = kNegInf;
         for (int64_t c = 0; c < n_vis; ++c)
           if (w[c] > block_max) block_max = w[c];  // NaN never wins
         has_weight[h] = block_max != kNegInf;
         if (!has_weight[h]) continue;
         if (block_max > run_max[h]) {
           if (run_max[h] != kNegInf) {
-            const float f = std::exp(run_max[h] - block_max);
-            float* a = acc + h * dv;
+            const double f = std::exp(run_max[h] - block_max);
+            double* a = acc + h * dv;
             for (int64_t i = 0; i < dv; ++i) a[i] *= f;
             run_sum[h] *= f;
           }
@@ -305,7 +318,7 @@ void op_flash_attn(const KernelContext& ctx, Tensor* dst) {
         }
         double sum = 0.0;
         for (int64_t c = 0; c < n_vis; ++c) {
-          w[c] = w[c] > kNegInf ? std::exp(w[c] - run_max[h]) : 0.0f;  // masked or NaN: no weight
+          w[c] = w[c] > kNegInf ? std::exp(w[c] - run_max[h]) : 0.0;  // masked or NaN: no weight
           sum += w[c];
         }
         run_sum[h] += sum;
@@ -313,14 +326,15 @@ void op_flash_attn(const KernelContext& ctx, Tensor* dst) {
       }
       if (!need_v) continue;
 
-      const float* v_rows[kKeyBlock];
+      const double* v_rows[kKeyBlock];
       for (int64_t c = 0; c < n_vis; ++c) {
-        v_rows[c] = reinterpret_cast<const float*>(at(v, 0, keys[c], kv_head, i3));
-        if (v_f16) {
-          float* buf = scratch.v_blk + c * dv;
-          rk.f16_row(reinterpret_cast<const f16_bits*>(v_rows[c]), buf, dv);
-          v_rows[c] = buf;
-        }
+        const uint8_t* v_src = at(v, 0, keys[c], kv_head, i3);
+        double* buf = scratch.v_blk + c * dv;
+        if (v_f16)
+          rk.f16_row(reinterpret_cast<const f16_bits*>(v_src), buf, dv);
+        else
+          f32_row(reinterpret_cast<const float*>(v_src), buf, dv);
+        v_rows[c] = buf;
       }
       for (int64_t h = 0; h < nr; ++h)
         if (has_weight[h]) rk.weighted_sum(acc + h * dv, score[h], v_rows, n_vis, dv);
@@ -328,7 +342,7 @@ void op_flash_attn(const KernelContext& ctx, Tensor* dst) {
 
     for (int64_t h = 0; h < nr; ++h) {
       auto* y = reinterpret_cast<float*>(at(dst, 0, h0 + h, t, i3));
-      const float* a = acc + h * dv;
+      const double* a = acc + h * dv;
       if (run_sum[h] == 0.0) {  // every key masked: zeros rather than 0/0
         std::fill(y, y + dv, 0.0f);
         continue;

@@ -49,13 +49,24 @@ void gated_rows(const KernelContext& ctx, Tensor* dst, Op act) {
   });
 }
 
-inline float silu_f(float x) { return x / (1.0f + std::exp(-x)); }
+// Activations are evaluated in double and rounded to float once (docs/NUMERICS.md): the CUDA
+// backend uses the same formulas (kernels/activation.cuh), and double exp/tanh/erf from two
+// libraries round to the same float where expf/tanhf differ in the last bit.
+inline float silu_f(float x) {
+  const double v = x;
+  return static_cast<float>(v / (1.0 + std::exp(-v)));
+}
 // GELU with the tanh approximation (Hendrycks & Gimpel): 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3))).
 inline float gelu_tanh_f(float x) {
-  constexpr float kSqrt2OverPi = 0.79788456080286535588f;
-  return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * x * (1.0f + 0.044715f * x * x)));
+  constexpr double kSqrt2OverPi = 0.79788456080286535588;
+  const double v = x;
+  return static_cast<float>(0.5 * v * (1.0 + std::tanh(kSqrt2OverPi * v * (1.0 + 0.044715 * v * v))));
 }
-inline float gelu_erf_f(float x) { return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752440f)); }
+inline float gelu_erf_f(float x) {
+  const double v = x;
+  return static_cast<float>(0.5 * v * (1.0 + std::erf(v * 0.70710678118654752440)));
+}
+inline float softcap_f(float x, float cap) { return static_cast<float>(cap * std::tanh(static_cast<double>(x) / cap)); }
 
 }  // namespace
 
@@ -81,7 +92,7 @@ void op_unary(const KernelContext& ctx, Tensor* dst) {
     case OpKind::gelu_erf: unary_rows(ctx, dst, gelu_erf_f); break;
     case OpKind::softcap: {
       const float cap = dst->get_params<SoftcapParams>().cap;
-      unary_rows(ctx, dst, [cap](float x) { return cap * std::tanh(x / cap); });
+      unary_rows(ctx, dst, [cap](float x) { return softcap_f(x, cap); });
       break;
     }
     default: LOOM_ASSERT(false);

@@ -64,7 +64,7 @@ void op_soft_max(const KernelContext& ctx, Tensor* dst) {
     }
     double sum = 0.0;
     for (int64_t i = 0; i < n; ++i) {
-      y[i] = std::exp(y[i] - mx);
+      y[i] = static_cast<float>(std::exp(static_cast<double>(y[i] - mx)));  // as CUDA's (docs/NUMERICS.md)
       sum += y[i];
     }
     const float inv = static_cast<float>(1.0 / sum);

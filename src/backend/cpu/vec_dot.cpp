@@ -81,34 +81,34 @@ float dot_bf16_f32(int64_t n, const bf16_bits* w, const float* x) {
 
 float dot_q8_0(int64_t n, const BlockQ8_0* w, const BlockQ8_0* x) {
   const float* t = f16_table();
-  float sum = 0.0f;
+  double sum = 0.0;
   for (int64_t b = 0; b < n / kQK8_0; ++b) {
     int32_t isum = 0;
     for (int i = 0; i < kQK8_0; ++i) isum += w[b].qs[i] * x[b].qs[i];
-    sum += static_cast<float>(isum) * (t[w[b].d] * t[x[b].d]);
+    sum += static_cast<double>(isum) * (static_cast<double>(t[w[b].d]) * t[x[b].d]);
   }
-  return sum;
+  return static_cast<float>(sum);
 }
 
 float dot_q4_0(int64_t n, const BlockQ4_0* w, const BlockQ8_0* x) {
   const float* t = f16_table();
-  float sum = 0.0f;
+  double sum = 0.0;
   for (int64_t b = 0; b < n / kQK4_0; ++b) {
     int32_t isum = 0;
     for (int i = 0; i < kQK4_0 / 2; ++i) {
       isum += ((w[b].qs[i] & 0xF) - 8) * x[b].qs[i];
       isum += ((w[b].qs[i] >> 4) - 8) * x[b].qs[i + kQK4_0 / 2];
     }
-    sum += static_cast<float>(isum) * (t[w[b].d] * t[x[b].d]);
+    sum += static_cast<double>(isum) * (static_cast<double>(t[w[b].d]) * t[x[b].d]);
   }
-  return sum;
+  return static_cast<float>(sum);
 }
 
 // Per super-block: d*dx * sum_j sc_j*(q.x)_j - dmin*dx * sum_j m_j*(sum of x over sub-block j);
 // both sums are exact integers.
 float dot_q4_k(int64_t n, const BlockQ4_K* w, const BlockQ8_K* x) {
   const float* t = f16_table();
-  float sum = 0.0f;
+  double sum = 0.0;
   for (int64_t b = 0; b < n / kQK_K; ++b) {
     int32_t isum = 0, msum = 0;
     for (int p = 0; p < 4; ++p) {
@@ -126,16 +126,16 @@ float dot_q4_k(int64_t n, const BlockQ4_K* w, const BlockQ8_K* x) {
       msum += m0 * (x[b].bsums[4 * p] + x[b].bsums[4 * p + 1]) +
               m1 * (x[b].bsums[4 * p + 2] + x[b].bsums[4 * p + 3]);
     }
-    sum += x[b].d * (t[w[b].d] * static_cast<float>(isum) - t[w[b].dmin] * static_cast<float>(msum));
+    sum += block_term_k(x[b].d, t[w[b].d], isum, t[w[b].dmin], msum);
   }
-  return sum;
+  return static_cast<float>(sum);
 }
 
 // Q6_K codes are stored with a +32 bias: sum (q-32)*x = sum q*x - 32 * sum x, and the scale of the
 // 16-element sub-block s pairs with bsums[s].
 float dot_q6_k(int64_t n, const BlockQ6_K* w, const BlockQ8_K* x) {
   const float* t = f16_table();
-  float sum = 0.0f;
+  double sum = 0.0;
   for (int64_t b = 0; b < n / kQK_K; ++b) {
     int32_t isum = 0;
     for (int h = 0; h < 2; ++h) {
@@ -156,9 +156,9 @@ float dot_q6_k(int64_t n, const BlockQ6_K* w, const BlockQ8_K* x) {
     }
     int32_t bias = 0;
     for (int s = 0; s < kQK_K / 16; ++s) bias += w[b].scales[s] * x[b].bsums[s];
-    sum += t[w[b].d] * x[b].d * static_cast<float>(isum - 32 * bias);
+    sum += block_term_k(x[b].d, t[w[b].d], isum - 32 * bias, 0.0f, 0);
   }
-  return sum;
+  return static_cast<float>(sum);
 }
 
 // Adapts a one-column dot to the multi-column signature.

@@ -5,7 +5,8 @@
 //
 // Every kernel takes up to kDotMaxCols activation rows so a weight block is loaded and unpacked
 // once and multiplied against all of them. Quantized kernels use the unsigned x signed byte
-// multiply (vpmaddubsw) on whole blocks: per-block sums are exact integers, then scaled in float.
+// multiply (vpmaddubsw) on whole blocks: per-block sums are exact integers, then scaled and
+// accumulated in double (vec_dot.h: the same rounding as the scalar and CUDA kernels).
 #include "backend/cpu/vec_dot.h"
 
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -58,11 +59,14 @@ inline float to_f32(Bf16 b) {
   return f;
 }
 
-// One chain per column would stall on FMA latency when there is a single column, so unroll more
-// then: U vectors of 8 per column per step.
+// U = 4 chains of 8 lanes per column keep the FMA latency covered with a single column. The
+// summation order is the same whatever the number of columns (callers take at most two at a time),
+// so a token's result does not depend on how many tokens share its batch: a rewound and refilled
+// context reproduces a fresh one bit for bit.
 template <int NC, typename WT, typename XT, bool kWBf16>
 void dot_float(int64_t n, const void* wv, const void* const* xs, float* out) {
-  constexpr int U = NC == 1 ? 4 : 2;
+  static_assert(NC <= 2, "4 chains x 2 columns fill 8 of the 16 vector registers");
+  constexpr int U = 4;
   const WT* w = static_cast<const WT*>(wv);
   const XT* x[NC];
   for (int c = 0; c < NC; ++c) x[c] = col<XT>(xs, c);
@@ -119,37 +123,69 @@ inline __m256i load_block(const void* w, int64_t b, float& d) {
   }
 }
 
-// Two blocks per step into separate accumulators: with one, every block waits for the previous
-// block's FMA (4 cycles), which capped a single column at ~8 GB/s of q4_0.
+// Exact int32 totals of four vectors of eight int32 each: [sum a, sum b, sum c, sum d].
+inline __m128i hsum4_i32(__m256i a, __m256i b, __m256i c, __m256i d) {
+  const __m256i abcd = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d));
+  return _mm_add_epi32(_mm256_castsi256_si128(abcd), _mm256_extracti128_si256(abcd, 1));
+}
+
+inline int32_t hsum_i32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtsi128_si32(s);
+}
+
+inline double hsum_pd(__m256d v) {
+  __m128d s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+  return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
+}
+
+// Four blocks per step: each block's products summed exactly in int32 (vpmaddubsw pairs, vpmaddwd
+// pairs, then one horizontal add across the four blocks), scaled and accumulated in double (the
+// contract in vec_dot.h). dw * dx is a product of two f16 values, exact in float.
 template <int NC, bool kQ4>
 void dot_q8_0_blocks(int64_t n, const void* wv, const void* const* xs, float* out) {
   const BlockQ8_0* x[NC];
-  __m256 acc[NC][2];
+  __m256d acc[NC];
+  double tail[NC];
   for (int c = 0; c < NC; ++c) {
     x[c] = col<BlockQ8_0>(xs, c);
-    acc[c][0] = acc[c][1] = _mm256_setzero_ps();
+    acc[c] = _mm256_setzero_pd();
+    tail[c] = 0.0;
   }
   const int64_t nb = n / kQK8_0;
-  auto step = [&](int64_t b, int slot) {
-    float dw;
-    const __m256i wq = load_block<kQ4>(wv, b, dw);
-    // vpmaddubsw wants its first operand unsigned: use |w| and move w's sign onto x
-    // (|w| <= 128 and |x| <= 127 keep each pair sum inside int16)
-    const __m256i wabs = _mm256_sign_epi8(wq, wq);
-    for (int c = 0; c < NC; ++c) {
-      const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[c][b].qs));
-      const __m256i p = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(xq, wq));
-      const __m256 s = _mm256_cvtepi32_ps(pair_sum(p));
-      acc[c][slot] = _mm256_fmadd_ps(_mm256_set1_ps(dw * half(x[c][b].d)), s, acc[c][slot]);
-    }
+  // vpmaddubsw wants its first operand unsigned: use |w| and move w's sign onto x
+  // (|w| <= 128 and |x| <= 127 keep each pair sum inside int16)
+  auto sums = [&](__m256i wabs, __m256i wq, const BlockQ8_0& xb) {
+    const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs));
+    return pair_sum(_mm256_maddubs_epi16(wabs, _mm256_sign_epi8(xq, wq)));
   };
   int64_t b = 0;
-  for (; b + 2 <= nb; b += 2) {
-    step(b, 0);
-    step(b + 1, 1);
+  for (; b + 4 <= nb; b += 4) {
+    __m256i wq[4], wabs[4];
+    float dw[4];
+    for (int k = 0; k < 4; ++k) {
+      wq[k] = load_block<kQ4>(wv, b + k, dw[k]);
+      wabs[k] = _mm256_sign_epi8(wq[k], wq[k]);
+    }
+    for (int c = 0; c < NC; ++c) {
+      const BlockQ8_0* xb = x[c] + b;
+      const __m128i tot = hsum4_i32(sums(wabs[0], wq[0], xb[0]), sums(wabs[1], wq[1], xb[1]),
+                                    sums(wabs[2], wq[2], xb[2]), sums(wabs[3], wq[3], xb[3]));
+      const __m128 scale = _mm_setr_ps(dw[0] * half(xb[0].d), dw[1] * half(xb[1].d), dw[2] * half(xb[2].d),
+                                       dw[3] * half(xb[3].d));
+      acc[c] = _mm256_fmadd_pd(_mm256_cvtepi32_pd(tot), _mm256_cvtps_pd(scale), acc[c]);
+    }
   }
-  if (b < nb) step(b, 0);
-  for (int c = 0; c < NC; ++c) out[c] = hsum(_mm256_add_ps(acc[c][0], acc[c][1]));
+  for (; b < nb; ++b) {
+    float dw;
+    const __m256i wq = load_block<kQ4>(wv, b, dw);
+    const __m256i wabs = _mm256_sign_epi8(wq, wq);
+    for (int c = 0; c < NC; ++c)
+      tail[c] += static_cast<double>(hsum_i32(sums(wabs, wq, x[c][b]))) * (dw * half(x[c][b].d));
+  }
+  for (int c = 0; c < NC; ++c) out[c] = static_cast<float>(hsum_pd(acc[c]) + tail[c]);
 }
 
 // ---- q4_K -------------------------------------------------------------------------------------------
@@ -168,10 +204,10 @@ template <int NC>
 void dot_q4_k(int64_t n, const void* wv, const void* const* xs, float* out) {
   const BlockQ4_K* w = static_cast<const BlockQ4_K*>(wv);
   const BlockQ8_K* x[NC];
-  __m256 acc[NC];
+  double acc[NC];
   for (int c = 0; c < NC; ++c) {
     x[c] = col<BlockQ8_K>(xs, c);
-    acc[c] = _mm256_setzero_ps();
+    acc[c] = 0.0;
   }
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   for (int64_t b = 0; b < n / kQK_K; ++b) {
@@ -201,13 +237,11 @@ void dot_q4_k(int64_t n, const void* wv, const void* const* xs, float* out) {
     const float d = half(w[b].d), dmin = half(w[b].dmin);
     for (int c = 0; c < NC; ++c) {
       const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[c][b].bsums));
-      const __m256 msum = _mm256_cvtepi32_ps(_mm256_madd_epi16(bs, mins));
-      const float dx = x[c][b].d;
-      acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(isum[c]), acc[c]);
-      acc[c] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * dx), msum, acc[c]);
+      const int32_t msum = hsum_i32(_mm256_madd_epi16(bs, mins));
+      acc[c] += block_term_k(x[c][b].d, d, hsum_i32(isum[c]), dmin, msum);
     }
   }
-  for (int c = 0; c < NC; ++c) out[c] = hsum(acc[c]);
+  for (int c = 0; c < NC; ++c) out[c] = static_cast<float>(acc[c]);
 }
 
 // ---- q6_K -------------------------------------------------------------------------------------------
@@ -216,10 +250,10 @@ template <int NC>
 void dot_q6_k(int64_t n, const void* wv, const void* const* xs, float* out) {
   const BlockQ6_K* w = static_cast<const BlockQ6_K*>(wv);
   const BlockQ8_K* x[NC];
-  __m256 acc[NC];
+  double acc[NC];
   for (int c = 0; c < NC; ++c) {
     x[c] = col<BlockQ8_K>(xs, c);
-    acc[c] = _mm256_setzero_ps();
+    acc[c] = 0.0;
   }
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   const __m256i bits45 = _mm256_set1_epi8(0x30);
@@ -257,11 +291,10 @@ void dot_q6_k(int64_t n, const void* wv, const void* const* xs, float* out) {
     for (int c = 0; c < NC; ++c) {
       const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[c][b].bsums));
       const __m256i bias = _mm256_slli_epi32(_mm256_madd_epi16(bs, scales16), 5);  // 32 * sum sc*bsum
-      const __m256 s = _mm256_cvtepi32_ps(_mm256_sub_epi32(isum[c], bias));
-      acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d * x[c][b].d), s, acc[c]);
+      acc[c] += block_term_k(x[c][b].d, d, hsum_i32(_mm256_sub_epi32(isum[c], bias)), 0.0f, 0);
     }
   }
-  for (int c = 0; c < NC; ++c) out[c] = hsum(acc[c]);
+  for (int c = 0; c < NC; ++c) out[c] = static_cast<float>(acc[c]);
 }
 
 // ---- dispatch over the column count ----------------------------------------------------------------
@@ -284,28 +317,35 @@ void by_cols(int64_t n, const void* w, const void* const* xs, int nc, float* out
   }
 }
 
+// Float dots take columns two at a time (dot_float's order is fixed; see there).
+template <int NC, typename WT, typename XT, bool kWBf16>
+void dot_float_pairs(int64_t n, const void* w, const void* const* x, float* o) {
+  int c = 0;
+  for (; c + 2 <= NC; c += 2) dot_float<2, WT, XT, kWBf16>(n, w, x + c, o + c);
+  if (c < NC) dot_float<1, WT, XT, kWBf16>(n, w, x + c, o + c);
+}
 template <int NC>
 struct F32 {
   static void run(int64_t n, const void* w, const void* const* x, float* o) {
-    dot_float<NC, float, float, false>(n, w, x, o);
+    dot_float_pairs<NC, float, float, false>(n, w, x, o);
   }
 };
 template <int NC>
 struct F16 {
   static void run(int64_t n, const void* w, const void* const* x, float* o) {
-    dot_float<NC, uint16_t, float, false>(n, w, x, o);
+    dot_float_pairs<NC, uint16_t, float, false>(n, w, x, o);
   }
 };
 template <int NC>
 struct F16F16 {
   static void run(int64_t n, const void* w, const void* const* x, float* o) {
-    dot_float<NC, uint16_t, uint16_t, false>(n, w, x, o);
+    dot_float_pairs<NC, uint16_t, uint16_t, false>(n, w, x, o);
   }
 };
 template <int NC>
 struct BF16 {
   static void run(int64_t n, const void* w, const void* const* x, float* o) {
-    dot_float<NC, uint16_t, float, true>(n, w, x, o);
+    dot_float_pairs<NC, uint16_t, float, true>(n, w, x, o);
   }
 };
 template <int NC>

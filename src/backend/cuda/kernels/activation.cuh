@@ -1,21 +1,34 @@
 // Activation functions of the elementwise kernels (elementwise.cu) and of the fused gated
 // projections (fused.cu). Device code only; includes nothing outside src/backend/cuda/.
+//
+// Each is evaluated in double and rounded to float once, with the same formulas as the CPU backend
+// (ops_elementwise.cpp): both libraries' double exp/tanh/erf are within an ulp of the true value, so
+// the two backends round the same number and give the same float (docs/NUMERICS.md). In float, the
+// libraries' expf/tanhf differ in the last bit for a share of inputs.
 #pragma once
 
 namespace loom::cuda {
 
-__device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float silu_f(float x) {
+  const double v = x;
+  return static_cast<float>(v / (1.0 + exp(-v)));
+}
 /// GELU, tanh approximation: 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3))).
 __device__ __forceinline__ float gelu_tanh_f(float x) {
-  constexpr float kSqrt2OverPi = 0.79788456080286535588f;
-  return 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * x * (1.0f + 0.044715f * x * x)));
+  constexpr double kSqrt2OverPi = 0.79788456080286535588;
+  const double v = x;
+  return static_cast<float>(0.5 * v * (1.0 + tanh(kSqrt2OverPi * v * (1.0 + 0.044715 * v * v))));
 }
 __device__ __forceinline__ float gelu_erf_f(float x) {
-  return 0.5f * x * (1.0f + erff(x * 0.70710678118654752440f));
+  const double v = x;
+  return static_cast<float>(0.5 * v * (1.0 + erf(v * 0.70710678118654752440)));
+}
+__device__ __forceinline__ float softcap_f(float x, float cap) {
+  return static_cast<float>(cap * tanh(static_cast<double>(x) / cap));
 }
 /// The gated activations: swiglu = silu(gate) * up, geglu = gelu(gate) * up.
 __device__ __forceinline__ float gated_f(float gate, float up, bool swiglu) {
-  return (swiglu ? silu_f(gate) : gelu_tanh_f(gate)) * up;
+  return __fmul_rn(swiglu ? silu_f(gate) : gelu_tanh_f(gate), up);
 }
 
 }  // namespace loom::cuda

@@ -17,17 +17,23 @@ constexpr int kPerLane = kFlashAttnMaxHead / kWarpSize;
 // reduction and an exp): 16 warps per head give ~16 keys each at a 256-cell KV extent.
 constexpr int kSplit = 16;
 
-__device__ __forceinline__ float load_kv(const char* row, int64_t i, bool f16) {
+__device__ __forceinline__ double load_kv(const char* row, int64_t i, bool f16) {
   return f16 ? f16_to_float(reinterpret_cast<const uint16_t*>(row)[i])
              : reinterpret_cast<const float*>(row)[i];
 }
 
-__global__ void flash_attn_kernel(TensorDesc dst, TensorDesc q, TensorDesc k, TensorDesc v, TensorDesc mask,
+// Scores, weights, sums and the output accumulator are doubles, rounded to float once at the end,
+// as in the CPU backend's flash_attn (ops_attention.cpp): both then round the same exact value, and
+// the output is the same float whatever the warps' order of keys (docs/NUMERICS.md). On the H200
+// FP64 runs at half the FP32 rate; the decode kernel is bound by dependent loads, not arithmetic.
+__global__ void __launch_bounds__(kSplit * kWarpSize) flash_attn_kernel(TensorDesc dst, TensorDesc q, TensorDesc k, TensorDesc v, TensorDesc mask,
                                   bool has_mask, bool mask_f16, bool k_f16, bool v_f16, float scale,
                                   float softcap) {
   pdl_wait();
-  __shared__ float sh_m[kSplit], sh_l[kSplit];
-  __shared__ float sh_acc[kSplit][kFlashAttnMaxHead];
+  constexpr int kHalf = kSplit / 2;  // the merge goes through shared memory half the warps at a time
+  __shared__ double sh_m[kSplit], sh_l[kSplit], sh_factor[kSplit];
+  __shared__ double sh_acc[kHalf][kFlashAttnMaxHead];
+  __shared__ double sh_total;
   const int lane = threadIdx.x % kWarpSize;
   const int split = static_cast<int>(threadIdx.x / kWarpSize);
   const int64_t w = blockIdx.x;  // one block per (query, head); the grid has exactly that many
@@ -36,17 +42,18 @@ __global__ void flash_attn_kernel(TensorDesc dst, TensorDesc q, TensorDesc k, Te
   const int64_t h_kv = h / (n_head / k.ne[2]);  // consecutive query heads share a key head
   const int64_t d = q.ne[0], dv = v.ne[0], n_kv = k.ne[1];
 
-  float q_reg[kPerLane], acc[kPerLane];
+  float q_reg[kPerLane];
+  double acc[kPerLane];
   const auto* q_row = reinterpret_cast<const float*>(row_ptr(q, iq, h, i3));
 #pragma unroll
   for (int c = 0; c < kPerLane; ++c) {
     const int64_t e = lane + c * kWarpSize;
     q_reg[c] = e < d ? q_row[e] : 0.0f;
-    acc[c] = 0.0f;
+    acc[c] = 0.0;
   }
   const char* m_row = has_mask ? row_ptr(mask, iq, h % mask.ne[2], i3 % mask.ne[3]) : nullptr;
 
-  float m = -INFINITY, l = 0.0f;
+  double m = -INFINITY, l = 0.0;
   for (int64_t j = split; j < n_kv; j += kSplit) {
     float mv = 0.0f;
     if (m_row) {
@@ -55,20 +62,20 @@ __global__ void flash_attn_kernel(TensorDesc dst, TensorDesc q, TensorDesc k, Te
       if (mv == -INFINITY) continue;  // hidden whatever the score (finite, inf or NaN plus -inf never passes)
     }
     const char* k_row = row_ptr(k, j, h_kv, i3);
-    float s = 0.0f;
+    double s = 0.0;  // products of a float and an f16 or float are exact in double
 #pragma unroll
     for (int c = 0; c < kPerLane; ++c) {
       const int64_t e = lane + c * kWarpSize;
-      if (e < d) s += q_reg[c] * load_kv(k_row, e, k_f16);
+      if (e < d) s += static_cast<double>(q_reg[c]) * load_kv(k_row, e, k_f16);
     }
     s = warp_sum(s) * scale;
-    if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
+    if (softcap > 0.0f) s = softcap * tanh(s / softcap);
     s += mv;
     // masked key (or a NaN score, as on the CPU): weight exactly 0; s is the same in every lane
     if (!(s > -INFINITY)) continue;
-    const float m_new = fmaxf(m, s);
-    const float alpha = expf(m - m_new);  // 0 while m is still -inf
-    const float p = expf(s - m_new);
+    const double m_new = fmax(m, s);
+    const double alpha = exp(m - m_new);  // 0 while m is still -inf
+    const double p = exp(s - m_new);
     l = l * alpha + p;
     const char* v_row = row_ptr(v, j, h_kv, i3);
 #pragma unroll
@@ -84,32 +91,38 @@ __global__ void flash_attn_kernel(TensorDesc dst, TensorDesc q, TensorDesc k, Te
     sh_m[split] = m;
     sh_l[split] = l;
   }
-#pragma unroll
-  for (int c = 0; c < kPerLane; ++c) sh_acc[split][lane + c * kWarpSize] = acc[c];
   __syncthreads();
-  __shared__ float sh_factor[kSplit];
-  __shared__ float sh_inv;
   if (threadIdx.x == 0) {
-    float big = -INFINITY;
-    for (int s2 = 0; s2 < kSplit; ++s2) big = fmaxf(big, sh_m[s2]);
-    float total = 0.0f;
+    double big = -INFINITY;
+    for (int s2 = 0; s2 < kSplit; ++s2) big = fmax(big, sh_m[s2]);
+    double total = 0.0;
     for (int s2 = 0; s2 < kSplit; ++s2) {
       // a warp that saw no visible key adds nothing
-      sh_factor[s2] = sh_m[s2] == -INFINITY ? 0.0f : expf(sh_m[s2] - big);
+      sh_factor[s2] = sh_m[s2] == -INFINITY ? 0.0 : exp(sh_m[s2] - big);
       total += sh_l[s2] * sh_factor[s2];
     }
-    sh_inv = total > 0.0f ? 1.0f / total : 0.0f;  // no visible key: zeros, as soft_max does
+    sh_total = total;
   }
-  __syncthreads();
-  const float inv = sh_inv;
-  // output [dv, n_head, n_q]: a query's heads are adjacent rows
-  auto* out = reinterpret_cast<float*>(row_ptr(dst, h, iq, i3));
-  for (int64_t e = threadIdx.x; e < dv; e += blockDim.x) {
-    float sum = 0.0f;
+  // each thread owns at most one output element (the block has kSplit * 32 >= kFlashAttnMaxHead)
+  static_assert(kSplit * kWarpSize >= kFlashAttnMaxHead, "one output element per thread");
+  const int64_t e_out = threadIdx.x;
+  double out_sum = 0.0;
+  for (int half = 0; half < 2; ++half) {
+    if (split / kHalf == half) {
 #pragma unroll
-    for (int s2 = 0; s2 < kSplit; ++s2) sum += sh_acc[s2][e] * sh_factor[s2];
-    out[e] = sum * inv;
+      for (int c = 0; c < kPerLane; ++c) sh_acc[split % kHalf][lane + c * kWarpSize] = acc[c];
+    }
+    __syncthreads();
+    if (e_out < dv) {
+#pragma unroll
+      for (int s2 = 0; s2 < kHalf; ++s2) out_sum += sh_acc[s2][e_out] * sh_factor[half * kHalf + s2];
+    }
+    __syncthreads();
   }
+  // output [dv, n_head, n_q]: a query's heads are adjacent rows; no visible key gives zeros, as
+  // soft_max does
+  auto* out = reinterpret_cast<float*>(row_ptr(dst, h, iq, i3));
+  if (e_out < dv) out[e_out] = sh_total > 0.0 ? static_cast<float>(out_sum / sh_total) : 0.0f;
 }
 
 }  // namespace

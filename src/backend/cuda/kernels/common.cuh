@@ -79,25 +79,26 @@ __device__ __forceinline__ uint16_t float_to_bf16(float v) {
 }
 
 struct SumOp {
-  __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+  template <typename T>
+  __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
 };
 struct MaxOp {
   __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
 };
 
-/// Reduces v over the warp with `op`; every lane gets the result.
-template <typename Op>
-__device__ __forceinline__ float warp_reduce(float v, Op op) {
+/// Reduces v (float or double) over the warp with `op`; every lane gets the result.
+template <typename T, typename Op>
+__device__ __forceinline__ T warp_reduce(T v, Op op) {
 #pragma unroll
   for (int o = kWarpSize / 2; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
 
 /// Reduces v over the whole block with `op` (blockDim.x a multiple of 32, at most 1024); every
-/// thread gets it. `identity` fills the lanes past the last warp. `scratch` holds 32 floats of
+/// thread gets it. `identity` fills the lanes past the last warp. `scratch` holds 32 values of
 /// shared memory; the call ends with the block synchronized, so the scratch may be reused at once.
-template <typename Op>
-__device__ __forceinline__ float block_reduce(float v, float* scratch, float identity, Op op) {
+template <typename T, typename Op>
+__device__ __forceinline__ T block_reduce(T v, T* scratch, T identity, Op op) {
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int n_warps = blockDim.x / kWarpSize;
   v = warp_reduce(v, op);
@@ -109,10 +110,17 @@ __device__ __forceinline__ float block_reduce(float v, float* scratch, float ide
   return v;
 }
 
+// Sums are taken in double wherever their result feeds a value the CPU backend computes too
+// (norms, softmax, mat-vec and attention accumulators): see docs/NUMERICS.md. In double, any
+// summation order gives the exact sum to ~1e-16, so the float both backends round it to is the same.
 __device__ __forceinline__ float warp_sum(float v) { return warp_reduce(v, SumOp{}); }
+__device__ __forceinline__ double warp_sum(double v) { return warp_reduce(v, SumOp{}); }
 /// Sum over the whole block; the contract of block_reduce.
 __device__ __forceinline__ float block_sum(float v, float* scratch) {
   return block_reduce(v, scratch, 0.0f, SumOp{});
+}
+__device__ __forceinline__ double block_sum(double v, double* scratch) {
+  return block_reduce(v, scratch, 0.0, SumOp{});
 }
 /// Maximum over the whole block; the contract of block_reduce.
 __device__ __forceinline__ float block_max(float v, float* scratch) {

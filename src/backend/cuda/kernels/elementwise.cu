@@ -58,10 +58,10 @@ __global__ void unary_kernel(TensorDesc dst, TensorDesc a, OpKind op, float p0, 
         r = gelu_erf_f(x);
         break;
       case OpKind::softcap:
-        r = p0 * tanhf(x / p0);
+        r = softcap_f(x, p0);
         break;
       default:  // scale
-        r = x * p0 + p1;
+        r = __fadd_rn(__fmul_rn(x, p0), p1);  // two roundings, as on the CPU (no FMA)
         break;
     }
     f32_at(dst, i) = r;

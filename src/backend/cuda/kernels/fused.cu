@@ -59,26 +59,26 @@ __device__ __forceinline__ float f32_broadcast(const TensorDesc& t, int64_t i0, 
 __global__ void rms_norm_mul_kernel(TensorDesc y, TensorDesc a, TensorDesc b, TensorDesc sum, bool has_add,
                                     TensorDesc w, float eps) {
   pdl_wait();
-  __shared__ float scratch[32];
+  __shared__ double scratch[32];
   const int64_t n = y.ne[0];
   for (int64_t r = blockIdx.x; r < nrows(y); r += gridDim.x) {
     int64_t i1, i2, i3;
     split_row(r, y.ne[1], y.ne[2], i1, i2, i3);
-    float ss = 0.0f;
+    double ss = 0.0;  // in double, as norm_kernel
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
       float x = f32_load(a, i, i1, i2, i3);
       if (has_add) {
-        x = x + f32_broadcast(b, i, i1, i2, i3);
+        x = __fadd_rn(x, f32_broadcast(b, i, i1, i2, i3));
         *reinterpret_cast<float*>(element_ptr(sum, i, i1, i2, i3)) = x;
       }
-      ss += x * x;
+      ss += static_cast<double>(x) * x;
     }
     ss = block_sum(ss, scratch);
-    const float s = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
+    const auto s = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(n) + eps));
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
       const float x = has_add ? f32_load(sum, i, i1, i2, i3) : f32_load(a, i, i1, i2, i3);
-      const float normed = x * s;
-      *reinterpret_cast<float*>(element_ptr(y, i, i1, i2, i3)) = normed * f32_broadcast(w, i, i1, i2, i3);
+      const float normed = __fmul_rn(x, s);
+      *reinterpret_cast<float*>(element_ptr(y, i, i1, i2, i3)) = __fmul_rn(normed, f32_broadcast(w, i, i1, i2, i3));
     }
   }
 }
@@ -134,13 +134,13 @@ __global__ void glu_mat_vec_q8_kernel(TensorDesc dst, TensorDesc wg, TensorDesc 
          j0 += static_cast<int64_t>(gridDim.y) * kCols) {
       const int ncols = static_cast<int>(n - j0 < kCols ? n - j0 : kCols);
       const typename D::Act* x = xq + (j0 + n * z) * n_blocks;
-      float acc_g[kCols] = {}, acc_u[kCols] = {};
+      double acc_g[kCols] = {}, acc_u[kCols] = {};
       dot_columns<D>(g_row, n_blocks, x, ncols, acc_g);
       dot_columns<D>(u_row, n_blocks, x, ncols, acc_u);
 #pragma unroll
       for (int c = 0; c < kCols; ++c) {
         if (c >= ncols) break;
-        const float g = warp_sum(acc_g[c]), u = warp_sum(acc_u[c]);
+        const auto g = static_cast<float>(warp_sum(acc_g[c])), u = static_cast<float>(warp_sum(acc_u[c]));
         if (lane == 0) *reinterpret_cast<float*>(element_ptr(dst, i, j0 + c, i2, i3)) = gated_f(g, u, swiglu);
       }
     }
@@ -223,12 +223,12 @@ __global__ void mat_vec_multi_q8_kernel(const __grid_constant__ MultiArgs args, 
     for (int64_t j0 = static_cast<int64_t>(blockIdx.y) * kCols; j0 < n;
          j0 += static_cast<int64_t>(gridDim.y) * kCols) {
       const int ncols = static_cast<int>(n - j0 < kCols ? n - j0 : kCols);
-      float acc[kCols] = {};
+      double acc[kCols] = {};
       dot_columns<D>(w_row, n_blocks, xq + (j0 + n * z) * n_blocks, ncols, acc);
 #pragma unroll
       for (int c = 0; c < kCols; ++c) {
         if (c >= ncols) break;
-        const float sum = warp_sum(acc[c]);
+        const auto sum = static_cast<float>(warp_sum(acc[c]));
         if (lane == 0) *reinterpret_cast<float*>(element_ptr(dst, i, j0 + c, i2, i3)) = sum;
       }
     }
@@ -280,7 +280,7 @@ __global__ void rope_set_rows_kernel(TensorDesc cache, bool cache_f16, TensorDes
 __global__ void scale_mask_soft_max_kernel(TensorDesc y, TensorDesc x, TensorDesc mask, float s, float bias,
                                            float sm_scale) {
   pdl_wait();
-  __shared__ float scratch[32];
+  __shared__ double scratch[32];
   for (int64_t r = blockIdx.x; r < nrows(y); r += gridDim.x) {
     int64_t i1, i2, i3;
     split_row(r, y.ne[1], y.ne[2], i1, i2, i3);
@@ -288,9 +288,10 @@ __global__ void scale_mask_soft_max_kernel(TensorDesc y, TensorDesc x, TensorDes
     soft_max_row(
         reinterpret_cast<float*>(row_ptr(y, i1, i2, i3)), y.ne[0],
         [&](int64_t i) {
-          const float scaled = *reinterpret_cast<const float*>(x_row + i * x.nb[0]) * s + bias;
-          const float masked = scaled + f32_broadcast(mask, i, i1, i2, i3);
-          return masked * sm_scale;
+          // the unfused kernels' roundings, kept from contracting into FMAs
+          const float scaled = __fadd_rn(__fmul_rn(*reinterpret_cast<const float*>(x_row + i * x.nb[0]), s), bias);
+          const float masked = __fadd_rn(scaled, f32_broadcast(mask, i, i1, i2, i3));
+          return __fmul_rn(masked, sm_scale);
         },
         scratch);
   }
@@ -308,12 +309,12 @@ __global__ void moe_route_kernel(TensorDesc logits, float scale, TensorDesc ids,
   pdl_wait();
   __shared__ float probs[kMoeMaxExperts];
   __shared__ float chosen[kMoeMaxExperts];
-  __shared__ float scratch[32];
+  __shared__ double scratch[32];
   const int64_t n = logits.ne[0];
   for (int64_t t = blockIdx.x; t < logits.ne[1]; t += gridDim.x) {
     const auto* x = reinterpret_cast<const float*>(row_ptr(logits, t, 0, 0));
     soft_max_row(
-        probs, n, [&](int64_t i) { return x[i] * scale; }, scratch);
+        probs, n, [&](int64_t i) { return __fmul_rn(x[i], scale); }, scratch);
     __syncthreads();
     const int64_t i = threadIdx.x;  // blockDim.x >= n
     int64_t rank = k;               // not chosen
@@ -330,11 +331,11 @@ __global__ void moe_route_kernel(TensorDesc logits, float scale, TensorDesc ids,
       }
     }
     __syncthreads();
-    float sum = 1.0f;
-    if (normalize) sum = block_sum(threadIdx.x < k ? chosen[threadIdx.x] : 0.0f, scratch);
+    float sum = 1.0f;  // sum_rows's: in double, rounded to float once
+    if (normalize) sum = static_cast<float>(block_sum(threadIdx.x < k ? static_cast<double>(chosen[threadIdx.x]) : 0.0, scratch));
     if (threadIdx.x < k) {
       const float w = chosen[threadIdx.x];
-      *reinterpret_cast<float*>(weights + threadIdx.x * w_e + t * w_t) = normalize ? w / sum : w;
+      *reinterpret_cast<float*>(weights + threadIdx.x * w_e + t * w_t) = normalize ? __fdiv_rn(w, sum) : w;
     }
     __syncthreads();  // probs and chosen are rewritten for the next token
   }

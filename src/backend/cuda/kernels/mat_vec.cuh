@@ -136,7 +136,8 @@ __device__ __forceinline__ void dot_columns_float(const char* a_row, int64_t k, 
   }
 }
 
-/// acc[c] += dot(weight row, activation row x + c * n_blocks) for c < ncols, quantized weights of dot
+/// acc[c] += dot(weight row, activation row x + c * n_blocks) for c < ncols, in double (the block
+/// terms and their sum, as on the CPU: vec_dot.h), quantized weights of dot
 /// format D against activations quantized to D::Act blocks: the warp splits the row's blocks,
 /// D::kParts lanes to a block, 32 / D::kParts blocks per step; each lane unpacks its share of a
 /// weight block once for all columns. One column has little work per step to hide the memory
@@ -144,7 +145,7 @@ __device__ __forceinline__ void dot_columns_float(const char* a_row, int64_t k, 
 /// columns their independent loads do that already (and registers are scarcer).
 template <class D, int kCols>
 __device__ __forceinline__ void dot_columns(const uint8_t* w_row, int64_t n_blocks, const typename D::Act* x,
-                                            int ncols, float (&acc)[kCols]) {
+                                            int ncols, double (&acc)[kCols]) {
   const int lane = threadIdx.x % kWarpSize;
   const int part = lane % D::kParts;
   constexpr int kUnroll = kCols == 1 ? 4 : 1;

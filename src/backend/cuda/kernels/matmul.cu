@@ -14,9 +14,9 @@
 //   as the CPU backend quantizes them (q8_0 blocks for q8_0/q4_0 weights, q8_K blocks for the
 //   K-quants; see quantize_act.cuh), then mul_mat_q8_kernel sums each block's products in integers
 //   (dp4a), one warp per output row and up to kMatVecMaxCols columns, kParts lanes per weight
-//   block. Multiplying dequantized weights by f32 activations instead left whole-model logits
-//   NMSE 5e-4..1e-3 away from the CPU backend's on the H200; with the same quantized activations
-//   the two differ only in the order of float accumulation.
+//   block, the block terms formed and summed in double as on the CPU (docs/NUMERICS.md).
+//   Multiplying dequantized weights by f32 activations instead left whole-model logits NMSE
+//   5e-4..1e-3 away from the CPU backend's on the H200.
 //   Bytes model for one column: the weight matrix is read once (m * row_size bytes) plus the
 //   quantized column (~1.1 * k bytes, from L1/L2 for every row), so a decode step is
 //   bandwidth-bound; with many columns the weights are re-read n / 8 times (from L2 for matrices
@@ -186,12 +186,12 @@ __global__ void mul_mat_q8_kernel(TensorDesc dst, TensorDesc a, const typename D
     for (int64_t j0 = static_cast<int64_t>(blockIdx.y) * kCols; j0 < n;
          j0 += static_cast<int64_t>(gridDim.y) * kCols) {
       const int ncols = static_cast<int>(n - j0 < kCols ? n - j0 : kCols);
-      float acc[kCols] = {};
+      double acc[kCols] = {};
       dot_columns<D>(w_row, n_blocks, xq + (j0 + n * z) * n_blocks, ncols, acc);
 #pragma unroll
       for (int c = 0; c < kCols; ++c) {
         if (c >= ncols) break;
-        float sum = warp_sum(acc[c]);
+        auto sum = static_cast<float>(warp_sum(acc[c]));
         if constexpr (kBias) sum += bias[i];
         if (lane == 0) *reinterpret_cast<float*>(element_ptr(dst, i, j0 + c, i2, i3)) = sum;
       }
@@ -217,9 +217,9 @@ __global__ void mul_mat_id_q8_kernel(TensorDesc dst, TensorDesc as, const typena
         continue;
       }
       const auto* w_row = reinterpret_cast<const uint8_t*>(row_ptr(as, i, expert, 0));
-      float acc[1] = {0.0f};
+      double acc[1] = {0.0};
       dot_columns<D>(w_row, n_blocks, xq + ((b1 == 1 ? 0 : e) + b1 * t) * n_blocks, 1, acc);
-      const float sum = warp_sum(acc[0]);
+      const auto sum = static_cast<float>(warp_sum(acc[0]));
       if (lane == 0) *out = sum;
     }
   }

@@ -1,5 +1,6 @@
-// Row normalizations: one block per row, block-wide sums in float (tree order keeps the error
-// near sqrt(n) ulp, well inside the op test's tolerance against the CPU's double sums).
+// Row normalizations: one block per row, block-wide sums in double and the scale formed in double,
+// as the CPU backend does (ops_rows.cpp), so both round the same exact value to float and give the
+// same bits (docs/NUMERICS.md).
 // Bytes model: the row is read twice (norm: three times) and written once; L2 holds it between.
 #include "backend/cuda/kernels/common.cuh"
 #include "backend/cuda/kernels/norm.cuh"
@@ -12,24 +13,28 @@ namespace {
 template <bool kCenter>
 __global__ void norm_kernel(TensorDesc dst, TensorDesc a, float eps) {
   pdl_wait();
-  __shared__ float scratch[32];
+  __shared__ double scratch[32];
   for (int64_t r = blockIdx.x; r < nrows(dst); r += gridDim.x) {
     int64_t i1, i2, i3;
     split_row(r, dst.ne[1], dst.ne[2], i1, i2, i3);
     const auto* x = reinterpret_cast<const float*>(row_ptr(a, i1, i2, i3));
     auto* y = reinterpret_cast<float*>(row_ptr(dst, i1, i2, i3));
     const int64_t n = dst.ne[0];
-    float mean = 0.0f;
+    double mean = 0.0;
     if constexpr (kCenter) {
-      float sum = 0.0f;
+      double sum = 0.0;
       for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum += x[i];
-      mean = block_sum(sum, scratch) / static_cast<float>(n);
+      mean = block_sum(sum, scratch) / static_cast<double>(n);
     }
-    float var = 0.0f;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) var += (x[i] - mean) * (x[i] - mean);
+    double var = 0.0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      const double c = x[i] - mean;
+      var += c * c;
+    }
     var = block_sum(var, scratch);
-    const float s = 1.0f / sqrtf(var / static_cast<float>(n) + eps);
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) y[i] = (x[i] - mean) * s;
+    const auto s = static_cast<float>(1.0 / sqrt(var / static_cast<double>(n) + eps));
+    const auto m = static_cast<float>(mean);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) y[i] = __fmul_rn(__fsub_rn(x[i], m), s);
   }
 }
 

@@ -6,8 +6,9 @@
 // block's products in integers (src/backend/cpu/vec_dot.cpp's scalar kernels). Dequantizing the
 // weights and multiplying f32 activations instead differs from that by the activations' rounding
 // error, which measured NMSE 5e-4..1e-3 on whole-model logits. Here the quantizer reproduces the
-// CPU's blocks bit for bit and the dots reproduce its integer sums exactly; only the float
-// accumulation of the per-block terms runs in another order.
+// CPU's blocks bit for bit and the dots reproduce its integer sums exactly; the per-block terms are
+// formed and summed in double as on the CPU (vec_dot.h), so the float both round the row's sum to
+// is the same although the order of the sums differs (docs/NUMERICS.md).
 //
 // Everything is __host__ __device__ (intrinsics have plain host fallbacks) so that a host compiler
 // can check it against the CPU code. Includes nothing outside src/backend/cuda/ but cuda_fp16.h.
@@ -186,10 +187,10 @@ struct DotQ8_0 {
         half_to_float(load_u16_a2(w))};
   }
   // CPU: isum * (dw * dx) per block
-  LOOM_HD static float dot(const Part& p, const Act& x, int part) {
+  LOOM_HD static double dot(const Part& p, const Act& x, int part) {
     const int s =
         dot4(p.q[1], load_i32_a4(x.qs + 8 * part + 4), dot4(p.q[0], load_i32_a4(x.qs + 8 * part), 0));
-    return static_cast<float>(s) * (p.d * half_to_float(x.d));
+    return static_cast<double>(s) * (static_cast<double>(p.d) * half_to_float(x.d));
   }
 };
 
@@ -214,14 +215,14 @@ struct DotQ4_0 {
     p.d = half_to_float(load_u16_a2(w));
     return p;
   }
-  LOOM_HD static float dot(const Part& p, const Act& x, int part) {
+  LOOM_HD static double dot(const Part& p, const Act& x, int part) {
     const int8_t* lo = x.qs + 8 * part;
     const int8_t* hi = x.qs + 16 + 8 * part;
     int s = dot4(p.lo[0], load_i32_a4(lo), 0);
     s = dot4(p.lo[1], load_i32_a4(lo + 4), s);
     s = dot4(p.hi[0], load_i32_a4(hi), s);
     s = dot4(p.hi[1], load_i32_a4(hi + 4), s);
-    return static_cast<float>(s) * (p.d * half_to_float(x.d));
+    return static_cast<double>(s) * (static_cast<double>(p.d) * half_to_float(x.d));
   }
 };
 
@@ -260,7 +261,7 @@ struct DotQ4_K {
     p.dmin = half_to_float(load_u16_a2(w + 2));
     return p;
   }
-  LOOM_HD static float dot(const Part& p, const Act& x, int part) {
+  LOOM_HD static double dot(const Part& p, const Act& x, int part) {
     const int pair = part / 4, q = part % 4;
     const int8_t* lo = x.qs + 64 * pair + 8 * q;
     const int8_t* hi = lo + 32;
@@ -268,7 +269,7 @@ struct DotQ4_K {
     const int s_hi = dot4(p.hi[1], load_i32_a4(hi + 4), dot4(p.hi[0], load_i32_a4(hi), 0));
     const int isum = p.sc_lo * s_lo + p.sc_hi * s_hi;
     const int msum = p.m * x.bsums[4 * pair + 2 * (q & 1) + q / 2];
-    return x.d * (p.d * static_cast<float>(isum) - p.dmin * static_cast<float>(msum));
+    return static_cast<double>(x.d) * (static_cast<double>(p.d) * isum - static_cast<double>(p.dmin) * msum);
   }
 };
 
@@ -302,12 +303,12 @@ struct DotQ6_K {
     p.d = half_to_float(load_u16_a2(w + 208));
     return p;
   }
-  LOOM_HD static float dot(const Part& p, const Act& x, int part) {
+  LOOM_HD static double dot(const Part& p, const Act& x, int part) {
     const int h = part / 8, l = 4 * (part % 8);
     const int8_t* xq = x.qs + 128 * h + l;
     int isum = 0;
     for (int c = 0; c < 4; ++c) isum += p.sc[c] * dot4(p.code[c], load_i32_a4(xq + 32 * c), 0);
-    return (p.d * x.d) * static_cast<float>(isum);
+    return (static_cast<double>(p.d) * x.d) * isum;
   }
 };
 

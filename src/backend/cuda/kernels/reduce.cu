@@ -13,15 +13,15 @@ __device__ __forceinline__ float load_f32(const char* row, int64_t i, int64_t st
 
 __global__ void sum_rows_kernel(TensorDesc dst, TensorDesc a) {
   pdl_wait();
-  __shared__ float scratch[32];
+  __shared__ double scratch[32];  // in double, as the CPU's sum_rows (docs/NUMERICS.md)
   for (int64_t r = blockIdx.x; r < nrows(a); r += gridDim.x) {
     int64_t i1, i2, i3;
     split_row(r, a.ne[1], a.ne[2], i1, i2, i3);
     const char* row = row_ptr(a, i1, i2, i3);
-    float sum = 0.0f;
+    double sum = 0.0;
     for (int64_t i = threadIdx.x; i < a.ne[0]; i += blockDim.x) sum += load_f32(row, i, a.nb[0]);
     sum = block_sum(sum, scratch);
-    if (threadIdx.x == 0) *reinterpret_cast<float*>(row_ptr(dst, i1, i2, i3)) = sum;
+    if (threadIdx.x == 0) *reinterpret_cast<float*>(row_ptr(dst, i1, i2, i3)) = static_cast<float>(sum);
   }
 }
 

@@ -46,8 +46,9 @@ __device__ __forceinline__ void rope_row(const float* x, int64_t ne0, int32_t po
     const int64_t j0 = p.neox ? i : 2 * i;
     const int64_t j1 = p.neox ? i + half : 2 * i + 1;
     const float x0 = x[j0], x1 = x[j1];
-    store(j0, x0 * c - x1 * s);
-    store(j1, x0 * s + x1 * c);
+    // the CPU's float operations, kept from contracting into FMAs (docs/NUMERICS.md)
+    store(j0, __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s)));
+    store(j1, __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c)));
   }
 }
 

@@ -13,7 +13,7 @@ namespace {
 __global__ void soft_max_kernel(TensorDesc dst, TensorDesc a, TensorDesc mask, bool has_mask, bool mask_f16,
                                 float scale) {
   pdl_wait();
-  __shared__ float scratch[32];
+  __shared__ double scratch[32];
   const int64_t n = dst.ne[0];
   for (int64_t r = blockIdx.x; r < nrows(dst); r += gridDim.x) {
     int64_t i1, i2, i3;
@@ -25,7 +25,7 @@ __global__ void soft_max_kernel(TensorDesc dst, TensorDesc a, TensorDesc mask, b
     soft_max_row(
         y, n,
         [&](int64_t i) {
-          float v = x[i] * scale;
+          float v = __fmul_rn(x[i], scale);  // then the mask: two roundings, as on the CPU
           if (m)
             v += mask_f16 ? f16_to_float(reinterpret_cast<const uint16_t*>(m)[i])
                           : reinterpret_cast<const float*>(m)[i];

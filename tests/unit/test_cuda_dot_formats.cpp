@@ -1,0 +1,100 @@
+// The CUDA backend's quantized dot products (src/backend/cuda/kernels/quantize_act.cuh), compiled
+// for the host and run in the order one warp of mul_mat_q8_kernel takes the blocks, against the
+// CPU backend's scalar and AVX2 kernels: the same float for every row. This is the numerics
+// contract of docs/NUMERICS.md -- exact integer block sums, block terms formed and summed in
+// double, one rounding to float -- under which the two backends' quantized models give identical
+// logits although their summation orders differ. A block term left in float (as one was, found by
+// this test's predecessor experiment) shows here as thousands of mismatching rows.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "backend/cpu/vec_dot.h"
+#include "backend/cuda/kernels/quantize_act.cuh"
+#include "core/quant.h"
+#include "loom/dtype.h"
+
+namespace loom {
+namespace {
+
+constexpr int kWarp = 32;
+
+// Activation blocks in the device layout, from the CPU's converted row.
+std::vector<cuda::ActQ8_0> device_acts(const std::vector<uint8_t>& row, int64_t n_blocks, cuda::ActQ8_0*) {
+  std::vector<cuda::ActQ8_0> out(n_blocks);
+  const auto* src = reinterpret_cast<const BlockQ8_0*>(row.data());
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    out[b].d = src[b].d;
+    out[b].unused = 0;
+    std::memcpy(out[b].qs, src[b].qs, sizeof(out[b].qs));
+  }
+  return out;
+}
+std::vector<cuda::ActQ8_K> device_acts(const std::vector<uint8_t>& row, int64_t n_blocks, cuda::ActQ8_K*) {
+  std::vector<cuda::ActQ8_K> out(n_blocks);
+  std::memcpy(out.data(), row.data(), n_blocks * sizeof(cuda::ActQ8_K));  // byte for byte the same
+  return out;
+}
+
+// dot_columns (mat_vec.cuh) for one row and one column, lane by lane, then warp_sum's xor tree.
+template <class D>
+float warp_dot(const uint8_t* w, int64_t n_blocks, const typename D::Act* x) {
+  double lane[kWarp] = {};
+  for (int l = 0; l < kWarp; ++l) {
+    const int part = l % D::kParts;
+    for (int64_t ib = l / D::kParts; ib < n_blocks; ib += kWarp / D::kParts)
+      lane[l] += D::dot(D::decode(w + ib * D::kBytes, part), x[ib], part);
+  }
+  for (int o = kWarp / 2; o > 0; o /= 2) {
+    double next[kWarp];
+    for (int l = 0; l < kWarp; ++l) next[l] = lane[l] + lane[l ^ o];
+    std::copy(next, next + kWarp, lane);
+  }
+  return static_cast<float>(lane[0]);
+}
+
+template <class D>
+void check_type(DType type) {
+  SCOPED_TRACE(dtype_name(type));
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  const cpu::VecDotKernel* scalar = cpu::vec_dot_kernel_scalar(type);
+  const cpu::VecDotKernel* avx2 = cpu::vec_dot_kernel_avx2(type);
+  ASSERT_NE(scalar, nullptr);
+  int rows = 0;
+  // lengths whose block counts are and are not multiples of the lanes' stride
+  for (int64_t k : {256, 2048, 2816, 4096 + 256}) {
+    const int64_t n_blocks = k / D::kBlock;
+    for (int r = 0; r < 150; ++r, ++rows) {
+      std::vector<float> w(k), x(k);
+      const float w_scale = r % 3 == 0 ? 1e-3f : 0.05f;
+      for (float& v : w) v = normal(rng) * w_scale;
+      for (float& v : x) v = normal(rng) * (r % 5 == 0 ? 30.0f : 1.0f);
+      std::vector<uint8_t> wq(dtype_row_size(type, k));
+      quantize_row(type, w.data(), wq.data(), k);
+      std::vector<uint8_t> xq(cpu::act_row_size(scalar->act_type, k));
+      scalar->from_float(x.data(), xq.data(), k);
+      const float want = cpu::vec_dot(*scalar, k, wq.data(), xq.data());
+      const auto acts = device_acts(xq, n_blocks, static_cast<typename D::Act*>(nullptr));
+      const float got = warp_dot<D>(wq.data(), n_blocks, acts.data());
+      ASSERT_EQ(got, want) << "k " << k << " row " << r;
+      if (avx2) {
+        const float simd = cpu::vec_dot(*avx2, k, wq.data(), xq.data());
+        ASSERT_EQ(simd, want) << "AVX2, k " << k << " row " << r;
+      }
+    }
+  }
+  EXPECT_EQ(rows, 600);
+}
+
+TEST(CudaDotFormats, Q8_0MatchesTheCpuBitForBit) { check_type<cuda::DotQ8_0>(DType::q8_0); }
+TEST(CudaDotFormats, Q4_0MatchesTheCpuBitForBit) { check_type<cuda::DotQ4_0>(DType::q4_0); }
+TEST(CudaDotFormats, Q4_KMatchesTheCpuBitForBit) { check_type<cuda::DotQ4_K>(DType::q4_k); }
+TEST(CudaDotFormats, Q6_KMatchesTheCpuBitForBit) { check_type<cuda::DotQ6_K>(DType::q6_k); }
+
+}  // namespace
+}  // namespace loom
