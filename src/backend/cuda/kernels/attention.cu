@@ -5,6 +5,8 @@
 // are skipped before their dot product. Each lane holds head elements lane, lane+32, ... of q and
 // of the accumulator.
 // Bytes model: K and V are read once per query head, (n_q * n_head) * n_kv * (d + dv) * size.
+#include <algorithm>
+
 #include "backend/cuda/kernels/attention.cuh"
 #include "backend/cuda/kernels/common.cuh"
 
@@ -12,7 +14,6 @@ namespace loom::cuda {
 
 namespace {
 
-constexpr int kPerLane = kFlashAttnMaxHead / kWarpSize;
 // Warps per (query, head). A decode step is latency-bound (each key costs a dependent load, a warp
 // reduction and an exp): 16 warps per head give ~16 keys each at a 256-cell KV extent.
 constexpr int kSplit = 16;
@@ -26,13 +27,17 @@ __device__ __forceinline__ double load_kv(const char* row, int64_t i, bool f16) 
 // as in the CPU backend's flash_attn (ops_attention.cpp): both then round the same exact value, and
 // the output is the same float whatever the warps' order of keys (docs/NUMERICS.md). On the H200
 // FP64 runs at half the FP32 rate; the decode kernel is bound by dependent loads, not arithmetic.
+// kPerLane: head elements per lane (head size up to 32 * kPerLane), a template parameter so the
+// registers of q and the accumulator match the head: 64- and 128-wide heads need 2 and 4 per lane
+// rather than kFlashAttnMaxHead's 16, which leaves room for more blocks per SM.
+template <int kPerLane>
 __global__ void __launch_bounds__(kSplit * kWarpSize) flash_attn_kernel(TensorDesc dst, TensorDesc q, TensorDesc k, TensorDesc v, TensorDesc mask,
                                   bool has_mask, bool mask_f16, bool k_f16, bool v_f16, float scale,
                                   float softcap) {
   pdl_wait();
   constexpr int kHalf = kSplit / 2;  // the merge goes through shared memory half the warps at a time
   __shared__ double sh_m[kSplit], sh_l[kSplit], sh_factor[kSplit];
-  __shared__ double sh_acc[kHalf][kFlashAttnMaxHead];
+  __shared__ double sh_acc[kHalf][kPerLane * kWarpSize];
   __shared__ double sh_total;
   const int lane = threadIdx.x % kWarpSize;
   const int split = static_cast<int>(threadIdx.x / kWarpSize);
@@ -74,7 +79,8 @@ __global__ void __launch_bounds__(kSplit * kWarpSize) flash_attn_kernel(TensorDe
     // masked key (or a NaN score, as on the CPU): weight exactly 0; s is the same in every lane
     if (!(s > -INFINITY)) continue;
     const double m_new = fmax(m, s);
-    const double alpha = exp(m - m_new);  // 0 while m is still -inf
+    // 0 while m is still -inf; 1 when the maximum stands (most keys after the first few): no exp
+    const double alpha = m_new == m ? 1.0 : exp(m - m_new);
     const double p = exp(s - m_new);
     l = l * alpha + p;
     const char* v_row = row_ptr(v, j, h_kv, i3);
@@ -104,7 +110,7 @@ __global__ void __launch_bounds__(kSplit * kWarpSize) flash_attn_kernel(TensorDe
     sh_total = total;
   }
   // each thread owns at most one output element (the block has kSplit * 32 >= kFlashAttnMaxHead)
-  static_assert(kSplit * kWarpSize >= kFlashAttnMaxHead, "one output element per thread");
+  static_assert(kSplit * kWarpSize >= kPerLane * kWarpSize, "one output element per thread");
   const int64_t e_out = threadIdx.x;
   double out_sum = 0.0;
   for (int half = 0; half < 2; ++half) {
@@ -138,9 +144,14 @@ CudaError launch_flash_attn(const LaunchContext& ctx, const Tensor* dst, float s
     return CudaError::runtime(cudaErrorInvalidConfiguration, "flash_attn: more than 2^31 query rows", __FILE__,
                               __LINE__);
   const TensorDesc mask_desc = mask ? desc_of(mask) : TensorDesc{};
-  flash_attn_kernel<<<static_cast<unsigned>(rows), kSplit * kWarpSize, 0, ctx.stream>>>(desc_of(dst), desc_of(q), desc_of(k), desc_of(v), mask_desc,
-                                    mask != nullptr, mask && mask->type == DType::f16, k->type == DType::f16,
-                                    v->type == DType::f16, scale, softcap);
+  const int64_t head = std::max(q->ne[0], v->ne[0]);  // supports_op keeps it <= kFlashAttnMaxHead
+  auto kernel = head <= 2 * kWarpSize   ? flash_attn_kernel<2>
+                : head <= 4 * kWarpSize ? flash_attn_kernel<4>
+                : head <= 8 * kWarpSize ? flash_attn_kernel<8>
+                                        : flash_attn_kernel<kFlashAttnMaxHead / kWarpSize>;
+  kernel<<<static_cast<unsigned>(rows), kSplit * kWarpSize, 0, ctx.stream>>>(
+      desc_of(dst), desc_of(q), desc_of(k), desc_of(v), mask_desc, mask != nullptr,
+      mask && mask->type == DType::f16, k->type == DType::f16, v->type == DType::f16, scale, softcap);
   LOOM_CUDA_CHECK_LAUNCH("flash_attn_kernel");
   return {};
 }
