@@ -181,58 +181,20 @@ template <class F>
 __global__ void mat_vec_multi_kernel(const __grid_constant__ MultiArgs args, TensorDesc b) {
   pdl_wait();
   const MultiPart& p = multi_part(args, blockIdx.x);
-  const int lane = threadIdx.x % kWarpSize;
   const int64_t i = static_cast<int64_t>(blockIdx.x - p.first_block) * kMatVecWarps + threadIdx.x / kWarpSize;
-  const TensorDesc& dst = p.dst;
-  if (i >= dst.ne[0]) return;  // no block-wide synchronization below
-  const int64_t k = b.ne[0], n = dst.ne[1], batches = dst.ne[2] * dst.ne[3];
-  for (int64_t z = blockIdx.z; z < batches; z += gridDim.z) {
-    const int64_t i2 = z % dst.ne[2], i3 = z / dst.ne[2];
-    const char* a_row = row_ptr(p.w, i, i2 / p.r2, i3 / p.r3);
-    for (int64_t j0 = static_cast<int64_t>(blockIdx.y) * kMatVecMaxCols; j0 < n;
-         j0 += static_cast<int64_t>(gridDim.y) * kMatVecMaxCols) {
-      const int ncols = static_cast<int>(n - j0 < kMatVecMaxCols ? n - j0 : kMatVecMaxCols);
-      const char* b_col = b.data + j0 * b.nb[1] + i2 * b.nb[2] + i3 * b.nb[3];
-      float acc[kMatVecMaxCols] = {};
-      dot_columns_float<F>(a_row, k, b_col, b.nb[0], b.nb[1], ncols, acc);
-#pragma unroll
-      for (int c = 0; c < kMatVecMaxCols; ++c) {
-        if (c >= ncols) break;
-        const float sum = warp_sum(acc[c]);
-        if (lane == 0) *reinterpret_cast<float*>(element_ptr(dst, i, j0 + c, i2, i3)) = sum;
-      }
-    }
-  }
+  if (i >= p.dst.ne[0]) return;  // no block-wide synchronization below
+  mat_vec_float_row<F, false>(p.dst, p.w, b, i, p.r2, p.r3, nullptr);
 }
 
 // The same for quantized weights (mul_mat_q8_kernel without bias, per part); xq holds the
 // activation's rows quantized once for all parts, in (j, i2, i3) order.
 template <class D, int kCols>
-__global__ void mat_vec_multi_q8_kernel(const __grid_constant__ MultiArgs args, const typename D::Act* xq,
-                                        int64_t k) {
+__global__ void mat_vec_multi_q8_kernel(const __grid_constant__ MultiArgs args, const typename D::Act* xq) {
   pdl_wait();
   const MultiPart& p = multi_part(args, blockIdx.x);
-  const int lane = threadIdx.x % kWarpSize;
   const int64_t i = static_cast<int64_t>(blockIdx.x - p.first_block) * kMatVecWarps + threadIdx.x / kWarpSize;
-  const TensorDesc& dst = p.dst;
-  if (i >= dst.ne[0]) return;  // no block-wide synchronization below
-  const int64_t n_blocks = k / D::kBlock, n = dst.ne[1], batches = dst.ne[2] * dst.ne[3];
-  for (int64_t z = blockIdx.z; z < batches; z += gridDim.z) {
-    const int64_t i2 = z % dst.ne[2], i3 = z / dst.ne[2];
-    const auto* w_row = reinterpret_cast<const uint8_t*>(row_ptr(p.w, i, i2 / p.r2, i3 / p.r3));
-    for (int64_t j0 = static_cast<int64_t>(blockIdx.y) * kCols; j0 < n;
-         j0 += static_cast<int64_t>(gridDim.y) * kCols) {
-      const int ncols = static_cast<int>(n - j0 < kCols ? n - j0 : kCols);
-      double acc[kCols] = {};
-      dot_columns<D>(w_row, n_blocks, xq + (j0 + n * z) * n_blocks, ncols, acc);
-#pragma unroll
-      for (int c = 0; c < kCols; ++c) {
-        if (c >= ncols) break;
-        const auto sum = static_cast<float>(warp_sum(acc[c]));
-        if (lane == 0) *reinterpret_cast<float*>(element_ptr(dst, i, j0 + c, i2, i3)) = sum;
-      }
-    }
-  }
+  if (i >= p.dst.ne[0]) return;  // no block-wide synchronization below
+  mat_vec_q8_row<D, kCols, false>(p.dst, p.w, xq, i, p.r2, p.r3, nullptr);
 }
 
 // ---- rope_set_rows ---------------------------------------------------------------------------------
@@ -609,7 +571,7 @@ CudaError multi_q8_cols(const LaunchContext& ctx, const Tensor* const* mms, int 
   const dim3 grid(blocks, capped((x->ne[1] + kCols - 1) / kCols, kMaxGridYZ),
                   capped(x->ne[2] * x->ne[3], kMaxGridYZ));
   mat_vec_multi_q8_kernel<D, kCols><<<grid, kMatVecWarps * kWarpSize, 0, ctx.stream>>>(
-      args, static_cast<const typename D::Act*>(ctx.scratch), x->ne[0]);
+      args, static_cast<const typename D::Act*>(ctx.scratch));
   LOOM_CUDA_CHECK_LAUNCH("mat_vec_multi_q8_kernel");
   return {};
 }

@@ -1,5 +1,5 @@
 // The inner loops of the mat-vec kernels (one warp per output row, up to kMatVecMaxCols columns),
-// shared by mul_mat (matmul.cu) and the fused projections (fused.cu: glu_mat_vec). Device code
+// and whole rows of them, shared by mul_mat (matmul.cu) and the fused projections (fused.cu). Device code
 // only; includes nothing outside src/backend/cuda/.
 #pragma once
 
@@ -155,6 +155,63 @@ __device__ __forceinline__ void dot_columns(const uint8_t* w_row, int64_t n_bloc
 #pragma unroll
     for (int c = 0; c < kCols; ++c)
       if (c < ncols) acc[c] += D::dot(w, x[c * n_blocks + ib], part);
+  }
+}
+
+/// Row i of every column and batch of dst = w x b (+ bias[i] with kBias), float weights of format F:
+/// the whole of one warp's work in mul_mat_vec_kernel (matmul.cu) and in mat_vec_multi_kernel
+/// (fused.cu), so the fused and unfused products are the same code. The block's grid.y and grid.z
+/// stride over column groups and batches; r2, r3 are the weights' batch broadcast.
+template <class F, bool kBias>
+__device__ __forceinline__ void mat_vec_float_row(const TensorDesc& dst, const TensorDesc& w, const TensorDesc& b,
+                                                  int64_t i, int64_t r2, int64_t r3, const float* bias) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t k = w.ne[0], n = dst.ne[1], batches = dst.ne[2] * dst.ne[3];
+  for (int64_t z = blockIdx.z; z < batches; z += gridDim.z) {
+    const int64_t i2 = z % dst.ne[2], i3 = z / dst.ne[2];
+    const char* w_row = row_ptr(w, i, i2 / r2, i3 / r3);
+    for (int64_t j0 = static_cast<int64_t>(blockIdx.y) * kMatVecMaxCols; j0 < n;
+         j0 += static_cast<int64_t>(gridDim.y) * kMatVecMaxCols) {
+      const int ncols = static_cast<int>(n - j0 < kMatVecMaxCols ? n - j0 : kMatVecMaxCols);
+      const char* b_col = b.data + j0 * b.nb[1] + i2 * b.nb[2] + i3 * b.nb[3];
+      float acc[kMatVecMaxCols] = {};
+      dot_columns_float<F>(w_row, k, b_col, b.nb[0], b.nb[1], ncols, acc);
+#pragma unroll
+      for (int c = 0; c < kMatVecMaxCols; ++c) {
+        if (c >= ncols) break;
+        float sum = warp_sum(acc[c]);
+        if constexpr (kBias) sum += bias[i];
+        if (lane == 0) *reinterpret_cast<float*>(element_ptr(dst, i, j0 + c, i2, i3)) = sum;
+      }
+    }
+  }
+}
+
+/// The same for quantized weights of dot format D, kCols columns per step, against activations
+/// quantized into xq (rows in (j, i2, i3) order): mul_mat_q8_kernel's and mat_vec_multi_q8_kernel's
+/// warp. Sums in double, rounded once (docs/NUMERICS.md).
+template <class D, int kCols, bool kBias>
+__device__ __forceinline__ void mat_vec_q8_row(const TensorDesc& dst, const TensorDesc& w,
+                                               const typename D::Act* xq, int64_t i, int64_t r2, int64_t r3,
+                                               const float* bias) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t n_blocks = w.ne[0] / D::kBlock, n = dst.ne[1], batches = dst.ne[2] * dst.ne[3];
+  for (int64_t z = blockIdx.z; z < batches; z += gridDim.z) {
+    const int64_t i2 = z % dst.ne[2], i3 = z / dst.ne[2];
+    const auto* w_row = reinterpret_cast<const uint8_t*>(row_ptr(w, i, i2 / r2, i3 / r3));
+    for (int64_t j0 = static_cast<int64_t>(blockIdx.y) * kCols; j0 < n;
+         j0 += static_cast<int64_t>(gridDim.y) * kCols) {
+      const int ncols = static_cast<int>(n - j0 < kCols ? n - j0 : kCols);
+      double acc[kCols] = {};
+      dot_columns<D>(w_row, n_blocks, xq + (j0 + n * z) * n_blocks, ncols, acc);
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) {
+        if (c >= ncols) break;
+        auto sum = static_cast<float>(warp_sum(acc[c]));
+        if constexpr (kBias) sum += bias[i];
+        if (lane == 0) *reinterpret_cast<float*>(element_ptr(dst, i, j0 + c, i2, i3)) = sum;
+      }
+    }
   }
 }
 

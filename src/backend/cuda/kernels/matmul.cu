@@ -53,28 +53,9 @@ template <class F, bool kBias>
 __global__ void mul_mat_vec_kernel(TensorDesc dst, TensorDesc a, TensorDesc b, int64_t r2, int64_t r3,
                                    const float* bias) {
   pdl_wait();
-  const int lane = threadIdx.x % kWarpSize;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kMatVecWarps + threadIdx.x / kWarpSize;
   if (i >= dst.ne[0]) return;  // no block-wide synchronization below
-  const int64_t k = a.ne[0], n = dst.ne[1], batches = dst.ne[2] * dst.ne[3];
-  for (int64_t z = blockIdx.z; z < batches; z += gridDim.z) {
-    const int64_t i2 = z % dst.ne[2], i3 = z / dst.ne[2];
-    const char* a_row = row_ptr(a, i, i2 / r2, i3 / r3);
-    for (int64_t j0 = static_cast<int64_t>(blockIdx.y) * kMatVecMaxCols; j0 < n;
-         j0 += static_cast<int64_t>(gridDim.y) * kMatVecMaxCols) {
-      const int ncols = static_cast<int>(n - j0 < kMatVecMaxCols ? n - j0 : kMatVecMaxCols);
-      const char* b_col = b.data + j0 * b.nb[1] + i2 * b.nb[2] + i3 * b.nb[3];
-      float acc[kMatVecMaxCols] = {};
-      dot_columns_float<F>(a_row, k, b_col, b.nb[0], b.nb[1], ncols, acc);
-#pragma unroll
-      for (int c = 0; c < kMatVecMaxCols; ++c) {
-        if (c >= ncols) break;
-        float sum = warp_sum(acc[c]);
-        if constexpr (kBias) sum += bias[i];
-        if (lane == 0) *reinterpret_cast<float*>(element_ptr(dst, i, j0 + c, i2, i3)) = sum;
-      }
-    }
-  }
+  mat_vec_float_row<F, kBias>(dst, a, b, i, r2, r3, bias);
 }
 
 // out[:, e, t] = as[ids[e, t]] * b[:, e or 0, t]: one warp per output row and (e, t) column.
@@ -176,27 +157,9 @@ template <class D, int kCols, bool kBias>
 __global__ void mul_mat_q8_kernel(TensorDesc dst, TensorDesc a, const typename D::Act* xq, int64_t r2,
                                   int64_t r3, const float* bias) {
   pdl_wait();
-  const int lane = threadIdx.x % kWarpSize;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kMatVecWarps + threadIdx.x / kWarpSize;
   if (i >= dst.ne[0]) return;  // no block-wide synchronization below
-  const int64_t n_blocks = a.ne[0] / D::kBlock, n = dst.ne[1], batches = dst.ne[2] * dst.ne[3];
-  for (int64_t z = blockIdx.z; z < batches; z += gridDim.z) {
-    const int64_t i2 = z % dst.ne[2], i3 = z / dst.ne[2];
-    const auto* w_row = reinterpret_cast<const uint8_t*>(row_ptr(a, i, i2 / r2, i3 / r3));
-    for (int64_t j0 = static_cast<int64_t>(blockIdx.y) * kCols; j0 < n;
-         j0 += static_cast<int64_t>(gridDim.y) * kCols) {
-      const int ncols = static_cast<int>(n - j0 < kCols ? n - j0 : kCols);
-      double acc[kCols] = {};
-      dot_columns<D>(w_row, n_blocks, xq + (j0 + n * z) * n_blocks, ncols, acc);
-#pragma unroll
-      for (int c = 0; c < kCols; ++c) {
-        if (c >= ncols) break;
-        auto sum = static_cast<float>(warp_sum(acc[c]));
-        if constexpr (kBias) sum += bias[i];
-        if (lane == 0) *reinterpret_cast<float*>(element_ptr(dst, i, j0 + c, i2, i3)) = sum;
-      }
-    }
-  }
+  mat_vec_q8_row<D, kCols, kBias>(dst, a, xq, i, r2, r3, bias);
 }
 
 // out[:, e, t] = as[ids[e, t]] * b[:, e or 0, t] with b quantized in xq (row (e or 0) + b1 * t).
