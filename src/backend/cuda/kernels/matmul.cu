@@ -102,7 +102,7 @@ __global__ void quantize_q8_0_kernel(ActQ8_0* out, TensorDesc b) {
     const float amax = warp_reduce(fmaxf(0.0f, fabsf(x)), MaxOp{});
     const float d = q8_0_scale(amax);
     ActQ8_0& y = out[g];
-    y.qs[lane] = static_cast<int8_t>(q8_code(mul_rn(x, q8_inverse(d))));
+    y.qs[lane] = static_cast<int8_t>(q8_code(fmul_rn(x, q8_inverse(d))));
     if (lane == 0) {
       y.d = float_to_half(d);
       y.unused = 0;
@@ -136,7 +136,7 @@ __global__ void quantize_q8_k_kernel(ActQ8_K* out, TensorDesc b) {
     int sum = 0;
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
-      const int q = q8_code(mul_rn(x[e], id));
+      const int q = q8_code(fmul_rn(x[e], id));
       sum += q;
       packed[e / 4] |= (static_cast<uint32_t>(q) & 0xffu) << (8 * (e % 4));
     }

@@ -28,40 +28,13 @@
 #include <cstdint>
 #include <cstring>
 
-#include "backend/cuda/kernels/quantize_act.cuh"  // LOOM_HD, half_to_float, float_to_half
+#include "backend/cuda/kernels/quantize_act.cuh"  // LOOM_HD, f*_rn, half_to_float, float_to_half
 
 namespace loom::cuda {
 
 // ---- operations with fixed rounding ------------------------------------------------------------------
+// The float ones (fadd_rn, fsub_rn, fmul_rn, fdiv_rn) are quantize_act.cuh's; the double ones:
 
-LOOM_HD float fadd_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-LOOM_HD float fsub_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fsub_rn(a, b);
-#else
-  return a - b;
-#endif
-}
-LOOM_HD float fmul_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-LOOM_HD float fdiv_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
 LOOM_HD double dadd_rn(double a, double b) {
 #if defined(__CUDA_ARCH__)
   return __dadd_rn(a, b);

@@ -37,19 +37,32 @@ namespace loom::cuda {
 // The device versions name the IEEE round-to-nearest operations so that no compiler flag
 // (-use_fast_math, -prec-div=false) can change the quantizer's scales.
 
-LOOM_HD float div_rn(float a, float b) {
+LOOM_HD float fadd_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)
-  return __fdiv_rn(a, b);
+  return __fadd_rn(a, b);
 #else
-  return a / b;
+  return a + b;
 #endif
 }
-
-LOOM_HD float mul_rn(float a, float b) {
+LOOM_HD float fsub_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+LOOM_HD float fmul_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return __fmul_rn(a, b);
 #else
   return a * b;
+#endif
+}
+LOOM_HD float fdiv_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
 #endif
 }
 
@@ -136,9 +149,9 @@ static_assert(sizeof(ActQ8_K) == 292, "ActQ8_K is the CPU's BlockQ8_K");
 
 /// q8_0 scale from the block's largest magnitude: stored as f16, so it saturates at f16's largest
 /// finite value as the CPU's does. The codes use the unrounded value.
-LOOM_HD float q8_0_scale(float amax) { return fminf(div_rn(amax, 127.0f), 65504.0f); }
+LOOM_HD float q8_0_scale(float amax) { return fminf(fdiv_rn(amax, 127.0f), 65504.0f); }
 /// q8_K scale: a float, no saturation.
-LOOM_HD float q8_k_scale(float amax) { return div_rn(amax, 127.0f); }
+LOOM_HD float q8_k_scale(float amax) { return fdiv_rn(amax, 127.0f); }
 LOOM_HD float q8_inverse(float d) { return d > 0.0f ? reciprocal_rn(d) : 0.0f; }
 
 /// Code of one activation: v = x * inverse scale rounded to nearest even, clamped to [-127, 127].
