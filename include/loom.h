@@ -364,6 +364,20 @@ LOOM_API loom_backend* loom_backend_cpu_init(int n_threads);
  *  GPU `device`, with `n_threads` CPU threads. NULL (and a message listing what is available) if
  *  it cannot be created. */
 LOOM_API loom_backend* loom_backend_init_by_name(const char* name, int device, int n_threads);
+
+/** Rounding modes (docs/NUMERICS.md). DEFAULT: the LOOM_NUMERICS environment variable when set,
+ *  else the backend's own default (FAST on CUDA, EXACT on the CPU). EXACT: CUDA equals the CPU bit
+ *  for bit. FAST: tensor cores, float32 accumulation; deterministic run to run. */
+typedef enum loom_numerics {
+  LOOM_NUMERICS_DEFAULT = 0,
+  LOOM_NUMERICS_EXACT = 1,
+  LOOM_NUMERICS_FAST = 2,
+} loom_numerics;
+
+/** Like loom_backend_init_by_name, in the rounding mode `numerics`. */
+LOOM_API loom_backend* loom_backend_init_ex(const char* name, int device, int n_threads, loom_numerics numerics);
+/** The mode the backend computes in (EXACT or FAST); DEFAULT for NULL. */
+LOOM_API loom_numerics loom_backend_numerics(const loom_backend* backend);
 /** Frees the backend. NULL is ignored. */
 LOOM_API void loom_backend_free(loom_backend* backend);
 /** "cpu", "cuda". */

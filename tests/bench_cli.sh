@@ -25,7 +25,7 @@ positive() { awk -v v="$1" 'BEGIN { exit !(v > 0) }'; }
 
 # markdown: a header with llama-bench's columns, the alignment rule, one row per test
 bench md -p 8 -n 4 -r 2
-head -1 "$dir/md.out" | grep -Eq '^\| model +\| +size \| +params \| backend +\| +ngl \| +threads \| +test \| +t/s \|$' ||
+head -1 "$dir/md.out" | grep -Eq '^\| model +\| +size \| +params \| backend +\| +ngl \| +threads \| numerics \| +test \| +t/s \|$' ||
   fail "markdown header"
 sed -n 2p "$dir/md.out" | grep -Eq '^\| -+ \| -+: \|' || fail "markdown alignment rule"
 [[ $(wc -l <"$dir/md.out") == 4 ]] || fail "expected 2 header lines and 2 rows"

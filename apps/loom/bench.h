@@ -75,6 +75,7 @@ BenchModelInfo bench_model_info(const llm::Model& model, const std::string& file
 struct BenchResult {
   BenchModelInfo model;
   std::string backend;  ///< registry name: cpu, cuda
+  std::string numerics;  ///< numerics_name of the mode the (GPU) backend runs in
   int n_gpu_layers = 0;
   int n_threads = 0;
   int n_batch = 0;

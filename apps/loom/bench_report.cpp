@@ -142,6 +142,7 @@ std::string format_markdown(const std::vector<BenchResult>& results) {
   std::vector<Column> cols = {
       {"model", false}, {"size", true}, {"params", true}, {"backend", false}, {"ngl", true}};
   if (cpu) cols.push_back({"threads", true});
+  cols.push_back({"numerics", false});  // llama-bench's place for parameters of its own: before test
   if (exec) cols.push_back({"exec", false});
   cols.push_back({"test", true});
   cols.push_back({"t/s", true});
@@ -154,6 +155,7 @@ std::string format_markdown(const std::vector<BenchResult>& results) {
     std::vector<std::string> row = {r.model.type, size_string(r.model.size), params_string(r.model.n_params),
                                     upper(r.backend), fmt::format("{}", r.n_gpu_layers)};
     if (cpu) row.push_back(fmt::format("{}", resolved_threads(r.n_threads)));
+    row.push_back(r.numerics);
     if (exec) row.push_back(r.exec);
     row.push_back(r.test.name());
     row.push_back(fmt::format("{:.2f} ± {:.2f}", st.mean, st.stddev));
@@ -202,6 +204,7 @@ nlohmann::ordered_json result_json(const BenchResult& r) {
   j["model_n_params"] = r.model.n_params;
   j["backends"] = upper(r.backend);  // llama-bench's spelling: CPU, CUDA
   j["n_gpu_layers"] = r.n_gpu_layers;
+  j["numerics"] = r.numerics;
   j["n_threads"] = resolved_threads(r.n_threads);
   j["n_batch"] = r.n_batch;
   j["n_ubatch"] = r.n_batch;  // one forward pass takes n_batch tokens

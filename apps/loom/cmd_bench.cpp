@@ -83,6 +83,7 @@ struct BenchOptions {
   std::string output = "md";
   std::string flash_attn;
   std::string backend;
+  std::string numerics;
   std::string exec;
   bool no_warmup = false;
 };
@@ -143,6 +144,7 @@ int run_bench(const BenchOptions& o) {
     g.n_ctx = n_ctx;
     g.n_batch = o.n_batch;
     g.backend = o.backend;
+    g.numerics = o.numerics;
     // -ngl > 0: the GPU when one is usable (below the layer count: the last -ngl layers), else the
     // CPU (the backend column says which ran).
     g.n_gpu_layers = o.n_gpu_layers;
@@ -172,6 +174,7 @@ int run_bench(const BenchOptions& o) {
         r.model = info;
         r.backend = backend_name;
         r.n_gpu_layers = o.n_gpu_layers;
+        r.numerics = numerics_name(backend.numerics());
         r.n_threads = o.n_threads;
         r.n_batch = ctx.n_batch();
         r.exec = config.name;
@@ -221,6 +224,7 @@ void add_bench_command(CLI::App& app, std::vector<Command>& out) {
   cmd->add_option("--flash-attn", o->flash_attn, "-fa: accepted for llama-bench compatibility (always on)")
       ->check(CLI::IsMember({"0", "1", "on", "off", "auto"}));
   cmd->add_option("--backend", o->backend, "Backend by name (cpu, cuda); overrides -ngl");
+  add_numerics_flag(*cmd, o->numerics);
   cmd->add_option(
       "--exec", o->exec,
       "Executor configurations to compare, comma-separated: serialize, graph, concurrency, fusion, "

@@ -113,6 +113,14 @@ void add_model_flags(CLI::App& cmd, GenerateOptions& o) {
   cmd.add_option("--trace", o.trace_path,
                  "Write a Chrome trace (per-dispatch GPU times) of the third decode step to FILE, and its plan to FILE.dot");
   cmd.add_option("--backend", o.backend, "Backend by name (cpu, cuda); overrides -ngl");
+  add_numerics_flag(cmd, o.numerics);
+}
+
+void add_numerics_flag(CLI::App& cmd, std::string& numerics) {
+  cmd.add_option("--numerics", numerics,
+                 "Rounding mode: exact (CUDA equals the CPU bit for bit) or fast (tensor cores; the GPU "
+                 "default). Default: LOOM_NUMERICS, else the backend's")
+      ->check(CLI::IsMember({"exact", "fast"}));
 }
 
 void add_sampling_flags(CLI::App& cmd, GenerateOptions& o) {
@@ -132,6 +140,11 @@ Result<llm::Session> open_generate_session(const GenerateOptions& o, std::string
   sp.n_threads = o.n_threads;
   sp.n_ctx = o.n_ctx;
   sp.n_batch = o.n_batch;
+  if (!o.numerics.empty()) {
+    auto n = parse_numerics(o.numerics, "--numerics");
+    if (!n) return n.status();
+    sp.numerics = *n;
+  }
   // -ngl N below the layer count: llama.cpp's split. The CPU is the main backend (embeddings and
   // the first layers, weights used from the mapping); the last N layers and the head go to the GPU.
   if (o.backend.empty() && o.n_gpu_layers > 0) {

@@ -30,6 +30,7 @@ struct GenerateOptions {
   uint32_t seed = kRandomSeed;  ///< -s
   int n_gpu_layers = 0;      ///< -ngl
   std::string backend;       ///< --backend overrides -ngl's choice
+  std::string numerics;      ///< --numerics exact|fast ("": LOOM_NUMERICS, else the backend's default)
   bool gpu_if_usable = false;  ///< the GPU when one is usable, else the CPU (no --backend)
   std::string dump_logits;   ///< --dump-logits: all prompt logits (f32) to this file, ids to FILE.tokens
   bool stats = false;        ///< --stats: decode and graph-executor statistics on stderr at the end
@@ -42,6 +43,8 @@ int run_generate(const GenerateOptions& o);
 
 /// Registers -m, -c, -t, -ub, -ngl and --backend on `cmd`, writing into `o`.
 void add_model_flags(CLI::App& cmd, GenerateOptions& o);
+/// Registers --numerics exact|fast on `cmd`, writing into `numerics`.
+void add_numerics_flag(CLI::App& cmd, std::string& numerics);
 /// Registers --temp, --top-k, --top-p, --min-p, --repeat-penalty and -s on `cmd`, writing into `o`.
 void add_sampling_flags(CLI::App& cmd, GenerateOptions& o);
 /// Opens the backend `o` asks for (its name in `backend_name`), the model and a context. Without

@@ -3,6 +3,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -42,10 +43,28 @@ class BufferType {
   virtual Result<std::unique_ptr<Buffer>> allocate(size_t size) = 0;
 };
 
+/// How a backend rounds (docs/NUMERICS.md).
+/// - exact: every backend computes each rounded value from the same exact number (dot products and
+///   attention in double): CUDA equals the CPU bit for bit. The CPU backend always computes this way.
+/// - fast: tensor cores and float32 accumulation, fused rounding allowed; deterministic run to run
+///   (no atomics whose order varies, no split chosen by timing), within the op-level bounds of
+///   docs/NUMERICS.md of the exact result. The GPU default.
+enum class Numerics : uint8_t { exact, fast };
+
+/// "exact" / "fast".
+const char* numerics_name(Numerics n);
+/// Parses "exact" / "fast"; an error naming `what` (a flag or variable) otherwise.
+Result<Numerics> parse_numerics(std::string_view text, std::string_view what = "numerics");
+/// The mode a backend runs in: `requested` when set, else LOOM_NUMERICS when set (an invalid value
+/// is an error), else `backend_default`.
+Result<Numerics> resolve_numerics(std::optional<Numerics> requested, Numerics backend_default);
+
 /// Options a backend is created with.
 struct BackendOptions {
   int n_threads = 0;  ///< CPU worker threads (0: hardware concurrency)
   int device = 0;     ///< device ordinal for GPU backends
+  /// Rounding mode (unset: LOOM_NUMERICS, else the backend's default: fast on CUDA, exact on the CPU).
+  std::optional<Numerics> numerics;
 };
 
 /// Something that evaluates graphs.
@@ -61,6 +80,8 @@ class Backend {
   virtual Status compute(const Graph& g) = 0;
   /// Waits for work queued on the backend.
   virtual Status synchronize() { return {}; }
+  /// The rounding mode the backend computes in (fixed at creation).
+  virtual Numerics numerics() const { return Numerics::exact; }
 
   // ---- the graph executor (backends without one keep the defaults: plain in-order evaluation) ----
   /// Switches the executor's techniques (takes effect at the next compute).

@@ -236,6 +236,8 @@ struct SessionParams {
   int device = 0;               ///< GPU ordinal
   int n_ctx = 0;                ///< see ContextParams
   int n_batch = 512;            ///< see ContextParams (-ub)
+  /// Rounding mode of the backends (unset: LOOM_NUMERICS, else each backend's default).
+  std::optional<Numerics> numerics;
   bool progress = true;
   bool print_summary = true;  ///< model summary and a context line on stderr
 };

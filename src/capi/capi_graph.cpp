@@ -189,14 +189,27 @@ LOOM_API loom_backend* loom_backend_cpu_init(int n_threads) {
 }
 
 LOOM_API loom_backend* loom_backend_init_by_name(const char* name, int device, int n_threads) {
-  return guard_value<loom_backend*>("loom_backend_init_by_name", nullptr, [&]() -> loom_backend* {
+  return loom_backend_init_ex(name, device, n_threads, LOOM_NUMERICS_DEFAULT);
+}
+
+LOOM_API loom_backend* loom_backend_init_ex(const char* name, int device, int n_threads, loom_numerics numerics) {
+  return guard_value<loom_backend*>("loom_backend_init_ex", nullptr, [&]() -> loom_backend* {
     if (!name) {
-      report(null_arg("loom_backend_init_by_name", "name"));
+      report(null_arg("loom_backend_init_ex", "name"));
       return nullptr;
     }
     loom::BackendOptions options;
     options.device = device;
     options.n_threads = n_threads;
+    if (numerics == LOOM_NUMERICS_EXACT) {
+      options.numerics = loom::Numerics::exact;
+    } else if (numerics == LOOM_NUMERICS_FAST) {
+      options.numerics = loom::Numerics::fast;
+    } else if (numerics != LOOM_NUMERICS_DEFAULT) {
+      report(loom::make_error(loom::StatusCode::invalid_argument, "loom_backend_init_ex: numerics {} is not a mode",
+                              static_cast<int>(numerics)));
+      return nullptr;
+    }
     auto impl = loom::create_backend(name, options);
     if (!impl.ok()) {
       report(impl.status());
@@ -210,6 +223,11 @@ LOOM_API loom_backend* loom_backend_init_by_name(const char* name, int device, i
 }
 
 LOOM_API void loom_backend_free(loom_backend* backend) { delete backend; }
+
+LOOM_API loom_numerics loom_backend_numerics(const loom_backend* backend) {
+  if (!backend) return LOOM_NUMERICS_DEFAULT;
+  return backend->impl->numerics() == loom::Numerics::fast ? LOOM_NUMERICS_FAST : LOOM_NUMERICS_EXACT;
+}
 
 LOOM_API const char* loom_backend_name(const loom_backend* backend) {
   return backend ? backend->impl->name() : "";

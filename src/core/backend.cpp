@@ -1,6 +1,7 @@
 // Backend registry and tensor data helpers.
 #include "loom/backend.h"
 
+#include <cstdlib>
 #include <dlfcn.h>
 #include <unistd.h>
 
@@ -73,6 +74,20 @@ std::vector<std::string> backend_names() {
   std::vector<std::string> names;
   for (auto& [name, f] : r.factories) names.push_back(name);
   return names;
+}
+
+const char* numerics_name(Numerics n) { return n == Numerics::fast ? "fast" : "exact"; }
+
+Result<Numerics> parse_numerics(std::string_view text, std::string_view what) {
+  if (text == "exact") return Numerics::exact;
+  if (text == "fast") return Numerics::fast;
+  return make_error(StatusCode::invalid_argument, "{}: '{}' is not a numerics mode (exact, fast)", what, text);
+}
+
+Result<Numerics> resolve_numerics(std::optional<Numerics> requested, Numerics backend_default) {
+  if (requested) return *requested;
+  if (const char* env = std::getenv("LOOM_NUMERICS"); env && *env) return parse_numerics(env, "LOOM_NUMERICS");
+  return backend_default;
 }
 
 Result<std::unique_ptr<Backend>> create_backend(std::string_view name, const BackendOptions& options) {

@@ -409,6 +409,7 @@ Result<Session> open_session(const SessionParams& p) {
   BackendOptions bo;
   bo.n_threads = p.n_threads;
   bo.device = p.device;
+  bo.numerics = p.numerics;
   auto backend = create_backend(p.backend, bo);
   if (!backend) return backend.status();
   s.backend = std::move(backend.value());

@@ -307,6 +307,17 @@ static void test_model_cpu(void) {
   loom_backend* by_name = loom_backend_init_by_name("cpu", 0, 1);
   CHECK(by_name != NULL);
   loom_backend_free(by_name);
+  /* numerics: the CPU accepts both modes; an unknown mode is an error */
+  loom_backend* fast_cpu = loom_backend_init_ex("cpu", 0, 1, LOOM_NUMERICS_FAST);
+  CHECK(fast_cpu != NULL && loom_backend_numerics(fast_cpu) == LOOM_NUMERICS_FAST);
+  CHECK_OK(loom_backend_graph_compute(fast_cpu, gf));
+  check_model(&m, ref, "cpu backend, fast numerics");
+  loom_backend_free(fast_cpu);
+  loom_backend* exact_cpu = loom_backend_init_ex("cpu", 0, 1, LOOM_NUMERICS_EXACT);
+  CHECK(exact_cpu != NULL && loom_backend_numerics(exact_cpu) == LOOM_NUMERICS_EXACT);
+  loom_backend_free(exact_cpu);
+  CHECK(loom_backend_init_ex("cpu", 0, 1, (loom_numerics)7) == NULL);
+  CHECK(strstr(loom_last_error(), "numerics") != NULL);
 
   /* views: cont(transpose(x)) is x transposed */
   loom_tensor* xt = loom_cont(ctx, loom_transpose(ctx, m.x));

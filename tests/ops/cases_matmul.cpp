@@ -187,6 +187,15 @@ void add_matmul_cases(CaseList& cases, CaseSet set) {
       add_mul_mat(cases, {wt, 4096, 1, 4096, {1, 1}, {1, 1}}, true);
       add_mul_mat(cases, {wt, 4096, 512, 4096, {1, 1}, {1, 1}}, true);
     }
+    // Prefill (the fast mode's tensor-core GEMMs): the 8B shapes at prompt chunks of M tokens.
+    for (DType wt : kAllWeightTypes)
+      for (int64_t n : {16, 64, 256, 2048, 4096}) add_mul_mat(cases, {wt, 4096, n, 4096, {1, 1}, {1, 1}}, true);
+    for (DType wt : {DType::f16, DType::q8_0, DType::q4_0, DType::q4_k, DType::q6_k}) {
+      add_mul_mat(cases, {wt, 1024, 512, 4096, {1, 1}, {1, 1}}, true);
+      add_mul_mat(cases, {wt, 14336, 512, 4096, {1, 1}, {1, 1}}, true);
+      add_mul_mat(cases, {wt, 4096, 512, 14336, {1, 1}, {1, 1}}, true);
+      add_mul_mat(cases, {wt, 128256, 512, 4096, {1, 1}, {1, 1}}, true);
+    }
     // A 2048-wide model's FFN projections at decode: up/gate (8192 rows of 2048) and down.
     for (DType wt : {DType::f16, DType::bf16}) {
       add_mul_mat(cases, {wt, 8192, 1, 2048, {1, 1}, {1, 1}}, true);
@@ -218,6 +227,11 @@ void add_matmul_cases(CaseList& cases, CaseSet set) {
   add_mul_mat(cases, {DType::q8_0, 200, 3, 4096, {1, 1}, {1, 1}}, false);
   add_mul_mat(cases, {DType::q4_k, 130, 33, 1024, {1, 1}, {1, 1}}, false);
   add_mul_mat(cases, {DType::q6_k, 67, 96, 768, {1, 1}, {1, 1}}, false);
+  // Prefill-sized products of every quantized type (the fast mode's dequantized GEMM; a weight of
+  // k 8192 spans two dequantization chunks of 2048 rows).
+  add_mul_mat(cases, {DType::q4_0, 2100, 16, 8192, {1, 1}, {1, 1}}, false);
+  add_mul_mat(cases, {DType::q8_0, 96, 40, 512, {1, 1}, {1, 1}}, false);
+  add_mul_mat(cases, {DType::q4_0, 96, 24, 512, {1, 1}, {1, 1}}, false);
   // The float mat-vec loop's two paths (mat_vec.cuh): 16-byte loads for aligned rows and
   // contiguous activations (k 1344: whole unrolled steps and a remainder for every width), one
   // element per lane otherwise: k not a multiple of the vector width, rows off 16-byte boundaries

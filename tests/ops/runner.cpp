@@ -334,6 +334,15 @@ Comparison compare_results(const BackendResult& a, const std::vector<double>& ex
 
 }  // namespace
 
+double case_threshold(const OpCase& c, const RunSettings& run) {
+  static const char* const kTensorCoreOps[] = {"mul_mat",      "mul_mat_id",    "flash_attn",
+                                               "mat_vec_bias", "mat_vec_multi", "glu_mat_vec"};
+  if (!run.fast) return c.max_nmse;
+  for (const char* op : kTensorCoreOps)
+    if (c.op == op) return std::max(c.max_nmse, kNmseFast);
+  return c.max_nmse;
+}
+
 Outcome check_case(const OpCase& c, Backend& backend, Backend* other, const RunSettings& run) {
   const bool verbose = run.verbose;
   begin_line(c);
@@ -362,7 +371,7 @@ Outcome check_case(const OpCase& c, Backend& backend, Backend* other, const RunS
   }
 
   std::string metric;
-  const Comparison cmp = compare_results(a, expected, c.max_nmse, metric);
+  const Comparison cmp = compare_results(a, expected, case_threshold(c, run), metric);
   std::string detail = cmp.detail;
   if (verbose && a.n_in_place) detail += fmt::format("; {} node(s) ran in place", a.n_in_place);
   if (verbose && !a.fusion_note.empty()) detail += "; " + a.fusion_note;

@@ -32,7 +32,16 @@ struct Tally {
 struct RunSettings {
   bool verbose = false;  ///< details of passing cases too
   uint64_t seed = 0;     ///< mixed into every case's seed (0: the data the suite is tuned on)
+  /// The backend under test runs in the fast numerics mode: matrix products and attention are held
+  /// to kNmseFast instead of their exact thresholds (docs/NUMERICS.md), every other op to its own.
+  bool fast = false;
 };
+
+/// The fast mode's bound on matrix products and attention (tensor cores, f16 operands, float
+/// accumulation): NMSE <= 5e-4 against the float64 reference, for every type, shape and head size.
+inline constexpr double kNmseFast = 5e-4;
+/// The threshold `c` is checked against under `run`.
+double case_threshold(const OpCase& c, const RunSettings& run);
 
 /// Checks `c` on `backend` against the float64 reference, or against `other` when it is given.
 /// Prints one line.

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,12 +34,13 @@ struct Options {
   std::vector<std::string> ops;       // empty: all
   std::vector<std::string> filters;   // the description must contain each
   std::vector<std::string> excludes;  // ... and none of these
+  std::optional<Numerics> numerics;   // --numerics
 };
 
 void usage(const char* prog) {
   fmt::print(
       "usage: {} [perf] [--backend A[,B]] [--op NAME[,NAME...]] [--filter TEXT] [--exclude TEXT]\n       "
-      "[--list] [--seed N] [-t N] [-v]\n"
+      "[--list] [--seed N] [-t N] [--numerics exact|fast] [-v]\n"
       "  perf             time larger cases instead of checking (prints us/run, GB/s, GFLOP/s)\n"
       "  --backend A      check backend A against the float64 reference (default: cpu)\n"
       "  --backend A,B    check backend A against backend B on identical inputs\n"
@@ -47,6 +49,8 @@ void usage(const char* prog) {
       "  --exclude TEXT   skip cases whose description contains TEXT (repeatable)\n"
       "  --list           print every op with its dtypes and number of cases\n"
       "  -t N             threads of the cpu backend (default: all cores)\n"
+      "  --numerics M     exact or fast: the mode the backends are created in (default: each backend's);\n"
+      "                   fast holds matrix products and attention to NMSE 5e-4 of the reference\n"
       "  --seed N         vary the random inputs (default 0: the data the thresholds were checked on)\n"
       "  -v               verbose: print details of passing cases too\n",
       prog);
@@ -117,6 +121,15 @@ bool parse(int argc, char** argv, Options& o) {
         return false;
       }
       o.n_threads = static_cast<int>(n);
+    } else if (arg == "--numerics") {
+      const char* v = value("--numerics");
+      if (!v) return false;
+      auto n = parse_numerics(v, "--numerics");
+      if (!n) {
+        fmt::print(stderr, "{}\n", n.status().message());
+        return false;
+      }
+      o.numerics = *n;
     } else if (arg == "-h" || arg == "--help") {
       usage(argv[0]);
       std::exit(0);
@@ -167,6 +180,7 @@ int main(int argc, char** argv) {
 
   BackendOptions bo;
   bo.n_threads = opt.n_threads;
+  bo.numerics = opt.numerics;
   std::vector<std::unique_ptr<Backend>> backends;
   for (const std::string& name : opt.backends) {
     auto b = create_backend(name, bo);
@@ -178,12 +192,15 @@ int main(int argc, char** argv) {
   }
 
   Backend* other = backends.size() > 1 ? backends[1].get() : nullptr;
+  opt.run.fast = backends[0]->numerics() == Numerics::fast;
   if (opt.perf) {
-    fmt::print("perf: backend {}\n", backends[0]->name());
+    fmt::print("perf: backend {} ({} numerics)\n", backends[0]->name(), numerics_name(backends[0]->numerics()));
   } else if (other) {
-    fmt::print("checking backend {} against backend {}\n", backends[0]->name(), other->name());
+    fmt::print("checking backend {} ({} numerics) against backend {}\n", backends[0]->name(),
+               numerics_name(backends[0]->numerics()), other->name());
   } else {
-    fmt::print("checking backend {} against the float64 reference\n", backends[0]->name());
+    fmt::print("checking backend {} ({} numerics) against the float64 reference\n", backends[0]->name(),
+               numerics_name(backends[0]->numerics()));
   }
 
   Tally tally;

@@ -119,6 +119,7 @@ TEST_F(Bench, TinyModelOnTheCpu) {
     BenchResult r;
     r.model = info;
     r.backend = "cpu";
+    r.numerics = numerics_name(l.backend->numerics());
     r.n_threads = 2;
     r.n_batch = l.ctx->n_batch();
     r.test = t;
@@ -140,8 +141,8 @@ TEST_F(Bench, TinyModelOnTheCpu) {
   // markdown: header, alignment rule, one row per test with "mean ± stdev"
   const auto md = md_table(app::format_bench(results, app::BenchFormat::md));
   ASSERT_EQ(md.size(), 5u);
-  const std::vector<std::string> header = {"model", "size",    "params", "backend",
-                                           "ngl",   "threads", "test",   "t/s"};
+  const std::vector<std::string> header = {"model",   "size",     "params", "backend", "ngl",
+                                           "threads", "numerics", "test",   "t/s"};
   EXPECT_EQ(md[0], header);  // CPU rows carry the thread count; no executor columns without --exec
   ASSERT_EQ(md[1].size(), header.size());
   EXPECT_EQ(md[1][0].find_first_not_of('-'), std::string::npos);  // text: left-aligned
@@ -153,9 +154,10 @@ TEST_F(Bench, TinyModelOnTheCpu) {
     EXPECT_EQ(row[0], info.type);
     EXPECT_EQ(row[3], "CPU");
     EXPECT_EQ(row[5], "2");
-    EXPECT_EQ(row[6], names[i]);
+    EXPECT_EQ(row[6], "exact");  // the CPU backend's default mode
+    EXPECT_EQ(row[7], names[i]);
     const auto st = results[i].stats();
-    EXPECT_EQ(row[7], fmt::format("{:.2f} ± {:.2f}", st.mean, st.stddev));
+    EXPECT_EQ(row[8], fmt::format("{:.2f} ± {:.2f}", st.mean, st.stddev));
   }
 
   // json: llama-bench's fields, consistent with the samples
@@ -201,6 +203,7 @@ TEST_F(Bench, ExecColumnsShowConfigurationAndCounters) {
   r.model.n_params = 1'240'000'000;
   r.backend = "cuda";
   r.n_gpu_layers = 99;
+  r.numerics = "fast";
   r.exec = "graph";
   r.test = BenchTest{0, 4};
   r.samples_ns = {4e7, 5e7};      // 100 and 80 t/s
@@ -211,7 +214,7 @@ TEST_F(Bench, ExecColumnsShowConfigurationAndCounters) {
   const auto md = md_table(app::format_bench({r}, app::BenchFormat::md));
   ASSERT_EQ(md.size(), 3u);
   const std::vector<std::string> header = {"model",      "size",     "params",      "backend",
-                                           "ngl",        "exec",     "test",        "t/s",
+                                           "ngl",        "numerics", "exec",        "test", "t/s",
                                            "median t/s", "kern/tok", "host us/tok", "graphs b/r"};
   EXPECT_EQ(md[0], header);  // no threads column: no CPU rows
   const std::vector<std::string> row = {"llama 1B Q4_0",
@@ -219,6 +222,7 @@ TEST_F(Bench, ExecColumnsShowConfigurationAndCounters) {
                                         "1.24 B",
                                         "CUDA",
                                         "99",
+                                        "fast",
                                         "graph",
                                         "tg4",
                                         "90.00 ± 14.14",  // 100 and 80 t/s
@@ -232,6 +236,7 @@ TEST_F(Bench, ExecColumnsShowConfigurationAndCounters) {
   EXPECT_DOUBLE_EQ(j[0]["host_us_per_token"].get<double>(), 2.5);
   EXPECT_EQ(j[0]["graph_builds"], 1);
   EXPECT_EQ(j[0]["graph_replays"], 7);
+  EXPECT_EQ(j[0]["numerics"], "fast");
 }
 
 }  // namespace

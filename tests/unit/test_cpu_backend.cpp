@@ -171,7 +171,7 @@ TEST(Registry, CpuIsRegistered) {
   EXPECT_EQ(b.value()->buffer_type().alignment(), 64u);
   EXPECT_STREQ(b.value()->buffer_type().name(), "cpu");
   EXPECT_EQ(&b.value()->buffer_type(), &cpu_buffer_type());
-  auto b2 = create_backend("cpu", BackendOptions{2, 0});
+  auto b2 = create_backend("cpu", BackendOptions{2, 0, std::nullopt});
   ASSERT_TRUE(b2.ok());
 }
 
@@ -199,7 +199,7 @@ TEST(Registry, RegisterAndReplace) {
     threads_seen = o.n_threads;
     return make_cpu_backend(o.n_threads);
   });
-  auto b2 = create_backend("unit-test-backend", BackendOptions{3, 0});
+  auto b2 = create_backend("unit-test-backend", BackendOptions{3, 0, std::nullopt});
   ASSERT_TRUE(b2.ok()) << b2.status().to_string();
   EXPECT_EQ(threads_seen, 3);
   const auto names = backend_names();

@@ -57,8 +57,10 @@ class HostBufferType final : public BufferType {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int n_threads) : pool_(n_threads) {}
+  CpuBackend(int n_threads, Numerics numerics) : pool_(n_threads), numerics_(numerics) {}
   const char* name() const override { return "cpu"; }
+  // Both modes run the same kernels: the CPU backend is the reference, exact in either mode.
+  Numerics numerics() const override { return numerics_; }
   BufferType& buffer_type() override { return cpu_buffer_type(); }
   bool supports_op(const Tensor& node) const override { return cpu::supports(node); }
 
@@ -102,6 +104,7 @@ class CpuBackend final : public Backend {
 
  private:
   cpu::ThreadPool pool_;
+  Numerics numerics_;
   std::vector<uint8_t> work_;
 };
 
@@ -117,13 +120,15 @@ BufferType& cpu_buffer_type() {
   return type;
 }
 
-std::unique_ptr<Backend> make_cpu_backend(int n_threads) {
-  return std::make_unique<CpuBackend>(n_threads > 0 ? n_threads : default_threads());
+std::unique_ptr<Backend> make_cpu_backend(int n_threads, Numerics numerics) {
+  return std::make_unique<CpuBackend>(n_threads > 0 ? n_threads : default_threads(), numerics);
 }
 
 void register_cpu_backend() {
   register_backend("cpu", [](const BackendOptions& o) -> Result<std::unique_ptr<Backend>> {
-    return make_cpu_backend(o.n_threads);
+    auto numerics = resolve_numerics(o.numerics, Numerics::exact);
+    if (!numerics) return numerics.status();
+    return make_cpu_backend(o.n_threads, *numerics);
   });
 }
 

@@ -108,8 +108,8 @@ CudaError run_node(const LaunchContext& ctx, const Tensor* t) {
   return {};
 }
 
-size_t scratch_bytes(const Tensor& t) {
-  if (t.op == OpKind::mul_mat) return mul_mat_scratch_bytes(&t);
+size_t scratch_bytes(const Tensor& t, bool fast) {
+  if (t.op == OpKind::mul_mat) return mul_mat_scratch_bytes(&t, fast);
   if (t.op == OpKind::mul_mat_id) return mul_mat_id_scratch_bytes(&t);
   return 0;
 }
@@ -161,9 +161,10 @@ bool supports_op_impl(const Tensor& node) {
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(DeviceContext& dev) : dev_(dev), exec_(dev) {}
+  CudaBackend(DeviceContext& dev, Numerics numerics) : dev_(dev), exec_(dev, numerics) {}
 
   const char* name() const override { return "cuda"; }
+  Numerics numerics() const override { return exec_.numerics(); }
   BufferType& buffer_type() override { return dev_.buffer_type(); }
 
   bool supports_op(const Tensor& node) const override { return cuda_supports_op(node); }
@@ -194,9 +195,11 @@ class CudaBackend final : public Backend {
 };
 
 Result<std::unique_ptr<Backend>> make_backend(const BackendOptions& options) {
+  auto numerics = resolve_numerics(options.numerics, Numerics::fast);
+  if (!numerics) return numerics.status();
   Result<DeviceContext*> dev = DeviceContext::get(options.device);
   if (!dev.ok()) return dev.status();
-  return std::unique_ptr<Backend>(new CudaBackend(**dev));
+  return std::unique_ptr<Backend>(new CudaBackend(**dev, *numerics));
 }
 
 }  // namespace
@@ -209,10 +212,11 @@ Executor* executor_of(Backend& backend) {
   auto* cuda = dynamic_cast<CudaBackend*>(&backend);
   return cuda ? &cuda->executor() : nullptr;
 }
-size_t node_scratch_bytes(const Tensor& node) { return scratch_bytes(node); }
-Result<std::unique_ptr<Backend>> make_cuda_backend(int device) {
+size_t node_scratch_bytes(const Tensor& node, bool fast) { return scratch_bytes(node, fast); }
+Result<std::unique_ptr<Backend>> make_cuda_backend(int device, std::optional<Numerics> numerics) {
   BackendOptions options;
   options.device = device;
+  options.numerics = numerics;
   return make_backend(options);
 }
 

@@ -94,8 +94,8 @@ constexpr int kScratchSlots = 8;
 
 }  // namespace
 
-Executor::Executor(DeviceContext& dev)
-    : dev_(dev), options_(exec_options_from_env()), sync_each_node_(std::getenv("LOOM_CUDA_SYNC_EACH_NODE") != nullptr) {}
+Executor::Executor(DeviceContext& dev, Numerics numerics)
+    : dev_(dev), numerics_(numerics), options_(exec_options_from_env()), sync_each_node_(std::getenv("LOOM_CUDA_SYNC_EACH_NODE") != nullptr) {}
 
 Executor::~Executor() {
   if (dev_.make_current().ok()) {
@@ -186,10 +186,10 @@ Result<exec::Plan> Executor::make_plan(const Graph& g, const ExecOptions& o) {
   const auto ws = reinterpret_cast<uintptr_t>(dev_.cublas_workspace());
   size_t max_scratch = 0;
   for (exec::Dispatch& d : p.dispatches) {
-    d.scratch_bytes = d.kind == FusedKind::none ? node_scratch_bytes(*d.node())
+    d.scratch_bytes = d.kind == FusedKind::none ? node_scratch_bytes(*d.node(), numerics_ == Numerics::fast)
                                                 : fused_scratch_bytes(d.kind, d.nodes.data());
     max_scratch = std::max(max_scratch, d.scratch_bytes);
-    if (d.kind == FusedKind::none && d.node()->op == OpKind::mul_mat && mul_mat_uses_cublas(d.node()))
+    if (d.kind == FusedKind::none && d.node()->op == OpKind::mul_mat && mul_mat_uses_cublas(d.node(), numerics_ == Numerics::fast))
       d.writes.push_back({ws, ws + dev_.cublas_workspace_size()});
   }
   const int slots = o.concurrency ? kScratchSlots : 1;
@@ -313,7 +313,7 @@ void Executor::dump_plan(const exec::Plan& p) {
 // ---- eager submission ------------------------------------------------------------------------------
 
 Status Executor::run_eager(const exec::Plan& p, uint64_t hash) {
-  const LaunchContext base{dev_.stream(), dev_.cublas(), nullptr, 0};
+  const LaunchContext base{dev_.stream(), dev_.cublas(), nullptr, 0, numerics_ == Numerics::fast};
   const std::vector<size_t> chunks = chunk_bounds(p.dispatches.size(), options_.n_cb);
   for (size_t c = 0; c + 1 < chunks.size(); ++c) {
     if (aborted()) {
@@ -384,7 +384,7 @@ Status Executor::record(const exec::Plan& p, size_t begin, size_t end, bool pdl,
       (void)cudaGetLastError();
     }
   } end_guard{capture_stream_};
-  const LaunchContext base{capture_stream_, dev_.cublas(), nullptr, 0};
+  const LaunchContext base{capture_stream_, dev_.cublas(), nullptr, 0, numerics_ == Numerics::fast};
   std::vector<std::vector<cudaGraphNode_t>> terminal(end - begin);
   std::vector<cudaGraphNode_t> deps;
   Status failure;
@@ -578,7 +578,7 @@ Status Executor::run_traced(const exec::Plan& p, const std::string& path, uint64
     LOOM_CUDA_STATUS(cudaEventCreate(&start[i]));
     LOOM_CUDA_STATUS(cudaEventCreate(&stop[i]));
   }
-  const LaunchContext base{dev_.stream(), dev_.cublas(), nullptr, 0};
+  const LaunchContext base{dev_.stream(), dev_.cublas(), nullptr, 0, numerics_ == Numerics::fast};
   size_t done = 0;
   bool stopped = false;
   for (size_t i = 0; i < n; ++i) {

@@ -25,7 +25,7 @@ namespace loom::cuda {
 
 class Executor {
  public:
-  explicit Executor(DeviceContext& dev);
+  Executor(DeviceContext& dev, Numerics numerics);
   ~Executor();
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
@@ -39,6 +39,7 @@ class Executor {
   void set_options(const ExecOptions& o) { options_ = o; }
   const ExecOptions& options() const { return options_; }
   const ExecCounters& counters() const { return counters_; }
+  Numerics numerics() const { return numerics_; }
   void reset_counters() { counters_ = {}; }
   void set_abort_callback(bool (*fn)(void*), void* data) {
     abort_fn_ = fn;
@@ -83,6 +84,7 @@ class Executor {
   Status sync();
 
   DeviceContext& dev_;
+  Numerics numerics_;
   ExecOptions options_;
   ExecCounters counters_;
   bool sync_each_node_ = false;

@@ -19,6 +19,8 @@ struct LaunchContext {
   cublasHandle_t cublas = nullptr;
   void* scratch = nullptr;  ///< device scratch of at least the node's scratch_bytes()
   size_t scratch_size = 0;
+  /// The fast numerics mode (tensor cores, float accumulation); false: exact (docs/NUMERICS.md).
+  bool fast = false;
 };
 
 inline TensorDesc desc_of(const Tensor* t) {

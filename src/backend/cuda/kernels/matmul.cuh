@@ -1,4 +1,5 @@
-// Matrix products: mul_mat (cuBLAS for float weights with many columns, a mat-vec kernel
+// Matrix products: mul_mat (cuBLAS for float weights with many columns, and in the fast numerics
+// mode for dequantized quantized weights too; a mat-vec kernel
 // otherwise; quantized weights multiply activations quantized as the CPU backend quantizes them)
 // and the expert-routed mul_mat_id. Kernels in matmul.cu.
 #pragma once
@@ -7,14 +8,15 @@
 
 namespace loom::cuda {
 
-/// Device scratch mul_mat needs for this node (activations converted for cuBLAS, or quantized).
-size_t mul_mat_scratch_bytes(const Tensor* dst);
+/// Device scratch mul_mat needs for this node (activations converted for cuBLAS, or quantized; in
+/// the fast mode with quantized weights and many columns, also a chunk of dequantized weights).
+size_t mul_mat_scratch_bytes(const Tensor* dst, bool fast);
 /// Device scratch mul_mat_id needs for this node (quantized activations).
 size_t mul_mat_id_scratch_bytes(const Tensor* dst);
 CudaError launch_mul_mat(const LaunchContext& ctx, const Tensor* dst);
 /// Whether launch_mul_mat calls cuBLAS for this node (the executor orders cuBLAS calls, which share
 /// the device's cuBLAS workspace).
-bool mul_mat_uses_cublas(const Tensor* dst);
+bool mul_mat_uses_cublas(const Tensor* dst, bool fast);
 /// dst = mul_mat(mm->src[0], mm->src[1]) + bias in one mat-vec kernel (plus the activations'
 /// quantization for quantized weights, into ctx.scratch as mul_mat does): dst has mm's shape, bias
 /// is a packed f32 [m], added to every column. Any weight type but i32, any
