@@ -215,21 +215,103 @@ __global__ void pack_b_kernel(T* out, TensorDesc b) {
   }
 }
 
+// Eight consecutive elements j0 .. j0+7 (j0 a multiple of 8) of one weight block, for the fast
+// mode's dequantization: the block's scales are decoded once per eight elements (a per-element
+// FormatX::load decodes them per element, which made dequantizing a 4096 x 4096 q4_K matrix take
+// ~50 us instead of the ~10 its bytes need). Same formulas as quant.cuh's loads.
+struct Dequant8Q8_0 {
+  static constexpr int kBlock = 32, kBytes = 34;
+  __device__ static void run(const uint8_t* b, int j0, float* out) {
+    const float d = f16_to_float(load_u16(b));
+#pragma unroll
+    for (int e = 0; e < 8; ++e) out[e] = static_cast<float>(static_cast<int8_t>(b[2 + j0 + e])) * d;
+  }
+};
+struct Dequant8Q4_0 {
+  static constexpr int kBlock = 32, kBytes = 18;
+  __device__ static void run(const uint8_t* b, int j0, float* out) {
+    const float d = f16_to_float(load_u16(b));
+    const int shift = j0 < 16 ? 0 : 4;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) out[e] = static_cast<float>(((b[2 + (j0 & 15) + e] >> shift) & 0x0f) - 8) * d;
+  }
+};
+struct Dequant8Q4_K {
+  static constexpr int kBlock = 256, kBytes = 144;
+  __device__ static void run(const uint8_t* b, int j0, float* out) {
+    const int s = j0 / 32;
+    int sc, m;
+    q4k_scale_min(s, b + 4, sc, m);
+    const float scale = f16_to_float(load_u16(b)) * static_cast<float>(sc);
+    const float bias = f16_to_float(load_u16(b + 2)) * static_cast<float>(m);
+    const uint8_t* q = b + 16 + (j0 / 64) * 32 + (j0 % 32);
+    const int shift = (s & 1) ? 4 : 0;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) out[e] = scale * static_cast<float>((q[e] >> shift) & 0x0f) - bias;
+  }
+};
+struct Dequant8Q6_K {
+  static constexpr int kBlock = 256, kBytes = 210;
+  __device__ static void run(const uint8_t* b, int j0, float* out) {
+    const int h = j0 / 128, c = (j0 % 128) / 32, l0 = j0 % 32;
+    const uint8_t* ql = b + 64 * h + 32 * (c & 1) + l0;
+    const uint8_t* qh = b + 128 + 32 * h + l0;
+    const float scale = f16_to_float(load_u16(b + 208)) * static_cast<float>(static_cast<int8_t>(b[192 + j0 / 16]));
+    const int shift = c < 2 ? 0 : 4;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const int q = ((ql[e] >> shift) & 0x0f) | (((qh[e] >> (2 * c)) & 3) << 4);
+      out[e] = scale * static_cast<float>(q - 32);
+    }
+  }
+};
+
 // Dequantizes rows [row0, row0 + rows) of the 2-D weight a into `out` as f16, row r at out + r * k:
-// each thread writes 8 consecutive elements (16 bytes); k is a multiple of every block size.
-template <class F>
+// each thread writes 8 consecutive elements (16 bytes, coalesced across the warp); k is a multiple
+// of every block size.
+template <class D>
 __global__ void dequantize_rows_f16_kernel(__half* out, TensorDesc a, int64_t row0, int64_t rows) {
   pdl_wait();
   const int64_t groups_per_row = a.ne[0] / 8, total = rows * groups_per_row;
   for (int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; g < total;
        g += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = g / groups_per_row, c = (g % groups_per_row) * 8;
-    const char* row = row_ptr(a, row0 + r, 0, 0);
+    const auto* block = reinterpret_cast<const uint8_t*>(row_ptr(a, row0 + r, 0, 0)) + (c / D::kBlock) * D::kBytes;
+    float x[8];
+    D::run(block, static_cast<int>(c % D::kBlock), x);
     alignas(16) __half v[8];
 #pragma unroll
-    for (int e = 0; e < 8; ++e) v[e] = __float2half_rn(load_element<F>(row, c + e));
+    for (int e = 0; e < 8; ++e) v[e] = __float2half_rn(x[e]);
     *reinterpret_cast<uint4*>(out + r * a.ne[0] + c) = *reinterpret_cast<const uint4*>(v);
   }
+}
+
+// Contiguous f32 b to f16, four elements per thread (n4 = elements / 4; the tail by the first threads).
+__global__ void pack_b_f16_contiguous_kernel(__half* out, const float* in, int64_t n) {
+  pdl_wait();
+  const int64_t n4 = n / 4;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n4;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float4 v = reinterpret_cast<const float4*>(in)[i];
+    alignas(8) __half h[4] = {__float2half_rn(v.x), __float2half_rn(v.y), __float2half_rn(v.z), __float2half_rn(v.w)};
+    reinterpret_cast<uint2*>(out)[i] = *reinterpret_cast<const uint2*>(h);
+  }
+  const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (t < n - 4 * n4) out[4 * n4 + t] = __float2half_rn(in[4 * n4 + t]);
+}
+
+// b (f32, any strides) packed into a contiguous f16 [k, n, b2, b3] array.
+CudaError pack_b_f16(const LaunchContext& ctx, __half* out, const Tensor* b) {
+  constexpr int kThreads = 256;
+  if (b->is_contiguous() && reinterpret_cast<uintptr_t>(b->data) % 16 == 0) {
+    pack_b_f16_contiguous_kernel<<<grid_for(b->nelements() / 4 + 1, kThreads), kThreads, 0, ctx.stream>>>(
+        out, static_cast<const float*>(b->data), b->nelements());
+    LOOM_CUDA_CHECK_LAUNCH("pack_b_f16_contiguous_kernel");
+  } else {
+    pack_b_kernel<__half><<<grid_for(b->nelements(), kThreads), kThreads, 0, ctx.stream>>>(out, desc_of(b));
+    LOOM_CUDA_CHECK_LAUNCH("pack_b_kernel");
+  }
+  return {};
 }
 
 unsigned capped(int64_t n, unsigned cap) {
@@ -367,10 +449,10 @@ size_t dequant_gemm_scratch(const Tensor* dst) {
          static_cast<size_t>(dequant_chunk_rows(a) * a->ne[0]) * 2;
 }
 
-template <class F>
+template <class D>
 CudaError dequantize_rows(const LaunchContext& ctx, __half* out, const Tensor* a, int64_t row0, int64_t rows) {
   constexpr int kThreads = 256;
-  dequantize_rows_f16_kernel<F><<<grid_for(rows * (a->ne[0] / 8), kThreads), kThreads, 0, ctx.stream>>>(
+  dequantize_rows_f16_kernel<D><<<grid_for(rows * (a->ne[0] / 8), kThreads), kThreads, 0, ctx.stream>>>(
       out, desc_of(a), row0, rows);
   LOOM_CUDA_CHECK_LAUNCH("dequantize_rows_f16_kernel");
   return {};
@@ -383,10 +465,8 @@ CudaError gemm_dequant(const LaunchContext& ctx, const Tensor* dst) {
   if (ctx.scratch_size < dequant_gemm_scratch(dst))
     return CudaError::runtime(cudaErrorInvalidValue, "mul_mat: scratch smaller than the dequantized weights",
                               __FILE__, __LINE__);
-  constexpr int kThreads = 256;
   auto* b16 = static_cast<__half*>(ctx.scratch);
-  pack_b_kernel<__half><<<grid_for(b->nelements(), kThreads), kThreads, 0, ctx.stream>>>(b16, desc_of(b));
-  LOOM_CUDA_CHECK_LAUNCH("pack_b_kernel");
+  LOOM_CUDA_TRY(pack_b_f16(ctx, b16, b));
   auto* w16 = reinterpret_cast<__half*>(static_cast<char*>(ctx.scratch) + align_up(static_cast<size_t>(b->nelements()) * 2));
   const int64_t chunk = dequant_chunk_rows(a);
   const float alpha = 1.0f, beta = 0.0f;
@@ -394,10 +474,10 @@ CudaError gemm_dequant(const LaunchContext& ctx, const Tensor* dst) {
     const int64_t rows = std::min(chunk, m - row0);
     CudaError e;
     switch (a->type) {
-      case DType::q8_0: e = dequantize_rows<FormatQ8_0>(ctx, w16, a, row0, rows); break;
-      case DType::q4_0: e = dequantize_rows<FormatQ4_0>(ctx, w16, a, row0, rows); break;
-      case DType::q4_k: e = dequantize_rows<FormatQ4_K>(ctx, w16, a, row0, rows); break;
-      case DType::q6_k: e = dequantize_rows<FormatQ6_K>(ctx, w16, a, row0, rows); break;
+      case DType::q8_0: e = dequantize_rows<Dequant8Q8_0>(ctx, w16, a, row0, rows); break;
+      case DType::q4_0: e = dequantize_rows<Dequant8Q4_0>(ctx, w16, a, row0, rows); break;
+      case DType::q4_k: e = dequantize_rows<Dequant8Q4_K>(ctx, w16, a, row0, rows); break;
+      case DType::q6_k: e = dequantize_rows<Dequant8Q6_K>(ctx, w16, a, row0, rows); break;
       default: return CudaError::runtime(cudaErrorInvalidValue, "mul_mat: not a quantized weight", __FILE__, __LINE__);
     }
     if (!e.ok()) return e;
@@ -439,8 +519,7 @@ CudaError gemm_cublas(const LaunchContext& ctx, const Tensor* dst) {
         static_cast<float*>(ctx.scratch), desc_of(b));
   } else if (a->type == DType::f16) {
     type = CUDA_R_16F;
-    pack_b_kernel<__half><<<grid_for(count, kThreads), kThreads, 0, ctx.stream>>>(
-        static_cast<__half*>(ctx.scratch), desc_of(b));
+    LOOM_CUDA_TRY(pack_b_f16(ctx, static_cast<__half*>(ctx.scratch), b));
   } else {
     type = CUDA_R_16BF;
     pack_b_kernel<__nv_bfloat16><<<grid_for(count, kThreads), kThreads, 0, ctx.stream>>>(
