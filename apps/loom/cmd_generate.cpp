@@ -219,7 +219,16 @@ int run_generate(const GenerateOptions& o) {
   auto t0 = std::chrono::steady_clock::now();
   llm::DecodeOptions dopt;
   dopt.all_logits = !o.dump_logits.empty();
+  // A prompt of several chunks shows its progress on a terminal's stderr (logs and pipes get nothing).
+  const bool show_progress = n_prompt > ctx.n_batch() && ::isatty(2);
+  if (show_progress)
+    dopt.on_chunk = [t0](size_t done, size_t total) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      fmt::print(stderr, "\r[prompt {}/{} tokens, {:.0f} t/s]", done, total, s > 0 ? static_cast<double>(done) / s : 0.0);
+      std::fflush(stderr);
+    };
   auto logits = ctx.decode(tokens, 0, dopt);
+  if (show_progress) fmt::print(stderr, "\r\033[K");
   if (!logits) return fail(logits.status());
   const double prompt_ms = ms_since(t0);
   std::span<const float> last = *logits;

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -159,6 +160,9 @@ struct ContextParams {
 struct DecodeOptions {
   bool all_logits = false;  ///< logits of every token (perplexity), not just the last one
   int seq_id = 0;           ///< sequence the tokens belong to (one sequence is supported: 0)
+  /// Called after each prompt chunk (n_batch tokens) with the tokens done so far and the total, so
+  /// a long prompt can show progress; empty: not called.
+  std::function<void(size_t done, size_t total)> on_chunk;
 };
 
 /// Bookkeeping of the last decode, for logs and benchmarks. With an offload backend a pass is two

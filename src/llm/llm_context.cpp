@@ -381,6 +381,7 @@ Result<std::span<const float>> Context::decode(std::span<const int32_t> tokens, 
       c.kv->release(*cells);
       return s;
     }
+    if (options.on_chunk) options.on_chunk(begin + n, tokens.size());
   }
   return std::span<const float>(c.logits);
 }

@@ -344,6 +344,24 @@ TEST_F(LlmStep, InputsGoInOneTransferPerPass) {
   }
 }
 
+// A prompt longer than n_batch runs in chunks and reports each one (loom run's progress line).
+TEST_F(LlmStep, PromptChunksReportProgress) {
+  auto backend = make_cpu_backend(1);
+  auto m = Model::load(model("tiny", "q8_0"), *backend, quiet_load());
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  auto ctx = make_context(**m, 32, 4, 16);
+  ASSERT_TRUE(ctx);
+  const auto tokens = test_tokens(10, ctx->n_vocab(), 3);
+  std::vector<std::pair<size_t, size_t>> calls;
+  DecodeOptions o;
+  o.on_chunk = [&](size_t done, size_t total) { calls.emplace_back(done, total); };
+  auto r = ctx->decode(tokens, 0, o);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  const std::vector<std::pair<size_t, size_t>> expected = {{4, 10}, {8, 10}, {10, 10}};
+  EXPECT_EQ(calls, expected);
+  EXPECT_EQ(ctx->stats().n_steps, 3);
+}
+
 TEST_F(LlmStep, BucketMustBePositive) {
   auto backend = make_cpu_backend(1);
   auto m = Model::load(model("tiny", "f32"), *backend, quiet_load());
