@@ -81,6 +81,28 @@ if [[ $mode == perplexity ]]; then
     fail "a text shorter than one chunk was accepted"
   fi
   grep -q "at least one chunk" "$dir/r.err" || fail "short-text error unclear"
+  # --kl-divergence-base saves the base run (same PPL printed); --kl-divergence against it, with -c
+  # taken from the file and no -f, gives the same PPL twice and every top token the same
+  "$loom" perplexity -m "$dir/tiny.gguf" -f "$dir/text.txt" -c 64 -t 2 --kl-divergence-base "$dir/base.kld" \
+    >"$dir/s.out" 2>"$dir/s.err" || fail "--kl-divergence-base"
+  grep -q "^$line\$" "$dir/s.out" || fail "saving the base changed the PPL"
+  [[ -s $dir/base.kld && ! -e $dir/base.kld.partial ]] || fail "no base file"
+  "$loom" perplexity -m "$dir/tiny.gguf" -t 2 --kl-divergence --kl-divergence-base "$dir/base.kld" \
+    >"$dir/k.out" 2>"$dir/k.err" || fail "--kl-divergence"
+  for which in Q base; do
+    v=$(grep -E "^Mean PPL\($which\) +:" "$dir/k.out" | awk '{ print $4 }')
+    awk -v v="$v" -v p="$ppl" 'BEGIN { exit !(v - p < 5e-5 && p - v < 5e-5) }' ||
+      fail "--kl-divergence: PPL($which) $v, not $ppl"
+  done
+  grep -qE "^Mean +KLD: +0\.0000000" "$dir/k.out" || fail "--kl-divergence: KLD of a run against itself"
+  grep -qE "^Same top p: +100\.0000" "$dir/k.out" || fail "--kl-divergence: top tokens differ"
+  # a truncated base file is an error naming it
+  head -c 1000 "$dir/base.kld" >"$dir/short.kld"
+  if "$loom" perplexity -m "$dir/tiny.gguf" --kl-divergence --kl-divergence-base "$dir/short.kld" \
+    >"$dir/t.out" 2>"$dir/t.err"; then
+    fail "a truncated base file was accepted"
+  fi
+  grep -q "short.kld: truncated" "$dir/t.err" || fail "truncated-base error unclear"
   echo "perplexity: ok ($line)"
   exit 0
 fi

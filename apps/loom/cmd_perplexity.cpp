@@ -13,6 +13,7 @@
 
 #include "commands.h"
 #include "generate.h"
+#include "kl_divergence.h"
 #include "perplexity.h"
 
 namespace loom::app {
@@ -25,24 +26,11 @@ double token_nll(std::span<const float> logits, int32_t next) {
   return -((static_cast<double>(logits[static_cast<size_t>(next)]) - max) - std::log(sum));
 }
 
-namespace {
-
-// NLLs of the scored positions of one chunk: out[k] for position first + k. Rows are split into
-// contiguous ranges, one per thread; each value depends only on its own row, so the results are
-// the same for any thread count.
-void chunk_nlls(std::span<const float> logits, size_t n_vocab, std::span<const int32_t> chunk, int first,
-                int n_threads, std::vector<double>& out) {
-  const int n_rows = static_cast<int>(chunk.size()) - 1 - first;
-  out.assign(static_cast<size_t>(n_rows), 0.0);
-  auto work = [&](int r0, int r1) {
-    for (int r = r0; r < r1; ++r) {
-      const size_t j = static_cast<size_t>(first + r);
-      out[static_cast<size_t>(r)] = token_nll(logits.subspan(j * n_vocab, n_vocab), chunk[j + 1]);
-    }
-  };
-  const int nt = std::max(1, std::min(n_threads, n_rows));
+void for_row_ranges(int n_rows, int n_threads, const std::function<void(int, int)>& work) {
+  if (n_threads <= 0) n_threads = static_cast<int>(std::thread::hardware_concurrency());
+  const int nt = std::max(1, std::min({n_threads, 16, n_rows}));
   if (nt == 1) {
-    work(0, n_rows);
+    if (n_rows > 0) work(0, n_rows);
     return;
   }
   std::vector<std::thread> threads;
@@ -54,11 +42,34 @@ void chunk_nlls(std::span<const float> logits, size_t n_vocab, std::span<const i
   for (auto& th : threads) th.join();
 }
 
+int perplexity_chunk_count(size_t n_tokens, const PerplexityParams& p) {
+  if (p.n_ctx <= 0) return 0;
+  int n_chunks = static_cast<int>(n_tokens / static_cast<size_t>(p.n_ctx));
+  if (p.max_chunks > 0) n_chunks = std::min(n_chunks, p.max_chunks);
+  return n_chunks;
+}
+
+namespace {
+
+// NLLs of the scored positions of one chunk: out[k] for position first + k.
+void chunk_nlls(std::span<const float> logits, size_t n_vocab, std::span<const int32_t> chunk, int first,
+                int n_threads, std::vector<double>& out) {
+  const int n_rows = static_cast<int>(chunk.size()) - 1 - first;
+  out.assign(static_cast<size_t>(n_rows), 0.0);
+  for_row_ranges(n_rows, n_threads, [&](int r0, int r1) {
+    for (int r = r0; r < r1; ++r) {
+      const size_t j = static_cast<size_t>(first + r);
+      out[static_cast<size_t>(r)] = token_nll(logits.subspan(j * n_vocab, n_vocab), chunk[j + 1]);
+    }
+  });
+}
+
 }  // namespace
 
 Result<PerplexityResult> compute_perplexity(llm::Context& ctx, std::span<const int32_t> tokens,
                                             const PerplexityParams& p,
-                                            const std::function<void(int, double)>& on_chunk) {
+                                            const std::function<void(int, double)>& on_chunk,
+                                            const ChunkLogitsFn& on_logits) {
   const int n_ctx = p.n_ctx;
   if (n_ctx < 4)
     return make_error(StatusCode::invalid_argument, "perplexity: chunk size {} is too small (at least 4)",
@@ -70,8 +81,7 @@ Result<PerplexityResult> compute_perplexity(llm::Context& ctx, std::span<const i
     return make_error(StatusCode::invalid_argument,
                       "perplexity: the text has {} tokens; at least one chunk of {} (-c) is needed",
                       tokens.size(), n_ctx);
-  int n_chunks = static_cast<int>(tokens.size() / static_cast<size_t>(n_ctx));
-  if (p.max_chunks > 0) n_chunks = std::min(n_chunks, p.max_chunks);
+  const int n_chunks = perplexity_chunk_count(tokens.size(), p);
   const int first = n_ctx / 2;
   const size_t n_vocab = static_cast<size_t>(ctx.n_vocab());
   int n_threads = p.n_threads > 0 ? p.n_threads : static_cast<int>(std::thread::hardware_concurrency());
@@ -96,6 +106,7 @@ Result<PerplexityResult> compute_perplexity(llm::Context& ctx, std::span<const i
     if (logits->size() != chunk.size() * n_vocab)
       return make_error(StatusCode::internal, "perplexity: decode returned {} logits, expected {}",
                         logits->size(), chunk.size() * n_vocab);
+    if (on_logits) LOOM_TRY(on_logits(c, chunk, *logits));
     chunk_nlls(*logits, n_vocab, chunk, first, n_threads, nll);
     for (double v : nll) {
       sum += v;
@@ -121,6 +132,9 @@ struct PerplexityOptions {
   GenerateOptions model;
   std::string text_file;
   int max_chunks = -1;
+  std::string kld_base;        ///< --kl-divergence-base
+  bool kl_divergence = false;  ///< --kl-divergence: compare with kld_base instead of writing it
+  bool ctx_given = false;      ///< -c on the command line (else --kl-divergence takes the base's)
 };
 
 int fail(const Status& s) {
@@ -129,7 +143,47 @@ int fail(const Status& s) {
   return 1;
 }
 
+// --kl-divergence: the tokens come from the base file, not from a text.
+int run_kl_divergence(PerplexityOptions o) {
+  auto base = KldBaseFile::open(o.kld_base);
+  if (!base) return fail(base.status());
+  if (!o.ctx_given) o.model.n_ctx = base->n_ctx();
+  std::string backend_name;
+  auto session = open_generate_session(o.model, backend_name);
+  if (!session) return fail(session.status());
+  llm::Context& ctx = *session->context;
+
+  PerplexityParams p;
+  p.n_ctx = ctx.n_ctx();
+  p.max_chunks = o.max_chunks;
+  p.n_threads = o.model.n_threads;
+  const int n_chunks = perplexity_chunk_count(base->tokens().size(), p);
+  fmt::print(stderr,
+             "loom: KL divergence against {}: {} chunks of {} tokens{}, scoring the last {} of each; backend "
+             "{}\n",
+             o.kld_base, n_chunks, base->n_ctx(),
+             o.text_file.empty() ? "" : " (stored there; -f is not read)", base->rows_per_chunk(),
+             backend_name);
+  fmt::print("{}\n", kl_divergence_table_header());
+  auto r = compute_kl_divergence(ctx, *base, p, [](int chunk, const KlDivergenceResult& running) {
+    fmt::print("{}\n", kl_divergence_table_row(chunk, running));
+    std::fflush(stdout);
+  });
+  if (!r) return fail(r.status());
+  fmt::print("\n{}", kl_divergence_summary(*r));
+  fmt::print(
+      stderr, "loom: {} tokens in {} chunks decoded in {:.2f} s ({:.1f} tokens/s); {} tokens compared\n",
+      r->run.n_decoded, r->run.n_chunks, r->run.decode_seconds,
+      r->run.decode_seconds > 0.0 ? static_cast<double>(r->run.n_decoded) / r->run.decode_seconds : 0.0,
+      r->n_scored);
+  return 0;
+}
+
 int run_perplexity(const PerplexityOptions& o) {
+  if (o.kl_divergence) return run_kl_divergence(o);
+  if (o.text_file.empty())
+    return fail(make_error(StatusCode::invalid_argument,
+                           "perplexity: -f TEXT is required (except with --kl-divergence)"));
   std::ifstream f(o.text_file, std::ios::binary);
   if (!f) return fail(make_error(StatusCode::io_error, "{}: cannot open the text file", o.text_file));
   std::ostringstream ss;
@@ -163,16 +217,25 @@ int run_perplexity(const PerplexityOptions& o) {
       "loom: perplexity: {} tokens ({:.1f} ms to tokenize), {} chunks of {} tokens, scoring the last {} of "
       "each; backend {}\n",
       ids->size(), tok_ms, n_chunks, p.n_ctx, p.n_ctx - 1 - p.n_ctx / 2, backend_name);
-  auto r = compute_perplexity(ctx, *ids, p, [](int chunk, double ppl) {
+  auto print_chunk = [](int chunk, double ppl) {
     fmt::print("{}[{}]{:.4f}", chunk > 1 ? "," : "", chunk, ppl);
     std::fflush(stdout);
-  });
+  };
+  auto r = o.kld_base.empty() ? compute_perplexity(ctx, *ids, p, print_chunk)
+                              : compute_perplexity_saving_base(ctx, *ids, p, o.kld_base, print_chunk);
   if (!r) return fail(r.status());
   fmt::print("\nFinal estimate: PPL = {:.4f} +/- {:.5f}\n", r->ppl, r->ppl_err);
   fmt::print(stderr, "loom: {} tokens in {} chunks decoded in {:.2f} s ({:.1f} tokens/s); {} tokens scored\n",
              r->n_decoded, r->n_chunks, r->decode_seconds,
              r->decode_seconds > 0.0 ? static_cast<double>(r->n_decoded) / r->decode_seconds : 0.0,
              r->n_scored);
+  if (!o.kld_base.empty())
+    fmt::print(stderr, "loom: saved the base distributions of {} tokens to {} ({:.1f} MiB)\n", r->n_scored,
+               o.kld_base,
+               static_cast<double>(kKldHeaderBytes + 4 * static_cast<size_t>(r->n_decoded) +
+                                   static_cast<size_t>(r->n_scored) *
+                                       kld_row_bytes(static_cast<size_t>(ctx.n_vocab()))) /
+                   (1024.0 * 1024.0));
   return 0;
 }
 
@@ -188,9 +251,20 @@ void add_perplexity_command(CLI::App& app, std::vector<Command>& out) {
                                  "half of each scored; needs at least one complete chunk");
   add_model_flags(*cmd, o->model);
   cmd->get_option("--model")->required();
-  cmd->add_option("-f,--file", o->text_file, "Text file to evaluate")->required();
+  cmd->add_option("-f,--file", o->text_file, "Text file to evaluate (not needed with --kl-divergence)");
   cmd->add_option("--chunks", o->max_chunks, "Evaluate at most N chunks (default: all)");
-  out.push_back({cmd, [o] { return run_perplexity(*o); }});
+  auto* base = cmd->add_option("--kl-divergence-base", o->kld_base,
+                               "Save every scored position's next-token distribution to FILE (16 bits per "
+                               "entry); with --kl-divergence, the file to compare with");
+  cmd->add_flag("--kl-divergence", o->kl_divergence,
+                "Run over the tokens of --kl-divergence-base FILE and report KL divergence, PPL ratio and "
+                "top-token agreement against it")
+      ->needs(base);
+  CLI::Option* ctx_flag = cmd->get_option("--ctx-size");
+  out.push_back({cmd, [o, ctx_flag] {
+                   o->ctx_given = ctx_flag->count() > 0;
+                   return run_perplexity(*o);
+                 }});
 }
 
 }  // namespace loom::app

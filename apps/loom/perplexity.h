@@ -47,11 +47,26 @@ struct PerplexityResult {
 /// The negative log-likelihood of `next` under the distribution softmax(logits), in double.
 double token_nll(std::span<const float> logits, int32_t next);
 
+/// Sees each chunk's logits: `chunk` counts from 0, `tokens` are the chunk's n_ctx tokens as decoded
+/// (BOS substituted), `logits` n_ctx rows of n_vocab. An error stops the evaluation and is returned.
+using ChunkLogitsFn =
+    std::function<Status(int chunk, std::span<const int32_t> tokens, std::span<const float> logits)>;
+
 /// Evaluates `tokens` as described above. `on_chunk(chunk, running_ppl)` is called after each chunk
-/// (chunk counts from 1). invalid_argument when n_ctx < 4, the context is smaller than n_ctx, or
-/// there are fewer than n_ctx tokens (loom needs one complete chunk; llama.cpp asks for two).
+/// (chunk counts from 1), after `on_logits` for that chunk. invalid_argument when n_ctx < 4, the
+/// context is smaller than n_ctx, or there are fewer than n_ctx tokens (loom needs one complete
+/// chunk; llama.cpp asks for two).
 Result<PerplexityResult> compute_perplexity(llm::Context& ctx, std::span<const int32_t> tokens,
                                             const PerplexityParams& params,
-                                            const std::function<void(int, double)>& on_chunk = {});
+                                            const std::function<void(int, double)>& on_chunk = {},
+                                            const ChunkLogitsFn& on_logits = {});
+
+/// The number of chunks compute_perplexity evaluates for `n_tokens` tokens.
+int perplexity_chunk_count(size_t n_tokens, const PerplexityParams& params);
+
+/// Calls work(r0, r1) on contiguous ranges covering [0, n_rows), on up to n_threads threads (0:
+/// hardware concurrency, at most 16). Work that writes only its own rows' results gives the same
+/// results for any thread count.
+void for_row_ranges(int n_rows, int n_threads, const std::function<void(int, int)>& work);
 
 }  // namespace loom::app
