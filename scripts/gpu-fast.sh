@@ -46,6 +46,36 @@ for m in "tiny f16" "gemma2-tiny f32" "qwen3moe-tiny q8_0" "llama3-1b q4_0" "lla
     echo "fast: $m greedy 16 tokens differ (fast vs exact)"
 done
 
+# Whole model, teacher-forced over 4,096 tokens of held-out Shakespeare: fast against exact (the
+# KL-divergence tool, llama-perplexity's method). Bounds (issue 13) held on the built-in model:
+# mean KL <= 1e-3, same top token >= 98 %, perplexity ratio within 0.3 %; reported for the others.
+kl() {  # kl LABEL MODEL CTX CHUNKS ENFORCE
+  local label=$1 f=$2 c=$3 chunks=$4 enforce=$5 base="$work/kl-base.kld"
+  "$bin/loom" perplexity -m "$f" -f tests/data/shakespeare_heldout.txt -c "$c" --chunks "$chunks" --backend cuda \
+    --numerics exact --kl-divergence-base "$base" >"$work/kl-exact.log" 2>&1 ||
+    { echo "fast: kl $label exact run FAIL: $(tail -1 "$work/kl-exact.log")"; fails=$((fails + 1)); return; }
+  "$bin/loom" perplexity -m "$f" -c "$c" --chunks "$chunks" --backend cuda --numerics fast --kl-divergence \
+    --kl-divergence-base "$base" >"$work/kl-fast.log" 2>&1 ||
+    { echo "fast: kl $label fast run FAIL: $(tail -1 "$work/kl-fast.log")"; fails=$((fails + 1)); return; }
+  local kld top ratio
+  kld=$(awk '/^Mean +KLD:/ {print $3}' "$work/kl-fast.log")
+  top=$(awk '/^Same top p:/ {print $4}' "$work/kl-fast.log")
+  ratio=$(awk -F: '/^Mean PPL\(Q\)\/PPL\(base\)/ {split($2, v, " "); print v[1]}' "$work/kl-fast.log")
+  echo "fast: kl $label: mean KLD $kld, same top $top %, PPL ratio $ratio"
+  if [[ $enforce == 1 ]]; then
+    awk -v k="$kld" -v t="$top" -v r="$ratio" 'BEGIN { exit !(k != "" && k <= 1e-3 && t >= 98 && r >= 0.997 && r <= 1.003) }' &&
+      echo "fast: kl $label within bounds ok" || { echo "fast: kl $label bounds FAIL"; fails=$((fails + 1)); }
+  fi
+  rm -f "$base"
+}
+kl "built-in f16" models/loom-shakespeare-f16.gguf 256 16 1
+kl "built-in q8_0" models/loom-shakespeare-q8_0.gguf 256 16 1
+for m in ${LOOM_KL_MODELS:-llama3-1b:q4_0 llama3-1b:q4_K_M llama3-1b:f16}; do
+  m=${m/:/ }
+  read -r shape type <<<"$m"
+  f=$(model "$shape" "$type") && kl "$shape $type" "$f" 512 8 0
+done
+
 # Speed: GEMM kernels, then prefill of whole models in both modes.
 "$bin/loom-test-ops" --backend cuda --numerics fast perf --op mul_mat,flash_attn >"$out/perf-fast.log" 2>&1 ||
   { echo "fast: perf FAIL"; fails=$((fails + 1)); }
