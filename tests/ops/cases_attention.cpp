@@ -131,7 +131,7 @@ struct FlashCase {
   int64_t mask_rows;  // >= n_q (padded as KV-cache masks are)
   bool causal;
   float softcap;
-  bool cache_view;  // K and V are the first n_kv positions of a longer cache
+  bool cache_view;          // K and V are the first n_kv positions of a longer cache
   bool q_permuted = false;  // q is a permuted view of [d, n_head, n_q], as the models build it
   int64_t window = 0;       // > 0: a sliding-window causal mask, each query sees its last `window` keys
 };
@@ -139,9 +139,7 @@ struct FlashCase {
 constexpr int64_t kCacheExtra = 24;
 
 /// Element strides of q [d, n_q, n_head, ne3] viewed from storage [d, n_head, n_q, ne3].
-ElemStrides q_view_strides(const FlashCase& c) {
-  return {1, c.d * c.n_head, c.d, c.d * c.n_head * c.n_q};
-}
+ElemStrides q_view_strides(const FlashCase& c) { return {1, c.d * c.n_head, c.d, c.d * c.n_head * c.n_q}; }
 
 /// (query, key) pairs the causal part of the mask leaves visible: query i sees keys up to
 /// i + n_kv - n_q, the last `window` of them with a window (the random -inf entries are not
@@ -180,14 +178,15 @@ void add_flash_attn(CaseList& cases, const FlashCase& c, bool perf) {
     }
     Tensor* mask = nullptr;
     if (c.has_mask && c.window > 0)
-      mask = in.custom(c.mask_type, {c.n_kv, c.mask_rows, 1, 1}, [c](Rng& rng, const Shape& s, std::vector<float>& v) {
-        for (int64_t r = 0; r < s[1]; ++r)
-          for (int64_t j = 0; j < s[0]; ++j) {
-            const int64_t last = r + c.n_kv - c.n_q;  // the query's own position
-            const bool visible = j <= last && j > last - c.window;
-            v[static_cast<size_t>(r * s[0] + j)] = visible ? rng.uniform(-1.0f, 0.0f) : -INFINITY;
-          }
-      });
+      mask = in.custom(
+          c.mask_type, {c.n_kv, c.mask_rows, 1, 1}, [c](Rng& rng, const Shape& s, std::vector<float>& v) {
+            for (int64_t r = 0; r < s[1]; ++r)
+              for (int64_t j = 0; j < s[0]; ++j) {
+                const int64_t last = r + c.n_kv - c.n_q;  // the query's own position
+                const bool visible = j <= last && j > last - c.window;
+                v[static_cast<size_t>(r * s[0] + j)] = visible ? rng.uniform(-1.0f, 0.0f) : -INFINITY;
+              }
+          });
     else if (c.has_mask)
       mask = in.mask(c.mask_type, {c.n_kv, c.mask_rows, 1, 1}, 0.1, c.causal, c.n_q);
     return flash_attn(g, q, k, v, mask, scale, c.softcap);
@@ -195,7 +194,8 @@ void add_flash_attn(CaseList& cases, const FlashCase& c, bool perf) {
   ReferenceFn ref;
   if (!perf) {
     ref = [c, scale](const std::vector<RefTensor>& in) {
-      const RefTensor q = c.q_permuted ? ref_view(in[0], {c.d, c.n_q, c.n_head, c.ne3}, q_view_strides(c), 0) : in[0];
+      const RefTensor q =
+          c.q_permuted ? ref_view(in[0], {c.d, c.n_q, c.n_head, c.ne3}, q_view_strides(c), 0) : in[0];
       RefTensor k = in[1], v = in[2];
       if (c.cache_view) {
         k = ref_view(in[1], {c.d, c.n_kv, c.n_head_kv, c.ne3}, packed_strides(in[1].ne), 0);
@@ -306,12 +306,12 @@ void add_attention_cases(CaseList& cases, CaseSet set) {
       // 64-query tiles, 64- or 32-key tiles): partial query and key tiles, prompts appended to a
       // cache (n_kv > n_q), GQA 8/2, f16 and f32 masks, a permuted q as the models build it.
       {64, 64, 16, 64, 8, 2, 1, f16, f16, true, f16, 16, true, 0.0f, false},
-      {64, 64, 33, 300, 8, 2, 1, f16, f16, true, f16, 33, true, 30.0f, false},  // softcap
+      {64, 64, 33, 300, 8, 2, 1, f16, f16, true, f16, 33, true, 30.0f, false},         // softcap
       {64, 64, 128, 100, 8, 2, 1, f16, f16, false, f16, 0, false, 0.0f, false, true},  // no mask
       {128, 128, 33, 100, 8, 2, 1, f16, f16, true, f32, 40, true, 0.0f, false},
       {128, 128, 128, 128, 8, 2, 1, f16, f16, true, f16, 128, true, 0.0f, false, true},
-      {128, 128, 128, 300, 8, 2, 1, f16, f16, true, f16, 128, false, 0.0f, false},  // random -inf, no causality
-      {128, 128, 16, 300, 8, 2, 2, f16, f16, true, f16, 16, true, 0.0f, true},  // ne3 = 2, cache view
+      {128, 128, 128, 300, 8, 2, 1, f16, f16, true, f16, 128, false, 0.0f, false},  // not causal
+      {128, 128, 16, 300, 8, 2, 2, f16, f16, true, f16, 16, true, 0.0f, true},      // ne3 = 2, cache view
       {256, 256, 16, 100, 8, 2, 1, f16, f16, true, f32, 16, true, 0.0f, false},
       {256, 256, 128, 300, 8, 2, 1, f16, f16, true, f16, 128, true, 0.0f, false, true},
       {256, 256, 33, 64, 8, 2, 1, f16, f16, true, f16, 33, true, 50.0f, true},  // softcap, cache view

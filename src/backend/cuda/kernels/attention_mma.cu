@@ -16,12 +16,13 @@
 // fragment is all -inf skips the tile's arithmetic (the diagonal of a causal mask, a sliding
 // window).
 //
-// FLOPs: 4 * n_q * n_kv * d * n_head (2 for Q K^T, 2 for P V), half of it under a causal mask.
-// Bytes: Q read once (4 * d per row), O written once (4 * dv per row); K and V are read once per
-// query tile and head, (n_q / kBr) * n_head * n_kv * (d + dv) * 2 bytes, mostly from L2 (the grid
-// runs a head's query tiles together, so a KV head's K/V stays hot); the mask is read once per
-// head over the visible extent, 2 or 4 bytes per (query, key). At d = 128, kBr = 64 the
-// arithmetic intensity over K/V alone is 64 FLOP/byte, well into the tensor-core bound regime.
+// FLOPs: 4 * n_q * n_kv * d * n_head (2 for Q K^T, 2 for P V), about half under a causal mask.
+// Bytes: Q read once (4 * d per row), O written once (4 * dv per row), the mask once per head over
+// the visible keys (2 or 4 bytes per (query, key)) plus once per mask head over the hidden ones (the
+// scan); K and V once per query tile and head, (n_q / kBr) * n_head * n_kv * (d + dv) * 2 bytes,
+// nearly all from L2: the grid runs heads fastest, so the blocks resident together (the heads of a
+// few query tiles) share mask rows and K/V and walk the keys in step. Per tile at d = 128 a block
+// does 4 * 64 * 64 * 128 FLOPs for 32 KB of K/V, 64 FLOP/byte of L2 traffic: tensor-core bound.
 // Measured: not yet (written without a GPU; see the commit message).
 #include <algorithm>
 
@@ -71,7 +72,8 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4],
 
 /// 16 bytes global -> shared, bypassing L1; src_bytes 0 writes zeros and reads nothing.
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
+               : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int kPending>
@@ -110,38 +112,44 @@ __device__ __forceinline__ int block_max(int v, int* scratch) {
   return v;
 }
 
+/// Offset from lo of the last finite mask entry among rows [0, rows) and keys [lo, hi) that this
+/// thread reads (-1 if none; hi - lo <= kScanKeys); with `first`, kScanKeys minus the offset of the
+/// first one instead, so that a block maximum finds either. Each warp reads kBr / kWarps rows, its
+/// lanes along the keys; a fixed count of loads per thread, unrolled, keeps 16 of them in flight.
+__device__ __forceinline__ int scan_mask(const char* base, int64_t nb1, bool f16, int rows, int64_t lo,
+                                         int64_t hi, bool first) {
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  constexpr int kPerRow = kScanKeys / kWarpSize;
+  int found = -1;
+#pragma unroll 16
+  for (int i = 0; i < kPerRow * (kBr / kWarps); ++i) {
+    const int r = warp + kWarps * (i / kPerRow);
+    const int off = lane + kWarpSize * (i % kPerRow);
+    if (r < rows && lo + off < hi && mask_at(base + r * nb1, lo + off, f16) != -INFINITY)
+      found = max(found, first ? kScanKeys - off : off);
+  }
+  return found;
+}
+
 /// The keys [begin, end) that hold every finite mask entry of rows [0, rows) (row r at
-/// base + r * nb1); begin = end = 0 when all are -inf. Block-wide (kThreads threads, all calling):
-/// scans back from the last key and forward from the first in kScanKeys steps, so a causal tile
-/// reads the part of the mask it may skip once, and a mask without -inf costs one step each way.
+/// base + r * nb1, rows <= kBr); begin = end = 0 when all are -inf. Block-wide (kThreads threads,
+/// all calling): scans back from the last key and forward from the first in kScanKeys steps, so a
+/// causal tile reads the part of the mask it may skip once, and a mask without -inf costs one step
+/// each way.
 __device__ void mask_extent(const char* base, int64_t nb1, bool f16, int rows, int64_t n_kv, int64_t& begin,
                             int64_t& end, int* scratch) {
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   begin = end = 0;
   for (int64_t hi = n_kv; hi > 0; hi -= kScanKeys) {
     const int64_t lo = hi > kScanKeys ? hi - kScanKeys : 0;
-    int last = -1;  // offset from lo of the last finite entry this thread saw
-    for (int r = warp; r < rows; r += kWarps) {
-      const char* row = base + r * nb1;
-#pragma unroll 4
-      for (int64_t j = lo + lane; j < hi; j += kWarpSize)
-        if (mask_at(row, j, f16) != -INFINITY) last = max(last, static_cast<int>(j - lo));
-    }
+    const int last = scan_mask(base, nb1, f16, rows, lo, hi, false);
     if (__syncthreads_or(last >= 0)) {
       end = lo + block_max(last, scratch) + 1;
       break;
     }
   }
-  if (end == 0) return;
   for (int64_t lo = 0; lo < end; lo += kScanKeys) {
     const int64_t hi = min(lo + kScanKeys, end);
-    int first = -1;  // kScanKeys - offset of the first finite entry (so the block max finds it)
-    for (int r = warp; r < rows; r += kWarps) {
-      const char* row = base + r * nb1;
-#pragma unroll 4
-      for (int64_t j = lo + lane; j < hi; j += kWarpSize)
-        if (mask_at(row, j, f16) != -INFINITY) first = max(first, kScanKeys - static_cast<int>(j - lo));
-    }
+    const int first = scan_mask(base, nb1, f16, rows, lo, hi, true);
     if (__syncthreads_or(first >= 0)) {
       begin = lo + kScanKeys - block_max(first, scratch);
       break;
@@ -150,15 +158,17 @@ __device__ void mask_extent(const char* base, int64_t nb1, bool f16, int rows, i
 }
 
 /// Mask extent of each (query tile, mask head, mask sequence): out[2 * i] = begin, [2 * i + 1] =
-/// end, i = (i3 * mask.ne[2] + i2) * gridDim.x + tile.
-__global__ void __launch_bounds__(kThreads) flash_attn_mask_extent_kernel(TensorDesc mask, bool f16, int64_t n_q,
-                                                                          int* out) {
+/// end, i = (i3 * mask.ne[2] + i2) * gridDim.x + tile. The attention kernel's keys [begin, end)
+/// must hold finite V even where masked (a zero weight times a NaN is NaN); the KV cache is zeroed.
+__global__ void __launch_bounds__(kThreads)
+    flash_attn_mask_extent_kernel(TensorDesc mask, bool f16, int64_t n_q, int* out) {
   pdl_wait();
   __shared__ int scratch[kWarps];
   const int64_t q0 = static_cast<int64_t>(blockIdx.x) * kBr;
   const int rows = static_cast<int>(n_q - q0 < kBr ? n_q - q0 : kBr);
   int64_t begin, end;
-  mask_extent(row_ptr(mask, q0, blockIdx.y, blockIdx.z), mask.nb[1], f16, rows, mask.ne[0], begin, end, scratch);
+  mask_extent(row_ptr(mask, q0, blockIdx.y, blockIdx.z), mask.nb[1], f16, rows, mask.ne[0], begin, end,
+              scratch);
   if (threadIdx.x == 0) {
     const int64_t i = (static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
     out[2 * i] = static_cast<int>(begin);
@@ -180,8 +190,9 @@ struct MmaArgs {
 template <int D>
 inline constexpr int kSmemStride = D + 8;
 
+/// Dynamic shared memory: Q, two K tiles, two V tiles, all f16.
 template <int D, int kBc>
-inline constexpr size_t kSmemBytes = static_cast<size_t>(kBr + 4 * kBc) * kSmemStride<D> * 2;  // Q, 2 x K, 2 x V
+inline constexpr size_t kSmemBytes = static_cast<size_t>(kBr + 4 * kBc) * kSmemStride<D> * 2;
 
 // D: head size of K and V (d == dv); kBc: keys per tile.
 template <int D, int kBc>
@@ -201,10 +212,12 @@ __global__ void __launch_bounds__(kThreads) flash_attn_mma_kernel(const MmaArgs 
   const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
   const int g = lane / 4, t4 = lane % 4;  // fragment row group and column pair
   const int64_t n_q = a.q.ne[1], n_head = a.q.ne[2], n_kv = a.k.ne[1];
-  // The last query tiles see the most keys under a causal mask: start them first.
-  const int64_t tile = gridDim.x - 1 - blockIdx.x;
+  // Heads vary fastest in the grid: the blocks resident together are the heads of a few query
+  // tiles, which share mask rows and (per KV head) K/V and walk the keys in step, so both stay in
+  // L2 at any length. The last query tiles see the most keys under a causal mask: they start first.
+  const int64_t tile = gridDim.y - 1 - blockIdx.y;
   const int64_t q0 = tile * kBr;
-  const int64_t h = blockIdx.y, i3 = blockIdx.z;
+  const int64_t h = blockIdx.x, i3 = blockIdx.z;
   const int64_t h_kv = h / (n_head / a.k.ne[2]);
 
   // Q * scale as f16 (scale is linear, so softcap still sees q k^T * scale); rows past n_q are 0.
@@ -224,12 +237,13 @@ __global__ void __launch_bounds__(kThreads) flash_attn_mma_kernel(const MmaArgs 
   if (a.has_mask) {
     const int64_t mh = h % a.mask.ne[2], m3 = i3 % a.mask.ne[3];
     if (a.extent) {
-      const int* e = a.extent + 2 * ((m3 * a.mask.ne[2] + mh) * gridDim.x + tile);
+      const int* e = a.extent + 2 * ((m3 * a.mask.ne[2] + mh) * gridDim.y + tile);
       kv_begin = e[0];
       kv_end = e[1];
     } else {
       const int rows = static_cast<int>(n_q - q0 < kBr ? n_q - q0 : kBr);
-      mask_extent(row_ptr(a.mask, q0, mh, m3), a.mask.nb[1], a.mask_f16, rows, n_kv, kv_begin, kv_end, scratch);
+      mask_extent(row_ptr(a.mask, q0, mh, m3), a.mask.nb[1], a.mask_f16, rows, n_kv, kv_begin, kv_end,
+                  scratch);
     }
     for (int r = 0; r < 2; ++r) {
       // rows past n_q (not stored) read the last real row rather than past the mask
@@ -253,8 +267,10 @@ __global__ void __launch_bounds__(kThreads) flash_attn_mma_kernel(const MmaArgs 
       const int64_t j = kv0 + r;
       const bool in = j < n_kv;
       const int64_t jr = in ? j : 0;
-      cp_async_16(smem_addr(dk + r * kStride + col), row_ptr(a.k, jr, h_kv, i3) + col * sizeof(__half), in ? 16 : 0);
-      cp_async_16(smem_addr(dv + r * kStride + col), row_ptr(a.v, jr, h_kv, i3) + col * sizeof(__half), in ? 16 : 0);
+      cp_async_16(smem_addr(dk + r * kStride + col), row_ptr(a.k, jr, h_kv, i3) + col * sizeof(__half),
+                  in ? 16 : 0);
+      cp_async_16(smem_addr(dv + r * kStride + col), row_ptr(a.v, jr, h_kv, i3) + col * sizeof(__half),
+                  in ? 16 : 0);
     }
     cp_async_commit();
   };
@@ -356,7 +372,7 @@ __global__ void __launch_bounds__(kThreads) flash_attn_mma_kernel(const MmaArgs 
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
         const float m_new = fmaxf(m_run[r], mx[r]);
         m_use[r] = m_new == -INFINITY ? 0.0f : m_new;  // no visible key yet: no -inf - -inf
-        alpha[r] = exp2_approx(m_run[r] - m_use[r]);    // 0 while m_run is -inf
+        alpha[r] = exp2_approx(m_run[r] - m_use[r]);   // 0 while m_run is -inf
         m_run[r] = m_new;
       }
       float sum[2] = {0.0f, 0.0f};
@@ -383,9 +399,9 @@ __global__ void __launch_bounds__(kThreads) flash_attn_mma_kernel(const MmaArgs 
       // 16 kk .. 16 kk + 15 (a0 = rows g, a1 = rows g + 8 of the first; a2, a3 of the second).
 #pragma unroll
       for (int kk = 0; kk < kBc / 16; ++kk) {
-        const uint32_t pa[4] = {pack_half2(s[2 * kk][0], s[2 * kk][1]), pack_half2(s[2 * kk][2], s[2 * kk][3]),
-                                pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+        const uint32_t pa[4] = {
+            pack_half2(s[2 * kk][0], s[2 * kk][1]), pack_half2(s[2 * kk][2], s[2 * kk][3]),
+            pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
         for (int dp = 0; dp < D / 16; ++dp) {
           uint32_t vb[4];
@@ -432,15 +448,24 @@ CudaError launch_mma(const LaunchContext& ctx, const Tensor* dst, float scale, f
   const int64_t tiles = query_tiles(dst);
   if (tiles == 0 || q->ne[2] == 0 || q->ne[3] == 0) return {};
 
-  MmaArgs args{desc_of(dst), desc_of(q), desc_of(dst->src[1]), desc_of(dst->src[2]), {}, mask != nullptr,
-               mask && mask->type == DType::f16, scale, softcap, nullptr};
+  MmaArgs args{desc_of(dst),
+               desc_of(q),
+               desc_of(dst->src[1]),
+               desc_of(dst->src[2]),
+               {},
+               mask != nullptr,
+               mask && mask->type == DType::f16,
+               scale,
+               softcap,
+               nullptr};
   if (mask) {
     args.mask = desc_of(mask);
     if (ctx.scratch && ctx.scratch_size >= flash_attn_mma_scratch_bytes(dst)) {
       auto* extent = static_cast<int*>(ctx.scratch);
       const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(mask->ne[2]),
                       static_cast<unsigned>(mask->ne[3]));
-      flash_attn_mask_extent_kernel<<<grid, kThreads, 0, ctx.stream>>>(args.mask, args.mask_f16, q->ne[1], extent);
+      flash_attn_mask_extent_kernel<<<grid, kThreads, 0, ctx.stream>>>(args.mask, args.mask_f16, q->ne[1],
+                                                                       extent);
       LOOM_CUDA_CHECK_LAUNCH("flash_attn_mask_extent_kernel");
       args.extent = extent;
     }
@@ -448,8 +473,10 @@ CudaError launch_mma(const LaunchContext& ctx, const Tensor* dst, float scale, f
   constexpr size_t kSmem = kSmemBytes<D, kBc>;
   auto kernel = flash_attn_mma_kernel<D, kBc>;
   // per launch rather than once: the limit belongs to the current device's context
-  LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem)));
-  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(q->ne[2]), static_cast<unsigned>(q->ne[3]));
+  LOOM_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem)));
+  const dim3 grid(static_cast<unsigned>(q->ne[2]), static_cast<unsigned>(tiles),
+                  static_cast<unsigned>(q->ne[3]));
   kernel<<<grid, kThreads, kSmem, ctx.stream>>>(args);
   LOOM_CUDA_CHECK_LAUNCH("flash_attn_mma_kernel");
   return {};
@@ -469,12 +496,14 @@ bool flash_attn_mma_supported(const Tensor* dst) {
     return false;
   if (mask && mask->type != DType::f32 && mask->type != DType::f16) return false;
   // f16 K/V rows move in 16-byte pieces, Q and the output in float pairs
-  if (q->nb[0] != sizeof(float) || dst->nb[0] != sizeof(float) || k->nb[0] != 2 || v->nb[0] != 2) return false;
+  if (q->nb[0] != sizeof(float) || dst->nb[0] != sizeof(float) || k->nb[0] != 2 || v->nb[0] != 2)
+    return false;
   if (!aligned(k, 16) || !aligned(v, 16) || !aligned(q, 8) || !aligned(dst, 8)) return false;
   if (mask && mask->nb[0] != static_cast<size_t>(mask->type == DType::f16 ? 2 : 4)) return false;
-  // grid: query tiles in x, heads in y, sequences in z; key offsets in int
+  // grid: heads in x, query tiles in y, sequences in z (the mask pre-pass: tiles, mask heads,
+  // mask sequences); key offsets in int
   constexpr int64_t kMaxGridYZ = 65535;
-  if (query_tiles(dst) > INT32_MAX || q->ne[2] > kMaxGridYZ || q->ne[3] > kMaxGridYZ) return false;
+  if (query_tiles(dst) > kMaxGridYZ || q->ne[2] > INT32_MAX || q->ne[3] > kMaxGridYZ) return false;
   if (mask && (mask->ne[2] > kMaxGridYZ || mask->ne[3] > kMaxGridYZ)) return false;
   return k->ne[1] < INT32_MAX && k->ne[2] > 0 && q->ne[2] % k->ne[2] == 0;
 }
@@ -494,8 +523,8 @@ CudaError launch_flash_attn_mma(const LaunchContext& ctx, const Tensor* dst, flo
     case 256:
       return launch_mma<256, 32>(ctx, dst, scale, softcap);
     default:
-      return CudaError::runtime(cudaErrorInvalidValue, "flash_attn_mma: head size not 64, 128 or 256", __FILE__,
-                                __LINE__);
+      return CudaError::runtime(cudaErrorInvalidValue, "flash_attn_mma: head size not 64, 128 or 256",
+                                __FILE__, __LINE__);
   }
 }
 
