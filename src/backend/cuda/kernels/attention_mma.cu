@@ -14,7 +14,9 @@
 // dispatch has flash_attn_mma_scratch_bytes() of it (the heads sharing a mask then share the
 // scan); otherwise each block scans for itself. Inside the extent, a warp whose 16 x kBc mask
 // fragment is all -inf skips the tile's arithmetic (the diagonal of a causal mask, a sliding
-// window).
+// window). Masked keys inside the tiles a block computes must hold finite K and V, unlike in the
+// exact kernel, which never reads them: a weight of 0 times a NaN is NaN in the P V product. The
+// KV cache is zeroed at allocation, so its unwritten cells are.
 //
 // FLOPs: 4 * n_q * n_kv * d * n_head (2 for Q K^T, 2 for P V), about half under a causal mask.
 // Bytes: Q read once (4 * d per row), O written once (4 * dv per row), the mask once per head over
@@ -158,8 +160,7 @@ __device__ void mask_extent(const char* base, int64_t nb1, bool f16, int rows, i
 }
 
 /// Mask extent of each (query tile, mask head, mask sequence): out[2 * i] = begin, [2 * i + 1] =
-/// end, i = (i3 * mask.ne[2] + i2) * gridDim.x + tile. The attention kernel's keys [begin, end)
-/// must hold finite V even where masked (a zero weight times a NaN is NaN); the KV cache is zeroed.
+/// end, i = (i3 * mask.ne[2] + i2) * gridDim.x + tile.
 __global__ void __launch_bounds__(kThreads)
     flash_attn_mask_extent_kernel(TensorDesc mask, bool f16, int64_t n_q, int* out) {
   pdl_wait();
