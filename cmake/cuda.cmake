@@ -19,6 +19,7 @@ add_library(loom_cuda SHARED
   src/backend/cuda/kernels/matmul.cu
   src/backend/cuda/kernels/rope.cu
   src/backend/cuda/kernels/attention.cu
+  src/backend/cuda/kernels/attention_mma.cu
   src/backend/cuda/kernels/fused.cu
 )
 # include/ is public for programs that link loom_cuda to call include/loom/cuda.h directly.

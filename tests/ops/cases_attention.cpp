@@ -131,15 +131,40 @@ struct FlashCase {
   int64_t mask_rows;  // >= n_q (padded as KV-cache masks are)
   bool causal;
   float softcap;
-  bool cache_view;  // K and V are the first n_kv positions of a longer cache
+  bool cache_view;          // K and V are the first n_kv positions of a longer cache
+  bool q_permuted = false;  // q is a permuted view of [d, n_head, n_q], as the models build it
+  int64_t window = 0;       // > 0: a sliding-window causal mask, each query sees its last `window` keys
 };
 
 constexpr int64_t kCacheExtra = 24;
 
+/// Element strides of q [d, n_q, n_head, ne3] viewed from storage [d, n_head, n_q, ne3].
+ElemStrides q_view_strides(const FlashCase& c) { return {1, c.d * c.n_head, c.d, c.d * c.n_head * c.n_q}; }
+
+/// (query, key) pairs the causal part of the mask leaves visible: query i sees keys up to
+/// i + n_kv - n_q, the last `window` of them with a window (the random -inf entries are not
+/// subtracted; a kernel still meets them).
+double visible_pairs(const FlashCase& c) {
+  if (!c.has_mask || !c.causal) return static_cast<double>(c.n_q) * c.n_kv;
+  double pairs = 0.0;
+  for (int64_t i = 0; i < c.n_q; ++i) {
+    int64_t keys = std::clamp<int64_t>(i + 1 + c.n_kv - c.n_q, 0, c.n_kv);
+    if (c.window > 0) keys = std::min(keys, c.window);
+    pairs += static_cast<double>(keys);
+  }
+  return pairs;
+}
+
 void add_flash_attn(CaseList& cases, const FlashCase& c, bool perf) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
   auto build = [c, scale](Graph& g, CaseInputs& in) -> Tensor* {
-    Tensor* q = in.uniform(DType::f32, {c.d, c.n_q, c.n_head, c.ne3});
+    Tensor* q;
+    if (c.q_permuted) {
+      Tensor* qs = in.uniform(DType::f32, {c.d, c.n_head, c.n_q, c.ne3});
+      q = strided_view(g, qs, {c.d, c.n_q, c.n_head, c.ne3}, q_view_strides(c), 0);
+    } else {
+      q = in.uniform(DType::f32, {c.d, c.n_q, c.n_head, c.ne3});
+    }
     Tensor *k, *v;
     if (c.cache_view) {
       const int64_t n_ctx = c.n_kv + kCacheExtra;
@@ -151,14 +176,26 @@ void add_flash_attn(CaseList& cases, const FlashCase& c, bool perf) {
       k = in.uniform(c.kt, {c.d, c.n_kv, c.n_head_kv, c.ne3});
       v = in.uniform(c.vt, {c.dv, c.n_kv, c.n_head_kv, c.ne3});
     }
-    Tensor* mask =
-        c.has_mask ? in.mask(c.mask_type, {c.n_kv, c.mask_rows, 1, 1}, 0.1, c.causal, c.n_q) : nullptr;
+    Tensor* mask = nullptr;
+    if (c.has_mask && c.window > 0)
+      mask = in.custom(
+          c.mask_type, {c.n_kv, c.mask_rows, 1, 1}, [c](Rng& rng, const Shape& s, std::vector<float>& v) {
+            for (int64_t r = 0; r < s[1]; ++r)
+              for (int64_t j = 0; j < s[0]; ++j) {
+                const int64_t last = r + c.n_kv - c.n_q;  // the query's own position
+                const bool visible = j <= last && j > last - c.window;
+                v[static_cast<size_t>(r * s[0] + j)] = visible ? rng.uniform(-1.0f, 0.0f) : -INFINITY;
+              }
+          });
+    else if (c.has_mask)
+      mask = in.mask(c.mask_type, {c.n_kv, c.mask_rows, 1, 1}, 0.1, c.causal, c.n_q);
     return flash_attn(g, q, k, v, mask, scale, c.softcap);
   };
   ReferenceFn ref;
   if (!perf) {
     ref = [c, scale](const std::vector<RefTensor>& in) {
-      const RefTensor& q = in[0];
+      const RefTensor q =
+          c.q_permuted ? ref_view(in[0], {c.d, c.n_q, c.n_head, c.ne3}, q_view_strides(c), 0) : in[0];
       RefTensor k = in[1], v = in[2];
       if (c.cache_view) {
         k = ref_view(in[1], {c.d, c.n_kv, c.n_head_kv, c.ne3}, packed_strides(in[1].ne), 0);
@@ -199,9 +236,12 @@ void add_flash_attn(CaseList& cases, const FlashCase& c, bool perf) {
   if (c.ne3 > 1) desc += fmt::format(" ne3={}", c.ne3);
   if (c.has_mask)
     desc += fmt::format(" mask={}[{}]{}", dtype_name(c.mask_type), c.mask_rows, c.causal ? " causal" : "");
+  if (c.window > 0) desc += fmt::format(" window={}", c.window);
   if (c.softcap > 0.0f) desc += fmt::format(" softcap={:g}", c.softcap);
   if (c.cache_view) desc += " (cache view)";
-  const double flops = 2.0 * c.n_q * c.n_kv * (c.d + c.dv) * c.n_head * c.ne3;
+  if (c.q_permuted) desc += " (permuted q)";
+  // 2 (d + dv) per visible (query, key, head): Q K^T and P V
+  const double flops = 2.0 * visible_pairs(c) * (c.d + c.dv) * c.n_head * c.ne3;
   cases.push_back({"flash_attn", desc, kNmseFlashAttn, build, ref, flops});
 }
 
@@ -215,6 +255,13 @@ void add_attention_cases(CaseList& cases, CaseSet set) {
       add_flash_attn(
           cases,
           {128, 128, n_q, 4096, 32, 8, 1, DType::f16, DType::f16, true, DType::f16, n_q, true, 0.0f, false},
+          true);
+    }
+    // causal prefill of a whole prompt (the tensor-core kernel's case), q a permuted view as in the models
+    for (int64_t n : {512, 4096, 16384}) {
+      add_flash_attn(
+          cases,
+          {128, 128, n, n, 32, 8, 1, DType::f16, DType::f16, true, DType::f16, n, true, 0.0f, false, true},
           true);
     }
     return;
@@ -255,6 +302,21 @@ void add_attention_cases(CaseList& cases, CaseSet set) {
       {112, 112, 1, 129, 3, 1, 1, f32, f32, true, f32, 1, false, 0.0f, true},
       {128, 128, 8, 1000, 8, 2, 1, f16, f16, true, f16, 8, true, 0.0f, false},  // long context
       {64, 64, 1, 2048, 4, 1, 1, f16, f16, true, f16, 1, false, 0.0f, false},
+      // Prefill shapes of the tensor-core kernel (attention_mma.cu: d in {64, 128, 256}, f16 K/V,
+      // 64-query tiles, 64- or 32-key tiles): partial query and key tiles, prompts appended to a
+      // cache (n_kv > n_q), GQA 8/2, f16 and f32 masks, a permuted q as the models build it.
+      {64, 64, 16, 64, 8, 2, 1, f16, f16, true, f16, 16, true, 0.0f, false},
+      {64, 64, 33, 300, 8, 2, 1, f16, f16, true, f16, 33, true, 30.0f, false},         // softcap
+      {64, 64, 128, 100, 8, 2, 1, f16, f16, false, f16, 0, false, 0.0f, false, true},  // no mask
+      {128, 128, 33, 100, 8, 2, 1, f16, f16, true, f32, 40, true, 0.0f, false},
+      {128, 128, 128, 128, 8, 2, 1, f16, f16, true, f16, 128, true, 0.0f, false, true},
+      {128, 128, 128, 300, 8, 2, 1, f16, f16, true, f16, 128, false, 0.0f, false},  // not causal
+      {128, 128, 16, 300, 8, 2, 2, f16, f16, true, f16, 16, true, 0.0f, true},      // ne3 = 2, cache view
+      {256, 256, 16, 100, 8, 2, 1, f16, f16, true, f32, 16, true, 0.0f, false},
+      {256, 256, 128, 300, 8, 2, 1, f16, f16, true, f16, 128, true, 0.0f, false, true},
+      {256, 256, 33, 64, 8, 2, 1, f16, f16, true, f16, 33, true, 50.0f, true},  // softcap, cache view
+      // sliding window: the first keys are hidden from the later queries
+      {128, 128, 128, 200, 8, 2, 1, f16, f16, true, f16, 128, true, 0.0f, false, false, 40},
   };
   for (const FlashCase& c : flash_cases) add_flash_attn(cases, c, false);
 }

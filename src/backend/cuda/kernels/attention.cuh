@@ -1,4 +1,4 @@
-// Fused attention (flash_attn). Kernel in attention.cu.
+// Fused attention (flash_attn). Kernels in attention.cu (exact numerics) and attention_mma.cu (fast).
 #pragma once
 
 #include "backend/cuda/kernels/launch.h"
@@ -10,5 +10,16 @@ inline constexpr int kFlashAttnMaxHead = 512;
 
 /// softmax(softcap(q k^T * scale) + mask) v; softcap 0 disables it.
 CudaError launch_flash_attn(const LaunchContext& ctx, const Tensor* dst, float scale, float softcap);
+
+/// Whether launch_flash_attn_mma handles this flash_attn node: f32 Q, f16 K/V, d == dv in {64, 128,
+/// 256}, rows aligned for 16-byte K/V and 8-byte Q/output accesses. Checks the data pointers too
+/// when they are set, so call it at launch time.
+bool flash_attn_mma_supported(const Tensor* dst);
+/// Device scratch launch_flash_attn_mma uses, when the context has that much, to find each query
+/// tile's visible keys once per mask rather than once per head (0 without a mask).
+size_t flash_attn_mma_scratch_bytes(const Tensor* dst);
+/// flash_attn on tensor cores (mma.sync f16 inputs, f32 accumulation): for the fast numerics mode.
+/// dst must pass flash_attn_mma_supported. Kernels in attention_mma.cu.
+CudaError launch_flash_attn_mma(const LaunchContext& ctx, const Tensor* dst, float scale, float softcap);
 
 }  // namespace loom::cuda

@@ -1,0 +1,532 @@
+// flash_attn on tensor cores for the fast numerics mode (FlashAttention-2, Dao 2023): a block of
+// kWarps warps takes kBr = 16 * kWarps queries of one head; each warp owns 16 query rows. Q is
+// scaled, rounded to f16 and stored in shared memory once; K/V tiles of kBc keys are staged in
+// shared memory by cp.async, two buffers deep (tile t+1 loads while tile t computes). Per tile,
+// S = Q K^T (mma.sync m16n8k16, f16 in, f32 accumulators), softcap and mask in f32, an online
+// softmax on the accumulator registers (base-2 exponentials), P rounded to f16 in registers (the
+// S accumulator layout is the A operand layout of the next mma) and O += P V. O, the running max
+// and the running sum stay in registers; the output is O / l in f32. Deterministic: one block owns
+// each output row, no atomics, no split over the keys.
+//
+// Masked keys: the mask is an input, so the keys a block's queries can see are found by scanning
+// it: [kv_begin, kv_end) holds every finite mask entry of the block's rows. A pre-pass kernel
+// computes that extent once per (query tile, mask head, mask sequence) into ctx.scratch when the
+// dispatch has flash_attn_mma_scratch_bytes() of it (the heads sharing a mask then share the
+// scan); otherwise each block scans for itself. Inside the extent, a warp whose 16 x kBc mask
+// fragment is all -inf skips the tile's arithmetic (the diagonal of a causal mask, a sliding
+// window). Masked keys inside the tiles a block computes must hold finite K and V, unlike in the
+// exact kernel, which never reads them: a weight of 0 times a NaN is NaN in the P V product. The
+// KV cache is zeroed at allocation, so its unwritten cells are.
+//
+// FLOPs: 4 * n_q * n_kv * d * n_head (2 for Q K^T, 2 for P V), about half under a causal mask.
+// Bytes: Q read once (4 * d per row), O written once (4 * dv per row), the mask once per head over
+// the visible keys (2 or 4 bytes per (query, key)) plus once per mask head over the hidden ones (the
+// scan); K and V once per query tile and head, (n_q / kBr) * n_head * n_kv * (d + dv) * 2 bytes,
+// nearly all from L2: the grid runs heads fastest, so the blocks resident together (the heads of a
+// few query tiles) share mask rows and K/V and walk the keys in step. Per tile at d = 128 a block
+// does 4 * 64 * 64 * 128 FLOPs for 32 KB of K/V, 64 FLOP/byte of L2 traffic: tensor-core bound.
+// Measured: not yet (written without a GPU; see the commit message).
+#include <algorithm>
+
+#include "backend/cuda/kernels/attention.cuh"
+#include "backend/cuda/kernels/common.cuh"
+
+namespace loom::cuda {
+
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * kWarpSize;
+constexpr int kBr = 16 * kWarps;  // queries per block: one m16 tile per warp
+// Keys per step of the mask-extent scan: 64 rows x 256 keys, 128 loads per thread in flight.
+constexpr int kScanKeys = 256;
+constexpr float kLog2e = 1.4426950408889634f;
+
+// ---- PTX wrappers --------------------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+/// Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i, register i receives
+/// matrix i with thread l holding row l/4, columns 2(l%4), 2(l%4)+1.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+/// As ldmatrix_x4, transposed: thread l holds rows 2(l%4), 2(l%4)+1 of column l/4.
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+/// c += a b for a 16x16 f16 A (row-major fragment), a 16x8 f16 B (column fragment), f32 C.
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/// 16 bytes global -> shared, bypassing L1; src_bytes 0 writes zeros and reads nothing.
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+/// 2^x; ex2.approx gives 0 for -inf (relative error ~2^-22, far below the f16 rounding of P).
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+/// Two floats as an f16x2 register, the first in the low half (the lower column of a fragment).
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// ---- the mask ------------------------------------------------------------------------------------
+
+__device__ __forceinline__ float mask_at(const char* row, int64_t j, bool f16) {
+  return f16 ? __half2float(__ldg(reinterpret_cast<const __half*>(row) + j))
+             : __ldg(reinterpret_cast<const float*>(row) + j);
+}
+
+__device__ __forceinline__ int block_max(int v, int* scratch) {
+  v = __reduce_max_sync(0xffffffffu, v);
+  if (threadIdx.x % kWarpSize == 0) scratch[threadIdx.x / kWarpSize] = v;
+  __syncthreads();
+  v = scratch[0];
+#pragma unroll
+  for (int w = 1; w < kWarps; ++w) v = max(v, scratch[w]);
+  __syncthreads();
+  return v;
+}
+
+/// Offset from lo of the last finite mask entry among rows [0, rows) and keys [lo, hi) that this
+/// thread reads (-1 if none; hi - lo <= kScanKeys); with `first`, kScanKeys minus the offset of the
+/// first one instead, so that a block maximum finds either. Each warp reads kBr / kWarps rows, its
+/// lanes along the keys; a fixed count of loads per thread, unrolled, keeps 16 of them in flight.
+__device__ __forceinline__ int scan_mask(const char* base, int64_t nb1, bool f16, int rows, int64_t lo,
+                                         int64_t hi, bool first) {
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  constexpr int kPerRow = kScanKeys / kWarpSize;
+  int found = -1;
+#pragma unroll 16
+  for (int i = 0; i < kPerRow * (kBr / kWarps); ++i) {
+    const int r = warp + kWarps * (i / kPerRow);
+    const int off = lane + kWarpSize * (i % kPerRow);
+    if (r < rows && lo + off < hi && mask_at(base + r * nb1, lo + off, f16) != -INFINITY)
+      found = max(found, first ? kScanKeys - off : off);
+  }
+  return found;
+}
+
+/// The keys [begin, end) that hold every finite mask entry of rows [0, rows) (row r at
+/// base + r * nb1, rows <= kBr); begin = end = 0 when all are -inf. Block-wide (kThreads threads,
+/// all calling): scans back from the last key and forward from the first in kScanKeys steps, so a
+/// causal tile reads the part of the mask it may skip once, and a mask without -inf costs one step
+/// each way.
+__device__ void mask_extent(const char* base, int64_t nb1, bool f16, int rows, int64_t n_kv, int64_t& begin,
+                            int64_t& end, int* scratch) {
+  begin = end = 0;
+  for (int64_t hi = n_kv; hi > 0; hi -= kScanKeys) {
+    const int64_t lo = hi > kScanKeys ? hi - kScanKeys : 0;
+    const int last = scan_mask(base, nb1, f16, rows, lo, hi, false);
+    if (__syncthreads_or(last >= 0)) {
+      end = lo + block_max(last, scratch) + 1;
+      break;
+    }
+  }
+  for (int64_t lo = 0; lo < end; lo += kScanKeys) {
+    const int64_t hi = min(lo + kScanKeys, end);
+    const int first = scan_mask(base, nb1, f16, rows, lo, hi, true);
+    if (__syncthreads_or(first >= 0)) {
+      begin = lo + kScanKeys - block_max(first, scratch);
+      break;
+    }
+  }
+}
+
+/// Mask extent of each (query tile, mask head, mask sequence): out[2 * i] = begin, [2 * i + 1] =
+/// end, i = (i3 * mask.ne[2] + i2) * gridDim.x + tile.
+__global__ void __launch_bounds__(kThreads)
+    flash_attn_mask_extent_kernel(TensorDesc mask, bool f16, int64_t n_q, int* out) {
+  pdl_wait();
+  __shared__ int scratch[kWarps];
+  const int64_t q0 = static_cast<int64_t>(blockIdx.x) * kBr;
+  const int rows = static_cast<int>(n_q - q0 < kBr ? n_q - q0 : kBr);
+  int64_t begin, end;
+  mask_extent(row_ptr(mask, q0, blockIdx.y, blockIdx.z), mask.nb[1], f16, rows, mask.ne[0], begin, end,
+              scratch);
+  if (threadIdx.x == 0) {
+    const int64_t i = (static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+    out[2 * i] = static_cast<int>(begin);
+    out[2 * i + 1] = static_cast<int>(end);
+  }
+}
+
+// ---- the attention kernel ------------------------------------------------------------------------
+
+struct MmaArgs {
+  TensorDesc dst, q, k, v, mask;
+  bool has_mask, mask_f16;
+  float scale, softcap;
+  const int* extent;  ///< flash_attn_mask_extent_kernel's output, or null: each block scans the mask
+};
+
+/// Halves per shared-memory row of a D-wide tile: 16 bytes of padding put the 8 rows an ldmatrix
+/// phase reads in 8 different 16-byte bank groups (rows of 2D bytes alone would all share one).
+template <int D>
+inline constexpr int kSmemStride = D + 8;
+
+/// Dynamic shared memory: Q, two K tiles, two V tiles, all f16.
+template <int D, int kBc>
+inline constexpr size_t kSmemBytes = static_cast<size_t>(kBr + 4 * kBc) * kSmemStride<D> * 2;
+
+// D: head size of K and V (d == dv); kBc: keys per tile.
+template <int D, int kBc>
+__global__ void __launch_bounds__(kThreads) flash_attn_mma_kernel(const MmaArgs a) {
+  pdl_wait();
+  static_assert(D % 16 == 0 && kBc % 16 == 0, "m16n8k16 tiles");
+  constexpr int kStride = kSmemStride<D>;
+  constexpr int kQInRegs = D <= 128;  // Q fragments: D / 4 registers; at 256 they come from shared memory
+  constexpr int kKTiles = kBc / 8;    // n8 tiles of S per warp
+  constexpr int kDTiles = D / 8;      // n8 tiles of O per warp
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __shared__ int scratch[kWarps];
+  __half* s_q = reinterpret_cast<__half*>(smem_raw);  // [kBr][kStride]
+  __half* s_k = s_q + kBr * kStride;                  // [2][kBc][kStride]
+  __half* s_v = s_k + 2 * kBc * kStride;              // [2][kBc][kStride]
+
+  const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
+  const int g = lane / 4, t4 = lane % 4;  // fragment row group and column pair
+  const int64_t n_q = a.q.ne[1], n_head = a.q.ne[2], n_kv = a.k.ne[1];
+  // Heads vary fastest in the grid: the blocks resident together are the heads of a few query
+  // tiles, which share mask rows and (per KV head) K/V and walk the keys in step, so both stay in
+  // L2 at any length. The last query tiles see the most keys under a causal mask: they start first.
+  const int64_t tile = gridDim.y - 1 - blockIdx.y;
+  const int64_t q0 = tile * kBr;
+  const int64_t h = blockIdx.x, i3 = blockIdx.z;
+  const int64_t h_kv = h / (n_head / a.k.ne[2]);
+
+  // Q * scale as f16 (scale is linear, so softcap still sees q k^T * scale); rows past n_q are 0.
+  static_assert(kBr * D / 2 % kThreads == 0, "whole pairs per thread");
+#pragma unroll 4
+  for (int i = 0; i < kBr * D / 2 / kThreads; ++i) {
+    const int c = tid + i * kThreads;
+    const int r = c / (D / 2), col = c % (D / 2) * 2;
+    float2 x = make_float2(0.0f, 0.0f);
+    if (q0 + r < n_q) x = *reinterpret_cast<const float2*>(row_ptr(a.q, q0 + r, h, i3) + col * sizeof(float));
+    *reinterpret_cast<__half2*>(s_q + r * kStride + col) = __floats2half2_rn(x.x * a.scale, x.y * a.scale);
+  }
+
+  // The keys this block's queries can see.
+  int64_t kv_begin = 0, kv_end = n_kv;
+  const char* mask_rows[2] = {nullptr, nullptr};  // this thread's fragment rows g and g + 8
+  if (a.has_mask) {
+    const int64_t mh = h % a.mask.ne[2], m3 = i3 % a.mask.ne[3];
+    if (a.extent) {
+      const int* e = a.extent + 2 * ((m3 * a.mask.ne[2] + mh) * gridDim.y + tile);
+      kv_begin = e[0];
+      kv_end = e[1];
+    } else {
+      const int rows = static_cast<int>(n_q - q0 < kBr ? n_q - q0 : kBr);
+      mask_extent(row_ptr(a.mask, q0, mh, m3), a.mask.nb[1], a.mask_f16, rows, n_kv, kv_begin, kv_end,
+                  scratch);
+    }
+    for (int r = 0; r < 2; ++r) {
+      // rows past n_q (not stored) read the last real row rather than past the mask
+      const int64_t iq = min(q0 + warp * 16 + g + 8 * r, n_q - 1);
+      mask_rows[r] = row_ptr(a.mask, iq, mh, m3);
+    }
+  }
+  const int n_tiles = static_cast<int>((kv_end - kv_begin + kBc - 1) / kBc);
+
+  // K and V rows kv0 .. kv0 + kBc - 1 into buffer `buf`; keys past n_kv are zeros (a zero V row
+  // keeps 0 * garbage out of O; their scores are -inf anyway).
+  auto load_tile = [&](int64_t kv0, int buf) {
+    __half* dk = s_k + buf * kBc * kStride;
+    __half* dv = s_v + buf * kBc * kStride;
+    constexpr int kChunks = kBc * D / 8;  // 16-byte pieces
+    static_assert(kChunks % kThreads == 0, "whole pieces per thread");
+#pragma unroll
+    for (int i = 0; i < kChunks / kThreads; ++i) {
+      const int c = tid + i * kThreads;
+      const int r = c / (D / 8), col = c % (D / 8) * 8;
+      const int64_t j = kv0 + r;
+      const bool in = j < n_kv;
+      const int64_t jr = in ? j : 0;
+      cp_async_16(smem_addr(dk + r * kStride + col), row_ptr(a.k, jr, h_kv, i3) + col * sizeof(__half),
+                  in ? 16 : 0);
+      cp_async_16(smem_addr(dv + r * kStride + col), row_ptr(a.v, jr, h_kv, i3) + col * sizeof(__half),
+                  in ? 16 : 0);
+    }
+    cp_async_commit();
+  };
+
+  if (n_tiles > 0) load_tile(kv_begin, 0);
+  __syncthreads();  // s_q written
+
+  // A fragments of the warp's 16 Q rows: matrices (rows 0-7 | 8-15) x (cols 0-7 | 8-15) in the
+  // order a0..a3 wants, lane l addressing row l % 16, column 8 * (l / 16).
+  const __half* q_warp = s_q + (warp * 16 + lane % 16) * kStride + lane / 16 * 8;
+  uint32_t q_frag[kQInRegs ? D / 16 : 1][4];
+  if constexpr (kQInRegs) {
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) ldmatrix_x4(q_frag[ks], smem_addr(q_warp + ks * 16));
+  }
+
+  float o[kDTiles][4];
+#pragma unroll
+  for (int i = 0; i < kDTiles; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+  float m_run[2] = {-INFINITY, -INFINITY};  // running max of rows g, g + 8 (log2 units)
+  float l_run[2] = {0.0f, 0.0f};            // running sum, over this thread's columns only
+
+  // K as B of S = Q K^T: matrices (keys 0-7 | 8-15) x (dims 0-7 | 8-15) ordered b0, b1 of the first
+  // n8 tile then b0, b1 of the second: lane l addresses key l % 8 + 8 (l / 16), dim 8 ((l / 8) % 2).
+  const int k_lane_off = (lane % 8 + lane / 16 * 8) * kStride + (lane / 8) % 2 * 8;
+  // V as B of O = P V (transposed loads): matrices (keys 0-7 | 8-15) x (dims 0-7 | 8-15) ordered
+  // b0, b1 of the first n8 tile of dims, then the second: lane l addresses key l % 8 + 8 ((l / 8) %
+  // 2), dim 8 (l / 16).
+  const int v_lane_off = (lane % 8 + (lane / 8) % 2 * 8) * kStride + lane / 16 * 8;
+
+  for (int it = 0; it < n_tiles; ++it) {
+    const int64_t kv0 = kv_begin + static_cast<int64_t>(it) * kBc;
+    const int buf = it & 1;
+    if (it + 1 < n_tiles) load_tile(kv0 + kBc, buf ^ 1);
+
+    // The mask fragment in the S accumulator layout: [n8 tile][c0..c3] = rows g (c0, c1) and
+    // g + 8 (c2, c3), keys kv0 + 8 tile + 2 t4 + {0, 1}. Loaded before waiting for K/V.
+    float mk[kKTiles][4];
+    bool any = false;
+#pragma unroll
+    for (int nt = 0; nt < kKTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t j = kv0 + nt * 8 + t4 * 2 + (e & 1);
+        float x = -INFINITY;
+        if (j < n_kv) x = a.has_mask ? mask_at(mask_rows[e / 2], j, a.mask_f16) : 0.0f;
+        mk[nt][e] = x;
+        any = any || x != -INFINITY;
+      }
+
+    if (it + 1 < n_tiles)
+      cp_async_wait<1>();
+    else
+      cp_async_wait<0>();
+    __syncthreads();  // tile `buf` visible to every warp
+
+    if (__any_sync(0xffffffffu, any)) {
+      const __half* k_tile = s_k + buf * kBc * kStride;
+      const __half* v_tile = s_v + buf * kBc * kStride;
+
+      // S = (Q * scale) K^T
+      float s[kKTiles][4];
+#pragma unroll
+      for (int nt = 0; nt < kKTiles; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+        uint32_t qa[4];
+        if constexpr (kQInRegs) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) qa[i] = q_frag[ks][i];
+        } else {
+          ldmatrix_x4(qa, smem_addr(q_warp + ks * 16));
+        }
+#pragma unroll
+        for (int np = 0; np < kKTiles / 2; ++np) {
+          uint32_t kb[4];
+          ldmatrix_x4(kb, smem_addr(k_tile + np * 16 * kStride + ks * 16 + k_lane_off));
+          mma_16816(s[2 * np], qa, kb[0], kb[1]);
+          mma_16816(s[2 * np + 1], qa, kb[2], kb[3]);
+        }
+      }
+
+      // softcap, mask, log2 units; the row maxima over the quad that shares a row
+      float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int nt = 0; nt < kKTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float x = s[nt][e];
+          if (a.softcap > 0.0f) x = a.softcap * tanhf(x / a.softcap);
+          x = (x + mk[nt][e]) * kLog2e;
+          s[nt][e] = x;
+          mx[e / 2] = fmaxf(mx[e / 2], x);  // a NaN score never wins
+        }
+      float alpha[2], m_use[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        const float m_new = fmaxf(m_run[r], mx[r]);
+        m_use[r] = m_new == -INFINITY ? 0.0f : m_new;  // no visible key yet: no -inf - -inf
+        alpha[r] = exp2_approx(m_run[r] - m_use[r]);   // 0 while m_run is -inf
+        m_run[r] = m_new;
+      }
+      float sum[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int nt = 0; nt < kKTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float x = s[nt][e];
+          const float p = x > -INFINITY ? exp2_approx(x - m_use[e / 2]) : 0.0f;  // masked or NaN: 0
+          s[nt][e] = p;
+          sum[e / 2] += p;
+        }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * alpha[r] + sum[r];
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt) {
+        o[dt][0] *= alpha[0];
+        o[dt][1] *= alpha[0];
+        o[dt][2] *= alpha[1];
+        o[dt][3] *= alpha[1];
+      }
+
+      // O += P V: the S accumulators of n8 tiles 2 kk and 2 kk + 1 are the A fragment of keys
+      // 16 kk .. 16 kk + 15 (a0 = rows g, a1 = rows g + 8 of the first; a2, a3 of the second).
+#pragma unroll
+      for (int kk = 0; kk < kBc / 16; ++kk) {
+        const uint32_t pa[4] = {
+            pack_half2(s[2 * kk][0], s[2 * kk][1]), pack_half2(s[2 * kk][2], s[2 * kk][3]),
+            pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+        for (int dp = 0; dp < D / 16; ++dp) {
+          uint32_t vb[4];
+          ldmatrix_x4_trans(vb, smem_addr(v_tile + kk * 16 * kStride + dp * 16 + v_lane_off));
+          mma_16816(o[2 * dp], pa, vb[0], vb[1]);
+          mma_16816(o[2 * dp + 1], pa, vb[2], vb[3]);
+        }
+      }
+    }
+    __syncthreads();  // every warp is done with `buf` before the next iteration refills it
+  }
+
+  // O / l; a row that saw no visible key has l = 0 and O = 0: zeros, as soft_max gives.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float l = l_run[r];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    const int64_t iq = q0 + warp * 16 + g + 8 * r;
+    if (iq >= n_q) continue;
+    // output [dv, n_head, n_q]: a query's heads are adjacent rows
+    char* out = row_ptr(a.dst, h, iq, i3);
+#pragma unroll
+    for (int dt = 0; dt < kDTiles; ++dt)
+      *reinterpret_cast<float2*>(out + (dt * 8 + t4 * 2) * sizeof(float)) =
+          make_float2(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
+  }
+}
+
+int64_t query_tiles(const Tensor* dst) { return (dst->src[0]->ne[1] + kBr - 1) / kBr; }
+
+bool aligned(const Tensor* t, size_t bytes) {
+  if (t->data && reinterpret_cast<uintptr_t>(t->data) % bytes != 0) return false;
+  for (int i = 1; i < 4; ++i)
+    if (t->nb[i] % bytes != 0) return false;
+  return true;
+}
+
+template <int D, int kBc>
+CudaError launch_mma(const LaunchContext& ctx, const Tensor* dst, float scale, float softcap) {
+  const Tensor* q = dst->src[0];
+  const Tensor* mask = dst->src[3];
+  const int64_t tiles = query_tiles(dst);
+  if (tiles == 0 || q->ne[2] == 0 || q->ne[3] == 0) return {};
+
+  MmaArgs args{desc_of(dst),
+               desc_of(q),
+               desc_of(dst->src[1]),
+               desc_of(dst->src[2]),
+               {},
+               mask != nullptr,
+               mask && mask->type == DType::f16,
+               scale,
+               softcap,
+               nullptr};
+  if (mask) {
+    args.mask = desc_of(mask);
+    if (ctx.scratch && ctx.scratch_size >= flash_attn_mma_scratch_bytes(dst)) {
+      auto* extent = static_cast<int*>(ctx.scratch);
+      const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(mask->ne[2]),
+                      static_cast<unsigned>(mask->ne[3]));
+      flash_attn_mask_extent_kernel<<<grid, kThreads, 0, ctx.stream>>>(args.mask, args.mask_f16, q->ne[1],
+                                                                       extent);
+      LOOM_CUDA_CHECK_LAUNCH("flash_attn_mask_extent_kernel");
+      args.extent = extent;
+    }
+  }
+  constexpr size_t kSmem = kSmemBytes<D, kBc>;
+  auto kernel = flash_attn_mma_kernel<D, kBc>;
+  // per launch rather than once: the limit belongs to the current device's context
+  LOOM_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem)));
+  const dim3 grid(static_cast<unsigned>(q->ne[2]), static_cast<unsigned>(tiles),
+                  static_cast<unsigned>(q->ne[3]));
+  kernel<<<grid, kThreads, kSmem, ctx.stream>>>(args);
+  LOOM_CUDA_CHECK_LAUNCH("flash_attn_mma_kernel");
+  return {};
+}
+
+}  // namespace
+
+bool flash_attn_mma_supported(const Tensor* dst) {
+  const Tensor* q = dst->src[0];
+  const Tensor* k = dst->src[1];
+  const Tensor* v = dst->src[2];
+  const Tensor* mask = dst->src[3];
+  if (!q || !k || !v) return false;
+  const int64_t d = q->ne[0];
+  if ((d != 64 && d != 128 && d != 256) || k->ne[0] != d || v->ne[0] != d) return false;
+  if (dst->type != DType::f32 || q->type != DType::f32 || k->type != DType::f16 || v->type != DType::f16)
+    return false;
+  if (mask && mask->type != DType::f32 && mask->type != DType::f16) return false;
+  // f16 K/V rows move in 16-byte pieces, Q and the output in float pairs
+  if (q->nb[0] != sizeof(float) || dst->nb[0] != sizeof(float) || k->nb[0] != 2 || v->nb[0] != 2)
+    return false;
+  if (!aligned(k, 16) || !aligned(v, 16) || !aligned(q, 8) || !aligned(dst, 8)) return false;
+  if (mask && mask->nb[0] != static_cast<size_t>(mask->type == DType::f16 ? 2 : 4)) return false;
+  // grid: heads in x, query tiles in y, sequences in z (the mask pre-pass: tiles, mask heads,
+  // mask sequences); key offsets in int
+  constexpr int64_t kMaxGridYZ = 65535;
+  if (query_tiles(dst) > kMaxGridYZ || q->ne[2] > INT32_MAX || q->ne[3] > kMaxGridYZ) return false;
+  if (mask && (mask->ne[2] > kMaxGridYZ || mask->ne[3] > kMaxGridYZ)) return false;
+  return k->ne[1] < INT32_MAX && k->ne[2] > 0 && q->ne[2] % k->ne[2] == 0;
+}
+
+size_t flash_attn_mma_scratch_bytes(const Tensor* dst) {
+  const Tensor* mask = dst->src[3];
+  if (!mask) return 0;
+  return static_cast<size_t>(query_tiles(dst) * mask->ne[2] * mask->ne[3]) * 2 * sizeof(int);
+}
+
+CudaError launch_flash_attn_mma(const LaunchContext& ctx, const Tensor* dst, float scale, float softcap) {
+  switch (dst->src[0]->ne[0]) {
+    case 64:
+      return launch_mma<64, 64>(ctx, dst, scale, softcap);
+    case 128:
+      return launch_mma<128, 64>(ctx, dst, scale, softcap);
+    case 256:
+      return launch_mma<256, 32>(ctx, dst, scale, softcap);
+    default:
+      return CudaError::runtime(cudaErrorInvalidValue, "flash_attn_mma: head size not 64, 128 or 256",
+                                __FILE__, __LINE__);
+  }
+}
+
+}  // namespace loom::cuda
