@@ -50,6 +50,16 @@ RopeArgs make_rope_args(const RopeParams& p) {
 
 namespace {
 
+// Queries per head from which the fast mode runs flash attention on tensor cores: the kernel's
+// query tile is 64 rows, so fewer queries leave most of a tile's mma work unused, while the split
+// decode kernel spreads one query's keys over 16 warps.
+constexpr int64_t kFlashAttnMmaMinQueries = 16;
+
+bool use_flash_attn_mma(const Tensor& t, bool fast) {
+  return fast && t.op == OpKind::flash_attn && t.src[0]->ne[1] >= kFlashAttnMmaMinQueries &&
+         flash_attn_mma_supported(&t);
+}
+
 // Launches the kernels of one node (views never get here).
 CudaError run_node(const LaunchContext& ctx, const Tensor* t) {
   switch (t->op) {
@@ -98,6 +108,8 @@ CudaError run_node(const LaunchContext& ctx, const Tensor* t) {
       return launch_rope(ctx, t, make_rope_args(t->get_params<RopeParams>()));
     case OpKind::flash_attn: {
       const auto p = t->get_params<FlashAttnParams>();
+      // prefill in the fast mode: tensor cores (decode keeps the split kernel: few queries per head)
+      if (use_flash_attn_mma(*t, ctx.fast)) return launch_flash_attn_mma(ctx, t, p.scale, p.softcap);
       return launch_flash_attn(ctx, t, p.scale, p.softcap);
     }
     case OpKind::none:
@@ -110,6 +122,7 @@ CudaError run_node(const LaunchContext& ctx, const Tensor* t) {
 
 size_t scratch_bytes(const Tensor& t, bool fast) {
   if (t.op == OpKind::mul_mat) return mul_mat_scratch_bytes(&t, fast);
+  if (use_flash_attn_mma(t, fast)) return flash_attn_mma_scratch_bytes(&t);  // per query tile: visible keys
   if (t.op == OpKind::mul_mat_id) return mul_mat_id_scratch_bytes(&t);
   return 0;
 }
