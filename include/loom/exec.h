@@ -10,7 +10,7 @@
 
 namespace loom {
 
-/// Kinds of fused dispatch (src/exec/plan.h documents the node roles of each).
+/// Kinds of fused dispatch (include/loom/exec_plan.h documents the node roles of each).
 enum class FusedKind : uint8_t {
   none,                 ///< one graph node
   rms_norm_mul,         ///< rms_norm(x) * w

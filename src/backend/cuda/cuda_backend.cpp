@@ -6,17 +6,17 @@
 #include <numbers>
 #include <string>
 
-#include "backend/cuda/cuda_common.h"
-#include "backend/cuda/cuda_device.h"
-#include "backend/cuda/cuda_exec.h"
-#include "backend/cuda/kernels/attention.cuh"
-#include "backend/cuda/kernels/copy.cuh"
-#include "backend/cuda/kernels/elementwise.cuh"
-#include "backend/cuda/kernels/matmul.cuh"
-#include "backend/cuda/kernels/norm.cuh"
-#include "backend/cuda/kernels/reduce.cuh"
-#include "backend/cuda/kernels/rope.cuh"
-#include "backend/cuda/kernels/softmax.cuh"
+#include "cuda_common.h"
+#include "cuda_device.h"
+#include "cuda_exec.h"
+#include "kernels/attention.cuh"
+#include "kernels/copy.cuh"
+#include "kernels/elementwise.cuh"
+#include "kernels/matmul.cuh"
+#include "kernels/norm.cuh"
+#include "kernels/reduce.cuh"
+#include "kernels/rope.cuh"
+#include "kernels/softmax.cuh"
 #include "loom/graph.h"
 
 namespace loom::cuda {

@@ -4,7 +4,7 @@
 #include <memory>
 #include <string>
 
-#include "backend/cuda/cuda_error.h"
+#include "cuda_error.h"
 #include "loom/backend.h"
 #include "loom/graph.h"
 #include "loom/status.h"

@@ -1,10 +1,10 @@
 // Devices, memory and buffer types of the CUDA backend.
-#include "backend/cuda/cuda_device.h"
+#include "cuda_device.h"
 
 #include <cstring>
 #include <string>
 
-#include "backend/cuda/cuda_common.h"
+#include "cuda_common.h"
 
 namespace loom::cuda {
 

@@ -17,8 +17,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "backend/cuda/cuda_device.h"
-#include "exec/plan.h"
+#include "cuda_device.h"
+#include "loom/exec_plan.h"
 #include "loom/exec.h"
 
 namespace loom::cuda {

@@ -10,11 +10,11 @@
 #include <vector>
 
 
-#include "backend/cuda/cuda_common.h"
-#include "backend/cuda/cuda_device.h"
-#include "backend/cuda/cuda_exec.h"
-#include "backend/cuda/kernels/launch.h"
-#include "capi/capi_export.h"
+#include "cuda_common.h"
+#include "cuda_device.h"
+#include "cuda_exec.h"
+#include "kernels/launch.h"
+#include "capi_export.h"
 #include "loom-cuda.h"
 #include "loom/cuda.h"
 

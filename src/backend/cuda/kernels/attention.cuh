@@ -1,7 +1,7 @@
 // Fused attention (flash_attn). Kernel in attention.cu.
 #pragma once
 
-#include "backend/cuda/kernels/launch.h"
+#include "launch.h"
 
 namespace loom::cuda {
 
