@@ -159,7 +159,7 @@ bool supports_op_impl(const Tensor& node) {
   return false;
 }
 
-class CudaBackend final : public Backend {
+class CudaBackend final : public Backend, public exec::ExecutorControl {
  public:
   explicit CudaBackend(DeviceContext& dev) : dev_(dev), exec_(dev) {}
 
@@ -177,15 +177,29 @@ class CudaBackend final : public Backend {
     return {};
   }
 
-  void set_exec_options(const ExecOptions& options) override { exec_.set_options(options); }
-  ExecOptions exec_options() const override { return exec_.options(); }
-  ExecCounters exec_counters() const override { return exec_.counters(); }
-  void reset_exec_counters() override { exec_.reset_counters(); }
+  Status reset() override { return exec_.reset(); }
+
+  void* extension(std::string_view id) override {
+    return id == exec::ExecutorControl::kExtensionId ? static_cast<exec::ExecutorControl*>(this) : nullptr;
+  }
+
+  // ---- exec::ExecutorControl ----
+  void set_options(const ExecOptions& options) override { exec_.set_options(options); }
+  ExecOptions options() const override { return exec_.options(); }
+  ExecCounters counters() const override { return exec_.counters(); }
+  void reset_counters() override { exec_.reset_counters(); }
   Status capture_next_compute(const std::string& path) override {
     exec_.capture_next(path);
     return {};
   }
-  Status reset() override { return exec_.reset(); }
+  void set_abort_callback(bool (*fn)(void*), void* data) override { exec_.set_abort_callback(fn, data); }
+  Status plan(const Graph& g, exec::Plan* out) override {
+    Result<exec::Plan> p = exec_.plan(g);
+    if (!p.ok()) return p.status();
+    *out = std::move(*p);
+    return {};
+  }
+
   Executor& executor() { return exec_; }
 
  private:
