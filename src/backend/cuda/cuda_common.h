@@ -12,21 +12,6 @@
 
 namespace loom::cuda {
 
-struct LaunchContext;
-
-/// Launches one node's kernels on ctx.stream (nothing for views); the backend's compute and the
-/// seed C API (cuda_seed_api.cpp, which launches node by node) both use it. Defined in cuda_backend.cpp.
-CudaError launch_node(const LaunchContext& ctx, const Tensor* node);
-/// Device scratch bytes launch_node needs for `node`.
-size_t node_scratch_bytes(const Tensor& node);
-/// Whether the CUDA kernels handle this node (op, dtypes, shape).
-bool cuda_supports_op(const Tensor& node);
-/// The kernel's view of a rope node's parameters (YaRN terms computed once).
-struct RopeArgs;
-RopeArgs make_rope_args(const ::loom::RopeParams& p);
-/// A "cuda" backend on device `device`, as the registry's factory makes it.
-Result<std::unique_ptr<Backend>> make_cuda_backend(int device);
-
 /// "cuda: cudaMemcpyAsync(...) failed at src/backend/cuda/cuda_device.cpp:88: cudaErrorInvalidValue:
 /// invalid argument (<context>)". Out of memory maps to StatusCode::out_of_memory.
 Status to_status(const CudaError& e, const std::string& context = {});

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cuda_common.h"
+#include "cuda_ops.h"
 #include "kernels/fused.cuh"
 #include "kernels/matmul.cuh"
 

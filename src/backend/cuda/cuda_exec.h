@@ -104,7 +104,4 @@ class Executor {
   static constexpr size_t kCacheCapacity = 16;
 };
 
-/// The executor behind a "cuda" backend (nullptr for other backends).
-Executor* executor_of(Backend& backend);
-
 }  // namespace loom::cuda
