@@ -82,5 +82,6 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(const BackendOptions& options
 /// library); the program passes its register_backend instead.
 extern "C" __attribute__((visibility("default"))) void loom_backend_register(
     void (*register_fn)(std::string name, loom::BackendFactory factory)) {
-  if (register_fn) register_fn("cuda", [](const loom::BackendOptions& o) { return loom::make_cuda_backend(o); });
+  if (register_fn)
+    register_fn("cuda", [](const loom::BackendOptions& o) { return loom::make_cuda_backend(o); });
 }
