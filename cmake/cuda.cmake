@@ -1,15 +1,16 @@
-# The CUDA backend: libloom_cuda.so, loaded at run time by the backend registry (src/core/backend.cpp)
-# so that programs built with CUDA still start on machines without a GPU driver.
+# The CUDA backend: target loom_backend_cuda, the file libloom_cuda.so, loaded at run time by the
+# backend registry (src/core/backend.cpp) so that programs built with CUDA still start on
+# machines without a GPU driver.
 #
 # Included from the top CMakeLists.txt once CUDA is enabled (CMAKE_CUDA_ARCHITECTURES set there).
 
 option(LOOM_CUDA_PTXAS_VERBOSE "Print ptxas register/shared-memory usage for every CUDA kernel (-Xptxas -v)" OFF)
 option(LOOM_CUDA_LINEINFO "Keep source line info in CUDA kernels (for Nsight Compute, compute-sanitizer)" OFF)
 
-add_library(loom_cuda SHARED
-  src/backend/cuda/cuda_backend.cpp
+add_library(loom_backend_cuda SHARED
+  src/backend/cuda/cuda_register.cpp
+  src/backend/cuda/cuda_ops.cpp
   src/backend/cuda/cuda_device.cpp
-  src/backend/cuda/cuda_seed_api.cpp
   src/backend/cuda/cuda_exec.cpp
   src/backend/cuda/kernels/elementwise.cu
   src/backend/cuda/kernels/norm.cu
@@ -22,21 +23,19 @@ add_library(loom_cuda SHARED
   src/backend/cuda/kernels/attention_mma.cu
   src/backend/cuda/kernels/fused.cu
 )
-# include/ is public for programs that link loom_cuda to call include/loom/cuda.h directly.
-target_include_directories(loom_cuda PUBLIC ${PROJECT_SOURCE_DIR}/include PRIVATE ${PROJECT_SOURCE_DIR}/src)
+# include/ is public for programs that link loom_backend_cuda to call include/loom/cuda.h directly.
+target_include_directories(loom_backend_cuda PUBLIC ${PROJECT_SOURCE_DIR}/include PRIVATE ${PROJECT_SOURCE_DIR}/src/backend/cuda)
 # loom_core is static and linked into this library too; its symbols stay private here
 # (--exclude-libs), so the library never binds to the program's copy or the other way round.
 # Registration goes through the function pointer the program passes to loom_backend_register.
-target_link_libraries(loom_cuda PRIVATE loom_core CUDA::cudart CUDA::cublas loom_options)
-# The seed C ABI (cuda_seed_api.cpp, include/loom-cuda.h) builds on loom.h's library: one last-error
-# slot and one graph handle for both. Public: C programs calling loom-cuda.h use loom.h too.
-target_link_libraries(loom_cuda PUBLIC loom_capi PRIVATE nlohmann_json::nlohmann_json)
-target_link_options(loom_cuda PRIVATE -Wl,--exclude-libs,ALL)
+target_link_libraries(loom_backend_cuda PRIVATE loom_core loom_exec CUDA::cudart CUDA::cublas nlohmann_json::nlohmann_json
+                      loom_options)
+target_link_options(loom_backend_cuda PRIVATE -Wl,--exclude-libs,ALL)
 if(NOT LOOM_SANITIZE)
   # every symbol resolved at link time (sanitizer runtimes resolve theirs at load time instead)
-  target_link_options(loom_cuda PRIVATE -Wl,--no-undefined)
+  target_link_options(loom_backend_cuda PRIVATE -Wl,--no-undefined)
 endif()
-set_target_properties(loom_cuda PROPERTIES
+set_target_properties(loom_backend_cuda PROPERTIES
   CUDA_STANDARD 17  # CMake 3.25 does not know nvcc 13's C++20 flag; the .cu files need only C++17
   CUDA_STANDARD_REQUIRED ON
   CUDA_RUNTIME_LIBRARY Shared
@@ -44,15 +43,36 @@ set_target_properties(loom_cuda PROPERTIES
   CUDA_VISIBILITY_PRESET hidden
   VISIBILITY_INLINES_HIDDEN ON
   LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin
+  OUTPUT_NAME loom_cuda  # the registry looks for libloom_cuda.so (src/core/backend.cpp)
 )
 # Only the entry points marked LOOM_CUDA_API are exported (see include/loom/cuda.h).
-target_compile_definitions(loom_cuda PRIVATE LOOM_CUDA_BUILDING=1)
-target_compile_options(loom_cuda PRIVATE
+target_compile_definitions(loom_backend_cuda PRIVATE LOOM_CUDA_BUILDING=1)
+target_compile_options(loom_backend_cuda PRIVATE
   $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra,-Wno-unused-parameter>
 )
 if(LOOM_CUDA_PTXAS_VERBOSE)
-  target_compile_options(loom_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xptxas=-v>)
+  target_compile_options(loom_backend_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xptxas=-v>)
 endif()
 if(LOOM_CUDA_LINEINFO)
-  target_compile_options(loom_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-lineinfo>)
+  target_compile_options(loom_backend_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-lineinfo>)
 endif()
+
+# ---- loom_capi_cuda: the CUDA C ABI (include/loom-cuda.h), libloom_capi_cuda.so -----------------------
+# Above the C++ API, like loom_capi: it reaches the backend only through include/loom/cuda.h and the
+# executor's extension (loom/exec.h), so nothing in the backend includes the C ABI. It builds on
+# loom.h's library (one last-error slot and one graph handle for both); public, since C programs
+# calling loom-cuda.h use loom.h too. Its own loom_core and loom_exec stay private (--exclude-libs).
+add_library(loom_capi_cuda SHARED ${PROJECT_SOURCE_DIR}/src/capi/cuda_seed_api.cpp)
+target_include_directories(loom_capi_cuda PUBLIC ${PROJECT_SOURCE_DIR}/include PRIVATE ${PROJECT_SOURCE_DIR}/src/capi)
+target_link_libraries(loom_capi_cuda PUBLIC loom_capi
+                      PRIVATE loom_backend_cuda loom_core loom_exec CUDA::cudart loom_options)
+target_link_options(loom_capi_cuda PRIVATE -Wl,--exclude-libs,ALL)
+if(NOT LOOM_SANITIZE)
+  target_link_options(loom_capi_cuda PRIVATE -Wl,--no-undefined)
+endif()
+set_target_properties(loom_capi_cuda PROPERTIES
+  CUDA_RUNTIME_LIBRARY Shared
+  CXX_VISIBILITY_PRESET hidden
+  VISIBILITY_INLINES_HIDDEN ON
+  LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin
+)

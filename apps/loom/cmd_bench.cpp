@@ -58,13 +58,13 @@ Status run_bench_test(llm::Context& ctx, Backend& backend, const BenchTest& test
 
   double ns = 0.0;
   if (options.warmup) LOOM_TRY(once(ns));
-  backend.reset_exec_counters();
+  reset_exec_counters(backend);
   out.samples_ns.clear();
   for (int rep = 0; rep < options.repetitions; ++rep) {
     LOOM_TRY(once(ns));
     out.samples_ns.push_back(ns);
   }
-  out.counters = backend.exec_counters();
+  out.counters = exec_counters(backend);
   ctx.kv_cache_clear();
   return {};
 }
@@ -159,12 +159,12 @@ int run_bench(const BenchOptions& o) {
     bool warned_ignored = false;
     for (const ExecConfig& config : configs) {
       if (config.options) {
-        backend.set_exec_options(*config.options);
-        if (!warned_ignored && !same_exec_options(backend.exec_options(), *config.options)) {
+        set_exec_options(backend, *config.options);
+        if (!warned_ignored && !same_exec_options(exec_options(backend), *config.options)) {
           fmt::print(stderr,
                      "loom: bench: the {} backend does not take executor options ({} asked, it reports {})\n",
                      backend_name, exec_options_string(*config.options),
-                     exec_options_string(backend.exec_options()));
+                     exec_options_string(exec_options(backend)));
           warned_ignored = true;
         }
       }
@@ -178,7 +178,7 @@ int run_bench(const BenchOptions& o) {
         r.n_threads = o.n_threads;
         r.n_batch = ctx.n_batch();
         r.exec = config.name;
-        r.exec_options = exec_options_string(backend.exec_options());
+        r.exec_options = exec_options_string(exec_options(backend));
         r.test = test;
         if (auto s = run_bench_test(ctx, backend, test, run, r); !s.ok())
           return fail(make_error(s.code(), "bench: {} {}{}: {}", path, test.name(), label, s.message()));

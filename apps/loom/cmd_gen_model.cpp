@@ -7,7 +7,7 @@
 #include <CLI/CLI.hpp>
 
 #include "commands.h"
-#include "llm/synth_model.h"
+#include "synth_model.h"
 
 namespace {
 

@@ -215,7 +215,7 @@ int run_generate(const GenerateOptions& o) {
   const int n_prompt = static_cast<int>(tokens.size());
   // The backend whose executor --stats reports: the GPU's when the layers are split.
   Backend& backend = session->offload_backend ? *session->offload_backend : *session->backend;
-  backend.reset_exec_counters();  // loading may have computed; --stats covers prompt and generation only
+  reset_exec_counters(backend);  // loading may have computed; --stats covers prompt and generation only
   auto t0 = std::chrono::steady_clock::now();
   llm::DecodeOptions dopt;
   dopt.all_logits = !o.dump_logits.empty();
@@ -238,9 +238,9 @@ int run_generate(const GenerateOptions& o) {
   }
 
   // The prompt's pass and the one-token steps differ in shape: --stats reports them apart.
-  const ExecCounters prompt_counters = backend.exec_counters();
+  const ExecCounters prompt_counters = exec_counters(backend);
   const llm::DecodeStats prompt_stats = ctx.stats();
-  backend.reset_exec_counters();
+  reset_exec_counters(backend);
 
   const auto& special = tok->special();
   int n_gen = 0;
@@ -260,7 +260,7 @@ int run_generate(const GenerateOptions& o) {
       break;
     }
     if (!o.trace_path.empty() && n_steps == 2) {  // a replayed step: trace the third one
-      if (Status s = backend.capture_next_compute(o.trace_path); !s.ok()) return fail(s);
+      if (Status s = capture_next_compute(backend, o.trace_path); !s.ok()) return fail(s);
     }
     auto step = ctx.decode(std::span<const int32_t>(&tokens.back(), 1), static_cast<int>(tokens.size()) - 1);
     if (!step) return fail(step.status());
@@ -277,7 +277,7 @@ int run_generate(const GenerateOptions& o) {
              n_prompt, prompt_ms, n_prompt / (prompt_ms / 1000.0), n_gen, gen_ms,
              n_gen > 0 ? n_gen / (gen_ms / 1000.0) : 0.0, backend_name, sampler->seed());
   if (o.stats)
-    print_stats(n_prompt, prompt_stats, prompt_counters, ctx.stats(), backend.exec_counters(), n_steps, ctx);
+    print_stats(n_prompt, prompt_stats, prompt_counters, ctx.stats(), exec_counters(backend), n_steps, ctx);
   return 0;
 }
 

@@ -7,7 +7,6 @@
 #include <fmt/format.h>
 
 #include "commands.h"
-#include "gguf/gguf_internal.h"
 #include "gguf_info.h"
 
 namespace loom::app {
@@ -54,7 +53,7 @@ std::string format_bytes(uint64_t bytes) {
 }
 
 std::string describe_gguf(const GgufFile& f, size_t max_elements) {
-  using gguf_detail::escape;
+  const auto escape = [](std::string_view s, size_t max_bytes) { return gguf_escape(s, max_bytes); };
   std::string out;
   auto line = [&out](std::string s) {
     out += s;

@@ -12,7 +12,6 @@
 
 #include "commands.h"
 #include "loom/text.h"
-#include "text/unicode.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// `loom quantize`'s engine: reads a GGUF model, picks each tensor's type (llm/quant_mixture.h),
+// `loom quantize`'s engine: reads a GGUF model, picks each tensor's type (loom/quant_mixture.h),
 // converts the weights on several threads and writes a new GGUF atomically.
 #pragma once
 
@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "llm/quant_mixture.h"
+#include "loom/quant_mixture.h"
 #include "loom/gguf.h"
 
 namespace loom::app {

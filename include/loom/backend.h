@@ -8,7 +8,6 @@
 #include <string_view>
 #include <vector>
 
-#include "loom/exec.h"
 #include "loom/graph.h"
 #include "loom/status.h"
 
@@ -83,20 +82,25 @@ class Backend {
   /// The rounding mode the backend computes in (fixed at creation).
   virtual Numerics numerics() const { return Numerics::exact; }
 
-  // ---- the graph executor (backends without one keep the defaults: plain in-order evaluation) ----
-  /// Switches the executor's techniques (takes effect at the next compute).
-  virtual void set_exec_options(const ExecOptions& options) { (void)options; }
-  virtual ExecOptions exec_options() const { return ExecOptions{}; }
-  /// What the executor did since the last reset_exec_counters().
-  virtual ExecCounters exec_counters() const { return ExecCounters{}; }
-  virtual void reset_exec_counters() {}
-  /// Writes a Chrome-trace JSON of the next compute (per-dispatch GPU times) to `path`, and the
-  /// plan as DOT to `path` + ".dot". Unsupported backends return an error.
-  virtual Status capture_next_compute(const std::string& path) {
-    return make_error(StatusCode::unsupported, "{}: no trace capture", name());
-  }
   /// Clears a sticky error state left by a failed launch or sync (see compute()).
   virtual Status reset() { return {}; }
+
+  /// An interface this backend offers beyond this one, named by `id`, or nullptr. The layers above
+  /// the core define them (exec::ExecutorControl in loom/exec.h: the graph executor's switches and
+  /// counters); the core only passes them through.
+  virtual void* extension(std::string_view id) {
+    (void)id;
+    return nullptr;
+  }
+  /// The extension of type T (named by T::kExtensionId), or nullptr when this backend has none.
+  template <class T>
+  T* extension() {
+    return static_cast<T*>(extension(std::string_view(T::kExtensionId)));
+  }
+  template <class T>
+  const T* extension() const {
+    return const_cast<Backend*>(this)->extension<T>();
+  }
 };
 
 using BackendFactory = std::function<Result<std::unique_ptr<Backend>>(const BackendOptions&)>;

@@ -1,9 +1,10 @@
 // CUDA backend entry points beyond the registry. The backend lives in libloom_cuda.so, which the
 // registry loads at run time (create_backend("cuda")); programs that call these functions link
-// the loom_cuda target directly.
+// the loom_backend_cuda target directly.
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <string>
 
 #include "loom/backend.h"
@@ -37,5 +38,11 @@ LOOM_CUDA_API Result<BufferType*> cuda_buffer_type(int ordinal = 0);
 /// Page-locked host memory (cudaHostAlloc): host-addressable, and copies between it and the
 /// device run at full bus speed. Usable by the CPU backend.
 LOOM_CUDA_API Result<BufferType*> cuda_host_buffer_type();
+/// A buffer over `size` bytes of device memory at `ptr` that Loom did not allocate (cudaMalloc'd by
+/// the caller, on any device); freeing the buffer leaves the memory to its owner.
+LOOM_CUDA_API Result<std::unique_ptr<Buffer>> cuda_buffer_from_device_memory(void* ptr, size_t size);
+/// A "cuda" backend on device options.device, without the registry (what create_backend("cuda")
+/// makes). Its graph executor is its extension<exec::ExecutorControl>() (loom/exec.h).
+LOOM_CUDA_API Result<std::unique_ptr<Backend>> make_cuda_backend(const BackendOptions& options = {});
 
 }  // namespace loom

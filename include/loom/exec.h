@@ -1,5 +1,6 @@
-// The graph executor's switches and counters, as backends expose them (Backend::set_exec_options,
-// Backend::exec_counters). The plan itself (dispatches, ranges, passes) is in src/exec.
+// The graph executor's switches and counters (loom_exec), as backends with an executor expose them:
+// exec::ExecutorControl, reached through Backend::extension. The plan itself (dispatches, ranges,
+// passes) is in loom/exec_plan.h.
 #pragma once
 
 #include <array>
@@ -8,9 +9,14 @@
 #include <string>
 #include <string_view>
 
+#include "loom/status.h"
+
 namespace loom {
 
-/// Kinds of fused dispatch (src/exec/plan.h documents the node roles of each).
+class Backend;
+class Graph;
+
+/// Kinds of fused dispatch (include/loom/exec_plan.h documents the node roles of each).
 enum class FusedKind : uint8_t {
   none,                 ///< one graph node
   rms_norm_mul,         ///< rms_norm(x) * w
@@ -81,5 +87,45 @@ struct ExecCounters {
 std::string exec_counters_string(const ExecCounters& c);
 /// Index into ExecCounters::group_hist for a group of `size` dispatches.
 int group_hist_bucket(uint64_t size);
+
+namespace exec {
+
+struct Plan;
+
+/// What a backend with a graph executor lets its users switch and read: its extension
+/// `backend.extension<exec::ExecutorControl>()` (nullptr on backends without an executor).
+class ExecutorControl {
+ public:
+  static constexpr const char* kExtensionId = "loom.exec.control";
+  virtual ~ExecutorControl() = default;
+
+  /// Switches the executor's techniques (takes effect at the next compute).
+  virtual void set_options(const ExecOptions& options) = 0;
+  virtual ExecOptions options() const = 0;
+  /// What the executor did since the last reset_counters().
+  virtual ExecCounters counters() const = 0;
+  virtual void reset_counters() = 0;
+  /// Writes a Chrome-trace JSON of the next compute (per-dispatch device times) to `path`, and the
+  /// plan as DOT to `path` + ".dot".
+  virtual Status capture_next_compute(const std::string& path) = 0;
+  /// `fn(data)` is asked between the chunks of a compute; true aborts it (StatusCode::aborted).
+  virtual void set_abort_callback(bool (*fn)(void*), void* data) = 0;
+  /// The plan the current options give for `g` (every tensor allocated on this backend; no kernel runs).
+  virtual Status plan(const Graph& g, Plan* out) = 0;
+};
+
+}  // namespace exec
+
+// ---- the same for any backend: what a backend without an executor does (plain in-order evaluation)
+
+/// Sets the executor's options; nothing on backends without one.
+void set_exec_options(Backend& backend, const ExecOptions& options);
+/// The executor's options; ExecOptions{} on backends without one.
+ExecOptions exec_options(const Backend& backend);
+/// The executor's counters since the last reset; zeros on backends without one.
+ExecCounters exec_counters(const Backend& backend);
+void reset_exec_counters(Backend& backend);
+/// ExecutorControl::capture_next_compute; an unsupported error on backends without an executor.
+Status capture_next_compute(Backend& backend, const std::string& path);
 
 }  // namespace loom

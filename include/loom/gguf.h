@@ -308,4 +308,8 @@ class GgufWriter {
   uint32_t alignment_ = kGgufDefaultAlignment;
 };
 
+/// A key, name or string value fit for printing: bytes that are not printable ASCII appear as \xNN
+/// and text longer than `max_bytes` is cut with "...".
+std::string gguf_escape(std::string_view s, size_t max_bytes = 96);
+
 }  // namespace loom

@@ -63,6 +63,10 @@ struct SpecialTokens {
 
 namespace text {
 struct TokenizerData;
+
+/// Offset of the first byte that does not start a well-formed UTF-8 sequence (overlong forms,
+/// surrogates and code points above U+10FFFF are ill-formed), or npos when `s` is valid.
+size_t utf8_first_invalid(std::string_view s);
 }
 
 /// An immutable tokenizer. Cheap to copy (the vocabulary is shared); encode and decode are const

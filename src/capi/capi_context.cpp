@@ -5,7 +5,7 @@
 #include <optional>
 #include <string>
 
-#include "capi/capi_internal.h"
+#include "capi_internal.h"
 #include "loom/cpu.h"
 
 using loom::make_error;

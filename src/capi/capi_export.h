@@ -1,6 +1,6 @@
-// What the C ABI's two libraries share. libloom_capi.so implements include/loom.h; libloom_cuda.so
-// implements include/loom-cuda.h on top of it (cuda_seed_api.cpp) and links libloom_capi.so for the
-// last-error slot and the graph accessors. Each library has its own private copy of loom_core, so
+// What the C ABI's two libraries share. libloom_capi.so implements include/loom.h;
+// libloom_capi_cuda.so implements include/loom-cuda.h on top of it (cuda_seed_api.cpp) and links
+// libloom_capi.so for the last-error slot and the graph accessors. Each library has its own private copy of loom_core, so
 // they exchange only C functions and plain loom::Tensor/Buffer/BufferType objects (same layout,
 // virtual calls dispatch into the library that made the object).
 #pragma once

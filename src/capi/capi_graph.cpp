@@ -4,7 +4,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "capi/capi_internal.h"
+#include "capi_internal.h"
 #include "loom/cpu.h"
 
 using loom::Graph;

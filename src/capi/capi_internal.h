@@ -4,7 +4,7 @@
 #include <memory>
 #include <vector>
 
-#include "capi/capi_export.h"
+#include "capi_export.h"
 #include "loom/backend.h"
 #include "loom/graph.h"
 

@@ -2,7 +2,7 @@
 // context's tensor), lets the C++ op front end validate shapes and types, and places the result.
 #include <initializer_list>
 
-#include "capi/capi_internal.h"
+#include "capi_internal.h"
 
 using loom::Graph;
 using loom::make_error;

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "core/quant.h"
+#include "loom/quant.h"
 
 namespace loom {
 

@@ -2,7 +2,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "core/quant.h"
+#include "loom/quant.h"
 
 namespace loom {
 

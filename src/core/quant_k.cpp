@@ -12,7 +12,7 @@
 #include <cstring>
 #include <limits>
 
-#include "core/quant.h"
+#include "loom/quant.h"
 
 namespace loom {
 

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <unordered_map>
 
-#include "exec/plan.h"
+#include "loom/exec_plan.h"
 
 namespace loom::exec {
 

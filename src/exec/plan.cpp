@@ -1,5 +1,5 @@
 // Plan construction, reorder and dependencies (fusion matching is in fusion.cpp).
-#include "exec/plan.h"
+#include "loom/exec_plan.h"
 
 #include <fmt/format.h>
 

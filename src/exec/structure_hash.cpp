@@ -1,5 +1,5 @@
 // The structural hash the CUDA executor keys its executable graphs by (plan.h: structure_hash).
-#include "exec/plan.h"
+#include "loom/exec_plan.h"
 
 namespace loom::exec {
 

@@ -4,7 +4,7 @@
 
 #include <fmt/format.h>
 
-#include "gguf/gguf_internal.h"
+#include "gguf_internal.h"
 
 namespace loom {
 
@@ -118,6 +118,8 @@ std::string escape(std::string_view s, size_t max_bytes) {
 }
 
 }  // namespace gguf_detail
+
+std::string gguf_escape(std::string_view s, size_t max_bytes) { return gguf_detail::escape(s, max_bytes); }
 
 // ---- GgufValue -----------------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@
 
 #include <fmt/format.h>
 
-#include "gguf/gguf_internal.h"
+#include "gguf_internal.h"
 
 namespace loom {
 

@@ -1,5 +1,5 @@
 // What the LLaMA family shares: tensor declarations and the registry of architectures.
-#include "llm/llm_arch.h"
+#include "llm_arch.h"
 
 namespace loom::llm::detail {
 

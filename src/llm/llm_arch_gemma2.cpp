@@ -7,7 +7,7 @@
 // they are, like every other family's.
 #include <cmath>
 
-#include "llm/llm_arch.h"
+#include "llm_arch.h"
 
 namespace loom::llm::detail {
 

@@ -2,7 +2,7 @@
 // attention soft-capping, and five local layers per global one. Local layers rotate with base
 // 10000 and no scaling; global layers use the model's base and its (linear) scaling. The query
 // scale, windows and an optional final soft-cap come from the hyperparameters (llm_hparams.cpp).
-#include "llm/llm_arch.h"
+#include "llm_arch.h"
 
 namespace loom::llm::detail {
 

@@ -1,6 +1,6 @@
 // LLaMA (1/2/3, Mistral-style dense models): RMSNorm, RoPE in normal (interleaved-pair) mode,
 // grouped-query attention, SwiGLU. Attention biases are optional (some fine-tunes carry them).
-#include "llm/llm_arch.h"
+#include "llm_arch.h"
 
 namespace loom::llm::detail {
 

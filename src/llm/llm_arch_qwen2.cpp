@@ -1,6 +1,6 @@
 // Qwen2 / Qwen2.5: the LLaMA block with biases on the query, key and value projections and RoPE
 // in NeoX mode (rotating the two halves of each head rather than interleaved pairs).
-#include "llm/llm_arch.h"
+#include "llm_arch.h"
 
 namespace loom::llm::detail {
 

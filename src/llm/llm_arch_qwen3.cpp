@@ -1,7 +1,7 @@
 // Qwen3 (dense): no projection biases; instead queries and keys get an RMS norm over each head
 // (QK-norm) before RoPE, which runs in NeoX mode. The head size is its own hyperparameter
 // (attention.key_length), often larger than n_embd / n_head.
-#include "llm/llm_arch.h"
+#include "llm_arch.h"
 
 namespace loom::llm::detail {
 

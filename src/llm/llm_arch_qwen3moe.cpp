@@ -2,7 +2,7 @@
 // layer: a softmax router picks expert_used_count of expert_count SwiGLU experts per token, their
 // probabilities renormalized to sum to one (norm_topk_prob), and the experts' outputs are summed
 // with those weights. No shared expert.
-#include "llm/llm_arch.h"
+#include "llm_arch.h"
 
 namespace loom::llm::detail {
 

@@ -18,9 +18,9 @@
 
 #include <fmt/format.h>
 
-#include "exec/plan.h"
-#include "llm/llm_kv_cache.h"
-#include "llm/llm_model_impl.h"
+#include "loom/exec_plan.h"
+#include "llm_kv_cache.h"
+#include "llm_model_impl.h"
 #include "loom/planner.h"
 
 namespace loom::llm {

@@ -1,8 +1,8 @@
 // StepBuilder: the graph pieces every LLaMA-family architecture shares.
 #include <cmath>
 
-#include "llm/llm_arch.h"
-#include "llm/llm_kv_cache.h"
+#include "llm_arch.h"
+#include "llm_kv_cache.h"
 
 namespace loom::llm::detail {
 

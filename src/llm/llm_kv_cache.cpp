@@ -1,4 +1,4 @@
-#include "llm/llm_kv_cache.h"
+#include "llm_kv_cache.h"
 
 #include <algorithm>
 #include <limits>

@@ -9,9 +9,9 @@
 
 #include <fmt/format.h>
 
-#include "llm/host_view_buffer.h"
-#include "llm/llm_model_impl.h"
-#include "llm/progress.h"
+#include "host_view_buffer.h"
+#include "llm_model_impl.h"
+#include "loom/progress.h"
 
 namespace loom::llm {
 

@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "llm/llm_arch.h"
+#include "llm_arch.h"
 #include "loom/gguf.h"
 #include "loom/llm.h"
 

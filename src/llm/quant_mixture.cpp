@@ -1,5 +1,5 @@
 // The per-tensor type rule (see quant_mixture.h for the rules and their sources).
-#include "llm/quant_mixture.h"
+#include "loom/quant_mixture.h"
 
 #include <algorithm>
 #include <array>

@@ -1,8 +1,8 @@
-#include "text/bpe.h"
+#include "bpe.h"
 
 #include <algorithm>
 
-#include "text/unicode.h"
+#include "unicode.h"
 
 namespace loom::text {
 

@@ -8,8 +8,8 @@
 #include <utility>
 #include <vector>
 
-#include "text/pretokenize.h"
-#include "text/text_internal.h"
+#include "pretokenize.h"
+#include "text_internal.h"
 
 namespace loom::text {
 

@@ -1,4 +1,4 @@
-#include "text/pretokenize.h"
+#include "pretokenize.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>

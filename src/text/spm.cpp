@@ -3,8 +3,8 @@
 // no pair is a token. Characters left that are not tokens fall back to their UTF-8 bytes (<0xXX>).
 #include <algorithm>
 
-#include "text/text_internal.h"
-#include "text/unicode.h"
+#include "text_internal.h"
+#include "unicode.h"
 
 namespace loom::text {
 

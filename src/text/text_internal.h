@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "loom/text.h"
-#include "text/flat_index.h"
-#include "text/pretokenize.h"
+#include "flat_index.h"
+#include "pretokenize.h"
 
 namespace loom::text {
 

@@ -4,9 +4,9 @@
 #include <optional>
 
 #include "loom/text.h"
-#include "text/bpe.h"
-#include "text/text_internal.h"
-#include "text/unicode.h"
+#include "bpe.h"
+#include "text_internal.h"
+#include "unicode.h"
 
 namespace loom {
 

@@ -1,4 +1,4 @@
-#include "text/unicode.h"
+#include "unicode.h"
 
 #include <algorithm>
 #include <array>

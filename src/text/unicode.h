@@ -6,11 +6,10 @@
 #include <string>
 #include <string_view>
 
+#include "loom/text.h"  // utf8_first_invalid
+
 namespace loom::text {
 
-/// Offset of the first byte that does not start a well-formed UTF-8 sequence (overlong forms,
-/// surrogates and code points above U+10FFFF are ill-formed), or npos when `s` is valid.
-size_t utf8_first_invalid(std::string_view s);
 
 /// Length of the sequence a lead byte starts (1 for stray continuation bytes, so loops advance).
 inline size_t utf8_seq_len(uint8_t lead) {

@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <limits>
 
-#include "text/text_internal.h"
-#include "text/unicode.h"
+#include "text_internal.h"
+#include "unicode.h"
 
 namespace loom::text {
 

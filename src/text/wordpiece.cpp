@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "text/text_internal.h"
-#include "text/unicode.h"
+#include "text_internal.h"
+#include "unicode.h"
 
 namespace loom::text {
 

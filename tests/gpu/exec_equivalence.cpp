@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "loom/backend.h"
+#include "loom/exec.h"
 #include "loom/llm.h"
 
 namespace {
@@ -48,13 +49,13 @@ double nmse(const std::vector<float>& a, const std::vector<float>& ref) {
 
 Result<Trace> decode_run(Backend& backend, const Model& model, const ExecOptions& o, int steps,
                          const std::vector<int32_t>& prompt) {
-  backend.set_exec_options(o);
+  set_exec_options(backend, o);
   ContextParams cp;
   cp.n_ctx = 1024;
   cp.n_batch = 64;
   auto ctx = Context::create(model, cp);
   if (!ctx) return ctx.status();
-  backend.reset_exec_counters();
+  reset_exec_counters(backend);
   Trace t;
   t.tokens = prompt;
   auto out = (*ctx)->decode(prompt, 0);
@@ -66,7 +67,7 @@ Result<Trace> decode_run(Backend& backend, const Model& model, const ExecOptions
     out = (*ctx)->decode(std::span<const int32_t>(&next, 1), static_cast<int>(t.tokens.size()) - 1);
     if (!out) return out.status();
   }
-  t.counters = backend.exec_counters();
+  t.counters = exec_counters(backend);
   return t;
 }
 
@@ -138,7 +139,7 @@ int main(int argc, char** argv) {
       // updates evicted executable graphs in place (cudaGraphExecUpdate). The logits must match the
       // serialized run of the same steps.
       auto exact_run = [&](const ExecOptions& o, ExecCounters* counters) -> Result<std::vector<float>> {
-        (*backend)->set_exec_options(o);
+        set_exec_options(**backend, o);
         ContextParams xp;
         xp.n_ctx = 256;
         xp.n_kv_bucket = 1;
@@ -147,7 +148,7 @@ int main(int argc, char** argv) {
         std::vector<float> all;
         for (int pass = 0; pass < 2; ++pass) {
           (*c)->kv_cache_clear();
-          (*backend)->reset_exec_counters();
+          reset_exec_counters(**backend);
           auto out = (*c)->decode(prompt, 0);
           int32_t tok = 0;
           for (int s = 0; s < 40 && out.ok(); ++s) {
@@ -157,7 +158,7 @@ int main(int argc, char** argv) {
           }
           if (!out) return out.status();
         }
-        if (counters) *counters = (*backend)->exec_counters();
+        if (counters) *counters = exec_counters(**backend);
         return all;
       };
       ExecCounters uc;

@@ -210,9 +210,9 @@ struct BackendResult {
 // show in the counters; a backend without an executor reports zeros and is not checked.
 Status check_expected_fusion(const OpCase& c, const Backend& backend, std::string& note) {
   if (c.expected_fusion == FusedKind::none) return {};
-  const ExecCounters counters = backend.exec_counters();
+  const ExecCounters counters = exec_counters(backend);
   if (counters.computes == 0) return {};
-  const ExecOptions options = backend.exec_options();
+  const ExecOptions options = exec_options(backend);
   const auto k = static_cast<size_t>(c.expected_fusion);
   note = fmt::format("{} {} fusion(s), {} dispatches for {} nodes", counters.fusions[k],
                      fused_kind_name(c.expected_fusion), counters.dispatches, counters.graph_nodes);
@@ -266,7 +266,7 @@ BackendResult run_on(const OpCase& c, Backend& backend, const InputBytes& bytes,
     s = allocate_and_fill(backend, e, bytes);
   }
   if (s.ok()) {
-    backend.reset_exec_counters();
+    reset_exec_counters(backend);
     s = poison_and_compute(backend, e);
   }
   if (s.ok() && under_test) s = check_expected_fusion(c, backend, r.fusion_note);

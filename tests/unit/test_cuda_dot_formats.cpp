@@ -16,7 +16,7 @@
 
 #include "backend/cpu/vec_dot.h"
 #include "backend/cuda/kernels/quantize_act.cuh"
-#include "core/quant.h"
+#include "loom/quant.h"
 #include "loom/dtype.h"
 
 namespace loom {

@@ -5,7 +5,7 @@
 #include <random>
 #include <unordered_map>
 
-#include "exec/plan.h"
+#include "loom/exec_plan.h"
 #include "loom/cpu.h"
 #include "loom/planner.h"
 

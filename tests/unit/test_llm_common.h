@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "llm/synth_model.h"
+#include "synth_model.h"
 #include "loom/cpu.h"
 #include "loom/gguf.h"
 #include "loom/llm.h"

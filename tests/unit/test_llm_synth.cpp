@@ -3,7 +3,7 @@
 #include <iterator>
 #include <map>
 
-#include "llm/synth_vocab.h"
+#include "synth_vocab.h"
 #include "test_llm_common.h"
 
 namespace loom::llm::testing {

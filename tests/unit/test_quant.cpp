@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "backend/cpu/vec_dot.h"
-#include "core/quant.h"
+#include "loom/quant.h"
 #include "loom/cpu.h"
 #include "loom/planner.h"
 

@@ -14,7 +14,7 @@
 #include <set>
 
 #include "gguf_info.h"
-#include "llm/quant_mixture.h"
+#include "loom/quant_mixture.h"
 #include "loom/gguf.h"
 #include "quantize_model.h"
 

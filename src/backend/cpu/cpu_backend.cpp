@@ -4,7 +4,7 @@
 #include <new>
 #include <thread>
 
-#include "backend/cpu/cpu_ops.h"
+#include "cpu_ops.h"
 #include "loom/cpu.h"
 
 namespace loom {

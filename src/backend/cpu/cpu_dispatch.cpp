@@ -1,5 +1,5 @@
 // Maps nodes to CPU kernels.
-#include "backend/cpu/cpu_ops.h"
+#include "cpu_ops.h"
 
 namespace loom::cpu {
 

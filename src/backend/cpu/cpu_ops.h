@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "backend/cpu/thread_pool.h"
+#include "thread_pool.h"
 #include "loom/status.h"
 #include "loom/tensor.h"
 

@@ -18,7 +18,7 @@
 #include <cstring>
 #include <limits>
 
-#include "backend/cpu/cpu_ops.h"
+#include "cpu_ops.h"
 #include "loom/graph.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))

@@ -3,7 +3,7 @@
 #include <cstring>
 #include <limits>
 
-#include "backend/cpu/cpu_ops.h"
+#include "cpu_ops.h"
 #include "loom/graph.h"
 
 namespace loom::cpu {

@@ -1,7 +1,7 @@
 // Elementwise kernels: binary with broadcasting, unary activations, gated activations.
 #include <cmath>
 
-#include "backend/cpu/cpu_ops.h"
+#include "cpu_ops.h"
 #include "loom/graph.h"
 
 namespace loom::cpu {

@@ -20,8 +20,8 @@
 #include <cstring>
 #include <limits>
 
-#include "backend/cpu/cpu_ops.h"
-#include "backend/cpu/vec_dot.h"
+#include "cpu_ops.h"
+#include "vec_dot.h"
 
 namespace loom::cpu {
 

@@ -11,7 +11,7 @@
 #include <numbers>
 #include <vector>
 
-#include "backend/cpu/cpu_ops.h"
+#include "cpu_ops.h"
 #include "loom/graph.h"
 
 namespace loom::cpu {

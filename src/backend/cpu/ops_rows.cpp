@@ -4,7 +4,7 @@
 #include <limits>
 #include <numeric>
 
-#include "backend/cpu/cpu_ops.h"
+#include "cpu_ops.h"
 #include "loom/graph.h"
 
 namespace loom::cpu {

@@ -1,4 +1,4 @@
-#include "backend/cpu/thread_pool.h"
+#include "thread_pool.h"
 
 #include <chrono>
 

@@ -1,11 +1,11 @@
 // Scalar reference dot products and the run-time choice between them and the AVX2 kernels.
-#include "backend/cpu/vec_dot.h"
+#include "vec_dot.h"
 
 #include <cstdlib>
 #include <cstring>
 #include <vector>
 
-#include "core/quant.h"
+#include "loom/quant.h"
 
 namespace loom::cpu {
 

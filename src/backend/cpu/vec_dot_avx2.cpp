@@ -7,7 +7,7 @@
 // once and multiplied against all of them. Quantized kernels use the unsigned x signed byte
 // multiply (vpmaddubsw) on whole blocks: per-block sums are exact integers, then scaled and
 // accumulated in double (vec_dot.h: the same rounding as the scalar and CUDA kernels).
-#include "backend/cpu/vec_dot.h"
+#include "vec_dot.h"
 
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 

@@ -2,32 +2,15 @@
 #pragma once
 
 #include <memory>
-#include <optional>
 #include <string>
 
-#include "backend/cuda/cuda_error.h"
+#include "cuda_error.h"
 #include "loom/backend.h"
 #include "loom/graph.h"
 #include "loom/status.h"
 #include "loom/tensor.h"
 
 namespace loom::cuda {
-
-struct LaunchContext;
-
-/// Launches one node's kernels on ctx.stream (nothing for views); the backend's compute and the
-/// seed C API (cuda_seed_api.cpp, which launches node by node) both use it. Defined in cuda_backend.cpp.
-CudaError launch_node(const LaunchContext& ctx, const Tensor* node);
-/// Device scratch bytes launch_node needs for `node` (in the fast numerics mode when `fast`).
-size_t node_scratch_bytes(const Tensor& node, bool fast);
-/// Whether the CUDA kernels handle this node (op, dtypes, shape).
-bool cuda_supports_op(const Tensor& node);
-/// The kernel's view of a rope node's parameters (YaRN terms computed once).
-struct RopeArgs;
-RopeArgs make_rope_args(const ::loom::RopeParams& p);
-/// A "cuda" backend on device `device`, as the registry's factory makes it (numerics unset:
-/// LOOM_NUMERICS, else fast).
-Result<std::unique_ptr<Backend>> make_cuda_backend(int device, std::optional<Numerics> numerics = {});
 
 /// "cuda: cudaMemcpyAsync(...) failed at src/backend/cuda/cuda_device.cpp:88: cudaErrorInvalidValue:
 /// invalid argument (<context>)". Out of memory maps to StatusCode::out_of_memory.

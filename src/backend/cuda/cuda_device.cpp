@@ -1,10 +1,10 @@
 // Devices, memory and buffer types of the CUDA backend.
-#include "backend/cuda/cuda_device.h"
+#include "cuda_device.h"
 
 #include <cstring>
 #include <string>
 
-#include "backend/cuda/cuda_common.h"
+#include "cuda_common.h"
 
 namespace loom::cuda {
 
@@ -347,6 +347,20 @@ Result<BufferType*> cuda_host_buffer_type() {
   if (!n.ok()) return n.status();
   static cuda::PinnedBufferType type;
   return static_cast<BufferType*>(&type);
+}
+
+Result<std::unique_ptr<Buffer>> cuda_buffer_from_device_memory(void* ptr, size_t size) {
+  if (Result<int> n = cuda::device_count(); !n.ok()) return n.status();
+  cudaPointerAttributes attr{};
+  const cudaError_t err = cudaPointerGetAttributes(&attr, ptr);
+  if (err != cudaSuccess || (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)) {
+    (void)cudaGetLastError();
+    return make_error(StatusCode::invalid_argument, "{} is not device memory{}", ptr,
+                      err != cudaSuccess ? fmt::format(" ({})", cudaGetErrorString(err)) : std::string());
+  }
+  Result<cuda::DeviceContext*> dev = cuda::DeviceContext::get(attr.device);
+  if (!dev.ok()) return dev.status();
+  return cuda::borrow_device_memory(**dev, ptr, size);
 }
 
 }  // namespace loom

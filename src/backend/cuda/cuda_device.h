@@ -9,7 +9,7 @@
 #include <memory>
 #include <mutex>
 
-#include "backend/cuda/kernels/launch.h"
+#include "kernels/launch.h"
 #include "loom/backend.h"
 #include "loom/cuda.h"
 

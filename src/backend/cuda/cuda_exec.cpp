@@ -1,5 +1,5 @@
 // The CUDA graph executor (see cuda_exec.h).
-#include "backend/cuda/cuda_exec.h"
+#include "cuda_exec.h"
 
 #include <fmt/format.h>
 
@@ -11,9 +11,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "backend/cuda/cuda_common.h"
-#include "backend/cuda/kernels/fused.cuh"
-#include "backend/cuda/kernels/matmul.cuh"
+#include "cuda_common.h"
+#include "cuda_ops.h"
+#include "kernels/fused.cuh"
+#include "kernels/matmul.cuh"
 
 namespace loom::cuda {
 

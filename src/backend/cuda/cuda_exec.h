@@ -17,8 +17,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "backend/cuda/cuda_device.h"
-#include "exec/plan.h"
+#include "cuda_device.h"
+#include "loom/exec_plan.h"
 #include "loom/exec.h"
 
 namespace loom::cuda {
@@ -105,8 +105,5 @@ class Executor {
   std::unordered_map<uint64_t, uint64_t> eager_kernels_;  // kernels per eager pass, by structure
   static constexpr size_t kCacheCapacity = 16;
 };
-
-/// The executor behind a "cuda" backend (nullptr for other backends).
-Executor* executor_of(Backend& backend);
 
 }  // namespace loom::cuda

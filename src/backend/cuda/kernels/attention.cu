@@ -7,8 +7,8 @@
 // Bytes model: K and V are read once per query head, (n_q * n_head) * n_kv * (d + dv) * size.
 #include <algorithm>
 
-#include "backend/cuda/kernels/attention.cuh"
-#include "backend/cuda/kernels/common.cuh"
+#include "attention.cuh"
+#include "common.cuh"
 
 namespace loom::cuda {
 

@@ -1,7 +1,7 @@
 // Fused attention (flash_attn). Kernels in attention.cu (exact numerics) and attention_mma.cu (fast).
 #pragma once
 
-#include "backend/cuda/kernels/launch.h"
+#include "launch.h"
 
 namespace loom::cuda {
 

@@ -28,8 +28,8 @@
 // Measured: not yet (written without a GPU; see the commit message).
 #include <algorithm>
 
-#include "backend/cuda/kernels/attention.cuh"
-#include "backend/cuda/kernels/common.cuh"
+#include "attention.cuh"
+#include "common.cuh"
 
 namespace loom::cuda {
 

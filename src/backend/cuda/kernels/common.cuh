@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "backend/cuda/kernels/tensor_desc.h"
+#include "tensor_desc.h"
 
 namespace loom::cuda {
 

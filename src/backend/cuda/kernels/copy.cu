@@ -3,9 +3,9 @@
 // little data next to mul_mat and attention.
 #include <cstddef>
 
-#include "backend/cuda/kernels/common.cuh"
-#include "backend/cuda/kernels/copy.cuh"
-#include "backend/cuda/kernels/quant.cuh"
+#include "common.cuh"
+#include "copy.cuh"
+#include "quant.cuh"
 #include "loom/dtype.h"
 
 namespace loom::cuda {

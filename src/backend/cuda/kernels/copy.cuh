@@ -1,7 +1,7 @@
 // Data movement with conversion: get_rows, set_rows, cpy, concat. Kernels in copy.cu.
 #pragma once
 
-#include "backend/cuda/kernels/launch.h"
+#include "launch.h"
 
 namespace loom::cuda {
 

@@ -2,9 +2,9 @@
 // addressed through its strides, so views with gaps between rows work unchanged.
 // Bytes model: 8-12 bytes moved per element, far below compute; the int64 index splits dominate
 // for now (a contiguous fast path is future work).
-#include "backend/cuda/kernels/activation.cuh"
-#include "backend/cuda/kernels/common.cuh"
-#include "backend/cuda/kernels/elementwise.cuh"
+#include "activation.cuh"
+#include "common.cuh"
+#include "elementwise.cuh"
 
 namespace loom::cuda {
 

@@ -2,7 +2,7 @@
 // Host-callable launchers; the kernels are in elementwise.cu.
 #pragma once
 
-#include "backend/cuda/kernels/launch.h"
+#include "launch.h"
 
 namespace loom::cuda {
 

@@ -22,15 +22,15 @@
 #include <cstring>
 #include <initializer_list>
 
-#include "backend/cuda/kernels/activation.cuh"
-#include "backend/cuda/kernels/common.cuh"
-#include "backend/cuda/kernels/fused.cuh"
-#include "backend/cuda/kernels/mat_vec.cuh"
-#include "backend/cuda/kernels/matmul.cuh"
-#include "backend/cuda/kernels/quant.cuh"
-#include "backend/cuda/kernels/quantize_act.cuh"
-#include "backend/cuda/kernels/rope_row.cuh"
-#include "backend/cuda/kernels/softmax_row.cuh"
+#include "activation.cuh"
+#include "common.cuh"
+#include "fused.cuh"
+#include "mat_vec.cuh"
+#include "matmul.cuh"
+#include "quant.cuh"
+#include "quantize_act.cuh"
+#include "rope_row.cuh"
+#include "softmax_row.cuh"
 #include "loom/graph.h"
 
 namespace loom::cuda {

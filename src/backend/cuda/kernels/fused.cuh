@@ -1,10 +1,10 @@
 // Fused kernels: one launch for a group of graph nodes the executor's fusion pass matched
-// (src/exec/plan.h lists each kind's node roles). Each must equal the unfused composition within
+// (include/loom/exec_plan.h lists each kind's node roles). Each must equal the unfused composition within
 // the ops' NMSE thresholds. Kernels in fused.cu.
 #pragma once
 
-#include "backend/cuda/kernels/launch.h"
-#include "backend/cuda/kernels/rope.cuh"
+#include "launch.h"
+#include "rope.cuh"
 #include "loom/exec.h"
 
 namespace loom::cuda {

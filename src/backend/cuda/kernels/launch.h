@@ -7,8 +7,8 @@
 
 #include <cstddef>
 
-#include "backend/cuda/cuda_error.h"
-#include "backend/cuda/kernels/tensor_desc.h"
+#include "cuda_error.h"
+#include "tensor_desc.h"
 #include "loom/tensor.h"
 
 namespace loom::cuda {

@@ -6,9 +6,9 @@
 #include <cstdint>
 #include <cstring>
 
-#include "backend/cuda/kernels/common.cuh"
-#include "backend/cuda/kernels/quant.cuh"
-#include "backend/cuda/kernels/quantize_act.cuh"
+#include "common.cuh"
+#include "quant.cuh"
+#include "quantize_act.cuh"
 
 namespace loom::cuda {
 

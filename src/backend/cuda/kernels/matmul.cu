@@ -34,11 +34,11 @@
 #include <cstddef>
 #include <type_traits>
 
-#include "backend/cuda/kernels/common.cuh"
-#include "backend/cuda/kernels/mat_vec.cuh"
-#include "backend/cuda/kernels/matmul.cuh"
-#include "backend/cuda/kernels/quant.cuh"
-#include "backend/cuda/kernels/quantize_act.cuh"
+#include "common.cuh"
+#include "mat_vec.cuh"
+#include "matmul.cuh"
+#include "quant.cuh"
+#include "quantize_act.cuh"
 #include "loom/dtype.h"
 
 namespace loom::cuda {

@@ -4,7 +4,7 @@
 // and the expert-routed mul_mat_id. Kernels in matmul.cu.
 #pragma once
 
-#include "backend/cuda/kernels/launch.h"
+#include "launch.h"
 
 namespace loom::cuda {
 

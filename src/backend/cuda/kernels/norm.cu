@@ -2,8 +2,8 @@
 // as the CPU backend does (ops_rows.cpp), so both round the same exact value to float and give the
 // same bits (docs/NUMERICS.md).
 // Bytes model: the row is read twice (norm: three times) and written once; L2 holds it between.
-#include "backend/cuda/kernels/common.cuh"
-#include "backend/cuda/kernels/norm.cuh"
+#include "common.cuh"
+#include "norm.cuh"
 
 namespace loom::cuda {
 

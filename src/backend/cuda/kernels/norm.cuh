@@ -1,7 +1,7 @@
 // Row normalizations over dim 0: rms_norm and norm. Kernels in norm.cu.
 #pragma once
 
-#include "backend/cuda/kernels/launch.h"
+#include "launch.h"
 
 namespace loom::cuda {
 

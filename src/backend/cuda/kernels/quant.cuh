@@ -11,9 +11,9 @@
 
 #include <cstdint>
 
-#include "backend/cuda/kernels/common.cuh"
-#include "backend/cuda/kernels/quant_k.cuh"
-#include "backend/cuda/kernels/quantize_act.cuh"  // q4k_scale_min
+#include "common.cuh"
+#include "quant_k.cuh"
+#include "quantize_act.cuh"  // q4k_scale_min
 
 namespace loom::cuda {
 

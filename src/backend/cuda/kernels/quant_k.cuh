@@ -28,7 +28,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "backend/cuda/kernels/quantize_act.cuh"  // LOOM_HD, f*_rn, half_to_float, float_to_half
+#include "quantize_act.cuh"  // LOOM_HD, f*_rn, half_to_float, float_to_half
 
 namespace loom::cuda {
 

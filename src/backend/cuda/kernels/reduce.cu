@@ -1,7 +1,7 @@
 // Row reductions. Sources may have any element stride (sum_rows, argmax and top_k accept
 // non-contiguous rows), so elements are addressed through nb[0].
-#include "backend/cuda/kernels/common.cuh"
-#include "backend/cuda/kernels/reduce.cuh"
+#include "common.cuh"
+#include "reduce.cuh"
 
 namespace loom::cuda {
 

@@ -1,7 +1,7 @@
 // Row reductions and selections: sum_rows, argmax, top_k. Kernels in reduce.cu.
 #pragma once
 
-#include "backend/cuda/kernels/launch.h"
+#include "launch.h"
 
 namespace loom::cuda {
 

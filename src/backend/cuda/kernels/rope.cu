@@ -1,9 +1,9 @@
 // Rotary embedding: one block per row (one head of one token), one thread per rotating pair;
 // dimensions past n_dims are copied. The rotation itself is rope_row (rope_row.cuh); each pair is
 // read and written by the same thread, so the op may run in place.
-#include "backend/cuda/kernels/common.cuh"
-#include "backend/cuda/kernels/rope.cuh"
-#include "backend/cuda/kernels/rope_row.cuh"
+#include "common.cuh"
+#include "rope.cuh"
+#include "rope_row.cuh"
 
 namespace loom::cuda {
 

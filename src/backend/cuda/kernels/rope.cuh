@@ -1,8 +1,8 @@
 // Rotary position embedding. Kernel in rope.cu.
 #pragma once
 
-#include "backend/cuda/kernels/launch.h"
-#include "backend/cuda/kernels/rope_args.h"
+#include "launch.h"
+#include "rope_args.h"
 
 namespace loom::cuda {
 

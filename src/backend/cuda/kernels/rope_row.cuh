@@ -5,8 +5,8 @@
 
 #include <cstdint>
 
-#include "backend/cuda/kernels/common.cuh"
-#include "backend/cuda/kernels/rope_args.h"
+#include "common.cuh"
+#include "rope_args.h"
 
 namespace loom::cuda {
 

@@ -2,9 +2,9 @@
 // logits to dst and finds the maximum; pass 2 exponentiates and sums; pass 3 normalizes). Each
 // thread touches the same elements in every pass, so dst may alias the input (in-place).
 // Bytes model: 3 reads + 2 writes of the row, all L2-resident for rows up to ~MBs.
-#include "backend/cuda/kernels/common.cuh"
-#include "backend/cuda/kernels/softmax.cuh"
-#include "backend/cuda/kernels/softmax_row.cuh"
+#include "common.cuh"
+#include "softmax.cuh"
+#include "softmax_row.cuh"
 
 namespace loom::cuda {
 

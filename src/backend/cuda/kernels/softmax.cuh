@@ -1,7 +1,7 @@
 // soft_max over dim 0 with scale and optional mask. Kernel in softmax.cu.
 #pragma once
 
-#include "backend/cuda/kernels/launch.h"
+#include "launch.h"
 
 namespace loom::cuda {
 

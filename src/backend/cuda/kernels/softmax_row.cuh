@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "backend/cuda/kernels/common.cuh"
+#include "common.cuh"
 
 namespace loom::cuda {
 

@@ -1,4 +1,4 @@
-#include "llm/synth_vocab.h"
+#include "synth_vocab.h"
 
 #include <algorithm>
 #include <cctype>

@@ -1,4 +1,4 @@
-#include "llm/synth_model.h"
+#include "synth_model.h"
 
 #include <algorithm>
 #include <atomic>
@@ -10,8 +10,8 @@
 
 #include <fmt/format.h>
 
-#include "llm/progress.h"
-#include "llm/synth_vocab.h"
+#include "loom/progress.h"
+#include "synth_vocab.h"
 #include "loom/gguf.h"
 
 namespace loom::llm {

@@ -1,5 +1,5 @@
-// Reference (scalar) quantization of the GGUF block formats. Internal to loom_core and the CPU
-// backend; public callers go through quantize_row/dequantize_row in loom/dtype.h.
+// Reference (scalar) quantization of the GGUF block formats (loom_core), which the CPU backend's
+// kernels build on; other callers go through quantize_row/dequantize_row in loom/dtype.h.
 #pragma once
 
 #include <cstdint>

@@ -13,7 +13,7 @@
 #include <string_view>
 #include <vector>
 
-#include "llm/quant_mixture.h"
+#include "loom/quant_mixture.h"
 #include "loom/llm.h"
 #include "loom/status.h"
 

@@ -1,22 +1,22 @@
-// The "cuda" backend: maps graph nodes to kernel launchers, runs them in order on the device's
-// stream, and registers itself with the loading program's registry.
+// What the CUDA kernels do per graph node (cuda_ops.h): which nodes they handle, the scratch each
+// needs, and the launch of one node's kernels. The executor (cuda_exec.cpp) launches through these;
+// the backend class and its registration are in cuda_register.cpp.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <numbers>
 #include <string>
 
-#include "backend/cuda/cuda_common.h"
-#include "backend/cuda/cuda_device.h"
-#include "backend/cuda/cuda_exec.h"
-#include "backend/cuda/kernels/attention.cuh"
-#include "backend/cuda/kernels/copy.cuh"
-#include "backend/cuda/kernels/elementwise.cuh"
-#include "backend/cuda/kernels/matmul.cuh"
-#include "backend/cuda/kernels/norm.cuh"
-#include "backend/cuda/kernels/reduce.cuh"
-#include "backend/cuda/kernels/rope.cuh"
-#include "backend/cuda/kernels/softmax.cuh"
+#include "cuda_common.h"
+#include "cuda_ops.h"
+#include "kernels/attention.cuh"
+#include "kernels/copy.cuh"
+#include "kernels/elementwise.cuh"
+#include "kernels/matmul.cuh"
+#include "kernels/norm.cuh"
+#include "kernels/reduce.cuh"
+#include "kernels/rope.cuh"
+#include "kernels/softmax.cuh"
 #include "loom/graph.h"
 
 namespace loom::cuda {
@@ -172,73 +172,11 @@ bool supports_op_impl(const Tensor& node) {
   return false;
 }
 
-class CudaBackend final : public Backend {
- public:
-  CudaBackend(DeviceContext& dev, Numerics numerics) : dev_(dev), exec_(dev, numerics) {}
-
-  const char* name() const override { return "cuda"; }
-  Numerics numerics() const override { return exec_.numerics(); }
-  BufferType& buffer_type() override { return dev_.buffer_type(); }
-
-  bool supports_op(const Tensor& node) const override { return cuda_supports_op(node); }
-
-  Status compute(const Graph& g) override { return exec_.compute(g); }
-
-  Status synchronize() override {
-    std::lock_guard lock(dev_.stream_mutex());
-    LOOM_TRY(dev_.make_current());
-    LOOM_CUDA_STATUS(cudaStreamSynchronize(dev_.stream()));
-    return {};
-  }
-
-  void set_exec_options(const ExecOptions& options) override { exec_.set_options(options); }
-  ExecOptions exec_options() const override { return exec_.options(); }
-  ExecCounters exec_counters() const override { return exec_.counters(); }
-  void reset_exec_counters() override { exec_.reset_counters(); }
-  Status capture_next_compute(const std::string& path) override {
-    exec_.capture_next(path);
-    return {};
-  }
-  Status reset() override { return exec_.reset(); }
-  Executor& executor() { return exec_; }
-
- private:
-  DeviceContext& dev_;
-  Executor exec_;
-};
-
-Result<std::unique_ptr<Backend>> make_backend(const BackendOptions& options) {
-  auto numerics = resolve_numerics(options.numerics, Numerics::fast);
-  if (!numerics) return numerics.status();
-  Result<DeviceContext*> dev = DeviceContext::get(options.device);
-  if (!dev.ok()) return dev.status();
-  return std::unique_ptr<Backend>(new CudaBackend(**dev, *numerics));
-}
-
 }  // namespace
 
-// Hooks for the executor (cuda_exec.cpp) and the seed C API (cuda_seed_api.cpp), declared in
-// cuda_common.h.
+// Declared in cuda_ops.h.
 CudaError launch_node(const LaunchContext& ctx, const Tensor* node) { return run_node(ctx, node); }
 bool cuda_supports_op(const Tensor& node) { return supports_op_impl(node); }
-Executor* executor_of(Backend& backend) {
-  auto* cuda = dynamic_cast<CudaBackend*>(&backend);
-  return cuda ? &cuda->executor() : nullptr;
-}
 size_t node_scratch_bytes(const Tensor& node, bool fast) { return scratch_bytes(node, fast); }
-Result<std::unique_ptr<Backend>> make_cuda_backend(int device, std::optional<Numerics> numerics) {
-  BackendOptions options;
-  options.device = device;
-  options.numerics = numerics;
-  return make_backend(options);
-}
 
 }  // namespace loom::cuda
-
-/// Entry point the registry looks up after dlopen(). This library carries its own copy of
-/// loom_core, so it must not call its own register_backend (that registry is private to the
-/// library); the program passes its register_backend instead.
-extern "C" __attribute__((visibility("default"))) void loom_backend_register(
-    void (*register_fn)(std::string name, loom::BackendFactory factory)) {
-  if (register_fn) register_fn("cuda", loom::cuda::make_backend);
-}

@@ -1,6 +1,9 @@
-// include/loom-cuda.h: the seed's Metal interface on CUDA. Host ranges are mapped to device copies;
-// a graph built on host memory is computed on the device by translating each tensor's host address
-// into its range's device copy. Runs in plain mode (one kernel after another on the device stream).
+// include/loom-cuda.h: the seed's Metal interface on CUDA (libloom_capi_cuda.so). Host ranges are
+// mapped to device copies; a graph built on host memory is computed on the device by translating
+// each tensor's host address into its range's device copy. Like loom.h it sits on top of the C++
+// API: the backend comes from loom/cuda.h, its executor through exec::ExecutorControl.
+#include <cuda_runtime.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -9,14 +12,14 @@
 #include <unordered_map>
 #include <vector>
 
+#include <fmt/format.h>
 
-#include "backend/cuda/cuda_common.h"
-#include "backend/cuda/cuda_device.h"
-#include "backend/cuda/cuda_exec.h"
-#include "backend/cuda/kernels/launch.h"
-#include "capi/capi_export.h"
+#include "capi_export.h"
 #include "loom-cuda.h"
 #include "loom/cuda.h"
+#include "loom/exec.h"
+#include "loom/exec_plan.h"
+#include "loom/graph.h"
 
 using loom::Buffer;
 using loom::make_error;
@@ -29,7 +32,7 @@ using loom::capi::report;
 using loom::capi::to_c;
 using loom::capi::to_cpp;
 
-namespace loom::cuda {
+namespace loom::capi {
 namespace {
 
 // ---- logging ----------------------------------------------------------------------------------------
@@ -84,12 +87,13 @@ struct MappedRange {
 std::string mib(size_t bytes) { return fmt::format("{:.2f} MiB", static_cast<double>(bytes) / (1 << 20)); }
 
 }  // namespace
-}  // namespace loom::cuda
+}  // namespace loom::capi
 
-using namespace loom::cuda;
+using namespace loom::capi;
 
 struct loom_cuda_context {
-  DeviceContext* dev = nullptr;
+  int device = 0;
+  loom::BufferType* device_memory = nullptr;  // where mapped ranges get their device copies
   int n_cb = 1;
   std::unique_ptr<loom::Backend> backend;  // answers supports_op for the nodes we launch
   std::vector<MappedRange> ranges;
@@ -147,18 +151,11 @@ Status copy_tensor(loom_cuda_context& ctx, loom_tensor* tc, bool to_device, cons
   auto range = range_of(ctx, t, fn);
   if (!range.ok()) return range.status();
   uint8_t* host = static_cast<uint8_t*>(t.data);
-  uint8_t* device = (*range)->device_address(t.data);
-  DeviceContext& dev = *ctx.dev;
-  std::lock_guard lock(dev.stream_mutex());
-  LOOM_TRY(dev.make_current());
+  Buffer& device = *(*range)->device;
+  const size_t at = static_cast<size_t>(host - (*range)->host);  // the tensor's offset in the copy
+  // Buffer::write/read wait for their copy, so the host bytes are final when this returns.
   auto copy = [&](size_t offset, size_t n) -> Status {
-    if (to_device)
-      LOOM_CUDA_STATUS(
-          cudaMemcpyAsync(device + offset, host + offset, n, cudaMemcpyHostToDevice, dev.stream()));
-    else
-      LOOM_CUDA_STATUS(
-          cudaMemcpyAsync(host + offset, device + offset, n, cudaMemcpyDeviceToHost, dev.stream()));
-    return {};
+    return to_device ? device.write(at + offset, host + offset, n) : device.read(at + offset, host + offset, n);
   };
   if (t.is_contiguous()) {
     LOOM_TRY(copy(0, t.nbytes()));
@@ -173,7 +170,6 @@ Status copy_tensor(loom_cuda_context& ctx, loom_tensor* tc, bool to_device, cons
           for (int64_t b = 0; b < n0; ++b)
             LOOM_TRY(copy(b * t.nb[0] + i1 * t.nb[1] + i2 * t.nb[2] + i3 * t.nb[3], run));
   }
-  LOOM_CUDA_STATUS(cudaStreamSynchronize(dev.stream()));
   return {};
 }
 
@@ -236,19 +232,19 @@ Status translate(const loom_cuda_context& ctx, loom_graph* graph, DeviceGraph& o
   return {};
 }
 
-// The C graph as device tensors, run through the backend's executor (cuda_exec.h): plan, fusion,
-// CUDA graph replay, abort callback between chunks, trace capture.
+// The C graph as device tensors, run through the backend's graph executor: plan, fusion, CUDA graph
+// replay, abort callback between chunks, trace capture.
 Status compute(loom_cuda_context& ctx, loom_graph* graph) {
   DeviceGraph dg;
   LOOM_TRY(translate(ctx, graph, dg));
-  Executor* ex = executor_of(*ctx.backend);
+  auto* ex = ctx.backend->extension<loom::exec::ExecutorControl>();
   LOOM_ASSERT(ex != nullptr);
   loom::ExecOptions o = ex->options();
   o.n_cb = ctx.n_cb;
   ex->set_options(o);
   ex->set_abort_callback(ctx.abort_callback, ctx.abort_user_data);
   if (!ctx.capture_path.empty()) {
-    ex->capture_next(ctx.capture_path);
+    LOOM_TRY(ex->capture_next_compute(ctx.capture_path));
     log(LOOM_LOG_INFO, "loom_cuda_graph_compute: tracing this compute into '{}' (and its plan into '{}.dot')",
         ctx.capture_path, ctx.capture_path);
     ctx.capture_path.clear();
@@ -261,10 +257,11 @@ Status compute(loom_cuda_context& ctx, loom_graph* graph) {
 Status find_concurrency(loom_cuda_context& ctx, loom_graph* graph) {
   DeviceGraph dg;
   LOOM_TRY(translate(ctx, graph, dg));
-  Executor* ex = executor_of(*ctx.backend);
+  auto* ex = ctx.backend->extension<loom::exec::ExecutorControl>();
   LOOM_ASSERT(ex != nullptr);
-  loom::Result<loom::exec::Plan> plan = ex->plan(dg.graph);
-  if (!plan.ok()) return plan.status();
+  loom::exec::Plan plan_storage;
+  LOOM_TRY(ex->plan(dg.graph, &plan_storage));
+  const loom::exec::Plan* plan = &plan_storage;
   std::vector<size_t> order(plan->dispatches.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
@@ -304,23 +301,26 @@ LOOM_API loom_cuda_context* loom_cuda_init_device(int device, int n_cb) {
       fail(s);
       return nullptr;
     }
-    auto dev = DeviceContext::get(device);
-    if (!dev.ok()) {
-      fail(make_error(dev.status().code(), "loom_cuda_init: {}", dev.status().message()));
+    auto info = loom::cuda_device_info(device);
+    auto memory = info.ok() ? loom::cuda_buffer_type(device) : loom::Result<loom::BufferType*>(info.status());
+    if (!memory.ok()) {
+      fail(make_error(memory.status().code(), "loom_cuda_init: {}", memory.status().message()));
       return nullptr;
     }
-    auto backend = make_cuda_backend(device);
+    loom::BackendOptions options;
+    options.device = device;
+    auto backend = loom::make_cuda_backend(options);
     if (!backend.ok()) {
       fail(backend.status());
       return nullptr;
     }
     auto ctx = std::make_unique<loom_cuda_context>();
-    ctx->dev = *dev;
+    ctx->device = device;
+    ctx->device_memory = *memory;
     ctx->n_cb = n_cb;
     ctx->backend = std::move(*backend);
-    const loom::CudaDeviceInfo& info = ctx->dev->info();
     log(LOOM_LOG_INFO, "loom_cuda_init: device {}: {}, compute capability {}.{}, {} SMs, {} of memory",
-        device, info.name, info.cc_major, info.cc_minor, info.sm_count, mib(info.total_bytes));
+        device, info->name, info->cc_major, info->cc_minor, info->sm_count, mib(info->total_bytes));
     return ctx.release();
   });
 }
@@ -332,9 +332,7 @@ LOOM_API void loom_cuda_free(loom_cuda_context* ctx) {
   // Computes and copies synchronize before returning, but wait anyway: the device copies go back
   // to the device's cache for reuse, and no queued kernel may still use them.
   try {
-    std::lock_guard lock(ctx->dev->stream_mutex());
-    if (ctx->dev->make_current().ok() && cudaStreamSynchronize(ctx->dev->stream()) != cudaSuccess)
-      (void)cudaGetLastError();
+    (void)ctx->backend->synchronize();
   } catch (...) {
   }
   delete ctx;
@@ -406,7 +404,7 @@ LOOM_API loom_status loom_cuda_add_buffer(loom_cuda_context* ctx, const char* na
                           "{}: range '{}' [{}, {}) overlaps range '{}' [{}, {})", fn, name, data,
                           fmt::ptr(host + size), r.name, fmt::ptr(r.host), fmt::ptr(r.host + r.size));
     }
-    auto device = ctx->dev->buffer_type().allocate(size);
+    auto device = ctx->device_memory->allocate(size);
     if (!device.ok())
       return make_error(device.status().code(), "{}: range '{}': {}", fn, name, device.status().message());
     LOOM_TRY((*device)->write(0, data, size));
@@ -485,7 +483,7 @@ LOOM_API loom_status loom_cuda_capture_next_compute(loom_cuda_context* ctx, cons
   });
 }
 
-LOOM_API int loom_cuda_context_device(const loom_cuda_context* ctx) { return ctx ? ctx->dev->ordinal() : -1; }
+LOOM_API int loom_cuda_context_device(const loom_cuda_context* ctx) { return ctx ? ctx->device : -1; }
 
 // ---- backend interface ------------------------------------------------------------------------------------
 
@@ -537,24 +535,12 @@ LOOM_API loom_buffer* loom_backend_cuda_buffer_from_ptr(void* data, size_t size)
       report(null_arg(fn, "data"));
       return nullptr;
     }
-    if (auto n = loom::cuda_device_count(); !n.ok()) {
-      report(n.status());
+    auto buffer = loom::cuda_buffer_from_device_memory(data, size);
+    if (!buffer.ok()) {
+      report(make_error(buffer.status().code(), "{}: {}", fn, buffer.status().message()));
       return nullptr;
     }
-    cudaPointerAttributes attr{};
-    const cudaError_t err = cudaPointerGetAttributes(&attr, data);
-    if (err != cudaSuccess || (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)) {
-      (void)cudaGetLastError();
-      report(make_error(StatusCode::invalid_argument, "{}: {} is not device memory{}", fn, data,
-                        err != cudaSuccess ? fmt::format(" ({})", cudaGetErrorString(err)) : std::string()));
-      return nullptr;
-    }
-    auto dev = DeviceContext::get(attr.device);
-    if (!dev.ok()) {
-      report(dev.status());
-      return nullptr;
-    }
-    return to_c(borrow_device_memory(**dev, data, size).release());
+    return to_c(buffer->release());
   });
 }
 
