@@ -17,6 +17,7 @@ Tensor* Graph::new_tensor(DType type, const Shape& ne, std::string name, uint32_
                            "new_tensor: tensor '{}': ne0 {} is not a multiple of {}'s block size {}",
                            name, ne[0], dtype_name(type), dtype_block_size(type)));
   }
+  structure_key_.reset();
   Tensor& t = storage_.emplace_back();
   t.type = type;
   t.ne = ne;
@@ -30,6 +31,7 @@ Tensor* Graph::new_tensor(DType type, const Shape& ne, std::string name, uint32_
 
 void Graph::mark_output(Tensor* t) {
   if (!t) return;
+  structure_key_.reset();
   t->flags |= kTensorOutput;
   if (std::find(outputs_.begin(), outputs_.end(), t) == outputs_.end()) outputs_.push_back(t);
 }
@@ -40,6 +42,7 @@ Tensor* Graph::fail(Status s) {
 }
 
 Tensor* Graph::add_node(OpKind op, DType type, const Shape& ne, std::initializer_list<Tensor*> srcs) {
+  structure_key_.reset();
   Tensor& t = storage_.emplace_back();
   t.op = op;
   t.type = type;
