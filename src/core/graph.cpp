@@ -2,6 +2,7 @@
 #include "loom/graph.h"
 
 #include <algorithm>
+#include <string_view>
 
 namespace loom {
 
@@ -61,7 +62,12 @@ Tensor* Graph::add_view(Tensor* src, const Shape& ne, const std::array<size_t, k
   t->nb = nb;
   t->view_src = src;
   t->view_offset = offset;
-  t->name = src->name.empty() ? std::string() : src->name + " (view)";
+  // a view of a view keeps one suffix: "blk.0.attn_q (view)", not "... (view) (view)"
+  static constexpr std::string_view kSuffix = " (view)";
+  if (src->name.empty() || src->name.ends_with(kSuffix))
+    t->name = src->name;
+  else
+    t->name = src->name + std::string(kSuffix);
   return t;
 }
 
