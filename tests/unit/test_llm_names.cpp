@@ -57,7 +57,9 @@ TEST_F(LlmNames, EveryNodeOfEveryArchitectureIsNamed) {
     ASSERT_TRUE(s);
     for (const Tensor* t : s->g.nodes()) {
       EXPECT_FALSE(t->name.empty()) << "node " << t->index << " (" << op_name(t->op) << ") has no name";
-      if (t->op != OpKind::view) EXPECT_EQ(t->name.find("(view)"), std::string::npos) << t->name;
+      if (t->op != OpKind::view) {
+        EXPECT_EQ(t->name.find("(view)"), std::string::npos) << t->name;
+      }
     }
     const std::set<std::string> names = names_of(s->g);
     for (const char* want : {"inp_embd", "blk.0.attn_norm", "blk.0.attn_q", "blk.0.attn_k", "blk.0.attn_v",
