@@ -61,7 +61,6 @@ struct Dispatch {
   Tensor* node() const { return nodes[0]; }
   /// The node that names the dispatch: the last non-null role.
   Tensor* anchor() const;
-  int n_nodes() const;
 };
 
 /// Asks the backend whether it has a kernel for a candidate fused dispatch.

@@ -12,10 +12,10 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <memory>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
 #include "backend/cuda/cuda_device.h"
 #include "exec/graph_cache.h"
