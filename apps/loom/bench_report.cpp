@@ -254,6 +254,7 @@ nlohmann::ordered_json result_json(const BenchResult& r) {
   j["chunk_graphs"] = c.chunk_graphs;
   j["graph_updates"] = c.graph_updates;
   j["graph_replays"] = c.graph_replays;
+  j["hash_collisions"] = c.hash_collisions;
   j["host_syncs"] = c.host_syncs;
   j["host_ns"] = c.host_ns;
   j["host_hash_ns"] = c.host_hash_ns;

@@ -78,6 +78,7 @@ struct ExecCounters {
   uint64_t chunk_graphs = 0;    ///< chunk graphs of a new structure's first run, launched as recorded
   uint64_t graph_updates = 0;   ///< executable graphs updated in place (cudaGraphExecUpdate)
   uint64_t graph_replays = 0;   ///< launches of a cached executable graph
+  uint64_t hash_collisions = 0;  ///< lookups whose hash matched a cached pass of another structure (rebuilt)
   uint64_t host_syncs = 0;      ///< host waits on the device
   uint64_t host_ns = 0;         ///< host time inside compute, excluding the final wait on the device
   uint64_t host_hash_ns = 0;    ///< of which hashing the pass's structure (every compute)

@@ -61,7 +61,6 @@ struct Dispatch {
   Tensor* node() const { return nodes[0]; }
   /// The node that names the dispatch: the last non-null role.
   Tensor* anchor() const;
-  int n_nodes() const;
 };
 
 /// Asks the backend whether it has a kernel for a candidate fused dispatch.
@@ -109,11 +108,17 @@ void reorder(Plan& plan, int lookahead);
 /// (RAW, WAR, WAW), transitively reduced; without, each waits for the one before it (a chain).
 void build_dependencies(Plan& plan, bool concurrency);
 
-/// 64-bit hash of a pass's structure (not its contents): every node's op, type, flags, shape, strides,
-/// address and parameters, which tensors it reads (leaf operands in full), and the options. Two passes
-/// with equal hashes launch the same kernels with the same arguments, so a recorded CUDA graph of one
-/// replays the other. Runs on every compute: four independent multiply lanes, about a cycle per word.
-uint64_t structure_hash(const Graph& g, const ExecOptions& o);
+/// A pass's structure (not its contents), encoded in one walk: every node's op, type, flags, shape,
+/// strides, address and parameters, which tensors it reads (leaf operands in full) as 64-bit words,
+/// and their hash. Names are left out: they change no kernel. Two passes with equal words launch the
+/// same kernels with the same arguments, so a recorded CUDA graph of one replays the other; the hash
+/// finds the candidate, the words confirm it. Reuses `out.words`' memory; four independent multiply
+/// lanes, about a cycle per word.
+void structure_key(const Graph& g, StructureKey& out);
+StructureKey structure_key(const Graph& g);
+/// The options that change what a recorded pass launches, as one word (n_cb does not: it only
+/// splits a first run into chunks). Part of the executor's cache key beside the structure.
+uint64_t options_word(const ExecOptions& o);
 
 /// Whether two dispatches must be ordered (one writes bytes the other reads or writes).
 bool conflicts(const Dispatch& a, const Dispatch& b);

@@ -15,6 +15,14 @@
 
 namespace loom {
 
+/// The exact structure of an allocated graph (exec::structure_key builds it): 64-bit words encoding
+/// every node's op, type, flags, shape, strides, address, parameters and operands (names excluded),
+/// and their hash. Equal words: the same kernels with the same arguments.
+struct StructureKey {
+  uint64_t hash = 0;
+  std::vector<uint64_t> words;
+};
+
 /// A forward pass: leafs (weights, inputs) and nodes in a topological order (creation order).
 class Graph {
  public:
@@ -47,12 +55,21 @@ class Graph {
   Tensor* add_view(Tensor* src, const Shape& ne, const std::array<size_t, kMaxDims>& nb,
                    size_t offset);
 
+  /// Attaches the key of the graph's final structure, for a graph computed many times as it is: a
+  /// backend that caches per structure then skips encoding it each compute. Set it after the
+  /// tensors are bound; adding a node, leaf or output clears it, and whoever rebinds or edits a
+  /// tensor afterwards must clear it (set_structure_key({})) or set it again.
+  void set_structure_key(std::optional<StructureKey> key) { structure_key_ = std::move(key); }
+  /// The attached key, or nullptr.
+  const StructureKey* structure_key() const { return structure_key_ ? &*structure_key_ : nullptr; }
+
  private:
   std::deque<Tensor> storage_;
   std::vector<Tensor*> nodes_;
   std::vector<Tensor*> leafs_;
   std::vector<Tensor*> outputs_;
   Status status_;
+  std::optional<StructureKey> structure_key_;
 };
 
 // ---- op parameters (stored in Tensor::params) ----------------------------------------------------

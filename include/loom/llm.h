@@ -173,8 +173,9 @@ struct DecodeStats {
   size_t arena_bytes = 0;       ///< activation arena (kept across passes)
   int n_arena_allocations = 0;  ///< times the arena was (re)allocated since the context was made
   int n_kv = 0;                 ///< cache cells the last pass's attention read (bucketed, see n_kv_bucket)
-  /// The last pass's structural hash (the CUDA executor's replay key, exec::structure_hash; one per
-  /// backend segment, combined). Equal fingerprints: a recorded pass can be replayed as is.
+  /// The last pass's structural hash (exec::structure_key, which the CUDA executor finds recorded
+  /// passes by; one per backend segment, combined). Equal fingerprints: a recorded pass can be
+  /// replayed as is.
   uint64_t graph_fingerprint = 0;
   /// Transfers of step inputs to the backends in the last decode: 1 per pass and backend (an
   /// offloaded model's second block carries the hidden state the first backend computed).

@@ -2,6 +2,7 @@
 #include "loom/graph.h"
 
 #include <algorithm>
+#include <string_view>
 
 namespace loom {
 
@@ -17,6 +18,7 @@ Tensor* Graph::new_tensor(DType type, const Shape& ne, std::string name, uint32_
                            "new_tensor: tensor '{}': ne0 {} is not a multiple of {}'s block size {}",
                            name, ne[0], dtype_name(type), dtype_block_size(type)));
   }
+  structure_key_.reset();
   Tensor& t = storage_.emplace_back();
   t.type = type;
   t.ne = ne;
@@ -30,6 +32,7 @@ Tensor* Graph::new_tensor(DType type, const Shape& ne, std::string name, uint32_
 
 void Graph::mark_output(Tensor* t) {
   if (!t) return;
+  structure_key_.reset();
   t->flags |= kTensorOutput;
   if (std::find(outputs_.begin(), outputs_.end(), t) == outputs_.end()) outputs_.push_back(t);
 }
@@ -40,6 +43,7 @@ Tensor* Graph::fail(Status s) {
 }
 
 Tensor* Graph::add_node(OpKind op, DType type, const Shape& ne, std::initializer_list<Tensor*> srcs) {
+  structure_key_.reset();
   Tensor& t = storage_.emplace_back();
   t.op = op;
   t.type = type;
@@ -58,7 +62,12 @@ Tensor* Graph::add_view(Tensor* src, const Shape& ne, const std::array<size_t, k
   t->nb = nb;
   t->view_src = src;
   t->view_offset = offset;
-  t->name = src->name.empty() ? std::string() : src->name + " (view)";
+  // a view of a view keeps one suffix: "blk.0.attn_q (view)", not "... (view) (view)"
+  static constexpr std::string_view kSuffix = " (view)";
+  if (src->name.empty() || src->name.ends_with(kSuffix))
+    t->name = src->name;
+  else
+    t->name = src->name + std::string(kSuffix);
   return t;
 }
 

@@ -18,12 +18,6 @@ Tensor* Dispatch::anchor() const {
   return nullptr;
 }
 
-int Dispatch::n_nodes() const {
-  int n = 0;
-  for (Tensor* t : nodes) n += t != nullptr;
-  return n;
-}
-
 namespace {
 
 void add_range(std::vector<ByteRange>& v, const ByteRange& r) {

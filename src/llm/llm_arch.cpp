@@ -55,22 +55,22 @@ Tensor* build_llama_family(StepBuilder& b) {
   Tensor* x = b.stream_in();
   for (int il = b.layer_begin(); il < b.layer_end(); ++il) {
     const LayerWeights& l = b.weights().layers[il];
-    Tensor* h = b.rms_norm(x, l.attn_norm);
-    Tensor* q = b.split_heads(b.linear(l.wq, h, l.bq), hp.head_dim_k, hp.n_head);
-    Tensor* k = b.split_heads(b.linear(l.wk, h, l.bk), hp.head_dim_k, hp.n_head_kv);
-    Tensor* v = b.split_heads(b.linear(l.wv, h, l.bv), hp.head_dim_v, hp.n_head_kv);
+    Tensor* h = b.rms_norm(x, l.attn_norm, "attn_norm", il);
+    Tensor* q = b.split_heads(b.linear(l.wq, h, l.bq, "attn_q", il), hp.head_dim_k, hp.n_head);
+    Tensor* k = b.split_heads(b.linear(l.wk, h, l.bk, "attn_k", il), hp.head_dim_k, hp.n_head_kv);
+    Tensor* v = b.split_heads(b.linear(l.wv, h, l.bv, "attn_v", il), hp.head_dim_v, hp.n_head_kv);
     if (l.q_norm) {  // over head_dim: dim 0 of [head_dim, n_head, n_tokens]
-      q = b.rms_norm(q, l.q_norm);
-      k = b.rms_norm(k, l.k_norm);
+      q = b.rms_norm(q, l.q_norm, "attn_q_norm", il);
+      k = b.rms_norm(k, l.k_norm, "attn_k_norm", il);
     }
-    Tensor* attn = b.attention(il, b.rope(q, il), b.rope(k, il), v);
+    Tensor* attn = b.attention(il, b.rope(q, il, "attn_q_rope"), b.rope(k, il, "attn_k_rope"), v);
     if (il == n_layer - 1) {  // only the rows whose logits are wanted go on
       attn = b.select_outputs(attn);
       x = b.select_outputs(x);
     }
-    x = add(g, x, b.linear(l.wo, attn, l.bo));
-    Tensor* f = b.rms_norm(x, l.ffn_norm);
-    x = add(g, x, l.ffn_gate_inp ? b.ffn_moe(l, f) : b.ffn_swiglu(l, f));
+    x = b.name(add(g, x, b.linear(l.wo, attn, l.bo, "attn_out", il)), "ffn_inp", il);
+    Tensor* f = b.rms_norm(x, l.ffn_norm, "ffn_norm", il);
+    x = b.name(add(g, x, l.ffn_gate_inp ? b.ffn_moe(l, f, il) : b.ffn_swiglu(l, f, il)), "ffn_out", il);
   }
   return b.stream_out(x);
 }

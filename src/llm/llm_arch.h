@@ -95,6 +95,12 @@ struct StepRange {
 };
 
 /// Graph helpers shared by the architectures. Ops record errors in the graph (nullptr propagates).
+///
+/// Every node a pass builds is named after llama.cpp's intermediates: "blk.{il}.{what}" inside layer
+/// il (blk.3.attn_q, blk.3.ffn_down), plain names outside (inp_embd, result_norm, result_output). A
+/// helper's result carries the name it is given; the nodes inside it "{name}.{op}" (the rms_norm
+/// under blk.3.attn_norm is blk.3.attn_norm.rms_norm); views carry their source's name + " (view)".
+/// Names reach graph dumps, traces and error messages; they do not enter the structure key.
 class StepBuilder {
  public:
   StepBuilder(Graph& g, const HParams& hp, const ModelWeights& w, KvCache& kv, RopeMode rope_mode,
@@ -109,6 +115,9 @@ class StepBuilder {
   int layer_begin() const { return layer_begin_; }
   int layer_end() const { return layer_end_; }
 
+  /// Names `t` "blk.{il}.{what}", or `what` when il < 0; returns `t`.
+  static Tensor* name(Tensor* t, const char* what, int il = -1);
+
   /// Token embeddings: f32 [n_embd, n_tokens].
   Tensor* embed();
   /// The residual stream entering layer_begin(): the token embeddings times `embed_scale` when the
@@ -117,27 +126,27 @@ class StepBuilder {
   /// What the pass returns from the residual stream after its last layer: the logits when that is
   /// the model's last layer, else the stream itself (every token's row) for the next backend.
   Tensor* stream_out(Tensor* x);
-  /// rms_norm over dim 0, times `weight` (broadcast).
-  Tensor* rms_norm(Tensor* x, Tensor* weight);
-  /// w x (+ bias): [k, n] -> [m, n].
-  Tensor* linear(Tensor* w, Tensor* x, Tensor* bias = nullptr);
+  /// rms_norm over dim 0, times `weight` (broadcast); named `what` (see name()).
+  Tensor* rms_norm(Tensor* x, Tensor* weight, const char* what, int il = -1);
+  /// w x (+ bias): [k, n] -> [m, n]; named `what`.
+  Tensor* linear(Tensor* w, Tensor* x, Tensor* bias, const char* what, int il = -1);
   /// [head_dim * n_heads, n_tokens] -> [head_dim, n_heads, n_tokens].
   Tensor* split_heads(Tensor* x, int64_t head_dim, int64_t n_heads);
   /// Rotary embedding of layer `il` at the step's positions, in the architecture's mode: local
-  /// (sliding-window) layers use rope_freq_base_swa and no frequency scaling.
-  Tensor* rope(Tensor* x, int il);
+  /// (sliding-window) layers use rope_freq_base_swa and no frequency scaling. Named `what`.
+  Tensor* rope(Tensor* x, int il, const char* what);
   /// Stores k and v ([head_dim, n_head_kv, n_tokens]) in layer `il`'s cache cells, then attends
   /// with q ([head_dim, n_head, n_tokens]) over the first n_kv cells -> [head_dim_v * n_head, n_tokens].
   /// Uses the model's query scale and attention soft-cap, and the sliding-window mask on local layers.
   Tensor* attention(int il, Tensor* q, Tensor* k, Tensor* v);
-  /// SwiGLU feed-forward: down(silu(gate x) * up x).
-  Tensor* ffn_swiglu(const LayerWeights& l, Tensor* x);
-  /// GeGLU feed-forward (GELU, tanh form): down(gelu(gate x) * up x).
-  Tensor* ffn_geglu(const LayerWeights& l, Tensor* x);
+  /// SwiGLU feed-forward of layer `il`: down(silu(gate x) * up x).
+  Tensor* ffn_swiglu(const LayerWeights& l, Tensor* x, int il);
+  /// GeGLU feed-forward (GELU, tanh form) of layer `il`: down(gelu(gate x) * up x).
+  Tensor* ffn_geglu(const LayerWeights& l, Tensor* x, int il);
   /// Mixture-of-experts SwiGLU feed-forward: softmax router, top n_expert_used experts, their
   /// weights renormalized (expert_weights_norm), weighted sum of the experts' outputs. Routing stays
   /// on the device. x: [n_embd, n_tokens] -> [n_embd, n_tokens].
-  Tensor* ffn_moe(const LayerWeights& l, Tensor* x);
+  Tensor* ffn_moe(const LayerWeights& l, Tensor* x, int il);
   /// The rows whose logits are wanted: the last token's unless all outputs were asked for.
   Tensor* select_outputs(Tensor* x);
   /// Final norm, output projection and soft-cap (final_softcap) -> logits f32 [n_vocab, n_outputs].

@@ -34,21 +34,23 @@ Tensor* build_gemma(StepBuilder& b) {
   Tensor* x = b.stream_in(std::sqrt(static_cast<float>(hp.n_embd)));
   for (int il = b.layer_begin(); il < b.layer_end(); ++il) {
     const LayerWeights& l = b.weights().layers[il];
-    Tensor* h = b.rms_norm(x, l.attn_norm);
-    Tensor* q = b.split_heads(b.linear(l.wq, h), hp.head_dim_k, hp.n_head);
-    Tensor* k = b.split_heads(b.linear(l.wk, h), hp.head_dim_k, hp.n_head_kv);
-    Tensor* v = b.split_heads(b.linear(l.wv, h), hp.head_dim_v, hp.n_head_kv);
+    Tensor* h = b.rms_norm(x, l.attn_norm, "attn_norm", il);
+    Tensor* q = b.split_heads(b.linear(l.wq, h, nullptr, "attn_q", il), hp.head_dim_k, hp.n_head);
+    Tensor* k = b.split_heads(b.linear(l.wk, h, nullptr, "attn_k", il), hp.head_dim_k, hp.n_head_kv);
+    Tensor* v = b.split_heads(b.linear(l.wv, h, nullptr, "attn_v", il), hp.head_dim_v, hp.n_head_kv);
     if (l.q_norm) {
-      q = b.rms_norm(q, l.q_norm);
-      k = b.rms_norm(k, l.k_norm);
+      q = b.rms_norm(q, l.q_norm, "attn_q_norm", il);
+      k = b.rms_norm(k, l.k_norm, "attn_k_norm", il);
     }
-    Tensor* attn = b.attention(il, b.rope(q, il), b.rope(k, il), v);
+    Tensor* attn = b.attention(il, b.rope(q, il, "attn_q_rope"), b.rope(k, il, "attn_k_rope"), v);
     if (il == n_layer - 1) {
       attn = b.select_outputs(attn);
       x = b.select_outputs(x);
     }
-    x = add(g, x, b.rms_norm(b.linear(l.wo, attn), l.attn_post_norm));
-    x = add(g, x, b.rms_norm(b.ffn_geglu(l, b.rms_norm(x, l.ffn_norm)), l.ffn_post_norm));
+    Tensor* attn_out = b.linear(l.wo, attn, nullptr, "attn_out", il);
+    x = b.name(add(g, x, b.rms_norm(attn_out, l.attn_post_norm, "attn_post_norm", il)), "ffn_inp", il);
+    Tensor* ffn = b.ffn_geglu(l, b.rms_norm(x, l.ffn_norm, "ffn_norm", il), il);
+    x = b.name(add(g, x, b.rms_norm(ffn, l.ffn_post_norm, "ffn_post_norm", il)), "ffn_out", il);
   }
   return b.stream_out(x);  // logits: final soft-cap included
 }

@@ -227,7 +227,10 @@ struct ContextImpl {
         LOOM_TRY(g->status());
         t1 = Clock::now();
         LOOM_TRY(allocate(s, *g));
-        const uint64_t fp = exec::structure_hash(*g, ExecOptions{});
+        // The step's one structure encoding: attached to the graph, so an executor that caches per
+        // structure reads it on every compute of this step instead of encoding the graph again.
+        g->set_structure_key(exec::structure_key(*g));
+        const uint64_t fp = g->structure_key()->hash;
         t2 = Clock::now();
         const Buffer* arena_now = s.arena.get();
         const Buffer* inputs_now = s.inputs.get();

@@ -1,4 +1,6 @@
 // StepBuilder: the graph pieces every LLaMA-family architecture shares.
+#include <fmt/format.h>
+
 #include <cmath>
 
 #include "llm_arch.h"
@@ -46,11 +48,26 @@ StepBuilder::StepBuilder(Graph& g, const HParams& hp, const ModelWeights& w, KvC
   rope_swa_.ext_factor = 0.0f;
 }
 
-Tensor* StepBuilder::embed() { return get_rows(g_, w_.tok_embd, in_.tokens); }
+Tensor* StepBuilder::name(Tensor* t, const char* what, int il) {
+  if (t) t->name = il < 0 ? std::string(what) : fmt::format("blk.{}.{}", il, what);
+  return t;
+}
+
+namespace {
+
+// The node inside a named helper: "{outer's name}.{op}".
+Tensor* name_inner(Tensor* t, const Tensor* outer) {
+  if (t && outer) t->name = fmt::format("{}.{}", outer->name, op_name(t->op));
+  return t;
+}
+
+}  // namespace
+
+Tensor* StepBuilder::embed() { return name(get_rows(g_, w_.tok_embd, in_.tokens), "inp_embd"); }
 
 Tensor* StepBuilder::stream_in(float embed_scale) {
   if (layer_begin_ > 0) return in_.hidden;
-  return embed_scale == 1.0f ? embed() : scale(g_, embed(), embed_scale);
+  return embed_scale == 1.0f ? embed() : name(scale(g_, embed(), embed_scale), "inp_scaled");
 }
 
 Tensor* StepBuilder::stream_out(Tensor* x) {
@@ -59,24 +76,30 @@ Tensor* StepBuilder::stream_out(Tensor* x) {
   return x;
 }
 
-Tensor* StepBuilder::rms_norm(Tensor* x, Tensor* weight) {
-  return mul(g_, loom::rms_norm(g_, x, hp_.norm_rms_eps), weight);
+Tensor* StepBuilder::rms_norm(Tensor* x, Tensor* weight, const char* what, int il) {
+  Tensor* n = loom::rms_norm(g_, x, hp_.norm_rms_eps);
+  Tensor* y = name(mul(g_, n, weight), what, il);
+  name_inner(n, y);
+  return y;
 }
 
-Tensor* StepBuilder::linear(Tensor* w, Tensor* x, Tensor* bias) {
+Tensor* StepBuilder::linear(Tensor* w, Tensor* x, Tensor* bias, const char* what, int il) {
   Tensor* y = mul_mat(g_, w, x);
-  return bias ? add(g_, y, bias) : y;
+  if (!bias) return name(y, what, il);
+  Tensor* b = name(add(g_, y, bias), what, il);
+  name_inner(y, b);
+  return b;
 }
 
 Tensor* StepBuilder::split_heads(Tensor* x, int64_t head_dim, int64_t n_heads) {
   return reshape(g_, x, {head_dim, n_heads, shape_.n_tokens, 1});
 }
 
-Tensor* StepBuilder::rope(Tensor* x, int il) {
+Tensor* StepBuilder::rope(Tensor* x, int il, const char* what) {
   const bool local = hp_.is_swa(static_cast<uint32_t>(il));
   Tensor* freq_factors = w_.layers[il].rope_freqs;
   LOOM_ASSERT(freq_factors || !w_.rope_freqs);  // the loader gives every layer its copy
-  return loom::rope(g_, x, in_.positions, freq_factors, local ? rope_swa_ : rope_);
+  return name(loom::rope(g_, x, in_.positions, freq_factors, local ? rope_swa_ : rope_), what, il);
 }
 
 Tensor* StepBuilder::attention(int il, Tensor* q, Tensor* k, Tensor* v) {
@@ -85,8 +108,10 @@ Tensor* StepBuilder::attention(int il, Tensor* q, Tensor* k, Tensor* v) {
   Tensor* cache_k = kv_.k(il);
   Tensor* cache_v = kv_.v(il);
   // Rows go into the cache as [head_dim, n_tokens, n_head_kv], one row per (token, head).
-  Tensor* k_stored = set_rows(g_, cache_k, permute(g_, k, 0, 2, 1, 3), in_.kv_cells);
-  Tensor* v_stored = set_rows(g_, cache_v, permute(g_, v, 0, 2, 1, 3), in_.kv_cells);
+  Tensor* k_stored =
+      name(set_rows(g_, cache_k, permute(g_, k, 0, 2, 1, 3), in_.kv_cells), "k_cache_store", il);
+  Tensor* v_stored =
+      name(set_rows(g_, cache_v, permute(g_, v, 0, 2, 1, 3), in_.kv_cells), "v_cache_store", il);
   if (!k_stored || !v_stored) return nullptr;
   // Views of the stores (not of the cache leafs), so attention is ordered after the writes.
   Tensor* keys = view(g_, k_stored, {cache_k->ne[0], n_kv, cache_k->ne[2], 1}, k_stored->nb, 0);
@@ -94,42 +119,48 @@ Tensor* StepBuilder::attention(int il, Tensor* q, Tensor* k, Tensor* v) {
   const float scale =
       hp_.attn_scale > 0.0f ? hp_.attn_scale : 1.0f / std::sqrt(static_cast<float>(hp_.head_dim_k));
   Tensor* mask = hp_.is_swa(static_cast<uint32_t>(il)) ? in_.kq_mask_swa : in_.kq_mask;
-  Tensor* out =
-      flash_attn(g_, permute(g_, q, 0, 2, 1, 3), keys, vals, mask, scale, hp_.attn_softcap);  // [dv, H, T]
+  Tensor* out = name(flash_attn(g_, permute(g_, q, 0, 2, 1, 3), keys, vals, mask, scale, hp_.attn_softcap),
+                     "kqv_out", il);  // [dv, H, T]
   return reshape(g_, out, {static_cast<int64_t>(hp_.head_dim_v) * hp_.n_head, shape_.n_tokens, 1, 1});
 }
 
-Tensor* StepBuilder::ffn_swiglu(const LayerWeights& l, Tensor* x) {
-  Tensor* h = swiglu(g_, mul_mat(g_, l.ffn_gate, x), mul_mat(g_, l.ffn_up, x));
-  return mul_mat(g_, l.ffn_down, h);
+Tensor* StepBuilder::ffn_swiglu(const LayerWeights& l, Tensor* x, int il) {
+  Tensor* h =
+      swiglu(g_, linear(l.ffn_gate, x, nullptr, "ffn_gate", il), linear(l.ffn_up, x, nullptr, "ffn_up", il));
+  return linear(l.ffn_down, name(h, "ffn_glu", il), nullptr, "ffn_down", il);
 }
 
-Tensor* StepBuilder::ffn_geglu(const LayerWeights& l, Tensor* x) {
-  Tensor* h = geglu(g_, mul_mat(g_, l.ffn_gate, x), mul_mat(g_, l.ffn_up, x));
-  return mul_mat(g_, l.ffn_down, h);
+Tensor* StepBuilder::ffn_geglu(const LayerWeights& l, Tensor* x, int il) {
+  Tensor* h =
+      geglu(g_, linear(l.ffn_gate, x, nullptr, "ffn_gate", il), linear(l.ffn_up, x, nullptr, "ffn_up", il));
+  return linear(l.ffn_down, name(h, "ffn_glu", il), nullptr, "ffn_down", il);
 }
 
-Tensor* StepBuilder::ffn_moe(const LayerWeights& l, Tensor* x) {
+Tensor* StepBuilder::ffn_moe(const LayerWeights& l, Tensor* x, int il) {
   if (!x) return nullptr;
   const int64_t n_embd = x->ne[0], n_tokens = x->ne[1];
   const int64_t n_expert = hp_.n_expert, n_used = hp_.n_expert_used;
-  Tensor* probs = soft_max(g_, mul_mat(g_, l.ffn_gate_inp, x), nullptr, 1.0f);  // [n_expert, T]
-  Tensor* ids = top_k(g_, probs, static_cast<int>(n_used));                     // i32 [n_used, T]
+  Tensor* logits = linear(l.ffn_gate_inp, x, nullptr, "ffn_moe_logits", il);
+  Tensor* probs = name(soft_max(g_, logits, nullptr, 1.0f), "ffn_moe_probs", il);      // [n_expert, T]
+  Tensor* ids = name(top_k(g_, probs, static_cast<int>(n_used)), "ffn_moe_topk", il);  // i32 [n_used, T]
   // The chosen experts' probabilities: each token's probabilities become rows of one element, so
   // get_rows with that token's ids gathers them without leaving the device.
-  Tensor* weights = get_rows(g_, reshape(g_, probs, {1, n_expert, n_tokens, 1}), ids);  // [1, n_used, T]
+  Tensor* weights = name(get_rows(g_, reshape(g_, probs, {1, n_expert, n_tokens, 1}), ids), "ffn_moe_weights",
+                         il);  // [1, n_used, T]
   if (hp_.expert_weights_norm) {
     Tensor* w2 = reshape(g_, weights, {n_used, n_tokens, 1, 1});
-    w2 = div(g_, w2, sum_rows(g_, w2));  // [n_used, T] / [1, T]
+    Tensor* sum = name(sum_rows(g_, w2), "ffn_moe_weights_sum", il);
+    w2 = name(div(g_, w2, sum), "ffn_moe_weights_norm", il);  // [n_used, T] / [1, T]
     weights = reshape(g_, w2, {1, n_used, n_tokens, 1});
   }
-  Tensor* xe = reshape(g_, x, {n_embd, 1, n_tokens, 1});    // every selected expert reads the same row
-  Tensor* gate = mul_mat_id(g_, l.ffn_gate_exps, xe, ids);  // [n_ff_exp, n_used, T]
-  Tensor* up = mul_mat_id(g_, l.ffn_up_exps, xe, ids);
-  Tensor* down = mul_mat_id(g_, l.ffn_down_exps, swiglu(g_, gate, up), ids);  // [n_embd, n_used, T]
-  down = mul(g_, down, weights);
+  Tensor* xe = reshape(g_, x, {n_embd, 1, n_tokens, 1});  // every selected expert reads the same row
+  Tensor* gate = name(mul_mat_id(g_, l.ffn_gate_exps, xe, ids), "ffn_moe_gate", il);  // [n_ff_exp, n_used, T]
+  Tensor* up = name(mul_mat_id(g_, l.ffn_up_exps, xe, ids), "ffn_moe_up", il);
+  Tensor* glu = name(swiglu(g_, gate, up), "ffn_moe_glu", il);
+  Tensor* down = name(mul_mat_id(g_, l.ffn_down_exps, glu, ids), "ffn_moe_down", il);  // [n_embd, n_used, T]
+  down = name(mul(g_, down, weights), "ffn_moe_weighted", il);
   // Sum over the experts: with the expert dim innermost (a strided view), one sum_rows reduces it.
-  Tensor* sum = sum_rows(g_, permute(g_, down, 1, 0, 2, 3));  // [1, n_embd, T]
+  Tensor* sum = name(sum_rows(g_, permute(g_, down, 1, 0, 2, 3)), "ffn_moe_out", il);  // [1, n_embd, T]
   return reshape(g_, sum, {n_embd, n_tokens, 1, 1});
 }
 
@@ -139,9 +170,10 @@ Tensor* StepBuilder::select_outputs(Tensor* x) {
 }
 
 Tensor* StepBuilder::logits(Tensor* x) {
-  Tensor* y = linear(w_.output, rms_norm(select_outputs(x), w_.output_norm));
-  if (hp_.final_softcap > 0.0f) y = softcap(g_, y, hp_.final_softcap);
-  if (y) y->name = "logits";
+  Tensor* h = rms_norm(select_outputs(x), w_.output_norm, "result_norm");
+  if (hp_.final_softcap <= 0.0f) return linear(w_.output, h, nullptr, "result_output");
+  Tensor* y = name(softcap(g_, mul_mat(g_, w_.output, h), hp_.final_softcap), "result_output");
+  name_inner(y ? y->src[0] : nullptr, y);
   return y;
 }
 

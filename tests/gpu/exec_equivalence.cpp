@@ -1,7 +1,7 @@
 // The optimized CUDA executor against the serialized one on whole models: same greedy tokens for
 // 64 steps, logits within NMSE 1e-6 (1e-4 with fusion, whose kernels sum in another order), and
 // bit-identical results from run to run (a moving result is a race). Also reports how often the
-// executable graph was built while decoding.
+// executable graph was built while decoding, and checks that forced hash collisions rebuild.
 //
 //   loom-exec-equivalence [--steps 64] [--runs 3] MODEL.gguf...
 //
@@ -168,6 +168,23 @@ int main(int argc, char** argv) {
             fmt::format("{}: 40 exact-extent steps with graph updates equal the serialized ones", short_name));
       check(uc.graph_updates > 0, fmt::format("{}: executable graphs updated in place: {} (builds {}, replays {})",
                                               short_name, uc.graph_updates, uc.graph_builds, uc.graph_replays));
+
+      // Hash collisions: with every structure looked up by one forced hash (LOOM_EXEC_FORCE_HASH, read
+      // at reset), each new step meets cached passes of other structures under its hash. Their words
+      // differ, so it is rebuilt, never replayed from another step's graph: the logits stay those of
+      // the serialized run.
+      setenv("LOOM_EXEC_FORCE_HASH", "12345", 1);
+      const bool forced = (*backend)->reset().ok();
+      ExecCounters cc;
+      auto collided = exact_run(named("all"), &cc);
+      unsetenv("LOOM_EXEC_FORCE_HASH");
+      check(forced && (*backend)->reset().ok(), fmt::format("{}: reset around the forced hash", short_name));
+      check(serial.ok() && collided.ok() && *serial == *collided,
+            fmt::format("{}: 40 exact-extent steps under one forced hash equal the serialized ones",
+                        short_name));
+      check(cc.hash_collisions > 0 && cc.graph_builds + cc.graph_updates > 1,
+            fmt::format("{}: forced hash collisions rebuilt: {} (builds {}, updates {}, replays {})",
+                        short_name, cc.hash_collisions, cc.graph_builds, cc.graph_updates, cc.graph_replays));
     }
     for (const char* cfg : {"graph", "concurrency", "fusion", "reorder", "all"}) {
       const ExecOptions o = named(cfg);

@@ -350,14 +350,15 @@ TEST(ExecPlan, RandomPlansKeepConflictsOrderedAndEdgesMinimal) {
 namespace loom {
 namespace {
 
-// The replay cache's key: the same structure hashes the same (also in a copy of the graph, as the C ABI
-// makes), and any change a kernel would see changes it.
+// The replay cache's key: the same structure encodes the same (also in a copy of the graph, as the C
+// ABI makes), and any change a kernel would see changes its words and its hash; names change neither.
 TEST(ExecPlan, StructureHashSeesEverythingAKernelSees) {
   Layer l;
   ASSERT_TRUE(l.g.status().ok());
-  const ExecOptions o;
-  const uint64_t h0 = exec::structure_hash(l.g, o);
-  EXPECT_EQ(exec::structure_hash(l.g, o), h0);
+  const StructureKey k0 = exec::structure_key(l.g);
+  const uint64_t h0 = k0.hash;
+  EXPECT_EQ(exec::structure_key(l.g).hash, h0);
+  EXPECT_EQ(exec::structure_key(l.g).words, k0.words);
 
   // a node-for-node copy (operands re-pointed at the copies) hashes the same
   Graph copy;
@@ -372,13 +373,16 @@ TEST(ExecPlan, StructureHashSeesEverythingAKernelSees) {
     if (c->view_src && map.count(c->view_src)) c->view_src = map[c->view_src];
     map[n] = c;
   }
-  EXPECT_EQ(exec::structure_hash(copy, o), h0);
+  EXPECT_EQ(exec::structure_key(copy).words, k0.words);
+  EXPECT_EQ(exec::structure_key(copy).hash, h0);
 
   auto changed = [&](auto&& mutate, auto&& undo, const char* what) {
     mutate();
-    EXPECT_NE(exec::structure_hash(l.g, o), h0) << what;
+    const StructureKey k = exec::structure_key(l.g);
+    EXPECT_NE(k.hash, h0) << what;
+    EXPECT_NE(k.words, k0.words) << what;
     undo();
-    EXPECT_EQ(exec::structure_hash(l.g, o), h0) << what << " (undone)";
+    EXPECT_EQ(exec::structure_key(l.g).hash, h0) << what << " (undone)";
   };
   Tensor* n = l.glu;
   void* data = n->data;
@@ -393,9 +397,14 @@ TEST(ExecPlan, StructureHashSeesEverythingAKernelSees) {
   Tensor* src1 = n->src[1];
   changed([&] { n->src[1] = other; }, [&] { n->src[1] = src1; }, "an operand");
   changed([&] { n->flags |= kTensorOutput; }, [&] { n->flags &= ~uint32_t{kTensorOutput}; }, "the output flag");
+  n->name = "blk.0.ffn_glu";  // names change no kernel
+  EXPECT_EQ(exec::structure_key(l.g).words, k0.words);
   ExecOptions no_fusion;
   no_fusion.fusion = false;
-  EXPECT_NE(exec::structure_hash(l.g, no_fusion), h0);
+  EXPECT_NE(exec::options_word(no_fusion), exec::options_word(ExecOptions{}));
+  ExecOptions more_chunks;
+  more_chunks.n_cb = 4;  // splits only a first run
+  EXPECT_EQ(exec::options_word(more_chunks), exec::options_word(ExecOptions{}));
 }
 
 }  // namespace

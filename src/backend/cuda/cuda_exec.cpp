@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "cuda_common.h"
 #include "cuda_ops.h"
@@ -84,6 +85,15 @@ int64_t injected_fault_at() {
   return v && *v ? std::atoll(v) : -1;
 }
 
+// LOOM_EXEC_FORCE_HASH=N (read when the executor is created or reset) makes every structure look up
+// the graph cache by hash N: every lookup with a cached pass of another structure is a collision, for
+// testing that a collision rebuilds.
+std::optional<uint64_t> forced_hash() {
+  const char* v = std::getenv("LOOM_EXEC_FORCE_HASH");
+  if (!v || !*v) return std::nullopt;
+  return std::strtoull(v, nullptr, 0);
+}
+
 std::string dispatch_name(const exec::Dispatch& d) {
   const Tensor* a = d.anchor();
   const char* what = d.kind == FusedKind::none ? op_name(d.node()->op) : fused_kind_name(d.kind);
@@ -96,7 +106,12 @@ constexpr int kScratchSlots = 8;
 }  // namespace
 
 Executor::Executor(DeviceContext& dev, Numerics numerics)
-    : dev_(dev), numerics_(numerics), options_(exec_options_from_env()), sync_each_node_(std::getenv("LOOM_CUDA_SYNC_EACH_NODE") != nullptr) {}
+    : dev_(dev),
+      numerics_(numerics),
+      options_(exec_options_from_env()),
+      sync_each_node_(std::getenv("LOOM_CUDA_SYNC_EACH_NODE") != nullptr) {
+  cache_.force_hash(forced_hash());
+}
 
 Executor::~Executor() {
   if (dev_.make_current().ok()) {
@@ -109,9 +124,9 @@ Executor::~Executor() {
 }
 
 void Executor::clear_cache() {
-  for (Cached& c : cache_)
+  cache_.clear([](Cached& c) {
     if (c.exec) cudaGraphExecDestroy(c.exec);
-  cache_.clear();
+  });
   seen_.clear();
 }
 
@@ -135,6 +150,7 @@ Status Executor::reset() {
   if (cudaStreamSynchronize(dev_.stream()) != cudaSuccess) (void)cudaGetLastError();
   (void)cudaGetLastError();
   clear_cache();
+  cache_.force_hash(forced_hash());
   error_ = {};
   return {};
 }
@@ -252,26 +268,22 @@ Status Executor::compute(const Graph& g) {
 Status Executor::compute_locked(const Graph& g, uint64_t t0) {
   const bool trace = !trace_path_.empty();
   const ExecOptions o = effective_options(trace);
+  // One encoding of the structure per pass: the graph's own key when its owner attached one (a step
+  // the model layer reuses as it is), else encoded here.
   const uint64_t t_hash = now_ns();
-  const uint64_t hash = exec::structure_hash(g, o);
+  const StructureKey* key = g.structure_key();
+  if (!key) {
+    exec::structure_key(g, key_);
+    key = &key_;
+  }
+  const uint64_t options = exec::options_word(o);
+  const uint64_t hash = key->hash ^ (options * 0x9e3779b97f4a7c15ull);  // for seen_ and eager_kernels_
   counters_.host_hash_ns += now_ns() - t_hash;
 
   if (o.graph) {
-    for (auto it = cache_.begin(); it != cache_.end(); ++it) {
-      if (it->hash != hash) continue;
-      cache_.splice(cache_.begin(), cache_, it);  // most recently used first
-      if (aborted()) return make_error(StatusCode::aborted, "cuda: compute stopped by the abort callback before launch");
-      Cached& c = cache_.front();
-      const cudaError_t e = cudaGraphLaunch(c.exec, dev_.stream());
-      if (e != cudaSuccess)
-        return fail(to_status(CudaError::runtime(e, "cudaGraphLaunch", __FILE__, __LINE__), "replaying a pass"));
-      ++counters_.graph_replays;
-      counters_.kernels += c.kernels;
-      counters_.pdl_edges += c.pdl_edges;
-      count_plan(c.stats, c.dispatches);  // a replay does the recorded plan's work
-      counters_.host_ns += now_ns() - t0;
-      return sync();
-    }
+    bool collision = false;
+    if (const Cached* c = cache_.find(*key, options, &collision)) return replay(*c, t0);
+    counters_.hash_collisions += collision;
   }
 
   LOOM_TRY(validate(g));
@@ -289,7 +301,7 @@ Status Executor::compute_locked(const Graph& g, uint64_t t0) {
   if (!o.graph) {
     LOOM_TRY(run_eager(p, hash));
   } else {
-    LOOM_TRY(run_new_structure(p, hash, o));
+    LOOM_TRY(run_new_structure(p, *key, hash, o));
   }
   counters_.host_ns += now_ns() - t0;
   return sync();
@@ -471,13 +483,27 @@ Status Executor::record(const exec::Plan& p, size_t begin, size_t end, bool pdl,
   return {};
 }
 
-Status Executor::run_new_structure(const exec::Plan& p, uint64_t hash, const ExecOptions& o) {
+Status Executor::replay(const Cached& c, uint64_t t0) {
+  if (aborted())
+    return make_error(StatusCode::aborted, "cuda: compute stopped by the abort callback before launch");
+  const cudaError_t e = cudaGraphLaunch(c.exec, dev_.stream());
+  if (e != cudaSuccess)
+    return fail(to_status(CudaError::runtime(e, "cudaGraphLaunch", __FILE__, __LINE__), "replaying a pass"));
+  ++counters_.graph_replays;
+  counters_.kernels += c.kernels;
+  counters_.pdl_edges += c.pdl_edges;
+  count_plan(c.stats, c.dispatches);  // a replay does the recorded plan's work
+  counters_.host_ns += now_ns() - t0;
+  return sync();
+}
+
+Status Executor::run_new_structure(const exec::Plan& p, const StructureKey& key, uint64_t hash,
+                                   const ExecOptions& o) {
   const bool pdl = o.pdl && dev_.info().cc_major >= 9;
   if (seen_.count(hash)) {
     // Second sighting: the structure repeats, so record it whole once and replay it from now on.
     cudaGraph_t graph = nullptr;
     Cached c;
-    c.hash = hash;
     c.dispatches = p.dispatches.size();
     c.stats = p.stats;
     const char* dump = std::getenv("LOOM_EXEC_DUMP");
@@ -487,16 +513,16 @@ Status Executor::run_new_structure(const exec::Plan& p, uint64_t hash, const Exe
     if (dump && *dump)
       std::ofstream(fmt::format("{}-graph-{}.kernels.txt", dump, n_graph_dumps_++))
           << "dispatch label kernel launch (the last kernel of each dispatch)\n" << listing;
-    Status s = instantiate_and_cache(graph, std::move(c));
+    Status s = instantiate_and_cache(graph, key, exec::options_word(o), c);
     cudaGraphDestroy(graph);
     LOOM_TRY(fail(s));
     if (aborted()) return make_error(StatusCode::aborted, "cuda: compute stopped by the abort callback before launch");
-    Cached& cached = cache_.front();
-    const cudaError_t e = cudaGraphLaunch(cached.exec, dev_.stream());
+    const Cached* cached = cache_.front();
+    const cudaError_t e = cudaGraphLaunch(cached->exec, dev_.stream());
     if (e != cudaSuccess)
       return fail(to_status(CudaError::runtime(e, "cudaGraphLaunch", __FILE__, __LINE__), "first launch of a pass"));
-    counters_.kernels += cached.kernels;
-    counters_.pdl_edges += cached.pdl_edges;
+    counters_.kernels += cached->kernels;
+    counters_.pdl_edges += cached->pdl_edges;
     return {};
   }
   // First sighting: chunks, each launched as soon as it is recorded while the next is recorded.
@@ -539,16 +565,16 @@ Status Executor::run_new_structure(const exec::Plan& p, uint64_t hash, const Exe
   return s;
 }
 
-Status Executor::instantiate_and_cache(cudaGraph_t graph, Cached c) {
-  if (cache_.size() >= kCacheCapacity) {
+Status Executor::instantiate_and_cache(cudaGraph_t graph, const StructureKey& key, uint64_t options,
+                                       Cached c) {
+  if (cache_.full()) {
     // Reuse the least recently used executable graph: update it in place when the topology allows.
-    Cached old = cache_.back();
-    cache_.pop_back();
+    const Cached old = cache_.take_oldest();
     cudaGraphExecUpdateResultInfo info{};
     if (cudaGraphExecUpdate(old.exec, graph, &info) == cudaSuccess) {
       c.exec = old.exec;
       ++counters_.graph_updates;
-      cache_.push_front(std::move(c));
+      cache_.insert(key, options, c);
       return {};
     }
     (void)cudaGetLastError();
@@ -556,7 +582,7 @@ Status Executor::instantiate_and_cache(cudaGraph_t graph, Cached c) {
   }
   LOOM_CUDA_STATUS(cudaGraphInstantiate(&c.exec, graph, 0));
   ++counters_.graph_builds;
-  cache_.push_front(std::move(c));
+  cache_.insert(key, options, c);
   return {};
 }
 

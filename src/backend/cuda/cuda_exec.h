@@ -1,7 +1,8 @@
 // The CUDA graph executor: plans a graph (src/exec: fusion, reorder, dependencies), records it as
 // a CUDA graph with one kernel node per dispatch and edges only where byte ranges conflict
 // (programmatic dependent launch on single-predecessor chains), caches the executable graph by a
-// structural hash of the pass and replays it while the structure stays the same.
+// structure key of the pass (structure_key: its hash finds the entry, its words confirm it) and
+// replays it while the structure stays the same.
 //
 // A pass whose structure is new is submitted the way the seeds submit: its first max(64, 10%)
 // dispatches as one graph launched as soon as it is recorded, the rest in n_cb more chunks, each
@@ -11,13 +12,13 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <list>
-#include <memory>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
 #include "cuda_device.h"
+#include "loom/exec_graph_cache.h"
 #include "loom/exec_plan.h"
 #include "loom/exec.h"
 
@@ -53,7 +54,6 @@ class Executor {
 
  private:
   struct Cached {
-    uint64_t hash = 0;
     cudaGraphExec_t exec = nullptr;
     uint64_t kernels = 0;
     uint64_t dispatches = 0;
@@ -67,13 +67,14 @@ class Executor {
   Status run_eager(const exec::Plan& p, uint64_t hash);
   Status run_traced(const exec::Plan& p, const std::string& path, uint64_t t0);
   uint64_t kernels_of(const exec::Plan& p, uint64_t hash);
-  Status run_new_structure(const exec::Plan& p, uint64_t hash, const ExecOptions& o);
-  Status replay(Cached& c);
+  Status run_new_structure(const exec::Plan& p, const StructureKey& key, uint64_t hash, const ExecOptions& o);
+  // Launches a cached executable graph and waits for it.
+  Status replay(const Cached& c, uint64_t t0);
   // Records dispatches [begin, end) of `p` into a new graph (edges inside the range only).
   // `listing`, when given, receives each dispatch's last kernel: name, grid, block.
   Status record(const exec::Plan& p, size_t begin, size_t end, bool pdl, cudaGraph_t* out, uint64_t* kernels,
                 uint64_t* pdl_edges, std::string* listing = nullptr);
-  Status instantiate_and_cache(cudaGraph_t graph, Cached info);
+  Status instantiate_and_cache(cudaGraph_t graph, const StructureKey& key, uint64_t options, Cached info);
   Status fail(Status s);
   CudaError run_dispatch(const LaunchContext& base, const exec::Dispatch& d);
   bool aborted() const { return abort_fn_ && abort_fn_(abort_data_); }
@@ -100,10 +101,13 @@ class Executor {
   size_t scratch_capacity_ = 0;
   size_t slot_bytes_ = 0;
   int n_slots_ = 0;
-  std::list<Cached> cache_;  // most recently used first
+  static constexpr size_t kCacheCapacity = 16;
+  exec::GraphCache<Cached> cache_{kCacheCapacity};
+  StructureKey key_;  // the key of a graph that carries none, rebuilt each compute in the same memory
+  // By structure hash alone: a collision here costs only a needless whole-pass recording or a wrong
+  // kernel count, never a wrong replay.
   std::unordered_set<uint64_t> seen_;  // structures run once (built into a graph when seen again)
   std::unordered_map<uint64_t, uint64_t> eager_kernels_;  // kernels per eager pass, by structure
-  static constexpr size_t kCacheCapacity = 16;
 };
 
 }  // namespace loom::cuda

@@ -27,14 +27,6 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
-/// Lets the grid launched after this one with PDL be scheduled once every block of this grid has
-/// triggered or exited (its pdl_wait still waits for this grid to complete). Not used yet.
-__device__ __forceinline__ void pdl_trigger() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" :::);
-#endif
-}
-
 __device__ __forceinline__ int64_t nelements(const TensorDesc& t) {
   return t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3];
 }
