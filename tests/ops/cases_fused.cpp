@@ -357,7 +357,7 @@ void add_fused_cases(CaseList& cases, CaseSet set) {
   add_add_rms_norm_mul(cases, {2050, 3, 1, 1}, {2050, 1, 1, 1});  // the second operand broadcast
 
   for (DType wt : kAllWeightTypes)
-    for (int64_t n : {1, 3}) add_mat_vec_bias(cases, wt, 37, n);
+    for (int64_t n : {1, 3, 8}) add_mat_vec_bias(cases, wt, 37, n);
 
   for (DType wt : kAllWeightTypes)
     for (int64_t n : {1, 3}) add_glu_mat_vec(cases, wt, 45, n, true);

@@ -183,10 +183,17 @@ int64_t pick_k(DType t, int64_t plain, int64_t q32, int64_t qk) {
 
 void add_matmul_cases(CaseList& cases, CaseSet set) {
   if (set == CaseSet::perf) {
-    for (DType wt : kAllWeightTypes) {
-      add_mul_mat(cases, {wt, 4096, 1, 4096, {1, 1}, {1, 1}}, true);
-      add_mul_mat(cases, {wt, 4096, 512, 4096, {1, 1}, {1, 1}}, true);
-    }
+    // Decode (the mat-vec kernels, 1..8 columns; GB/s against 4,350 on the H200): the 8B shapes.
+    for (DType wt : kAllWeightTypes)
+      for (int64_t n : {1, 2, 4, 8}) {
+        add_mul_mat(cases, {wt, 4096, n, 4096, {1, 1}, {1, 1}}, true);
+        add_mul_mat(cases, {wt, 14336, n, 4096, {1, 1}, {1, 1}}, true);
+        add_mul_mat(cases, {wt, 4096, n, 14336, {1, 1}, {1, 1}}, true);
+      }
+    // the output layer (2.1 GB in f32: left to the types models ship it in)
+    for (DType wt : {DType::f16, DType::q8_0, DType::q4_0, DType::q4_k, DType::q6_k})
+      for (int64_t n : {1, 2, 4, 8}) add_mul_mat(cases, {wt, 128256, n, 4096, {1, 1}, {1, 1}}, true);
+    for (DType wt : kAllWeightTypes) add_mul_mat(cases, {wt, 4096, 512, 4096, {1, 1}, {1, 1}}, true);
     // Prefill (the fast mode's tensor-core GEMMs): the 8B shapes at prompt chunks of M tokens.
     for (DType wt : kAllWeightTypes)
       for (int64_t n : {16, 64, 256, 2048, 4096}) add_mul_mat(cases, {wt, 4096, n, 4096, {1, 1}, {1, 1}}, true);
@@ -217,6 +224,19 @@ void add_matmul_cases(CaseList& cases, CaseSet set) {
     add_mul_mat(cases, {wt, 5, 3, k2, {3, 2}, {3, 2}}, false);    // batched, no broadcast
     add_mul_mat(cases, {wt, 9, 5, k1, {1, 1}, {3, 1}, BLayout::permuted}, false);
     add_mul_mat(cases, {wt, 8, 4, k1, {1, 1}, {1, 1}, BLayout::packed, true}, false);
+  }
+  // Every column count of the mat-vec kernels (the fast mode's take 1, 2, 4 or 8 columns per kernel and
+  // 1, 1, 2 or 4 rows per block): row counts off those tiles, one row, a reduction of several
+  // quantized stages (k 4352: 136 units of 32 weights, 128 per stage), quantized rows off 16-byte
+  // boundaries (k 288: q4_0 rows of 162 bytes, q8_0 of 306; k 768: q6_K rows of 630), and batches
+  // broadcast over dims 2-3.
+  for (DType wt : kAllWeightTypes) {
+    const int64_t k_long = pick_k(wt, 1032, 4352, 4352), k_short = pick_k(wt, 136, 288, 768);
+    for (int64_t n = 1; n <= 8; ++n) {
+      add_mul_mat(cases, {wt, 2 * n + 1, n, k_long, {1, 1}, {1, 1}}, false);
+      add_mul_mat(cases, {wt, 1, n, k_short, {1, 1}, {1, 1}}, false);
+      if (n % 3 == 2) add_mul_mat(cases, {wt, 5, n, k_short, {2, 1}, {4, 2}}, false);
+    }
   }
   // Activations whose rows are not contiguous (the front end accepts them).
   for (DType wt : {DType::f32, DType::f16, DType::q8_0, DType::q4_k})

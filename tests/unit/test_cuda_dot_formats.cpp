@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "backend/cpu/vec_dot.h"
+#include "backend/cuda/kernels/mat_vec_fast_formats.cuh"
 #include "backend/cuda/kernels/quantize_act.cuh"
 #include "loom/quant.h"
 #include "loom/dtype.h"
@@ -95,6 +97,70 @@ TEST(CudaDotFormats, Q8_0MatchesTheCpuBitForBit) { check_type<cuda::DotQ8_0>(DTy
 TEST(CudaDotFormats, Q4_0MatchesTheCpuBitForBit) { check_type<cuda::DotQ4_0>(DType::q4_0); }
 TEST(CudaDotFormats, Q4_KMatchesTheCpuBitForBit) { check_type<cuda::DotQ4_K>(DType::q4_k); }
 TEST(CudaDotFormats, Q6_KMatchesTheCpuBitForBit) { check_type<cuda::DotQ6_K>(DType::q6_k); }
+
+// ---- the fast mode's units (mat_vec_fast_formats.cuh) ----------------------------------------------
+// Each unit's decoded codes and scales give the CPU dequantizer's 32 weights, and its dot with int8
+// activation codes is their float64 dot within float rounding.
+
+int8_t code_byte(const uint32_t (&q)[8], int e) { return static_cast<int8_t>(q[e / 4] >> (8 * (e % 4))); }
+
+float unit_weight(const cuda::FastQ8_0::Unit& u, int e) { return static_cast<float>(code_byte(u.q, e)) * u.d; }
+float unit_weight(const cuda::FastQ4_K::Unit& u, int e) {
+  return u.d_sc * static_cast<float>(code_byte(u.q, e)) - u.dmin_m;
+}
+float unit_weight(const cuda::FastQ6_K::Unit& u, int e) {
+  return u.d * static_cast<float>(e < 16 ? u.sc0 : u.sc1) * static_cast<float>(code_byte(u.q, e));
+}
+
+template <class Q>
+void check_fast_units(DType type) {
+  SCOPED_TRACE(dtype_name(type));
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal;
+  std::uniform_int_distribution<int> code(-127, 127);
+  constexpr int64_t k = 2048;
+  for (int r = 0; r < 40; ++r) {
+    std::vector<float> w(k);
+    for (float& v : w) v = normal(rng) * (r % 3 == 0 ? 1e-3f : 0.05f) + (r % 4 == 0 ? 0.02f : 0.0f);
+    std::vector<uint8_t> wq(dtype_row_size(type, k));
+    quantize_row(type, w.data(), wq.data(), k);
+    std::vector<float> ref(k);
+    dequantize_row(type, wq.data(), ref.data(), k);
+    for (int64_t u = 0; u < k / cuda::kFastUnit; ++u) {
+      const auto unit = Q::decode(wq.data() + (u / Q::kUnitsPerBlock) * Q::kBytes, static_cast<int>(u % Q::kUnitsPerBlock));
+      int x[8];
+      int xsum = 0;
+      double want = 0.0, scale = 0.0;
+      const float dx = 0.01f + 0.001f * static_cast<float>(r);
+      for (int i = 0; i < 8; ++i) {
+        uint32_t word = 0;
+        for (int b = 0; b < 4; ++b) {
+          const int c = code(rng);
+          xsum += c;
+          const double term = static_cast<double>(ref[u * 32 + 4 * i + b]) * c * dx;
+          want += term;
+          scale += std::fabs(term);
+          word |= (static_cast<uint32_t>(c) & 0xffu) << (8 * b);
+        }
+        x[i] = static_cast<int>(word);
+      }
+      for (int e = 0; e < cuda::kFastUnit; ++e) {
+        const float expect = ref[u * 32 + e];
+        ASSERT_NEAR(unit_weight(unit, e), expect, 1e-6 * std::fabs(expect) + 1e-12) << "row " << r << " element " << u * 32 + e;
+      }
+      ASSERT_NEAR(Q::dot(unit, x, dx, xsum), want, 1e-5 * scale + 1e-12) << "row " << r << " unit " << u;
+    }
+  }
+  // the fast layout fits in the scratch reserved for the exact mode's activation blocks
+  const size_t exact = Q::kActScaleBlock == 256 ? 100 * (4096 / 256) * sizeof(cuda::ActQ8_K)
+                                                : 100 * (4096 / 32) * sizeof(cuda::ActQ8_0);
+  EXPECT_LE(cuda::ActFastLayout<Q>::bytes(100, 4096), exact);
+}
+
+TEST(CudaFastFormats, Q8_0UnitsMatchTheCpuDequantizer) { check_fast_units<cuda::FastQ8_0>(DType::q8_0); }
+TEST(CudaFastFormats, Q4_0UnitsMatchTheCpuDequantizer) { check_fast_units<cuda::FastQ4_0>(DType::q4_0); }
+TEST(CudaFastFormats, Q4_KUnitsMatchTheCpuDequantizer) { check_fast_units<cuda::FastQ4_K>(DType::q4_k); }
+TEST(CudaFastFormats, Q6_KUnitsMatchTheCpuDequantizer) { check_fast_units<cuda::FastQ6_K>(DType::q6_k); }
 
 }  // namespace
 }  // namespace loom

@@ -36,6 +36,7 @@
 
 #include "common.cuh"
 #include "mat_vec.cuh"
+#include "mat_vec_fast.cuh"
 #include "matmul.cuh"
 #include "quant.cuh"
 #include "quantize_act.cuh"
@@ -393,6 +394,9 @@ CudaError mat_vec_id_q8(const LaunchContext& ctx, const Tensor* dst) {
 // The mat-vec path of mul_mat for any weight type but i32 (dst: see mat_vec).
 template <bool kBias>
 CudaError mat_vec_any(const LaunchContext& ctx, const Tensor* mm, const Tensor* dst, const float* bias) {
+  // the fast numerics mode's kernels (mat_vec_fast.cu); the exact ones below serve exact mode, more
+  // columns, and layouts the fast ones leave out
+  if (ctx.fast && mat_vec_fast_supports(ctx, mm, dst)) return launch_mat_vec_fast(ctx, mm, dst, bias);
   switch (mm->src[0]->type) {
     case DType::f32:
       return mat_vec<FormatF32, kBias>(ctx, mm, dst, bias);

@@ -1,0 +1,189 @@
+// The fast numerics mode's quantized mat-vec arithmetic (mat_vec_fast.cu): how 32 weights of each
+// quantized type decode from their block, and their dot with 32 int8 activations, in float.
+//
+// Activations are quantized per column into ActFast's layout (not the CPU's blocks): int8 codes
+// contiguous per column (16-byte loads of 16 codes), one float scale per 32 codes for q8_0/q4_0
+// weights and per 256 for the K-quants (q8_K's granularity), and for q4_K the integer sum of each 32
+// codes (the sub-block mins term). The layout's size never exceeds the exact mode's blocks'
+// (quantized_activation_bytes), so the scratch every caller reserves holds it.
+//
+// A unit is 32 consecutive weights of a row: one whole q8_0/q4_0 block, one sub-block of a q4_K
+// block (1 of 8), a quarter-half of a q6_K block (1 of 8). decode(block, part) unpacks unit `part`
+// of a block into eight words of signed (or for q4_K unsigned) 8-bit codes, element order, and its
+// float scales; dot(unit, x, dx, xsum) gives the unit's term of the row's dot product: an exact
+// integer sum by dp4a, scaled in float.
+//
+// __host__ __device__ (LOOM_HD) so that loom-cuda-host-tests checks the decoders against the CPU's
+// dequantizer. Weight blocks are only 2-byte aligned (34, 18 and 210 bytes), so words are read
+// through load_words_a2. Includes nothing outside src/backend/cuda/ but cuda_fp16.h.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "quantize_act.cuh"
+
+namespace loom::cuda {
+
+/// Weights (and activation codes) per unit.
+constexpr int kFastUnit = 32;
+
+/// n little-endian 32-bit words from a 2-byte aligned address. On the device: the n + 1 aligned
+/// words around them and a funnel shift, n + 1 loads instead of 2n 16-bit ones (the word past the
+/// end must be readable: the shared-memory stages keep 16 bytes of slack).
+template <int N>
+LOOM_HD void load_words_a2(const uint8_t* p, uint32_t (&w)[N]) {
+#if defined(__CUDA_ARCH__)
+  const auto addr = reinterpret_cast<uintptr_t>(p);
+  const auto* base = reinterpret_cast<const uint32_t*>(addr & ~uintptr_t{3});
+  const unsigned shift = (addr & 2u) * 8u;
+  uint32_t raw[N + 1];
+  for (int i = 0; i <= N; ++i) raw[i] = base[i];
+  for (int i = 0; i < N; ++i) w[i] = __funnelshift_r(raw[i], raw[i + 1], shift);
+#else
+  std::memcpy(w, p, sizeof(w));
+#endif
+}
+
+/// Bytewise x - 8 for bytes 0..15 (q4_0 codes), as int8: no borrow crosses a byte.
+LOOM_HD uint32_t nibbles_minus_8(uint32_t x) { return (x + 0x78787878u) ^ 0x80808080u; }
+/// Bytewise x - 32 for bytes 0..63 (q6_K codes), as int8.
+LOOM_HD uint32_t sixbits_minus_32(uint32_t x) { return (x + 0x60606060u) ^ 0x80808080u; }
+
+/// The isum of 32 weight codes against 32 activation codes.
+LOOM_HD int dot32(const uint32_t (&w)[8], const int (&x)[8]) {
+  int s = 0;
+  for (int i = 0; i < 8; ++i) s = dot4(static_cast<int>(w[i]), x[i], s);
+  return s;
+}
+
+/// q8_0: one unit per block; d * dx * isum.
+struct FastQ8_0 {
+  static constexpr int kBlock = 32, kBytes = 34, kUnitsPerBlock = 1;
+  static constexpr int kActScaleBlock = 32;  ///< activations per activation scale
+  static constexpr bool kActSums = false;
+  struct Unit {
+    uint32_t q[8];
+    float d;
+  };
+  LOOM_HD static Unit decode(const uint8_t* b, int /*part*/) {
+    Unit u;
+    load_words_a2(b + 2, u.q);
+    u.d = half_to_float(load_u16_a2(b));
+    return u;
+  }
+  LOOM_HD static float dot(const Unit& u, const int (&x)[8], float dx, int /*xsum*/) {
+    return static_cast<float>(dot32(u.q, x)) * (u.d * dx);
+  }
+};
+
+/// q4_0: one unit per block, codes nibble - 8 (element j low nibble of byte j, j + 16 high).
+struct FastQ4_0 {
+  static constexpr int kBlock = 32, kBytes = 18, kUnitsPerBlock = 1;
+  static constexpr int kActScaleBlock = 32;
+  static constexpr bool kActSums = false;
+  using Unit = FastQ8_0::Unit;
+  LOOM_HD static Unit decode(const uint8_t* b, int /*part*/) {
+    uint32_t raw[4];
+    load_words_a2(b + 2, raw);
+    Unit u;
+    for (int i = 0; i < 4; ++i) {
+      u.q[i] = nibbles_minus_8(raw[i] & 0x0f0f0f0fu);
+      u.q[4 + i] = nibbles_minus_8((raw[i] >> 4) & 0x0f0f0f0fu);
+    }
+    u.d = half_to_float(load_u16_a2(b));
+    return u;
+  }
+  LOOM_HD static float dot(const Unit& u, const int (&x)[8], float dx, int xsum) {
+    return FastQ8_0::dot(u, x, dx, xsum);
+  }
+};
+
+/// q4_K: unit s = sub-block s (elements 32s .. 32s+31): the low (s even) or high nibbles of qs
+/// bytes 32(s/2) .. +31, 6-bit scale sc and min m. Term: dx (d sc isum - dmin m xsum), dx the
+/// activations' scale of the whole 256-block, xsum the sum of the unit's 32 activation codes.
+struct FastQ4_K {
+  static constexpr int kBlock = 256, kBytes = 144, kUnitsPerBlock = 8;
+  static constexpr int kActScaleBlock = 256;
+  static constexpr bool kActSums = true;
+  struct Unit {
+    uint32_t q[8];  // unsigned nibbles
+    float d_sc, dmin_m;
+  };
+  LOOM_HD static Unit decode(const uint8_t* b, int s) {
+    Unit u;
+    uint32_t raw[8];
+    load_words_a2(b + 16 + 32 * (s / 2), raw);
+    const unsigned shift = (s & 1) * 4u;
+    for (int i = 0; i < 8; ++i) u.q[i] = (raw[i] >> shift) & 0x0f0f0f0fu;
+    int sc, m;
+    q4k_scale_min(s, b + 4, sc, m);
+    u.d_sc = half_to_float(load_u16_a2(b)) * static_cast<float>(sc);
+    u.dmin_m = half_to_float(load_u16_a2(b + 2)) * static_cast<float>(m);
+    return u;
+  }
+  LOOM_HD static float dot(const Unit& u, const int (&x)[8], float dx, int xsum) {
+    return dx * (u.d_sc * static_cast<float>(dot32(u.q, x)) - u.dmin_m * static_cast<float>(xsum));
+  }
+};
+
+/// q6_K: unit p = (h, c) = (p / 4, p % 4): elements 128h + 32c + l, l = 0..31, the low (c < 2) or
+/// high nibble of ql[64h + 32(c & 1) + l] and bits 2c..2c+1 of qh[32h + l], code - 32; scales
+/// scales[8h + 2c] for l < 16 and [8h + 2c + 1] for the rest. Term: d dx (sc0 isum_lo + sc1 isum_hi).
+struct FastQ6_K {
+  static constexpr int kBlock = 256, kBytes = 210, kUnitsPerBlock = 8;
+  static constexpr int kActScaleBlock = 256;
+  static constexpr bool kActSums = false;
+  struct Unit {
+    uint32_t q[8];
+    int sc0, sc1;
+    float d;
+  };
+  LOOM_HD static Unit decode(const uint8_t* b, int p) {
+    const int h = p / 4, c = p % 4;
+    uint32_t ql[8], qh[8];
+    load_words_a2(b + 64 * h + 32 * (c & 1), ql);
+    load_words_a2(b + 128 + 32 * h, qh);
+    const unsigned lo_shift = c < 2 ? 0u : 4u, hi_shift = 2u * static_cast<unsigned>(c);
+    Unit u;
+    for (int i = 0; i < 8; ++i)
+      u.q[i] = sixbits_minus_32(((ql[i] >> lo_shift) & 0x0f0f0f0fu) | (((qh[i] >> hi_shift) & 0x03030303u) << 4));
+    const uint16_t sc = load_u16_a2(b + 192 + 8 * h + 2 * c);
+    u.sc0 = static_cast<int8_t>(sc & 0xff);
+    u.sc1 = static_cast<int8_t>(sc >> 8);
+    u.d = half_to_float(load_u16_a2(b + 208));
+    return u;
+  }
+  LOOM_HD static float dot(const Unit& u, const int (&x)[8], float dx, int /*xsum*/) {
+    int lo = 0, hi = 0;
+    for (int i = 0; i < 4; ++i) {
+      lo = dot4(static_cast<int>(u.q[i]), x[i], lo);
+      hi = dot4(static_cast<int>(u.q[4 + i]), x[4 + i], hi);
+    }
+    return (u.d * dx) * static_cast<float>(u.sc0 * lo + u.sc1 * hi);
+  }
+};
+
+/// Where a column's quantized activations lie in the scratch (rows in (j, i2, i3) order, k each):
+/// codes[rows * k], then scales[rows * k / kActScaleBlock] (float), then for kActSums the int16 sum of
+/// each 32 codes [rows * k / 32].
+template <class Q>
+struct ActFastLayout {
+  int8_t* codes;
+  float* scales;
+  int16_t* sums;
+  LOOM_HD static size_t bytes(int64_t rows, int64_t k) {
+    return static_cast<size_t>(rows * k) + static_cast<size_t>(rows * (k / Q::kActScaleBlock)) * sizeof(float) +
+           (Q::kActSums ? static_cast<size_t>(rows * (k / kFastUnit)) * sizeof(int16_t) : 0);
+  }
+  LOOM_HD static ActFastLayout at(void* base, int64_t rows, int64_t k) {
+    auto* p = static_cast<char*>(base);
+    ActFastLayout l;
+    l.codes = reinterpret_cast<int8_t*>(p);
+    l.scales = reinterpret_cast<float*>(p + rows * k);
+    l.sums = reinterpret_cast<int16_t*>(p + rows * k + rows * (k / Q::kActScaleBlock) * static_cast<int64_t>(sizeof(float)));
+    return l;
+  }
+};
+
+}  // namespace loom::cuda
