@@ -51,14 +51,15 @@ void add_run_command(CLI::App& app, std::vector<Command>& out) {
   cmd->add_option("--dump-logits", g->dump_logits, "Write the prompt's logits (f32) to FILE and its ids to FILE.tokens");
   cmd->add_flag("--stats", g->stats, "Print decode and graph-executor statistics to stderr after generating");
   out.push_back({cmd, [g, cmd] {
-                   if (!g->model_path.empty()) return run_generate(*g);
-                   // No -m: the built-in Shakespeare model, on the GPU when one is usable.
+                   // Without -ngl and --backend: the GPU when one is usable (all layers), else the CPU.
+                   GenerateOptions o = *g;
+                   o.gpu_if_usable = cmd->count("--n-gpu-layers") == 0;
+                   if (!o.model_path.empty()) return run_generate(o);
+                   // No -m: the built-in Shakespeare model.
                    if (auto path = find_builtin_model()) {
-                     GenerateOptions o = *g;
                      o.model_path = *path;
                      if (cmd->count("--prompt") == 0 && cmd->count("--file") == 0) o.prompt = "ROMEO:";
                      if (cmd->count("--n-predict") == 0) o.n_predict = 200;
-                     o.gpu_if_usable = cmd->count("--n-gpu-layers") == 0;
                      return run_generate(o);
                    }
                    fmt::print(stderr, "loom: no model given (-m FILE) and the built-in model (models/{}) was not "
