@@ -3,11 +3,14 @@
 # the fast mat-vec kernels against the CPU (op test, both numerics), their bandwidth (op-test perf:
 # GB/s and % of 4,350 GB/s), whole-model fast vs exact logits and run-to-run determinism, and
 # `loom bench` tg128 in both modes on the built-in model and the 1B files.
-#   gpu-decode.sh BUILD_BIN_DIR OUT_DIR
+#   gpu-decode.sh BUILD_BIN_DIR OUT_DIR [STEPS]
+# STEPS (default "ops models bench trace perf") picks the parts.
 # LOOM_DECODE_MODELS="llama3-1b:q4_0 ..." picks the generated files (8B ones take minutes to make).
 set -uo pipefail
 bin=${1:?usage: gpu-decode.sh BUILD_BIN_DIR OUT_DIR}
 out=${2:?}
+steps=" ${3:-ops models bench trace perf} "
+want() { [[ $steps == *" $1 "* ]]; }
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 mkdir -p "$out"
@@ -30,11 +33,11 @@ t0=$(date +%s)
 stamp() { echo "decode: [$(($(date +%s) - t0)) s] $*"; }
 
 # 1. Correctness: every op, CUDA fast against the CPU; the mat-vec family also in exact.
-check "ops cuda(fast) vs cpu" "$bin/loom-test-ops" --backend cuda,cpu --numerics fast -t 16 >"$out/ops-fast.log" 2>&1
-tail -n 4 "$out/ops-fast.log"
-check "mat-vec ops cuda(exact) vs cpu" "$bin/loom-test-ops" --backend cuda,cpu --numerics exact -t 16 \
+want ops && check "ops cuda(fast) vs cpu" "$bin/loom-test-ops" --backend cuda,cpu --numerics fast -t 16 >"$out/ops-fast.log" 2>&1
+want ops && tail -n 4 "$out/ops-fast.log"
+want ops && check "mat-vec ops cuda(exact) vs cpu" "$bin/loom-test-ops" --backend cuda,cpu --numerics exact -t 16 \
   --op mul_mat,mat_vec_bias,mat_vec_multi,glu_mat_vec >"$out/ops-exact.log" 2>&1
-tail -n 2 "$out/ops-exact.log"
+want ops && tail -n 2 "$out/ops-exact.log"
 stamp "ops done"
 
 # 2. Whole model: fast vs exact logits, fast run-to-run bit-identical.
@@ -46,7 +49,7 @@ model() {  # model SHAPE TYPE: path of a generated model (made if missing)
   echo "$f"
 }
 models=${LOOM_DECODE_MODELS:-llama3-1b:q4_0 llama3-1b:q4_K_M llama3-1b:f16}
-for m in builtin $models; do
+want models && for m in builtin $models; do
   if [[ $m == builtin ]]; then f=models/loom-shakespeare-f16.gguf; else
     read -r shape type <<<"${m/:/ }"
     f=$(model "$shape" "$type") || { echo "decode: gen-model $m FAIL"; fails=$((fails + 1)); continue; }
@@ -65,8 +68,12 @@ done
 stamp "models done"
 
 # 3. Speed: tg128 in both modes.
-for m in builtin $models; do
-  if [[ $m == builtin ]]; then args=(); else read -r shape type <<<"${m/:/ }"; args=(-m "$work/$shape-$type.gguf"); fi
+want bench && for m in builtin $models; do
+  if [[ $m == builtin ]]; then args=(-m models/loom-shakespeare-f16.gguf); else
+    read -r shape type <<<"${m/:/ }"
+    f=$(model "$shape" "$type") || { echo "decode: gen-model $m FAIL"; fails=$((fails + 1)); continue; }
+    args=(-m "$f")
+  fi
   for mode in fast exact; do
     "$bin/loom" bench "${args[@]}" -p 0 -n 128 -r 3 --numerics $mode 2>/dev/null | grep -E "^\|" |
       grep -v -- "---" || fails=$((fails + 1))
@@ -74,11 +81,23 @@ for m in builtin $models; do
 done
 stamp "bench done"
 
-# 4. Mat-vec bandwidth (op-test perf, 1..8 columns of the 8B shapes).
-"$bin/loom-test-ops" --backend cuda --numerics fast perf --op mul_mat --exclude ", 16]" --exclude ", 64]" \
-  --exclude ", 256]" --exclude ", 512]" --exclude ", 2048]" --exclude ", 4096]" >"$out/perf-matvec.log" 2>&1 ||
-  { echo "decode: perf FAIL"; fails=$((fails + 1)); }
-grep -E "b=f32\[[0-9]+, [1-8]\]" "$out/perf-matvec.log" | head -120
+# 4. Where one decode step's GPU time goes (one dispatch at a time, events), fast mode.
+want trace && for m in $models; do
+  read -r shape type <<<"${m/:/ }"
+  "$bin/loom" run -m "$work/$shape-$type.gguf" --backend cuda -p "$prompt" -n 8 --temp 0 \
+    --trace "$out/trace-$shape-$type.json" >/dev/null 2>&1 || { echo "decode: trace $m FAIL"; continue; }
+  echo "== decode step trace $m (fast)"
+  python3 tools/trace_summary.py "$out/trace-$shape-$type.json" --by-shape | head -24
+done
+stamp "traces done"
+
+# 5. Mat-vec bandwidth (op-test perf, 1..8 columns of the 8B shapes).
+if want perf; then
+  "$bin/loom-test-ops" --backend cuda --numerics fast perf --op mul_mat --exclude ", 16]" --exclude ", 64]" \
+    --exclude ", 256]" --exclude ", 512]" --exclude ", 2048]" --exclude ", 4096]" >"$out/perf-matvec.log" 2>&1 ||
+    { echo "decode: perf FAIL"; fails=$((fails + 1)); }
+fi
+want perf && grep -E "b=f32\[[0-9]+, [1-8]\]" "$out/perf-matvec.log" | head -120
 stamp "perf done"
 echo "decode: $fails failures"
 exit $((fails > 0))
