@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Checks `loom tokenize --vectors` against a reference vocabulary's .out file, line by line.
-#   usage: tokenizer_vectors.sh LOOM_BINARY SHARED_DATA_DIR VOCAB_NAME
-# Exits 77 (CTest: skipped) when the vocabulary files are absent.
+#   usage: tokenizer_vectors.sh LOOM_BINARY VOCAB_DIR VOCAB_NAME
+# VOCAB_DIR holds ggml-vocab-NAME.gguf, .inp and .out (tests/data/tokenizer); a missing file fails.
 set -u
 loom=$1
-vocab="$2/tokenizer/ggml-vocab-$3.gguf"
+vocab="$2/ggml-vocab-$3.gguf"
 for f in "$vocab" "$vocab.inp" "$vocab.out"; do
   if [[ ! -f $f ]]; then
-    echo "SKIP: $f not found (../shared/data is absent)"
-    exit 77
+    echo "FAIL: $f not found"
+    exit 1
   fi
 done
 out=$(mktemp)

@@ -1,4 +1,5 @@
-// `loom chat -m MODEL`: an interactive conversation through the model's chat template.
+// `loom chat -m MODEL`: an interactive conversation through the model's chat template (without -m,
+// the built-in model, as `loom run`).
 //
 // Each turn renders the whole conversation and tokenizes it, then decodes only what the KV cache
 // does not already hold: the cache keeps the tokens of earlier turns (prompts and replies), and
@@ -106,9 +107,10 @@ namespace {
 
 struct ChatOptions {
   GenerateOptions gen;
-  std::string template_name;  ///< --chat-template
-  std::string system_prompt;  ///< -sys
-  int n_predict = -1;         ///< -n per reply; -1: until the end of the turn or a full context
+  std::string template_name;   ///< --chat-template
+  std::string system_prompt;   ///< -sys
+  int n_predict = -1;          ///< -n per reply; -1: until the end of the turn or a full context
+  bool builtin_model = false;  ///< no -m: the built-in model (or $LOOM_MODEL)
 };
 
 int fail(const Status& s) {
@@ -304,14 +306,23 @@ int run_chat(const ChatOptions& o) {
   if (!session) return fail(session.status());
   auto tok = Tokenizer::from_gguf(session->model->gguf());
   if (!tok) return fail(tok.status());
-  auto tmpl = chat_template_for_model(session->model->gguf(), o.template_name);
+  std::string template_name = o.template_name;
+  // The built-in model is a plain language model, without a chat template: chatml's markers are
+  // text to it, but the conversation works.
+  if (template_name.empty() && o.builtin_model && !session->model->gguf().has("tokenizer.chat_template")) {
+    template_name = "chatml";
+    fmt::print(
+        stderr,
+        "loom: the built-in model has no chat template; using chatml (--chat-template picks another)\n");
+  }
+  auto tmpl = chat_template_for_model(session->model->gguf(), template_name);
   if (!tmpl) return fail(tmpl.status());
   auto sampler = make_sampler(o.gen);
   if (!sampler) return fail(sampler.status());
 
   const bool interactive = ::isatty(STDIN_FILENO) != 0;
   fmt::print(stderr, "loom: chat template {}{}, context {}, backend {}, seed {}{}\n",
-             chat_template_name(*tmpl), o.template_name.empty() ? " (from the model)" : "",
+             chat_template_name(*tmpl), template_name.empty() ? " (from the model)" : "",
              session->context->n_ctx(), backend_name, sampler->seed(),
              interactive ? "; /exit quits, /reset starts over, end a line with \\ to go on" : "");
   Chat chat(o, *session->context, *tok, *tmpl, *sampler);
@@ -344,14 +355,20 @@ void add_chat_command(CLI::App& app, std::vector<Command>& out) {
                          "Chat with a model: reads messages from stdin (one per line), streams replies; "
                          "/exit or end of input quits, /reset starts over");
   add_model_flags(*cmd, o->gen);
-  cmd->get_option("--model")->required();
+  cmd->get_option("--model")->description("GGUF model file (default: the built-in Shakespeare model)");
   cmd->add_option("--chat-template", o->template_name,
                   "Chat template (" + chat_template_names() + "); default: detected from the model");
   cmd->add_option("--system-prompt", o->system_prompt, "System message (-sys)");
   cmd->add_option("-n,--n-predict", o->n_predict, "Most tokens per reply (-1: until the end of the turn)")
       ->check(CLI::Range(-1, 1 << 20));
   add_sampling_flags(*cmd, o->gen);
-  out.push_back({cmd, [o] { return run_chat(*o); }});
+  out.push_back({cmd, [o, cmd] {
+                   if (!o->gen.model_path.empty()) return run_chat(*o);
+                   ChatOptions builtin = *o;
+                   if (!use_builtin_model(*cmd, builtin.gen)) return 1;
+                   builtin.builtin_model = true;
+                   return run_chat(builtin);
+                 }});
 }
 
 }  // namespace loom::app

@@ -3,8 +3,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <limits>
+#include <optional>
 #include <sstream>
 
 #include <CLI/CLI.hpp>
@@ -103,6 +108,37 @@ Result<int> layer_count(const std::string& path) {
 
 }  // namespace
 
+std::optional<std::string> find_builtin_model() {
+  if (const char* env = std::getenv("LOOM_MODEL"); env && *env) return std::string(env);
+  std::vector<std::filesystem::path> dirs;
+  std::error_code ec;
+  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const auto bin = exe.parent_path();
+    dirs = {bin / "../../models", bin / "../models", bin / "../share/loom/models"};
+  }
+  dirs.emplace_back("models");
+  for (const auto& d : dirs) {
+    const auto f = d / kBuiltinModelFile;
+    if (std::filesystem::is_regular_file(f, ec)) return std::filesystem::weakly_canonical(f, ec).string();
+  }
+  return std::nullopt;
+}
+
+bool use_builtin_model(const CLI::App& cmd, GenerateOptions& o) {
+  auto path = find_builtin_model();
+  if (!path) {
+    fmt::print(stderr,
+               "loom: no model given (-m FILE) and the built-in model (models/{}) was not found next to the "
+               "program; set LOOM_MODEL=FILE or pass -m FILE\n",
+               kBuiltinModelFile);
+    return false;
+  }
+  o.model_path = *path;
+  o.gpu_if_usable = cmd.count("--n-gpu-layers") == 0;
+  return true;
+}
+
 void add_model_flags(CLI::App& cmd, GenerateOptions& o) {
   cmd.add_option("-m,--model", o.model_path, "GGUF model file");
   cmd.add_option("-c,--ctx-size", o.n_ctx, "Context size (0: the model's, at most 4096)")->check(CLI::Range(0, 1 << 24));
@@ -123,12 +159,30 @@ void add_numerics_flag(CLI::App& cmd, std::string& numerics) {
       ->check(CLI::IsMember({"exact", "fast"}));
 }
 
+CLI::Validator number_in(double lo, double hi, bool lo_open) {
+  const std::string range =
+      fmt::format("{}{}, {}", lo_open ? "(" : "[", lo, std::isinf(hi) ? "inf)" : fmt::format("{}]", hi));
+  return CLI::Validator(
+      [lo, hi, lo_open, range](std::string& in) -> std::string {
+        double v = 0.0;
+        // isfinite first: NaN fails every comparison, so CLI::Range lets it through.
+        if (!CLI::detail::lexical_cast(in, v) || !std::isfinite(v) || (lo_open ? v <= lo : v < lo) || v > hi)
+          return fmt::format("Value {} not in range {}", in, range);
+        return {};
+      },
+      "FLOAT in " + range);
+}
+
 void add_sampling_flags(CLI::App& cmd, GenerateOptions& o) {
-  cmd.add_option("--temp", o.temperature, "Temperature (0: greedy)");
-  cmd.add_option("--top-k", o.top_k, "Top-k (0: off)");
-  cmd.add_option("--top-p", o.top_p, "Top-p (1: off)");
-  cmd.add_option("--min-p", o.min_p, "Min-p (0: off)");
-  cmd.add_option("--repeat-penalty", o.repeat_penalty, "Repetition penalty (1: off)");
+  // Out-of-range values are refused rather than clamped or read as "off", so a typo (--top-p 7
+  // for 0.7) does not silently change the sampling.
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  cmd.add_option("--temp", o.temperature, "Temperature (0: greedy)")->check(number_in(0.0, kInf));
+  cmd.add_option("--top-k", o.top_k, "Top-k (0: off)")->check(CLI::Range(0, 1 << 30));
+  cmd.add_option("--top-p", o.top_p, "Top-p (1: off)")->check(number_in(0.0, 1.0));
+  cmd.add_option("--min-p", o.min_p, "Min-p (0: off)")->check(number_in(0.0, 1.0));
+  cmd.add_option("--repeat-penalty", o.repeat_penalty, "Repetition penalty (1: off)")
+      ->check(number_in(0.0, kInf, /*lo_open=*/true));
   cmd.add_option("-s,--seed", o.seed, "Sampling seed (default: random)");
 }
 
@@ -172,6 +226,12 @@ Result<llm::Session> open_generate_session(const GenerateOptions& o, std::string
   return llm::open_session(sp);
 }
 
+Status check_utf8(std::string_view text, std::string_view source) {
+  if (size_t bad = text::utf8_first_invalid(text); bad != std::string_view::npos)
+    return make_error(StatusCode::invalid_argument, "{}: not valid UTF-8 at byte {}", source, bad);
+  return {};
+}
+
 Result<Sampler> make_sampler(const GenerateOptions& o) {
   SamplerParams spar;
   spar.seed = o.seed;
@@ -192,6 +252,10 @@ int run_generate(const GenerateOptions& o) {
     ss << f.rdbuf();
     prompt = ss.str();
   }
+  // Checked here, before the model loads, so that the error names the prompt's source: the
+  // tokenizer would name the model file.
+  if (Status s = check_utf8(prompt, o.prompt_file.empty() ? "the prompt (-p)" : o.prompt_file); !s.ok())
+    return fail(s);
   std::string backend_name;
   auto session = open_generate_session(o, backend_name);
   if (!session) return fail(session.status());

@@ -1,4 +1,5 @@
 // `loom info -m FILE`: metadata, tensor table and totals of a GGUF file.
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -8,6 +9,8 @@
 
 #include "commands.h"
 #include "gguf_info.h"
+#include "loom/dtype.h"
+#include "loom/llm.h"
 
 namespace loom::app {
 
@@ -50,6 +53,48 @@ std::string format_bytes(uint64_t bytes) {
     ++u;
   }
   return fmt::format("{:.2f} {}", v, kUnits[u]);
+}
+
+SupportReport check_support(const GgufFile& f) {
+  SupportReport r;
+  if (auto arch = f.get_string("general.architecture")) {
+    r.arch = std::string(*arch);
+    r.arch_supported = llm::arch_from_name(*arch).has_value();
+  }
+  for (const GgufTensorInfo& t : f.tensors())
+    if (!dtype_from_gguf(t.ggml_type)) r.unsupported_types[t.type_info->name].emplace_back(t.name);
+  return r;
+}
+
+std::string describe_support(const SupportReport& r) {
+  std::string archs, types;
+  for (llm::Arch a : llm::supported_archs())
+    archs += fmt::format("{}{}", archs.empty() ? "" : ", ", llm::arch_name(a));
+  for (int i = 0; i < kDTypeCount; ++i)
+    types += fmt::format("{}{}", types.empty() ? "" : ", ", dtype_name(static_cast<DType>(i)));
+  if (r.ok())
+    return fmt::format(
+        "support:  Loom can run this file: architecture {} and every tensor type are supported\n",
+        gguf_escape(r.arch, 256));
+  std::string out = "support:  Loom cannot run this file:\n";
+  if (r.arch.empty())
+    out += fmt::format(
+        "  no general.architecture key (string): not a model file (supported architectures: {})\n", archs);
+  else if (!r.arch_supported)
+    out += fmt::format("  architecture '{}' is not supported (supported: {})\n", gguf_escape(r.arch, 256),
+                       archs);
+  // At most a few names per type: a model holds hundreds of tensors of one type.
+  constexpr size_t kNamesShown = 4;
+  for (const auto& [type, names] : r.unsupported_types) {
+    std::string shown;
+    for (size_t i = 0; i < std::min(names.size(), kNamesShown); ++i)
+      shown += fmt::format("{}{}", i ? ", " : "", gguf_escape(names[i], 256));
+    if (names.size() > kNamesShown) shown += fmt::format(", ... {} more", names.size() - kNamesShown);
+    out += fmt::format("  tensor type {} is not supported: {} tensor{} ({})\n", type, names.size(),
+                       names.size() == 1 ? "" : "s", shown);
+  }
+  if (!r.unsupported_types.empty()) out += fmt::format("  (supported tensor types: {})\n", types);
+  return out;
 }
 
 std::string describe_gguf(const GgufFile& f, size_t max_elements) {
@@ -107,6 +152,7 @@ std::string describe_gguf(const GgufFile& f, size_t max_elements) {
     line(fmt::format("  {:<{}}  {:>5} tensors  {:>12} parameters  {:>12}  {:5.1f}%", name, type_col,
                      tt.tensors, tt.params, format_bytes(tt.bytes),
                      bytes ? 100.0 * static_cast<double>(tt.bytes) / static_cast<double>(bytes) : 0.0));
+  out += describe_support(check_support(f));
   return out;
 }
 
@@ -116,8 +162,15 @@ void add_info_command(CLI::App& app, std::vector<Command>& out) {
     size_t max_elements = 8;
   };
   auto opts = std::make_shared<Options>();
-  auto* cmd = app.add_subcommand("info", "Print a GGUF file's metadata, tensors and totals");
-  cmd->add_option("-m,--model", opts->model, "GGUF file")->required();
+  auto* cmd =
+      app.add_subcommand("info",
+                         "Print a GGUF file's metadata, tensors and totals, and whether Loom supports "
+                         "its architecture and tensor types");
+  // `loom info FILE` or `loom info -m FILE`, exactly one of them.
+  auto* file = cmd->add_option_group("file", "The GGUF file: -m FILE or FILE");
+  file->add_option("-m,--model", opts->model, "GGUF file");
+  file->add_option("file", opts->model, "GGUF file (as -m)");
+  file->require_option(1);
   cmd->add_option("--max-array", opts->max_elements, "Array elements shown per metadata key")
       ->check(CLI::Range(0, 1 << 20));
   out.push_back({cmd, [opts] {

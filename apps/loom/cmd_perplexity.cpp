@@ -182,13 +182,16 @@ int run_kl_divergence(PerplexityOptions o) {
 int run_perplexity(const PerplexityOptions& o) {
   if (o.kl_divergence) return run_kl_divergence(o);
   if (o.text_file.empty())
-    return fail(make_error(StatusCode::invalid_argument,
-                           "perplexity: -f TEXT is required (except with --kl-divergence)"));
+    return fail(
+        make_error(StatusCode::invalid_argument,
+                   "perplexity: no text to evaluate: pass -f TEXT, a plain-text file (not needed with "
+                   "--kl-divergence)"));
   std::ifstream f(o.text_file, std::ios::binary);
   if (!f) return fail(make_error(StatusCode::io_error, "{}: cannot open the text file", o.text_file));
   std::ostringstream ss;
   ss << f.rdbuf();
   const std::string text = ss.str();
+  if (Status s = check_utf8(text, o.text_file); !s.ok()) return fail(s);
 
   std::string backend_name;
   auto session = open_generate_session(o.model, backend_name);
@@ -250,9 +253,12 @@ void add_perplexity_command(CLI::App& app, std::vector<Command>& out) {
                                  "tokens (default 512), the second "
                                  "half of each scored; needs at least one complete chunk");
   add_model_flags(*cmd, o->model);
-  cmd->get_option("--model")->required();
+  cmd->get_option("--model")->description(
+      "GGUF model file (default: the built-in Shakespeare model, with -c "
+      "its context of 256 unless given)");
   cmd->add_option("-f,--file", o->text_file, "Text file to evaluate (not needed with --kl-divergence)");
-  cmd->add_option("--chunks", o->max_chunks, "Evaluate at most N chunks (default: all)");
+  cmd->add_option("--chunks", o->max_chunks, "Evaluate at most N chunks (default: all)")
+      ->check(CLI::Range(1, 1 << 30));
   auto* base = cmd->add_option("--kl-divergence-base", o->kld_base,
                                "Save every scored position's next-token distribution to FILE (16 bits per "
                                "entry); with --kl-divergence, the file to compare with");
@@ -261,9 +267,15 @@ void add_perplexity_command(CLI::App& app, std::vector<Command>& out) {
                 "top-token agreement against it")
       ->needs(base);
   CLI::Option* ctx_flag = cmd->get_option("--ctx-size");
-  out.push_back({cmd, [o, ctx_flag] {
+  out.push_back({cmd, [o, cmd, ctx_flag] {
                    o->ctx_given = ctx_flag->count() > 0;
-                   return run_perplexity(*o);
+                   if (!o->model.model_path.empty()) return run_perplexity(*o);
+                   PerplexityOptions builtin = *o;
+                   if (!use_builtin_model(*cmd, builtin.model)) return 1;
+                   // 512 would exceed the built-in model's training context; its own (256) is what
+                   // models/README.md reports the held-out perplexity at.
+                   if (!builtin.ctx_given) builtin.model.n_ctx = 0;
+                   return run_perplexity(builtin);
                  }});
 }
 

@@ -1,8 +1,4 @@
 // `loom run`: text generation; without -m, the built-in Shakespeare model.
-#include <cstdio>
-#include <cstdlib>
-#include <filesystem>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,31 +10,6 @@
 #include "loom/backend.h"
 
 namespace loom::app {
-
-namespace {
-
-constexpr const char* kBuiltinModelFile = "loom-shakespeare-q8_0.gguf";
-
-// The built-in model ships in the repository's models/ folder: found from $LOOM_MODEL, then next to
-// the program's build or install tree, then in ./models.
-std::optional<std::string> find_builtin_model() {
-  if (const char* env = std::getenv("LOOM_MODEL"); env && *env) return std::string(env);
-  std::vector<std::filesystem::path> dirs;
-  std::error_code ec;
-  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (!ec) {
-    const auto bin = exe.parent_path();
-    dirs = {bin / "../../models", bin / "../models", bin / "../share/loom/models"};
-  }
-  dirs.emplace_back("models");
-  for (const auto& d : dirs) {
-    const auto f = d / kBuiltinModelFile;
-    if (std::filesystem::is_regular_file(f, ec)) return std::filesystem::weakly_canonical(f, ec).string();
-  }
-  return std::nullopt;
-}
-
-}  // namespace
 
 void add_run_command(CLI::App& app, std::vector<Command>& out) {
   auto g = std::make_shared<GenerateOptions>();
@@ -56,16 +27,10 @@ void add_run_command(CLI::App& app, std::vector<Command>& out) {
                    o.gpu_if_usable = cmd->count("--n-gpu-layers") == 0;
                    if (!o.model_path.empty()) return run_generate(o);
                    // No -m: the built-in Shakespeare model.
-                   if (auto path = find_builtin_model()) {
-                     o.model_path = *path;
-                     if (cmd->count("--prompt") == 0 && cmd->count("--file") == 0) o.prompt = "ROMEO:";
-                     if (cmd->count("--n-predict") == 0) o.n_predict = 200;
-                     return run_generate(o);
-                   }
-                   fmt::print(stderr, "loom: no model given (-m FILE) and the built-in model (models/{}) was not "
-                                      "found next to the program; set LOOM_MODEL=FILE or pass -m FILE\n",
-                              kBuiltinModelFile);
-                   return 1;
+                   if (!use_builtin_model(*cmd, o)) return 1;
+                   if (cmd->count("--prompt") == 0 && cmd->count("--file") == 0) o.prompt = "ROMEO:";
+                   if (cmd->count("--n-predict") == 0) o.n_predict = 200;
+                   return run_generate(o);
                  }});
 }
 

@@ -2,7 +2,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "loom/llm.h"
 #include "loom/sample.h"
@@ -10,6 +12,7 @@
 
 namespace CLI {
 class App;
+class Validator;
 }
 
 namespace loom::app {
@@ -41,10 +44,22 @@ int run_generate(const GenerateOptions& o);
 
 // Pieces shared by the commands that load a model (run, chat, perplexity).
 
+/// The built-in model's file name (models/ in the repository).
+inline constexpr const char* kBuiltinModelFile = "loom-shakespeare-q8_0.gguf";
+/// The built-in model, for commands run without -m: $LOOM_MODEL, else models/kBuiltinModelFile next
+/// to the program's build or install tree, else in ./models; nullopt when none is found.
+std::optional<std::string> find_builtin_model();
+/// Points `o` at the built-in model, on the GPU when one is usable unless `cmd` had -ngl; false
+/// (with an error on stderr saying how to give a model) when there is none.
+bool use_builtin_model(const CLI::App& cmd, GenerateOptions& o);
+
 /// Registers -m, -c, -t, -ub, -ngl and --backend on `cmd`, writing into `o`.
 void add_model_flags(CLI::App& cmd, GenerateOptions& o);
 /// Registers --numerics exact|fast on `cmd`, writing into `numerics`.
 void add_numerics_flag(CLI::App& cmd, std::string& numerics);
+/// A CLI11 check: a finite number in [lo, hi], or (lo, hi] with `lo_open`; hi may be infinity.
+/// Unlike CLI::Range it refuses NaN (which compares false with both bounds).
+CLI::Validator number_in(double lo, double hi, bool lo_open = false);
 /// Registers --temp, --top-k, --top-p, --min-p, --repeat-penalty and -s on `cmd`, writing into `o`.
 void add_sampling_flags(CLI::App& cmd, GenerateOptions& o);
 /// Opens the backend `o` asks for (its name in `backend_name`), the model and a context. Without
@@ -52,6 +67,8 @@ void add_sampling_flags(CLI::App& cmd, GenerateOptions& o);
 /// on the GPU, the rest on the CPU (backend_name "cuda+cpu"). Without a usable GPU, -ngl > 0 notes
 /// that on stderr and runs everything on the CPU (gpu_if_usable: silently); --backend cuda fails.
 Result<llm::Session> open_generate_session(const GenerateOptions& o, std::string& backend_name);
+/// An error naming `source` (a file name, "the prompt (-p)") when `text` is not valid UTF-8.
+Status check_utf8(std::string_view text, std::string_view source);
 /// The sampler chain of `o`'s sampling flags.
 Result<Sampler> make_sampler(const GenerateOptions& o);
 

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "loom_version.h"
 
 namespace {
 
@@ -23,6 +24,9 @@ const char* long_spelling(const char* arg) {
 int main(int argc, char** argv) {
   CLI::App app{"Loom: LLM inference on NVIDIA GPUs and CPUs"};
   app.require_subcommand(0, 1);
+  std::string version = std::string("loom ") + LOOM_VERSION;
+  if (*LOOM_GIT_COMMIT) version += std::string(" (git ") + LOOM_GIT_COMMIT + ")";
+  app.set_version_flag("-V,--version", version);
   std::vector<loom::app::Command> commands;
   loom::app::add_run_command(app, commands);
   loom::app::add_backends_command(app, commands);

@@ -40,6 +40,8 @@ enum class Arch { llama, qwen2, qwen3, qwen3moe, gemma2, gemma3 };
 const char* arch_name(Arch a);
 /// Parses a `general.architecture` value; nullopt when Loom does not know it.
 std::optional<Arch> arch_from_name(std::string_view name);
+/// Every architecture Loom can run, in the order of Arch.
+std::span<const Arch> supported_archs();
 
 /// How RoPE frequencies are stretched beyond the training context.
 enum class RopeScaling { none, linear, yarn };

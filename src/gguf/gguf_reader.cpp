@@ -33,13 +33,31 @@ struct FdGuard {
 };
 }  // namespace
 
+namespace {
+// Only regular files can be mapped; the type is checked before open(), because opening a FIFO for
+// reading blocks until a writer comes (`loom info -m fifo` hung), and again on the descriptor (the
+// path may have changed in between; O_NONBLOCK keeps that open() from blocking).
+Status check_regular_file(const std::string& path, const struct stat& st) {
+  if (S_ISREG(st.st_mode)) return {};
+  const char* what = S_ISDIR(st.st_mode)                          ? "a directory"
+                     : S_ISFIFO(st.st_mode)                       ? "a FIFO"
+                     : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
+                     : S_ISSOCK(st.st_mode)                       ? "a socket"
+                                                                  : "an unusual file type";
+  return make_error(StatusCode::io_error, "{}: not a regular file ({})", path, what);
+}
+}  // namespace
+
 Result<MappedFile> MappedFile::open(const std::string& path) {
-  FdGuard fd{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
-  if (fd.fd < 0) return make_error(StatusCode::io_error, "{}: cannot open: {}", path, std::strerror(errno));
   struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    return make_error(StatusCode::io_error, "{}: cannot open: {}", path, std::strerror(errno));
+  LOOM_TRY(check_regular_file(path, st));
+  FdGuard fd{::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK)};
+  if (fd.fd < 0) return make_error(StatusCode::io_error, "{}: cannot open: {}", path, std::strerror(errno));
   if (::fstat(fd.fd, &st) != 0)
     return make_error(StatusCode::io_error, "{}: cannot stat: {}", path, std::strerror(errno));
-  if (!S_ISREG(st.st_mode)) return make_error(StatusCode::io_error, "{}: not a regular file", path);
+  LOOM_TRY(check_regular_file(path, st));
   MappedFile m;
   if (st.st_size == 0) return m;  // mmap rejects length 0
   void* addr = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd.fd, 0);

@@ -31,6 +31,8 @@ namespace {
 constexpr Arch kArchs[] = {Arch::llama, Arch::qwen2, Arch::qwen3, Arch::qwen3moe, Arch::gemma2, Arch::gemma3};
 }  // namespace
 
+std::span<const Arch> supported_archs() { return kArchs; }
+
 std::optional<Arch> arch_from_name(std::string_view name) {
   for (Arch a : kArchs)
     if (name == arch_name(a)) return a;

@@ -14,8 +14,9 @@
 #include <set>
 
 #include "gguf_info.h"
-#include "loom/quant_mixture.h"
 #include "loom/gguf.h"
+#include "loom/llm.h"
+#include "loom/quant_mixture.h"
 #include "quantize_model.h"
 
 namespace loom::app {
@@ -484,6 +485,8 @@ TEST_F(QuantizeCmd, InfoDescribesMetadataTensorsAndTotals) {
       << "attn_v and ffn_down in 4 layers, output, the per-type total\n"
       << text;
   EXPECT_TRUE(has("[256, 64]")) << text;
+  EXPECT_TRUE(has("support:  Loom can run this file: architecture llama and every tensor type are supported"))
+      << text;
 
   // a bad file is a clean error, not a crash
   const std::string junk = path("junk.gguf");
@@ -491,6 +494,79 @@ TEST_F(QuantizeCmd, InfoDescribesMetadataTensorsAndTotals) {
   auto bad = GgufFile::open(junk);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find(junk), std::string::npos);
+}
+
+// A GGUF of an architecture Loom does not know, with tensors of a type it cannot compute with:
+// `loom info` says so from the metadata alone. What Loom supports comes from the queries
+// (llm::supported_archs, dtype_from_gguf), so adding an architecture or a type keeps this true.
+TEST_F(QuantizeCmd, InfoListsTheArchitectureAndTypesLoomCannotRun) {
+  // IQ2_XXS (16) and TQ1_0 (34): types no branch adds; whichever Loom lacks.
+  uint32_t type_id = 0;
+  for (uint32_t id : {16u, 34u})
+    if (!dtype_from_gguf(id) && ggml_type_info(id)) {
+      type_id = id;
+      break;
+    }
+  ASSERT_NE(type_id, 0u) << "Loom supports IQ2_XXS and TQ1_0: pick another type Loom lacks";
+  const GgmlTypeInfo* ti = ggml_type_info(type_id);
+  ASSERT_FALSE(llm::arch_from_name("no-such-arch").has_value());
+
+  GgufWriter w;
+  ASSERT_TRUE(w.add_string("general.architecture", "no-such-arch").ok());
+  const std::vector<float> norm(256, 1.0f);
+  const std::vector<int64_t> ne_norm = {256}, ne_matrix = {256, 2};
+  ASSERT_TRUE(w.add_tensor("output_norm.weight", DType::f32, ne_norm, norm.data()).ok());
+  const std::vector<uint8_t> raw(2 * ti->type_size * (256 / ti->block_size));
+  for (const char* name : {"blk.0.ffn_up.weight", "blk.1.ffn_up.weight"})
+    ASSERT_TRUE(w.add_tensor_ggml(name, type_id, ne_matrix, raw.data()).ok());
+  const std::string file = path("unsupported.gguf");
+  ASSERT_TRUE(w.write(file).ok());
+  auto f = GgufFile::open(file);
+  ASSERT_TRUE(f.ok()) << f.status().to_string();
+
+  const SupportReport r = check_support(*f);
+  EXPECT_FALSE(r.ok());
+  EXPECT_EQ(r.arch, "no-such-arch");
+  EXPECT_FALSE(r.arch_supported);
+  ASSERT_EQ(r.unsupported_types.size(), 1u);  // the f32 norm is fine
+  EXPECT_EQ(r.unsupported_types.begin()->first, ti->name);
+  EXPECT_EQ(r.unsupported_types.begin()->second,
+            (std::vector<std::string>{"blk.0.ffn_up.weight", "blk.1.ffn_up.weight"}));
+
+  const std::string text = describe_gguf(*f);
+  auto has = [&](const std::string& s) { return text.find(s) != std::string::npos; };
+  EXPECT_TRUE(has("support:  Loom cannot run this file:\n")) << text;
+  std::string archs;
+  for (llm::Arch a : llm::supported_archs())
+    archs += (archs.empty() ? "" : ", ") + std::string(llm::arch_name(a));
+  EXPECT_TRUE(has("  architecture 'no-such-arch' is not supported (supported: " + archs + ")\n")) << text;
+  EXPECT_TRUE(has("  tensor type " + std::string(ti->name) +
+                  " is not supported: 2 tensors (blk.0.ffn_up.weight, blk.1.ffn_up.weight)\n"))
+      << text;
+  std::string types;
+  for (int i = 0; i < kDTypeCount; ++i)
+    types += (i ? ", " : "") + std::string(dtype_name(static_cast<DType>(i)));
+  EXPECT_TRUE(has("  (supported tensor types: " + types + ")\n")) << text;
+
+  // Only the architecture: the types line stays out. Many tensors of one type: a few names shown.
+  GgufWriter w2;
+  ASSERT_TRUE(w2.add_string("general.architecture", "no-such-arch").ok());
+  ASSERT_TRUE(w2.add_tensor("output_norm.weight", DType::f32, ne_norm, norm.data()).ok());
+  const std::string file2 = path("arch_only.gguf");
+  ASSERT_TRUE(w2.write(file2).ok());
+  auto f2 = GgufFile::open(file2);
+  ASSERT_TRUE(f2.ok());
+  const std::string text2 = describe_support(check_support(*f2));
+  EXPECT_NE(text2.find("architecture 'no-such-arch' is not supported"), std::string::npos) << text2;
+  EXPECT_EQ(text2.find("tensor type"), std::string::npos) << text2;
+
+  SupportReport many;
+  many.arch = "llama";
+  many.arch_supported = true;
+  many.unsupported_types[ti->name] = {"a", "b", "c", "d", "e", "f"};
+  const std::string text3 = describe_support(many);
+  EXPECT_NE(text3.find("6 tensors (a, b, c, d, ... 2 more)"), std::string::npos) << text3;
+  EXPECT_EQ(text3.find("architecture"), std::string::npos) << text3;
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // Tokenizers: small vocabularies built in memory (merge order, byte fallback, special tokens,
-// WordPiece rules, every error path), the pre-tokenizer regexes on known splits, and, when
-// ../shared/data is present, the real vocabularies: round trips, special tokens, long inputs.
+// WordPiece rules, every error path), the pre-tokenizer regexes on known splits, and the real
+// vocabularies of tests/data/tokenizer: round trips, special tokens, long inputs.
 // The reference vectors (.inp/.out) are checked by the CTest tests tokenizer-vectors-*.
 #include <gtest/gtest.h>
 
@@ -578,13 +578,10 @@ TEST(VocabTestStrings, SplitsOnSeparatorLines) {
   EXPECT_TRUE(split_vocab_test_strings("", "f")->empty());
 }
 
-// ---- the real vocabularies in ../shared/data --------------------------------------------------
+// ---- the real vocabularies in tests/data/tokenizer --------------------------------------------
 
-// ../shared/data relative to the repository root, or $LOOM_SHARED_DATA (as test_gguf.cpp).
-fs::path shared_data() {
-  if (const char* env = std::getenv("LOOM_SHARED_DATA")) return env;
-  return fs::path(__FILE__).parent_path().parent_path().parent_path() / ".." / "shared" / "data";
-}
+// tests/data, next to this file's folder (llama.cpp's vocabularies; see tests/data/README.md).
+fs::path test_data() { return fs::path(__FILE__).parent_path().parent_path() / "data"; }
 
 std::string read_all(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -593,27 +590,30 @@ std::string read_all(const fs::path& p) {
   return ss.str();
 }
 
-// The tokenizer of ggml-vocab-NAME.gguf, or a skip when the shared data is absent.
-#define LOAD_VOCAB_OR_SKIP(var, name)                                                                      \
-  const fs::path var##_path = shared_data() / "tokenizer" / ("ggml-vocab-" + std::string(name) + ".gguf"); \
-  if (!fs::exists(var##_path)) GTEST_SKIP() << var##_path << " not found: ../shared/data is absent";       \
-  Result<Tokenizer> var##_r = Tokenizer::open(var##_path.string());                                        \
-  ASSERT_TRUE(var##_r.ok()) << var##_r.status().message();                                                 \
+// Shakespeare's text the project keeps (the held-out split of tiny shakespeare, ASCII, 111,540 bytes).
+std::string shakespeare_text() {
+  std::string text = read_all(test_data() / "shakespeare_heldout.txt");
+  EXPECT_GT(text.size(), 100000u) << "tests/data/shakespeare_heldout.txt is missing or short";
+  return text;
+}
+
+// The tokenizer of tests/data/tokenizer/ggml-vocab-NAME.gguf; a missing file fails the test.
+#define LOAD_VOCAB(var, name)                                                                            \
+  const fs::path var##_path = test_data() / "tokenizer" / ("ggml-vocab-" + std::string(name) + ".gguf"); \
+  Result<Tokenizer> var##_r = Tokenizer::open(var##_path.string());                                      \
+  ASSERT_TRUE(var##_r.ok()) << var##_r.status().message();                                               \
   const Tokenizer& var = *var##_r
 
 class RealVocab : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(RealVocab, RoundTripsTestStringsAndShakespeare) {
-  LOAD_VOCAB_OR_SKIP(t, GetParam());
+  LOAD_VOCAB(t, GetParam());
   EXPECT_TRUE(t.warnings().empty()) << t.warnings()[0];
   Result<std::vector<std::string>> strings =
       split_vocab_test_strings(read_all(fs::path(t_path.string() + ".inp")), "inp");
   ASSERT_TRUE(strings.ok()) << strings.status().message();
   EXPECT_EQ(strings->size(), 46u);
-  // A quarter of tinyshakespeare, cut at a line end (the text is ASCII).
-  std::string shakespeare = read_all(shared_data() / "tinyshakespeare.txt");
-  ASSERT_GT(shakespeare.size(), 300000u);
-  shakespeare.resize(shakespeare.find('\n', shakespeare.size() / 4) + 1);
+  const std::string shakespeare = shakespeare_text();
   strings->push_back(shakespeare);
   for (const std::string& s : *strings) {
     Result<std::vector<TokenId>> ids = t.encode(s, false, true);
@@ -635,7 +635,7 @@ INSTANTIATE_TEST_SUITE_P(Vocabs, RealVocab,
                          ::testing::Values("gpt-2", "mpt", "deepseek-coder", "llama-spm", "phi-3"));
 
 TEST(RealVocabSpecial, Gpt2EndOfText) {
-  LOAD_VOCAB_OR_SKIP(t, "gpt-2");
+  LOAD_VOCAB(t, "gpt-2");
   EXPECT_EQ(t.pre(), "gpt-2");
   const TokenId eot = t.find_token("<|endoftext|>");
   ASSERT_NE(eot, kNoToken);
@@ -652,7 +652,7 @@ TEST(RealVocabSpecial, Gpt2EndOfText) {
 }
 
 TEST(RealVocabSpecial, LlamaSpmBosAndByteFallback) {
-  LOAD_VOCAB_OR_SKIP(t, "llama-spm");
+  LOAD_VOCAB(t, "llama-spm");
   EXPECT_EQ(t.kind(), TokenizerKind::spm);
   EXPECT_TRUE(t.special().add_bos);
   Result<std::vector<TokenId>> ids = t.encode("\xf0\x9f\xa6\x99", true, true);  // 🦙
@@ -670,7 +670,7 @@ TEST(RealVocabSpecial, LlamaSpmBosAndByteFallback) {
 }
 
 TEST(RealVocabSpecial, Phi3UserDefinedAlwaysMatched) {
-  LOAD_VOCAB_OR_SKIP(t, "phi-3");
+  LOAD_VOCAB(t, "phi-3");
   const TokenId end = t.find_token("</s>");
   const TokenId user = t.find_token("<|user|>");
   ASSERT_EQ(t.token_type(end), TokenType::user_defined);
@@ -684,7 +684,7 @@ TEST(RealVocabSpecial, Phi3UserDefinedAlwaysMatched) {
 }
 
 TEST(RealVocabSpecial, BertClsSep) {
-  LOAD_VOCAB_OR_SKIP(t, "bert-bge");
+  LOAD_VOCAB(t, "bert-bge");
   EXPECT_EQ(t.kind(), TokenizerKind::wordpiece);
   Result<std::vector<TokenId>> ids = t.encode("Hello, World!", true, true);
   ASSERT_TRUE(ids.ok());
@@ -694,7 +694,7 @@ TEST(RealVocabSpecial, BertClsSep) {
 }
 
 TEST(RealVocabSpecial, LongInputsAndThreads) {
-  LOAD_VOCAB_OR_SKIP(t, "gpt-2");
+  LOAD_VOCAB(t, "gpt-2");
   // A 1 MiB word and a 1 MiB run of spaces: one piece each for the merge loop and the regex.
   for (const std::string& s :
        {std::string(1 << 20, 'x'), std::string(1 << 20, ' '), std::string(1 << 20, '\n')}) {
@@ -704,7 +704,7 @@ TEST(RealVocabSpecial, LongInputsAndThreads) {
     EXPECT_EQ(*t.decode(*ids), s);
   }
   // encode is const and shares nothing mutable: threads get what one thread gets.
-  const std::string text = read_all(shared_data() / "tinyshakespeare.txt").substr(0, 200000);
+  const std::string text = shakespeare_text();
   const std::vector<TokenId> want = *t.encode(text, false, true);
   std::vector<std::vector<TokenId>> got(4);
   std::vector<std::thread> threads;

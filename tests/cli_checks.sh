@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# What a new user runs into with the `loom` command: non-regular model files, --version, sampler
+# values out of range, a prompt file that is not UTF-8, chat and perplexity without -m.
+#   usage: cli_checks.sh LOOM_BINARY PROJECT_VERSION SOURCE_DIR
+set -u
+loom=$1
+version=$2
+src=$3
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+fail() {
+  echo "FAIL: $*"
+  for f in "$dir"/*.out "$dir"/*.err; do [[ -f $f ]] && { echo "--- $f"; cat -v "$f"; }; done
+  exit 1
+}
+# Runs `loom ARGS...` with a time limit, output in $dir/NAME.out and .err; returns loom's exit code.
+run() {  # name args...
+  local name=$1
+  shift
+  timeout 60 "$loom" "$@" </dev/null >"$dir/$name.out" 2>"$dir/$name.err"
+}
+# `loom ARGS...` must fail, with TEXT on stderr, and neither hang nor crash.
+refused() {  # name text args...
+  local name=$1 text=$2
+  shift 2
+  run "$name" "$@"
+  local rc=$?
+  ((rc == 124)) && fail "$name: 'loom $*' hung"
+  ((rc == 0)) && fail "$name: 'loom $*' was accepted"
+  ((rc > 128)) && fail "$name: 'loom $*' crashed (exit $rc)"
+  grep -qF -- "$text" "$dir/$name.err" || fail "$name: 'loom $*': no '$text' in the error"
+}
+"$loom" gen-model --shape tiny --type f32 -o "$dir/tiny.gguf" 2>"$dir/gen.err" || fail "gen-model"
+
+# ---- model files that are not regular files fail at once -------------------------------------------
+mkfifo "$dir/fifo.gguf"
+refused info-fifo "fifo.gguf: not a regular file (a FIFO" info -m "$dir/fifo.gguf"
+refused info-fifo-positional "fifo.gguf: not a regular file (a FIFO" info "$dir/fifo.gguf"
+refused run-fifo "fifo.gguf: not a regular file (a FIFO" run -m "$dir/fifo.gguf" -n 1
+refused info-dir "not a regular file (a directory)" info "$dir"
+refused info-missing "no-such.gguf: cannot open" info "$dir/no-such.gguf"
+refused info-none "file" info
+refused info-both "file" info -m "$dir/tiny.gguf" "$dir/tiny.gguf"
+run info-positional info "$dir/tiny.gguf" || fail "loom info FILE"
+run info-m info -m "$dir/tiny.gguf" || fail "loom info -m FILE"
+cmp -s "$dir/info-positional.out" "$dir/info-m.out" || fail "loom info FILE and -m FILE differ"
+grep -q "^support:  Loom can run this file: architecture llama" "$dir/info-m.out" || fail "info: no support line"
+
+# ---- --version and -V ------------------------------------------------------------------------------
+for flag in --version -V; do
+  run "version$flag" "$flag" || fail "loom $flag exited with an error"
+  grep -Eq "^loom $version( \(git [0-9a-f]+\))?\$" "$dir/version$flag.out" || fail "loom $flag printed something else"
+done
+
+# ---- sampler values out of range are refused, naming the flag ---------------------------------------
+m=(-m "$dir/tiny.gguf" -t 2 -n 2 -p hi)
+refused top-p "--top-p" run "${m[@]}" --top-p 7
+refused top-p-neg "--top-p" run "${m[@]}" --top-p -0.1
+refused top-p-nan "--top-p" run "${m[@]}" --top-p nan
+refused min-p "--min-p" run "${m[@]}" --min-p 2
+refused temp "--temp" run "${m[@]}" --temp -1
+refused temp-inf "--temp" run "${m[@]}" --temp inf
+refused top-k "--top-k" run "${m[@]}" --top-k -3
+refused repeat-zero "--repeat-penalty" run "${m[@]}" --repeat-penalty 0
+refused repeat-neg "--repeat-penalty" run "${m[@]}" --repeat-penalty -1.5
+refused n-predict "--n-predict" run "${m[@]}" -n -5
+refused chat-top-p "--top-p" chat -m "$dir/tiny.gguf" --top-p 1.5
+refused chunks "--chunks" perplexity -m "$dir/tiny.gguf" -f /dev/null --chunks 0
+# the edges of each range are accepted
+run edges run "${m[@]}" --top-p 1 --min-p 0 --temp 0 --top-k 0 --repeat-penalty 1.1 || fail "edge values refused"
+run edges2 run "${m[@]}" --top-p 0 --min-p 1 --temp 2.5 --top-k 5 --repeat-penalty 0.5 || fail "edge values refused"
+
+# ---- a prompt file that is not UTF-8 is reported under its own name ---------------------------------
+printf 'hello \xff\xfe world\n' >"$dir/bad-prompt.txt"
+refused bad-utf8 "bad-prompt.txt: not valid UTF-8 at byte 6" run -m "$dir/tiny.gguf" -f "$dir/bad-prompt.txt" -n 2
+grep -q "tiny.gguf" "$dir/bad-utf8.err" && fail "the UTF-8 error names the model file"
+refused bad-utf8-p "the prompt (-p): not valid UTF-8 at byte 1" run -m "$dir/tiny.gguf" -p $'a\xc3' -n 2
+printf 'text \xc3\x28 more\n' >"$dir/bad-text.txt"
+refused bad-utf8-ppl "bad-text.txt: not valid UTF-8 at byte 5" perplexity -m "$dir/tiny.gguf" -f "$dir/bad-text.txt"
+grep -q "tiny.gguf" "$dir/bad-utf8-ppl.err" && fail "the perplexity UTF-8 error names the model file"
+
+# ---- chat and perplexity without -m use the built-in model ------------------------------------------
+# LOOM_MODEL picks the built-in model's file (run does the same); the tiny model keeps this fast.
+printf 'hello\n' | LOOM_MODEL="$dir/tiny.gguf" timeout 60 "$loom" chat --chat-template chatml -n 4 --temp 0 -t 2 \
+  >"$dir/chat.out" 2>"$dir/chat.err" || fail "loom chat without -m"
+grep -q "^loom: turn 1:" "$dir/chat.err" || fail "chat without -m: no turn"
+for i in $(seq 12); do echo "The river ran quickly past the old mill, line $i."; done >"$dir/text.txt"
+LOOM_MODEL="$dir/tiny.gguf" timeout 60 "$loom" perplexity -f "$dir/text.txt" -c 64 -t 2 --chunks 1 \
+  >"$dir/ppl.out" 2>"$dir/ppl.err" || fail "loom perplexity without -m"
+grep -q '^Final estimate: PPL = ' "$dir/ppl.out" || fail "perplexity without -m: no estimate"
+# the built-in model itself: chat falls back to chatml (the model has no template), perplexity to
+# the model's context of 256
+builtin="$src/models/loom-shakespeare-q8_0.gguf"
+printf 'ROMEO:\n' | LOOM_MODEL="$builtin" timeout 120 "$loom" chat -n 8 --temp 0 -t 2 \
+  >"$dir/chat-builtin.out" 2>"$dir/chat-builtin.err" || fail "loom chat with the built-in model"
+grep -q "^loom: the built-in model has no chat template; using chatml" "$dir/chat-builtin.err" ||
+  fail "chat with the built-in model: no note on the template"
+grep -q "^loom: turn 1:.*reply 8 tokens" "$dir/chat-builtin.err" || fail "chat with the built-in model: no reply"
+LOOM_MODEL="$builtin" timeout 120 "$loom" perplexity -f "$src/tests/data/shakespeare_heldout_sample.txt" \
+  --chunks 1 -t 2 >"$dir/ppl-builtin.out" 2>"$dir/ppl-builtin.err" || fail "loom perplexity with the built-in model"
+grep -q "chunks of 256 tokens" "$dir/ppl-builtin.err" || fail "perplexity with the built-in model: not -c 256"
+grep -q '^Final estimate: PPL = ' "$dir/ppl-builtin.out" || fail "perplexity with the built-in model: no estimate"
+# without -f there is nothing to evaluate: a clear error before any model loads
+refused ppl-no-text "no text to evaluate: pass -f TEXT" perplexity
+LOOM_MODEL="$dir/tiny.gguf" refused ppl-no-text-env "no text to evaluate: pass -f TEXT" perplexity
+# no built-in model to be found: the error says how to give one
+LOOM_MODEL="$dir/no-such.gguf" refused chat-no-model "no-such.gguf: cannot open" chat --chat-template chatml
+echo "cli checks: ok"
