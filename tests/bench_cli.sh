@@ -39,6 +39,19 @@ for t in pp8 tg4; do
   positive "$mean" || fail "$t: t/s $mean is not positive"
 done
 
+# -d: every test at every depth (depths innermost), llama-bench's "@ dN" names, n_depth in json
+bench depth -p 8 -n 4 -d 0,16 -r 1
+[[ $(wc -l <"$dir/depth.out") == 6 ]] || fail "-d 0,16: expected 2 header lines and 4 rows"
+for t in "pp8" "pp8 @ d16" "tg4" "tg4 @ d16"; do
+  grep -Eq "\| +$t \| +[0-9.]+ ± [0-9.]+ \|\$" "$dir/depth.out" || fail "-d: no '$t' row"
+done
+[[ $(grep -n "@ d16" "$dir/depth.out" | cut -d: -f1 | tr '\n' ' ') == "4 6 " ]] || fail "-d: depths not innermost"
+bench depthjson -n 4 -p 0 -d 16 -r 1 -o json
+grep -q '"n_depth": 16' "$dir/depthjson.out" || fail "json: no n_depth 16"
+grep -q '"test": "tg4 @ d16"' "$dir/depthjson.out" || fail "json: no 'tg4 @ d16'"
+"$loom" bench -m "$dir/tiny.gguf" -ngl 0 -t 1 -p 0 -n 4 -d -3 >"$dir/negdepth.out" 2>"$dir/negdepth.err" &&
+  fail "-d -3 accepted"
+
 # json: an array of two objects with llama-bench's fields, positive t/s and two samples each
 bench json -p 8 -n 4 -r 2 -o json
 [[ $(head -c1 "$dir/json.out") == "[" && $(tail -n1 "$dir/json.out") == "]" ]] || fail "json: not an array"

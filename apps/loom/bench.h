@@ -47,9 +47,15 @@ bool same_exec_options(const ExecOptions& a, const ExecOptions& b);
 struct BenchTest {
   int n_prompt = 0;
   int n_gen = 0;
-  /// "pp512", "tg128", "pp512+tg128".
+  /// Tokens already in the KV cache when the timed part starts (llama-bench's -d): filled before each
+  /// repetition, not timed.
+  int n_depth = 0;
+  /// "pp512", "tg128", "pp512+tg128"; with a depth, llama-bench's " @ d4096" after it.
   std::string name() const;
+  /// Timed tokens (the depth is not counted).
   int n_tokens() const { return n_prompt + n_gen; }
+  /// Context cells the test needs: the depth and the timed tokens.
+  int n_ctx() const { return n_depth + n_prompt + n_gen; }
 };
 
 /// Mean, sample standard deviation and median of tokens per second.

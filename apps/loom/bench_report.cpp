@@ -44,9 +44,10 @@ bool same_exec_options(const ExecOptions& a, const ExecOptions& b) {
 // ---- tests and statistics ------------------------------------------------------------------------
 
 std::string BenchTest::name() const {
-  if (n_prompt > 0 && n_gen > 0) return fmt::format("pp{}+tg{}", n_prompt, n_gen);
-  if (n_prompt > 0) return fmt::format("pp{}", n_prompt);
-  return fmt::format("tg{}", n_gen);
+  const std::string depth = n_depth > 0 ? fmt::format(" @ d{}", n_depth) : std::string();
+  if (n_prompt > 0 && n_gen > 0) return fmt::format("pp{}+tg{}{}", n_prompt, n_gen, depth);
+  if (n_prompt > 0) return fmt::format("pp{}{}", n_prompt, depth);
+  return fmt::format("tg{}{}", n_gen, depth);
 }
 
 TsStats ts_stats(const std::vector<double>& samples_ns, int n_tokens) {
@@ -211,6 +212,7 @@ nlohmann::ordered_json result_json(const BenchResult& r) {
   j["flash_attn"] = true;
   j["n_prompt"] = r.test.n_prompt;
   j["n_gen"] = r.test.n_gen;
+  j["n_depth"] = r.test.n_depth;
   j["test"] = r.test.name();
   j["exec"] = r.exec;
   j["exec_options"] = r.exec_options;

@@ -22,10 +22,12 @@ Status run_bench_test(llm::Context& ctx, Backend& backend, const BenchTest& test
     return make_error(StatusCode::invalid_argument,
                       "bench: a test needs prompt or generated tokens (got p {}, n {})", test.n_prompt,
                       test.n_gen);
-  if (test.n_tokens() > ctx.n_ctx())
+  if (test.n_depth < 0)
+    return make_error(StatusCode::invalid_argument, "bench: depth {} must be >= 0", test.n_depth);
+  if (test.n_ctx() > ctx.n_ctx())
     return make_error(StatusCode::invalid_argument,
                       "bench: {} needs {} tokens of context; the context has {}", test.name(),
-                      test.n_tokens(), ctx.n_ctx());
+                      test.n_ctx(), ctx.n_ctx());
   if (options.repetitions < 1)
     return make_error(StatusCode::invalid_argument, "bench: repetitions {} must be >= 1",
                       options.repetitions);
@@ -33,21 +35,26 @@ Status run_bench_test(llm::Context& ctx, Backend& backend, const BenchTest& test
   // Random ids: what the tokens say does not change the work of a dense model's forward pass.
   std::mt19937 rng(options.seed);
   std::uniform_int_distribution<int32_t> pick(0, ctx.n_vocab() - 1);
-  std::vector<int32_t> tokens(static_cast<size_t>(test.n_tokens()));
+  std::vector<int32_t> tokens(static_cast<size_t>(test.n_ctx()));
   for (auto& t : tokens) t = pick(rng);
 
   using clock = std::chrono::steady_clock;
   auto once = [&](double& ns) -> Status {
     ctx.kv_cache_clear();
     ns = 0.0;
+    const int d = test.n_depth;
+    if (d > 0) {  // the depth: cached before the timed part, as llama-bench fills it
+      auto r = ctx.decode(std::span<const int32_t>(tokens.data(), static_cast<size_t>(d)), 0);
+      if (!r) return r.status();
+    }
     if (test.n_prompt > 0) {
       const auto t0 = clock::now();
-      auto r = ctx.decode(std::span<const int32_t>(tokens.data(), static_cast<size_t>(test.n_prompt)), 0);
+      auto r = ctx.decode(std::span<const int32_t>(&tokens[static_cast<size_t>(d)], static_cast<size_t>(test.n_prompt)), d);
       ns += std::chrono::duration<double, std::nano>(clock::now() - t0).count();
       if (!r) return r.status();
     }
     for (int i = 0; i < test.n_gen; ++i) {
-      const int pos = test.n_prompt + i;
+      const int pos = d + test.n_prompt + i;
       const auto t0 = clock::now();
       auto r = ctx.decode(std::span<const int32_t>(&tokens[static_cast<size_t>(pos)], 1), pos);
       ns += std::chrono::duration<double, std::nano>(clock::now() - t0).count();
@@ -76,6 +83,7 @@ struct BenchOptions {
   std::vector<int> n_prompt = {512};
   std::vector<int> n_gen = {128};
   std::vector<std::string> pp_tg;  // "P,N"
+  std::vector<int> n_depth = {0};
   int repetitions = 5;
   int n_gpu_layers = 99;
   int n_threads = 0;
@@ -110,7 +118,15 @@ Result<std::vector<BenchTest>> collect_tests(const BenchOptions& o) {
   }
   if (tests.empty())
     return make_error(StatusCode::invalid_argument, "bench: no tests (every -p and -n is 0 and no -pg)");
-  return tests;
+  // Every test at every depth, depths innermost (llama-bench's order).
+  std::vector<BenchTest> all;
+  for (const BenchTest& t : tests)
+    for (int d : o.n_depth) {
+      BenchTest td = t;
+      td.n_depth = d;
+      all.push_back(td);
+    }
+  return all;
 }
 
 int run_bench(const BenchOptions& o) {
@@ -131,7 +147,7 @@ int run_bench(const BenchOptions& o) {
                              : o.output == "csv" ? BenchFormat::csv
                                                  : BenchFormat::md;
   int n_ctx = 1;
-  for (const BenchTest& t : *tests) n_ctx = std::max(n_ctx, t.n_tokens());
+  for (const BenchTest& t : *tests) n_ctx = std::max(n_ctx, t.n_ctx());
 
   BenchRunOptions run;
   run.repetitions = o.repetitions;
@@ -210,6 +226,10 @@ void add_bench_command(CLI::App& app, std::vector<Command>& out) {
       ->delimiter(',')
       ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--pp-tg", o->pp_tg, "Combined test PROMPT,GEN (-pg; repeatable)");
+  cmd->add_option("-d,--n-depth", o->n_depth,
+                  "Tokens already in the KV cache before each test, comma-separated (filled untimed)")
+      ->delimiter(',')
+      ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("-r,--repetitions", o->repetitions, "Measured repetitions of each test")
       ->check(CLI::Range(1, 100000));
   cmd->add_option("--n-gpu-layers", o->n_gpu_layers,

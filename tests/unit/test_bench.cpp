@@ -74,6 +74,10 @@ TEST(BenchTestNames, LikeLlamaBench) {
   EXPECT_EQ((BenchTest{512, 0}).name(), "pp512");
   EXPECT_EQ((BenchTest{0, 128}).name(), "tg128");
   EXPECT_EQ((BenchTest{512, 128}).name(), "pp512+tg128");
+  EXPECT_EQ((BenchTest{512, 0, 4096}).name(), "pp512 @ d4096");
+  EXPECT_EQ((BenchTest{0, 128, 4096}).name(), "tg128 @ d4096");
+  EXPECT_EQ((BenchTest{0, 128, 4096}).n_tokens(), 128);
+  EXPECT_EQ((BenchTest{0, 128, 4096}).n_ctx(), 4224);
 }
 
 class Bench : public ModelFiles {};
