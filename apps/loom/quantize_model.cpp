@@ -93,6 +93,11 @@ Result<QuantizePlan> plan_quantization(const GgufFile& in, llm::FileType ftype) 
     arch = std::string(*v->as_string());
   plan.n_layers = arch.empty() ? 0 : metadata_int(in, arch + ".block_count");
   plan.info.n_expert = arch.empty() ? 0 : metadata_int(in, arch + ".expert_count");
+  if (!arch.empty()) {  // per-layer head counts (arrays) read as 0: no GQA bump then
+    const int n_head = metadata_int(in, arch + ".attention.head_count");
+    const int n_head_kv = metadata_int(in, arch + ".attention.head_count_kv");
+    if (n_head > 0 && n_head_kv > 0) plan.info.n_gqa = std::max(1, n_head / n_head_kv);
+  }
   if (plan.n_layers == 0)
     for (const GgufTensorInfo& t : in.tensors())
       plan.n_layers = std::max(plan.n_layers, llm::tensor_block_index(t.name) + 1);
