@@ -152,6 +152,24 @@ TEST_P(QuantVectors, DotProductsMatchTheReference) {
   check_kernel(*fast, v_, v_.w->data, v_.x4, v_.y4_ref, 4, "dispatched x4");
 }
 
+// The contract (vec_dot.h) makes the scalar and SIMD kernels round to the same float.
+TEST_P(QuantVectors, ScalarAndDispatchedKernelsAgreeBitForBit) {
+  const cpu::VecDotKernel* scalar = cpu::vec_dot_kernel_scalar(v_.type);
+  const cpu::VecDotKernel* fast = cpu::vec_dot_kernel(v_.type);
+  ASSERT_TRUE(scalar && fast);
+  // float weights accumulate in float in a kernel-specific order; without SIMD there is one kernel
+  if (v_.type == DType::bf16 || scalar == fast) return;
+  std::vector<uint8_t> packed;
+  kernel_activations(*scalar, v_.x4.data(), packed);
+  const void* xs[1] = {packed.data()};
+  for (int64_t r = 0; r < kRows; ++r) {
+    float a, b;
+    scalar->dot(kCols, row(r), xs, 1, &a);
+    fast->dot(kCols, row(r), xs, 1, &b);
+    EXPECT_EQ(std::bit_cast<uint32_t>(a), std::bit_cast<uint32_t>(b)) << "row " << r << ": " << a << " vs " << b;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllTypes, QuantVectors,
                          ::testing::Values("bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k",
                                            "q5_k", "q6_k", "iq4_nl", "iq4_xs", "mxfp4"),

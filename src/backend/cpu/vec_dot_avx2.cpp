@@ -407,6 +407,100 @@ void dot_q6_k(int64_t n, const void* wv, const void* const* xs, float* out) {
   for (int c = 0; c < NC; ++c) out[c] = static_cast<float>(acc[c]);
 }
 
+// ---- q2_K, q3_K, iq4_xs: eight groups of 32 codes, a scale (and min) per 16 ----------------------
+
+// Each format fills sub-block scales and mins (int16, 16 of each), d and dmin, and yields the 32
+// codes of group g (elements 32g..32g+31): unsigned, or signed where kSigned.
+struct FmtQ2_K {
+  static constexpr bool kSigned = false;
+  static void prepare(const void* w, int64_t b, int16_t* sc, int16_t* m, float& d, float& dmin) {
+    const BlockQ2_K& blk = static_cast<const BlockQ2_K*>(w)[b];
+    for (int s = 0; s < 16; ++s) {
+      sc[s] = static_cast<int16_t>(blk.scales[s] & 0xF);
+      m[s] = static_cast<int16_t>(blk.scales[s] >> 4);
+    }
+    d = half(blk.d);
+    dmin = half(blk.dmin);
+  }
+  static __m256i codes(const void* w, int64_t b, int g) {
+    const BlockQ2_K& blk = static_cast<const BlockQ2_K*>(w)[b];
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs + 32 * (g / 4)));
+    return _mm256_and_si256(_mm256_srl_epi16(raw, _mm_cvtsi32_si128(2 * (g % 4))), _mm256_set1_epi8(3));
+  }
+};
+// Q3_K's codes q - 4*(1 - hbit) are taken as u = q + 4*hbit in [0, 7] with 4 per element moved into
+// the min term: min 4*sc against d (dmin = d gives the same exact integers as the scalar kernel).
+struct FmtQ3_K {
+  static constexpr bool kSigned = false;
+  static void prepare(const void* w, int64_t b, int16_t* sc, int16_t* m, float& d, float& dmin) {
+    const BlockQ3_K& blk = static_cast<const BlockQ3_K*>(w)[b];
+    for (int s = 0; s < 16; ++s) {
+      sc[s] = static_cast<int16_t>(q3k_scale(s, blk.scales) - 32);
+      m[s] = static_cast<int16_t>(4 * sc[s]);
+    }
+    d = dmin = half(blk.d);
+  }
+  static __m256i codes(const void* w, int64_t b, int g) {
+    const BlockQ3_K& blk = static_cast<const BlockQ3_K*>(w)[b];
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs + 32 * (g / 4)));
+    const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(raw, _mm_cvtsi32_si128(2 * (g % 4))), _mm256_set1_epi8(3));
+    const __m256i hm = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.hmask));
+    const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << g));
+    return _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit), _mm256_set1_epi8(4)));
+  }
+};
+struct FmtIQ4_XS {
+  static constexpr bool kSigned = true;
+  static void prepare(const void* w, int64_t b, int16_t* sc, int16_t* m, float& d, float& dmin) {
+    const BlockIQ4_XS& blk = static_cast<const BlockIQ4_XS*>(w)[b];
+    for (int j = 0; j < 8; ++j) {
+      sc[2 * j] = sc[2 * j + 1] = static_cast<int16_t>(iq4xs_scale(j, blk) - 32);
+      m[2 * j] = m[2 * j + 1] = 0;
+    }
+    d = half(blk.d);
+    dmin = 0.0f;
+  }
+  static __m256i codes(const void* w, int64_t b, int g) {
+    return lookup(static_cast<const BlockIQ4_XS*>(w)[b].qs + 16 * g, kIQ4NLValues);
+  }
+};
+
+template <int NC, typename Fmt>
+void dot_k16(int64_t n, const void* wv, const void* const* xs, float* out) {
+  const BlockQ8_K* x[NC];
+  double acc[NC];
+  for (int c = 0; c < NC; ++c) {
+    x[c] = col<BlockQ8_K>(xs, c);
+    acc[c] = 0.0;
+  }
+  for (int64_t b = 0; b < n / kQK_K; ++b) {
+    alignas(32) int16_t sc[16], m[16];
+    float d, dmin;
+    Fmt::prepare(wv, b, sc, m, d, dmin);
+    __m256i isum[NC];
+    for (int c = 0; c < NC; ++c) isum[c] = _mm256_setzero_si256();
+    for (int g = 0; g < 8; ++g) {
+      const __m256i q = Fmt::codes(wv, b, g);
+      // vpmaddubsw wants its first operand unsigned: signed codes lend their sign to x
+      // (|q| <= 127 and |x| <= 127 keep each pair sum inside int16)
+      const __m256i qa = Fmt::kSigned ? _mm256_sign_epi8(q, q) : q;
+      const __m256i scale = _mm256_set_m128i(_mm_set1_epi16(sc[2 * g + 1]), _mm_set1_epi16(sc[2 * g]));
+      for (int c = 0; c < NC; ++c) {
+        __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[c][b].qs + 32 * g));
+        if (Fmt::kSigned) xq = _mm256_sign_epi8(xq, q);
+        isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(_mm256_maddubs_epi16(qa, xq), scale));
+      }
+    }
+    const __m256i mins = _mm256_load_si256(reinterpret_cast<const __m256i*>(m));
+    for (int c = 0; c < NC; ++c) {
+      const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[c][b].bsums));
+      const int32_t msum = hsum_i32(_mm256_madd_epi16(bs, mins));
+      acc[c] += block_term_k(x[c][b].d, d, hsum_i32(isum[c]), dmin, msum);
+    }
+  }
+  for (int c = 0; c < NC; ++c) out[c] = static_cast<float>(acc[c]);
+}
+
 // ---- dispatch over the column count ----------------------------------------------------------------
 
 template <template <int> class K>
@@ -487,6 +581,18 @@ struct MXFP4 {
   static void run(int64_t n, const void* w, const void* const* x, float* o) {
     dot_q8_0_blocks<NC, FmtMXFP4>(n, w, x, o);
   }
+};
+template <int NC>
+struct Q2_K {
+  static void run(int64_t n, const void* w, const void* const* x, float* o) { dot_k16<NC, FmtQ2_K>(n, w, x, o); }
+};
+template <int NC>
+struct Q3_K {
+  static void run(int64_t n, const void* w, const void* const* x, float* o) { dot_k16<NC, FmtQ3_K>(n, w, x, o); }
+};
+template <int NC>
+struct IQ4_XS {
+  static void run(int64_t n, const void* w, const void* const* x, float* o) { dot_k16<NC, FmtIQ4_XS>(n, w, x, o); }
 };
 template <int NC>
 struct Q4_1 {
@@ -594,11 +700,11 @@ constexpr VecDotKernel kAvx2[kDTypeCount] = {
     /* q4_1 */ {ActType::q8_0, from_float_q8_0, by_cols<Q4_1>},
     /* q5_0 */ {ActType::q8_0, from_float_q8_0, by_cols<Q5_0>},
     /* q5_1 */ {ActType::q8_0, from_float_q8_0, by_cols<Q5_1>},
-    /* q2_K */ {},
-    /* q3_K */ {},
+    /* q2_K */ {ActType::q8_k, from_float_q8_k, by_cols<Q2_K>},
+    /* q3_K */ {ActType::q8_k, from_float_q8_k, by_cols<Q3_K>},
     /* q5_K */ {ActType::q8_k, from_float_q8_k, by_cols<Q5_K>},
     /* iq4_nl */ {ActType::q8_0, from_float_q8_0, by_cols<IQ4_NL>},
-    /* iq4_xs */ {},
+    /* iq4_xs */ {ActType::q8_k, from_float_q8_k, by_cols<IQ4_XS>},
     /* mxfp4 */ {ActType::q8_0, from_float_q8_0, by_cols<MXFP4>},
 };
 static_assert(static_cast<int>(DType::mxfp4) == kDTypeCount - 1, "kAvx2 is indexed by DType");
