@@ -39,8 +39,9 @@ int nearest_iq4(float v) {
 // Codes of n values against step `d` (the decoded scale); returns the squared error.
 double iq4_codes(const float* x, int n, float d, uint8_t* q) {
   double err = 0;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
   for (int i = 0; i < n; ++i) {
-    const int c = d != 0.0f ? nearest_iq4(x[i] / d) : 8;  // 8: the code nearest zero
+    const int c = d != 0.0f ? nearest_iq4(x[i] * id) : 8;  // 8: the code nearest zero
     q[i] = static_cast<uint8_t>(c);
     const double e = static_cast<double>(d * static_cast<float>(kIQ4NLValues[c])) - x[i];
     err += e * e;
@@ -67,20 +68,21 @@ float fit_iq4(const float* x, int n, Round round) {
       best = sr;
     }
   };
-  // the extreme at -127 (the widest code) and a little inside it, or at the positive end
-  for (int k = -8; k <= 8; ++k) {
-    for (float target : {-127.0f + static_cast<float>(k), 113.0f + static_cast<float>(k)}) {
-      const float s = ext / target;
-      iq4_codes(x, n, s, q);
-      double svx = 0, svv = 0;
-      for (int i = 0; i < n; ++i) {
-        const double v = kIQ4NLValues[q[i]];
-        svx += v * x[i];
-        svv += v * v;
-      }
-      consider(s);
-      if (svv > 0 && std::isfinite(svx / svv)) consider(static_cast<float>(svx / svv));
+  // The extreme at -127 (the widest code) and a little inside it, or at the positive end, each refit
+  // by least squares for its codes. 13 candidates: on loom-quant-error's matrices an earlier 34 gave
+  // the same RMSE to three digits at 6x the time (loom quantize iq4_xs of a 4M-weight model: 17 s).
+  consider(ext / -127.0f);
+  for (float target : {-127.0f, -124.0f, -121.0f, -118.0f, -115.0f, -130.0f, -133.0f, 113.0f, 110.0f, 116.0f, 107.0f,
+                       119.0f}) {
+    const float s = ext / target;
+    iq4_codes(x, n, s, q);
+    double svx = 0, svv = 0;
+    for (int i = 0; i < n; ++i) {
+      const double v = kIQ4NLValues[q[i]];
+      svx += v * x[i];
+      svv += v * v;
     }
+    if (svv > 0 && std::isfinite(svx / svv)) consider(static_cast<float>(svx / svv));
   }
   return best;
 }
