@@ -46,12 +46,15 @@ int main() {
   std::vector<float> outliers = gauss;
   for (size_t i = 0; i < outliers.size(); i += 256) outliers[i + (i / 256) % 256] *= 10.0f;
 
-  std::printf("| type | block | bytes/block | bits/weight | rel. RMSE (Gaussian) | max err / RMS | rel. RMSE (outliers) |\n");
+  std::printf(
+      "| type | block | bytes/block | bits/weight | rel. RMSE (Gaussian) | max err / RMS | rel. RMSE "
+      "(outliers) |\n");
   std::printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
   for (int i = 0; i < loom::kDTypeCount; ++i) {
     const auto t = static_cast<loom::DType>(i);
     if (t == loom::DType::f32 || t == loom::DType::i32) continue;
-    const double bpw = 8.0 * static_cast<double>(loom::dtype_type_size(t)) / static_cast<double>(loom::dtype_block_size(t));
+    const double bpw =
+        8.0 * static_cast<double>(loom::dtype_type_size(t)) / static_cast<double>(loom::dtype_block_size(t));
     const Error g = measure(t, gauss, kRows, kCols);
     const Error o = measure(t, outliers, kRows, kCols);
     std::printf("| %s | %lld | %zu | %.4g | %.4f | %.3f | %.4f |\n", loom::dtype_name(t),

@@ -31,7 +31,10 @@ int nearest_iq4(float v) {
   int lo = 0, hi = 15;  // t[lo] < v <= t[hi]
   while (hi - lo > 1) {
     const int mid = (lo + hi) / 2;
-    if (v > t[mid]) lo = mid; else hi = mid;
+    if (v > t[mid])
+      lo = mid;
+    else
+      hi = mid;
   }
   return v - t[lo] <= t[hi] - v ? lo : hi;
 }
@@ -72,8 +75,8 @@ float fit_iq4(const float* x, int n, Round round) {
   // by least squares for its codes. 13 candidates: on loom-quant-error's matrices an earlier 34 gave
   // the same RMSE to three digits at 6x the time (loom quantize iq4_xs of a 4M-weight model: 17 s).
   consider(ext / -127.0f);
-  for (float target : {-127.0f, -124.0f, -121.0f, -118.0f, -115.0f, -130.0f, -133.0f, 113.0f, 110.0f, 116.0f, 107.0f,
-                       119.0f}) {
+  for (float target : {-127.0f, -124.0f, -121.0f, -118.0f, -115.0f, -130.0f, -133.0f, 113.0f, 110.0f, 116.0f,
+                       107.0f, 119.0f}) {
     const float s = ext / target;
     iq4_codes(x, n, s, q);
     double svx = 0, svv = 0;

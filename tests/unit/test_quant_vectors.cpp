@@ -92,14 +92,21 @@ TEST_P(QuantVectors, DequantizeIsBitExact) {
 }
 
 // The activations as the kernel sees them (after its own quantization), as floats.
-std::vector<float> kernel_activations(const cpu::VecDotKernel& k, const float* x, std::vector<uint8_t>& packed) {
+std::vector<float> kernel_activations(const cpu::VecDotKernel& k, const float* x,
+                                      std::vector<uint8_t>& packed) {
   packed.assign(cpu::act_row_size(k.act_type, kCols), 0);
   k.from_float(x, packed.data(), kCols);
   std::vector<float> out(kCols);
   switch (k.act_type) {
-    case cpu::ActType::f32: std::memcpy(out.data(), packed.data(), kCols * sizeof(float)); break;
-    case cpu::ActType::f16: dequantize_row(DType::f16, packed.data(), out.data(), kCols); break;
-    case cpu::ActType::q8_0: dequantize_row(DType::q8_0, packed.data(), out.data(), kCols); break;
+    case cpu::ActType::f32:
+      std::memcpy(out.data(), packed.data(), kCols * sizeof(float));
+      break;
+    case cpu::ActType::f16:
+      dequantize_row(DType::f16, packed.data(), out.data(), kCols);
+      break;
+    case cpu::ActType::q8_0:
+      dequantize_row(DType::q8_0, packed.data(), out.data(), kCols);
+      break;
     case cpu::ActType::q8_k:
       dequantize_row_q8_k(reinterpret_cast<const BlockQ8_K*>(packed.data()), out.data(), kCols);
       break;
@@ -107,8 +114,8 @@ std::vector<float> kernel_activations(const cpu::VecDotKernel& k, const float* x
   return out;
 }
 
-void check_kernel(const cpu::VecDotKernel& k, const Vectors& v, const uint8_t* w_data, const std::vector<float>& x,
-                  const std::vector<float>& y_ref, int nc, const char* what) {
+void check_kernel(const cpu::VecDotKernel& k, const Vectors& v, const uint8_t* w_data,
+                  const std::vector<float>& x, const std::vector<float>& y_ref, int nc, const char* what) {
   const size_t row_bytes = dtype_row_size(v.type, kCols);
   std::vector<std::vector<uint8_t>> packed(nc);
   std::vector<std::vector<float>> xq(nc);
@@ -166,13 +173,14 @@ TEST_P(QuantVectors, ScalarAndDispatchedKernelsAgreeBitForBit) {
     float a, b;
     scalar->dot(kCols, row(r), xs, 1, &a);
     fast->dot(kCols, row(r), xs, 1, &b);
-    EXPECT_EQ(std::bit_cast<uint32_t>(a), std::bit_cast<uint32_t>(b)) << "row " << r << ": " << a << " vs " << b;
+    EXPECT_EQ(std::bit_cast<uint32_t>(a), std::bit_cast<uint32_t>(b))
+        << "row " << r << ": " << a << " vs " << b;
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, QuantVectors,
-                         ::testing::Values("bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k",
-                                           "q5_k", "q6_k", "iq4_nl", "iq4_xs", "mxfp4"),
+                         ::testing::Values("bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k",
+                                           "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs", "mxfp4"),
                          [](const ::testing::TestParamInfo<const char*>& i) { return std::string(i.param); });
 
 }  // namespace
