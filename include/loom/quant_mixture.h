@@ -132,8 +132,10 @@ struct TensorTypeChoice {
   DType type = DType::f32;    ///< after fallback_quant_type
 };
 
-/// The whole rule: every tensor's type, in file order, with llama.cpp's counters.
+/// The whole rule: every tensor's type, in file order, with llama.cpp's counters. `pure`
+/// (llama-quantize --pure) turns the mixture off: every quantizable tensor, the output and
+/// embeddings included, gets the file type's base type; the shape fallback still applies.
 std::vector<TensorTypeChoice> choose_tensor_types(FileType ft, std::span<const MixtureTensor> tensors,
-                                                  const MixtureModelInfo& info);
+                                                  const MixtureModelInfo& info, bool pure = false);
 
 }  // namespace loom::llm

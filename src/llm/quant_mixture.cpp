@@ -196,7 +196,7 @@ DType fallback_quant_type(DType t, int64_t ne0) {
 }
 
 std::vector<TensorTypeChoice> choose_tensor_types(FileType ft, std::span<const MixtureTensor> tensors,
-                                                  const MixtureModelInfo& info) {
+                                                  const MixtureModelInfo& info, bool pure) {
   // llama.cpp counts the attn_v-like tensors up front: their count is the counter's n.
   int n_attn_v = 0;
   for (const MixtureTensor& t : tensors) n_attn_v += tensor_is_attn_v_like(t.name);
@@ -218,7 +218,7 @@ std::vector<TensorTypeChoice> choose_tensor_types(FileType ft, std::span<const M
         layer = info.n_expert > 1 ? std::max(0, tensor_block_index(t.name)) : i_ffn_down;
         ++i_ffn_down;
       }
-      c.wanted = choose_quant_type(t.name, layer, n_layers, ft, info);
+      c.wanted = pure ? file_type_base(ft) : choose_quant_type(t.name, layer, n_layers, ft, info);
       c.type = fallback_quant_type(c.wanted, t.ne[0]);
     }
     out.push_back(c);

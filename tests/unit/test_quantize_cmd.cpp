@@ -457,6 +457,25 @@ TEST_F(QuantizeCmd, ThreadCountDoesNotChangeBytes) {
   EXPECT_TRUE(a == b);
 }
 
+TEST_F(QuantizeCmd, PureTurnsTheMixtureOff) {
+  auto in = GgufFile::open(model());
+  ASSERT_TRUE(in.ok());
+  for (FileType f : {FileType::q4_k_m, FileType::q3_k_m, FileType::q2_k}) {
+    SCOPED_TRACE(file_type_name(f));
+    auto plan = plan_quantization(*in, f, /*pure=*/true);
+    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+    const DType base = file_type_base(f);
+    int quantized = 0;
+    for (const auto& t : plan->tensors) {
+      if (!t.quantizable) continue;
+      const DType want = fallback_quant_type(base, t.ne[0]);  // output.weight too: no q6_K
+      EXPECT_EQ(t.dst_type, dtype_traits(want).gguf_id) << t.name;
+      ++quantized;
+    }
+    EXPECT_GT(quantized, 10);
+  }
+}
+
 TEST_F(QuantizeCmd, Errors) {
   const std::string in = model();
   auto r = quantize_gguf(path("missing.gguf"), path("o.gguf"), FileType::q8_0);
