@@ -78,11 +78,20 @@ typedef enum loom_type {
   LOOM_TYPE_F32 = 0,
   LOOM_TYPE_F16 = 1,
   LOOM_TYPE_Q4_0 = 2,
+  LOOM_TYPE_Q4_1 = 3,
+  LOOM_TYPE_Q5_0 = 6,
+  LOOM_TYPE_Q5_1 = 7,
   LOOM_TYPE_Q8_0 = 8,
+  LOOM_TYPE_Q2_K = 10,
+  LOOM_TYPE_Q3_K = 11,
   LOOM_TYPE_Q4_K = 12,
+  LOOM_TYPE_Q5_K = 13,
   LOOM_TYPE_Q6_K = 14,
+  LOOM_TYPE_IQ4_NL = 20, /* this and q4_1, q5_0, q5_1, q2_K, q3_K, q5_K, iq4_xs, mxfp4: CPU only */
+  LOOM_TYPE_IQ4_XS = 23,
   LOOM_TYPE_I32 = 26,
   LOOM_TYPE_BF16 = 30,
+  LOOM_TYPE_MXFP4 = 39,
 } loom_type;
 
 /** "f32", "q4_K", ...; NULL for an id Loom does not support. */

@@ -1,4 +1,4 @@
-// `loom quantize IN.gguf OUT.gguf TYPE [-t threads] [--dry-run]`.
+// `loom quantize IN.gguf OUT.gguf TYPE [-t threads] [--pure] [--dry-run]`.
 #include <unistd.h>
 
 #include <cstdio>
@@ -22,6 +22,7 @@ struct QuantizeCliOptions {
   std::string type;
   int n_threads = 0;
   bool dry_run = false;
+  bool pure = false;
 };
 
 const char* ggml_name(uint32_t id) {
@@ -63,13 +64,14 @@ int run_quantize(const QuantizeCliOptions& o) {
   if (o.dry_run) {
     auto in = GgufFile::open(o.input);
     if (!in) return fail(in.status());
-    auto plan = plan_quantization(*in, *ftype);
+    auto plan = plan_quantization(*in, *ftype, o.pure);
     if (!plan) return fail(plan.status());
     print_plan(*plan);
     return 0;
   }
   QuantizeOptions qo;
   qo.n_threads = o.n_threads;
+  qo.pure = o.pure;
   // One line rewritten in place on a terminal; nothing per tensor when stderr is a log file.
   if (::isatty(STDERR_FILENO)) {
     qo.on_tensor = [](const QuantizeProgress& p) {
@@ -115,9 +117,15 @@ void add_quantize_command(CLI::App& app, std::vector<Command>& out) {
   auto* cmd = app.add_subcommand("quantize", "Quantize a GGUF model's f32/f16/bf16 weights");
   cmd->add_option("input", opts->input, "Input GGUF file")->required();
   cmd->add_option("output", opts->output, "Output GGUF file (written atomically)")->required();
-  cmd->add_option("type", opts->type, "q8_0, q4_0, q4_K, q6_K or q4_K_M (llama.cpp's mixture)")->required();
+  cmd->add_option("type", opts->type,
+                  "q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q6_K, or llama.cpp's mixtures q2_K, q3_K_S, q3_K_M, "
+                  "q3_K_L, q4_K_S, q4_K_M, q5_K_S, q5_K_M, iq4_nl, iq4_xs")
+      ->required();
   cmd->add_option("-t,--threads", opts->n_threads, "Threads (0: all hardware threads)")
       ->check(CLI::Range(0, 1024));
+  cmd->add_flag("--pure", opts->pure,
+                "No mixture: every quantized tensor, output included, in the type's base type (row lengths the "
+                "block does not divide still fall back)");
   cmd->add_flag("--dry-run", opts->dry_run, "Print each tensor's input and output type; write nothing");
   out.push_back({cmd, [opts] { return run_quantize(*opts); }});
 }

@@ -76,9 +76,10 @@ Status convert_tensor(const GgufTensorInfo& t, DType src, DType dst, int n_threa
 
 }  // namespace
 
-Result<QuantizePlan> plan_quantization(const GgufFile& in, llm::FileType ftype) {
+Result<QuantizePlan> plan_quantization(const GgufFile& in, llm::FileType ftype, bool pure) {
   QuantizePlan plan;
   plan.ftype = ftype;
+  plan.pure = pure;
   if (!llm::file_type_is_quantized(ftype))
     return make_error(StatusCode::invalid_argument,
                       "{}: loom quantize writes quantized file types; '{}' is not one (loom gen-model "
@@ -93,6 +94,11 @@ Result<QuantizePlan> plan_quantization(const GgufFile& in, llm::FileType ftype) 
     arch = std::string(*v->as_string());
   plan.n_layers = arch.empty() ? 0 : metadata_int(in, arch + ".block_count");
   plan.info.n_expert = arch.empty() ? 0 : metadata_int(in, arch + ".expert_count");
+  if (!arch.empty()) {  // per-layer head counts (arrays) read as 0: no GQA bump then
+    const int n_head = metadata_int(in, arch + ".attention.head_count");
+    const int n_head_kv = metadata_int(in, arch + ".attention.head_count_kv");
+    if (n_head > 0 && n_head_kv > 0) plan.info.n_gqa = std::max(1, n_head / n_head_kv);
+  }
   if (plan.n_layers == 0)
     for (const GgufTensorInfo& t : in.tensors())
       plan.n_layers = std::max(plan.n_layers, llm::tensor_block_index(t.name) + 1);
@@ -101,7 +107,7 @@ Result<QuantizePlan> plan_quantization(const GgufFile& in, llm::FileType ftype) 
 
   std::vector<llm::MixtureTensor> tensors;
   for (const GgufTensorInfo& t : in.tensors()) tensors.push_back({t.name, t.ne});
-  const std::vector<llm::TensorTypeChoice> choices = llm::choose_tensor_types(ftype, tensors, plan.info);
+  const std::vector<llm::TensorTypeChoice> choices = llm::choose_tensor_types(ftype, tensors, plan.info, pure);
 
   for (size_t i = 0; i < in.tensors().size(); ++i) {
     const GgufTensorInfo& t = in.tensors()[i];
@@ -140,7 +146,7 @@ Result<QuantizeSummary> quantize_gguf(const std::string& in_path, const std::str
                       out_path);
   auto in = GgufFile::open(in_path);
   if (!in) return in.status();
-  auto planned = plan_quantization(*in, ftype);
+  auto planned = plan_quantization(*in, ftype, options.pure);
   if (!planned) return planned.status();
 
   QuantizeSummary summary;

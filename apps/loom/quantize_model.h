@@ -29,6 +29,7 @@ struct TensorPlan {
 /// Every tensor's fate, in file order, and the model facts the rules used.
 struct QuantizePlan {
   llm::FileType ftype = llm::FileType::q8_0;
+  bool pure = false;  ///< the mixture was off (--pure)
   int n_layers = 0;  ///< {arch}.block_count, else the highest blk.N + 1 (also info.n_layer)
   llm::MixtureModelInfo info;
   std::vector<TensorPlan> tensors;
@@ -37,7 +38,8 @@ struct QuantizePlan {
 /// Decides every tensor's output type without touching tensor data. Fails, naming the tensor, when
 /// a tensor to be quantized holds a type other than f32, f16 or bf16 (or the target type itself),
 /// for split files, and for a file type that is not a quantized one (f32, f16, bf16).
-Result<QuantizePlan> plan_quantization(const GgufFile& in, llm::FileType ftype);
+/// `pure`: no mixture, every quantizable tensor in the file type's base type (llama-quantize --pure).
+Result<QuantizePlan> plan_quantization(const GgufFile& in, llm::FileType ftype, bool pure = false);
 
 /// Reported when each tensor starts (done = false) and when it is written (done = true).
 struct QuantizeProgress {
@@ -51,6 +53,7 @@ struct QuantizeProgress {
 
 struct QuantizeOptions {
   int n_threads = 0;  ///< 0: all hardware threads
+  bool pure = false;  ///< no mixture (plan_quantization)
   std::function<void(const QuantizeProgress&)> on_tensor;
 };
 

@@ -12,18 +12,28 @@
 //     when the target type is not a quantized one; the rules below apply to quantized types only.
 //   * output.weight gets q6_K (q8_0 stays q8_0); so does token_embd.weight when the model has no
 //     output.weight (tied embeddings), as it then serves as the output matrix too.
-//   * q4_K_M: attn_v.weight (also fused attn_qkv and MLA attn_kv_b) and ffn_down get q6_K in the
-//     layers where use_more_bits(i, n) holds: the first n/8, the last n/8, and every third layer in
-//     between (i - n/8) % 3 == 2; other quantized tensors get q4_K. As in llama.cpp, i and n are
-//     counters: an attn_v-like tensor's rank among them in file order and their count; an
-//     ffn_down tensor's rank among ffn_down tensors (its block index in MoE models, whose expert
-//     tensors need not come in block order) and the block count.
-//   * With 8 experts (Mixtral-like), attn_v and attn_k get q8_0, as in llama.cpp.
-//   * Not carried over, because they need q5_K (which Loom lacks): 70B-model attn_v and MoE
-//     attn_output bumps to q5_K; Falcon's ffn_down ladder. Those tensors stay q4_K.
-//   * A type whose block does not divide the row length (ne0) falls back: q4_K and q6_K to q8_0
-//     (llama.cpp uses q5_0 for q4_K, which Loom lacks; q4_0 would lose more than the mixture
-//     saves), and anything whose ne0 is not a multiple of 32 to f16.
+//   * The mixes (llama.cpp's names; i, n are the counters described below):
+//       q4_K_M: attn_v (also fused attn_qkv and MLA attn_kv_b) and ffn_down get q6_K where
+//               use_more_bits(i, n) holds: the first n/8, the last n/8, and every third layer in
+//               between (i - n/8) % 3 == 2; q5_K_M the same on a q5_K base.
+//       q4_K_S: attn_v of the first 4 and ffn_down of the first n/8 layers get q5_K.
+//       q3_K_M: attn_v q5_K for the first 2, else q4_K; ffn_down q5_K for the first n/16, else
+//               q4_K; attn_output q4_K.  q3_K_L: attn_v, ffn_down and attn_output q5_K.
+//       q2_K:   attn_v q4_K where n_gqa >= 4, else q3_K; ffn_down and attn_output q3_K.
+//       iq4_nl, iq4_xs: attn_v q5_K where n_gqa >= 4; ffn_down q5_K for the first n/8.
+//       q3_K_S, q5_K_S, q4_0, q4_1, q5_0, q5_1, q8_0, q4_K, q6_K: the base type (and output q6_K).
+//     As in llama.cpp, i and n are counters: an attn_v-like tensor's rank among them in file order
+//     and their count; an ffn_down tensor's rank among ffn_down tensors (its block index in MoE
+//     models, whose expert tensors need not come in block order) and the block count.
+//   * With 8 experts (Mixtral-like), attn_v and attn_k get q8_0, and attn_output q5_K in the
+//     q2_K..q4_K_M and iq4 mixes, as in llama.cpp.
+//   * Not carried over: the 70B-model attn_v bump to q5_K (llama.cpp keys it on a model size
+//     class Loom does not compute) and Falcon's ffn_down ladder (Loom does not load Falcon); the
+//     imatrix-dependent rules (Loom quantizes without an importance matrix).
+//   * A type whose block does not divide the row length (ne0) falls back as llama.cpp's
+//     tensor_type_fallback does: q2_K, q3_K to q4_0; q5_K to q5_1; q6_K to q8_0; iq4_xs to
+//     iq4_nl; and anything whose ne0 is not a multiple of 32 to f16. Except q4_K, which falls back
+//     to q8_0 rather than llama.cpp's q5_0: q4_K models must run on CUDA, which has no q5_0 kernels.
 #pragma once
 
 #include <cstdint>
@@ -38,15 +48,37 @@
 namespace loom::llm {
 
 /// The file types Loom writes. `loom quantize` takes the quantized ones, `loom gen-model` all.
-enum class FileType { f32, f16, bf16, q8_0, q4_0, q4_k, q6_k, q4_k_m };
+enum class FileType {
+  f32,
+  f16,
+  bf16,
+  q8_0,
+  q4_0,
+  q4_k,
+  q6_k,
+  q4_k_m,
+  q4_1,
+  q5_0,
+  q5_1,
+  q2_k,
+  q3_k_s,
+  q3_k_m,
+  q3_k_l,
+  q4_k_s,
+  q5_k_s,
+  q5_k_m,
+  iq4_nl,
+  iq4_xs,
+};
 
-/// The canonical spelling: "f32", ..., "q4_K", "q6_K", "q4_K_M".
+/// The canonical spelling: "f32", ..., "q4_K", "q6_K", "q4_K_M", "q3_K_S", "iq4_xs".
 const char* file_type_name(FileType t);
 /// Case-insensitive ("Q4_K_M", "q6_k"); nullopt for other names.
 std::optional<FileType> file_type_from_name(std::string_view name);
 /// The value of general.file_type, in llama.cpp's llama_ftype numbering (f32 0, f16 1, bf16 32,
-/// q8_0 7, q4_0 2, q6_K 18, q4_K_M 15); plain q4_K is not a llama.cpp file type and is written as
-/// 14 (Q4_K_S, "mostly q4_K").
+/// q8_0 7, q4_0 2, q6_K 18, q4_K_M 15, q2_K 10, q3_K_S/M/L 11-13, q4_K_S 14, q5_K_S/M 16-17,
+/// iq4_nl 25, iq4_xs 30); plain q4_K is not a llama.cpp file type and is written as 14 (Q4_K_S,
+/// "mostly q4_K"), like q4_K_S, which differs from it by a few q5_K tensors.
 uint32_t file_type_gguf_id(FileType t);
 /// The type most tensors get.
 DType file_type_base(FileType t);
@@ -60,6 +92,7 @@ struct MixtureModelInfo {
   int n_layer = 0;               ///< {arch}.block_count (ffn_down's counter runs up to it)
   bool tied_embeddings = false;  ///< the model has no output.weight
   int n_expert = 0;              ///< {arch}.expert_count; 0 for dense models
+  int n_gqa = 1;                 ///< query heads per key/value head (head_count / head_count_kv)
 };
 
 /// ggml_n_dims: the dimensions that count, trailing dimensions of 1 dropped ([4096, 1] is 1-D).
@@ -99,8 +132,10 @@ struct TensorTypeChoice {
   DType type = DType::f32;    ///< after fallback_quant_type
 };
 
-/// The whole rule: every tensor's type, in file order, with llama.cpp's counters.
+/// The whole rule: every tensor's type, in file order, with llama.cpp's counters. `pure`
+/// (llama-quantize --pure) turns the mixture off: every quantizable tensor, the output and
+/// embeddings included, gets the file type's base type; the shape fallback still applies.
 std::vector<TensorTypeChoice> choose_tensor_types(FileType ft, std::span<const MixtureTensor> tensors,
-                                                  const MixtureModelInfo& info);
+                                                  const MixtureModelInfo& info, bool pure = false);
 
 }  // namespace loom::llm

@@ -19,7 +19,83 @@ constexpr std::array<DTypeTraits, kDTypeCount> kTraits = {{
     {"q4_0", kQK4_0, sizeof(BlockQ4_0), true, 2},
     {"q4_K", kQK_K, sizeof(BlockQ4_K), true, 12},
     {"q6_K", kQK_K, sizeof(BlockQ6_K), true, 14},
+    {"q4_1", kQK32, sizeof(BlockQ4_1), true, 3},
+    {"q5_0", kQK32, sizeof(BlockQ5_0), true, 6},
+    {"q5_1", kQK32, sizeof(BlockQ5_1), true, 7},
+    {"q2_K", kQK_K, sizeof(BlockQ2_K), true, 10},
+    {"q3_K", kQK_K, sizeof(BlockQ3_K), true, 11},
+    {"q5_K", kQK_K, sizeof(BlockQ5_K), true, 13},
+    {"iq4_nl", kQK32, sizeof(BlockIQ4_NL), true, 20},
+    {"iq4_xs", kQK_K, sizeof(BlockIQ4_XS), true, 23},
+    {"mxfp4", kQK32, sizeof(BlockMXFP4), true, 39},
 }};
+
+// ---- row conversions: one entry per dtype -------------------------------------------------------------
+
+void f32_to_row(const void* src, float* dst, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
+void f16_to_row(const void* src, float* dst, int64_t n) {
+  auto s = static_cast<const f16_bits*>(src);
+  for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(s[i]);
+}
+void bf16_to_row(const void* src, float* dst, int64_t n) {
+  auto s = static_cast<const bf16_bits*>(src);
+  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
+}
+void i32_to_row(const void* src, float* dst, int64_t n) {
+  auto s = static_cast<const int32_t*>(src);
+  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(s[i]);
+}
+void row_from_f32(const float* src, void* dst, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
+void row_from_f16(const float* src, void* dst, int64_t n) {
+  auto d = static_cast<f16_bits*>(dst);
+  for (int64_t i = 0; i < n; ++i) d[i] = f32_to_f16(src[i]);
+}
+void row_from_bf16(const float* src, void* dst, int64_t n) {
+  auto d = static_cast<bf16_bits*>(dst);
+  for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
+}
+void row_from_i32(const float* src, void* dst, int64_t n) {
+  auto d = static_cast<int32_t*>(dst);
+  for (int64_t i = 0; i < n; ++i) d[i] = static_cast<int32_t>(std::lrint(src[i]));
+}
+
+// Adapters from the typed block functions of loom/quant.h.
+template <typename B, void (*F)(const B*, float*, int64_t)>
+void blocks_to_row(const void* src, float* dst, int64_t n) {
+  F(static_cast<const B*>(src), dst, n);
+}
+template <typename B, void (*F)(const float*, B*, int64_t)>
+void row_to_blocks(const float* src, void* dst, int64_t n) {
+  F(src, static_cast<B*>(dst), n);
+}
+
+struct RowConversions {
+  void (*to_float)(const void*, float*, int64_t);
+  void (*from_float)(const float*, void*, int64_t);
+};
+
+#define LOOM_QUANT_ROW(B, name) {blocks_to_row<B, dequantize_row_##name>, row_to_blocks<B, quantize_row_##name>}
+constexpr std::array<RowConversions, kDTypeCount> kRows = {{
+    {f32_to_row, row_from_f32},
+    {f16_to_row, row_from_f16},
+    {bf16_to_row, row_from_bf16},
+    {i32_to_row, row_from_i32},
+    LOOM_QUANT_ROW(BlockQ8_0, q8_0),
+    LOOM_QUANT_ROW(BlockQ4_0, q4_0),
+    LOOM_QUANT_ROW(BlockQ4_K, q4_k),
+    LOOM_QUANT_ROW(BlockQ6_K, q6_k),
+    LOOM_QUANT_ROW(BlockQ4_1, q4_1),
+    LOOM_QUANT_ROW(BlockQ5_0, q5_0),
+    LOOM_QUANT_ROW(BlockQ5_1, q5_1),
+    LOOM_QUANT_ROW(BlockQ2_K, q2_k),
+    LOOM_QUANT_ROW(BlockQ3_K, q3_k),
+    LOOM_QUANT_ROW(BlockQ5_K, q5_k),
+    LOOM_QUANT_ROW(BlockIQ4_NL, iq4_nl),
+    LOOM_QUANT_ROW(BlockIQ4_XS, iq4_xs),
+    LOOM_QUANT_ROW(BlockMXFP4, mxfp4),
+}};
+#undef LOOM_QUANT_ROW
+static_assert(static_cast<int>(DType::mxfp4) == kDTypeCount - 1, "kTraits and kRows are indexed by DType");
 
 uint32_t f32_bits(float f) {
   uint32_t u;
@@ -99,53 +175,11 @@ bf16_bits f32_to_bf16(float f) {
 }
 
 void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
-  switch (t) {
-    case DType::f32: std::memcpy(dst, src, n * sizeof(float)); return;
-    case DType::f16: {
-      auto s = static_cast<const f16_bits*>(src);
-      for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(s[i]);
-      return;
-    }
-    case DType::bf16: {
-      auto s = static_cast<const bf16_bits*>(src);
-      for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
-      return;
-    }
-    case DType::i32: {
-      auto s = static_cast<const int32_t*>(src);
-      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(s[i]);
-      return;
-    }
-    case DType::q8_0: dequantize_row_q8_0(static_cast<const BlockQ8_0*>(src), dst, n); return;
-    case DType::q4_0: dequantize_row_q4_0(static_cast<const BlockQ4_0*>(src), dst, n); return;
-    case DType::q4_k: dequantize_row_q4_k(static_cast<const BlockQ4_K*>(src), dst, n); return;
-    case DType::q6_k: dequantize_row_q6_k(static_cast<const BlockQ6_K*>(src), dst, n); return;
-  }
+  kRows[static_cast<size_t>(t)].to_float(src, dst, n);
 }
 
 void quantize_row(DType t, const float* src, void* dst, int64_t n) {
-  switch (t) {
-    case DType::f32: std::memcpy(dst, src, n * sizeof(float)); return;
-    case DType::f16: {
-      auto d = static_cast<f16_bits*>(dst);
-      for (int64_t i = 0; i < n; ++i) d[i] = f32_to_f16(src[i]);
-      return;
-    }
-    case DType::bf16: {
-      auto d = static_cast<bf16_bits*>(dst);
-      for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
-      return;
-    }
-    case DType::i32: {
-      auto d = static_cast<int32_t*>(dst);
-      for (int64_t i = 0; i < n; ++i) d[i] = static_cast<int32_t>(std::lrint(src[i]));
-      return;
-    }
-    case DType::q8_0: quantize_row_q8_0(src, static_cast<BlockQ8_0*>(dst), n); return;
-    case DType::q4_0: quantize_row_q4_0(src, static_cast<BlockQ4_0*>(dst), n); return;
-    case DType::q4_k: quantize_row_q4_k(src, static_cast<BlockQ4_K*>(dst), n); return;
-    case DType::q6_k: quantize_row_q6_k(src, static_cast<BlockQ6_K*>(dst), n); return;
-  }
+  kRows[static_cast<size_t>(t)].from_float(src, dst, n);
 }
 
 }  // namespace loom

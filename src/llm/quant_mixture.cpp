@@ -18,7 +18,7 @@ struct FileTypeInfo {
 };
 
 // In enum order: info_of indexes it.
-constexpr std::array<FileTypeInfo, 8> kFileTypes = {{
+constexpr std::array<FileTypeInfo, 20> kFileTypes = {{
     {FileType::f32, "f32", 0, DType::f32},
     {FileType::f16, "f16", 1, DType::f16},
     {FileType::bf16, "bf16", 32, DType::bf16},
@@ -27,11 +27,25 @@ constexpr std::array<FileTypeInfo, 8> kFileTypes = {{
     {FileType::q4_k, "q4_K", 14, DType::q4_k},
     {FileType::q6_k, "q6_K", 18, DType::q6_k},
     {FileType::q4_k_m, "q4_K_M", 15, DType::q4_k},
+    {FileType::q4_1, "q4_1", 3, DType::q4_1},
+    {FileType::q5_0, "q5_0", 8, DType::q5_0},
+    {FileType::q5_1, "q5_1", 9, DType::q5_1},
+    {FileType::q2_k, "q2_K", 10, DType::q2_k},
+    {FileType::q3_k_s, "q3_K_S", 11, DType::q3_k},
+    {FileType::q3_k_m, "q3_K_M", 12, DType::q3_k},
+    {FileType::q3_k_l, "q3_K_L", 13, DType::q3_k},
+    {FileType::q4_k_s, "q4_K_S", 14, DType::q4_k},
+    {FileType::q5_k_s, "q5_K_S", 16, DType::q5_k},
+    {FileType::q5_k_m, "q5_K_M", 17, DType::q5_k},
+    {FileType::iq4_nl, "iq4_nl", 25, DType::iq4_nl},
+    {FileType::iq4_xs, "iq4_xs", 30, DType::iq4_xs},
 }};
 
-constexpr std::array<FileType, 8> kAllFileTypes = {FileType::f32,  FileType::f16,   FileType::bf16,
-                                                   FileType::q8_0, FileType::q4_0,  FileType::q4_k,
-                                                   FileType::q6_k, FileType::q4_k_m};
+constexpr std::array<FileType, 20> kAllFileTypes = {
+    FileType::f32,    FileType::f16,    FileType::bf16,   FileType::q8_0,   FileType::q4_0,
+    FileType::q4_k,   FileType::q6_k,   FileType::q4_k_m, FileType::q4_1,   FileType::q5_0,
+    FileType::q5_1,   FileType::q2_k,   FileType::q3_k_s, FileType::q3_k_m, FileType::q3_k_l,
+    FileType::q4_k_s, FileType::q5_k_s, FileType::q5_k_m, FileType::iq4_nl, FileType::iq4_xs};
 
 const FileTypeInfo& info_of(FileType t) { return kFileTypes[static_cast<size_t>(t)]; }
 
@@ -107,6 +121,8 @@ bool use_more_bits(int layer, int n_layers) {
   return layer < n_layers / 8 || layer >= 7 * n_layers / 8 || (layer - n_layers / 8) % 3 == 2;
 }
 
+bool is_attn_output(std::string_view name) { return contains(name, "attn_output.weight"); }
+
 DType choose_quant_type(std::string_view name, int layer, int n_layers, FileType ft,
                         const MixtureModelInfo& info) {
   const DType base = file_type_base(ft);
@@ -116,25 +132,71 @@ DType choose_quant_type(std::string_view name, int layer, int n_layers, FileType
   if (is_output(name) || (info.tied_embeddings && is_token_embd(name)))
     return base == DType::q8_0 ? DType::q8_0 : DType::q6_k;
   if (is_token_embd(name)) return base;
+  const bool iq4 = ft == FileType::iq4_nl || ft == FileType::iq4_xs;
   if (tensor_is_attn_v_like(name)) {
-    if (info.n_expert == 8) return DType::q8_0;  // 8 experts share attention: ~128 MB more for Mixtral
-    if (ft == FileType::q4_k_m && use_more_bits(layer, n_layers)) return DType::q6_k;
-    return base;
+    DType t = base;
+    if (ft == FileType::q2_k) t = info.n_gqa >= 4 ? DType::q4_k : DType::q3_k;
+    else if (ft == FileType::q3_k_m) t = layer < 2 ? DType::q5_k : DType::q4_k;
+    else if (ft == FileType::q3_k_l) t = DType::q5_k;
+    else if (iq4 && info.n_gqa >= 4) t = DType::q5_k;
+    else if ((ft == FileType::q4_k_m || ft == FileType::q5_k_m) && use_more_bits(layer, n_layers)) t = DType::q6_k;
+    else if (ft == FileType::q4_k_s && layer < 4) t = DType::q5_k;
+    if (info.n_expert == 8) t = DType::q8_0;  // 8 experts share attention: ~128 MB more for Mixtral
+    return t;
   }
   if (contains(name, "attn_k.weight")) return info.n_expert == 8 ? DType::q8_0 : base;
-  if (tensor_is_ffn_down(name) && ft == FileType::q4_k_m && use_more_bits(layer, n_layers))
-    return DType::q6_k;
+  if (tensor_is_ffn_down(name)) {
+    switch (ft) {
+      case FileType::q2_k: return DType::q3_k;
+      case FileType::q3_k_m: return layer < n_layers / 16 ? DType::q5_k : DType::q4_k;
+      case FileType::q3_k_l: return DType::q5_k;
+      case FileType::q4_k_m:
+      case FileType::q5_k_m: return use_more_bits(layer, n_layers) ? DType::q6_k : base;
+      case FileType::q4_k_s: return layer < n_layers / 8 ? DType::q5_k : base;
+      case FileType::iq4_nl:
+      case FileType::iq4_xs: return layer < n_layers / 8 ? DType::q5_k : base;
+      default: return base;
+    }
+  }
+  if (is_attn_output(name)) {
+    if (info.n_expert == 8) {
+      switch (ft) {
+        case FileType::q2_k:
+        case FileType::q3_k_s:
+        case FileType::q3_k_m:
+        case FileType::q4_k_s:
+        case FileType::q4_k_m:
+        case FileType::iq4_nl:
+        case FileType::iq4_xs: return DType::q5_k;
+        default: return base;
+      }
+    }
+    if (ft == FileType::q2_k) return DType::q3_k;
+    if (ft == FileType::q3_k_m) return DType::q4_k;
+    if (ft == FileType::q3_k_l) return DType::q5_k;
+  }
   return base;
 }
 
+// llama.cpp's tensor_type_fallback: a 32-element type of about the same size, then f16; except q4_K,
+// which keeps Loom's q8_0 (llama.cpp's q5_0 has no CUDA kernel yet, and q4_K models must run there).
 DType fallback_quant_type(DType t, int64_t ne0) {
   if (ne0 % dtype_block_size(t) == 0) return t;
-  if ((t == DType::q4_k || t == DType::q6_k) && ne0 % dtype_block_size(DType::q8_0) == 0) return DType::q8_0;
-  return DType::f16;
+  DType next = DType::f16;
+  switch (t) {
+    case DType::q2_k:
+    case DType::q3_k: next = DType::q4_0; break;
+    case DType::q4_k: next = DType::q8_0; break;
+    case DType::q5_k: next = DType::q5_1; break;
+    case DType::q6_k: next = DType::q8_0; break;
+    case DType::iq4_xs: next = DType::iq4_nl; break;
+    default: break;
+  }
+  return ne0 % dtype_block_size(next) == 0 ? next : DType::f16;
 }
 
 std::vector<TensorTypeChoice> choose_tensor_types(FileType ft, std::span<const MixtureTensor> tensors,
-                                                  const MixtureModelInfo& info) {
+                                                  const MixtureModelInfo& info, bool pure) {
   // llama.cpp counts the attn_v-like tensors up front: their count is the counter's n.
   int n_attn_v = 0;
   for (const MixtureTensor& t : tensors) n_attn_v += tensor_is_attn_v_like(t.name);
@@ -156,7 +218,7 @@ std::vector<TensorTypeChoice> choose_tensor_types(FileType ft, std::span<const M
         layer = info.n_expert > 1 ? std::max(0, tensor_block_index(t.name)) : i_ffn_down;
         ++i_ffn_down;
       }
-      c.wanted = choose_quant_type(t.name, layer, n_layers, ft, info);
+      c.wanted = pure ? file_type_base(ft) : choose_quant_type(t.name, layer, n_layers, ft, info);
       c.type = fallback_quant_type(c.wanted, t.ne[0]);
     }
     out.push_back(c);

@@ -133,6 +133,7 @@ std::vector<PlannedTensor> plan_tensors(const SynthShape& s, FileType ft) {
   info.n_layer = s.n_layer;
   info.tied_embeddings = s.tied_output;
   info.n_expert = s.n_expert;
+  info.n_gqa = s.n_head_kv > 0 ? std::max(1, s.n_head / s.n_head_kv) : 1;
   std::vector<PlannedTensor> out;
   auto add = [&](std::string name, std::vector<int64_t> ne, Init init) {
     out.push_back({std::move(name), std::move(ne), DType::f32, init, {}});  // type: assign_types

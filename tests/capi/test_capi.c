@@ -230,7 +230,8 @@ static void test_types(void) {
   CHECK(loom_type_size(LOOM_TYPE_Q8_0) == 34 && loom_type_block_size(LOOM_TYPE_Q8_0) == 32);
   CHECK(loom_type_size(LOOM_TYPE_Q4_K) == 144 && loom_type_block_size(LOOM_TYPE_Q4_K) == 256);
   CHECK(strcmp(loom_type_name(LOOM_TYPE_BF16), "bf16") == 0);
-  CHECK(loom_type_name((loom_type)3) == NULL); /* GGUF's q4_1: not supported */
+  CHECK(loom_type_name((loom_type)21) == NULL); /* GGUF's iq3_s: not supported */
+  CHECK(strcmp(loom_type_name(LOOM_TYPE_Q5_K), "q5_K") == 0 && loom_type_size(LOOM_TYPE_Q5_K) == 176);
   CHECK(loom_type_is_quantized(LOOM_TYPE_Q6_K) && !loom_type_is_quantized(LOOM_TYPE_F16));
   CHECK(loom_row_size(LOOM_TYPE_Q8_0, 64) == 68);
   loom_clear_last_error();
@@ -405,7 +406,7 @@ static void test_errors(void) {
   CHECK_CONTAINS(loom_last_error(), "type_mismatch");
   CHECK(loom_new_tensor_2d(ctx, LOOM_TYPE_Q8_0, 30, 2) == NULL); /* not whole blocks */
   CHECK_CONTAINS(loom_last_error(), "block");
-  CHECK(loom_new_tensor_1d(ctx, (loom_type)3, 32) == NULL);
+  CHECK(loom_new_tensor_1d(ctx, (loom_type)21, 256) == NULL);
   CHECK_CONTAINS(loom_last_error(), "not supported");
   CHECK(loom_new_tensor(ctx, LOOM_TYPE_F32, 5, (const int64_t[5]){1, 1, 1, 1, 1}) == NULL);
   loom_rope_params rp = loom_rope_default_params(5, LOOM_ROPE_NORMAL); /* odd n_dims */

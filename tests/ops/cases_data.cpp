@@ -30,7 +30,7 @@ double store_nmse(DType t) {
 
 // Row length that suits every type of a list: whole blocks.
 int64_t row_len(DType t, int64_t plain) {
-  if (t == DType::q4_k || t == DType::q6_k) return 256;
+  if (dtype_block_size(t) == kQK_K) return 256;
   if (dtype_is_quantized(t)) return 64;
   return plain;
 }
@@ -353,6 +353,10 @@ void add_data_cases(CaseList& cases, CaseSet set) {
     add_get_rows(cases, t, {n, 7, 3, 1}, 5, false);
     add_get_rows(cases, t, {n, 1, 1, 1}, 3, false);
     add_get_rows(cases, t, {n, 6, 2, 2}, 1, false);
+  }
+  for (DType t : kCpuOnlyWeightTypes) {
+    add_get_rows(cases, t, {row_len(t, 0), 10, 1, 1}, 4, false);
+    add_get_rows(cases, t, {row_len(t, 0), 7, 3, 1}, 5, false);
   }
   add_get_rows(cases, DType::f32, {4096, 50, 1, 1}, 9, false);
 

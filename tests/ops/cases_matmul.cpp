@@ -174,7 +174,7 @@ void add_mul_mat_id(CaseList& cases, const MulMatIdCase& c, bool perf) {
 
 // A reduced dimension that suits the type: odd for plain types, whole blocks for quantized ones.
 int64_t pick_k(DType t, int64_t plain, int64_t q32, int64_t qk) {
-  if (t == DType::q4_k || t == DType::q6_k) return qk;
+  if (dtype_block_size(t) == kQK_K) return qk;
   if (dtype_is_quantized(t)) return q32;
   return plain;
 }
@@ -190,6 +190,8 @@ void add_matmul_cases(CaseList& cases, CaseSet set) {
         add_mul_mat(cases, {wt, 14336, n, 4096, {1, 1}, {1, 1}}, true);
         add_mul_mat(cases, {wt, 4096, n, 14336, {1, 1}, {1, 1}}, true);
       }
+    for (DType wt : kCpuOnlyWeightTypes)
+      for (int64_t n : {1, 4}) add_mul_mat(cases, {wt, 4096, n, 4096, {1, 1}, {1, 1}}, true);
     // the output layer (2.1 GB in f32: left to the types models ship it in)
     for (DType wt : {DType::f16, DType::q8_0, DType::q4_0, DType::q4_k, DType::q6_k})
       for (int64_t n : {1, 2, 4, 8}) add_mul_mat(cases, {wt, 128256, n, 4096, {1, 1}, {1, 1}}, true);
@@ -237,6 +239,18 @@ void add_matmul_cases(CaseList& cases, CaseSet set) {
       add_mul_mat(cases, {wt, 1, n, k_short, {1, 1}, {1, 1}}, false);
       if (n % 3 == 2) add_mul_mat(cases, {wt, 5, n, k_short, {2, 1}, {4, 2}}, false);
     }
+  }
+  // The block formats with CPU kernels only: one token, odd shapes, many tokens, broadcast batches,
+  // and every column count of one dot call (1..4) with a remainder.
+  for (DType wt : kCpuOnlyWeightTypes) {
+    const int64_t k1 = pick_k(wt, 0, 64, 256), k2 = pick_k(wt, 0, 288, 512);
+    add_mul_mat(cases, {wt, 16, 1, k1, {1, 1}, {1, 1}}, false);
+    add_mul_mat(cases, {wt, 33, 7, k2, {1, 1}, {1, 1}}, false);
+    add_mul_mat(cases, {wt, 64, 65, k1, {1, 1}, {1, 1}}, false);
+    add_mul_mat(cases, {wt, 17, 32, k1, {2, 1}, {6, 2}}, false);
+    add_mul_mat(cases, {wt, 9, 5, k1, {1, 1}, {3, 1}, BLayout::permuted}, false);
+    add_mul_mat(cases, {wt, 7, 5, pick_k(wt, 0, 4352, 4352), {1, 1}, {1, 1}}, false);
+    add_mul_mat_id(cases, {wt, 16, k1, 8, 2, 5, true}, false);
   }
   // Activations whose rows are not contiguous (the front end accepts them).
   for (DType wt : {DType::f32, DType::f16, DType::q8_0, DType::q4_k})

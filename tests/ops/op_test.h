@@ -185,6 +185,10 @@ inline constexpr double kNmseRope = 1e-5;
 
 inline constexpr DType kAllWeightTypes[] = {DType::f32,  DType::f16,  DType::bf16, DType::q8_0,
                                             DType::q4_0, DType::q4_k, DType::q6_k};
+/// Block formats with CPU kernels only so far: the CUDA backend reports their nodes unsupported, so
+/// on a GPU these cases read "not supported" rather than failing.
+inline constexpr DType kCpuOnlyWeightTypes[] = {DType::q4_1, DType::q5_0,   DType::q5_1,   DType::q2_k, DType::q3_k,
+                                                DType::q5_k, DType::iq4_nl, DType::iq4_xs, DType::mxfp4};
 
 // References and thresholds shared between case files (the fused cases reuse the ops' own).
 

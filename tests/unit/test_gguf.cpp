@@ -313,22 +313,22 @@ TEST_F(GgufFiles, FileWithoutTensorsEndsAfterMetadata) {
 
 TEST_F(GgufFiles, TypeLoomLacksParsesButIsUnsupported) {
   GgufWriter w;
-  const std::vector<uint8_t> q5k = pattern_bytes(176 * 2, 3);  // two q5_K blocks
+  const std::vector<uint8_t> iq3s = pattern_bytes(110 * 2, 3);  // two iq3_s blocks
   const std::vector<int64_t> ne{256, 2};
-  ASSERT_TRUE(w.add_tensor_ggml("blk.0.ffn_down.weight", 13, ne, q5k.data()).ok());
+  ASSERT_TRUE(w.add_tensor_ggml("blk.0.ffn_down.weight", 21, ne, iq3s.data()).ok());
   Result<std::vector<uint8_t>> bytes = w.serialize();
   ASSERT_TRUE(bytes.ok());
   Result<GgufFile> f = GgufFile::parse(*bytes, "model.gguf");
   ASSERT_TRUE(f.ok()) << f.status().message();
   const GgufTensorInfo& t = f->tensors()[0];
   EXPECT_FALSE(t.dtype.has_value());
-  EXPECT_STREQ(t.type_info->name, "q5_K");
-  EXPECT_EQ(t.size, q5k.size());
+  EXPECT_STREQ(t.type_info->name, "iq3_s");
+  EXPECT_EQ(t.size, iq3s.size());
   Result<DType> d = f->dtype_of(t);
   ASSERT_FALSE(d.ok());
   EXPECT_EQ(d.status().code(), StatusCode::unsupported);
   EXPECT_EQ(d.status().message(),
-            "model.gguf: tensor 'blk.0.ffn_down.weight': type q5_K (ggml id 13) is not supported by Loom");
+            "model.gguf: tensor 'blk.0.ffn_down.weight': type iq3_s (ggml id 21) is not supported by Loom");
 }
 
 TEST_F(GgufFiles, NestedArraysParseAndCopy) {

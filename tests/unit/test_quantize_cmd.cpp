@@ -176,6 +176,21 @@ double error_bound(DType t) {
       return 0.02;
     case DType::f16:
       return 3e-4;
+    case DType::q4_1:
+      return 0.075;
+    case DType::q5_0:
+      return 0.047;
+    case DType::q5_1:
+      return 0.037;
+    case DType::q2_k:
+      return 0.29;
+    case DType::q3_k:
+      return 0.16;
+    case DType::q5_k:
+      return 0.039;
+    case DType::iq4_nl:
+    case DType::iq4_xs:
+      return 0.08;
     default:
       return 0.0;
   }
@@ -227,10 +242,17 @@ std::map<std::string, DType> expected_types(const TestModel& m, FileType f, bool
       d = t.type;
     } else if (n == "output.weight" || (tied && n == "token_embd.weight")) {
       d = base == DType::q8_0 ? DType::q8_0 : DType::q6_k;
-    } else if (n == "blk.0.ffn_odd.weight") {
-      d = (base == DType::q4_k || base == DType::q6_k) ? DType::q8_0 : base;
+    } else if (n == "blk.0.ffn_odd.weight") {  // llama.cpp's tensor_type_fallback
+      d = base == DType::q4_k   ? DType::q8_0
+          : base == DType::q6_k ? DType::q8_0
+          : base == DType::q5_k ? DType::q5_1
+          : base == DType::q3_k ? DType::q4_0
+          : base == DType::iq4_xs ? DType::iq4_nl
+                                  : base;
     } else if (n == "blk.0.ffn_tiny.weight") {
       d = DType::f16;
+    } else if (f == FileType::iq4_nl && n == "blk.0.ffn_down.weight") {
+      d = DType::q5_k;  // the first n/8 ffn_down
     } else if (f == FileType::q4_k_m &&
                (n.find("attn_v") != std::string::npos || n.find("ffn_down") != std::string::npos)) {
       const int layer = std::stoi(n.substr(4));
@@ -283,11 +305,51 @@ TEST(QuantMixture, ChooseTypes) {
   EXPECT_FALSE(tensor_is_quantizable("position_embd.weight", 2));
 
   EXPECT_EQ(fallback_quant_type(DType::q4_k, 4096), DType::q4_k);
-  EXPECT_EQ(fallback_quant_type(DType::q4_k, 96), DType::q8_0);
+  EXPECT_EQ(fallback_quant_type(DType::q4_k, 96), DType::q8_0);  // not q5_0: see quant_mixture.h
   EXPECT_EQ(fallback_quant_type(DType::q6_k, 160), DType::q8_0);
+  EXPECT_EQ(fallback_quant_type(DType::q5_k, 96), DType::q5_1);
+  EXPECT_EQ(fallback_quant_type(DType::q2_k, 96), DType::q4_0);
+  EXPECT_EQ(fallback_quant_type(DType::q3_k, 96), DType::q4_0);
+  EXPECT_EQ(fallback_quant_type(DType::iq4_xs, 96), DType::iq4_nl);
+  EXPECT_EQ(fallback_quant_type(DType::q5_k, 40), DType::f16);
   EXPECT_EQ(fallback_quant_type(DType::q4_k, 40), DType::f16);
   EXPECT_EQ(fallback_quant_type(DType::q8_0, 40), DType::f16);
   EXPECT_EQ(fallback_quant_type(DType::q4_0, 96), DType::q4_0);
+}
+
+// The mixes beyond q4_K_M, case by case from llama.cpp's llama_tensor_get_type.
+TEST(QuantMixture, LowBitAndIq4Mixes) {
+  const llm::MixtureModelInfo gqa{.n_layer = 32, .tied_embeddings = false, .n_expert = 0, .n_gqa = 4};
+  EXPECT_EQ(choose_quant_type("blk.3.attn_v.weight", 3, 32, FileType::q2_k), DType::q3_k);
+  EXPECT_EQ(choose_quant_type("blk.3.attn_v.weight", 3, 32, FileType::q2_k, gqa), DType::q4_k);
+  EXPECT_EQ(choose_quant_type("blk.3.ffn_down.weight", 3, 32, FileType::q2_k), DType::q3_k);
+  EXPECT_EQ(choose_quant_type("blk.3.attn_output.weight", 3, 32, FileType::q2_k), DType::q3_k);
+  EXPECT_EQ(choose_quant_type("blk.3.ffn_up.weight", 3, 32, FileType::q2_k), DType::q2_k);
+  EXPECT_EQ(choose_quant_type("output.weight", 0, 32, FileType::q2_k), DType::q6_k);
+  EXPECT_EQ(choose_quant_type("blk.1.attn_v.weight", 1, 32, FileType::q3_k_m), DType::q5_k);
+  EXPECT_EQ(choose_quant_type("blk.2.attn_v.weight", 2, 32, FileType::q3_k_m), DType::q4_k);
+  EXPECT_EQ(choose_quant_type("blk.1.ffn_down.weight", 1, 32, FileType::q3_k_m), DType::q5_k);
+  EXPECT_EQ(choose_quant_type("blk.2.ffn_down.weight", 2, 32, FileType::q3_k_m), DType::q4_k);
+  EXPECT_EQ(choose_quant_type("blk.2.attn_output.weight", 2, 32, FileType::q3_k_m), DType::q4_k);
+  EXPECT_EQ(choose_quant_type("blk.2.ffn_gate.weight", 2, 32, FileType::q3_k_m), DType::q3_k);
+  EXPECT_EQ(choose_quant_type("blk.9.attn_v.weight", 9, 32, FileType::q3_k_l), DType::q5_k);
+  EXPECT_EQ(choose_quant_type("blk.9.ffn_down.weight", 9, 32, FileType::q3_k_l), DType::q5_k);
+  EXPECT_EQ(choose_quant_type("blk.9.ffn_down.weight", 9, 32, FileType::q3_k_s), DType::q3_k);
+  EXPECT_EQ(choose_quant_type("blk.3.attn_v.weight", 3, 32, FileType::q4_k_s), DType::q5_k);
+  EXPECT_EQ(choose_quant_type("blk.4.attn_v.weight", 4, 32, FileType::q4_k_s), DType::q4_k);
+  EXPECT_EQ(choose_quant_type("blk.3.ffn_down.weight", 3, 32, FileType::q4_k_s), DType::q5_k);
+  EXPECT_EQ(choose_quant_type("blk.4.ffn_down.weight", 4, 32, FileType::q4_k_s), DType::q4_k);
+  EXPECT_EQ(choose_quant_type("blk.31.ffn_down.weight", 31, 32, FileType::q5_k_m), DType::q6_k);
+  EXPECT_EQ(choose_quant_type("blk.10.ffn_down.weight", 10, 32, FileType::q5_k_m), DType::q5_k);
+  EXPECT_EQ(choose_quant_type("blk.10.attn_v.weight", 10, 32, FileType::q5_k_s), DType::q5_k);
+  EXPECT_EQ(choose_quant_type("blk.3.attn_v.weight", 3, 32, FileType::iq4_xs), DType::iq4_xs);
+  EXPECT_EQ(choose_quant_type("blk.3.attn_v.weight", 3, 32, FileType::iq4_xs, gqa), DType::q5_k);
+  EXPECT_EQ(choose_quant_type("blk.3.ffn_down.weight", 3, 32, FileType::iq4_nl), DType::q5_k);
+  EXPECT_EQ(choose_quant_type("blk.4.ffn_down.weight", 4, 32, FileType::iq4_nl), DType::iq4_nl);
+  const llm::MixtureModelInfo moe{.n_layer = 32, .tied_embeddings = false, .n_expert = 8, .n_gqa = 1};
+  EXPECT_EQ(choose_quant_type("blk.3.attn_output.weight", 3, 32, FileType::q4_k_m, moe), DType::q5_k);
+  EXPECT_EQ(choose_quant_type("blk.3.attn_output.weight", 3, 32, FileType::q5_k_m, moe), DType::q5_k);
+  EXPECT_EQ(choose_quant_type("blk.3.attn_v.weight", 3, 32, FileType::q2_k, moe), DType::q8_0);
 }
 
 TEST(QuantMixture, FtypeNames) {
@@ -295,7 +357,14 @@ TEST(QuantMixture, FtypeNames) {
   EXPECT_EQ(file_type_from_name("Q4_K_M"), FileType::q4_k_m);
   EXPECT_EQ(file_type_from_name("q8_0"), FileType::q8_0);
   EXPECT_EQ(file_type_from_name("q6_k"), FileType::q6_k);
-  EXPECT_FALSE(file_type_from_name("q5_K").has_value());
+  EXPECT_FALSE(file_type_from_name("q5_K").has_value()) << "only the q5_K_S and q5_K_M mixes";
+  EXPECT_EQ(file_type_from_name("Q3_K_M"), FileType::q3_k_m);
+  EXPECT_EQ(file_type_from_name("iq4_XS"), FileType::iq4_xs);
+  EXPECT_EQ(file_type_gguf_id(FileType::q2_k), 10u);
+  EXPECT_EQ(file_type_gguf_id(FileType::q3_k_l), 13u);
+  EXPECT_EQ(file_type_gguf_id(FileType::q5_k_m), 17u);
+  EXPECT_EQ(file_type_gguf_id(FileType::iq4_nl), 25u);
+  EXPECT_EQ(file_type_gguf_id(FileType::iq4_xs), 30u);
   EXPECT_FALSE(file_type_from_name("").has_value());
   EXPECT_FALSE(file_type_is_quantized(*file_type_from_name("f16"))) << "loom quantize rejects float types";
   EXPECT_EQ(file_type_gguf_id(FileType::q4_k_m), 15u);
@@ -350,7 +419,8 @@ TEST_F(QuantizeCmd, Q4KMMixtureValuesAndMetadata) {
 
 TEST_F(QuantizeCmd, SingleTypes) {
   const std::string in = model();
-  for (FileType f : {FileType::q8_0, FileType::q4_0, FileType::q4_k, FileType::q6_k}) {
+  for (FileType f : {FileType::q8_0, FileType::q4_0, FileType::q4_k, FileType::q6_k, FileType::q4_1,
+                     FileType::q5_0, FileType::q5_1, FileType::q3_k_s, FileType::q5_k_s, FileType::iq4_nl}) {
     SCOPED_TRACE(file_type_name(f));
     const std::string out = path(std::string("out-") + file_type_name(f) + ".gguf");
     auto r = quantize_gguf(in, out, f, {.n_threads = 2, .on_tensor = {}});
@@ -386,6 +456,25 @@ TEST_F(QuantizeCmd, ThreadCountDoesNotChangeBytes) {
   const auto a = read(path("a.gguf")), b = read(path("b.gguf"));
   EXPECT_GT(a.size(), 100000u);
   EXPECT_TRUE(a == b);
+}
+
+TEST_F(QuantizeCmd, PureTurnsTheMixtureOff) {
+  auto in = GgufFile::open(model());
+  ASSERT_TRUE(in.ok());
+  for (FileType f : {FileType::q4_k_m, FileType::q3_k_m, FileType::q2_k}) {
+    SCOPED_TRACE(file_type_name(f));
+    auto plan = plan_quantization(*in, f, /*pure=*/true);
+    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+    const DType base = file_type_base(f);
+    int quantized = 0;
+    for (const auto& t : plan->tensors) {
+      if (!t.quantizable) continue;
+      const DType want = fallback_quant_type(base, t.ne[0]);  // output.weight too: no q6_K
+      EXPECT_EQ(t.dst_type, dtype_traits(want).gguf_id) << t.name;
+      ++quantized;
+    }
+    EXPECT_GT(quantized, 10);
+  }
 }
 
 TEST_F(QuantizeCmd, Errors) {

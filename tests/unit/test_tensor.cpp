@@ -28,12 +28,17 @@ TEST(DType, TraitsMatchGguf) {
     bool quantized;
     uint32_t gguf;
   };
-  // GGUF ggml_type ids: F32 0, F16 1, Q4_0 2, Q8_0 8, Q4_K 12, Q6_K 14, I32 26, BF16 30.
+  // GGUF ggml_type ids as in ggml.h (enum ggml_type).
   const Expect expect[] = {
       {DType::f32, "f32", 1, 4, false, 0},        {DType::f16, "f16", 1, 2, false, 1},
       {DType::bf16, "bf16", 1, 2, false, 30},     {DType::i32, "i32", 1, 4, false, 26},
       {DType::q8_0, "q8_0", 32, 34, true, 8},     {DType::q4_0, "q4_0", 32, 18, true, 2},
       {DType::q4_k, "q4_K", 256, 144, true, 12},  {DType::q6_k, "q6_K", 256, 210, true, 14},
+      {DType::q4_1, "q4_1", 32, 20, true, 3},     {DType::q5_0, "q5_0", 32, 22, true, 6},
+      {DType::q5_1, "q5_1", 32, 24, true, 7},     {DType::q2_k, "q2_K", 256, 84, true, 10},
+      {DType::q3_k, "q3_K", 256, 110, true, 11},  {DType::q5_k, "q5_K", 256, 176, true, 13},
+      {DType::iq4_nl, "iq4_nl", 32, 18, true, 20}, {DType::iq4_xs, "iq4_xs", 256, 136, true, 23},
+      {DType::mxfp4, "mxfp4", 32, 17, true, 39},
   };
   static_assert(sizeof(expect) / sizeof(expect[0]) == kDTypeCount);
   for (const Expect& e : expect) {
@@ -56,8 +61,8 @@ TEST(DType, TraitsMatchGguf) {
 }
 
 TEST(DType, GgufIdsLoomDoesNotSupport) {
-  // 3 = Q4_1, 6 = Q5_0, 10 = Q2_K, 13 = Q5_K, 9999 = nothing
-  for (uint32_t id : {3u, 6u, 10u, 13u, 9999u}) EXPECT_FALSE(dtype_from_gguf(id).has_value()) << id;
+  // 9 = Q8_1, 16 = IQ2_XXS, 21 = IQ3_S, 35 = TQ2_0, 9999 = nothing
+  for (uint32_t id : {9u, 16u, 21u, 35u, 9999u}) EXPECT_FALSE(dtype_from_gguf(id).has_value()) << id;
 }
 
 TEST(DType, FromNameIsCaseInsensitiveAndExact) {
@@ -70,7 +75,9 @@ TEST(DType, FromNameIsCaseInsensitiveAndExact) {
   EXPECT_FALSE(dtype_from_name(""));
   EXPECT_FALSE(dtype_from_name("f3"));
   EXPECT_FALSE(dtype_from_name("f32 "));
-  EXPECT_FALSE(dtype_from_name("q5_0"));
+  EXPECT_EQ(dtype_from_name("Q5_0"), DType::q5_0);
+  EXPECT_EQ(dtype_from_name("IQ4_XS"), DType::iq4_xs);
+  EXPECT_FALSE(dtype_from_name("q8_1"));
   EXPECT_FALSE(dtype_from_name("float32"));
 }
 

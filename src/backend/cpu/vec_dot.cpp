@@ -161,6 +161,145 @@ float dot_q6_k(int64_t n, const BlockQ6_K* w, const BlockQ8_K* x) {
   return static_cast<float>(sum);
 }
 
+// ---- formats decoded to integer codes ----------------------------------------------------------------
+//
+// The newer formats share two scalar dots: a block is decoded to integer codes plus its scales, and the
+// integer sums follow the same contract (exact per block, scaled in double).
+
+// A 32-element block as x = d * code + m.
+struct Block32 {
+  int8_t q[kQK32];
+  double d, m;
+};
+void decode(const BlockQ4_1& b, Block32& o) {
+  for (int i = 0; i < 16; ++i) {
+    o.q[i] = static_cast<int8_t>(b.qs[i] & 0xF);
+    o.q[i + 16] = static_cast<int8_t>(b.qs[i] >> 4);
+  }
+  o.d = f16_to_f32(b.d);
+  o.m = f16_to_f32(b.m);
+}
+void decode_q5(const uint8_t* qs, const uint8_t* qh, int bias, int8_t* q) {
+  const uint32_t h = qh[0] | (qh[1] << 8) | (qh[2] << 16) | (static_cast<uint32_t>(qh[3]) << 24);
+  for (int i = 0; i < 16; ++i) {
+    q[i] = static_cast<int8_t>(((qs[i] & 0xF) | (((h >> i) & 1) << 4)) - bias);
+    q[i + 16] = static_cast<int8_t>(((qs[i] >> 4) | (((h >> (i + 16)) & 1) << 4)) - bias);
+  }
+}
+void decode(const BlockQ5_0& b, Block32& o) {
+  decode_q5(b.qs, b.qh, 16, o.q);
+  o.d = f16_to_f32(b.d);
+  o.m = 0;
+}
+void decode(const BlockQ5_1& b, Block32& o) {
+  decode_q5(b.qs, b.qh, 0, o.q);
+  o.d = f16_to_f32(b.d);
+  o.m = f16_to_f32(b.m);
+}
+void decode_table(const uint8_t* qs, const int8_t* table, int8_t* q) {
+  for (int i = 0; i < 16; ++i) {
+    q[i] = table[qs[i] & 0xF];
+    q[i + 16] = table[qs[i] >> 4];
+  }
+}
+void decode(const BlockIQ4_NL& b, Block32& o) {
+  decode_table(b.qs, kIQ4NLValues, o.q);
+  o.d = f16_to_f32(b.d);
+  o.m = 0;
+}
+void decode(const BlockMXFP4& b, Block32& o) {
+  decode_table(b.qs, kMXFP4Values, o.q);
+  o.d = e8m0_to_f32_half(b.e);
+  o.m = 0;
+}
+
+// sum over blocks of dx * (d * sum q*xq + m * sum xq)
+template <typename W>
+float dot_block32(int64_t n, const W* w, const BlockQ8_0* x) {
+  const float* t = f16_table();
+  double sum = 0.0;
+  Block32 blk;
+  for (int64_t b = 0; b < n / kQK32; ++b) {
+    decode(w[b], blk);
+    int32_t isum = 0, xsum = 0;
+    for (int i = 0; i < kQK32; ++i) {
+      isum += blk.q[i] * x[b].qs[i];
+      xsum += x[b].qs[i];
+    }
+    sum += static_cast<double>(t[x[b].d]) * (blk.d * isum + blk.m * xsum);
+  }
+  return static_cast<float>(sum);
+}
+
+// A 256-element super-block as x = d * sc[s] * q - dmin * m[s] over 16 sub-blocks of 16 (formats with
+// 32-element sub-blocks repeat their scales).
+struct BlockK {
+  int8_t q[kQK_K];
+  int32_t sc[16], m[16];
+  float d, dmin;
+};
+void decode(const BlockQ2_K& b, BlockK& o) {
+  for (int e = 0; e < kQK_K; ++e) o.q[e] = static_cast<int8_t>((b.qs[32 * (e / 128) + e % 32] >> (2 * ((e / 32) % 4))) & 3);
+  for (int s = 0; s < 16; ++s) {
+    o.sc[s] = b.scales[s] & 0xF;
+    o.m[s] = b.scales[s] >> 4;
+  }
+  o.d = f16_to_f32(b.d);
+  o.dmin = f16_to_f32(b.dmin);
+}
+void decode(const BlockQ3_K& b, BlockK& o) {
+  for (int e = 0; e < kQK_K; ++e) {
+    const int lo = (b.qs[32 * (e / 128) + e % 32] >> (2 * ((e / 32) % 4))) & 3;
+    o.q[e] = static_cast<int8_t>(lo - 4 * (1 - ((b.hmask[e % 32] >> (e / 32)) & 1)));
+  }
+  for (int s = 0; s < 16; ++s) {
+    o.sc[s] = q3k_scale(s, b.scales) - 32;
+    o.m[s] = 0;
+  }
+  o.d = f16_to_f32(b.d);
+  o.dmin = 0.0f;
+}
+void decode(const BlockQ5_K& b, BlockK& o) {
+  for (int j = 0; j < 8; ++j) {
+    uint8_t sc, m;
+    q4k_get_scale_min(j, b.scales, &sc, &m);
+    o.sc[2 * j] = o.sc[2 * j + 1] = sc;
+    o.m[2 * j] = o.m[2 * j + 1] = m;
+    const uint8_t* qs = b.qs + 32 * (j / 2);
+    for (int l = 0; l < 32; ++l)
+      o.q[32 * j + l] = static_cast<int8_t>(((qs[l] >> (4 * (j % 2))) & 0xF) | (((b.qh[l] >> j) & 1) << 4));
+  }
+  o.d = f16_to_f32(b.d);
+  o.dmin = f16_to_f32(b.dmin);
+}
+void decode(const BlockIQ4_XS& b, BlockK& o) {
+  for (int j = 0; j < 8; ++j) {
+    o.sc[2 * j] = o.sc[2 * j + 1] = iq4xs_scale(j, b) - 32;
+    o.m[2 * j] = o.m[2 * j + 1] = 0;
+    decode_table(b.qs + 16 * j, kIQ4NLValues, o.q + 32 * j);
+  }
+  o.d = f16_to_f32(b.d);
+  o.dmin = 0.0f;
+}
+
+template <typename W>
+float dot_block_k(int64_t n, const W* w, const BlockQ8_K* x) {
+  double sum = 0.0;
+  BlockK blk;
+  for (int64_t b = 0; b < n / kQK_K; ++b) {
+    decode(w[b], blk);
+    int32_t isum = 0, msum = 0;
+    for (int s = 0; s < 16; ++s) {
+      int32_t part = 0;
+      for (int i = 16 * s; i < 16 * s + 16; ++i) part += blk.q[i] * x[b].qs[i];
+      isum += blk.sc[s] * part;
+      msum += blk.m[s] * x[b].bsums[s];
+    }
+    sum += block_term_k(x[b].d, blk.d, isum, blk.dmin, msum);
+  }
+  return static_cast<float>(sum);
+}
+
 // Adapts a one-column dot to the multi-column signature.
 template <typename W, typename X, float (*F)(int64_t, const W*, const X*)>
 void multi(int64_t n, const void* w, const void* const* xs, int nc, float* out) {
@@ -177,8 +316,17 @@ constexpr VecDotKernel kScalar[kDTypeCount] = {
     /* q4_0 */ {ActType::q8_0, from_float_q8_0, multi<BlockQ4_0, BlockQ8_0, dot_q4_0>},
     /* q4_K */ {ActType::q8_k, from_float_q8_k, multi<BlockQ4_K, BlockQ8_K, dot_q4_k>},
     /* q6_K */ {ActType::q8_k, from_float_q8_k, multi<BlockQ6_K, BlockQ8_K, dot_q6_k>},
+    /* q4_1 */ {ActType::q8_0, from_float_q8_0, multi<BlockQ4_1, BlockQ8_0, dot_block32<BlockQ4_1>>},
+    /* q5_0 */ {ActType::q8_0, from_float_q8_0, multi<BlockQ5_0, BlockQ8_0, dot_block32<BlockQ5_0>>},
+    /* q5_1 */ {ActType::q8_0, from_float_q8_0, multi<BlockQ5_1, BlockQ8_0, dot_block32<BlockQ5_1>>},
+    /* q2_K */ {ActType::q8_k, from_float_q8_k, multi<BlockQ2_K, BlockQ8_K, dot_block_k<BlockQ2_K>>},
+    /* q3_K */ {ActType::q8_k, from_float_q8_k, multi<BlockQ3_K, BlockQ8_K, dot_block_k<BlockQ3_K>>},
+    /* q5_K */ {ActType::q8_k, from_float_q8_k, multi<BlockQ5_K, BlockQ8_K, dot_block_k<BlockQ5_K>>},
+    /* iq4_nl */ {ActType::q8_0, from_float_q8_0, multi<BlockIQ4_NL, BlockQ8_0, dot_block32<BlockIQ4_NL>>},
+    /* iq4_xs */ {ActType::q8_k, from_float_q8_k, multi<BlockIQ4_XS, BlockQ8_K, dot_block_k<BlockIQ4_XS>>},
+    /* mxfp4 */ {ActType::q8_0, from_float_q8_0, multi<BlockMXFP4, BlockQ8_0, dot_block32<BlockMXFP4>>},
 };
-static_assert(static_cast<int>(DType::q6_k) == kDTypeCount - 1, "kScalar is indexed by DType");
+static_assert(static_cast<int>(DType::mxfp4) == kDTypeCount - 1, "kScalar is indexed by DType");
 constexpr VecDotKernel kScalarF16F16 = {ActType::f16, from_float_f16, multi<f16_bits, f16_bits, dot_f16>};
 
 bool env_forces_scalar() {

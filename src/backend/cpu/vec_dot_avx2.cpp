@@ -109,19 +109,81 @@ inline __m256i unpack_q4_0(const uint8_t* qs) {
   return _mm256_sub_epi8(_mm256_and_si256(both, _mm256_set1_epi8(0x0F)), _mm256_set1_epi8(8));
 }
 
-// Loads block b of a q8_0 or q4_0 row as 32 signed bytes and returns its scale.
-template <bool kQ4>
-inline __m256i load_block(const void* w, int64_t b, float& d) {
-  if constexpr (kQ4) {
-    const BlockQ4_0& blk = static_cast<const BlockQ4_0*>(w)[b];
-    d = half(blk.d);
-    return unpack_q4_0(blk.qs);
-  } else {
+// The 32-element formats, each loading block b of a row as 32 codes (signed bytes, or unsigned for
+// the offset formats) and its scale d (and offset m).
+struct FmtQ8_0 {
+  static __m256i load(const void* w, int64_t b, float& d) {
     const BlockQ8_0& blk = static_cast<const BlockQ8_0*>(w)[b];
     d = half(blk.d);
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs));
   }
+};
+struct FmtQ4_0 {
+  static __m256i load(const void* w, int64_t b, float& d) {
+    const BlockQ4_0& blk = static_cast<const BlockQ4_0*>(w)[b];
+    d = half(blk.d);
+    return unpack_q4_0(blk.qs);
+  }
+};
+
+// Nibbles of a Q4_0-style 16-byte array: elements 0-15 low, 16-31 high, as bytes 0..15.
+inline __m256i nibbles(const uint8_t* qs) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0x0F));
 }
+// Bit i of the little-endian word at qh as 0x10 in byte i (the fifth bit of Q5_0/Q5_1 codes).
+inline __m256i fifth_bits(const uint8_t* qh) {
+  uint32_t h;
+  __builtin_memcpy(&h, qh, 4);
+  const __m256i shuf = _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303);
+  const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(h)), shuf);
+  const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit), _mm256_set1_epi8(0x10));
+}
+// A 16-entry code book looked up by nibble.
+inline __m256i lookup(const uint8_t* qs, const int8_t* table) {
+  const __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(table)));
+  return _mm256_shuffle_epi8(t, nibbles(qs));
+}
+
+struct FmtQ5_0 {
+  static __m256i load(const void* w, int64_t b, float& d) {
+    const BlockQ5_0& blk = static_cast<const BlockQ5_0*>(w)[b];
+    d = half(blk.d);
+    return _mm256_sub_epi8(_mm256_or_si256(nibbles(blk.qs), fifth_bits(blk.qh)), _mm256_set1_epi8(16));
+  }
+};
+struct FmtIQ4_NL {
+  static __m256i load(const void* w, int64_t b, float& d) {
+    const BlockIQ4_NL& blk = static_cast<const BlockIQ4_NL*>(w)[b];
+    d = half(blk.d);
+    return lookup(blk.qs, kIQ4NLValues);
+  }
+};
+struct FmtMXFP4 {
+  static __m256i load(const void* w, int64_t b, float& d) {
+    const BlockMXFP4& blk = static_cast<const BlockMXFP4*>(w)[b];
+    d = e8m0_to_f32_half(blk.e);
+    return lookup(blk.qs, kMXFP4Values);
+  }
+};
+// The offset formats: unsigned codes, x = d * code + m.
+struct FmtQ4_1 {
+  static __m256i load(const void* w, int64_t b, float& d, float& m) {
+    const BlockQ4_1& blk = static_cast<const BlockQ4_1*>(w)[b];
+    d = half(blk.d);
+    m = half(blk.m);
+    return nibbles(blk.qs);
+  }
+};
+struct FmtQ5_1 {
+  static __m256i load(const void* w, int64_t b, float& d, float& m) {
+    const BlockQ5_1& blk = static_cast<const BlockQ5_1*>(w)[b];
+    d = half(blk.d);
+    m = half(blk.m);
+    return _mm256_or_si256(nibbles(blk.qs), fifth_bits(blk.qh));
+  }
+};
 
 // Exact int32 totals of four vectors of eight int32 each: [sum a, sum b, sum c, sum d].
 inline __m128i hsum4_i32(__m256i a, __m256i b, __m256i c, __m256i d) {
@@ -144,7 +206,7 @@ inline double hsum_pd(__m256d v) {
 // Four blocks per step: each block's products summed exactly in int32 (vpmaddubsw pairs, vpmaddwd
 // pairs, then one horizontal add across the four blocks), scaled and accumulated in double (the
 // contract in vec_dot.h). dw * dx is a product of two f16 values, exact in float.
-template <int NC, bool kQ4>
+template <int NC, typename Fmt>
 void dot_q8_0_blocks(int64_t n, const void* wv, const void* const* xs, float* out) {
   const BlockQ8_0* x[NC];
   __m256d acc[NC];
@@ -166,26 +228,48 @@ void dot_q8_0_blocks(int64_t n, const void* wv, const void* const* xs, float* ou
     __m256i wq[4], wabs[4];
     float dw[4];
     for (int k = 0; k < 4; ++k) {
-      wq[k] = load_block<kQ4>(wv, b + k, dw[k]);
+      wq[k] = Fmt::load(wv, b + k, dw[k]);
       wabs[k] = _mm256_sign_epi8(wq[k], wq[k]);
     }
     for (int c = 0; c < NC; ++c) {
       const BlockQ8_0* xb = x[c] + b;
       const __m128i tot = hsum4_i32(sums(wabs[0], wq[0], xb[0]), sums(wabs[1], wq[1], xb[1]),
                                     sums(wabs[2], wq[2], xb[2]), sums(wabs[3], wq[3], xb[3]));
-      const __m128 scale = _mm_setr_ps(dw[0] * half(xb[0].d), dw[1] * half(xb[1].d), dw[2] * half(xb[2].d),
-                                       dw[3] * half(xb[3].d));
-      acc[c] = _mm256_fmadd_pd(_mm256_cvtepi32_pd(tot), _mm256_cvtps_pd(scale), acc[c]);
+      // in double: exact, also for MXFP4's power-of-two scales beyond the float range's product
+      const __m256d scale = _mm256_mul_pd(_mm256_setr_pd(dw[0], dw[1], dw[2], dw[3]),
+                                          _mm256_setr_pd(half(xb[0].d), half(xb[1].d), half(xb[2].d), half(xb[3].d)));
+      acc[c] = _mm256_fmadd_pd(_mm256_cvtepi32_pd(tot), scale, acc[c]);
     }
   }
   for (; b < nb; ++b) {
     float dw;
-    const __m256i wq = load_block<kQ4>(wv, b, dw);
+    const __m256i wq = Fmt::load(wv, b, dw);
     const __m256i wabs = _mm256_sign_epi8(wq, wq);
     for (int c = 0; c < NC; ++c)
-      tail[c] += static_cast<double>(hsum_i32(sums(wabs, wq, x[c][b]))) * (dw * half(x[c][b].d));
+      tail[c] += static_cast<double>(hsum_i32(sums(wabs, wq, x[c][b]))) * (static_cast<double>(dw) * half(x[c][b].d));
   }
   for (int c = 0; c < NC; ++c) out[c] = static_cast<float>(hsum_pd(acc[c]) + tail[c]);
+}
+
+// Q4_1 / Q5_1: per block dx * (d * sum q*xq + m * sum xq), codes unsigned (vpmaddubsw takes them
+// as they are); sum xq through a multiply by ones.
+template <int NC, typename Fmt>
+void dot_offset_blocks(int64_t n, const void* wv, const void* const* xs, float* out) {
+  double acc[NC];
+  for (int c = 0; c < NC; ++c) acc[c] = 0.0;
+  const __m256i ones = _mm256_set1_epi8(1);
+  for (int64_t b = 0; b < n / kQK8_0; ++b) {
+    float d, m;
+    const __m256i wq = Fmt::load(wv, b, d, m);
+    for (int c = 0; c < NC; ++c) {
+      const BlockQ8_0& xb = col<BlockQ8_0>(xs, c)[b];
+      const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs));
+      const int32_t isum = hsum_i32(pair_sum(_mm256_maddubs_epi16(wq, xq)));
+      const int32_t xsum = hsum_i32(pair_sum(_mm256_maddubs_epi16(ones, xq)));
+      acc[c] += static_cast<double>(half(xb.d)) * (static_cast<double>(d) * isum + static_cast<double>(m) * xsum);
+    }
+  }
+  for (int c = 0; c < NC; ++c) out[c] = static_cast<float>(acc[c]);
 }
 
 // ---- q4_K -------------------------------------------------------------------------------------------
@@ -200,9 +284,9 @@ inline void q4k_scales(const uint8_t* s, uint8_t* sc, uint8_t* m) {
   }
 }
 
-template <int NC>
+// Q4_K, and Q5_K with the fifth bit of sub-block j's codes in bit j of qh[l].
+template <int NC, bool kQ5>
 void dot_q4_k(int64_t n, const void* wv, const void* const* xs, float* out) {
-  const BlockQ4_K* w = static_cast<const BlockQ4_K*>(wv);
   const BlockQ8_K* x[NC];
   double acc[NC];
   for (int c = 0; c < NC; ++c) {
@@ -210,18 +294,44 @@ void dot_q4_k(int64_t n, const void* wv, const void* const* xs, float* out) {
     acc[c] = 0.0;
   }
   const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const __m256i bit4 = _mm256_set1_epi8(0x10);
   for (int64_t b = 0; b < n / kQK_K; ++b) {
+    // the fields shared by both layouts
+    const uint8_t *scales, *qs, *qh = nullptr;
+    f16_bits dh, dminh;
+    if constexpr (kQ5) {
+      const BlockQ5_K& blk = static_cast<const BlockQ5_K*>(wv)[b];
+      scales = blk.scales;
+      qs = blk.qs;
+      qh = blk.qh;
+      dh = blk.d;
+      dminh = blk.dmin;
+    } else {
+      const BlockQ4_K& blk = static_cast<const BlockQ4_K*>(wv)[b];
+      scales = blk.scales;
+      qs = blk.qs;
+      dh = blk.d;
+      dminh = blk.dmin;
+    }
     uint8_t sc[8], m[8];
-    q4k_scales(w[b].scales, sc, m);
+    q4k_scales(scales, sc, m);
     // each min covers two 16-element bsums
     const __m256i mins = _mm256_setr_epi16(m[0], m[0], m[1], m[1], m[2], m[2], m[3], m[3], m[4], m[4], m[5],
                                            m[5], m[6], m[6], m[7], m[7]);
+    __m256i hbits;
+    if constexpr (kQ5) hbits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh));
     __m256i isum[NC];
     for (int c = 0; c < NC; ++c) isum[c] = _mm256_setzero_si256();
     for (int p = 0; p < 4; ++p) {
-      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs + 32 * p));
-      const __m256i lo = _mm256_and_si256(raw, low4);
-      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * p));
+      __m256i lo = _mm256_and_si256(raw, low4);
+      __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+      if constexpr (kQ5) {  // bit 2p of qh[l] tops the low nibble, bit 2p + 1 the high one
+        const __m256i m_lo = _mm256_set1_epi8(static_cast<char>(1 << (2 * p)));
+        const __m256i m_hi = _mm256_set1_epi8(static_cast<char>(2 << (2 * p)));
+        lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, m_lo), m_lo), bit4));
+        hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, m_hi), m_hi), bit4));
+      }
       const __m256i sc_lo = _mm256_set1_epi16(sc[2 * p]);
       const __m256i sc_hi = _mm256_set1_epi16(sc[2 * p + 1]);
       for (int c = 0; c < NC; ++c) {
@@ -234,7 +344,7 @@ void dot_q4_k(int64_t n, const void* wv, const void* const* xs, float* out) {
             isum[c], _mm256_add_epi32(_mm256_madd_epi16(plo, sc_lo), _mm256_madd_epi16(phi, sc_hi)));
       }
     }
-    const float d = half(w[b].d), dmin = half(w[b].dmin);
+    const float d = half(dh), dmin = half(dminh);
     for (int c = 0; c < NC; ++c) {
       const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[c][b].bsums));
       const int32_t msum = hsum_i32(_mm256_madd_epi16(bs, mins));
@@ -297,6 +407,100 @@ void dot_q6_k(int64_t n, const void* wv, const void* const* xs, float* out) {
   for (int c = 0; c < NC; ++c) out[c] = static_cast<float>(acc[c]);
 }
 
+// ---- q2_K, q3_K, iq4_xs: eight groups of 32 codes, a scale (and min) per 16 ----------------------
+
+// Each format fills sub-block scales and mins (int16, 16 of each), d and dmin, and yields the 32
+// codes of group g (elements 32g..32g+31): unsigned, or signed where kSigned.
+struct FmtQ2_K {
+  static constexpr bool kSigned = false;
+  static void prepare(const void* w, int64_t b, int16_t* sc, int16_t* m, float& d, float& dmin) {
+    const BlockQ2_K& blk = static_cast<const BlockQ2_K*>(w)[b];
+    for (int s = 0; s < 16; ++s) {
+      sc[s] = static_cast<int16_t>(blk.scales[s] & 0xF);
+      m[s] = static_cast<int16_t>(blk.scales[s] >> 4);
+    }
+    d = half(blk.d);
+    dmin = half(blk.dmin);
+  }
+  static __m256i codes(const void* w, int64_t b, int g) {
+    const BlockQ2_K& blk = static_cast<const BlockQ2_K*>(w)[b];
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs + 32 * (g / 4)));
+    return _mm256_and_si256(_mm256_srl_epi16(raw, _mm_cvtsi32_si128(2 * (g % 4))), _mm256_set1_epi8(3));
+  }
+};
+// Q3_K's codes q - 4*(1 - hbit) are taken as u = q + 4*hbit in [0, 7] with 4 per element moved into
+// the min term: min 4*sc against d (dmin = d gives the same exact integers as the scalar kernel).
+struct FmtQ3_K {
+  static constexpr bool kSigned = false;
+  static void prepare(const void* w, int64_t b, int16_t* sc, int16_t* m, float& d, float& dmin) {
+    const BlockQ3_K& blk = static_cast<const BlockQ3_K*>(w)[b];
+    for (int s = 0; s < 16; ++s) {
+      sc[s] = static_cast<int16_t>(q3k_scale(s, blk.scales) - 32);
+      m[s] = static_cast<int16_t>(4 * sc[s]);
+    }
+    d = dmin = half(blk.d);
+  }
+  static __m256i codes(const void* w, int64_t b, int g) {
+    const BlockQ3_K& blk = static_cast<const BlockQ3_K*>(w)[b];
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs + 32 * (g / 4)));
+    const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(raw, _mm_cvtsi32_si128(2 * (g % 4))), _mm256_set1_epi8(3));
+    const __m256i hm = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.hmask));
+    const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << g));
+    return _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit), _mm256_set1_epi8(4)));
+  }
+};
+struct FmtIQ4_XS {
+  static constexpr bool kSigned = true;
+  static void prepare(const void* w, int64_t b, int16_t* sc, int16_t* m, float& d, float& dmin) {
+    const BlockIQ4_XS& blk = static_cast<const BlockIQ4_XS*>(w)[b];
+    for (int j = 0; j < 8; ++j) {
+      sc[2 * j] = sc[2 * j + 1] = static_cast<int16_t>(iq4xs_scale(j, blk) - 32);
+      m[2 * j] = m[2 * j + 1] = 0;
+    }
+    d = half(blk.d);
+    dmin = 0.0f;
+  }
+  static __m256i codes(const void* w, int64_t b, int g) {
+    return lookup(static_cast<const BlockIQ4_XS*>(w)[b].qs + 16 * g, kIQ4NLValues);
+  }
+};
+
+template <int NC, typename Fmt>
+void dot_k16(int64_t n, const void* wv, const void* const* xs, float* out) {
+  const BlockQ8_K* x[NC];
+  double acc[NC];
+  for (int c = 0; c < NC; ++c) {
+    x[c] = col<BlockQ8_K>(xs, c);
+    acc[c] = 0.0;
+  }
+  for (int64_t b = 0; b < n / kQK_K; ++b) {
+    alignas(32) int16_t sc[16], m[16];
+    float d, dmin;
+    Fmt::prepare(wv, b, sc, m, d, dmin);
+    __m256i isum[NC];
+    for (int c = 0; c < NC; ++c) isum[c] = _mm256_setzero_si256();
+    for (int g = 0; g < 8; ++g) {
+      const __m256i q = Fmt::codes(wv, b, g);
+      // vpmaddubsw wants its first operand unsigned: signed codes lend their sign to x
+      // (|q| <= 127 and |x| <= 127 keep each pair sum inside int16)
+      const __m256i qa = Fmt::kSigned ? _mm256_sign_epi8(q, q) : q;
+      const __m256i scale = _mm256_set_m128i(_mm_set1_epi16(sc[2 * g + 1]), _mm_set1_epi16(sc[2 * g]));
+      for (int c = 0; c < NC; ++c) {
+        __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[c][b].qs + 32 * g));
+        if (Fmt::kSigned) xq = _mm256_sign_epi8(xq, q);
+        isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(_mm256_maddubs_epi16(qa, xq), scale));
+      }
+    }
+    const __m256i mins = _mm256_load_si256(reinterpret_cast<const __m256i*>(m));
+    for (int c = 0; c < NC; ++c) {
+      const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[c][b].bsums));
+      const int32_t msum = hsum_i32(_mm256_madd_epi16(bs, mins));
+      acc[c] += block_term_k(x[c][b].d, d, hsum_i32(isum[c]), dmin, msum);
+    }
+  }
+  for (int c = 0; c < NC; ++c) out[c] = static_cast<float>(acc[c]);
+}
+
 // ---- dispatch over the column count ----------------------------------------------------------------
 
 template <template <int> class K>
@@ -351,18 +555,64 @@ struct BF16 {
 template <int NC>
 struct Q8_0 {
   static void run(int64_t n, const void* w, const void* const* x, float* o) {
-    dot_q8_0_blocks<NC, false>(n, w, x, o);
+    dot_q8_0_blocks<NC, FmtQ8_0>(n, w, x, o);
   }
 };
 template <int NC>
 struct Q4_0 {
   static void run(int64_t n, const void* w, const void* const* x, float* o) {
-    dot_q8_0_blocks<NC, true>(n, w, x, o);
+    dot_q8_0_blocks<NC, FmtQ4_0>(n, w, x, o);
+  }
+};
+template <int NC>
+struct Q5_0 {
+  static void run(int64_t n, const void* w, const void* const* x, float* o) {
+    dot_q8_0_blocks<NC, FmtQ5_0>(n, w, x, o);
+  }
+};
+template <int NC>
+struct IQ4_NL {
+  static void run(int64_t n, const void* w, const void* const* x, float* o) {
+    dot_q8_0_blocks<NC, FmtIQ4_NL>(n, w, x, o);
+  }
+};
+template <int NC>
+struct MXFP4 {
+  static void run(int64_t n, const void* w, const void* const* x, float* o) {
+    dot_q8_0_blocks<NC, FmtMXFP4>(n, w, x, o);
+  }
+};
+template <int NC>
+struct Q2_K {
+  static void run(int64_t n, const void* w, const void* const* x, float* o) { dot_k16<NC, FmtQ2_K>(n, w, x, o); }
+};
+template <int NC>
+struct Q3_K {
+  static void run(int64_t n, const void* w, const void* const* x, float* o) { dot_k16<NC, FmtQ3_K>(n, w, x, o); }
+};
+template <int NC>
+struct IQ4_XS {
+  static void run(int64_t n, const void* w, const void* const* x, float* o) { dot_k16<NC, FmtIQ4_XS>(n, w, x, o); }
+};
+template <int NC>
+struct Q4_1 {
+  static void run(int64_t n, const void* w, const void* const* x, float* o) {
+    dot_offset_blocks<NC, FmtQ4_1>(n, w, x, o);
+  }
+};
+template <int NC>
+struct Q5_1 {
+  static void run(int64_t n, const void* w, const void* const* x, float* o) {
+    dot_offset_blocks<NC, FmtQ5_1>(n, w, x, o);
   }
 };
 template <int NC>
 struct Q4_K {
-  static void run(int64_t n, const void* w, const void* const* x, float* o) { dot_q4_k<NC>(n, w, x, o); }
+  static void run(int64_t n, const void* w, const void* const* x, float* o) { dot_q4_k<NC, false>(n, w, x, o); }
+};
+template <int NC>
+struct Q5_K {
+  static void run(int64_t n, const void* w, const void* const* x, float* o) { dot_q4_k<NC, true>(n, w, x, o); }
 };
 template <int NC>
 struct Q6_K {
@@ -447,7 +697,17 @@ constexpr VecDotKernel kAvx2[kDTypeCount] = {
     /* q4_0 */ {ActType::q8_0, from_float_q8_0, by_cols<Q4_0>},
     /* q4_K */ {ActType::q8_k, from_float_q8_k, by_cols<Q4_K>},
     /* q6_K */ {ActType::q8_k, from_float_q8_k, by_cols<Q6_K>},
+    /* q4_1 */ {ActType::q8_0, from_float_q8_0, by_cols<Q4_1>},
+    /* q5_0 */ {ActType::q8_0, from_float_q8_0, by_cols<Q5_0>},
+    /* q5_1 */ {ActType::q8_0, from_float_q8_0, by_cols<Q5_1>},
+    /* q2_K */ {ActType::q8_k, from_float_q8_k, by_cols<Q2_K>},
+    /* q3_K */ {ActType::q8_k, from_float_q8_k, by_cols<Q3_K>},
+    /* q5_K */ {ActType::q8_k, from_float_q8_k, by_cols<Q5_K>},
+    /* iq4_nl */ {ActType::q8_0, from_float_q8_0, by_cols<IQ4_NL>},
+    /* iq4_xs */ {ActType::q8_k, from_float_q8_k, by_cols<IQ4_XS>},
+    /* mxfp4 */ {ActType::q8_0, from_float_q8_0, by_cols<MXFP4>},
 };
+static_assert(static_cast<int>(DType::mxfp4) == kDTypeCount - 1, "kAvx2 is indexed by DType");
 
 constexpr VecDotKernel kAvx2F16F16 = {ActType::f16, from_float_f16, by_cols<F16F16>};
 

@@ -168,8 +168,13 @@ Status Executor::validate(const Graph& g) const {
   };
   for (const Tensor* t : g.nodes()) {
     if (t->op == OpKind::view) continue;
-    if (!cuda_supports_op(*t))
-      return make_error(StatusCode::unsupported, "cuda: no kernel for {} of {}", op_name(t->op), describe(*t));
+    if (!cuda_supports_op(*t)) {
+      std::string inputs;  // a weight's type is the usual reason: name it
+      for (const Tensor* s : t->src)
+        if (s) inputs += (inputs.empty() ? " from " : ", ") + describe(*s);
+      return make_error(StatusCode::unsupported, "cuda: no kernel for {} of {}{}", op_name(t->op), describe(*t),
+                        inputs);
+    }
     LOOM_TRY(check(*t, *t));
     for (const Tensor* s : t->src)
       if (s) LOOM_TRY(check(*s, *t));

@@ -127,7 +127,35 @@ size_t scratch_bytes(const Tensor& t, bool fast) {
   return 0;
 }
 
+// The element types the kernels decode and encode (load_any/store_any in copy.cu, the mat-vec and
+// GEMM formats). The other block formats (q4_1, q5_0, q5_1, q2_K, q3_K, q5_K, iq4_nl, iq4_xs,
+// mxfp4) have CPU kernels only: nodes that read or write them are reported unsupported here, so
+// the executor refuses them by name instead of a kernel decoding garbage.
+bool has_kernels_for(DType t) {
+  switch (t) {
+    case DType::f32:
+    case DType::f16:
+    case DType::bf16:
+    case DType::i32:
+    case DType::q8_0:
+    case DType::q4_0:
+    case DType::q4_k:
+    case DType::q6_k:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool types_supported(const Tensor& node) {
+  if (!has_kernels_for(node.type)) return false;
+  for (const Tensor* s : node.src)
+    if (s && !has_kernels_for(s->type)) return false;
+  return true;
+}
+
 bool supports_op_impl(const Tensor& node) {
+  if (node.op != OpKind::none && node.op != OpKind::view && !types_supported(node)) return false;
   switch (node.op) {
     case OpKind::none:
     case OpKind::view:

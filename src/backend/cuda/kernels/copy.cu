@@ -47,6 +47,8 @@ __device__ float load_any(DType type, const TensorDesc& t, int64_t i0, int64_t i
       return load_element<FormatQ4_K>(row_ptr(t, i1, i2, i3), i0);
     case DType::q6_k:
       return load_element<FormatQ6_K>(row_ptr(t, i1, i2, i3), i0);
+    default:  // formats with CPU kernels only: cuda_ops.cpp never launches a node that reads them
+      break;
   }
   return 0.0f;
 }
@@ -75,6 +77,8 @@ __device__ void store_any(DType type, const float* x, uint8_t* block) {
     case DType::q4_k:
     case DType::q6_k:
       return;  // 256-element blocks: set_rows_kquant_kernel and cpy_kquant_kernel
+    default:  // formats with CPU kernels only: cuda_ops.cpp never launches a node that writes them
+      return;
   }
 }
 

@@ -634,10 +634,10 @@ CudaError launch_glu_mat_vec(const LaunchContext& ctx, const Tensor* mm_gate, co
       return glu_q8<DotQ4_K>(ctx, mm_gate, mm_up, glu);
     case DType::q6_k:
       return glu_q8<DotQ6_K>(ctx, mm_gate, mm_up, glu);
-    case DType::i32:
+    default:  // i32, and the block formats with CPU kernels only (cuda_ops.cpp refuses them)
       break;
   }
-  return CudaError::runtime(cudaErrorInvalidValue, "glu_mat_vec: i32 weights", __FILE__, __LINE__);
+  return CudaError::runtime(cudaErrorInvalidValue, "glu_mat_vec: no kernel for this weight type", __FILE__, __LINE__);
 }
 
 CudaError launch_mat_vec_multi(const LaunchContext& ctx, const Tensor* mm0, const Tensor* mm1,
@@ -661,10 +661,10 @@ CudaError launch_mat_vec_multi(const LaunchContext& ctx, const Tensor* mm0, cons
       return multi_q8<DotQ4_K>(ctx, mms, count);
     case DType::q6_k:
       return multi_q8<DotQ6_K>(ctx, mms, count);
-    case DType::i32:
+    default:  // i32, and the block formats with CPU kernels only (cuda_ops.cpp refuses them)
       break;
   }
-  return CudaError::runtime(cudaErrorInvalidValue, "mat_vec_multi: i32 weights", __FILE__, __LINE__);
+  return CudaError::runtime(cudaErrorInvalidValue, "mat_vec_multi: no kernel for this weight type", __FILE__, __LINE__);
 }
 
 CudaError launch_rope_set_rows(const LaunchContext& ctx, const Tensor* rope_k, const Tensor* set_rows,

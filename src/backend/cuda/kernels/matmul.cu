@@ -412,10 +412,10 @@ CudaError mat_vec_any(const LaunchContext& ctx, const Tensor* mm, const Tensor* 
       return mat_vec_q8<DotQ4_K, kBias>(ctx, mm, dst, bias);
     case DType::q6_k:
       return mat_vec_q8<DotQ6_K, kBias>(ctx, mm, dst, bias);
-    case DType::i32:
+    default:  // i32, and the block formats with CPU kernels only (cuda_ops.cpp refuses them)
       break;
   }
-  return CudaError::runtime(cudaErrorInvalidValue, "mul_mat: i32 weights", __FILE__, __LINE__);
+  return CudaError::runtime(cudaErrorInvalidValue, "mul_mat: no kernel for this weight type", __FILE__, __LINE__);
 }
 
 bool is_float_type(DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16; }
@@ -628,10 +628,10 @@ CudaError launch_mul_mat_id(const LaunchContext& ctx, const Tensor* dst) {
       return mat_vec_id_q8<DotQ4_K>(ctx, dst);
     case DType::q6_k:
       return mat_vec_id_q8<DotQ6_K>(ctx, dst);
-    case DType::i32:
+    default:  // i32, and the block formats with CPU kernels only (cuda_ops.cpp refuses them)
       break;
   }
-  return CudaError::runtime(cudaErrorInvalidValue, "mul_mat_id: i32 weights", __FILE__, __LINE__);
+  return CudaError::runtime(cudaErrorInvalidValue, "mul_mat_id: no kernel for this weight type", __FILE__, __LINE__);
 }
 
 }  // namespace loom::cuda
