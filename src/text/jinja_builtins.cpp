@@ -322,7 +322,14 @@ Value dict_items(const Value& d) {
 
 Value bound_method(const Value& obj, const std::string& name) {
   return native(name, [obj, name](Evaluator& ev, CallArgs& a) -> Value {
-    if (obj.is_string()) return string_method(obj.s, name, ev, a);
+    if (obj.is_string()) {
+      Value r = string_method(obj.s, name, ev, a);
+      // markupsafe.Markup's methods that return Markup
+      if (obj.markup && r.is_string() && name != "format" && name != "join" && name != "find")
+        r.markup = name == "strip" || name == "lstrip" || name == "rstrip" || name == "upper" ||
+                   name == "lower" || name == "replace" || name == "capitalize" || name == "title";
+      return r;
+    }
     if (obj.is_dict()) {
       if (name == "get") {
         const Value* k = a.get(0, "key");
@@ -392,6 +399,7 @@ Value get_attr(const Value& obj, const std::string& name) {
 }
 
 Value get_item(const Value& obj, const Value& key) {
+  if (obj.is_list() && obj.generator) return Value::undef("'generator' object is not subscriptable");
   switch (obj.kind) {
     case Kind::undefined:
       undefined_error(obj);
@@ -475,7 +483,7 @@ bool apply_test(Evaluator&, const std::string& name, const Value& v, CallArgs& a
   if (name == "string") return v.is_string();
   if (name == "mapping") return v.is_dict() && !v.ns;
   if (name == "iterable") return v.is_undefined() || v.is_string() || v.is_list() || (v.is_dict() && !v.ns);
-  if (name == "sequence") return v.is_undefined() || v.is_string() || v.is_list() || (v.is_dict() && !v.ns);
+  if (name == "sequence") return v.is_undefined() || v.is_string() || (v.is_list() && !v.generator) || (v.is_dict() && !v.ns);
   if (name == "callable") return v.kind == Kind::callable;
   if (name == "escaped") return false;
   if (name == "sameas") {
@@ -529,6 +537,17 @@ const char* const kFilters[] = {"abs", "attr", "capitalize", "count", "d", "defa
                                 "round", "safe", "select", "selectattr", "sort", "string", "sum", "title", "tojson",
                                 "trim", "unique", "upper", "wordcount", "center"};
 
+Value generator(List items) {
+  Value v = Value::make_list(std::move(items));
+  v.generator = true;
+  return v;
+}
+
+Value keep_markup(const Value& in, Value out) {
+  out.markup = in.markup;
+  return out;
+}
+
 // Sort key for sort/dictsort/unique/min/max: strings lower-cased unless case_sensitive.
 Value sort_key(const Value& v, bool case_sensitive) {
   return !case_sensitive && v.is_string() ? Value::string(py_lower(v.s)) : v;
@@ -547,12 +566,13 @@ Value select_common(Evaluator& ev, const Value& seq, CallArgs& a, bool by_attr, 
   CallArgs targs;
   targs.pos.assign(a.pos.begin() + static_cast<std::ptrdiff_t>(k), a.pos.end());
   List out;
+  if (!truthy(seq)) return generator(std::move(out));
   for (const Value& item : iterate(seq)) {
     const Value x = by_attr ? attr_path(item, attr) : item;
     const bool hit = test.empty() ? truthy(x) : apply_test(ev, test, x, targs);
     if (hit == keep) out.push_back(item);
   }
-  return Value::make_list(std::move(out));
+  return generator(std::move(out));
 }
 
 std::string do_indent(const std::string& s_in, const Value* width, bool first, bool blank) {
@@ -618,7 +638,12 @@ Value apply_filter(Evaluator& ev, const std::string& name, Value v, CallArgs& a)
     if (v.is_undefined() || (arg_bool(a, 1, "boolean", false) && !truthy(v))) return dflt ? *dflt : Value::string("");
     return v;
   }
-  if (name == "safe" || name == "string") return v.is_string() ? v : Value::string(to_str(v));
+  if (name == "safe") {
+    Value r = v.is_string() ? v : Value::string(to_str(v));
+    r.markup = true;
+    return r;
+  }
+  if (name == "string") return v.is_string() ? v : Value::string(to_str(v));
   if (name == "length" || name == "count") return Value::integer(length(v));
   if (name == "tojson") {
     // transformers: json.dumps(x, ensure_ascii=False, indent=indent, separators=separators, sort_keys=False)
@@ -643,11 +668,11 @@ Value apply_filter(Evaluator& ev, const std::string& name, Value v, CallArgs& a)
   if (name == "trim") {
     const Value* chars = a.get(0, "chars");
     const std::string* cs = chars && !chars->is_none() ? &chars->s : nullptr;
-    return Value::string(py_strip(to_str(v), cs, true, true));
+    return keep_markup(v, Value::string(py_strip(to_str(v), cs, true, true)));
   }
-  if (name == "upper") return Value::string(py_upper(to_str(v)));
-  if (name == "lower") return Value::string(py_lower(to_str(v)));
-  if (name == "capitalize") return Value::string(py_capitalize(to_str(v)));
+  if (name == "upper") return keep_markup(v, Value::string(py_upper(to_str(v))));
+  if (name == "lower") return keep_markup(v, Value::string(py_lower(to_str(v))));
+  if (name == "capitalize") return keep_markup(v, Value::string(py_capitalize(to_str(v))));
   if (name == "title") {
     // Jinja: words split on [-\s({\[<]+, each capitalized
     std::string s = to_str(v), out, word;
@@ -690,9 +715,9 @@ Value apply_filter(Evaluator& ev, const std::string& name, Value v, CallArgs& a)
   }
   if (name == "list") return Value::make_list(iterate(v));
   if (name == "items") {
-    if (v.is_undefined()) return Value::make_list();
+    if (v.is_undefined()) return generator({});
     if (!v.is_dict() || v.ns) throw Error("Can only get item pairs from a mapping.");
-    return dict_items(v);
+    return generator(*dict_items(v).list);
   }
   if (name == "reverse") {
     if (v.is_string()) {
@@ -702,7 +727,7 @@ Value apply_filter(Evaluator& ev, const std::string& name, Value v, CallArgs& a)
     }
     List items = iterate(v);
     std::reverse(items.begin(), items.end());
-    return Value::make_list(std::move(items));
+    return generator(std::move(items));
   }
   if (name == "int") {
     const Value* dflt = a.get(0, "default");
@@ -755,18 +780,10 @@ Value apply_filter(Evaluator& ev, const std::string& name, Value v, CallArgs& a)
     return Value::string(do_indent(to_str(v), a.get(0, "width"), arg_bool(a, 1, "first", false), arg_bool(a, 2, "blank", false)));
   }
   if (name == "e" || name == "escape") {
-    std::string out;
-    for (char c : to_str(v)) {
-      switch (c) {
-        case '&': out += "&amp;"; break;
-        case '<': out += "&lt;"; break;
-        case '>': out += "&gt;"; break;
-        case '"': out += "&#34;"; break;
-        case '\'': out += "&#39;"; break;
-        default: out.push_back(c);
-      }
-    }
-    return Value::string(out);
+    if (v.markup) return v;
+    Value r = Value::string(html_escape(to_str(v)));
+    r.markup = true;
+    return r;
   }
   if (name == "format") {
     Value args = Value::make_list(a.pos, true);
@@ -814,6 +831,7 @@ Value apply_filter(Evaluator& ev, const std::string& name, Value v, CallArgs& a)
   if (name == "attr") return get_attr(v, to_str(*a.get(0, "name")));
   if (name == "map") {
     List out;
+    if (!truthy(v)) return generator({});
     const Value* attribute = nullptr;
     for (const auto& [k, x] : a.kw)
       if (k == "attribute") attribute = &x;
@@ -825,9 +843,9 @@ Value apply_filter(Evaluator& ev, const std::string& name, Value v, CallArgs& a)
         Value r = attr_path(item, to_str(*attribute));
         out.push_back(r.is_undefined() && dflt ? *dflt : r);
       }
-      return Value::make_list(std::move(out));
+      return generator(std::move(out));
     }
-    if (a.pos.empty()) return Value::make_list(iterate(v));
+    if (a.pos.empty()) return generator(iterate(v));
     const std::string filter = to_str(a.pos[0]);
     if (!has_filter(filter)) throw Error(fmt::format("no filter named '{}'", filter));
     CallArgs fa;
@@ -837,7 +855,7 @@ Value apply_filter(Evaluator& ev, const std::string& name, Value v, CallArgs& a)
       CallArgs copy = fa;
       out.push_back(apply_filter(ev, filter, item, copy));
     }
-    return Value::make_list(std::move(out));
+    return generator(std::move(out));
   }
   if (name == "select" || name == "reject") return select_common(ev, v, a, false, name == "select");
   if (name == "selectattr" || name == "rejectattr") return select_common(ev, v, a, true, name == "selectattr");
@@ -876,7 +894,7 @@ Value apply_filter(Evaluator& ev, const std::string& name, Value v, CallArgs& a)
         out.push_back(x);
       }
     }
-    return Value::make_list(std::move(out));
+    return generator(std::move(out));
   }
   if (name == "min" || name == "max") {
     const bool cs = arg_bool(a, 0, "case_sensitive", false);

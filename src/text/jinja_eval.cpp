@@ -126,7 +126,13 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b) {
   };
   const bool nums = a.is_number() && b.is_number();
   const bool ints = is_intlike(a) && is_intlike(b);
+  if ((a.is_list() && a.generator) || (b.is_list() && b.generator)) return type_error();
   if (op == "+") {
+    if (a.is_string() && b.is_string() && (a.markup || b.markup)) {
+      Value r = Value::string((a.markup ? a.s : html_escape(a.s)) + (b.markup ? b.s : html_escape(b.s)));
+      r.markup = true;
+      return r;
+    }
     if (ints) return Value::integer(to_int(a) + to_int(b));
     if (nums) return Value::floating(to_double(a) + to_double(b));
     if (a.is_string() && b.is_string()) return Value::string(a.s + b.s);

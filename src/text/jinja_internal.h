@@ -39,6 +39,8 @@ struct Value {
   Kind kind = Kind::undefined;
   bool tuple = false;      // a list written as a tuple (prints with parentheses)
   bool ns = false;         // a dict that is a namespace()
+  bool generator = false;  // a list a filter yields lazily in Jinja2 (map, select...): no len(), no JSON
+  bool markup = false;     // a string marked safe (markupsafe.Markup): `+` escapes the other operand
   bool b = false;
   int64_t i = 0;
   double f = 0;
@@ -126,6 +128,8 @@ bool py_isspace(char32_t c);
 std::string py_strip(std::string_view s, const std::string* chars, bool left, bool right);
 std::string py_upper(std::string_view s);
 std::string py_lower(std::string_view s);
+/// markupsafe.escape: & < > " ' as HTML entities.
+std::string html_escape(std::string_view s);
 
 // ---- Syntax tree --------------------------------------------------------------------------------
 enum class ExprKind : uint8_t {

@@ -158,6 +158,21 @@ std::string map_case(std::string_view s, bool upper) {
 
 }  // namespace
 
+std::string html_escape(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&#34;"; break;
+      case '\'': out += "&#39;"; break;
+      default: out.push_back(c);
+    }
+  }
+  return out;
+}
+
 std::string py_upper(std::string_view s) { return map_case(s, true); }
 std::string py_lower(std::string_view s) { return map_case(s, false); }
 
@@ -177,7 +192,7 @@ bool truthy(const Value& v) {
     case Kind::string:
       return !v.s.empty();
     case Kind::list:
-      return !v.list->empty();
+      return v.generator || !v.list->empty();
     case Kind::dict:
       return v.ns || !v.dict->items.empty();
     case Kind::callable:
@@ -316,6 +331,7 @@ void json_dump(std::string& out, const Value& v, int indent, int level, const st
       json_string(out, v.s);
       return;
     case Kind::list: {
+      if (v.generator) throw Error("Object of type generator is not JSON serializable");
       if (v.list->empty()) {
         out += "[]";
         return;
@@ -413,6 +429,8 @@ std::string to_str(const Value& v) {
     case Kind::string:
       return v.s;
     case Kind::list:
+      if (v.generator) return "<generator object>";
+      return repr(v);
     case Kind::dict:
       return repr(v);
     case Kind::callable:
@@ -535,6 +553,7 @@ int64_t length(const Value& v) {
     case Kind::string:
       return static_cast<int64_t>(utf8_decode(v.s).size());
     case Kind::list:
+      if (v.generator) throw Error("object of type 'generator' has no len()");
       return static_cast<int64_t>(v.list->size());
     case Kind::dict:
       if (!v.ns) return static_cast<int64_t>(v.dict->items.size());
