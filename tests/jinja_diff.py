@@ -100,6 +100,27 @@ TOOL_TURNS = [
 ]
 UNICODE = {"role": "user", "content": "  Grüße aus Köln — 東京 🌸 <tag> {{ not jinja }}  "}
 
+THINKING = [
+    {"role": "user", "content": "Think first: is 17 prime?"},
+    {"role": "assistant", "content": "<think>\nCheck divisors up to 4.\n</think>\n\nYes, 17 is prime."},
+    {"role": "user", "content": "And 21?"},
+    {"role": "assistant", "reasoning_content": "21 = 3 * 7.", "content": "No: 21 = 3 × 7."},
+]
+MULTI_CALL = [
+    {"role": "system", "content": "Use tools when useful."},
+    {"role": "user", "content": "Weather in Oslo and news about it?"},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_a", "type": "function",
+         "function": {"name": "get_weather", "arguments": "{\"location\": \"Oslo\", \"days\": 2}"}},
+        {"id": "call_b", "type": "function", "function": {"name": "search", "arguments": {"query": "Oslo news"}}}]},
+    {"role": "tool", "tool_call_id": "call_a", "name": "get_weather", "content": "-3 °C, snow"},
+    {"role": "tool", "tool_call_id": "call_b", "name": "search", "content": "Nothing new."},
+]
+PARTS = [
+    {"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+    {"role": "user", "content": [{"type": "text", "text": "Describe this."}, {"type": "text", "text": "Please."}]},
+]
+
 CONVERSATIONS = [
     ("system+user", [SYSTEM, U1], None),
     ("multi-turn", [U1, A1, U2], None),
@@ -107,6 +128,11 @@ CONVERSATIONS = [
     ("tools", [SYSTEM] + TOOL_TURNS + [U2], TOOLS),
     ("tools-no-system", TOOL_TURNS, TOOLS),
     ("unicode", [UNICODE], None),
+    ("thinking", THINKING, None),
+    ("multi-call", MULTI_CALL, TOOLS),
+    ("content-parts", PARTS, None),
+    ("assistant-last", [U1, A1], None),
+    ("user-only", [U1], []),
 ]
 
 
