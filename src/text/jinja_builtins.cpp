@@ -772,6 +772,7 @@ Value apply_filter(Evaluator& ev, const std::string& name, Value v, CallArgs& a)
     const double p = std::pow(10.0, prec ? static_cast<double>(as_int(*prec)) : 0.0);
     const std::string m = method ? to_str(*method) : "common";
     if (!v.is_number()) throw Error("round: a number is required");
+    if (m == "common" && v.kind != Kind::floating && (!prec || as_int(*prec) >= 0)) return Value::integer(as_int(v));
     const double x = (v.kind == Kind::floating ? v.f : static_cast<double>(as_int(v))) * p;
     const double r = m == "ceil" ? std::ceil(x) : m == "floor" ? std::floor(x) : std::round(x);
     return Value::floating(r / p);

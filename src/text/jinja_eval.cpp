@@ -591,7 +591,7 @@ namespace loom {
 Result<JinjaTemplate> JinjaTemplate::parse(std::string_view source, std::string name) {
   try {
     JinjaTemplate t;
-    t.program_ = jinja::parse_program(source, std::move(name));
+    t.program_ = jinja::parse_program(source, name);
     return t;
   } catch (const jinja::Error& e) {
     return make_error(StatusCode::format_error, "{}: line {}: {}", name, e.line, e.what());

@@ -289,6 +289,9 @@ ExprPtr make_expr(ExprKind k, int line) {
   return e;
 }
 
+// Nesting limit for statements and expressions: the parser and the evaluator recurse per level.
+constexpr int kMaxNesting = 256;
+
 class Parser {
  public:
   explicit Parser(std::vector<Token> tokens) : t_(std::move(tokens)) {}
@@ -301,6 +304,15 @@ class Parser {
   }
 
  private:
+  struct DepthGuard {
+    DepthGuard(Parser& p) : parser(p) {
+      if (++parser.depth_ > kMaxNesting)
+        throw Error(fmt::format("statements or expressions nested deeper than {}", kMaxNesting), parser.cur().line);
+    }
+    ~DepthGuard() { --parser.depth_; }
+    Parser& parser;
+  };
+
   const Token& cur() const { return t_[p_]; }
   const Token& peek(size_t k = 1) const { return t_[std::min(p_ + k, t_.size() - 1)]; }
   bool is_op(const char* op) const { return cur().type == Tok::op && cur().value == op; }
@@ -382,6 +394,7 @@ class Parser {
   }
 
   StmtPtr parse_statement(const std::string& name, int line) {
+    DepthGuard guard(*this);
     std::string end;
     if (name == "if") {
       auto s = std::make_unique<Stmt>(StmtKind::if_, line);
@@ -577,6 +590,7 @@ class Parser {
     return e;
   }
   ExprPtr parse_not() {
+    DepthGuard guard(*this);
     if (is_name("not")) {
       const int line = cur().line;
       ++p_;
@@ -653,6 +667,7 @@ class Parser {
     return e;
   }
   ExprPtr parse_unary(bool with_filter) {
+    DepthGuard guard(*this);
     const int line = cur().line;
     ExprPtr e;
     if (is_op("-") || is_op("+")) {
@@ -886,6 +901,7 @@ class Parser {
  private:
   std::vector<Token> t_;
   size_t p_ = 0;
+  int depth_ = 0;
 };
 
 // Jinja2 rejects an unknown filter or test when compiling, unless it sits inside an `if` or a
