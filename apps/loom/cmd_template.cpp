@@ -7,8 +7,8 @@
 #include <string>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "loom/gguf.h"
@@ -125,11 +125,14 @@ namespace loom::app {
 
 void add_template_command(CLI::App& app, std::vector<Command>& out) {
   auto opts = std::make_shared<TemplateOptions>();
-  auto* cmd = app.add_subcommand("template", "Render a Jinja chat template with a conversation (as transformers does)");
+  auto* cmd = app.add_subcommand("template",
+                                 "Render a Jinja chat template with a conversation (as transformers does)");
   auto* file = cmd->add_option("-f,--file", opts->file, "Jinja template file");
-  auto* model = cmd->add_option("-m,--model", opts->model, "GGUF file whose tokenizer.chat_template to render");
+  auto* model =
+      cmd->add_option("-m,--model", opts->model, "GGUF file whose tokenizer.chat_template to render");
   file->excludes(model);
-  cmd->add_option("--messages", opts->messages, "JSON file with the messages (a list of {role, content, ...})");
+  cmd->add_option("--messages", opts->messages,
+                  "JSON file with the messages (a list of {role, content, ...})");
   cmd->add_option("--tools", opts->tools, "JSON file with the tool schemas (a list)");
   cmd->add_option("--cases", opts->cases,
                   "JSON file with a list of {messages, tools, add_generation_prompt, bos_token, eos_token}; "
@@ -140,7 +143,8 @@ void add_template_command(CLI::App& app, std::vector<Command>& out) {
   cmd->add_option("--now", opts->now, "Seconds since the epoch for strftime_now (default: the current time)");
   out.push_back({cmd, [opts, file, model] {
                    if (file->count() + model->count() == 0)
-                     return fail(loom::make_error(loom::StatusCode::invalid_argument, "template: give --file or --model"));
+                     return fail(loom::make_error(loom::StatusCode::invalid_argument,
+                                                  "template: give --file or --model"));
                    return run_template(*opts);
                  }});
 }

@@ -46,7 +46,8 @@ class JinjaTemplate {
 
   /// Renders with the top-level variables of `context` (a JSON object). invalid_argument for an
   /// error while rendering (raise_exception, undefined attribute, a type error), with the line.
-  Result<std::string> render(const nlohmann::ordered_json& context, const JinjaRenderOptions& options = {}) const;
+  Result<std::string> render(const nlohmann::ordered_json& context,
+                             const JinjaRenderOptions& options = {}) const;
 
   const std::string& name() const;
 

@@ -47,8 +47,8 @@ Result<ChatFormat> chat_format_for_model(const GgufFile& file, std::string_view 
     // A template the interpreter cannot parse still names its family by its markers.
     f.builtin = *family;
     f.family_known = true;
-    f.description = fmt::format("{} (built-in; the Jinja template does not parse: {})", chat_template_name(*family),
-                                parsed.status().message());
+    f.description = fmt::format("{} (built-in; the Jinja template does not parse: {})",
+                                chat_template_name(*family), parsed.status().message());
     return f;
   }
   f.jinja = std::move(*parsed);
@@ -70,7 +70,8 @@ Result<std::string> render_chat(const ChatFormat& format, std::span<const ChatMe
   in.eos_token = options.eos_token;
   auto text = render_jinja_chat(*format.jinja, in);
   if (!text) return text.status();
-  if (!options.add_bos && !options.bos_token.empty() && text->compare(0, options.bos_token.size(), options.bos_token) == 0)
+  if (!options.add_bos && !options.bos_token.empty() &&
+      text->compare(0, options.bos_token.size(), options.bos_token) == 0)
     text->erase(0, options.bos_token.size());
   return text;
 }

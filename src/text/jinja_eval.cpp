@@ -41,15 +41,8 @@ ScopePtr child_of(const ScopePtr& parent) {
   return s;
 }
 
-[[noreturn]] void undefined_error(const Value& v) {
-  throw Error(v.s.empty() ? std::string("undefined value") : v.s);
-}
-
 int64_t to_int(const Value& v) { return v.kind == Kind::boolean ? (v.b ? 1 : 0) : v.i; }
-double to_double(const Value& v) {
-  return v.kind == Kind::floating ? v.f : static_cast<double>(to_int(v));
-}
-bool is_intlike(const Value& v) { return v.kind == Kind::integer || v.kind == Kind::boolean; }
+double to_double(const Value& v) { return v.kind == Kind::floating ? v.f : static_cast<double>(to_int(v)); }
 
 int64_t floor_div(int64_t a, int64_t b) {
   int64_t q = a / b;
@@ -80,13 +73,20 @@ std::string percent_format(const std::string& fmt_str, const Value& args) {
     const char conv = fmt_str[i];
     std::string piece;
     switch (conv) {
-      case '%': piece = "%"; break;
-      case 's': piece = to_str(take()); break;
-      case 'r': piece = repr(take()); break;
+      case '%':
+        piece = "%";
+        break;
+      case 's':
+        piece = to_str(take());
+        break;
+      case 'r':
+        piece = repr(take());
+        break;
       case 'd':
       case 'i': {
         const Value& v = take();
-        if (!v.is_number()) throw Error(fmt::format("%d format: a real number is required, not {}", type_name(v)));
+        if (!v.is_number())
+          throw Error(fmt::format("%d format: a real number is required, not {}", type_name(v)));
         piece = std::to_string(v.kind == Kind::floating ? static_cast<int64_t>(v.f) : to_int(v));
         break;
       }
@@ -108,7 +108,8 @@ std::string percent_format(const std::string& fmt_str, const Value& args) {
       const bool left = spec[0] == '-';
       const size_t width = static_cast<size_t>(std::atoi(spec.c_str() + (left ? 1 : 0)));
       const size_t len = utf8_decode(piece).size();
-      if (len < width) piece = left ? piece + std::string(width - len, ' ') : std::string(width - len, ' ') + piece;
+      if (len < width)
+        piece = left ? piece + std::string(width - len, ' ') : std::string(width - len, ' ') + piece;
     }
     out += piece;
   }
@@ -122,7 +123,8 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b) {
   if (a.is_undefined()) undefined_error(a);
   if (b.is_undefined()) undefined_error(b);
   auto type_error = [&]() -> Value {
-    throw Error(fmt::format("unsupported operand type(s) for {}: '{}' and '{}'", op, type_name(a), type_name(b)));
+    throw Error(
+        fmt::format("unsupported operand type(s) for {}: '{}' and '{}'", op, type_name(a), type_name(b)));
   };
   const bool nums = a.is_number() && b.is_number();
   const bool ints = is_intlike(a) && is_intlike(b);
@@ -142,7 +144,8 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b) {
       return Value::make_list(std::move(items), a.tuple);
     }
     if (a.is_string() || b.is_string())
-      throw Error(fmt::format("can only concatenate str (not \"{}\") to str", type_name(a.is_string() ? b : a)));
+      throw Error(
+          fmt::format("can only concatenate str (not \"{}\") to str", type_name(a.is_string() ? b : a)));
     return type_error();
   }
   if (op == "-") {
@@ -157,7 +160,8 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b) {
     const Value* count = seq == &a ? &b : &a;
     if (seq && is_intlike(*count)) {
       const int64_t n = to_int(*count);
-      if (n > 0 && static_cast<uint64_t>(n) * (seq->is_string() ? seq->s.size() : seq->list->size()) > (size_t{1} << 26))
+      if (n > 0 && static_cast<uint64_t>(n) * (seq->is_string() ? seq->s.size() : seq->list->size()) >
+                       (size_t{1} << 26))
         throw Error("repetition result too large");
       if (seq->is_string()) {
         std::string out;
@@ -252,7 +256,8 @@ std::vector<size_t> slice_indices(int64_t n, const Value& start, const Value& st
 
 class Renderer final : public Evaluator {
  public:
-  Renderer(const Program& program, const JinjaRenderOptions& options) : program_(program), options_(options) {}
+  Renderer(const Program& program, const JinjaRenderOptions& options)
+      : program_(program), options_(options) {}
 
   enum class Flow { normal, break_, continue_ };
 
@@ -401,8 +406,10 @@ class Renderer final : public Evaluator {
       d.items.emplace_back("length", Value::integer(n));
       d.items.emplace_back("depth", Value::integer(1));
       d.items.emplace_back("depth0", Value::integer(0));
-      d.items.emplace_back("previtem", k > 0 ? items[static_cast<size_t>(k - 1)] : Value::undef("there is no previous item"));
-      d.items.emplace_back("nextitem", k + 1 < n ? items[static_cast<size_t>(k + 1)] : Value::undef("there is no next item"));
+      d.items.emplace_back(
+          "previtem", k > 0 ? items[static_cast<size_t>(k - 1)] : Value::undef("there is no previous item"));
+      d.items.emplace_back(
+          "nextitem", k + 1 < n ? items[static_cast<size_t>(k + 1)] : Value::undef("there is no next item"));
       iter_scope->vars.emplace_back("loop", std::move(loop));
       assign(iter_scope, s.targets, items[static_cast<size_t>(k)]);
       if (exec_body(s.body, iter_scope, out) == Flow::break_) break;
@@ -412,7 +419,8 @@ class Renderer final : public Evaluator {
 
   Value call_macro(const Callable& c, CallArgs& args) {
     const MacroStmt& m = *c.macro;
-    if (++depth_ > options_.max_depth) throw Error(fmt::format("macro calls nested deeper than {}", options_.max_depth));
+    if (++depth_ > options_.max_depth)
+      throw Error(fmt::format("macro calls nested deeper than {}", options_.max_depth));
     ScopePtr scope = child_of(c.closure);
     if (args.pos.size() > m.params.size())
       throw Error(fmt::format("macro '{}' takes not more than {} argument(s)", m.name, m.params.size()));
@@ -529,7 +537,9 @@ class Renderer final : public Evaluator {
       case ExprKind::pos: {
         Value v = eval(*e.kids[0], scope);
         if (v.is_undefined()) undefined_error(v);
-        if (!v.is_number()) throw Error(fmt::format("bad operand type for unary {}: '{}'", e.kind == ExprKind::neg ? '-' : '+', type_name(v)));
+        if (!v.is_number())
+          throw Error(fmt::format("bad operand type for unary {}: '{}'", e.kind == ExprKind::neg ? '-' : '+',
+                                  type_name(v)));
         if (e.kind == ExprKind::pos) return is_intlike(v) ? Value::integer(to_int(v)) : v;
         return is_intlike(v) ? Value::integer(-to_int(v)) : Value::floating(-v.f);
       }
@@ -555,14 +565,22 @@ class Renderer final : public Evaluator {
           Value b = eval(*e.kids[k + 1], scope);
           const std::string& op = e.ops[k];
           bool r;
-          if (op == "==") r = equals(a, b);
-          else if (op == "!=") r = !equals(a, b);
-          else if (op == "<") r = less(a, b);
-          else if (op == ">") r = less(b, a);
-          else if (op == "<=") r = less(a, b) || equals(a, b);
-          else if (op == ">=") r = less(b, a) || equals(a, b);
-          else if (op == "in") r = contains(b, a);
-          else r = !contains(b, a);
+          if (op == "==")
+            r = equals(a, b);
+          else if (op == "!=")
+            r = !equals(a, b);
+          else if (op == "<")
+            r = less(a, b);
+          else if (op == ">")
+            r = less(b, a);
+          else if (op == "<=")
+            r = less(a, b) || equals(a, b);
+          else if (op == ">=")
+            r = less(b, a) || equals(a, b);
+          else if (op == "in")
+            r = contains(b, a);
+          else
+            r = !contains(b, a);
           if (!r) return Value::boolean(false);
           a = std::move(b);
         }
@@ -602,7 +620,8 @@ Result<JinjaTemplate> JinjaTemplate::parse(std::string_view source, std::string 
 
 const std::string& JinjaTemplate::name() const { return program_->name; }
 
-Result<std::string> JinjaTemplate::render(const nlohmann::ordered_json& context, const JinjaRenderOptions& options) const {
+Result<std::string> JinjaTemplate::render(const nlohmann::ordered_json& context,
+                                          const JinjaRenderOptions& options) const {
   if (!program_) return make_error(StatusCode::invalid_argument, "jinja: render of an empty template");
   if (!context.is_object())
     return make_error(StatusCode::invalid_argument, "{}: the context must be a JSON object", program_->name);
@@ -618,7 +637,8 @@ Result<std::string> JinjaTemplate::render(const nlohmann::ordered_json& context,
     return make_error(StatusCode::invalid_argument, "{}: line {}: {}", program_->name,
                       e.line > 0 ? e.line : renderer.line(), e.what());
   } catch (const std::exception& e) {
-    return make_error(StatusCode::invalid_argument, "{}: line {}: {}", program_->name, renderer.line(), e.what());
+    return make_error(StatusCode::invalid_argument, "{}: line {}: {}", program_->name, renderer.line(),
+                      e.what());
   }
 }
 

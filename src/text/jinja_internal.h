@@ -44,17 +44,45 @@ struct Value {
   bool b = false;
   int64_t i = 0;
   double f = 0;
-  std::string s;           // the string; for undefined, a hint for error messages
+  std::string s;  // the string; for undefined, a hint for error messages
   std::shared_ptr<List> list;
   std::shared_ptr<Dict> dict;
   std::shared_ptr<Callable> fn;
 
-  static Value undef(std::string hint = {}) { Value v; v.s = std::move(hint); return v; }
-  static Value none() { Value v; v.kind = Kind::none; return v; }
-  static Value boolean(bool x) { Value v; v.kind = Kind::boolean; v.b = x; return v; }
-  static Value integer(int64_t x) { Value v; v.kind = Kind::integer; v.i = x; return v; }
-  static Value floating(double x) { Value v; v.kind = Kind::floating; v.f = x; return v; }
-  static Value string(std::string x) { Value v; v.kind = Kind::string; v.s = std::move(x); return v; }
+  static Value undef(std::string hint = {}) {
+    Value v;
+    v.s = std::move(hint);
+    return v;
+  }
+  static Value none() {
+    Value v;
+    v.kind = Kind::none;
+    return v;
+  }
+  static Value boolean(bool x) {
+    Value v;
+    v.kind = Kind::boolean;
+    v.b = x;
+    return v;
+  }
+  static Value integer(int64_t x) {
+    Value v;
+    v.kind = Kind::integer;
+    v.i = x;
+    return v;
+  }
+  static Value floating(double x) {
+    Value v;
+    v.kind = Kind::floating;
+    v.f = x;
+    return v;
+  }
+  static Value string(std::string x) {
+    Value v;
+    v.kind = Kind::string;
+    v.s = std::move(x);
+    return v;
+  }
   static Value make_list(List items = {}, bool is_tuple = false);
   static Value make_dict();
   static Value from_json(const nlohmann::ordered_json& j);
@@ -133,8 +161,25 @@ std::string html_escape(std::string_view s);
 
 // ---- Syntax tree --------------------------------------------------------------------------------
 enum class ExprKind : uint8_t {
-  literal, name, list, tuple, dict, getattr, getitem, slice, call, filter, test,
-  neg, pos, not_, and_, or_, binary, compare, cond,
+  literal,
+  name,
+  list,
+  tuple,
+  dict,
+  getattr,
+  getitem,
+  slice,
+  call,
+  filter,
+  test,
+  neg,
+  pos,
+  not_,
+  and_,
+  or_,
+  binary,
+  compare,
+  cond,
 };
 
 struct Expr;
@@ -143,18 +188,29 @@ using ExprPtr = std::unique_ptr<Expr>;
 struct Expr {
   ExprKind kind;
   int line = 0;
-  Value literal;                    // literal
-  std::string name;                 // name, attribute, filter/test name, binary operator
-  std::vector<ExprPtr> kids;        // operands; call: callee then positional args
-  std::vector<std::string> ops;     // compare: the operators between kids
+  Value literal;                                        // literal
+  std::string name;                                     // name, attribute, filter/test name, binary operator
+  std::vector<ExprPtr> kids;                            // operands; call: callee then positional args
+  std::vector<std::string> ops;                         // compare: the operators between kids
   std::vector<std::pair<std::string, ExprPtr>> kwargs;  // call/filter/test keyword arguments
-  bool negated = false;             // test: `is not`
-  bool known = true;                // filter/test: exists (unknown ones fail when evaluated)
+  bool negated = false;                                 // test: `is not`
+  bool known = true;  // filter/test: exists (unknown ones fail when evaluated)
 };
 
 enum class StmtKind : uint8_t {
-  text, output, if_, for_, set, set_attr, set_block, macro, call_block, filter_block, break_,
-  continue_, scope,
+  text,
+  output,
+  if_,
+  for_,
+  set,
+  set_attr,
+  set_block,
+  macro,
+  call_block,
+  filter_block,
+  break_,
+  continue_,
+  scope,
 };
 
 struct Stmt;
@@ -170,9 +226,9 @@ struct Stmt {
   ExprPtr expr;                      // output, set value, for iterable, call_block call, filter_block filter
   std::vector<std::string> targets;  // set / for / set_block target names; set_attr: {ns, attr}
   std::vector<std::pair<ExprPtr, Body>> branches;  // if/elif
-  Body body;                         // for, set_block, macro, call_block, filter_block, scope, if else
-  Body else_body;                    // for else, if else
-  ExprPtr loop_filter;               // for ... if cond
+  Body body;            // for, set_block, macro, call_block, filter_block, scope, if else
+  Body else_body;       // for else, if else
+  ExprPtr loop_filter;  // for ... if cond
 };
 
 struct MacroStmt : Stmt {
@@ -186,6 +242,30 @@ struct Program {
   std::string name;
   Body body;
 };
+
+// ---- Tokens (jinja_lexer.cpp) -------------------------------------------------------------------
+enum class Tok : uint8_t {
+  data,
+  var_begin,
+  var_end,
+  block_begin,
+  block_end,
+  name,
+  string,
+  integer,
+  floating,
+  op,
+  eof
+};
+
+struct Token {
+  Tok type;
+  std::string value;
+  int line;
+};
+
+/// The tokens of a template: data, and the contents of {{ }} and {% %} tags; throws Error.
+std::vector<Token> lex(std::string_view source);
 
 /// Parses a template (jinja_parse.cpp); throws Error with the line.
 std::unique_ptr<Program> parse_program(std::string_view source, std::string name);
@@ -201,6 +281,29 @@ Value get_attr(const Value& obj, const std::string& name);
 Value get_item(const Value& obj, const Value& key);
 /// The global functions: range, namespace, dict, raise_exception, strftime_now.
 Value global_function(const std::string& name);
+
+// Shared by the built-ins (jinja_methods.cpp).
+[[noreturn]] void undefined_error(const Value& v);
+inline bool is_intlike(const Value& v) { return v.kind == Kind::integer || v.kind == Kind::boolean; }
+inline int64_t as_int(const Value& v) {
+  return v.kind == Kind::boolean ? (v.b ? 1 : 0) : v.kind == Kind::floating ? static_cast<int64_t>(v.f) : v.i;
+}
+/// A built-in function value.
+Value native(std::string name, NativeFn fn);
+/// Argument `index` or `name` as a string / truth value.
+std::string arg_str(const CallArgs& a, size_t i, std::string_view name, const char* what);
+bool arg_bool(const CallArgs& a, size_t i, std::string_view name, bool dflt);
+/// str.split() without a separator.
+List split_whitespace(const std::string& s, int64_t maxsplit, bool from_right);
+/// str.replace, str.capitalize.
+std::string py_replace(const std::string& s, const std::string& old, const std::string& repl, int64_t count);
+std::string py_capitalize(const std::string& s);
+/// s.name(args) for a Python str method.
+Value string_method(const std::string& s, const std::string& name, Evaluator& ev, CallArgs& a);
+/// dict.items() as a list of (key, value) tuples.
+Value dict_items(const Value& d);
+/// The value at attribute path "a.b.0" (Jinja's make_attrgetter).
+Value attr_path(const Value& v, const std::string& path);
 
 /// Rendering state the built-ins need (jinja_eval.cpp).
 class Evaluator {

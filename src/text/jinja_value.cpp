@@ -49,7 +49,8 @@ Value Value::from_json(const nlohmann::ordered_json& j) {
     }
     case nlohmann::ordered_json::value_t::object: {
       Value d = make_dict();
-      for (auto it = j.begin(); it != j.end(); ++it) d.dict->items.emplace_back(it.key(), from_json(it.value()));
+      for (auto it = j.begin(); it != j.end(); ++it)
+        d.dict->items.emplace_back(it.key(), from_json(it.value()));
       return d;
     }
     default:
@@ -162,12 +163,23 @@ std::string html_escape(std::string_view s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&#34;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out.push_back(c);
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&#34;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out.push_back(c);
     }
   }
   return out;
@@ -467,9 +479,10 @@ const char* type_name(const Value& v) {
 
 namespace {
 double as_double(const Value& v) {
-  return v.kind == Kind::floating ? v.f : v.kind == Kind::boolean ? (v.b ? 1.0 : 0.0) : static_cast<double>(v.i);
+  return v.kind == Kind::floating  ? v.f
+         : v.kind == Kind::boolean ? (v.b ? 1.0 : 0.0)
+                                   : static_cast<double>(v.i);
 }
-int64_t as_int(const Value& v) { return v.kind == Kind::boolean ? (v.b ? 1 : 0) : v.i; }
 }  // namespace
 
 bool equals(const Value& a, const Value& b) {
@@ -517,7 +530,8 @@ bool less(const Value& a, const Value& b) {
     }
     return a.list->size() < b.list->size();
   }
-  throw Error(fmt::format("'<' not supported between instances of '{}' and '{}'", type_name(a), type_name(b)));
+  throw Error(
+      fmt::format("'<' not supported between instances of '{}' and '{}'", type_name(a), type_name(b)));
 }
 
 List iterate(const Value& v) {
