@@ -33,7 +33,7 @@ struct JinjaRenderOptions {
   /// The rendered text may not grow past this many bytes (a template that loops forever stops).
   size_t max_output_bytes = size_t{64} << 20;
   /// Macro calls and nested expressions deeper than this fail instead of exhausting the stack.
-  int max_depth = 200;
+  int max_depth = 100;
 };
 
 /// A parsed template; cheap to copy, immutable, safe to render from several threads.

@@ -341,6 +341,7 @@ class Renderer final : public Evaluator {
         fn.fn->name = m.name;
         fn.fn->macro = &m;
         fn.fn->closure = scope;
+        if (closures_.empty() || closures_.back() != scope) closures_.push_back(scope);
         scope->set(m.name, std::move(fn));
         return Flow::normal;
       }
@@ -352,6 +353,7 @@ class Renderer final : public Evaluator {
         caller.fn->name = "caller";
         caller.fn->macro = &m;
         caller.fn->closure = scope;
+        if (closures_.empty() || closures_.back() != scope) closures_.push_back(scope);
         const Expr& call_expr = *m.expr;
         Value fn = eval(*call_expr.kids[0], scope);
         CallArgs args = eval_args(call_expr, scope, 1);
@@ -421,7 +423,9 @@ class Renderer final : public Evaluator {
     const MacroStmt& m = *c.macro;
     if (++depth_ > options_.max_depth)
       throw Error(fmt::format("macro calls nested deeper than {}", options_.max_depth));
-    ScopePtr scope = child_of(c.closure);
+    ScopePtr closure = c.closure.lock();
+    if (!closure) throw Error(fmt::format("macro '{}' called after its render ended", m.name));
+    ScopePtr scope = child_of(closure);
     if (args.pos.size() > m.params.size())
       throw Error(fmt::format("macro '{}' takes not more than {} argument(s)", m.name, m.params.size()));
     for (const auto& [k, v] : args.kw) {
@@ -468,7 +472,22 @@ class Renderer final : public Evaluator {
     return apply_filter(*this, e.name, std::move(in), args);
   }
 
+  // Expression evaluation nested this deep (through macro calls too) fails instead of
+  // overflowing the stack; Python's own recursion limit stops Jinja2 at a similar depth.
+  static constexpr int kMaxEvalDepth = 1000;
+
   Value eval(const Expr& e, const ScopePtr& scope) {
+    struct Guard {
+      explicit Guard(int& d) : depth(d) {
+        if (++depth > kMaxEvalDepth) throw Error("expressions and macro calls nested too deeply");
+      }
+      ~Guard() { --depth; }
+      int& depth;
+    } guard(eval_depth_);
+    return eval_expr(e, scope);
+  }
+
+  Value eval_expr(const Expr& e, const ScopePtr& scope) {
     line_ = e.line;
     switch (e.kind) {
       case ExprKind::literal:
@@ -598,6 +617,8 @@ class Renderer final : public Evaluator {
   const JinjaRenderOptions& options_;
   int line_ = 0;
   int depth_ = 0;
+  int eval_depth_ = 0;
+  std::vector<ScopePtr> closures_;  // scopes that define macros (see Callable::closure)
 };
 
 }  // namespace

@@ -119,7 +119,9 @@ struct Callable {
   std::string name;
   NativeFn native;
   const MacroStmt* macro = nullptr;
-  std::shared_ptr<Scope> closure;
+  // Weak: the scope holds the macro, so a strong pointer would be a cycle; the renderer keeps
+  // every scope that defines a macro alive until the render ends.
+  std::weak_ptr<Scope> closure;
   Value caller;  // the `caller` a {% call %} block passes
 };
 
