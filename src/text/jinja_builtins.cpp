@@ -85,14 +85,31 @@ bool apply_test(Evaluator&, const std::string& name, const Value& v, CallArgs& a
   if (name == "gt" || name == "greaterthan" || name == ">") return less(other(), v);
   if (name == "ge" || name == ">=") return less(other(), v) || equals(v, other());
   if (name == "odd" || name == "even" || name == "divisibleby") {
-    if (!is_intlike(v)) throw Error(fmt::format("test '{}' needs an integer, not {}", name, type_name(v)));
-    const int64_t d = name == "divisibleby" ? as_int(other()) : 2;
+    // value % 2 == 1, value % 2 == 0, value % num == 0 with Python's modulo
+    const Value divisor = name == "divisibleby" ? other() : Value::integer(2);
+    if (!v.is_number() || !divisor.is_number())
+      throw Error(
+          fmt::format("unsupported operand type(s) for %: '{}' and '{}'", type_name(v), type_name(divisor)));
+    const bool floats = v.kind == Kind::floating || divisor.kind == Kind::floating;
+    const double d = divisor.kind == Kind::floating ? divisor.f : static_cast<double>(as_int(divisor));
     if (d == 0) throw Error("integer division or modulo by zero");
-    const int64_t r = ((as_int(v) % d) + d) % d;
+    double r;
+    if (floats) {
+      const double x = v.kind == Kind::floating ? v.f : static_cast<double>(as_int(v));
+      r = std::fmod(x, d);
+      if (r != 0 && ((r < 0) != (d < 0))) r += d;
+    } else {
+      const int64_t di = as_int(divisor);
+      r = static_cast<double>(((as_int(v) % di) + di) % di);
+    }
     return name == "odd" ? r == 1 : r == 0;
   }
-  if (name == "lower") return v.is_string() && py_lower(v.s) == v.s;
-  if (name == "upper") return v.is_string() && py_upper(v.s) == v.s;
+  if (name == "lower" || name == "upper") {
+    // str(value).islower() / .isupper(): at least one cased character, all of them in that case
+    const std::string s = to_str(v);
+    const std::string other = name == "lower" ? py_upper(s) : py_lower(s);
+    return s != other && s == (name == "lower" ? py_lower(s) : py_upper(s));
+  }
   if (name == "filter") return other().is_string() && has_filter(other().s);
   if (name == "test") return other().is_string() && has_test(other().s);
   throw Error(fmt::format("no test named '{}'", name));
@@ -306,6 +323,9 @@ Value apply_filter(Evaluator& ev, const std::string& name, Value v, CallArgs& a)
     std::reverse(items.begin(), items.end());
     return generator(std::move(items));
   }
+  // Undefined has no __int__, __float__, __abs__, __round__: Jinja2 raises UndefinedError.
+  if (v.is_undefined() && (name == "int" || name == "float" || name == "abs" || name == "round"))
+    undefined_error(v);
   if (name == "int") {
     const Value* dflt = a.get(0, "default");
     const Value fallback = dflt ? *dflt : Value::integer(0);
@@ -358,6 +378,8 @@ Value apply_filter(Evaluator& ev, const std::string& name, Value v, CallArgs& a)
     return Value::floating(r / p);
   }
   if (name == "indent") {
+    if (!v.is_string())  // do_indent does `s += "\n"`
+      throw Error(fmt::format("unsupported operand type(s) for +=: '{}' and 'str'", type_name(v)));
     return Value::string(do_indent(to_str(v), a.get(0, "width"), arg_bool(a, 1, "first", false),
                                    arg_bool(a, 2, "blank", false)));
   }

@@ -113,7 +113,8 @@ std::string percent_format(const std::string& fmt_str, const Value& args) {
     }
     out += piece;
   }
-  if (next < values.size() && !(values.size() == 1 && next == 0 && !(args.is_list() && args.tuple)))
+  // Python skips this check when the argument is a mapping or a list (PyMapping_Check).
+  if (next < values.size() && !args.is_dict() && !(args.is_list() && !args.tuple))
     throw Error("not all arguments converted during string formatting");
   return out;
 }
@@ -218,6 +219,8 @@ bool contains(const Value& container, const Value& item) {
       return false;
     case Kind::dict:
       if (container.ns) break;
+      if ((item.is_list() && !item.tuple) || item.is_dict())
+        throw Error(fmt::format("unhashable type: '{}'", type_name(item)));
       return item.is_string() && container.dict->find(item.s) != nullptr;
     case Kind::undefined:
       return false;

@@ -529,7 +529,16 @@ class Parser {
       }
       if (parts[static_cast<size_t>(part)]) fail("expected ']'");
       parts[static_cast<size_t>(part)] = parse_expression(true);
-      if (is_op(",")) fail("tuple subscripts are not supported");
+      if (is_op(",") && part == 0 && !is_slice) {  // x[a, b]: a tuple key
+        auto key = make_expr(ExprKind::tuple, line);
+        key->kids.push_back(std::move(parts[0]));
+        while (skip_op(",")) {
+          if (is_op("]")) break;
+          key->kids.push_back(parse_expression(true));
+        }
+        parts[0] = std::move(key);
+        if (!is_op("]")) fail("expected ']'");
+      }
     }
     ++p_;
     if (!is_slice) {

@@ -498,6 +498,7 @@ bool equals(const Value& a, const Value& b) {
     case Kind::string:
       return a.s == b.s;
     case Kind::list:
+      if (a.tuple != b.tuple || a.generator || b.generator) return a.list == b.list;  // (1,) != [1]
       if (a.list->size() != b.list->size()) return false;
       for (size_t k = 0; k < a.list->size(); ++k)
         if (!equals((*a.list)[k], (*b.list)[k])) return false;
@@ -523,7 +524,7 @@ bool less(const Value& a, const Value& b) {
     return as_int(a) < as_int(b);
   }
   if (a.is_string() && b.is_string()) return a.s < b.s;  // UTF-8 byte order is code-point order
-  if (a.is_list() && b.is_list()) {
+  if (a.is_list() && b.is_list() && a.tuple == b.tuple && !a.generator && !b.generator) {
     const size_t n = std::min(a.list->size(), b.list->size());
     for (size_t k = 0; k < n; ++k) {
       if (!equals((*a.list)[k], (*b.list)[k])) return less((*a.list)[k], (*b.list)[k]);
