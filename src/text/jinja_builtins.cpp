@@ -2,6 +2,8 @@
 // it) and the global functions (range, namespace, dict, raise_exception, strftime_now).
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <ctime>
 
 #include <fmt/format.h>
@@ -373,8 +375,17 @@ Value apply_filter(Evaluator& ev, const std::string& name, Value v, CallArgs& a)
     if (!v.is_number()) throw Error("round: a number is required");
     if (m == "common" && v.kind != Kind::floating && (!prec || as_int(*prec) >= 0))
       return Value::integer(as_int(v));
-    const double x = (v.kind == Kind::floating ? v.f : static_cast<double>(as_int(v))) * p;
-    const double r = m == "ceil" ? std::ceil(x) : m == "floor" ? std::floor(x) : std::round(x);
+    const double value = v.kind == Kind::floating ? v.f : static_cast<double>(as_int(v));
+    const int64_t digits = prec ? as_int(*prec) : 0;
+    if (m == "common" && digits >= 0 && digits < 30 && std::isfinite(value)) {
+      // Python's round(): correctly rounded from the exact binary value, ties to even, as
+      // printf's %.Nf rounds.
+      char buf[400];
+      std::snprintf(buf, sizeof buf, "%.*f", static_cast<int>(digits), value);
+      return Value::floating(std::strtod(buf, nullptr));
+    }
+    const double x = value * p;
+    const double r = m == "ceil" ? std::ceil(x) : m == "floor" ? std::floor(x) : std::nearbyint(x);
     return Value::floating(r / p);
   }
   if (name == "indent") {
@@ -426,8 +437,18 @@ Value apply_filter(Evaluator& ev, const std::string& name, Value v, CallArgs& a)
     };
     return Value::string(Pct::run(v.s, *args.list));
   }
-  if (name == "wordcount")
-    return Value::integer(static_cast<int64_t>(split_whitespace(to_str(v), -1, false).size()));
+  if (name == "wordcount") {  // len(re.findall(r"\w+", s))
+    int64_t n = 0;
+    bool in_word = false;
+    for (char32_t c : utf8_decode(to_str(v))) {
+      const bool word = c == '_' || (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') ||
+                        (c >= 'A' && c <= 'Z') ||
+                        (c >= 0x80 && !py_isspace(c) && c != 0x85 && !(c >= 0x2000 && c <= 0x206f));
+      if (word && !in_word) ++n;
+      in_word = word;
+    }
+    return Value::integer(n);
+  }
   if (name == "center") {
     const Value* w = a.get(0, "width");
     const int64_t width = w ? as_int(*w) : 80;

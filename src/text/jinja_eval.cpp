@@ -114,13 +114,15 @@ std::string percent_format(const std::string& fmt_str, const Value& args) {
     out += piece;
   }
   // Python skips this check when the argument is a mapping or a list (PyMapping_Check).
-  if (next < values.size() && !args.is_dict() && !(args.is_list() && !args.tuple))
+  if (next < values.size() && !args.is_dict() && !args.is_undefined() && !(args.is_list() && !args.tuple))
     throw Error("not all arguments converted during string formatting");
   return out;
 }
 
 Value arithmetic(const std::string& op, const Value& a, const Value& b) {
   if (op == "~") return Value::string(to_str(a) + to_str(b));
+  // str % x: Undefined passes as a mapping (it has __getitem__), so `'text' % missing` is 'text'.
+  if (op == "%" && a.is_string() && b.is_undefined()) return Value::string(percent_format(a.s, b));
   if (a.is_undefined()) undefined_error(a);
   if (b.is_undefined()) undefined_error(b);
   auto type_error = [&]() -> Value {
@@ -196,6 +198,9 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b) {
     return Value::floating(m);
   }
   if (op == "**") {
+    if (nums && to_double(a) == 0 && to_double(b) < 0)
+      throw Error(ints ? "0 cannot be raised to a negative power"
+                       : "0.0 cannot be raised to a negative power");
     if (ints && to_int(b) >= 0) {
       int64_t r = 1;
       for (int64_t k = 0; k < to_int(b) && k < 64; ++k) r *= to_int(a);
