@@ -50,7 +50,7 @@ bool apply_test(Evaluator&, const std::string& name, const Value& v, CallArgs& a
   if (name == "iterable") return v.is_undefined() || v.is_string() || v.is_list() || (v.is_dict() && !v.ns);
   if (name == "sequence")
     return v.is_undefined() || v.is_string() || (v.is_list() && !v.generator) || (v.is_dict() && !v.ns);
-  if (name == "callable") return v.kind == Kind::callable;
+  if (name == "callable") return v.kind == Kind::callable || v.is_undefined();  // Undefined has __call__
   if (name == "escaped") return false;
   if (name == "sameas") {
     const Value& o = other();
