@@ -102,7 +102,7 @@ bool apply_test(Evaluator&, const std::string& name, const Value& v, CallArgs& a
       if (r != 0 && ((r < 0) != (d < 0))) r += d;
     } else {
       const int64_t di = as_int(divisor);
-      r = static_cast<double>(((as_int(v) % di) + di) % di);
+      r = di == -1 ? 0.0 : static_cast<double>(((as_int(v) % di) + di) % di);
     }
     return name == "odd" ? r == 1 : r == 0;
   }

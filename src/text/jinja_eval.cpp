@@ -2,6 +2,7 @@
 // for loop's body gets a fresh scope each iteration, `if` none, a macro the scope it was defined
 // in), and the public entry points of loom/jinja.h.
 #include <cmath>
+#include <cstdint>
 #include <ctime>
 
 #include <fmt/format.h>
@@ -44,7 +45,10 @@ ScopePtr child_of(const ScopePtr& parent) {
 int64_t to_int(const Value& v) { return v.kind == Kind::boolean ? (v.b ? 1 : 0) : v.i; }
 double to_double(const Value& v) { return v.kind == Kind::floating ? v.f : static_cast<double>(to_int(v)); }
 
+// Python's a // b; the caller rules out b == 0.
 int64_t floor_div(int64_t a, int64_t b) {
+  if (b == 0) throw Error("integer division or modulo by zero");
+  if (b == -1) return a == INT64_MIN ? a : -a;  // INT64_MIN / -1 overflows (Python's ints do not)
   int64_t q = a / b;
   if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
   return q;
@@ -264,8 +268,7 @@ std::vector<size_t> slice_indices(int64_t n, const Value& start, const Value& st
 
 class Renderer final : public Evaluator {
  public:
-  Renderer(const Program& program, const JinjaRenderOptions& options)
-      : program_(program), options_(options) {}
+  explicit Renderer(const JinjaRenderOptions& options) : options_(options) {}
 
   enum class Flow { normal, break_, continue_ };
 
@@ -621,7 +624,6 @@ class Renderer final : public Evaluator {
     return Value::undef();
   }
 
-  const Program& program_;
   const JinjaRenderOptions& options_;
   int line_ = 0;
   int depth_ = 0;
@@ -654,7 +656,7 @@ Result<std::string> JinjaTemplate::render(const nlohmann::ordered_json& context,
   if (!program_) return make_error(StatusCode::invalid_argument, "jinja: render of an empty template");
   if (!context.is_object())
     return make_error(StatusCode::invalid_argument, "{}: the context must be a JSON object", program_->name);
-  jinja::Renderer renderer(*program_, options);
+  jinja::Renderer renderer(options);
   try {
     auto root = std::make_shared<jinja::Scope>();
     for (auto it = context.begin(); it != context.end(); ++it)
