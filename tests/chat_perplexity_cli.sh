@@ -55,6 +55,20 @@ if [[ $mode == chat ]]; then
     fail "unknown template accepted"
   fi
   grep -q "chatml" "$dir/d.err" || fail "unknown-template error does not list the templates"
+  # a Jinja template file, rendered by the interpreter
+  tdir=$(dirname "$0")/data/chat-templates
+  printf 'hello\nhow are you\n' | "$loom" chat -m "$dir/tiny.gguf" --chat-template-file "$tdir/Qwen-Qwen2.5-7B-Instruct.jinja" \
+    -n 4 --temp 0 -t 2 >"$dir/e.out" 2>"$dir/e.err" || fail "loom chat --chat-template-file exited with an error"
+  grep -q "chat template jinja (" "$dir/e.err" || fail "the Jinja template was not used"
+  [[ $(grep -c '^loom: turn ' "$dir/e.err") == 2 ]] || fail "Jinja template: expected two turns"
+  ((  $(turn_field "$dir/e.err" 2 cached) > 0 )) || fail "Jinja template: turn 2 reused no cached tokens"
+  # a template that rejects the conversation: the message is dropped with the template's words and line
+  printf 'hello\n' | "$loom" chat -m "$dir/tiny.gguf" -sys "be brief" --chat-template-file "$tdir/google-gemma-2-2b-it.jinja" \
+    -n 4 --temp 0 -t 2 >"$dir/f.out" 2>"$dir/f.err" || fail "loom chat with a rejecting template exited with an error"
+  grep -q "google-gemma-2-2b-it.jinja: line 1: System role not supported" "$dir/f.err" || fail "template error not reported"
+  # no tokenizer.chat_template in the file: the chatml fallback, said so
+  printf 'hello\n' | "$loom" chat -m "$dir/tiny.gguf" -n 2 --temp 0 -t 2 >"$dir/g.out" 2>"$dir/g.err" || fail "fallback chat failed"
+  grep -q "chatml (the fallback" "$dir/g.err" || fail "the fallback format was not announced"
   echo "chat: ok"
   exit 0
 fi

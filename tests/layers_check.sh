@@ -18,7 +18,7 @@ declare -A owner=(
   [loom/exec.h]=exec [loom/exec_plan.h]=exec [loom/exec_graph_cache.h]=exec
   [loom/gguf.h]=gguf
   [loom/cpu.h]=backend_cpu [loom/cuda.h]=backend_cuda
-  [loom/text.h]=text [loom/chat.h]=text
+  [loom/text.h]=text [loom/chat.h]=text [loom/jinja.h]=text
   [loom/llm.h]=llm [loom/quant_mixture.h]=llm [loom/progress.h]=llm
   [loom/sample.h]=sample
   [loom.h]=capi [loom-cuda.h]=capi_cuda

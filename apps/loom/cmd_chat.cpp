@@ -108,9 +108,9 @@ namespace {
 struct ChatOptions {
   GenerateOptions gen;
   std::string template_name;   ///< --chat-template
+  std::string template_file;   ///< --chat-template-file
   std::string system_prompt;   ///< -sys
   int n_predict = -1;          ///< -n per reply; -1: until the end of the turn or a full context
-  bool builtin_model = false;  ///< no -m: the built-in model (or $LOOM_MODEL)
 };
 
 int fail(const Status& s) {
@@ -145,12 +145,14 @@ bool read_message(std::string& out) {
 
 class Chat {
  public:
-  Chat(const ChatOptions& o, llm::Context& ctx, const Tokenizer& tok, ChatTemplate tmpl, Sampler& sampler)
+  Chat(const ChatOptions& o, llm::Context& ctx, const Tokenizer& tok, const ChatFormat& tmpl, Sampler& sampler)
       : o_(o), ctx_(ctx), tok_(tok), tmpl_(tmpl), sampler_(sampler) {
     const SpecialTokens& sp = tok.special();
     // The model's own BOS/EOS spellings, so that the tokenizer matches them as special tokens.
     if (sp.bos != kNoToken) render_.bos_token = std::string(tok.token_text(sp.bos));
     if (sp.eos != kNoToken) render_.eos_token = std::string(tok.token_text(sp.eos));
+    // A Jinja template writes the BOS text itself where the model wants it (see tokenize_conversation).
+    render_.add_bos = tmpl.jinja.has_value();
     end_of_turn_ = chat_end_of_turn(tmpl, render_);
     for (TokenId id : {sp.eos, sp.eot, tok.find_token(end_of_turn_)})
       if (id != kNoToken) stop_ids_.insert(id);
@@ -250,7 +252,9 @@ class Chat {
     if (!ids) return ids.status();
     std::vector<int32_t> out;
     const SpecialTokens& sp = tok_.special();
-    if (sp.add_bos && sp.bos != kNoToken) out.push_back(sp.bos);
+    // A leading BOS the template wrote stays (as its id); otherwise the tokenizer's add_bos decides.
+    const bool template_bos = sp.bos != kNoToken && !ids->empty() && ids->front() == sp.bos;
+    if (sp.add_bos && sp.bos != kNoToken && !template_bos) out.push_back(sp.bos);
     out.insert(out.end(), ids->begin(), ids->end());
     return out;
   }
@@ -287,7 +291,7 @@ class Chat {
   const ChatOptions& o_;
   llm::Context& ctx_;
   const Tokenizer& tok_;
-  ChatTemplate tmpl_;
+  const ChatFormat& tmpl_;
   Sampler& sampler_;
   ChatRenderOptions render_;
   std::string end_of_turn_;
@@ -306,23 +310,13 @@ int run_chat(const ChatOptions& o) {
   if (!session) return fail(session.status());
   auto tok = Tokenizer::from_gguf(session->model->gguf());
   if (!tok) return fail(tok.status());
-  std::string template_name = o.template_name;
-  // The built-in model is a plain language model, without a chat template: chatml's markers are
-  // text to it, but the conversation works.
-  if (template_name.empty() && o.builtin_model && !session->model->gguf().has("tokenizer.chat_template")) {
-    template_name = "chatml";
-    fmt::print(
-        stderr,
-        "loom: the built-in model has no chat template; using chatml (--chat-template picks another)\n");
-  }
-  auto tmpl = chat_template_for_model(session->model->gguf(), template_name);
+  auto tmpl = chat_format_for_model(session->model->gguf(), o.template_name, o.template_file);
   if (!tmpl) return fail(tmpl.status());
   auto sampler = make_sampler(o.gen);
   if (!sampler) return fail(sampler.status());
 
   const bool interactive = ::isatty(STDIN_FILENO) != 0;
-  fmt::print(stderr, "loom: chat template {}{}, context {}, backend {}, seed {}{}\n",
-             chat_template_name(*tmpl), template_name.empty() ? " (from the model)" : "",
+  fmt::print(stderr, "loom: chat template {}, context {}, backend {}, seed {}{}\n", tmpl->description,
              session->context->n_ctx(), backend_name, sampler->seed(),
              interactive ? "; /exit quits, /reset starts over, end a line with \\ to go on" : "");
   Chat chat(o, *session->context, *tok, *tmpl, *sampler);
@@ -357,7 +351,10 @@ void add_chat_command(CLI::App& app, std::vector<Command>& out) {
   add_model_flags(*cmd, o->gen);
   cmd->get_option("--model")->description("GGUF model file (default: the built-in Shakespeare model)");
   cmd->add_option("--chat-template", o->template_name,
-                  "Chat template (" + chat_template_names() + "); default: detected from the model");
+                  "Built-in chat template (" + chat_template_names() +
+                      "); default: the model's own Jinja template (tokenizer.chat_template), chatml without one");
+  cmd->add_option("--chat-template-file", o->template_file,
+                  "Jinja chat template file to use instead of the model's");
   cmd->add_option("--system-prompt", o->system_prompt, "System message (-sys)");
   cmd->add_option("-n,--n-predict", o->n_predict, "Most tokens per reply (-1: until the end of the turn)")
       ->check(CLI::Range(-1, 1 << 20));
@@ -366,7 +363,6 @@ void add_chat_command(CLI::App& app, std::vector<Command>& out) {
                    if (!o->gen.model_path.empty()) return run_chat(*o);
                    ChatOptions builtin = *o;
                    if (!use_builtin_model(*cmd, builtin.gen)) return 1;
-                   builtin.builtin_model = true;
                    return run_chat(builtin);
                  }});
 }

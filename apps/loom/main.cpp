@@ -37,6 +37,7 @@ int main(int argc, char** argv) {
   loom::app::add_perplexity_command(app, commands);
   loom::app::add_chat_command(app, commands);
   loom::app::add_bench_command(app, commands);
+  loom::app::add_template_command(app, commands);
   std::vector<const char*> args(argv, argv + argc);
   for (size_t i = 1; i < args.size(); ++i) args[i] = long_spelling(args[i]);
   try {

@@ -1,8 +1,10 @@
 // Chat templates: how a conversation (system, user and assistant messages) becomes the prompt text
-// a chat model was fine-tuned on. Loom does not run the Jinja template a GGUF file carries
-// (`tokenizer.chat_template`); it recognizes the family by distinctive markers in that text and
-// renders the family's format with built-in code. The formats follow each family's reference
-// template (Hugging Face `tokenizer_config.json`), with the conversation
+// a chat model was fine-tuned on. A GGUF file's Jinja template (`tokenizer.chat_template`) is
+// rendered by Loom's interpreter (loom/jinja.h) exactly as transformers renders it: see ChatFormat
+// and chat_format_for_model below. Besides, Loom has built-in formats for the common families
+// (chosen with --chat-template, used where a template does not parse, and chatml as the plain
+// fallback for a file without a template). They follow each family's reference template
+// (Hugging Face `tokenizer_config.json`), with the conversation
 //   system "S", user "U1", assistant "A1", user "U2", add_generation_prompt:
 //
 //   llama2   <s>[INST] <<SYS>>\nS\n<</SYS>>\n\nU1 [/INST] A1 </s><s>[INST] U2 [/INST]
@@ -32,6 +34,7 @@
 #include <string_view>
 
 #include "loom/gguf.h"
+#include "loom/jinja.h"
 #include "loom/status.h"
 
 namespace loom {
@@ -84,5 +87,39 @@ Result<std::string> render_chat(ChatTemplate t, std::span<const ChatMessage> mes
 /// The text that closes an assistant turn: "<|im_end|>", "<|eot_id|>", "<end_of_turn>", or the
 /// EOS text for llama2 and mistral. Generation stops when the model produces it.
 std::string chat_end_of_turn(ChatTemplate t, const ChatRenderOptions& options = {});
+
+/// How a model's conversations become prompt text: its own Jinja template (rendered by Loom's
+/// interpreter as transformers renders it, see loom/jinja.h) or one of the built-in formats.
+struct ChatFormat {
+  /// Set: render with this template. Unset: the built-in `builtin`.
+  std::optional<JinjaTemplate> jinja;
+  /// The built-in format; with a Jinja template, the family its markers suggest (for the end of
+  /// turn), chatml when none.
+  ChatTemplate builtin = ChatTemplate::chatml;
+  /// Whether `builtin` was recognized in (or chosen instead of) the Jinja text.
+  bool family_known = false;
+  /// One line for the user: "jinja (model.gguf: tokenizer.chat_template)", "chatml (--chat-template)".
+  std::string description;
+};
+
+/// The format for a model, in this order: the built-in `override_name` when not empty; the Jinja
+/// template in `template_file` when not empty; the file's `tokenizer.chat_template` rendered by
+/// the interpreter (when it does not parse, the built-in family its markers name, else the parse
+/// error); with no template in the file, the plain fallback chatml (as llama.cpp does), which
+/// the description says.
+Result<ChatFormat> chat_format_for_model(const GgufFile& file, std::string_view override_name,
+                                         const std::string& template_file = {});
+
+/// The prompt text of `messages` in `format`. With a Jinja template, the messages are passed as
+/// transformers passes them (`messages`, `add_generation_prompt`, `bos_token`, `eos_token`, no
+/// tools); `add_bos` false removes a BOS text the template writes first, so that callers that add
+/// the BOS id themselves (see the file comment) do not double it. Template errors (a template that
+/// rejects the conversation with raise_exception) name the template and line.
+Result<std::string> render_chat(const ChatFormat& format, std::span<const ChatMessage> messages,
+                                const ChatRenderOptions& options = {});
+
+/// The text that closes an assistant turn in `format` (the family's, or the EOS text for a Jinja
+/// template of no known family).
+std::string chat_end_of_turn(const ChatFormat& format, const ChatRenderOptions& options = {});
 
 }  // namespace loom

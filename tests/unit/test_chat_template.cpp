@@ -317,6 +317,76 @@ TEST(ChatTemplate, ForModel) {
   }
 }
 
+TEST(ChatTemplate, FormatForModelRendersTheJinjaTemplate) {
+  std::vector<uint8_t> bytes;
+  const std::vector<ChatMessage> conv = {{"system", "S"}, {"user", "U1"}};
+  ChatRenderOptions ro;
+  ro.bos_token = "<s>";
+  ro.eos_token = "</s>";
+  {
+    GgufWriter w;
+    ASSERT_TRUE(w.add_string("tokenizer.chat_template",
+                             "{{ bos_token }}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+                             "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+                    .ok());
+    auto f = parse_kvs(w, bytes);
+    ASSERT_TRUE(f.ok());
+    auto fmt = chat_format_for_model(*f, "");
+    ASSERT_TRUE(fmt.ok()) << fmt.status().to_string();
+    ASSERT_TRUE(fmt->jinja.has_value());
+    EXPECT_NE(fmt->description.find("test.gguf: tokenizer.chat_template"), std::string::npos) << fmt->description;
+    // the template's leading BOS text is removed unless add_bos (the caller adds the id)
+    EXPECT_EQ(*render_chat(*fmt, conv, ro),
+              "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU1<|im_end|>\n<|im_start|>assistant\n");
+    ro.add_bos = true;
+    EXPECT_EQ(render_chat(*fmt, conv, ro)->substr(0, 15), "<s><|im_start|>");
+    EXPECT_EQ(chat_end_of_turn(*fmt, ro), "<|im_end|>");
+    // --chat-template still picks a built-in
+    auto builtin = chat_format_for_model(*f, "llama3");
+    ASSERT_TRUE(builtin.ok());
+    EXPECT_FALSE(builtin->jinja.has_value());
+    EXPECT_EQ(builtin->builtin, ChatTemplate::llama3);
+  }
+  {
+    // a template that rejects the conversation: the error names the template and the line
+    GgufWriter w;
+    ASSERT_TRUE(w.add_string("tokenizer.chat_template",
+                             "{% for m in messages %}\n{% if m.role == 'system' %}{{ raise_exception('no system role') }}"
+                             "{% endif %}{% endfor %}")
+                    .ok());
+    auto f = parse_kvs(w, bytes);
+    ASSERT_TRUE(f.ok());
+    auto fmt = chat_format_for_model(*f, "");
+    ASSERT_TRUE(fmt.ok());
+    auto r = render_chat(*fmt, conv, ro);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().message(), "test.gguf: tokenizer.chat_template: line 2: no system role");
+  }
+  {
+    // no template: the plain fallback, chatml, says so
+    GgufWriter w;
+    ASSERT_TRUE(w.add_u32("general.alignment", 32).ok());
+    auto f = parse_kvs(w, bytes);
+    ASSERT_TRUE(f.ok());
+    auto fmt = chat_format_for_model(*f, "");
+    ASSERT_TRUE(fmt.ok());
+    EXPECT_FALSE(fmt->jinja.has_value());
+    EXPECT_EQ(fmt->builtin, ChatTemplate::chatml);
+    EXPECT_NE(fmt->description.find("fallback"), std::string::npos);
+  }
+  {
+    // a template that does not parse, with known markers: the built-in family
+    GgufWriter w;
+    ASSERT_TRUE(w.add_string("tokenizer.chat_template", "{% for m in messages %}<start_of_turn>{{ m.content }").ok());
+    auto f = parse_kvs(w, bytes);
+    ASSERT_TRUE(f.ok());
+    auto fmt = chat_format_for_model(*f, "");
+    ASSERT_TRUE(fmt.ok()) << fmt.status().to_string();
+    EXPECT_FALSE(fmt->jinja.has_value());
+    EXPECT_EQ(fmt->builtin, ChatTemplate::gemma);
+  }
+}
+
 // `loom chat` streaming: the end-of-turn text spelled across pieces is held back and never printed.
 TEST(ChatStream, StopFilterHoldsBackAndCuts) {
   std::string printed;
