@@ -15,10 +15,6 @@
 
 namespace loom::app {
 
-namespace {
-
-constexpr const char* kBuiltinModelFile = "loom-shakespeare-q8_0.gguf";
-
 // The built-in model ships in the repository's models/ folder: found from $LOOM_MODEL, then next to
 // the program's build or install tree, then in ./models.
 std::optional<std::string> find_builtin_model() {
@@ -37,8 +33,6 @@ std::optional<std::string> find_builtin_model() {
   }
   return std::nullopt;
 }
-
-}  // namespace
 
 void add_run_command(CLI::App& app, std::vector<Command>& out) {
   auto g = std::make_shared<GenerateOptions>();

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "loom/llm.h"
@@ -52,6 +53,11 @@ void add_sampling_flags(CLI::App& cmd, GenerateOptions& o);
 /// on the GPU, the rest on the CPU (backend_name "cuda+cpu"). Without a usable GPU, -ngl > 0 notes
 /// that on stderr and runs everything on the CPU (gpu_if_usable: silently); --backend cuda fails.
 Result<llm::Session> open_generate_session(const GenerateOptions& o, std::string& backend_name);
+/// The built-in model's file name (in the repository's models/ folder).
+inline constexpr const char* kBuiltinModelFile = "loom-shakespeare-q8_0.gguf";
+/// The built-in model: $LOOM_MODEL, else models/kBuiltinModelFile next to the program's build or
+/// install tree, else in ./models; nullopt when none is there.
+std::optional<std::string> find_builtin_model();
 /// The sampler chain of `o`'s sampling flags.
 Result<Sampler> make_sampler(const GenerateOptions& o);
 
