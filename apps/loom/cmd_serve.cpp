@@ -11,8 +11,8 @@
 #include <sstream>
 #include <thread>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include "commands.h"
 #include "generate.h"
@@ -45,8 +45,10 @@ Result<serve::ChatFormat> format_from_file(const std::string& path, const Tokeni
   std::ostringstream ss;
   ss << f.rdbuf();
   if (auto t = detect_chat_template(ss.str())) {
-    fmt::print(stderr, "loom: {}: served with the built-in {} format (the Jinja interpreter is not in this build yet)\n",
-               path, chat_template_name(*t));
+    fmt::print(
+        stderr,
+        "loom: {}: served with the built-in {} format (the Jinja interpreter is not in this build yet)\n",
+        path, chat_template_name(*t));
     return serve::builtin_chat_format(*t, tok);
   }
   return make_error(StatusCode::unsupported,
@@ -60,7 +62,8 @@ int run_serve(ServeOptions o) {
   if (!o.template_name.empty() && o.template_name != "plain")
     if (auto t = chat_template_from_name(o.template_name); !t) return fail(t.status());
   if (!o.template_name.empty() && !o.template_file.empty())
-    return fail(make_error(StatusCode::invalid_argument, "--chat-template and --chat-template-file exclude each other"));
+    return fail(make_error(StatusCode::invalid_argument,
+                           "--chat-template and --chat-template-file exclude each other"));
   o.server.timeout = std::chrono::seconds(o.timeout_s);
 
   // SIGINT and SIGTERM go to one thread that stops the server (blocked everywhere else, so every
@@ -87,7 +90,8 @@ int run_serve(ServeOptions o) {
   });
   auto finish = [&](int rc) {
     srv.stop();
-    ::kill(::getpid(), SIGUSR1);  // wakes sigwait if no signal did (blocked everywhere: only sigwait takes it)
+    ::kill(::getpid(),
+           SIGUSR1);  // wakes sigwait if no signal did (blocked everywhere: only sigwait takes it)
     signal_thread.join();
     return rc;
   };
@@ -106,8 +110,9 @@ int run_serve(ServeOptions o) {
   const int n_ctx = session->context->n_ctx();
   const std::string format_name = format->name;
   if (Status s = srv.attach(std::move(*session), std::move(*format)); !s.ok()) return finish(fail(s));
-  fmt::print(stderr, "loom: serving on http://{}:{}: {} slots of {} tokens, queue {}, chat format {}, backend {}\n",
-             o.server.host, srv.port(), o.server.n_parallel, n_ctx, o.server.queue_size, format_name, backend_name);
+  fmt::print(
+      stderr, "loom: serving on http://{}:{}: {} slots of {} tokens, queue {}, chat format {}, backend {}\n",
+      o.server.host, srv.port(), o.server.n_parallel, n_ctx, o.server.queue_size, format_name, backend_name);
   srv.wait();
   return finish(0);
 }
@@ -117,8 +122,9 @@ int run_serve(ServeOptions o) {
 void add_serve_command(CLI::App& app, std::vector<Command>& out) {
   auto o = std::make_shared<ServeOptions>();
   auto* cmd = app.add_subcommand(
-      "serve", "OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions, a chat page at / "
-               "(-m; default: the built-in Shakespeare model)");
+      "serve",
+      "OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions, a chat page at / "
+      "(-m; default: the built-in Shakespeare model)");
   add_model_flags(*cmd, o->gen);
   add_sampling_flags(*cmd, o->gen);
   cmd->add_option("--host", o->server.host, "Address to listen on")->capture_default_str();
@@ -151,8 +157,9 @@ void add_serve_command(CLI::App& app, std::vector<Command>& out) {
                    if (opts.gen.model_path.empty()) {
                      auto path = find_builtin_model();
                      if (!path) {
-                       fmt::print(stderr, "loom: no model given (-m FILE) and the built-in model (models/{}) was not "
-                                          "found next to the program; set LOOM_MODEL=FILE or pass -m FILE\n",
+                       fmt::print(stderr,
+                                  "loom: no model given (-m FILE) and the built-in model (models/{}) was not "
+                                  "found next to the program; set LOOM_MODEL=FILE or pass -m FILE\n",
                                   kBuiltinModelFile);
                        return 1;
                      }

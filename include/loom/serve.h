@@ -57,26 +57,26 @@ Result<ChatFormat> chat_format_for_model(const GgufFile& file, const Tokenizer& 
 /// Server settings; the defaults are `loom serve`'s.
 struct ServerOptions {
   std::string host = "127.0.0.1";
-  int port = 8080;           ///< 0: a free port, chosen when binding (Server::port)
-  int n_parallel = 1;        ///< slots: requests generated at the same time
-  int queue_size = 64;       ///< requests that may wait for a slot; more get 429
-  std::string api_key;       ///< "": no authentication; else `Authorization: Bearer KEY` is required
+  int port = 8080;                    ///< 0: a free port, chosen when binding (Server::port)
+  int n_parallel = 1;                 ///< slots: requests generated at the same time
+  int queue_size = 64;                ///< requests that may wait for a slot; more get 429
+  std::string api_key;                ///< "": no authentication; else `Authorization: Bearer KEY` is required
   std::chrono::seconds timeout{600};  ///< per request, queue wait included
-  std::string model_name;    ///< the id /v1/models lists (default: the file's name)
-  SamplerParams sampling;    ///< what a request that names no sampling parameter gets
-  int n_http_threads = 0;    ///< 0: n_parallel + queue_size + 8 (a waiting stream holds a thread)
-  size_t max_body_bytes = 8u << 20;  ///< larger requests get 413
-  bool log_requests = false;  ///< one stderr line per request
+  std::string model_name;             ///< the id /v1/models lists (default: the file's name)
+  SamplerParams sampling;             ///< what a request that names no sampling parameter gets
+  int n_http_threads = 0;             ///< 0: n_parallel + queue_size + 8 (a waiting stream holds a thread)
+  size_t max_body_bytes = 8u << 20;   ///< larger requests get 413
+  bool log_requests = false;          ///< one stderr line per request
 };
 
 /// Counters the tests and /metrics read.
 struct ServerStats {
-  int queue_depth = 0;           ///< requests waiting for a slot
-  int active_slots = 0;          ///< slots generating
+  int queue_depth = 0;   ///< requests waiting for a slot
+  int active_slots = 0;  ///< slots generating
   int n_slots = 0;
-  uint64_t requests_finished = 0;  ///< generation requests completed (any reason)
-  uint64_t requests_cancelled = 0; ///< of which stopped because the client went away
-  uint64_t prompt_tokens = 0;      ///< prompt tokens of finished requests
+  uint64_t requests_finished = 0;     ///< generation requests completed (any reason)
+  uint64_t requests_cancelled = 0;    ///< of which stopped because the client went away
+  uint64_t prompt_tokens = 0;         ///< prompt tokens of finished requests
   uint64_t prompt_tokens_cached = 0;  ///< of which were already in the slot's KV cache
   uint64_t generated_tokens = 0;
 };

@@ -13,11 +13,16 @@ namespace {
 
 const char* error_type(int status) {
   switch (status) {
-    case 401: return "authentication_error";
-    case 404: return "not_found_error";
-    case 429: return "rate_limit_error";
-    case 503: return "unavailable_error";
-    default: return status >= 500 ? "server_error" : "invalid_request_error";
+    case 401:
+      return "authentication_error";
+    case 404:
+      return "not_found_error";
+    case 429:
+      return "rate_limit_error";
+    case 503:
+      return "unavailable_error";
+    default:
+      return status >= 500 ? "server_error" : "invalid_request_error";
   }
 }
 
@@ -69,14 +74,16 @@ bool get<int64_t>(const json& body, const std::string& key, int64_t& out) {
 double get_range(const json& body, const std::string& key, double lo, double hi, double fallback) {
   double v = fallback;
   if (get(body, key, v) && (v < lo || v > hi))
-    throw ApiError(400, fmt::format("'{}' is {}; it must lie in [{}, {}]", key, v, lo, hi), key, "invalid_value");
+    throw ApiError(400, fmt::format("'{}' is {}; it must lie in [{}, {}]", key, v, lo, hi), key,
+                   "invalid_value");
   return v;
 }
 
 int64_t get_int_range(const json& body, const std::string& key, int64_t lo, int64_t hi, int64_t fallback) {
   int64_t v = fallback;
   if (get(body, key, v) && (v < lo || v > hi))
-    throw ApiError(400, fmt::format("'{}' is {}; it must lie in [{}, {}]", key, v, lo, hi), key, "invalid_value");
+    throw ApiError(400, fmt::format("'{}' is {}; it must lie in [{}, {}]", key, v, lo, hi), key,
+                   "invalid_value");
   return v;
 }
 
@@ -93,7 +100,8 @@ std::string text_of_content(const json& content, const std::string& param) {
     if (type == part.end() || !type->is_string() || *type != "text")
       throw ApiError(400, fmt::format("'{}': only content parts of type \"text\" are supported", p), p);
     auto text = part.find("text");
-    if (text == part.end() || !text->is_string()) bad_type(p + ".text", "a string", text == part.end() ? json() : *text);
+    if (text == part.end() || !text->is_string())
+      bad_type(p + ".text", "a string", text == part.end() ? json() : *text);
     out += text->get<std::string>();
   }
   return out;
@@ -107,7 +115,10 @@ void check_utf8(const std::string& s, const std::string& param) {
 }  // namespace
 
 ApiError::ApiError(int status_, std::string message_, std::string param_, std::string code_)
-    : status(status_), message(std::move(message_)), type(error_type(status_)), param(std::move(param_)),
+    : status(status_),
+      message(std::move(message_)),
+      type(error_type(status_)),
+      param(std::move(param_)),
       code(std::move(code_)) {}
 
 json ApiError::body() const {
@@ -187,10 +198,12 @@ GenerationParams parse_generation(const json& body, Endpoint endpoint, const Sam
   s.top_p = static_cast<float>(get_range(body, "top_p", 0.0, 1.0, defaults.top_p));
   s.min_p = static_cast<float>(get_range(body, "min_p", 0.0, 1.0, defaults.min_p));
   s.top_k = static_cast<int32_t>(get_int_range(body, "top_k", 0, 1 << 30, defaults.top_k));
-  s.penalties.presence = static_cast<float>(get_range(body, "presence_penalty", -2.0, 2.0, defaults.penalties.presence));
+  s.penalties.presence =
+      static_cast<float>(get_range(body, "presence_penalty", -2.0, 2.0, defaults.penalties.presence));
   s.penalties.frequency =
       static_cast<float>(get_range(body, "frequency_penalty", -2.0, 2.0, defaults.penalties.frequency));
-  s.penalties.repeat = static_cast<float>(get_range(body, "repeat_penalty", 0.0, 10.0, defaults.penalties.repeat));
+  s.penalties.repeat =
+      static_cast<float>(get_range(body, "repeat_penalty", 0.0, 10.0, defaults.penalties.repeat));
   int64_t seed = -1;
   if (get(body, "seed", seed)) s.seed = static_cast<uint32_t>(seed);  // any integer: its low 32 bits
   // max_completion_tokens is the newer name; both accepted, the newer wins.
@@ -199,9 +212,11 @@ GenerationParams parse_generation(const json& body, Endpoint endpoint, const Sam
   get(body, "max_completion_tokens", max_tokens);
   if (body.contains("max_tokens") || body.contains("max_completion_tokens")) {
     const char* key = body.contains("max_completion_tokens") && !body["max_completion_tokens"].is_null()
-                          ? "max_completion_tokens" : "max_tokens";
+                          ? "max_completion_tokens"
+                          : "max_tokens";
     if (max_tokens != -1 && (max_tokens < 0 || max_tokens > (1 << 24)))
-      throw ApiError(400, fmt::format("'{}' is {}; it must be at least 0", key, max_tokens), key, "invalid_value");
+      throw ApiError(400, fmt::format("'{}' is {}; it must be at least 0", key, max_tokens), key,
+                     "invalid_value");
   }
   p.max_tokens = static_cast<int>(max_tokens);
 
@@ -259,13 +274,17 @@ json chat_logprob(const Tokenizer& tok, const TokenLogprob& lp) {
   json top = json::array();
   for (const auto& [id, l] : lp.top)
     top.push_back({{"token", token_text(tok, id)}, {"logprob", l}, {"bytes", bytes_of(tok, id)}});
-  return {{"token", token_text(tok, lp.id)}, {"logprob", lp.logprob}, {"bytes", bytes_of(tok, lp.id)},
+  return {{"token", token_text(tok, lp.id)},
+          {"logprob", lp.logprob},
+          {"bytes", bytes_of(tok, lp.id)},
           {"top_logprobs", top}};
 }
 
 void add_completion_logprob(json& logprobs, const Tokenizer& tok, const TokenLogprob& lp, size_t offset) {
   if (logprobs.is_null())
-    logprobs = {{"tokens", json::array()}, {"token_logprobs", json::array()}, {"top_logprobs", json::array()},
+    logprobs = {{"tokens", json::array()},
+                {"token_logprobs", json::array()},
+                {"top_logprobs", json::array()},
                 {"text_offset", json::array()}};
   logprobs["tokens"].push_back(token_text(tok, lp.id));
   logprobs["token_logprobs"].push_back(lp.logprob);

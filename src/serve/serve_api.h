@@ -38,10 +38,10 @@ struct GenerationParams {
   Endpoint endpoint = Endpoint::chat;
   std::string model;
   bool stream = false;
-  bool include_usage = false;  ///< stream_options.include_usage
-  std::vector<ChatMessage> messages;  ///< chat
-  std::string prompt_text;            ///< completion with a text prompt
-  std::vector<int32_t> prompt_tokens; ///< completion with a token prompt
+  bool include_usage = false;          ///< stream_options.include_usage
+  std::vector<ChatMessage> messages;   ///< chat
+  std::string prompt_text;             ///< completion with a text prompt
+  std::vector<int32_t> prompt_tokens;  ///< completion with a token prompt
   bool prompt_is_tokens = false;
   SamplerParams sampling;
   int max_tokens = -1;

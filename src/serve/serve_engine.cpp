@@ -13,11 +13,16 @@ namespace loom::serve {
 
 const char* finish_reason_name(FinishReason r) {
   switch (r) {
-    case FinishReason::stop: return "stop";
-    case FinishReason::length: return "length";
-    case FinishReason::cancelled: return "cancelled";
-    case FinishReason::timeout: return "timeout";
-    case FinishReason::error: return "error";
+    case FinishReason::stop:
+      return "stop";
+    case FinishReason::length:
+      return "length";
+    case FinishReason::cancelled:
+      return "cancelled";
+    case FinishReason::timeout:
+      return "timeout";
+    case FinishReason::error:
+      return "error";
   }
   return "error";
 }
@@ -53,22 +58,23 @@ struct Engine::Slot {
   std::optional<Sampler> sampler;
   std::vector<int32_t> tokens;  // prompt and generated tokens: the penalties' history
   size_t n_prompt = 0;
-  size_t n_cached = 0;      // prompt tokens reused from the cache
+  size_t n_cached = 0;  // prompt tokens reused from the cache
   bool prefilled = false;
   std::span<const float> logits;  // of the last decoded token; valid until this slot's next decode
   int n_generated = 0;
   std::unique_ptr<StopFilter> stop_filter;
   Utf8Joiner utf8;
-  std::string out_text;     // what the stop filter passed on during the current token
+  std::string out_text;  // what the stop filter passed on during the current token
   Clock::time_point last_token;
 };
 
 Result<std::unique_ptr<Engine>> Engine::create(llm::Session session, const Tokenizer& tok,
-                                               std::set<int32_t> stop_ids, int n_parallel,
-                                               int queue_size, Metrics& metrics) {
+                                               std::set<int32_t> stop_ids, int n_parallel, int queue_size,
+                                               Metrics& metrics) {
   if (!session.model || !session.context)
     return make_error(StatusCode::invalid_argument, "serve: the session has no model or context");
-  if (n_parallel < 1) return make_error(StatusCode::invalid_argument, "serve: --parallel {} (at least 1)", n_parallel);
+  if (n_parallel < 1)
+    return make_error(StatusCode::invalid_argument, "serve: --parallel {} (at least 1)", n_parallel);
   std::unique_ptr<Engine> e(new Engine(std::move(session), tok, std::move(stop_ids), queue_size, metrics));
   llm::ContextParams cp;
   cp.n_ctx = e->session_.context->n_ctx();
@@ -94,7 +100,10 @@ Result<std::unique_ptr<Engine>> Engine::create(llm::Session session, const Token
 
 Engine::Engine(llm::Session session, const Tokenizer& tok, std::set<int32_t> stop_ids, int queue_size,
                Metrics& metrics)
-    : session_(std::move(session)), tok_(tok), stop_ids_(std::move(stop_ids)), queue_size_(queue_size),
+    : session_(std::move(session)),
+      tok_(tok),
+      stop_ids_(std::move(stop_ids)),
+      queue_size_(queue_size),
       metrics_(metrics) {}
 
 Engine::~Engine() {
@@ -326,7 +335,8 @@ void Engine::generate(Slot& s) {
   if (stopped) return finish(s, FinishReason::stop);
   if (req.max_tokens >= 0 && s.n_generated >= req.max_tokens) return finish(s, FinishReason::length);
   if (s.cached.size() >= static_cast<size_t>(n_ctx_)) return finish(s, FinishReason::length);
-  auto logits = s.ctx->decode(std::span<const int32_t>(&s.tokens.back(), 1), static_cast<int>(s.cached.size()));
+  auto logits =
+      s.ctx->decode(std::span<const int32_t>(&s.tokens.back(), 1), static_cast<int>(s.cached.size()));
   if (!logits) {
     fail_cache(s);
     return finish(s, FinishReason::error, logits.status().to_string());
@@ -353,7 +363,8 @@ void Engine::finish(Slot& s, FinishReason reason, std::string error) {
   metrics_.prompt_tokens.fetch_add(s.n_prompt);
   metrics_.prompt_tokens_cached.fetch_add(s.n_cached);
   metrics_.generated_tokens.fetch_add(static_cast<uint64_t>(s.n_generated));
-  metrics_.request_duration.observe(std::chrono::duration<double>(Clock::now() - s.task->submitted()).count());
+  metrics_.request_duration.observe(
+      std::chrono::duration<double>(Clock::now() - s.task->submitted()).count());
   auto task = std::move(s.task);
   {
     std::lock_guard lock(mu_);

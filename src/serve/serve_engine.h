@@ -49,13 +49,13 @@ const char* finish_reason_name(FinishReason r);
 /// What the engine tells a request's handler. A request's events end with one `done`.
 struct StreamEvent {
   enum class Kind { delta, done } kind = Kind::delta;
-  std::string text;                      ///< delta: new text, whole UTF-8 characters (may be empty)
-  std::optional<TokenLogprob> logprob;   ///< delta: the token's, when asked for
+  std::string text;                          ///< delta: new text, whole UTF-8 characters (may be empty)
+  std::optional<TokenLogprob> logprob;       ///< delta: the token's, when asked for
   FinishReason finish = FinishReason::stop;  ///< done
-  std::string error;                     ///< done with FinishReason::error or timeout: why
-  int n_prompt = 0;                      ///< done: usage
-  int n_cached = 0;                      ///< done: prompt tokens found in the slot's cache
-  int n_generated = 0;                   ///< done: usage
+  std::string error;                         ///< done with FinishReason::error or timeout: why
+  int n_prompt = 0;                          ///< done: usage
+  int n_cached = 0;                          ///< done: prompt tokens found in the slot's cache
+  int n_generated = 0;                       ///< done: usage
 };
 
 /// A submitted request: the engine pushes events, the handler pops them; either side may end it.
@@ -90,8 +90,8 @@ class Engine {
  public:
   /// Takes the session's context as slot 0 and creates n_parallel - 1 more like it.
   static Result<std::unique_ptr<Engine>> create(llm::Session session, const Tokenizer& tok,
-                                                std::set<int32_t> stop_ids, int n_parallel,
-                                                int queue_size, Metrics& metrics);
+                                                std::set<int32_t> stop_ids, int n_parallel, int queue_size,
+                                                Metrics& metrics);
   ~Engine();
 
   /// Queues a request; nullptr when the queue is full.

@@ -28,9 +28,9 @@ class Histogram {
 
 /// Everything /metrics reports that is counted as it happens (gauges are read when asked).
 struct Metrics {
-  std::atomic<uint64_t> http_requests{0};        ///< every HTTP request
+  std::atomic<uint64_t> http_requests{0};            ///< every HTTP request
   std::array<std::atomic<uint64_t>, 6> responses{};  ///< by status class: 1xx..5xx (index 1..5)
-  std::atomic<uint64_t> requests_rejected{0};    ///< 429: queue full
+  std::atomic<uint64_t> requests_rejected{0};        ///< 429: queue full
   std::atomic<uint64_t> requests_finished{0};
   std::atomic<uint64_t> requests_cancelled{0};
   std::atomic<uint64_t> requests_timed_out{0};

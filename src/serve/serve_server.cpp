@@ -118,8 +118,9 @@ std::vector<int32_t> ServerImpl::prompt_tokens(const GenerationParams& p) const 
   if (p.prompt_is_tokens) {
     for (int32_t id : p.prompt_tokens)
       if (id < 0 || id >= tok->n_tokens())
-        throw ApiError(400, fmt::format("'prompt': token id {} is outside the vocabulary [0, {})", id, tok->n_tokens()),
-                       "prompt");
+        throw ApiError(
+            400, fmt::format("'prompt': token id {} is outside the vocabulary [0, {})", id, tok->n_tokens()),
+            "prompt");
     return p.prompt_tokens;
   }
   std::string text = p.prompt_text;
@@ -144,11 +145,12 @@ void ServerImpl::handle_generation(const httplib::Request& req, httplib::Respons
   gen.prompt = prompt_tokens(p);
   if (gen.prompt.empty()) throw ApiError(400, "the prompt has no tokens", "prompt");
   if (static_cast<int>(gen.prompt.size()) >= eng.n_ctx())
-    throw ApiError(400,
-                   fmt::format("This model's maximum context length is {} tokens; the prompt has {} tokens, which "
-                               "leaves no room to generate",
-                               eng.n_ctx(), gen.prompt.size()),
-                   endpoint == Endpoint::chat ? "messages" : "prompt", "context_length_exceeded");
+    throw ApiError(
+        400,
+        fmt::format("This model's maximum context length is {} tokens; the prompt has {} tokens, which "
+                    "leaves no room to generate",
+                    eng.n_ctx(), gen.prompt.size()),
+        endpoint == Endpoint::chat ? "messages" : "prompt", "context_length_exceeded");
   gen.sampling = p.sampling;
   gen.max_tokens = p.max_tokens;
   gen.stop = p.stop;
@@ -180,8 +182,10 @@ void ServerImpl::handle_generation(const httplib::Request& req, httplib::Respons
       task->pop(events, std::chrono::milliseconds(500));
       for (auto& e : events) {
         if (e.logprob) {
-          if (chat) logprobs["content"].push_back(chat_logprob(tk, *e.logprob));
-          else add_completion_logprob(logprobs, tk, *e.logprob, text.size());
+          if (chat)
+            logprobs["content"].push_back(chat_logprob(tk, *e.logprob));
+          else
+            add_completion_logprob(logprobs, tk, *e.logprob, text.size());
         }
         text += e.text;
         if (e.kind == StreamEvent::Kind::done) {
@@ -191,11 +195,14 @@ void ServerImpl::handle_generation(const httplib::Request& req, httplib::Respons
       }
     }
     if (done.finish == FinishReason::error) throw ApiError(500, done.error);
-    if (done.finish == FinishReason::timeout && done.n_generated == 0) throw ApiError(503, done.error, "", "timeout");
+    if (done.finish == FinishReason::timeout && done.n_generated == 0)
+      throw ApiError(503, done.error, "", "timeout");
     const char* reason = done.finish == FinishReason::stop ? "stop" : "length";
     json choice = {{"index", 0}, {"logprobs", logprobs}, {"finish_reason", reason}};
-    if (chat) choice["message"] = {{"role", "assistant"}, {"content", text}};
-    else choice["text"] = text;
+    if (chat)
+      choice["message"] = {{"role", "assistant"}, {"content", text}};
+    else
+      choice["text"] = text;
     send_json(res, {{"id", meta.id},
                     {"object", object},
                     {"created", meta.created},
@@ -221,8 +228,8 @@ void ServerImpl::handle_generation(const httplib::Request& req, httplib::Respons
   res.set_header("X-Accel-Buffering", "no");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [task, state, meta, chat, chunk_object, include_usage, want_logprobs, &tk](size_t,
-                                                                               httplib::DataSink& sink) -> bool {
+      [task, state, meta, chat, chunk_object, include_usage, want_logprobs, &tk](
+          size_t, httplib::DataSink& sink) -> bool {
         auto write = [&](const std::string& s) {
           state->last_write = std::chrono::steady_clock::now();
           if (!sink.write(s.data(), s.size())) {
@@ -232,13 +239,18 @@ void ServerImpl::handle_generation(const httplib::Request& req, httplib::Respons
           return true;
         };
         auto chunk = [&](json choice) {
-          return json{{"id", meta.id},     {"object", chunk_object}, {"created", meta.created},
-                      {"model", meta.model}, {"system_fingerprint", "loom"},
+          return json{{"id", meta.id},
+                      {"object", chunk_object},
+                      {"created", meta.created},
+                      {"model", meta.model},
+                      {"system_fingerprint", "loom"},
                       {"choices", json::array({std::move(choice)})}};
         };
         if (chat && !state->sent_role) {
           state->sent_role = true;
-          json choice = {{"index", 0}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr},
+          json choice = {{"index", 0},
+                         {"delta", {{"role", "assistant"}, {"content", ""}}},
+                         {"logprobs", nullptr},
                          {"finish_reason", nullptr}};
           if (!write(sse(chunk(choice)))) return false;
         }
@@ -255,7 +267,8 @@ void ServerImpl::handle_generation(const httplib::Request& req, httplib::Respons
             json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
             if (chat) {
               choice["delta"] = {{"content", e.text}};
-              if (want_logprobs && e.logprob) choice["logprobs"] = {{"content", json::array({chat_logprob(tk, *e.logprob)})}};
+              if (want_logprobs && e.logprob)
+                choice["logprobs"] = {{"content", json::array({chat_logprob(tk, *e.logprob)})}};
             } else {
               choice["text"] = e.text;
               if (want_logprobs && e.logprob) {
@@ -274,8 +287,10 @@ void ServerImpl::handle_generation(const httplib::Request& req, httplib::Respons
           } else {
             const char* reason = e.finish == FinishReason::stop ? "stop" : "length";
             json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", reason}};
-            if (chat) choice["delta"] = json::object();
-            else choice["text"] = "";
+            if (chat)
+              choice["delta"] = json::object();
+            else
+              choice["text"] = "";
             if (!write(sse(chunk(choice)))) return false;
             if (include_usage) {
               json u = chunk(nullptr);
@@ -301,14 +316,20 @@ std::string ServerImpl::metrics_text() const {
   auto gauge = [&](const char* name, const char* help, double v) {
     out += fmt::format("# HELP {} {}\n# TYPE {} gauge\n{} {}\n", name, help, name, name, v);
   };
-  out += "# HELP loom_http_responses_total HTTP responses by status class.\n# TYPE loom_http_responses_total counter\n";
+  out +=
+      "# HELP loom_http_responses_total HTTP responses by status class.\n# TYPE loom_http_responses_total "
+      "counter\n";
   for (int c = 1; c <= 5; ++c)
-    out += fmt::format("loom_http_responses_total{{code=\"{}xx\"}} {}\n", c, metrics.responses[static_cast<size_t>(c)].load());
-  counter("loom_requests_total", "Generation requests finished (any reason).", metrics.requests_finished.load());
+    out += fmt::format("loom_http_responses_total{{code=\"{}xx\"}} {}\n", c,
+                       metrics.responses[static_cast<size_t>(c)].load());
+  counter("loom_requests_total", "Generation requests finished (any reason).",
+          metrics.requests_finished.load());
   counter("loom_requests_cancelled_total", "Generation requests stopped because the client went away.",
           metrics.requests_cancelled.load());
-  counter("loom_requests_timed_out_total", "Generation requests that ran out of time.", metrics.requests_timed_out.load());
-  counter("loom_requests_rejected_total", "Generation requests answered 429 (queue full).", metrics.requests_rejected.load());
+  counter("loom_requests_timed_out_total", "Generation requests that ran out of time.",
+          metrics.requests_timed_out.load());
+  counter("loom_requests_rejected_total", "Generation requests answered 429 (queue full).",
+          metrics.requests_rejected.load());
   counter("loom_prompt_tokens_total", "Prompt tokens of finished requests.", metrics.prompt_tokens.load());
   counter("loom_prompt_tokens_cached_total", "Prompt tokens found in a slot's KV cache (not decoded again).",
           metrics.prompt_tokens_cached.load());
@@ -328,7 +349,8 @@ std::string ServerImpl::metrics_text() const {
   out += metrics.time_to_first_token.format("loom_time_to_first_token_seconds",
                                             "From a request's arrival to its first generated token.");
   out += metrics.inter_token.format("loom_inter_token_seconds", "Between consecutive tokens of one request.");
-  out += metrics.request_duration.format("loom_request_duration_seconds", "From a request's arrival to its end.");
+  out += metrics.request_duration.format("loom_request_duration_seconds",
+                                         "From a request's arrival to its end.");
   return out;
 }
 
@@ -345,7 +367,8 @@ void ServerImpl::routes() {
     const bool open_path = req.path == "/" || req.path == "/health" || req.path == "/index.html";
     if (!options.api_key.empty() && !open_path &&
         req.get_header_value("Authorization") != "Bearer " + options.api_key) {
-      send_error(res, ApiError(401, "invalid or missing API key (Authorization: Bearer KEY)", "", "invalid_api_key"));
+      send_error(res, ApiError(401, "invalid or missing API key (Authorization: Bearer KEY)", "",
+                               "invalid_api_key"));
       return httplib::Server::HandlerResponse::Handled;
     }
     return httplib::Server::HandlerResponse::Unhandled;
@@ -356,7 +379,8 @@ void ServerImpl::routes() {
   http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
     if (res.status == 404)
-      send_error(res, ApiError(404, fmt::format("no route for {} {}", req.method, req.path), "", "not_found"));
+      send_error(res,
+                 ApiError(404, fmt::format("no route for {} {}", req.method, req.path), "", "not_found"));
     else if (res.status == 413)
       send_error(res, ApiError(413, "the request body is too large", "", "payload_too_large"));
     else
@@ -367,12 +391,12 @@ void ServerImpl::routes() {
   });
 
   http.Get("/", guarded([](const httplib::Request&, httplib::Response& res) {
-    res.set_content(chat_page_html(), "text/html; charset=utf-8");
-  }));
+             res.set_content(chat_page_html(), "text/html; charset=utf-8");
+           }));
   http.Get("/health", guarded([this](const httplib::Request&, httplib::Response& res) {
-    if (!ready.load()) throw ApiError(503, "the model is loading", "", "model_loading");
-    send_json(res, {{"status", "ok"}});
-  }));
+             if (!ready.load()) throw ApiError(503, "the model is loading", "", "model_loading");
+             send_json(res, {{"status", "ok"}});
+           }));
   auto models = guarded([this](const httplib::Request&, httplib::Response& res) {
     Engine& eng = ready_engine();
     const llm::HParams& hp = eng.model().hparams();
@@ -401,70 +425,81 @@ void ServerImpl::routes() {
   http.Post("/v1/completions", completions);
   http.Post("/completions", completions);
   http.Post("/tokenize", guarded([this](const httplib::Request& req, httplib::Response& res) {
-    const json body = parse_body(req);
-    ready_engine();
-    auto it = body.find("content");
-    if (it == body.end() || !it->is_string())
-      throw ApiError(400, "'content' must be a string", "content", it == body.end() ? "missing" : "invalid_type");
-    bool add_special = false, with_pieces = false;
-    if (auto a = body.find("add_special"); a != body.end() && !a->is_null()) {
-      if (!a->is_boolean()) throw ApiError(400, "'add_special' must be a boolean", "add_special", "invalid_type");
-      add_special = a->get<bool>();
-    }
-    if (auto w = body.find("with_pieces"); w != body.end() && !w->is_null()) {
-      if (!w->is_boolean()) throw ApiError(400, "'with_pieces' must be a boolean", "with_pieces", "invalid_type");
-      with_pieces = w->get<bool>();
-    }
-    const std::string content = it->get<std::string>();
-    auto ids = tok->encode(content, false, /*parse_special=*/true);
-    if (!ids) throw ApiError(400, ids.status().message(), "content");
-    std::vector<int32_t> out;
-    const SpecialTokens& sp = tok->special();
-    if (add_special && sp.add_bos && sp.bos != kNoToken) out.push_back(sp.bos);
-    out.insert(out.end(), ids->begin(), ids->end());
-    json tokens = json::array();
-    for (int32_t id : out) {
-      if (with_pieces) tokens.push_back({{"id", id}, {"piece", token_text(*tok, id)}});
-      else tokens.push_back(id);
-    }
-    send_json(res, {{"tokens", tokens}});
-  }));
+              const json body = parse_body(req);
+              ready_engine();
+              auto it = body.find("content");
+              if (it == body.end() || !it->is_string())
+                throw ApiError(400, "'content' must be a string", "content",
+                               it == body.end() ? "missing" : "invalid_type");
+              bool add_special = false, with_pieces = false;
+              if (auto a = body.find("add_special"); a != body.end() && !a->is_null()) {
+                if (!a->is_boolean())
+                  throw ApiError(400, "'add_special' must be a boolean", "add_special", "invalid_type");
+                add_special = a->get<bool>();
+              }
+              if (auto w = body.find("with_pieces"); w != body.end() && !w->is_null()) {
+                if (!w->is_boolean())
+                  throw ApiError(400, "'with_pieces' must be a boolean", "with_pieces", "invalid_type");
+                with_pieces = w->get<bool>();
+              }
+              const std::string content = it->get<std::string>();
+              auto ids = tok->encode(content, false, /*parse_special=*/true);
+              if (!ids) throw ApiError(400, ids.status().message(), "content");
+              std::vector<int32_t> out;
+              const SpecialTokens& sp = tok->special();
+              if (add_special && sp.add_bos && sp.bos != kNoToken) out.push_back(sp.bos);
+              out.insert(out.end(), ids->begin(), ids->end());
+              json tokens = json::array();
+              for (int32_t id : out) {
+                if (with_pieces)
+                  tokens.push_back({{"id", id}, {"piece", token_text(*tok, id)}});
+                else
+                  tokens.push_back(id);
+              }
+              send_json(res, {{"tokens", tokens}});
+            }));
   http.Post("/detokenize", guarded([this](const httplib::Request& req, httplib::Response& res) {
-    const json body = parse_body(req);
-    ready_engine();
-    auto it = body.find("tokens");
-    if (it == body.end() || !it->is_array())
-      throw ApiError(400, "'tokens' must be an array of token ids", "tokens", it == body.end() ? "missing" : "invalid_type");
-    std::vector<int32_t> ids;
-    for (const json& t : *it) {
-      if (!t.is_number_integer()) throw ApiError(400, "'tokens' must be an array of token ids", "tokens", "invalid_type");
-      const int64_t id = t.get<int64_t>();
-      if (id < 0 || id >= tok->n_tokens())
-        throw ApiError(400, fmt::format("'tokens': id {} is outside the vocabulary [0, {})", id, tok->n_tokens()), "tokens");
-      ids.push_back(static_cast<int32_t>(id));
-    }
-    auto text = tok->decode(ids);
-    if (!text) throw ApiError(400, text.status().message(), "tokens");
-    send_json(res, {{"content", to_valid_utf8(*text)}});
-  }));
+              const json body = parse_body(req);
+              ready_engine();
+              auto it = body.find("tokens");
+              if (it == body.end() || !it->is_array())
+                throw ApiError(400, "'tokens' must be an array of token ids", "tokens",
+                               it == body.end() ? "missing" : "invalid_type");
+              std::vector<int32_t> ids;
+              for (const json& t : *it) {
+                if (!t.is_number_integer())
+                  throw ApiError(400, "'tokens' must be an array of token ids", "tokens", "invalid_type");
+                const int64_t id = t.get<int64_t>();
+                if (id < 0 || id >= tok->n_tokens())
+                  throw ApiError(
+                      400,
+                      fmt::format("'tokens': id {} is outside the vocabulary [0, {})", id, tok->n_tokens()),
+                      "tokens");
+                ids.push_back(static_cast<int32_t>(id));
+              }
+              auto text = tok->decode(ids);
+              if (!text) throw ApiError(400, text.status().message(), "tokens");
+              send_json(res, {{"content", to_valid_utf8(*text)}});
+            }));
   http.Post("/apply-template", guarded([this](const httplib::Request& req, httplib::Response& res) {
-    const json body = parse_body(req);
-    ready_engine();
-    auto it = body.find("messages");
-    if (it == body.end()) throw ApiError(400, "'messages' is missing", "messages", "missing");
-    const auto messages = parse_messages(*it);
-    bool add_generation_prompt = true;
-    if (auto a = body.find("add_generation_prompt"); a != body.end() && !a->is_null()) {
-      if (!a->is_boolean()) throw ApiError(400, "'add_generation_prompt' must be a boolean", "add_generation_prompt");
-      add_generation_prompt = a->get<bool>();
-    }
-    auto text = format.render(messages, add_generation_prompt);
-    if (!text) throw ApiError(400, text.status().message(), "messages");
-    send_json(res, {{"prompt", *text}});
-  }));
+              const json body = parse_body(req);
+              ready_engine();
+              auto it = body.find("messages");
+              if (it == body.end()) throw ApiError(400, "'messages' is missing", "messages", "missing");
+              const auto messages = parse_messages(*it);
+              bool add_generation_prompt = true;
+              if (auto a = body.find("add_generation_prompt"); a != body.end() && !a->is_null()) {
+                if (!a->is_boolean())
+                  throw ApiError(400, "'add_generation_prompt' must be a boolean", "add_generation_prompt");
+                add_generation_prompt = a->get<bool>();
+              }
+              auto text = format.render(messages, add_generation_prompt);
+              if (!text) throw ApiError(400, text.status().message(), "messages");
+              send_json(res, {{"prompt", *text}});
+            }));
   http.Get("/metrics", guarded([this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(metrics_text(), "text/plain; version=0.0.4");
-  }));
+             res.set_content(metrics_text(), "text/plain; version=0.0.4");
+           }));
 }
 
 }  // namespace detail
@@ -501,8 +536,9 @@ Result<std::unique_ptr<Server>> Server::create(const ServerOptions& options) {
     impl->port = impl->http.bind_to_port(options.host, options.port) ? options.port : -1;
   }
   if (impl->port <= 0)
-    return make_error(StatusCode::io_error, "cannot listen on {}:{} (address in use, or not a local address?)",
-                      options.host, options.port);
+    return make_error(StatusCode::io_error,
+                      "cannot listen on {}:{} (address in use, or not a local address?)", options.host,
+                      options.port);
   return std::unique_ptr<Server>(new Server(std::move(impl)));
 }
 
@@ -514,7 +550,8 @@ void Server::start() {
 }
 
 Status Server::attach(llm::Session session, ChatFormat format) {
-  if (impl_->ready.load()) return make_error(StatusCode::invalid_argument, "serve: a model is already attached");
+  if (impl_->ready.load())
+    return make_error(StatusCode::invalid_argument, "serve: a model is already attached");
   if (!session.model) return make_error(StatusCode::invalid_argument, "serve: the session has no model");
   auto tok = Tokenizer::from_gguf(session.model->gguf());
   if (!tok) return tok.status();

@@ -88,7 +88,9 @@ Reply post(const TestServer& s, const std::string& path, const std::string& body
   return r;
 }
 
-Reply post(const TestServer& s, const std::string& path, const json& body) { return post(s, path, body.dump()); }
+Reply post(const TestServer& s, const std::string& path, const json& body) {
+  return post(s, path, body.dump());
+}
 
 Reply get(const TestServer& s, const std::string& path) {
   auto res = s.client()->Get(path.c_str());
@@ -190,16 +192,18 @@ TEST(Serve, HealthModelsPageMetrics) {
   ASSERT_EQ(post(s, "/v1/completions", json{{"prompt", "ROMEO:"}, {"max_tokens", 3}}).status, 200);
   auto metrics = get(s, "/metrics");
   EXPECT_EQ(metrics.status, 200);
-  for (const char* line : {"loom_requests_total 1", "loom_generated_tokens_total 3", "loom_queue_depth 0",
-                           "loom_kv_cache_used_cells", "loom_time_to_first_token_seconds_bucket{le=\"+Inf\"} 1",
-                           "loom_inter_token_seconds_count 2", "# TYPE loom_inter_token_seconds histogram"})
+  for (const char* line :
+       {"loom_requests_total 1", "loom_generated_tokens_total 3", "loom_queue_depth 0",
+        "loom_kv_cache_used_cells", "loom_time_to_first_token_seconds_bucket{le=\"+Inf\"} 1",
+        "loom_inter_token_seconds_count 2", "# TYPE loom_inter_token_seconds histogram"})
     EXPECT_NE(metrics.raw.find(line), std::string::npos) << line << "\n" << metrics.raw;
 }
 
 TEST(Serve, LoadingAnswers503) {
   TestServer s({}, 0, /*load=*/false);
   expect_error(get(s, "/health"), 503);
-  expect_error(post(s, "/v1/chat/completions", json{{"messages", {{{"role", "user"}, {"content", "hi"}}}}}), 503);
+  expect_error(post(s, "/v1/chat/completions", json{{"messages", {{{"role", "user"}, {"content", "hi"}}}}}),
+               503);
   EXPECT_EQ(get(s, "/").status, 200);
   EXPECT_EQ(get(s, "/metrics").status, 200);
   s.attach();
@@ -237,8 +241,11 @@ TEST(Serve, StreamingEqualsNonStreaming) {
   for (const std::string path : {"/v1/completions", "/v1/chat/completions"}) {
     const bool chat = path.find("chat") != std::string::npos;
     json body = {{"max_tokens", 20}, {"temperature", 0.9}, {"seed", 7}};
-    if (chat) body["messages"] = {{{"role", "system"}, {"content", "Speak as a king."}}, {{"role", "user"}, {"content", "Who goes there?"}}};
-    else body["prompt"] = "KING HENRY:";
+    if (chat)
+      body["messages"] = {{{"role", "system"}, {"content", "Speak as a king."}},
+                          {{"role", "user"}, {"content", "Who goes there?"}}};
+    else
+      body["prompt"] = "KING HENRY:";
     auto whole = post(s, path, body);
     ASSERT_EQ(whole.status, 200) << whole.raw;
     const json& c = whole.body["choices"][0];
@@ -263,7 +270,8 @@ TEST(Serve, ChatStreamShape) {
   TestServer s;
   auto res = s.client()->Post(
       "/v1/chat/completions",
-      json{{"messages", {{{"role", "user"}, {"content", "Speak."}}}}, {"stream", true}, {"max_tokens", 5}}.dump(),
+      json{{"messages", {{{"role", "user"}, {"content", "Speak."}}}}, {"stream", true}, {"max_tokens", 5}}
+          .dump(),
       "application/json");
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 200);
@@ -319,8 +327,11 @@ TEST(Serve, SeedsAndSampling) {
 TEST(Serve, Logprobs) {
   TestServer s;
   auto r = post(s, "/v1/chat/completions",
-                json{{"messages", {{{"role", "user"}, {"content", "Hail!"}}}}, {"max_tokens", 6}, {"temperature", 0},
-                     {"logprobs", true}, {"top_logprobs", 3}});
+                json{{"messages", {{{"role", "user"}, {"content", "Hail!"}}}},
+                     {"max_tokens", 6},
+                     {"temperature", 0},
+                     {"logprobs", true},
+                     {"top_logprobs", 3}});
   ASSERT_EQ(r.status, 200) << r.raw;
   const json& lp = r.body["choices"][0]["logprobs"]["content"];
   ASSERT_EQ(lp.size(), 6u);
@@ -354,8 +365,9 @@ TEST(Serve, TokenizeDetokenizeTemplate) {
   std::string joined;
   for (const json& p : pieces.body["tokens"]) joined += p["piece"].get<std::string>();
   EXPECT_EQ(joined, "To be");
-  auto a = post(s, "/apply-template",
-                json{{"messages", {{{"role", "system"}, {"content", "S"}}, {{"role", "user"}, {"content", "U"}}}}});
+  auto a = post(
+      s, "/apply-template",
+      json{{"messages", {{{"role", "system"}, {"content", "S"}}, {{"role", "user"}, {"content", "U"}}}}});
   ASSERT_EQ(a.status, 200);
   EXPECT_EQ(a.body["prompt"], "SYSTEM:\nS\n\nUSER:\nU\n\nASSISTANT:\n");
   expect_error(post(s, "/detokenize", json{{"tokens", {1, 999999}}}), 400, "tokens");
@@ -421,43 +433,88 @@ TEST(Serve, ApiKey) {
   expect_error(get(s, "/v1/models"), 401);
 }
 
-// Many streams at once, each checked against the same request run alone afterwards: equal text
-// means no token reached the wrong stream and a slot's result does not depend on its neighbours.
+// Many streams at once, chat and completions, each checked against the same request run alone
+// afterwards: equal text means no token reached the wrong stream and a slot's result does not
+// depend on its neighbours (nor on the prefix its slot had cached).
 TEST(Serve, ConcurrentStreamsEqualAlone) {
   ServerOptions o;
   o.n_parallel = 4;
   o.queue_size = 64;
   TestServer s(o);
-  constexpr int kClients = 32;
+  constexpr int kClients = 64;
   const char* prompts[] = {"ROMEO:", "JULIET:", "KING HENRY:", "First Citizen:", "HAMLET:", "MACBETH:"};
+  auto path = [](int i) { return i % 4 == 1 ? "/v1/chat/completions" : "/v1/completions"; };
   auto request = [&](int i) {
-    return json{{"prompt", std::string(prompts[i % 6]) + (i % 2 ? " Good" : "")},
-                {"max_tokens", 12 + i % 7},
-                {"temperature", i % 3 == 0 ? 0.0 : 0.9},
-                {"seed", 1000 + i}};
+    json r = {{"max_tokens", 8 + i % 7}, {"temperature", i % 3 == 0 ? 0.0 : 0.9}, {"seed", 1000 + i}};
+    const std::string text = std::string(prompts[i % 6]) + (i % 2 ? " Good" : "");
+    if (i % 4 == 1)
+      r["messages"] = {{{"role", "user"}, {"content", text}}};
+    else
+      r["prompt"] = text;
+    return r;
   };
   std::vector<Streamed> got(kClients);
   std::vector<std::thread> threads;
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < kClients; ++i)
-    threads.emplace_back([&, i] { got[static_cast<size_t>(i)] = stream(s, "/v1/completions", request(i)); });
+    threads.emplace_back([&, i] { got[static_cast<size_t>(i)] = stream(s, path(i), request(i)); });
   for (auto& t : threads) t.join();
   const double concurrent_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (int i = 0; i < kClients; ++i) {
     const Streamed& g = got[static_cast<size_t>(i)];
     ASSERT_EQ(g.status, 200) << i;
     EXPECT_TRUE(g.done) << i;
-    EXPECT_EQ(g.finish_reason, "length") << i;
+    EXPECT_FALSE(g.finish_reason.empty()) << i;
   }
   const ServerStats st = s.server().stats();
   EXPECT_EQ(st.requests_finished, static_cast<uint64_t>(kClients));
   EXPECT_EQ(st.requests_cancelled, 0u);
   for (int i = 0; i < kClients; ++i) {
-    auto alone = post(s, "/v1/completions", request(i));
+    auto alone = post(s, path(i), request(i));
     ASSERT_EQ(alone.status, 200);
-    EXPECT_EQ(got[static_cast<size_t>(i)].text, alone.body["choices"][0]["text"]) << "client " << i;
+    const json& c = alone.body["choices"][0];
+    const std::string text =
+        i % 4 == 1 ? c["message"]["content"].get<std::string>() : c["text"].get<std::string>();
+    EXPECT_EQ(got[static_cast<size_t>(i)].text, text) << "client " << i;
+    EXPECT_EQ(got[static_cast<size_t>(i)].finish_reason, c["finish_reason"]) << "client " << i;
   }
   std::printf("%d concurrent streams on 4 slots: %.2f s\n", kClients, concurrent_s);
+}
+
+// A chat's next turn finds the conversation so far in its slot's cache and decodes only the rest.
+TEST(Serve, ChatTurnReusesCache) {
+  TestServer s;
+  json messages = {{{"role", "user"}, {"content", "Who goes there?"}}};
+  auto first =
+      post(s, "/v1/chat/completions", json{{"messages", messages}, {"max_tokens", 10}, {"temperature", 0}});
+  ASSERT_EQ(first.status, 200);
+  messages.push_back({{"role", "assistant"}, {"content", first.body["choices"][0]["message"]["content"]}});
+  messages.push_back({{"role", "user"}, {"content", "Speak again."}});
+  const int first_prompt = first.body["usage"]["prompt_tokens"];
+  auto second =
+      post(s, "/v1/chat/completions", json{{"messages", messages}, {"max_tokens", 10}, {"temperature", 0}});
+  ASSERT_EQ(second.status, 200);
+  EXPECT_GE(second.body["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), first_prompt);
+  // and the answer is the one a fresh server gives
+  TestServer fresh;
+  auto cold = post(fresh, "/v1/chat/completions",
+                   json{{"messages", messages}, {"max_tokens", 10}, {"temperature", 0}});
+  EXPECT_EQ(cold.body["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_EQ(cold.body["choices"][0]["message"]["content"], second.body["choices"][0]["message"]["content"]);
+}
+
+// A request that runs past --timeout ends there: with what it has (finish_reason "length").
+TEST(Serve, Timeout) {
+  ServerOptions o;
+  o.timeout = std::chrono::seconds(1);
+  TestServer s(o, /*n_ctx=*/2048);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = post(s, "/v1/completions", json{{"prompt", "ROMEO:"}, {"max_tokens", 2000}});
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(r.body["choices"][0]["finish_reason"], "length");
+  EXPECT_LT(r.body["usage"]["completion_tokens"].get<int>(), 2000);
+  EXPECT_LT(took, 5.0);
 }
 
 // A client that closes the connection mid-stream frees its slot at once: a second request on the
@@ -485,6 +542,55 @@ TEST(Serve, DisconnectFreesSlot) {
   EXPECT_LT(st.generated_tokens, 300u);
   auto next = post(s, "/v1/completions", json{{"prompt", "JULIET:"}, {"max_tokens", 4}});
   EXPECT_EQ(next.status, 200);
+}
+
+// A client that goes away while its request waits for a slot: the request leaves the queue
+// (noticed at the next keep-alive comment) and never runs.
+TEST(Serve, DisconnectWhileQueued) {
+  ServerOptions o;
+  o.n_parallel = 1;
+  TestServer s(o, /*n_ctx=*/2048);
+  std::atomic<bool> release_first{false};
+  std::atomic<int> first_chunks{0};
+  auto long_stream = [&] {
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.headers = {{"Content-Type", "application/json"}};
+    req.body = json{{"prompt", "ROMEO:"}, {"max_tokens", 2000}, {"stream", true}}.dump();
+    req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
+      ++first_chunks;
+      return !release_first.load();
+    };
+    s.client()->send(req);
+  };
+  std::thread first(long_stream);
+  const auto t0 = std::chrono::steady_clock::now();
+  while (first_chunks.load() == 0 && std::chrono::steady_clock::now() - t0 < 30s) std::this_thread::sleep_for(5ms);
+  std::atomic<bool> got_comment{false};
+  std::thread queued([&] {
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.headers = {{"Content-Type", "application/json"}};
+    req.body = json{{"prompt", "JULIET:"}, {"max_tokens", 4}, {"stream", true}}.dump();
+    req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+      if (std::string(data, n).rfind(": waiting", 0) == 0) got_comment = true;
+      return false;  // hang up at the first byte
+    };
+    s.client()->send(req);
+  });
+  queued.join();
+  EXPECT_TRUE(got_comment.load());
+  const auto t1 = std::chrono::steady_clock::now();
+  while (s.server().stats().requests_cancelled == 0 && std::chrono::steady_clock::now() - t1 < 10s)
+    std::this_thread::sleep_for(10ms);
+  const ServerStats st = s.server().stats();
+  EXPECT_EQ(st.requests_cancelled, 1u);
+  EXPECT_EQ(st.queue_depth, 0);
+  EXPECT_EQ(st.active_slots, 1);  // the first still runs
+  release_first = true;
+  first.join();
 }
 
 // One slot, a queue of one: a third request is answered 429 while the first generates and the
@@ -519,7 +625,9 @@ TEST(Serve, QueueFull) {
     ASSERT_TRUE(cv.wait_for(lock, 30s, [&] { return first_started; }));
   }
   Streamed second;
-  std::thread waiting([&] { second = stream(s, "/v1/completions", json{{"prompt", "JULIET:"}, {"max_tokens", 4}}); });
+  std::thread waiting([&] {
+    second = stream(s, "/v1/completions", json{{"prompt", "JULIET:"}, {"max_tokens", 4}});
+  });
   const auto t0 = std::chrono::steady_clock::now();
   while (s.server().stats().queue_depth < 1 && std::chrono::steady_clock::now() - t0 < 10s)
     std::this_thread::sleep_for(5ms);
