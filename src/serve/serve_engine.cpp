@@ -203,10 +203,10 @@ void Engine::run() {
         active_.fetch_add(1);
       }
     }
-    for (auto& [slot, task] : starts) assign(*slot, std::move(task));
+    for (auto& [slot, task] : starts) guarded_turn(*slot, [&] { assign(*slot, std::move(task)); });
     for (size_t k = 0; k < slots_.size(); ++k) {
       Slot& s = *slots_[(next + k) % slots_.size()];
-      if (s.task) step(s);
+      if (s.task) guarded_turn(s, [&] { step(s); });
     }
     next = (next + 1) % slots_.size();
     int64_t used = 0;
@@ -225,6 +225,19 @@ void Engine::run() {
     t->push(std::move(done));
   }
   pending_.clear();
+}
+
+// Runs one piece of a slot's work; an exception (out of memory, a bug) ends that request with an
+// error instead of the worker thread and the server with it.
+template <typename F>
+void Engine::guarded_turn(Slot& s, F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    if (!s.task) return;
+    fail_cache(s);
+    finish(s, FinishReason::error, fmt::format("internal error: {}", e.what()));
+  }
 }
 
 void Engine::assign(Slot& s, std::shared_ptr<Task> task) {

@@ -110,6 +110,8 @@ class Engine {
   Engine(llm::Session session, const Tokenizer& tok, std::set<int32_t> stop_ids, int queue_size,
          Metrics& metrics);
   void run();
+  template <typename F>
+  void guarded_turn(Slot& slot, F&& f);
   void assign(Slot& slot, std::shared_ptr<Task> task);
   /// One turn of an active slot: a prompt chunk or one token.
   void step(Slot& slot);

@@ -380,8 +380,10 @@ TEST(ChatStream, ValidUtf8) {
 TEST(ChatStream, StopFilterSeveralStops) {
   std::string out;
   StopFilter f(std::vector<std::string>{"", "END", "\n\n"}, [&](std::string_view s) { out += s; });
-  EXPECT_FALSE(f.add("a\nE"));
-  EXPECT_EQ(out, "a");  // "\n" may start "\n\n", "E" may start "END"
+  EXPECT_FALSE(f.add("a\n"));
+  EXPECT_EQ(out, "a");  // "\n" may start "\n\n"
+  EXPECT_FALSE(f.add("E"));
+  EXPECT_EQ(out, "a\n");  // now only "E" may start a stop string ("END")
   EXPECT_FALSE(f.add("x"));
   EXPECT_EQ(out, "a\nEx");
   EXPECT_TRUE(f.add("y\n\nEND"));
