@@ -2,8 +2,11 @@
 // (streaming and not), tokenizer and template endpoints, metrics, and errors at every handler's
 // boundary.
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
@@ -95,6 +98,29 @@ httplib::Server::Handler guarded(F f) {
 std::string sse(const json& j) { return "data: " + dump(j) + "\n\n"; }
 
 int64_t unix_now() { return static_cast<int64_t>(std::time(nullptr)); }
+
+// cpp-httplib listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, fixed when Debian compiled
+// the library), so a burst of clients (64 connecting at once) overflows the accept queue and some
+// connections are dropped. listen() again on the bound socket raises the backlog; the socket is
+// found among the process's descriptors by being the listening one on our port.
+void raise_listen_backlog(int port) {
+  for (int fd = 0; fd < 65536; ++fd) {
+    int listening = 0;
+    socklen_t len = sizeof(listening);
+    if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0) {
+      if (errno == EBADF && fd > 1024) break;  // past the descriptors in use
+      continue;
+    }
+    if (!listening) continue;
+    sockaddr_storage addr{};
+    socklen_t alen = sizeof(addr);
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &alen) != 0) continue;
+    int p = -1;
+    if (addr.ss_family == AF_INET) p = ntohs(reinterpret_cast<const sockaddr_in*>(&addr)->sin_port);
+    if (addr.ss_family == AF_INET6) p = ntohs(reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_port);
+    if (p == port) ::listen(fd, SOMAXCONN);
+  }
+}
 
 }  // namespace
 
@@ -539,6 +565,7 @@ Result<std::unique_ptr<Server>> Server::create(const ServerOptions& options) {
     return make_error(StatusCode::io_error,
                       "cannot listen on {}:{} (address in use, or not a local address?)", options.host,
                       options.port);
+  raise_listen_backlog(impl->port);
   return std::unique_ptr<Server>(new Server(std::move(impl)));
 }
 

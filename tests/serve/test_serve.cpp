@@ -119,6 +119,7 @@ std::vector<std::string> sse_events(const std::string& body) {
 // A streamed generation: its text, its finish reason and its usage chunk, checked for shape.
 struct Streamed {
   int status = 0;
+  std::string error;  ///< the client's, when there was no response
   std::string text;
   std::string finish_reason;
   json usage;
@@ -156,7 +157,10 @@ Streamed stream(const TestServer& srv, const std::string& path, json body) {
   body["stream"] = true;
   auto res = srv.client()->Post(path.c_str(), body.dump(), "application/json");
   Streamed s;
-  if (!res) return s;
+  if (!res) {
+    s.error = httplib::to_string(res.error());
+    return s;
+  }
   s = parse_stream(res->body, path.find("chat") != std::string::npos);
   s.status = res->status;
   return s;
@@ -462,7 +466,7 @@ TEST(Serve, ConcurrentStreamsEqualAlone) {
   const double concurrent_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (int i = 0; i < kClients; ++i) {
     const Streamed& g = got[static_cast<size_t>(i)];
-    ASSERT_EQ(g.status, 200) << i;
+    ASSERT_EQ(g.status, 200) << "client " << i << ": " << g.error;
     EXPECT_TRUE(g.done) << i;
     EXPECT_FALSE(g.finish_reason.empty()) << i;
   }
