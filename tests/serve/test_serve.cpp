@@ -17,8 +17,11 @@
 #include <nlohmann/json.hpp>
 
 #include "loom/llm.h"
+#include "loom/quant_mixture.h"
 #include "loom/serve.h"
 #include "loom/text.h"
+#include "loom/text_stream.h"
+#include "synth_model.h"
 
 namespace loom::serve {
 namespace {
@@ -29,7 +32,9 @@ using namespace std::chrono_literals;
 // A server on a free port with the built-in model loaded (or not, for the loading tests).
 class TestServer {
  public:
-  explicit TestServer(ServerOptions o = {}, int n_ctx = 0, bool load = true) {
+  explicit TestServer(ServerOptions o = {}, int n_ctx = 0, bool load = true, std::string model = LOOM_TEST_MODEL,
+                      std::string chat_template = "")
+      : model_(std::move(model)), chat_template_(std::move(chat_template)) {
     o.port = 0;
     auto s = Server::create(o);
     if (!s) throw std::runtime_error(s.status().to_string());
@@ -42,7 +47,7 @@ class TestServer {
 
   void attach() {
     llm::SessionParams sp;
-    sp.model_path = LOOM_TEST_MODEL;
+    sp.model_path = model_;
     sp.backend = "cpu";
     sp.n_threads = 1;  // the machines that run CI are small and shared
     sp.n_ctx = n_ctx_;
@@ -52,7 +57,7 @@ class TestServer {
     if (!session) throw std::runtime_error(session.status().to_string());
     auto tok = Tokenizer::from_gguf(session->model->gguf());
     if (!tok) throw std::runtime_error(tok.status().to_string());
-    auto format = chat_format_for_model(session->model->gguf(), *tok, "");
+    auto format = chat_format_for_model(session->model->gguf(), *tok, chat_template_);
     if (!format) throw std::runtime_error(format.status().to_string());
     if (Status st = server_->attach(std::move(*session), std::move(*format)); !st.ok())
       throw std::runtime_error(st.to_string());
@@ -69,6 +74,8 @@ class TestServer {
  private:
   std::unique_ptr<Server> server_;
   int n_ctx_ = 0;
+  std::string model_;
+  std::string chat_template_;
 };
 
 struct Reply {
@@ -435,6 +442,47 @@ TEST(Serve, ApiKey) {
   EXPECT_EQ(post(s, "/v1/completions", body, {{"Authorization", "Bearer sesame"}}).status, 200);
   EXPECT_EQ(get(s, "/health").status, 200);  // open: load balancers probe it
   expect_error(get(s, "/v1/models"), 401);
+}
+
+// A byte-level vocabulary splits characters across tokens, and a random model writes any bytes:
+// streamed deltas hold whole characters only (a split one would reach the client as two U+FFFD),
+// so the stream equals the non-streamed text. Also: the chatml format, its <|im_end|> as a stop.
+TEST(Serve, ByteLevelStreamsWholeCharacters) {
+  const std::string path = ::testing::TempDir() + "loom_serve_qwen2_tiny.gguf";
+  llm::SynthOptions so;
+  so.progress = false;
+  ASSERT_TRUE(llm::write_synth_model(path, *llm::find_synth_shape("qwen2-tiny"), llm::FileType::f32, so).ok());
+  TestServer s({}, 0, true, path, "chatml");
+  auto t = post(s, "/apply-template", json{{"messages", {{{"role", "user"}, {"content", "h\u00e9"}}}}});
+  EXPECT_EQ(t.body["prompt"], "<|im_start|>user\nh\u00e9<|im_end|>\n<|im_start|>assistant\n");
+  int non_ascii = 0;
+  for (int seed = 1; seed <= 12; ++seed) {
+    json body = {{"messages", {{{"role", "user"}, {"content", "h\u00e9llo \u4e16\u754c"}}}},
+                 {"max_tokens", 48},
+                 {"temperature", 1.5},
+                 {"top_k", 0},
+                 {"top_p", 1.0},
+                 {"min_p", 0.0},
+                 {"seed", seed}};
+    Streamed st = stream(s, "/v1/chat/completions", body);
+    body["logprobs"] = true;
+    auto whole = post(s, "/v1/chat/completions", body);
+    ASSERT_EQ(whole.status, 200) << whole.raw;
+    const std::string text = whole.body["choices"][0]["message"]["content"];
+    EXPECT_EQ(text::utf8_first_invalid(text), std::string::npos);
+    // the tokens' bytes, made valid as a whole: what the text must be
+    std::string raw;
+    for (const json& e : whole.body["choices"][0]["logprobs"]["content"])
+      for (const json& b : e["bytes"]) raw += static_cast<char>(b.get<int>());
+    if (whole.body["choices"][0]["finish_reason"] == "length") EXPECT_EQ(text, to_valid_utf8(raw)) << "seed " << seed;
+    EXPECT_EQ(st.text, text) << "seed " << seed;
+    for (size_t i = 0; i < text.size(); ++i) {
+      const auto b = static_cast<unsigned char>(text[i]);
+      if (b >= 0xC2 && b < 0xF5 && text.compare(i, 3, "\xEF\xBF\xBD") != 0) ++non_ascii;  // a real character
+    }
+  }
+  std::printf("valid multi-byte characters generated: %d\n", non_ascii);
+  EXPECT_GT(non_ascii, 0) << "the test saw no multi-byte character; try more seeds";
 }
 
 // Many streams at once, chat and completions, each checked against the same request run alone
