@@ -203,7 +203,10 @@ void Engine::run() {
         active_.fetch_add(1);
       }
     }
-    for (auto& [slot, task] : starts) guarded_turn(*slot, [&] { assign(*slot, std::move(task)); });
+    for (auto& start : starts) {
+      Slot& slot = *start.first;
+      guarded_turn(slot, [&] { assign(slot, std::move(start.second)); });
+    }
     for (size_t k = 0; k < slots_.size(); ++k) {
       Slot& s = *slots_[(next + k) % slots_.size()];
       if (s.task) guarded_turn(s, [&] { step(s); });
