@@ -6,6 +6,7 @@
 #include <httplib.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <chrono>
 #include <condition_variable>
 #include <memory>
@@ -48,7 +49,10 @@ class TestServer {
   void attach() {
     llm::SessionParams sp;
     sp.model_path = model_;
-    sp.backend = "cpu";
+    // LOOM_TEST_BACKEND=cuda runs the same tests on the GPU (with LOOM_NUMERICS=exact, so that a
+    // prompt decoded in other chunks, as a reused prefix is, gives the same bits).
+    const char* backend = std::getenv("LOOM_TEST_BACKEND");
+    sp.backend = backend && *backend ? backend : "cpu";
     sp.n_threads = 1;  // the machines that run CI are small and shared
     sp.n_ctx = n_ctx_;
     sp.progress = false;
