@@ -223,7 +223,7 @@ void Engine::run() {
   for (auto& t : pending_) {
     StreamEvent done;
     done.kind = StreamEvent::Kind::done;
-    done.finish = FinishReason::error;
+    done.finish = FinishReason::cancelled;  // by the server: its handler answers 503
     done.error = "the server is stopping";
     t->push(std::move(done));
   }

@@ -46,6 +46,7 @@ struct ServerImpl {
   std::string model_name;
   int64_t created = 0;
   std::atomic<uint64_t> next_id{1};
+  std::atomic<int> open_streams{0};  ///< streaming responses not yet released
 
   void routes();
   void handle_generation(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);
@@ -221,6 +222,8 @@ void ServerImpl::handle_generation(const httplib::Request& req, httplib::Respons
       }
     }
     if (done.finish == FinishReason::error) throw ApiError(500, done.error);
+    // Only the server itself cancels a request whose client is still there: it is stopping.
+    if (done.finish == FinishReason::cancelled) throw ApiError(503, done.error, "", "server_stopping");
     if (done.finish == FinishReason::timeout && done.n_generated == 0)
       throw ApiError(503, done.error, "", "timeout");
     const char* reason = done.finish == FinishReason::stop ? "stop" : "length";
@@ -250,6 +253,7 @@ void ServerImpl::handle_generation(const httplib::Request& req, httplib::Respons
   auto state = std::make_shared<StreamState>();
   const bool include_usage = p.include_usage;
   const bool want_logprobs = p.top_logprobs >= 0;
+  open_streams.fetch_add(1);
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
   res.set_chunked_content_provider(
@@ -307,7 +311,8 @@ void ServerImpl::handle_generation(const httplib::Request& req, httplib::Respons
             if (!write(sse(chunk(choice)))) return false;
           }
           if (e.kind != StreamEvent::Kind::done) continue;
-          if (e.finish == FinishReason::error || (e.finish == FinishReason::timeout && e.n_generated == 0)) {
+          if (e.finish == FinishReason::error || e.finish == FinishReason::cancelled ||
+              (e.finish == FinishReason::timeout && e.n_generated == 0)) {
             ApiError err(e.finish == FinishReason::error ? 500 : 503, e.error);
             write(sse(err.body()));
           } else {
@@ -331,7 +336,11 @@ void ServerImpl::handle_generation(const httplib::Request& req, httplib::Respons
         }
         return true;
       },
-      [task](bool) { task->cancel(); });  // the response ended, completely or not: nothing more to generate
+      // The response ended, completely or not: nothing more to generate.
+      [task, this](bool) {
+        task->cancel();
+        open_streams.fetch_sub(1);
+      });
 }
 
 std::string ServerImpl::metrics_text() const {
@@ -611,6 +620,10 @@ void Server::stop() {
     impl_->stopping = true;
   }
   if (impl_->engine) impl_->engine->stop();  // running streams end, so their handlers return
+  // Give the streams a moment to send their last event before the sockets close.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (impl_->open_streams.load() > 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   impl_->http.stop();
   if (impl_->http_thread.joinable()) impl_->http_thread.join();
   {

@@ -6,9 +6,9 @@
 #include <httplib.h>
 
 #include <atomic>
-#include <cstdlib>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -33,8 +33,8 @@ using namespace std::chrono_literals;
 // A server on a free port with the built-in model loaded (or not, for the loading tests).
 class TestServer {
  public:
-  explicit TestServer(ServerOptions o = {}, int n_ctx = 0, bool load = true, std::string model = LOOM_TEST_MODEL,
-                      std::string chat_template = "")
+  explicit TestServer(ServerOptions o = {}, int n_ctx = 0, bool load = true,
+                      std::string model = LOOM_TEST_MODEL, std::string chat_template = "")
       : model_(std::move(model)), chat_template_(std::move(chat_template)) {
     o.port = 0;
     auto s = Server::create(o);
@@ -455,7 +455,8 @@ TEST(Serve, ByteLevelStreamsWholeCharacters) {
   const std::string path = ::testing::TempDir() + "loom_serve_qwen2_tiny.gguf";
   llm::SynthOptions so;
   so.progress = false;
-  ASSERT_TRUE(llm::write_synth_model(path, *llm::find_synth_shape("qwen2-tiny"), llm::FileType::f32, so).ok());
+  ASSERT_TRUE(
+      llm::write_synth_model(path, *llm::find_synth_shape("qwen2-tiny"), llm::FileType::f32, so).ok());
   TestServer s({}, 0, true, path, "chatml");
   auto t = post(s, "/apply-template", json{{"messages", {{{"role", "user"}, {"content", "h\u00e9"}}}}});
   EXPECT_EQ(t.body["prompt"], "<|im_start|>user\nh\u00e9<|im_end|>\n<|im_start|>assistant\n");
@@ -478,7 +479,8 @@ TEST(Serve, ByteLevelStreamsWholeCharacters) {
     std::string raw;
     for (const json& e : whole.body["choices"][0]["logprobs"]["content"])
       for (const json& b : e["bytes"]) raw += static_cast<char>(b.get<int>());
-    if (whole.body["choices"][0]["finish_reason"] == "length") EXPECT_EQ(text, to_valid_utf8(raw)) << "seed " << seed;
+    if (whole.body["choices"][0]["finish_reason"] == "length")
+      EXPECT_EQ(text, to_valid_utf8(raw)) << "seed " << seed;
     EXPECT_EQ(st.text, text) << "seed " << seed;
     for (size_t i = 0; i < text.size(); ++i) {
       const auto b = static_cast<unsigned char>(text[i]);
@@ -622,7 +624,8 @@ TEST(Serve, DisconnectWhileQueued) {
   };
   std::thread first(long_stream);
   const auto t0 = std::chrono::steady_clock::now();
-  while (first_chunks.load() == 0 && std::chrono::steady_clock::now() - t0 < 30s) std::this_thread::sleep_for(5ms);
+  while (first_chunks.load() == 0 && std::chrono::steady_clock::now() - t0 < 30s)
+    std::this_thread::sleep_for(5ms);
   std::atomic<bool> got_comment{false};
   std::thread queued([&] {
     httplib::Request req;
@@ -647,6 +650,40 @@ TEST(Serve, DisconnectWhileQueued) {
   EXPECT_EQ(st.active_slots, 1);  // the first still runs
   release_first = true;
   first.join();
+}
+
+// Stopping the server ends a running stream with an error event and returns promptly.
+TEST(Serve, StopEndsStreams) {
+  ServerOptions o;
+  o.n_parallel = 1;
+  TestServer s(o, /*n_ctx=*/2048);
+  std::atomic<int> chunks{0};
+  std::string body;
+  std::mutex mu;
+  std::thread client([&] {
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.headers = {{"Content-Type", "application/json"}};
+    req.body = json{{"prompt", "ROMEO:"}, {"max_tokens", 2000}, {"stream", true}}.dump();
+    req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+      std::lock_guard lock(mu);
+      body.append(data, n);
+      ++chunks;
+      return true;
+    };
+    s.client()->send(req);
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  while (chunks.load() < 2 && std::chrono::steady_clock::now() - t0 < 30s) std::this_thread::sleep_for(5ms);
+  const auto t1 = std::chrono::steady_clock::now();
+  s.server().stop();
+  client.join();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count(), 10.0);
+  std::lock_guard lock(mu);
+  EXPECT_NE(body.find("the server is stopping"), std::string::npos)
+      << body.substr(body.size() > 400 ? body.size() - 400 : 0);
+  EXPECT_NE(body.find("data: [DONE]"), std::string::npos);
 }
 
 // One slot, a queue of one: a third request is answered 429 while the first generates and the
