@@ -47,6 +47,7 @@ struct ServerImpl {
   int64_t created = 0;
   std::atomic<uint64_t> next_id{1};
   std::atomic<int> open_streams{0};  ///< streaming responses not yet released
+  std::atomic<bool> listen_returned{false};
 
   void routes();
   void handle_generation(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);
@@ -582,7 +583,14 @@ int Server::port() const { return impl_->port; }
 
 void Server::start() {
   if (impl_->http_thread.joinable()) return;
-  impl_->http_thread = std::thread([this] { impl_->http.listen_after_bind(); });
+  impl_->http_thread = std::thread([this] {
+    impl_->http.listen_after_bind();
+    impl_->listen_returned.store(true);
+  });
+  // httplib's stop() does nothing before its listen loop runs: wait for it, so that a stop() right
+  // after start() (a model that fails to load) does not leave the loop running forever.
+  while (!impl_->http.is_running() && !impl_->listen_returned.load())
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
 Status Server::attach(llm::Session session, ChatFormat format) {
