@@ -43,11 +43,11 @@ pid=""
 # a Jinja file of a known family is served with the built-in format; any other is refused
 printf '{%% for m in messages %%}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%% endfor %%}' >"$dir/chatml.jinja"
 printf '{%% for m in messages %%}{{ m.content }}{%% endfor %%}' >"$dir/other.jinja"
-if "$loom" serve --port 0 --chat-template-file "$dir/other.jinja" >"$dir/out" 2>"$dir/err"; then
+if timeout 60 "$loom" serve --port 0 --chat-template-file "$dir/other.jinja" >"$dir/out" 2>"$dir/err"; then
   fail "an unknown Jinja template was accepted"
 fi
 grep -q "cannot interpret Jinja yet" "$dir/err" || fail "unclear error for an unknown Jinja template"
-if "$loom" serve --port 0 --chat-template nosuch >"$dir/out" 2>"$dir/err"; then
+if timeout 60 "$loom" serve --port 0 --chat-template nosuch >"$dir/out" 2>"$dir/err"; then
   fail "--chat-template nosuch was accepted"
 fi
 "$loom" serve --port 0 -t 1 --chat-template-file "$dir/chatml.jinja" >"$dir/out" 2>"$dir/err" &
