@@ -4,7 +4,7 @@
 #   usage: scripts/deps.sh [--tests]
 set -euo pipefail
 
-packages=(cmake ninja-build g++ pkg-config libfmt-dev libcli11-dev nlohmann-json3-dev libpcre2-dev libutf8proc-dev)
+packages=(cmake ninja-build g++ pkg-config libfmt-dev libcli11-dev nlohmann-json3-dev libpcre2-dev libutf8proc-dev libcpp-httplib-dev)
 if [[ "${1:-}" == "--tests" ]]; then
   packages+=(libgtest-dev libbenchmark-dev python3-jinja2)  # Jinja2: the chat-template test's oracle
 fi

@@ -18,9 +18,10 @@ declare -A owner=(
   [loom/exec.h]=exec [loom/exec_plan.h]=exec [loom/exec_graph_cache.h]=exec
   [loom/gguf.h]=gguf
   [loom/cpu.h]=backend_cpu [loom/cuda.h]=backend_cuda
-  [loom/text.h]=text [loom/chat.h]=text [loom/jinja.h]=text
+  [loom/text.h]=text [loom/chat.h]=text [loom/jinja.h]=text [loom/text_stream.h]=text
   [loom/llm.h]=llm [loom/quant_mixture.h]=llm [loom/progress.h]=llm
   [loom/sample.h]=sample
+  [loom/serve.h]=serve
   [loom.h]=capi [loom-cuda.h]=capi_cuda
 )
 # What each layer may include (itself and everything below it).
@@ -34,6 +35,7 @@ declare -A allowed=(
   [sample]="core sample"
   [llm]="core exec gguf backend_cpu llm"
   [synth]="core gguf backend_cpu llm synth"
+  [serve]="core exec gguf backend_cpu llm text sample serve"
   [capi]="core backend_cpu capi"
   [capi_cuda]="core exec backend_cuda capi capi_cuda"
 )
@@ -41,7 +43,7 @@ declare -A allowed=(
 declare -A folder=(
   [core]=src/core [exec]=src/exec [gguf]=src/gguf [backend_cpu]=src/backend/cpu
   [backend_cuda]=src/backend/cuda [text]=src/text [sample]=src/sample [llm]=src/llm
-  [synth]=src/synth [capi]=src/capi [capi_cuda]=src/capi
+  [synth]=src/synth [serve]=src/serve [capi]=src/capi [capi_cuda]=src/capi
 )
 
 layer_of() {  # layer of a source file or public header

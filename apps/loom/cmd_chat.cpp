@@ -21,87 +21,15 @@
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
-#include "chat_stream.h"
 #include "commands.h"
 #include "generate.h"
 #include "loom/chat.h"
 #include "loom/llm.h"
 #include "loom/sample.h"
 #include "loom/text.h"
+#include "loom/text_stream.h"
 
 namespace loom::app {
-
-bool StopFilter::add(std::string_view piece) {
-  text_ += piece;
-  if (!stop_.empty()) {
-    // Emitted text never holds the start of the stop string, so the search starts near its end.
-    const size_t at = text_.find(stop_, emitted_ > stop_.size() ? emitted_ - stop_.size() : 0);
-    if (at != std::string::npos) {
-      text_.resize(at);
-      emit(text_.size());
-      return true;
-    }
-  }
-  emit(text_.size() - held_back());
-  return false;
-}
-
-void StopFilter::finish() { emit(text_.size()); }
-
-// Length of the longest suffix of the text that is a proper prefix of the stop string.
-size_t StopFilter::held_back() const {
-  if (stop_.empty()) return 0;
-  for (size_t n = std::min(stop_.size() - 1, text_.size()); n > 0; --n)
-    if (text_.compare(text_.size() - n, n, stop_, 0, n) == 0) return n;
-  return 0;
-}
-
-void StopFilter::emit(size_t upto) {
-  if (upto <= emitted_) return;
-  sink_(std::string_view(text_).substr(emitted_, upto - emitted_));
-  emitted_ = upto;
-}
-
-std::string to_valid_utf8(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto b = static_cast<unsigned char>(s[i]);
-    size_t len = 0;
-    uint32_t cp = 0;
-    if (b < 0x80) {
-      len = 1;
-      cp = b;
-    } else if ((b & 0xE0) == 0xC0) {
-      len = 2;
-      cp = b & 0x1F;
-    } else if ((b & 0xF0) == 0xE0) {
-      len = 3;
-      cp = b & 0x0F;
-    } else if ((b & 0xF8) == 0xF0) {
-      len = 4;
-      cp = b & 0x07;
-    }
-    bool ok = len > 0 && i + len <= s.size();
-    for (size_t k = 1; ok && k < len; ++k) {
-      const auto c = static_cast<unsigned char>(s[i + k]);
-      ok = (c & 0xC0) == 0x80;
-      cp = (cp << 6) | (c & 0x3F);
-    }
-    // no overlong forms, surrogates or code points past U+10FFFF
-    static constexpr uint32_t kMin[5] = {0, 0, 0x80, 0x800, 0x10000};
-    ok = ok && cp >= kMin[len] && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
-    if (ok) {
-      out.append(s.substr(i, len));
-      i += len;
-    } else {
-      out += "\xEF\xBF\xBD";
-      ++i;
-    }
-  }
-  return out;
-}
 
 namespace {
 

@@ -25,5 +25,6 @@ void add_perplexity_command(CLI::App& app, std::vector<Command>& out);
 void add_chat_command(CLI::App& app, std::vector<Command>& out);
 void add_bench_command(CLI::App& app, std::vector<Command>& out);
 void add_template_command(CLI::App& app, std::vector<Command>& out);
+void add_serve_command(CLI::App& app, std::vector<Command>& out);
 
 }  // namespace loom::app

@@ -13,6 +13,7 @@ const char* long_spelling(const char* arg) {
   static const std::pair<const char*, const char*> kAliases[] = {
       {"-ub", "--ubatch-size"}, {"-ngl", "--n-gpu-layers"}, {"-fa", "--flash-attn"},
       {"-pg", "--pp-tg"},       {"-nkvo", "--no-kv-offload"}, {"-sys", "--system-prompt"},
+      {"-np", "--parallel"},
   };
   for (const auto& [short_name, long_name] : kAliases)
     if (std::strcmp(arg, short_name) == 0) return long_name;
@@ -38,6 +39,7 @@ int main(int argc, char** argv) {
   loom::app::add_chat_command(app, commands);
   loom::app::add_bench_command(app, commands);
   loom::app::add_template_command(app, commands);
+  loom::app::add_serve_command(app, commands);
   std::vector<const char*> args(argv, argv + argc);
   for (size_t i = 1; i < args.size(); ++i) args[i] = long_spelling(args[i]);
   try {

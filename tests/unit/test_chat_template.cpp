@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "chat_stream.h"
 #include "loom/chat.h"
 #include "loom/gguf.h"
+#include "loom/text_stream.h"
 
 namespace loom {
 namespace {
@@ -391,7 +391,7 @@ TEST(ChatTemplate, FormatForModelRendersTheJinjaTemplate) {
 TEST(ChatStream, StopFilterHoldsBackAndCuts) {
   std::string printed;
   std::vector<std::string> calls;
-  app::StopFilter f("<|im_end|>", [&](std::string_view s) {
+  StopFilter f("<|im_end|>", [&](std::string_view s) {
     printed += s;
     calls.emplace_back(s);
   });
@@ -412,7 +412,7 @@ TEST(ChatStream, StopFilterHoldsBackAndCuts) {
 
   // no stop string: a held-back tail comes out at finish
   std::string out2;
-  app::StopFilter g("</s>", [&](std::string_view s) { out2 += s; });
+  StopFilter g("</s>", [&](std::string_view s) { out2 += s; });
   EXPECT_FALSE(g.add("a</"));
   EXPECT_EQ(out2, "a");
   g.finish();
@@ -421,29 +421,59 @@ TEST(ChatStream, StopFilterHoldsBackAndCuts) {
 
   // the stop string in one piece, at the very start
   std::string out3;
-  app::StopFilter h("<end_of_turn>", [&](std::string_view s) { out3 += s; });
+  StopFilter h("<end_of_turn>", [&](std::string_view s) { out3 += s; });
   EXPECT_TRUE(h.add("<end_of_turn>"));
   EXPECT_EQ(out3, "");
   EXPECT_EQ(h.text(), "");
 
   // an empty stop string passes everything through
   std::string out4;
-  app::StopFilter pass("", [&](std::string_view s) { out4 += s; });
+  StopFilter pass("", [&](std::string_view s) { out4 += s; });
   EXPECT_FALSE(pass.add("<|im_end|>"));
   EXPECT_EQ(out4, "<|im_end|>");
 }
 
 TEST(ChatStream, ValidUtf8) {
-  EXPECT_EQ(app::to_valid_utf8("plain"), "plain");
-  EXPECT_EQ(app::to_valid_utf8("caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80"),
+  EXPECT_EQ(to_valid_utf8("plain"), "plain");
+  EXPECT_EQ(to_valid_utf8("caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80"),
             "caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80");
   const std::string fffd = "\xEF\xBF\xBD";
-  EXPECT_EQ(app::to_valid_utf8("ab\xE2\x82"), "ab" + fffd + fffd);               // truncated at the end
-  EXPECT_EQ(app::to_valid_utf8("\x80x"), fffd + "x");                            // stray continuation byte
-  EXPECT_EQ(app::to_valid_utf8("\xC0\xAF"), fffd + fffd);                        // overlong '/'
-  EXPECT_EQ(app::to_valid_utf8("\xED\xA0\x80"), fffd + fffd + fffd);             // surrogate U+D800
-  EXPECT_EQ(app::to_valid_utf8("\xF4\x90\x80\x80"), fffd + fffd + fffd + fffd);  // past U+10FFFF
-  EXPECT_EQ(app::to_valid_utf8(std::string("a\0b", 3)), std::string("a\0b", 3));
+  EXPECT_EQ(to_valid_utf8("ab\xE2\x82"), "ab" + fffd + fffd);               // truncated at the end
+  EXPECT_EQ(to_valid_utf8("\x80x"), fffd + "x");                            // stray continuation byte
+  EXPECT_EQ(to_valid_utf8("\xC0\xAF"), fffd + fffd);                        // overlong '/'
+  EXPECT_EQ(to_valid_utf8("\xED\xA0\x80"), fffd + fffd + fffd);             // surrogate U+D800
+  EXPECT_EQ(to_valid_utf8("\xF4\x90\x80\x80"), fffd + fffd + fffd + fffd);  // past U+10FFFF
+  EXPECT_EQ(to_valid_utf8(std::string("a\0b", 3)), std::string("a\0b", 3));
+}
+
+// `loom serve`: a request's several stop strings (the earliest wins) and UTF-8 that never splits.
+TEST(ChatStream, StopFilterSeveralStops) {
+  std::string out;
+  StopFilter f(std::vector<std::string>{"", "END", "\n\n"}, [&](std::string_view s) { out += s; });
+  EXPECT_FALSE(f.add("a\n"));
+  EXPECT_EQ(out, "a");  // "\n" may start "\n\n"
+  EXPECT_FALSE(f.add("E"));
+  EXPECT_EQ(out, "a\n");  // now only "E" may start a stop string ("END")
+  EXPECT_FALSE(f.add("x"));
+  EXPECT_EQ(out, "a\nEx");
+  EXPECT_TRUE(f.add("y\n\nEND"));
+  EXPECT_EQ(out, "a\nExy");
+  EXPECT_EQ(f.text(), "a\nExy");
+}
+
+TEST(ChatStream, Utf8Joiner) {
+  EXPECT_EQ(utf8_complete_prefix("ab"), 2u);
+  EXPECT_EQ(utf8_complete_prefix("a\xE2\x82"), 1u);
+  EXPECT_EQ(utf8_complete_prefix("a\xE2\x82\xAC"), 4u);
+  EXPECT_EQ(utf8_complete_prefix("a\xF0"), 1u);
+  EXPECT_EQ(utf8_complete_prefix("a\x80"), 2u);  // invalid: nothing to wait for
+  Utf8Joiner j;
+  EXPECT_EQ(j.add("caf\xC3"), "caf");
+  EXPECT_EQ(j.add("\xA9 \xF0\x9F"), "\xC3\xA9 ");
+  EXPECT_EQ(j.add("\x98"), "");
+  EXPECT_EQ(j.add("\x80!"), "\xF0\x9F\x98\x80!");
+  EXPECT_EQ(j.add("\xE2\x82"), "");
+  EXPECT_EQ(j.finish(), "\xEF\xBF\xBD\xEF\xBF\xBD");
 }
 
 }  // namespace

@@ -1,0 +1,172 @@
+// `loom serve`: the OpenAI-compatible HTTP server (loom/serve.h) over one model; without -m, the
+// built-in Shakespeare model. It listens first (GET /health says 503 while the model loads), prints
+// the address, loads, then serves until SIGINT or SIGTERM.
+#include <signal.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <thread>
+
+#include <fmt/format.h>
+#include <CLI/CLI.hpp>
+
+#include "commands.h"
+#include "generate.h"
+#include "loom/chat.h"
+#include "loom/serve.h"
+#include "loom/text.h"
+
+namespace loom::app {
+
+namespace {
+
+struct ServeOptions {
+  GenerateOptions gen;
+  serve::ServerOptions server;
+  std::string template_name;  ///< --chat-template
+  std::string template_file;  ///< --chat-template-file
+  int timeout_s = 600;
+};
+
+int fail(const Status& s) {
+  std::fprintf(stderr, "loom: %s\n", s.to_string().c_str());
+  return 1;
+}
+
+// --chat-template-file: a Jinja template. Until Loom interprets Jinja, a file whose family the
+// built-in formats know is served with that format; any other is refused.
+Result<serve::ChatFormat> format_from_file(const std::string& path, const Tokenizer& tok) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return make_error(StatusCode::io_error, "{}: cannot open the chat template file", path);
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  if (auto t = detect_chat_template(ss.str())) {
+    fmt::print(
+        stderr,
+        "loom: {}: served with the built-in {} format (the Jinja interpreter is not in this build yet)\n",
+        path, chat_template_name(*t));
+    return serve::builtin_chat_format(*t, tok);
+  }
+  return make_error(StatusCode::unsupported,
+                    "{}: this Jinja template matches none of the built-in formats, and this build cannot "
+                    "interpret Jinja yet; pass --chat-template NAME ({}, plain)",
+                    path, chat_template_names());
+}
+
+int run_serve(ServeOptions o) {
+  // A misspelled --chat-template fails before anything loads.
+  if (!o.template_name.empty() && o.template_name != "plain")
+    if (auto t = chat_template_from_name(o.template_name); !t) return fail(t.status());
+  if (!o.template_name.empty() && !o.template_file.empty())
+    return fail(make_error(StatusCode::invalid_argument,
+                           "--chat-template and --chat-template-file exclude each other"));
+  o.server.timeout = std::chrono::seconds(o.timeout_s);
+
+  // SIGINT and SIGTERM go to one thread that stops the server (blocked everywhere else, so every
+  // thread started from here on inherits the mask).
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGUSR1);  // from finish(): wakes the thread when the server stops otherwise
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  auto server = serve::Server::create(o.server);
+  if (!server) return fail(server.status());
+  serve::Server& srv = **server;
+  srv.start();
+  fmt::print(stderr, "loom: listening on http://{}:{} (loading the model)\n", o.server.host, srv.port());
+  fmt::print("{}\n", srv.port());  // the port alone on stdout, for scripts and --port 0
+  std::fflush(stdout);
+  std::thread signal_thread([&srv, signals] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    if (sig != SIGUSR1) fmt::print(stderr, "\nloom: stopping\n");
+    srv.stop();
+  });
+  auto finish = [&](int rc) {
+    srv.stop();
+    ::kill(::getpid(),
+           SIGUSR1);  // wakes sigwait if no signal did (blocked everywhere: only sigwait takes it)
+    signal_thread.join();
+    return rc;
+  };
+
+  std::string backend_name;
+  auto session = open_generate_session(o.gen, backend_name);
+  if (!session) return finish(fail(session.status()));
+  auto tok = Tokenizer::from_gguf(session->model->gguf());
+  if (!tok) return finish(fail(tok.status()));
+  std::string note;
+  auto format = o.template_file.empty()
+                    ? serve::chat_format_for_model(session->model->gguf(), *tok, o.template_name, &note)
+                    : format_from_file(o.template_file, *tok);
+  if (!format) return finish(fail(format.status()));
+  if (!note.empty()) fmt::print(stderr, "loom: {}\n", note);
+  const int n_ctx = session->context->n_ctx();
+  const std::string format_name = format->name;
+  if (Status s = srv.attach(std::move(*session), std::move(*format)); !s.ok()) return finish(fail(s));
+  fmt::print(
+      stderr, "loom: serving on http://{}:{}: {} slots of {} tokens, queue {}, chat format {}, backend {}\n",
+      o.server.host, srv.port(), o.server.n_parallel, n_ctx, o.server.queue_size, format_name, backend_name);
+  srv.wait();
+  return finish(0);
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app, std::vector<Command>& out) {
+  auto o = std::make_shared<ServeOptions>();
+  auto* cmd = app.add_subcommand(
+      "serve",
+      "OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions, a chat page at / "
+      "(-m; default: the built-in Shakespeare model)");
+  add_model_flags(*cmd, o->gen);
+  add_sampling_flags(*cmd, o->gen);
+  cmd->add_option("--host", o->server.host, "Address to listen on")->capture_default_str();
+  cmd->add_option("--port", o->server.port, "Port (0: a free one, printed on stdout)")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
+  cmd->add_option("--parallel", o->server.n_parallel, "Slots: requests generated at the same time (-np)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  cmd->add_option("--queue", o->server.queue_size, "Requests that may wait for a slot; more get 429")
+      ->check(CLI::Range(0, 100000))
+      ->capture_default_str();
+  cmd->add_option("--api-key", o->server.api_key, "Require `Authorization: Bearer KEY`");
+  cmd->add_option("--timeout", o->timeout_s, "Seconds a request may take, queue included")
+      ->check(CLI::Range(1, 1 << 24))
+      ->capture_default_str();
+  cmd->add_option("--alias", o->server.model_name, "Model id in /v1/models (default: the file name)");
+  cmd->add_option("--chat-template", o->template_name,
+                  "Chat format (" + chat_template_names() + ", plain); default: detected from the model");
+  cmd->add_option("--chat-template-file", o->template_file, "Jinja chat template file");
+  cmd->add_flag("--log-requests", o->server.log_requests, "One line per request on stderr");
+  out.push_back({cmd, [o, cmd] {
+                   ServeOptions opts = *o;
+                   opts.gen.gpu_if_usable = cmd->count("--n-gpu-layers") == 0;
+                   // The sampling flags are the defaults of requests that leave a parameter out.
+                   auto sampler = make_sampler(opts.gen);
+                   if (!sampler) return fail(sampler.status());
+                   opts.server.sampling = sampler->params();
+                   opts.server.sampling.seed = opts.gen.seed;
+                   if (opts.gen.model_path.empty()) {
+                     auto path = find_builtin_model();
+                     if (!path) {
+                       fmt::print(stderr,
+                                  "loom: no model given (-m FILE) and the built-in model (models/{}) was not "
+                                  "found next to the program; set LOOM_MODEL=FILE or pass -m FILE\n",
+                                  kBuiltinModelFile);
+                       return 1;
+                     }
+                     opts.gen.model_path = *path;
+                   }
+                   return run_serve(std::move(opts));
+                 }});
+}
+
+}  // namespace loom::app

@@ -1,0 +1,115 @@
+// `loom serve`: an HTTP server with OpenAI's API over one model.
+//
+// The server listens before the model is loaded (GET /health answers 503 until then), then serves
+// N slots: one llm::Context each, all driven by one worker thread that owns the backend and takes
+// the active slots in turn, one step each (a prompt chunk for a new request, one token for a
+// running one), so every stream progresses. A request waits in a bounded queue while every slot is
+// busy (429 when the queue is full). Typical use (what `loom serve` does):
+//
+//   loom::serve::ServerOptions so; so.port = 0; so.n_parallel = 4;
+//   auto server = loom::serve::Server::create(so);      // binds; (*server)->port() is the port
+//   (*server)->start();                                  // HTTP on a background thread
+//   auto session = loom::llm::open_session(sp);
+//   (*server)->attach(std::move(*session), format);      // slots, worker: /health says ok
+//   (*server)->wait();                                   // until stop()
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "loom/chat.h"
+#include "loom/llm.h"
+#include "loom/sample.h"
+#include "loom/status.h"
+#include "loom/text.h"
+
+namespace loom::serve {
+
+/// Renders a conversation into the prompt text the model continues. The seam where a template
+/// engine plugs in: the built-in families (loom/chat.h) are one implementation, a Jinja
+/// interpreter of `tokenizer.chat_template` another.
+using ChatRenderer =
+    std::function<Result<std::string>(std::span<const ChatMessage> messages, bool add_generation_prompt)>;
+
+/// How chat requests become prompts, and where the model's turn ends.
+struct ChatFormat {
+  std::string name;               ///< "chatml", "plain", ... (logs, /props)
+  ChatRenderer render;            ///< conversation -> prompt text (without the leading BOS)
+  std::vector<std::string> stop;  ///< end-of-turn texts: generation stops there, never shows them
+};
+
+/// The built-in family `t` with the model's BOS and EOS spellings from `tok`.
+ChatFormat builtin_chat_format(ChatTemplate t, const Tokenizer& tok);
+/// For models without a chat template: each message as "ROLE:\n" + content + "\n\n" (the role in
+/// capitals), then "ASSISTANT:\n" as the generation prompt; the turn ends at "\n\nUSER:".
+ChatFormat plain_chat_format();
+/// The model's format: the family named by `template_name` when not empty, else the one detected
+/// from `tokenizer.chat_template`, else (no template in the file, or one Loom does not recognize,
+/// which `note` then explains) the plain format.
+Result<ChatFormat> chat_format_for_model(const GgufFile& file, const Tokenizer& tok,
+                                         const std::string& template_name, std::string* note = nullptr);
+
+/// Server settings; the defaults are `loom serve`'s.
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8080;                    ///< 0: a free port, chosen when binding (Server::port)
+  int n_parallel = 1;                 ///< slots: requests generated at the same time
+  int queue_size = 64;                ///< requests that may wait for a slot; more get 429
+  std::string api_key;                ///< "": no authentication; else `Authorization: Bearer KEY` is required
+  std::chrono::seconds timeout{600};  ///< per request, queue wait included
+  std::string model_name;             ///< the id /v1/models lists (default: the file's name)
+  SamplerParams sampling;             ///< what a request that names no sampling parameter gets
+  int n_http_threads = 0;             ///< 0: n_parallel + queue_size + 8 (a waiting stream holds a thread)
+  size_t max_body_bytes = 8u << 20;   ///< larger requests get 413
+  bool log_requests = false;          ///< one stderr line per request
+};
+
+/// Counters the tests and /metrics read.
+struct ServerStats {
+  int queue_depth = 0;   ///< requests waiting for a slot
+  int active_slots = 0;  ///< slots generating
+  int n_slots = 0;
+  uint64_t requests_finished = 0;     ///< generation requests completed (any reason)
+  uint64_t requests_cancelled = 0;    ///< of which stopped because the client went away
+  uint64_t prompt_tokens = 0;         ///< prompt tokens of finished requests
+  uint64_t prompt_tokens_cached = 0;  ///< of which were already in the slot's KV cache
+  uint64_t generated_tokens = 0;
+};
+
+namespace detail {
+struct ServerImpl;
+}
+
+/// The HTTP server and its engine. Thread-safe; stop() may come from any thread.
+class Server {
+ public:
+  /// Checks the options and binds host:port (port 0: a free one).
+  static Result<std::unique_ptr<Server>> create(const ServerOptions& options);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  /// The bound port.
+  int port() const;
+  /// Serves HTTP on a background thread; until attach(), only /health (503), / and /metrics answer.
+  void start();
+  /// Takes over a loaded model: its context becomes slot 0, n_parallel - 1 more contexts of the
+  /// same size are created, the worker starts, and generation endpoints open.
+  Status attach(llm::Session session, ChatFormat format);
+  /// Stops accepting, cancels what runs, joins the threads. Idempotent.
+  void stop();
+  /// Blocks until stop() (from another thread or a signal handler's thread).
+  void wait();
+  ServerStats stats() const;
+
+ private:
+  explicit Server(std::unique_ptr<detail::ServerImpl> impl);
+  std::unique_ptr<detail::ServerImpl> impl_;
+};
+
+}  // namespace loom::serve

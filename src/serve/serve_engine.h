@@ -1,0 +1,140 @@
+// The serving engine: N slots (one llm::Context each) driven by one worker thread, a bounded queue
+// of requests waiting for a slot, and the channel through which a request's tokens reach its HTTP
+// handler.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "loom/llm.h"
+#include "loom/sample.h"
+#include "loom/serve.h"
+#include "loom/text.h"
+#include "serve_metrics.h"
+
+namespace loom::serve {
+
+using Clock = std::chrono::steady_clock;
+
+/// One generation request, ready for the engine: tokens, not text.
+struct GenRequest {
+  std::vector<int32_t> prompt;
+  SamplerParams sampling;
+  int max_tokens = -1;            ///< -1: until the context is full
+  std::vector<std::string> stop;  ///< the request's stop strings and the chat format's
+  int top_logprobs = -1;          ///< -1: no logprobs; else the alternatives per token (0..20)
+  Clock::time_point deadline = Clock::time_point::max();
+};
+
+/// The log-probability of a generated token and of its best alternatives.
+struct TokenLogprob {
+  int32_t id = 0;
+  float logprob = 0.0f;
+  std::vector<std::pair<int32_t, float>> top;  ///< best first
+};
+
+enum class FinishReason { stop, length, cancelled, timeout, error };
+const char* finish_reason_name(FinishReason r);
+
+/// What the engine tells a request's handler. A request's events end with one `done`.
+struct StreamEvent {
+  enum class Kind { delta, done } kind = Kind::delta;
+  std::string text;                          ///< delta: new text, whole UTF-8 characters (may be empty)
+  std::optional<TokenLogprob> logprob;       ///< delta: the token's, when asked for
+  FinishReason finish = FinishReason::stop;  ///< done
+  std::string error;                         ///< done with FinishReason::error or timeout: why
+  int n_prompt = 0;                          ///< done: usage
+  int n_cached = 0;                          ///< done: prompt tokens found in the slot's cache
+  int n_generated = 0;                       ///< done: usage
+};
+
+/// A submitted request: the engine pushes events, the handler pops them; either side may end it.
+class Task {
+ public:
+  explicit Task(GenRequest req) : req_(std::move(req)), submitted_(Clock::now()) {}
+
+  /// Moves every event waiting into `out` (waiting at most `timeout` for one); false when none came.
+  bool pop(std::vector<StreamEvent>& out, std::chrono::milliseconds timeout);
+  /// The client is gone or gave up: the engine frees the request's slot at its next step.
+  void cancel() { cancelled_.store(true); }
+  bool cancelled() const { return cancelled_.load(); }
+  /// Whether the engine has sent `done`.
+  bool finished() const { return finished_.load(); }
+
+  void push(StreamEvent e);
+  const GenRequest& request() const { return req_; }
+  Clock::time_point submitted() const { return submitted_; }
+
+ private:
+  GenRequest req_;
+  Clock::time_point submitted_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<StreamEvent> events_;
+  std::atomic<bool> cancelled_{false};
+  std::atomic<bool> finished_{false};
+};
+
+/// The slots and the worker thread.
+class Engine {
+ public:
+  /// Takes the session's context as slot 0 and creates n_parallel - 1 more like it.
+  static Result<std::unique_ptr<Engine>> create(llm::Session session, const Tokenizer& tok,
+                                                std::set<int32_t> stop_ids, int n_parallel, int queue_size,
+                                                Metrics& metrics);
+  ~Engine();
+
+  /// Queues a request; nullptr when the queue is full.
+  std::shared_ptr<Task> submit(GenRequest req);
+  /// Cancels everything and joins the worker.
+  void stop();
+
+  int n_ctx() const { return n_ctx_; }
+  const llm::Model& model() const { return *session_.model; }
+  ServerStats stats() const;
+  /// KV cells in use over all slots, and the total.
+  std::pair<int64_t, int64_t> kv_cells() const;
+
+ private:
+  struct Slot;
+  Engine(llm::Session session, const Tokenizer& tok, std::set<int32_t> stop_ids, int queue_size,
+         Metrics& metrics);
+  void run();
+  template <typename F>
+  void guarded_turn(Slot& slot, F&& f);
+  void assign(Slot& slot, std::shared_ptr<Task> task);
+  /// One turn of an active slot: a prompt chunk or one token.
+  void step(Slot& slot);
+  bool prefill(Slot& slot);
+  void generate(Slot& slot);
+  void finish(Slot& slot, FinishReason reason, std::string error = {});
+  void fail_cache(Slot& slot);
+
+  llm::Session session_;
+  Tokenizer tok_;
+  std::set<int32_t> stop_ids_;
+  int queue_size_;
+  int n_ctx_ = 0;
+  Metrics& metrics_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Task>> pending_;
+  bool stopping_ = false;
+  std::atomic<int> active_{0};
+  std::atomic<int64_t> kv_used_{0};
+  std::thread worker_;
+};
+
+}  // namespace loom::serve

@@ -1,0 +1,45 @@
+// The server's counters and latency histograms, written out in Prometheus' text format.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace loom::serve {
+
+/// A Prometheus histogram with fixed upper bounds (seconds). Thread-safe.
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1) {}
+  void observe(double seconds);
+  /// The `_bucket`, `_sum` and `_count` lines of metric `name`, with HELP and TYPE.
+  std::string format(const std::string& name, const std::string& help) const;
+
+ private:
+  std::vector<double> bounds_;
+  mutable std::mutex mu_;
+  std::vector<uint64_t> counts_;  ///< per bucket (not cumulative); the last is +Inf
+  double sum_ = 0.0;
+  uint64_t count_ = 0;
+};
+
+/// Everything /metrics reports that is counted as it happens (gauges are read when asked).
+struct Metrics {
+  std::atomic<uint64_t> http_requests{0};            ///< every HTTP request
+  std::array<std::atomic<uint64_t>, 6> responses{};  ///< by status class: 1xx..5xx (index 1..5)
+  std::atomic<uint64_t> requests_rejected{0};        ///< 429: queue full
+  std::atomic<uint64_t> requests_finished{0};
+  std::atomic<uint64_t> requests_cancelled{0};
+  std::atomic<uint64_t> requests_timed_out{0};
+  std::atomic<uint64_t> prompt_tokens{0};
+  std::atomic<uint64_t> prompt_tokens_cached{0};
+  std::atomic<uint64_t> generated_tokens{0};
+  Histogram time_to_first_token{{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}};
+  Histogram inter_token{{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5}};
+  Histogram request_duration{{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300}};
+};
+
+}  // namespace loom::serve
