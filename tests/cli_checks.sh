@@ -93,7 +93,7 @@ grep -q '^Final estimate: PPL = ' "$dir/ppl.out" || fail "perplexity without -m:
 builtin="$src/models/loom-shakespeare-q8_0.gguf"
 printf 'ROMEO:\n' | LOOM_MODEL="$builtin" timeout 120 "$loom" chat -n 8 --temp 0 -t 2 \
   >"$dir/chat-builtin.out" 2>"$dir/chat-builtin.err" || fail "loom chat with the built-in model"
-grep -q "^loom: the built-in model has no chat template; using chatml" "$dir/chat-builtin.err" ||
+grep -q "^loom: chat template chatml (the fallback: .* has no tokenizer.chat_template)" "$dir/chat-builtin.err" ||
   fail "chat with the built-in model: no note on the template"
 grep -q "^loom: turn 1:.*reply 8 tokens" "$dir/chat-builtin.err" || fail "chat with the built-in model: no reply"
 LOOM_MODEL="$builtin" timeout 120 "$loom" perplexity -f "$src/tests/data/shakespeare_heldout_sample.txt" \
