@@ -37,26 +37,6 @@ int fail(const Status& s) {
   return 1;
 }
 
-// --chat-template-file: a Jinja template. Until Loom interprets Jinja, a file whose family the
-// built-in formats know is served with that format; any other is refused.
-Result<serve::ChatFormat> format_from_file(const std::string& path, const Tokenizer& tok) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return make_error(StatusCode::io_error, "{}: cannot open the chat template file", path);
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  if (auto t = detect_chat_template(ss.str())) {
-    fmt::print(
-        stderr,
-        "loom: {}: served with the built-in {} format (the Jinja interpreter is not in this build yet)\n",
-        path, chat_template_name(*t));
-    return serve::builtin_chat_format(*t, tok);
-  }
-  return make_error(StatusCode::unsupported,
-                    "{}: this Jinja template matches none of the built-in formats, and this build cannot "
-                    "interpret Jinja yet; pass --chat-template NAME ({}, plain)",
-                    path, chat_template_names());
-}
-
 int run_serve(ServeOptions o) {
   // A misspelled --chat-template fails before anything loads.
   if (!o.template_name.empty() && o.template_name != "plain")
@@ -104,7 +84,7 @@ int run_serve(ServeOptions o) {
   std::string note;
   auto format = o.template_file.empty()
                     ? serve::chat_format_for_model(session->model->gguf(), *tok, o.template_name, &note)
-                    : format_from_file(o.template_file, *tok);
+                    : serve::chat_format_from_file(session->model->gguf(), *tok, o.template_file);
   if (!format) return finish(fail(format.status()));
   if (!note.empty()) fmt::print(stderr, "loom: {}\n", note);
   const int n_ctx = session->context->n_ctx();

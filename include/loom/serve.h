@@ -45,12 +45,17 @@ struct ChatFormat {
 
 /// The built-in family `t` with the model's BOS and EOS spellings from `tok`.
 ChatFormat builtin_chat_format(ChatTemplate t, const Tokenizer& tok);
+/// A model's own format (loom/chat.h: its Jinja template rendered as transformers does, or a
+/// built-in family) with the model's BOS and EOS spellings from `tok`.
+ChatFormat model_chat_format(loom::ChatFormat format, const Tokenizer& tok);
+/// --chat-template-file: the Jinja template in `path`, rendered by Loom's interpreter.
+Result<ChatFormat> chat_format_from_file(const GgufFile& file, const Tokenizer& tok, const std::string& path);
 /// For models without a chat template: each message as "ROLE:\n" + content + "\n\n" (the role in
 /// capitals), then "ASSISTANT:\n" as the generation prompt; the turn ends at "\n\nUSER:".
 ChatFormat plain_chat_format();
-/// The model's format: the family named by `template_name` when not empty, else the one detected
-/// from `tokenizer.chat_template`, else (no template in the file, or one Loom does not recognize,
-/// which `note` then explains) the plain format.
+/// The model's format: the family named by `template_name` when not empty ("plain" included), else
+/// the file's `tokenizer.chat_template` rendered by the Jinja interpreter, else (no template in the
+/// file, which `note` then says) the plain format.
 Result<ChatFormat> chat_format_for_model(const GgufFile& file, const Tokenizer& tok,
                                          const std::string& template_name, std::string* note = nullptr);
 

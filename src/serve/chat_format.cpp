@@ -1,16 +1,26 @@
 // Chat formats of the server (loom/serve.h): the built-in families and the plain fallback.
 #include <cctype>
+#include <memory>
 
 #include "loom/serve.h"
 
 namespace loom::serve {
 
-ChatFormat builtin_chat_format(ChatTemplate t, const Tokenizer& tok) {
+namespace {
+
+// The model's own BOS/EOS spellings, so that the tokenizer matches them as special tokens.
+ChatRenderOptions model_render_options(const Tokenizer& tok) {
   ChatRenderOptions options;
   const SpecialTokens& sp = tok.special();
-  // The model's own BOS/EOS spellings, so that the tokenizer matches them as special tokens.
   if (sp.bos != kNoToken) options.bos_token = std::string(tok.token_text(sp.bos));
   if (sp.eos != kNoToken) options.eos_token = std::string(tok.token_text(sp.eos));
+  return options;
+}
+
+}  // namespace
+
+ChatFormat builtin_chat_format(ChatTemplate t, const Tokenizer& tok) {
+  const ChatRenderOptions options = model_render_options(tok);
   ChatFormat f;
   f.name = chat_template_name(t);
   f.stop = {chat_end_of_turn(t, options)};
@@ -20,6 +30,26 @@ ChatFormat builtin_chat_format(ChatTemplate t, const Tokenizer& tok) {
     return render_chat(t, messages, o);
   };
   return f;
+}
+
+ChatFormat model_chat_format(loom::ChatFormat format, const Tokenizer& tok) {
+  const ChatRenderOptions options = model_render_options(tok);
+  ChatFormat f;
+  f.name = format.description;
+  f.stop = {chat_end_of_turn(format, options)};
+  auto shared = std::make_shared<const loom::ChatFormat>(std::move(format));
+  f.render = [shared, options](std::span<const ChatMessage> messages, bool add_generation_prompt) {
+    ChatRenderOptions o = options;
+    o.add_generation_prompt = add_generation_prompt;
+    return render_chat(*shared, messages, o);
+  };
+  return f;
+}
+
+Result<ChatFormat> chat_format_from_file(const GgufFile& file, const Tokenizer& tok, const std::string& path) {
+  auto format = loom::chat_format_for_model(file, "", path);
+  if (!format) return format.status();
+  return model_chat_format(std::move(*format), tok);
 }
 
 ChatFormat plain_chat_format() {
@@ -48,10 +78,15 @@ Result<ChatFormat> chat_format_for_model(const GgufFile& file, const Tokenizer& 
     if (!t) return t.status();
     return builtin_chat_format(*t, tok);
   }
-  auto t = chat_template_for_model(file, "");
-  if (t) return builtin_chat_format(*t, tok);
-  if (note) *note = t.status().message() + "; using the plain format";
-  return plain_chat_format();
+  if (!file.has("tokenizer.chat_template")) {
+    if (note) *note = file.name() + " has no tokenizer.chat_template; using the plain format";
+    return plain_chat_format();
+  }
+  // The model's Jinja template, rendered as transformers renders it (when it does not parse: the
+  // built-in family its markers name; else the parse error).
+  auto format = loom::chat_format_for_model(file, "");
+  if (!format) return format.status();
+  return model_chat_format(std::move(*format), tok);
 }
 
 }  // namespace loom::serve
