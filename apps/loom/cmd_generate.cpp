@@ -3,9 +3,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -232,6 +234,15 @@ Status check_utf8(std::string_view text, std::string_view source) {
   return {};
 }
 
+Result<std::string> read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return make_error(StatusCode::io_error, "{}: cannot open: {}", path, std::strerror(errno));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) return make_error(StatusCode::io_error, "{}: read failed", path);
+  return ss.str();
+}
+
 Result<Sampler> make_sampler(const GenerateOptions& o) {
   SamplerParams spar;
   spar.seed = o.seed;
@@ -246,11 +257,9 @@ Result<Sampler> make_sampler(const GenerateOptions& o) {
 int run_generate(const GenerateOptions& o) {
   std::string prompt = o.prompt;
   if (!o.prompt_file.empty()) {
-    std::ifstream f(o.prompt_file, std::ios::binary);
-    if (!f) return fail(make_error(StatusCode::io_error, "{}: cannot open prompt file", o.prompt_file));
-    std::ostringstream ss;
-    ss << f.rdbuf();
-    prompt = ss.str();
+    auto text = read_file(o.prompt_file);
+    if (!text) return fail(text.status());
+    prompt = std::move(*text);
   }
   // Checked here, before the model loads, so that the error names the prompt's source: the
   // tokenizer would name the model file.

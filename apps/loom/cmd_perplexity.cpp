@@ -3,9 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <thread>
 
 #include <fmt/format.h>
@@ -186,11 +184,9 @@ int run_perplexity(const PerplexityOptions& o) {
         make_error(StatusCode::invalid_argument,
                    "perplexity: no text to evaluate: pass -f TEXT, a plain-text file (not needed with "
                    "--kl-divergence)"));
-  std::ifstream f(o.text_file, std::ios::binary);
-  if (!f) return fail(make_error(StatusCode::io_error, "{}: cannot open the text file", o.text_file));
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  const std::string text = ss.str();
+  auto read = read_file(o.text_file);
+  if (!read) return fail(read.status());
+  const std::string text = std::move(*read);
   if (Status s = check_utf8(text, o.text_file); !s.ok()) return fail(s);
 
   std::string backend_name;

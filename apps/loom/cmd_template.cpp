@@ -1,9 +1,7 @@
 // `loom template`: renders a Jinja chat template (a .jinja file, or a GGUF file's
 // tokenizer.chat_template) with a conversation, as transformers' apply_chat_template would.
 #include <cstdio>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 
 #include <fmt/format.h>
@@ -11,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "generate.h"
 #include "loom/gguf.h"
 #include "loom/jinja.h"
 
@@ -33,16 +32,8 @@ int fail(const loom::Status& s) {
   return 1;
 }
 
-loom::Result<std::string> read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return loom::make_error(loom::StatusCode::io_error, "{}: cannot open", path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 loom::Result<nlohmann::ordered_json> read_json(const std::string& path) {
-  auto text = read_file(path);
+  auto text = loom::app::read_file(path);
   if (!text) return text.status();
   try {
     return nlohmann::ordered_json::parse(*text);
@@ -54,7 +45,7 @@ loom::Result<nlohmann::ordered_json> read_json(const std::string& path) {
 int run_template(const TemplateOptions& o) {
   std::string source, name;
   if (!o.file.empty()) {
-    auto text = read_file(o.file);
+    auto text = loom::app::read_file(o.file);
     if (!text) return fail(text.status());
     source = std::move(*text);
     name = o.file;

@@ -1,9 +1,7 @@
 // `loom tokenize`: token ids of a text, with the tokenizer of a GGUF file.
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -11,6 +9,7 @@
 #include <CLI/CLI.hpp>
 
 #include "commands.h"
+#include "generate.h"
 #include "loom/text.h"
 
 namespace {
@@ -32,15 +31,6 @@ struct TokenizeOptions {
 int fail(const loom::Status& s) {
   std::fprintf(stderr, "loom: %s\n", s.to_string().c_str());
   return 1;
-}
-
-loom::Result<std::string> read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return loom::make_error(loom::StatusCode::io_error, "{}: cannot open", path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return loom::make_error(loom::StatusCode::io_error, "{}: read failed", path);
-  return ss.str();
 }
 
 // A piece as a C-style quoted string, so control characters and partial UTF-8 stay visible.
@@ -76,7 +66,7 @@ int run_tokenize(const TokenizeOptions& o) {
 
   if (o.from_vectors) {
     // One line per test string in the reference .out format: each id preceded by a space.
-    auto text = read_file(o.vectors);
+    auto text = loom::app::read_file(o.vectors);
     if (!text) return fail(text.status());
     auto strings = loom::split_vocab_test_strings(*text, o.vectors);
     if (!strings) return fail(strings.status());
@@ -96,7 +86,7 @@ int run_tokenize(const TokenizeOptions& o) {
 
   std::string text = o.prompt;
   if (o.from_file) {
-    auto t = read_file(o.file);
+    auto t = loom::app::read_file(o.file);
     if (!t) return fail(t.status());
     text = std::move(*t);
   }

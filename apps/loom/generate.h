@@ -69,6 +69,8 @@ void add_sampling_flags(CLI::App& cmd, GenerateOptions& o);
 Result<llm::Session> open_generate_session(const GenerateOptions& o, std::string& backend_name);
 /// An error naming `source` (a file name, "the prompt (-p)") when `text` is not valid UTF-8.
 Status check_utf8(std::string_view text, std::string_view source);
+/// The whole of a file (binary); io_error naming `path` when it cannot be opened or read.
+Result<std::string> read_file(const std::string& path);
 /// The sampler chain of `o`'s sampling flags.
 Result<Sampler> make_sampler(const GenerateOptions& o);
 
