@@ -2,8 +2,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -14,8 +14,8 @@
 #include <optional>
 #include <sstream>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include "generate.h"
 #include "loom/exec.h"
@@ -143,13 +143,15 @@ bool use_builtin_model(const CLI::App& cmd, GenerateOptions& o) {
 
 void add_model_flags(CLI::App& cmd, GenerateOptions& o) {
   cmd.add_option("-m,--model", o.model_path, "GGUF model file");
-  cmd.add_option("-c,--ctx-size", o.n_ctx, "Context size (0: the model's, at most 4096)")->check(CLI::Range(0, 1 << 24));
+  cmd.add_option("-c,--ctx-size", o.n_ctx, "Context size (0: the model's, at most 4096)")
+      ->check(CLI::Range(0, 1 << 24));
   cmd.add_option("-t,--threads", o.n_threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 1024));
   cmd.add_option("--ubatch-size", o.n_batch, "Prompt tokens per forward pass")->check(CLI::Range(1, 1 << 16));
   cmd.add_option("--n-gpu-layers", o.n_gpu_layers, "Layers on the GPU (0: CPU only; >= layer count: all)")
       ->check(CLI::Range(0, 100000));
   cmd.add_option("--trace", o.trace_path,
-                 "Write a Chrome trace (per-dispatch GPU times) of the third decode step to FILE, and its plan to FILE.dot");
+                 "Write a Chrome trace (per-dispatch GPU times) of the third decode step to FILE, and its "
+                 "plan to FILE.dot");
   cmd.add_option("--backend", o.backend, "Backend by name (cpu, cuda); overrides -ngl");
   add_numerics_flag(cmd, o.numerics);
 }
@@ -277,8 +279,9 @@ int run_generate(const GenerateOptions& o) {
   std::vector<int32_t> tokens(ids->begin(), ids->end());
   if (tokens.empty()) return fail(make_error(StatusCode::invalid_argument, "the prompt has no tokens"));
   if (static_cast<int>(tokens.size()) + o.n_predict > ctx.n_ctx())
-    return fail(make_error(StatusCode::invalid_argument, "prompt ({} tokens) + -n {} exceeds the context of {} (-c)",
-                           tokens.size(), o.n_predict, ctx.n_ctx()));
+    return fail(make_error(StatusCode::invalid_argument,
+                           "prompt ({} tokens) + -n {} exceeds the context of {} (-c)", tokens.size(),
+                           o.n_predict, ctx.n_ctx()));
 
   auto sampler = make_sampler(o);
   if (!sampler) return fail(sampler.status());
@@ -297,7 +300,8 @@ int run_generate(const GenerateOptions& o) {
   if (show_progress)
     dopt.on_chunk = [t0](size_t done, size_t total) {
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      fmt::print(stderr, "\r[prompt {}/{} tokens, {:.0f} t/s]", done, total, s > 0 ? static_cast<double>(done) / s : 0.0);
+      fmt::print(stderr, "\r[prompt {}/{} tokens, {:.0f} t/s]", done, total,
+                 s > 0 ? static_cast<double>(done) / s : 0.0);
       std::fflush(stderr);
     };
   auto logits = ctx.decode(tokens, 0, dopt);
@@ -338,14 +342,17 @@ int run_generate(const GenerateOptions& o) {
     auto step = ctx.decode(std::span<const int32_t>(&tokens.back(), 1), static_cast<int>(tokens.size()) - 1);
     if (!step) return fail(step.status());
     if (!o.trace_path.empty() && n_steps == 2)
-      fmt::print(stderr, "loom: trace of decode step 3 written to {} (plan: {}.dot)\n", o.trace_path, o.trace_path);
+      fmt::print(stderr, "loom: trace of decode step 3 written to {} (plan: {}.dot)\n", o.trace_path,
+                 o.trace_path);
     ++n_steps;
     last = *step;
   }
   const double gen_ms = ms_since(t1);
   fmt::print("\n");
   std::fflush(stdout);  // the stats line on stderr comes after the text
-  fmt::print(stderr, "loom: prompt {} tokens in {:.1f} ms ({:.1f} tokens/s); generated {} tokens in {:.1f} ms ({:.1f} tokens/s); "
+  fmt::print(stderr,
+             "loom: prompt {} tokens in {:.1f} ms ({:.1f} tokens/s); generated {} tokens in {:.1f} ms "
+             "({:.1f} tokens/s); "
              "backend {}, seed {}\n",
              n_prompt, prompt_ms, n_prompt / (prompt_ms / 1000.0), n_gen, gen_ms,
              n_gen > 0 ? n_gen / (gen_ms / 1000.0) : 0.0, backend_name, sampler->seed());

@@ -13,31 +13,31 @@
 namespace CLI {
 class App;
 class Validator;
-}
+}  // namespace CLI
 
 namespace loom::app {
 
 struct GenerateOptions {
-  std::string model_path;    ///< -m
+  std::string model_path;                   ///< -m
   std::string prompt = "Once upon a time";  ///< -p
-  std::string prompt_file;   ///< -f
-  int n_predict = 64;        ///< -n
-  int n_ctx = 0;             ///< -c (0: the model's, at most 4096)
-  int n_threads = 0;         ///< -t
-  int n_batch = 512;         ///< -ub
-  float temperature = 0.8f;  ///< --temp
-  int top_k = 40;            ///< --top-k
-  float top_p = 0.95f;       ///< --top-p
-  float min_p = 0.05f;       ///< --min-p
-  float repeat_penalty = 1.0f;  ///< --repeat-penalty
-  uint32_t seed = kRandomSeed;  ///< -s
-  int n_gpu_layers = 0;      ///< -ngl
-  std::string backend;       ///< --backend overrides -ngl's choice
-  std::string numerics;      ///< --numerics exact|fast ("": LOOM_NUMERICS, else the backend's default)
+  std::string prompt_file;                  ///< -f
+  int n_predict = 64;                       ///< -n
+  int n_ctx = 0;                            ///< -c (0: the model's, at most 4096)
+  int n_threads = 0;                        ///< -t
+  int n_batch = 512;                        ///< -ub
+  float temperature = 0.8f;                 ///< --temp
+  int top_k = 40;                           ///< --top-k
+  float top_p = 0.95f;                      ///< --top-p
+  float min_p = 0.05f;                      ///< --min-p
+  float repeat_penalty = 1.0f;              ///< --repeat-penalty
+  uint32_t seed = kRandomSeed;              ///< -s
+  int n_gpu_layers = 0;                     ///< -ngl
+  std::string backend;                      ///< --backend overrides -ngl's choice
+  std::string numerics;        ///< --numerics exact|fast ("": LOOM_NUMERICS, else the backend's default)
   bool gpu_if_usable = false;  ///< the GPU when one is usable, else the CPU (no --backend)
-  std::string dump_logits;   ///< --dump-logits: all prompt logits (f32) to this file, ids to FILE.tokens
-  bool stats = false;        ///< --stats: decode and graph-executor statistics on stderr at the end
-  std::string trace_path;    ///< --trace: Chrome trace of the third decode step (CUDA)
+  std::string dump_logits;     ///< --dump-logits: all prompt logits (f32) to this file, ids to FILE.tokens
+  bool stats = false;          ///< --stats: decode and graph-executor statistics on stderr at the end
+  std::string trace_path;      ///< --trace: Chrome trace of the third decode step (CUDA)
 };
 
 int run_generate(const GenerateOptions& o);

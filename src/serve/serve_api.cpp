@@ -71,16 +71,10 @@ bool get<int64_t>(const json& body, const std::string& key, int64_t& out) {
   return true;
 }
 
-double get_range(const json& body, const std::string& key, double lo, double hi, double fallback) {
-  double v = fallback;
-  if (get(body, key, v) && (v < lo || v > hi))
-    throw ApiError(400, fmt::format("'{}' is {}; it must lie in [{}, {}]", key, v, lo, hi), key,
-                   "invalid_value");
-  return v;
-}
-
-int64_t get_int_range(const json& body, const std::string& key, int64_t lo, int64_t hi, int64_t fallback) {
-  int64_t v = fallback;
+// `key` when present (else `fallback`), refused with a 400 naming it outside [lo, hi].
+template <class T>
+T get_range(const json& body, const std::string& key, T lo, T hi, T fallback) {
+  T v = fallback;
   if (get(body, key, v) && (v < lo || v > hi))
     throw ApiError(400, fmt::format("'{}' is {}; it must lie in [{}, {}]", key, v, lo, hi), key,
                    "invalid_value");
@@ -189,21 +183,21 @@ GenerationParams parse_generation(const json& body, Endpoint endpoint, const Sam
     if (!it->is_object()) bad_type("stream_options", "an object", *it);
     get(*it, "include_usage", p.include_usage);
   }
-  if (int64_t n = get_int_range(body, "n", 1, 128, 1); n != 1)
+  if (int64_t n = get_range<int64_t>(body, "n", 1, 128, 1); n != 1)
     throw ApiError(400, "'n': only n = 1 is supported", "n", "unsupported_value");
 
   SamplerParams& s = p.sampling;
   s = defaults;
-  s.temperature = static_cast<float>(get_range(body, "temperature", 0.0, 2.0, defaults.temperature));
-  s.top_p = static_cast<float>(get_range(body, "top_p", 0.0, 1.0, defaults.top_p));
-  s.min_p = static_cast<float>(get_range(body, "min_p", 0.0, 1.0, defaults.min_p));
-  s.top_k = static_cast<int32_t>(get_int_range(body, "top_k", 0, 1 << 30, defaults.top_k));
+  s.temperature = static_cast<float>(get_range<double>(body, "temperature", 0.0, 2.0, defaults.temperature));
+  s.top_p = static_cast<float>(get_range<double>(body, "top_p", 0.0, 1.0, defaults.top_p));
+  s.min_p = static_cast<float>(get_range<double>(body, "min_p", 0.0, 1.0, defaults.min_p));
+  s.top_k = static_cast<int32_t>(get_range<int64_t>(body, "top_k", 0, 1 << 30, defaults.top_k));
   s.penalties.presence =
-      static_cast<float>(get_range(body, "presence_penalty", -2.0, 2.0, defaults.penalties.presence));
-  s.penalties.frequency =
-      static_cast<float>(get_range(body, "frequency_penalty", -2.0, 2.0, defaults.penalties.frequency));
+      static_cast<float>(get_range<double>(body, "presence_penalty", -2.0, 2.0, defaults.penalties.presence));
+  s.penalties.frequency = static_cast<float>(
+      get_range<double>(body, "frequency_penalty", -2.0, 2.0, defaults.penalties.frequency));
   s.penalties.repeat =
-      static_cast<float>(get_range(body, "repeat_penalty", 0.0, 10.0, defaults.penalties.repeat));
+      static_cast<float>(get_range<double>(body, "repeat_penalty", 0.0, 10.0, defaults.penalties.repeat));
   int64_t seed = -1;
   if (get(body, "seed", seed)) s.seed = static_cast<uint32_t>(seed);  // any integer: its low 32 bits
   // max_completion_tokens is the newer name; both accepted, the newer wins.
@@ -238,7 +232,7 @@ GenerationParams parse_generation(const json& body, Endpoint endpoint, const Sam
   if (endpoint == Endpoint::chat) {
     bool logprobs = false;
     get(body, "logprobs", logprobs);
-    const int64_t top = get_int_range(body, "top_logprobs", 0, 20, 0);
+    const int64_t top = get_range<int64_t>(body, "top_logprobs", 0, 20, 0);
     if (body.contains("top_logprobs") && !body["top_logprobs"].is_null() && !logprobs)
       throw ApiError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs");
     p.top_logprobs = logprobs ? static_cast<int>(top) : -1;
@@ -247,7 +241,7 @@ GenerationParams parse_generation(const json& body, Endpoint endpoint, const Sam
     if (auto it = body.find("logprobs"); it != body.end() && it->is_boolean()) {
       n = it->get<bool>() ? 0 : -1;  // some clients send a boolean here too
     } else {
-      n = get_int_range(body, "logprobs", 0, 20, -1);
+      n = get_range<int64_t>(body, "logprobs", 0, 20, -1);
     }
     p.top_logprobs = static_cast<int>(n);
   }

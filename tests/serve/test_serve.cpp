@@ -177,6 +177,18 @@ Streamed stream(const TestServer& srv, const std::string& path, json body) {
   return s;
 }
 
+// A streaming completion request whose chunks go to `receiver` (return false to hang up).
+httplib::Request stream_request(const std::string& prompt, int max_tokens,
+                                httplib::ContentReceiverWithProgress receiver) {
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.headers = {{"Content-Type", "application/json"}};
+  req.body = json{{"prompt", prompt}, {"max_tokens", max_tokens}, {"stream", true}}.dump();
+  req.content_receiver = std::move(receiver);
+  return req;
+}
+
 void expect_error(const Reply& r, int status, const std::string& param = "") {
   EXPECT_EQ(r.status, status) << r.raw;
   ASSERT_TRUE(r.body.is_object()) << r.raw;
@@ -581,13 +593,9 @@ TEST(Serve, DisconnectFreesSlot) {
   ServerOptions o;
   o.n_parallel = 1;
   TestServer s(o, /*n_ctx=*/1024);
-  httplib::Request req;
-  req.method = "POST";
-  req.path = "/v1/completions";
-  req.headers = {{"Content-Type", "application/json"}};
-  req.body = json{{"prompt", "ROMEO:"}, {"max_tokens", 900}, {"stream", true}}.dump();
   int chunks = 0;
-  req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++chunks < 3; };
+  auto req =
+      stream_request("ROMEO:", 900, [&](const char*, size_t, uint64_t, uint64_t) { return ++chunks < 3; });
   auto c = s.client();
   auto res = c->send(req);
   EXPECT_GE(chunks, 3);
@@ -611,15 +619,10 @@ TEST(Serve, DisconnectWhileQueued) {
   std::atomic<bool> release_first{false};
   std::atomic<int> first_chunks{0};
   auto long_stream = [&] {
-    httplib::Request req;
-    req.method = "POST";
-    req.path = "/v1/completions";
-    req.headers = {{"Content-Type", "application/json"}};
-    req.body = json{{"prompt", "ROMEO:"}, {"max_tokens", 2000}, {"stream", true}}.dump();
-    req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
+    auto req = stream_request("ROMEO:", 2000, [&](const char*, size_t, uint64_t, uint64_t) {
       ++first_chunks;
       return !release_first.load();
-    };
+    });
     s.client()->send(req);
   };
   std::thread first(long_stream);
@@ -628,15 +631,10 @@ TEST(Serve, DisconnectWhileQueued) {
     std::this_thread::sleep_for(5ms);
   std::atomic<bool> got_comment{false};
   std::thread queued([&] {
-    httplib::Request req;
-    req.method = "POST";
-    req.path = "/v1/completions";
-    req.headers = {{"Content-Type", "application/json"}};
-    req.body = json{{"prompt", "JULIET:"}, {"max_tokens", 4}, {"stream", true}}.dump();
-    req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    auto req = stream_request("JULIET:", 4, [&](const char* data, size_t n, uint64_t, uint64_t) {
       if (std::string(data, n).rfind(": waiting", 0) == 0) got_comment = true;
       return false;  // hang up at the first byte
-    };
+    });
     s.client()->send(req);
   });
   queued.join();
@@ -661,17 +659,12 @@ TEST(Serve, StopEndsStreams) {
   std::string body;
   std::mutex mu;
   std::thread client([&] {
-    httplib::Request req;
-    req.method = "POST";
-    req.path = "/v1/completions";
-    req.headers = {{"Content-Type", "application/json"}};
-    req.body = json{{"prompt", "ROMEO:"}, {"max_tokens", 2000}, {"stream", true}}.dump();
-    req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    auto req = stream_request("ROMEO:", 2000, [&](const char* data, size_t n, uint64_t, uint64_t) {
       std::lock_guard lock(mu);
       body.append(data, n);
       ++chunks;
       return true;
-    };
+    });
     s.client()->send(req);
   });
   const auto t0 = std::chrono::steady_clock::now();
@@ -698,19 +691,14 @@ TEST(Serve, QueueFull) {
   bool first_started = false;
   std::atomic<bool> release_first{false};
   std::thread first([&] {
-    httplib::Request req;
-    req.method = "POST";
-    req.path = "/v1/completions";
-    req.headers = {{"Content-Type", "application/json"}};
-    req.body = json{{"prompt", "ROMEO:"}, {"max_tokens", 900}, {"stream", true}}.dump();
-    req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
+    auto req = stream_request("ROMEO:", 900, [&](const char*, size_t, uint64_t, uint64_t) {
       {
         std::lock_guard lock(mu);
         first_started = true;
       }
       cv.notify_all();
       return !release_first.load();
-    };
+    });
     s.client()->send(req);
   });
   {
