@@ -134,17 +134,7 @@ void add_serve_command(CLI::App& app, std::vector<Command>& out) {
                    if (!sampler) return fail(sampler.status());
                    opts.server.sampling = sampler->params();
                    opts.server.sampling.seed = opts.gen.seed;
-                   if (opts.gen.model_path.empty()) {
-                     auto path = find_builtin_model();
-                     if (!path) {
-                       fmt::print(stderr,
-                                  "loom: no model given (-m FILE) and the built-in model (models/{}) was not "
-                                  "found next to the program; set LOOM_MODEL=FILE or pass -m FILE\n",
-                                  kBuiltinModelFile);
-                       return 1;
-                     }
-                     opts.gen.model_path = *path;
-                   }
+                   if (opts.gen.model_path.empty() && !use_builtin_model(*cmd, opts.gen)) return 1;
                    return run_serve(std::move(opts));
                  }});
 }
