@@ -25,6 +25,7 @@
 #include "activation.cuh"
 #include "common.cuh"
 #include "fused.cuh"
+#include "mat_vec_fast.cuh"
 #include "mat_vec.cuh"
 #include "matmul.cuh"
 #include "quant.cuh"
@@ -619,6 +620,8 @@ CudaError launch_mat_vec_bias(const LaunchContext& ctx, const Tensor* mm, const 
 CudaError launch_glu_mat_vec(const LaunchContext& ctx, const Tensor* mm_gate, const Tensor* mm_up,
                              const Tensor* glu) {
   if (glu->nelements() == 0) return {};
+  const Tensor* mms[2] = {mm_gate, mm_up};
+  if (ctx.fast && mat_vec_fast_supports_multi(ctx, mms, 2)) return launch_mat_vec_fast_glu(ctx, mm_gate, mm_up, glu);
   switch (mm_gate->src[0]->type) {
     case DType::f32:
       return glu_float<FormatF32>(ctx, mm_gate, mm_up, glu);
@@ -646,6 +649,7 @@ CudaError launch_mat_vec_multi(const LaunchContext& ctx, const Tensor* mm0, cons
   const int count = mm2 ? 3 : 2;
   const Tensor* x = mm0->src[1];
   if (x->nelements() == 0) return {};
+  if (ctx.fast && mat_vec_fast_supports_multi(ctx, mms, count)) return launch_mat_vec_fast_multi(ctx, mms, count);
   switch (mm0->src[0]->type) {
     case DType::f32:
       return multi_float<FormatF32>(ctx, mms, count);

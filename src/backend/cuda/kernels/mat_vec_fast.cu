@@ -6,40 +6,41 @@
 // q4_K 565 GB/s). A mat-vec is bound by memory-level parallelism: the SMs must keep ~3 MB of loads
 // in flight (4.35 TB/s x ~700 ns), ~23 KB per SM, in wide coalesced requests.
 //
-// Design (both paths): a block of kThreads = 128 threads owns kRows consecutive rows (1 for one or
-// two columns, kCols / 2 for 4 or 8) and every column; its threads split each row's k between them
-// (several warps per row), each thread doing the same k range for all kRows rows, so that the
-// activations it loads serve kRows rows. At 8 columns the activation traffic through L1 is the
-// limit, not the weights: per weight byte, int8 activations cost (elements per byte) x columns /
-// kRows bytes of L1 reads, 1.78 x 8 / 4 = 3.6 for q4_0 (~53 B/clk/SM at 90% of HBM bandwidth,
-// against L1's 128), f32 activations of f16 weights 2 x 8 / 4 = 4 (~60 B/clk/SM). Partial sums are
-// reduced over each warp by a transposing butterfly (31 shuffles for 32 values), then over the 4
-// warps through shared memory in a fixed order: deterministic, no atomics.
+// What one launch computes (FastArgs): 1-3 products of one activation (mul_mat, mat_vec_bias,
+// the fused mat_vec_multi of Q/K/V) or a gate/up pair whose gated product is the output (the fused
+// glu_mat_vec), so the fast mode's fusions read their weights at the same bandwidth as mul_mat.
+// Work is cut into tiles of a few output rows of one batch of one product.
 //
-// Float weights (f32/f16/bf16): each thread loads 16 bytes of weights per row per step straight into
-// registers (the warp reads 512 contiguous bytes of a row), kUnroll = 4 / kRows steps issued before
-// the first use: 4 x 16 bytes in flight per thread, 8 KB per block; at 16 blocks per SM (1 and 2
-// columns) that is 128 KB per SM, at ~5 blocks (8 columns, ~100 registers) 40 KB.
+// Design (both paths): a block of kThreads = 128 threads owns a tile and every column; its threads
+// split each row's k between them (several warps per row), each thread doing the same k range for
+// all rows of the tile, so that the activations it loads serve every row. Partial sums are reduced
+// over each warp by a transposing butterfly (31 shuffles for 32 values), then over the 4 warps
+// through shared memory in a fixed order: deterministic, no atomics.
+//
+// Float weights (f32/f16/bf16): a block per tile (float_rows: 1 row at 1-2 columns); each thread
+// loads 16 bytes of weights per row per step straight into registers (the warp reads 512 contiguous
+// bytes of a row), 4 loads issued before the first use.
 //
 // Quantized weights: activations are first quantized to int8 (mat_vec_fast_formats.cuh: a float scale
-// per 32 for q8_0/q4_0, per 256 for the K-quants); the weight rows, whose blocks are only 2-byte
-// aligned (34, 18, 210 bytes), are copied 16 bytes per thread with cp.async into shared memory, two
-// stages deep, a stage being 128 units of 32 weights per row (4096 weights: 2304 bytes of q4_0/q4_K,
-// 4352 of q8_0, 3360 of q6_K); each thread then decodes its unit of every row from shared memory
-// and takes dp4a sums against its 32 activation codes (two 16-byte loads per column), scaled in
-// float. Bytes in flight: a stage of kRows rows, 2.3-17 KB per block; ~16 blocks per SM at 1 column,
-// ~6 at 8 (shared memory: 35 KB per block for q8_0), 35-100 KB per SM.
+// per 32 for q8_0/q4_0, per 256 for the K-quants). A grid of about one wave walks the tiles (4 rows;
+// gated: 2 gate + 2 up): thread 0 keeps bulk copies (cp.async.bulk, one per row and stage, an
+// mbarrier per buffer) of the next 1-2 stages in flight, a stage being 128 units of 32 weights per
+// row (4096 weights: 2304 bytes of q4_0/q4_K, 4352 of q8_0, 3360 of q6_K); every thread decodes its
+// unit of each row from shared memory and takes dp4a sums against its 32 activation codes (two
+// 16-byte loads per column), scaled in float.
 //
 // Bytes model per call: m x row_bytes of weights (read once) + n columns of activations (f32, or
 // int8 after a quantization kernel that reads them once: ~1.1 k n bytes, L2-resident for every
-// block) + 4 m n bytes of output. Predicted: ~85-90% of 4,350 GB/s on the large shapes (14336x4096,
-// 4096x14336, 128256x4096) for n = 1..4 and every type; at n = 8 the q4_0/q4_K dp4a count (8 per 32
-// weights per column, plus float scaling) keeps the SM's integer pipe ~80% busy at 90% bandwidth,
-// so those may land at 75-85%. Small matrices (4096x4096 q4_0 is 9.4 MB, ~2 us) are bounded by
-// launch and the tail of the grid, not bandwidth. Not measured yet.
+// block) + 4 m n bytes of output. Measured (ncu, H200, 4096x14336 at 1 column, % of DRAM peak):
+// f16 75% (glu pair 84%), q8_0 61%, q6_K 46%, q4_0 41%, q4_K 37%; q4_K 35% at 2 columns, 30% at 4,
+// 21% at 8. The quantized kernels are bound by instruction issue and the per-step barriers (decode
+// of 2-byte aligned blocks from shared memory: funnel shifts, nibble unpacking), not bytes; one
+// block per 1-row tile with per-thread 16-byte cp.async ran q4_K at 22% (issue ~310 instructions
+// per 32 weights). A load-time repacking into aligned code and scale arrays is the next step.
 #include <algorithm>
 #include <cstdint>
 
+#include "activation.cuh"
 #include "common.cuh"
 #include "mat_vec.cuh"
 #include "mat_vec_fast.cuh"
@@ -54,40 +55,57 @@ constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / kWarpSize;
 /// Quantized units (32 weights) of a row per pipeline stage: one per thread.
 constexpr int kUnitsPerStage = kThreads;
-constexpr unsigned kMaxGridY = 65535;
 
-/// Rows per block for kCols columns: enough that the activations a thread loads serve several rows
-/// (L1 traffic above), few enough that small matrices still give every SM blocks.
-template <int kCols>
-__host__ __device__ constexpr int rows_per_block() {
-  return kCols <= 2 ? 1 : kCols / 2;
-}
-
-/// Blocks per SM the register budget must allow (__launch_bounds__), from ptxas -v: the quantized
-/// kernels take ~40 registers at 1-2 columns (12 blocks: 48 warps) and ~80 at 4; at 8 the compiler
-/// hoists every column's activation loads and takes 168 (3 blocks per SM), and a cap of 128 spilled
-/// 12-76 bytes, so 8 columns keep 3. The float kernels spilled under a 40-register cap at 1-2 columns.
+/// Blocks per SM the register budget must allow (__launch_bounds__), from ptxas -v. Quantized: 4
+/// rows per tile (fast_rows) and the pipeline's row pointers and tile state take ~90 registers at
+/// 1 column (5 blocks per SM; shared memory allows 5-8), ~100-128 at 2-4 (4 blocks; 96 spilled
+/// 24-164 bytes), and at 8 the compiler hoists every
+/// column's activation loads and takes ~130-170 (3 blocks per SM; a cap of 128 spilled). The
+/// float kernels spilled under a 40-register cap at 1-2 columns.
 template <int kCols, bool kQuantized>
 __host__ __device__ constexpr int min_blocks_per_sm() {
-  if (kCols <= 2) return kQuantized ? 12 : 8;
-  return kCols <= 4 ? 6 : (kQuantized ? 3 : 4);
+  if constexpr (kQuantized) return kCols <= 1 ? 5 : (kCols <= 4 ? 4 : 3);
+  return kCols <= 2 ? 8 : (kCols <= 4 ? 6 : 4);
 }
 
-// ---- asynchronous copies to shared memory (sm_80+) -------------------------------------------------
+// ---- bulk copies to shared memory (sm_90: the copy engine of the SM, one thread issues a row) -------
 
-/// Copies the first src_bytes (1..16) of the 16 bytes at gmem (16-byte aligned) to smem and zeroes
-/// the rest, without passing through registers or L1.
-__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, int src_bytes) {
-  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  const auto g = __cvta_generic_to_global(gmem);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(g), "r"(src_bytes) : "memory");
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-/// Waits until at most N of this thread's committed groups are still in flight.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+__device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
 }
+/// Makes the barriers' initialization visible to the copy engine (the async proxy).
+__device__ __forceinline__ void mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+/// This thread's arrival on bar, which then also waits for `bytes` of copies to land.
+__device__ __forceinline__ void mbar_arrive_expect(uint64_t* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, unsigned parity) {
+  unsigned done;
+  asm volatile(
+      "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(smem_addr(bar)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+/// Copies `bytes` (a multiple of 16; both addresses 16-byte aligned) from global to shared memory
+/// and signals bar with the bytes when they have landed.
+__device__ __forceinline__ void bulk_copy(void* smem, const void* gmem, unsigned bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+          smem_addr(smem)),
+      "l"(__cvta_generic_to_global(gmem)), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
+}
+/// Orders this thread's earlier generic-proxy accesses to shared memory (the block's reads of a
+/// stage, made visible to it by a barrier) before its later bulk copies into it.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 // ---- reduction -------------------------------------------------------------------------------------
 
@@ -122,73 +140,161 @@ __device__ __forceinline__ float warp_sum_many(float (&v)[V], int lane) {
   return v[0];
 }
 
-/// Sums acc over the block and writes dst[i0 + r, c, i2, i3] (+ bias) for valid rows and columns.
-/// `partial` is the block's shared scratch; the caller synchronizes before reusing it.
-template <int kRows, int kCols, bool kBias>
-__device__ __forceinline__ void reduce_and_store(float (&acc)[kRows][kCols], float (*partial)[kRows * kCols],
-                                                 const TensorDesc& dst, int64_t i0, int ncols, int64_t i2,
-                                                 int64_t i3, const float* bias) {
-  constexpr int V = kRows * kCols, kLanesPerValue = kWarpSize / V;
+// ---- what one launch computes ----------------------------------------------------------------------
+
+/// Products one launch computes at most (mat_vec_multi's Q, K, V).
+constexpr int kFastMaxParts = 3;
+
+/// One product: its output, its weights with their batch broadcast (r2, r3, as mul_mat's), its row
+/// tiles per batch, and the first tile of the launch that belongs to it (INT64_MAX: unused).
+struct FastPart {
+  TensorDesc dst;
+  TensorDesc w;
+  int64_t r2, r3;
+  int64_t row_tiles;
+  int64_t first_tile;
+};
+
+/// One launch: 1-3 products of one activation (mul_mat; mat_vec_bias with `bias`; mat_vec_multi),
+/// or with kGlu the gated product act(part 0's weights x) * (part 1's weights x) into part 0's dst
+/// (glu_mat_vec: swiglu or geglu). Tiles: kRows output rows of one batch of one part.
+struct FastArgs {
+  FastPart part[kFastMaxParts];
+  int64_t tiles;
+  int64_t batches;  ///< dst.ne[2] * dst.ne[3], the same for every part (one activation)
+  int64_t ne2;      ///< dst.ne[2]
+  const float* bias;
+  bool swiglu;
+};
+
+/// Output rows per tile: 4 (gated: 2 of gate and 2 of up), whatever the columns, so that every step
+/// gives each thread 4 units to decode against the activations it loads (which serve all 4 rows),
+/// and the per-step work (copies issued, the wait, the barrier, tile bookkeeping, the reduction)
+/// is shared by 4 units. With 1 row per tile at 1 column the q8_0 kernel issued ~310 instructions
+/// per 32 weights and ran at 45% of bandwidth, issue-bound (ncu: 0.66 warps issued per scheduler
+/// per cycle). The block reduction then takes 4 x kCols <= 32 sums per warp.
+template <int kCols, bool kGlu>
+__host__ __device__ constexpr int fast_rows() {
+  return kGlu ? 2 : 4;
+}
+
+/// The float kernel's rows per tile: its threads load 16 weight bytes per row straight into
+/// registers, 4 loads in flight per thread (kUnroll rows x steps), so one row at 1-2 columns and
+/// columns / 2 rows beyond (gated: half as many, at least one).
+template <int kCols, bool kGlu>
+__host__ __device__ constexpr int float_rows() {
+  constexpr int rows = kCols <= 2 ? 1 : kCols / 2;
+  return kGlu && rows > 1 ? rows / 2 : rows;
+}
+
+/// Where tile t writes: its part, first row and batch.
+struct TileAt {
+  int part;
+  int64_t i0, z, i2, i3;
+};
+
+template <int kRows>
+__device__ __forceinline__ TileAt tile_at(const FastArgs& args, int64_t t) {
+  TileAt at;
+  at.part = (t >= args.part[1].first_tile ? 1 : 0) + (t >= args.part[2].first_tile ? 1 : 0);
+  const FastPart& p = args.part[at.part];
+  const int64_t local = t - p.first_tile;
+  if (args.batches == 1) {  // decode: no divisions
+    at.i0 = local * kRows;
+    at.z = at.i2 = at.i3 = 0;
+  } else {
+    at.z = local / p.row_tiles;
+    at.i0 = (local - at.z * p.row_tiles) * kRows;
+    at.i2 = at.z % args.ne2;
+    at.i3 = at.z / args.ne2;
+  }
+  return at;
+}
+
+/// Row l of a tile (kRows output rows; with kGlu rows kRows.. are the up weights' rows): rows past
+/// the end repeat the last one, their sums are dropped.
+template <int kRows, bool kGlu>
+__device__ __forceinline__ const char* tile_row(const FastArgs& args, const TileAt& at, int l) {
+  const FastPart& p = args.part[kGlu && l >= kRows ? 1 : at.part];
+  const int64_t m = args.part[at.part].dst.ne[0];
+  const int64_t i = at.i0 + (kGlu ? l % kRows : l);
+  if (args.batches == 1) return p.w.data + (i < m ? i : m - 1) * p.w.nb[1];
+  return row_ptr(p.w, i < m ? i : m - 1, at.i2 / p.r2, at.i3 / p.r3);
+}
+
+/// Sums each of the kLoad x kCols values over the block into partial[warp][...] (then synchronized),
+/// and writes the tile's outputs: the row's sum (+ bias), or with kGlu act(gate sum) * up sum.
+template <int kRows, int kCols, bool kGlu, int kLoad>
+__device__ __forceinline__ void reduce_and_store(float (&acc)[kLoad][kCols], float (*partial)[kLoad * kCols],
+                                                 const FastArgs& args, const TileAt& at, int ncols) {
+  constexpr int V = kLoad * kCols, kLanesPerValue = kWarpSize / V;
+  static_assert(V <= kWarpSize, "at most 32 sums per warp");
   const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
   float v[V];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r)
+  for (int r = 0; r < kLoad; ++r)
 #pragma unroll
     for (int c = 0; c < kCols; ++c) v[r * kCols + c] = acc[r][c];
   const float total = warp_sum_many(v, lane);
   if (lane % kLanesPerValue == 0) partial[warp][lane / kLanesPerValue] = total;
   __syncthreads();
-  if (tid < V) {
+  if (tid < kRows * kCols) {
     const int r = tid / kCols, c = tid % kCols;
-    const int64_t i = i0 + r;
+    const TensorDesc& dst = args.part[at.part].dst;
+    const int64_t i = at.i0 + r;
     if (c < ncols && i < dst.ne[0]) {
       float sum = partial[0][tid];
 #pragma unroll
       for (int w = 1; w < kWarps; ++w) sum += partial[w][tid];
-      if constexpr (kBias) sum += bias[i];
-      *reinterpret_cast<float*>(element_ptr(dst, i, c, i2, i3)) = sum;
+      if constexpr (kGlu) {
+        float up = partial[0][tid + kRows * kCols];
+#pragma unroll
+        for (int w = 1; w < kWarps; ++w) up += partial[w][tid + kRows * kCols];
+        sum = gated_f(sum, up, args.swiglu);
+      } else if (args.bias) {
+        sum += args.bias[i];
+      }
+      *reinterpret_cast<float*>(element_ptr(dst, i, c, at.i2, at.i3)) = sum;
     }
   }
 }
 
 // ---- float weights ---------------------------------------------------------------------------------
 
-// Rows [blockIdx.x * kRows, + kRows) of every column (ncols = dst.ne[1] <= kCols) and batch; b's
-// columns contiguous and 16-byte aligned, the weight rows 16-byte aligned (mat_vec_fast_supports).
-template <class F, int kCols, bool kBias>
-__global__ void __launch_bounds__(kThreads, min_blocks_per_sm<kCols, false>()) mat_vec_fast_float_kernel(TensorDesc dst, TensorDesc a, TensorDesc b,
-                                                                      int64_t r2, int64_t r3, const float* bias) {
+// Tiles blockIdx.x, + gridDim.x, ... of every column (ncols <= kCols); b's columns contiguous and
+// 16-byte aligned, the weight rows 16-byte aligned (mat_vec_fast_supports).
+template <class F, int kCols, bool kGlu>
+__global__ void __launch_bounds__(kThreads, min_blocks_per_sm<kCols, false>())
+    mat_vec_fast_float_kernel(const __grid_constant__ FastArgs args, TensorDesc b, int ncols) {
   pdl_wait();
-  constexpr int kRows = rows_per_block<kCols>();
+  constexpr int kRows = float_rows<kCols, kGlu>();
+  constexpr int kLoad = kGlu ? 2 * kRows : kRows;
   constexpr int kElems = WideWeights<F>::kElems;
-  constexpr int kUnroll = kRows >= 4 ? 1 : 4 / kRows;
-  __shared__ float partial[kWarps][kRows * kCols];
+  constexpr int kUnroll = kLoad >= 4 ? 1 : 4 / kLoad;
+  __shared__ float partial[kWarps][kLoad * kCols];
   const int tid = threadIdx.x;
-  const int64_t m = dst.ne[0], n_vec = a.ne[0] / kElems, batches = dst.ne[2] * dst.ne[3];
-  const int ncols = static_cast<int>(dst.ne[1]);
-  const int64_t i0 = static_cast<int64_t>(blockIdx.x) * kRows;
-  for (int64_t z = blockIdx.y; z < batches; z += gridDim.y) {
-    const int64_t i2 = z % dst.ne[2], i3 = z / dst.ne[2];
-    const uint4* rows[kRows];
+  const int64_t n_vec = b.ne[0] / kElems;
+  for (int64_t t = blockIdx.x; t < args.tiles; t += gridDim.x) {
+    const TileAt at = tile_at<kRows>(args, t);
+    const uint4* rows[kLoad];
 #pragma unroll
-    for (int r = 0; r < kRows; ++r)  // rows past the end repeat the last one; their sums are dropped
-      rows[r] = reinterpret_cast<const uint4*>(row_ptr(a, i0 + r < m ? i0 + r : m - 1, i2 / r2, i3 / r3));
-    const char* b_batch = b.data + i2 * b.nb[2] + i3 * b.nb[3];
-    float acc[kRows][kCols] = {};
+    for (int l = 0; l < kLoad; ++l) rows[l] = reinterpret_cast<const uint4*>(tile_row<kRows, kGlu>(args, at, l));
+    const char* b_batch = b.data + at.i2 * b.nb[2] + at.i3 * b.nb[3];
+    float acc[kLoad][kCols] = {};
     for (int64_t v = tid; v < n_vec; v += static_cast<int64_t>(kThreads) * kUnroll) {
-      uint4 q[kUnroll][kRows];
+      uint4 q[kUnroll][kLoad];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u)
 #pragma unroll
-        for (int r = 0; r < kRows; ++r)
+        for (int r = 0; r < kLoad; ++r)
           q[u][r] = v + u * kThreads < n_vec ? __ldg(rows[r] + v + u * kThreads) : make_uint4(0, 0, 0, 0);
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int64_t vu = v + u * kThreads;
         if (vu >= n_vec) break;
-        float w[kRows][kElems];
+        float w[kLoad][kElems];
 #pragma unroll
-        for (int r = 0; r < kRows; ++r) WideWeights<F>::unpack(q[u][r], w[r]);
+        for (int r = 0; r < kLoad; ++r) WideWeights<F>::unpack(q[u][r], w[r]);
 #pragma unroll
         for (int c = 0; c < kCols; ++c) {
           if (c >= ncols) break;
@@ -197,7 +303,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm<kCols, false>()) m
           for (int h = 0; h < kElems / 4; ++h) {
             const float4 xv = __ldg(x + h);
 #pragma unroll
-            for (int r = 0; r < kRows; ++r) {
+            for (int r = 0; r < kLoad; ++r) {
               acc[r][c] = fmaf(w[r][4 * h], xv.x, acc[r][c]);
               acc[r][c] = fmaf(w[r][4 * h + 1], xv.y, acc[r][c]);
               acc[r][c] = fmaf(w[r][4 * h + 2], xv.z, acc[r][c]);
@@ -207,7 +313,8 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm<kCols, false>()) m
         }
       }
     }
-    reduce_and_store<kRows, kCols, kBias>(acc, partial, dst, i0, ncols, i2, i3, bias);
+    reduce_and_store<kRows, kCols, kGlu>(acc, partial, args, at, ncols);
+    __syncthreads();  // partial is rewritten by the next tile
   }
 }
 
@@ -264,90 +371,116 @@ __global__ void quantize_act_fast_kernel(ActFastLayout<Q> out, TensorDesc b) {
   }
 }
 
-// Rows [blockIdx.x * kRows, + kRows) of every column (ncols = dst.ne[1] <= kCols) and batch, against
-// the activations quantized in act (column j of batch z at row j + ncols * z).
-template <class Q, int kCols, bool kBias>
-__global__ void __launch_bounds__(kThreads, min_blocks_per_sm<kCols, true>()) mat_vec_fast_q_kernel(TensorDesc dst, TensorDesc a, ActFastLayout<Q> act,
-                                                                  int64_t r2, int64_t r3, const float* bias) {
-  pdl_wait();
-  constexpr int kRows = rows_per_block<kCols>();
+// Tiles blockIdx.x, + gridDim.x, ... (a grid of about one wave: every block walks several tiles)
+// against the activations quantized in act (column j of batch z at row j + n_total * z). The
+// block's work is a sequence of steps (tile, stage); thread 0 keeps the bulk copies of the next
+// kDepth - 1 steps in flight (one per row, each buffer with its mbarrier) while the block computes
+// a step, across tile boundaries. Rows are 16-byte aligned with a multiple of 16 bytes
+// (mat_vec_fast_supports), as the bulk copy needs. Per-thread cp.async of 16-byte chunks spent
+// ~180 instructions per step issuing them (ncu: issue-bound at 0.66 warps per scheduler-cycle).
+template <class Q, int kCols, bool kGlu>
+__global__ void __launch_bounds__(kThreads, min_blocks_per_sm<kCols, true>())
+    mat_vec_fast_q_kernel(const __grid_constant__ FastArgs args, ActFastLayout<Q> act, int64_t k, int ncols,
+                          int64_t n_total) {
+  constexpr int kRows = fast_rows<kCols, kGlu>();
+  constexpr int kLoad = kGlu ? 2 * kRows : kRows;
   constexpr int kStageBytes = kUnitsPerStage / Q::kUnitsPerBlock * Q::kBytes;  // of one row
   static_assert(kStageBytes % 16 == 0, "stages start on 16-byte boundaries of a row");
-  // a row starting off a 16-byte boundary takes one more chunk; load_words_a2 reads a word ahead
-  constexpr int kRowBuf = kStageBytes + 32;
-  __shared__ __align__(16) uint8_t stage[2][kRows][kRowBuf];
-  __shared__ float partial[kWarps][kRows * kCols];
+  // load_words_a2 reads a word past a unit's bytes
+  constexpr int kRowBuf = kStageBytes + 16;
+  // stages in flight: 3 where they fit in ~30 KB (q4_0, q4_K: 28 KB), else 2 (q8_0 35 KB, q6_K 27 KB)
+  constexpr int kDepth = 3 * kLoad * kRowBuf <= 30 * 1024 ? 3 : 2;
+  __shared__ __align__(16) uint8_t stage[kDepth][kLoad][kRowBuf];
+  __shared__ float partial[kWarps][kLoad * kCols];
+  __shared__ __align__(8) uint64_t full[kDepth];
 
   const int tid = threadIdx.x;
-  const int64_t m = dst.ne[0], k = a.ne[0], n = dst.ne[1], batches = dst.ne[2] * dst.ne[3];
-  const int ncols = static_cast<int>(n);
   const int64_t n_units = k / kFastUnit, row_bytes = k / Q::kBlock * Q::kBytes;
   const int64_t scales_per_row = k / Q::kActScaleBlock;
   const int n_stages = static_cast<int>((n_units + kUnitsPerStage - 1) / kUnitsPerStage);
-  const int64_t i0 = static_cast<int64_t>(blockIdx.x) * kRows;
+  const int64_t my_tiles =
+      static_cast<int64_t>(blockIdx.x) < args.tiles ? (args.tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+  const int64_t n_steps = my_tiles * n_stages;
 
-  for (int64_t z = blockIdx.y; z < batches; z += gridDim.y) {
-    const int64_t i2 = z % dst.ne[2], i3 = z / dst.ne[2];
-    const uint8_t* rows[kRows];
-    int skew[kRows];  // the row's offset from a 16-byte boundary (even)
+  if (tid == 0) {
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      rows[r] = reinterpret_cast<const uint8_t*>(row_ptr(a, i0 + r < m ? i0 + r : m - 1, i2 / r2, i3 / r3));
-      skew[r] = static_cast<int>(reinterpret_cast<uintptr_t>(rows[r]) & 15u);
-    }
-    // Stage s of every row: the 16-byte chunks covering its bytes, from the boundary at or before
-    // them (the bytes before the row lie in the same 16 bytes of the allocation); bytes past the
-    // row's end are zero-filled, never read from memory.
-    auto issue = [&](int s) {
-      const int64_t begin = static_cast<int64_t>(s) * kStageBytes;
-      const int64_t bytes = row_bytes - begin < kStageBytes ? row_bytes - begin : kStageBytes;
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        const uint8_t* first = rows[r] + begin - skew[r];
-        const uint8_t* end = rows[r] + row_bytes;
-        const int chunks = static_cast<int>((skew[r] + bytes + 15) / 16);
-        for (int c = tid; c < chunks; c += kThreads) {
-          const uint8_t* src = first + 16 * c;
-          const int64_t left = end - src;
-          cp_async_16(&stage[s & 1][r][16 * c], src, left < 16 ? static_cast<int>(left) : 16);
-        }
-      }
-      cp_async_commit();
-    };
+    for (int d = 0; d < kDepth; ++d) mbar_init(&full[d], 1);
+    mbar_init_fence();
+  }
+  __syncthreads();
 
-    float acc[kRows][kCols] = {};
-    issue(0);
-    for (int s = 0; s < n_stages; ++s) {
-      if (s + 1 < n_stages) {
-        issue(s + 1);
-      } else {
-        cp_async_commit();  // an empty group keeps the wait below uniform
-      }
-      cp_async_wait<1>();
-      __syncthreads();
-      const int64_t u = static_cast<int64_t>(s) * kUnitsPerStage + tid;
-      if (u < n_units) {
-        const int blk = tid / Q::kUnitsPerBlock, part = tid % Q::kUnitsPerBlock;
-        typename Q::Unit w[kRows];
+  // Thread 0 walks (tile, stage) kDepth - 1 steps ahead of the computing side.
+  int64_t issue_tile = blockIdx.x;
+  int issue_stage = 0;
+  const char* issue_rows[kLoad];
+  auto issue = [&](int64_t j) {
+    if (j >= n_steps) return;
+    if (issue_stage == 0) {
+      const TileAt at = tile_at<kRows>(args, issue_tile);
 #pragma unroll
-        for (int r = 0; r < kRows; ++r) w[r] = Q::decode(&stage[s & 1][r][skew[r] + blk * Q::kBytes], part);
-#pragma unroll
-        for (int c = 0; c < kCols; ++c) {
-          if (c >= ncols) break;
-          const int64_t col = c + n * z;
-          const auto* xp = reinterpret_cast<const int4*>(act.codes + col * k + u * kFastUnit);
-          const int4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
-          const int x[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-          const float dx = __ldg(act.scales + col * scales_per_row + u * kFastUnit / Q::kActScaleBlock);
-          int xsum = 0;
-          if constexpr (Q::kActSums) xsum = __ldg(act.sums + col * n_units + u);
-#pragma unroll
-          for (int r = 0; r < kRows; ++r) acc[r][c] += Q::dot(w[r], x, dx, xsum);
-        }
-      }
-      __syncthreads();  // the stage's buffer is refilled two stages on
+      for (int l = 0; l < kLoad; ++l) issue_rows[l] = tile_row<kRows, kGlu>(args, at, l);
     }
-    reduce_and_store<kRows, kCols, kBias>(acc, partial, dst, i0, ncols, i2, i3, bias);
+    const int64_t begin = static_cast<int64_t>(issue_stage) * kStageBytes;
+    const auto bytes = static_cast<unsigned>(row_bytes - begin < kStageBytes ? row_bytes - begin : kStageBytes);
+    const int buf = static_cast<int>(j % kDepth);
+    mbar_arrive_expect(&full[buf], bytes * kLoad);
+#pragma unroll
+    for (int l = 0; l < kLoad; ++l) bulk_copy(&stage[buf][l][0], issue_rows[l] + begin, bytes, &full[buf]);
+    if (++issue_stage == n_stages) {
+      issue_stage = 0;
+      issue_tile += gridDim.x;
+    }
+  };
+
+  // the weights are no earlier kernel's output: their first copies go out before the wait for one
+  if (tid == 0) {
+#pragma unroll
+    for (int d = 0; d < kDepth - 1; ++d) issue(d);
+  }
+  pdl_wait();
+  int64_t tile = blockIdx.x;
+  int s = 0;
+  TileAt at = tile_at<kRows>(args, tile);
+  float acc[kLoad][kCols] = {};
+  for (int64_t j = 0; j < n_steps; ++j) {
+    if (tid == 0) {
+      fence_proxy_async();  // the block's reads of the buffer refilled here ended at the last barrier
+      issue(j + kDepth - 1);
+    }
+    const int buf = static_cast<int>(j % kDepth);
+    while (!mbar_try_wait(&full[buf], static_cast<unsigned>((j / kDepth) & 1))) {
+    }
+    const int64_t u = static_cast<int64_t>(s) * kUnitsPerStage + tid;
+    if (u < n_units) {
+      const int blk = tid / Q::kUnitsPerBlock, part = tid % Q::kUnitsPerBlock;
+      typename Q::Unit w[kLoad];
+#pragma unroll
+      for (int l = 0; l < kLoad; ++l) w[l] = Q::decode(&stage[buf][l][blk * Q::kBytes], part);
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) {
+        if (c >= ncols) break;
+        const int64_t col = c + n_total * at.z;
+        const auto* xp = reinterpret_cast<const int4*>(act.codes + col * k + u * kFastUnit);
+        const int4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
+        const int x[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        const float dx = __ldg(act.scales + col * scales_per_row + u * kFastUnit / Q::kActScaleBlock);
+        int xsum = 0;
+        if constexpr (Q::kActSums) xsum = __ldg(act.sums + col * n_units + u);
+#pragma unroll
+        for (int l = 0; l < kLoad; ++l) acc[l][c] += Q::dot(w[l], x, dx, xsum);
+      }
+    }
+    if (++s == n_stages) {  // the tile is complete
+      reduce_and_store<kRows, kCols, kGlu>(acc, partial, args, at, ncols);
+#pragma unroll
+      for (int l = 0; l < kLoad; ++l)
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) acc[l][c] = 0.0f;
+      s = 0;
+      tile += gridDim.x;
+      if (tile < args.tiles) at = tile_at<kRows>(args, tile);
+    }
+    __syncthreads();  // the stage's buffer (and partial) are refilled kDepth - 1 steps on
   }
 }
 
@@ -355,81 +488,152 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm<kCols, true>()) ma
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-dim3 fast_grid(const Tensor* dst, int rows) {
-  const int64_t batches = std::max<int64_t>(dst->ne[2] * dst->ne[3], 1);
-  return {static_cast<unsigned>((dst->ne[0] + rows - 1) / rows),
-          static_cast<unsigned>(std::min<int64_t>(batches, kMaxGridY))};
+/// The SMs of the current device (cached per device).
+int sm_count() {
+  static int cached[16] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0) dev = 0;
+  int& n = cached[dev % 16];
+  if (n == 0 && cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) n = 1;
+  return n > 0 ? n : 1;
 }
 
-template <class F, int kCols, bool kBias>
-CudaError launch_float_cols(const LaunchContext& ctx, const Tensor* mm, const Tensor* dst, const float* bias) {
-  const Tensor* a = mm->src[0];
-  const Tensor* b = mm->src[1];
-  mat_vec_fast_float_kernel<F, kCols, kBias><<<fast_grid(dst, rows_per_block<kCols>()), kThreads, 0, ctx.stream>>>(
-      desc_of(dst), desc_of(a), desc_of(b), b->ne[2] / a->ne[2], b->ne[3] / a->ne[3], bias);
+/// The products' tiles: parts own consecutive ranges; unused parts start at INT64_MAX.
+FastArgs fast_args(const Tensor* const* mms, int count, int rows, bool glu, bool swiglu, const float* bias) {
+  FastArgs args{};
+  const Tensor* dst0 = mms[0];
+  args.batches = std::max<int64_t>(dst0->ne[2] * dst0->ne[3], 1);
+  args.ne2 = std::max<int64_t>(dst0->ne[2], 1);
+  args.bias = bias;
+  args.swiglu = swiglu;
+  int64_t tiles = 0;
+  for (int t = 0; t < kFastMaxParts; ++t) {
+    FastPart& p = args.part[t];
+    p.first_tile = INT64_MAX;
+    p.r2 = p.r3 = 1;
+    if (t >= count) continue;
+    const Tensor* w = mms[t]->src[0];
+    const Tensor* x = mms[t]->src[1];
+    p.dst = desc_of(mms[t]);
+    p.w = desc_of(w);
+    p.r2 = x->ne[2] / w->ne[2];
+    p.r3 = x->ne[3] / w->ne[3];
+    p.row_tiles = (mms[t]->ne[0] + rows - 1) / rows;
+    if (glu && t > 0) continue;  // the up weights: read with the gate's tiles
+    p.first_tile = tiles;
+    tiles += p.row_tiles * args.batches;
+  }
+  args.tiles = tiles;
+  return args;
+}
+
+// A launch's products: `mms` (1-3 mul_mats of one activation; with glu the gate and up products) and
+// where the single product's output goes (dst: mul_mat or the fused add; glu: the glu node).
+struct FastLaunch {
+  const Tensor* const* mms;
+  int count;
+  const Tensor* glu;
+  const Tensor* dst;
+  const float* bias;
+};
+
+FastArgs args_of(const FastLaunch& l, int rows) {
+  FastArgs args = fast_args(l.mms, l.count, rows, l.glu != nullptr, l.glu && l.glu->op == OpKind::swiglu, l.bias);
+  // the output written: the fused node's where there is one (same shape as the product's)
+  if (l.glu) args.part[0].dst = desc_of(l.glu);
+  else if (l.count == 1) args.part[0].dst = desc_of(l.dst);
+  return args;
+}
+
+template <class F, int kCols, bool kGlu>
+CudaError launch_float_cols(const LaunchContext& ctx, const FastLaunch& l) {
+  constexpr int kRows = float_rows<kCols, kGlu>();
+  const FastArgs args = args_of(l, kRows);
+  if (args.tiles == 0) return {};
+  const Tensor* b = l.mms[0]->src[1];
+  const auto grid = static_cast<unsigned>(std::min<int64_t>(args.tiles, int64_t{1} << 30));
+  mat_vec_fast_float_kernel<F, kCols, kGlu><<<grid, kThreads, 0, ctx.stream>>>(args, desc_of(b),
+                                                                               static_cast<int>(b->ne[1]));
   LOOM_CUDA_CHECK_LAUNCH("mat_vec_fast_float_kernel");
   return {};
 }
 
-template <class Q, int kCols, bool kBias>
-CudaError launch_q_cols(const LaunchContext& ctx, const Tensor* mm, const Tensor* dst, const float* bias) {
-  const Tensor* a = mm->src[0];
-  const Tensor* b = mm->src[1];
+template <class Q, int kCols, bool kGlu>
+CudaError launch_q_cols(const LaunchContext& ctx, const FastLaunch& l) {
+  constexpr int kRows = fast_rows<kCols, kGlu>();
+  const FastArgs args = args_of(l, kRows);
+  if (args.tiles == 0) return {};
+  const Tensor* b = l.mms[0]->src[1];
   const auto act = ActFastLayout<Q>::at(ctx.scratch, b->nrows(), b->ne[0]);
-  mat_vec_fast_q_kernel<Q, kCols, kBias><<<fast_grid(dst, rows_per_block<kCols>()), kThreads, 0, ctx.stream>>>(
-      desc_of(dst), desc_of(a), act, b->ne[2] / a->ne[2], b->ne[3] / a->ne[3], bias);
+  // about one wave: every block walks tiles with its copies in flight across them
+  const int64_t wave = static_cast<int64_t>(sm_count()) * min_blocks_per_sm<kCols, true>();
+  const auto grid = static_cast<unsigned>(std::min<int64_t>(args.tiles, wave));
+  mat_vec_fast_q_kernel<Q, kCols, kGlu><<<grid, kThreads, 0, ctx.stream>>>(
+      args, act, b->ne[0], static_cast<int>(b->ne[1]), b->ne[1]);
   LOOM_CUDA_CHECK_LAUNCH("mat_vec_fast_q_kernel");
   return {};
 }
 
 // The kernel for ncols columns: 1, 2, 4 or 8 (3 runs the 4-column kernel with one column idle).
-template <template <int, bool> class Launch, bool kBias>
-CudaError by_columns(const LaunchContext& ctx, const Tensor* mm, const Tensor* dst, const float* bias) {
-  const int64_t n = dst->ne[1];
-  if (n <= 1) return Launch<1, kBias>::run(ctx, mm, dst, bias);
-  if (n <= 2) return Launch<2, kBias>::run(ctx, mm, dst, bias);
-  if (n <= 4) return Launch<4, kBias>::run(ctx, mm, dst, bias);
-  return Launch<8, kBias>::run(ctx, mm, dst, bias);
+template <template <int, bool> class Launch, bool kGlu>
+CudaError by_columns(const LaunchContext& ctx, const FastLaunch& l) {
+  const int64_t n = l.mms[0]->ne[1];
+  if (n <= 1) return Launch<1, kGlu>::run(ctx, l);
+  if (n <= 2) return Launch<2, kGlu>::run(ctx, l);
+  if (n <= 4) return Launch<4, kGlu>::run(ctx, l);
+  return Launch<8, kGlu>::run(ctx, l);
 }
 
 template <class F>
 struct FloatLaunch {
-  template <int kCols, bool kBias>
+  template <int kCols, bool kGlu>
   struct With {
-    static CudaError run(const LaunchContext& ctx, const Tensor* mm, const Tensor* dst, const float* bias) {
-      return launch_float_cols<F, kCols, kBias>(ctx, mm, dst, bias);
+    static CudaError run(const LaunchContext& ctx, const FastLaunch& l) {
+      return launch_float_cols<F, kCols, kGlu>(ctx, l);
     }
   };
 };
 
 template <class Q>
 struct QuantLaunch {
-  template <int kCols, bool kBias>
+  template <int kCols, bool kGlu>
   struct With {
-    static CudaError run(const LaunchContext& ctx, const Tensor* mm, const Tensor* dst, const float* bias) {
-      return launch_q_cols<Q, kCols, kBias>(ctx, mm, dst, bias);
-    }
+    static CudaError run(const LaunchContext& ctx, const FastLaunch& l) { return launch_q_cols<Q, kCols, kGlu>(ctx, l); }
   };
 };
 
 template <class F>
-CudaError float_mat_vec(const LaunchContext& ctx, const Tensor* mm, const Tensor* dst, const float* bias) {
-  return bias ? by_columns<FloatLaunch<F>::template With, true>(ctx, mm, dst, bias)
-              : by_columns<FloatLaunch<F>::template With, false>(ctx, mm, dst, bias);
+CudaError float_mat_vec(const LaunchContext& ctx, const FastLaunch& l) {
+  return l.glu ? by_columns<FloatLaunch<F>::template With, true>(ctx, l)
+               : by_columns<FloatLaunch<F>::template With, false>(ctx, l);
 }
 
 template <class Q>
-CudaError quant_mat_vec(const LaunchContext& ctx, const Tensor* mm, const Tensor* dst, const float* bias) {
-  const Tensor* b = mm->src[1];
+CudaError quant_mat_vec(const LaunchContext& ctx, const FastLaunch& l) {
+  const Tensor* b = l.mms[0]->src[1];
   const int64_t blocks = b->nrows() * (b->ne[0] / Q::kActScaleBlock);
-  if (blocks > 0) {
+  if (blocks > 0) {  // the shared activation, quantized once for every product
     constexpr int kQuantThreads = 256;
     quantize_act_fast_kernel<Q><<<grid_for(blocks * kWarpSize, kQuantThreads), kQuantThreads, 0, ctx.stream>>>(
         ActFastLayout<Q>::at(ctx.scratch, b->nrows(), b->ne[0]), desc_of(b));
     LOOM_CUDA_CHECK_LAUNCH("quantize_act_fast_kernel");
   }
-  return bias ? by_columns<QuantLaunch<Q>::template With, true>(ctx, mm, dst, bias)
-              : by_columns<QuantLaunch<Q>::template With, false>(ctx, mm, dst, bias);
+  return l.glu ? by_columns<QuantLaunch<Q>::template With, true>(ctx, l)
+               : by_columns<QuantLaunch<Q>::template With, false>(ctx, l);
+}
+
+CudaError launch_fast(const LaunchContext& ctx, const FastLaunch& l) {
+  switch (l.mms[0]->src[0]->type) {
+    case DType::f32: return float_mat_vec<FormatF32>(ctx, l);
+    case DType::f16: return float_mat_vec<FormatF16>(ctx, l);
+    case DType::bf16: return float_mat_vec<FormatBF16>(ctx, l);
+    case DType::q8_0: return quant_mat_vec<FastQ8_0>(ctx, l);
+    case DType::q4_0: return quant_mat_vec<FastQ4_0>(ctx, l);
+    case DType::q4_k: return quant_mat_vec<FastQ4_K>(ctx, l);
+    case DType::q6_k: return quant_mat_vec<FastQ6_K>(ctx, l);
+    default: break;
+  }
+  return CudaError::runtime(cudaErrorInvalidValue, "mat_vec_fast: unsupported weight type", __FILE__, __LINE__);
 }
 
 size_t act_fast_bytes(DType weight, const Tensor* b) {
@@ -465,27 +669,36 @@ bool mat_vec_fast_supports(const LaunchContext& ctx, const Tensor* mm, const Ten
     case DType::q4_0:
     case DType::q4_k:
     case DType::q6_k:
-      // blocks are read as 16-bit words; the scratch is reserved for the exact mode's blocks, which
-      // the fast layout never outgrows
-      return reinterpret_cast<uintptr_t>(a->data) % 2 == 0 && a->nb[1] % 2 == 0 && a->nb[2] % 2 == 0 &&
-             a->nb[3] % 2 == 0 && aligned16(ctx.scratch) && ctx.scratch_size >= act_fast_bytes(a->type, b);
+      // rows are bulk-copied: 16-byte aligned, a multiple of 16 bytes (k a multiple of 256 for every
+      // type: all the usual shapes; others take the exact kernels); the scratch is reserved for the
+      // exact mode's blocks, which the fast layout never outgrows
+      return aligned16(a->data) && a->nb[1] % 16 == 0 && a->nb[2] % 16 == 0 && a->nb[3] % 16 == 0 &&
+             dtype_row_size(a->type, a->ne[0]) % 16 == 0 && aligned16(ctx.scratch) &&
+             ctx.scratch_size >= act_fast_bytes(a->type, b);
     default:
       return false;
   }
 }
 
 CudaError launch_mat_vec_fast(const LaunchContext& ctx, const Tensor* mm, const Tensor* dst, const float* bias) {
-  switch (mm->src[0]->type) {
-    case DType::f32: return float_mat_vec<FormatF32>(ctx, mm, dst, bias);
-    case DType::f16: return float_mat_vec<FormatF16>(ctx, mm, dst, bias);
-    case DType::bf16: return float_mat_vec<FormatBF16>(ctx, mm, dst, bias);
-    case DType::q8_0: return quant_mat_vec<FastQ8_0>(ctx, mm, dst, bias);
-    case DType::q4_0: return quant_mat_vec<FastQ4_0>(ctx, mm, dst, bias);
-    case DType::q4_k: return quant_mat_vec<FastQ4_K>(ctx, mm, dst, bias);
-    case DType::q6_k: return quant_mat_vec<FastQ6_K>(ctx, mm, dst, bias);
-    default: break;
-  }
-  return CudaError::runtime(cudaErrorInvalidValue, "mat_vec_fast: unsupported weight type", __FILE__, __LINE__);
+  const Tensor* mms[1] = {mm};
+  return launch_fast(ctx, FastLaunch{mms, 1, nullptr, dst, bias});
+}
+
+bool mat_vec_fast_supports_multi(const LaunchContext& ctx, const Tensor* const* mms, int count) {
+  for (int t = 0; t < count; ++t)
+    if (!mat_vec_fast_supports(ctx, mms[t], mms[t])) return false;
+  return true;
+}
+
+CudaError launch_mat_vec_fast_multi(const LaunchContext& ctx, const Tensor* const* mms, int count) {
+  return launch_fast(ctx, FastLaunch{mms, count, nullptr, mms[0], nullptr});
+}
+
+CudaError launch_mat_vec_fast_glu(const LaunchContext& ctx, const Tensor* gate, const Tensor* up,
+                                  const Tensor* glu) {
+  const Tensor* mms[2] = {gate, up};
+  return launch_fast(ctx, FastLaunch{mms, 2, glu, glu, nullptr});
 }
 
 }  // namespace loom::cuda

@@ -17,4 +17,17 @@ bool mat_vec_fast_supports(const LaunchContext& ctx, const Tensor* mm, const Ten
 /// Quantized weights first quantize the activations into ctx.scratch (mat_vec_fast_formats.cuh).
 CudaError launch_mat_vec_fast(const LaunchContext& ctx, const Tensor* mm, const Tensor* dst, const float* bias);
 
+/// Whether every one of `count` products (mul_mats of one activation, weights of one type) is one
+/// launch_mat_vec_fast takes, written to its own output.
+bool mat_vec_fast_supports_multi(const LaunchContext& ctx, const Tensor* const* mms, int count);
+
+/// The fused mat_vec_multi (2-3 products of one activation, fused.cu checks the shapes) in one launch,
+/// plus the activations' quantization for quantized weights.
+CudaError launch_mat_vec_fast_multi(const LaunchContext& ctx, const Tensor* const* mms, int count);
+
+/// The fused glu_mat_vec: glu = act(gate) * up of two products of one activation (same shapes and
+/// weight type), the gate and up rows of a tile read together and gated in the epilogue.
+CudaError launch_mat_vec_fast_glu(const LaunchContext& ctx, const Tensor* gate, const Tensor* up,
+                                  const Tensor* glu);
+
 }  // namespace loom::cuda
