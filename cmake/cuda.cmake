@@ -22,6 +22,7 @@ add_library(loom_backend_cuda SHARED
   src/backend/cuda/kernels/rope.cu
   src/backend/cuda/kernels/attention.cu
   src/backend/cuda/kernels/attention_mma.cu
+  src/backend/cuda/kernels/attention_decode.cu
   src/backend/cuda/kernels/fused.cu
 )
 # include/ is public for programs that link loom_backend_cuda to call include/loom/cuda.h directly.

@@ -60,6 +60,12 @@ bool use_flash_attn_mma(const Tensor& t, bool fast) {
          flash_attn_mma_supported(&t);
 }
 
+// Decode (fewer queries than the tensor-core kernel takes) in the fast mode: flash-decoding.
+bool use_flash_attn_decode(const Tensor& t, bool fast) {
+  return fast && t.op == OpKind::flash_attn && t.src[0]->ne[1] < kFlashAttnMmaMinQueries &&
+         flash_attn_decode_supported(&t);
+}
+
 // Launches the kernels of one node (views never get here).
 CudaError run_node(const LaunchContext& ctx, const Tensor* t) {
   switch (t->op) {
@@ -108,8 +114,11 @@ CudaError run_node(const LaunchContext& ctx, const Tensor* t) {
       return launch_rope(ctx, t, make_rope_args(t->get_params<RopeParams>()));
     case OpKind::flash_attn: {
       const auto p = t->get_params<FlashAttnParams>();
-      // prefill in the fast mode: tensor cores (decode keeps the split kernel: few queries per head)
+      // prefill in the fast mode: tensor cores
       if (use_flash_attn_mma(*t, ctx.fast)) return launch_flash_attn_mma(ctx, t, p.scale, p.softcap);
+      // decode in the fast mode, where the planned scratch holds the splits (see scratch_bytes)
+      if (use_flash_attn_decode(*t, ctx.fast) && ctx.scratch_size >= flash_attn_decode_scratch_bytes(t))
+        return launch_flash_attn_decode(ctx, t, p.scale, p.softcap);
       return launch_flash_attn(ctx, t, p.scale, p.softcap);
     }
     case OpKind::none:
@@ -123,6 +132,7 @@ CudaError run_node(const LaunchContext& ctx, const Tensor* t) {
 size_t scratch_bytes(const Tensor& t, bool fast) {
   if (t.op == OpKind::mul_mat) return mul_mat_scratch_bytes(&t, fast);
   if (use_flash_attn_mma(t, fast)) return flash_attn_mma_scratch_bytes(&t);  // per query tile: visible keys
+  if (use_flash_attn_decode(t, fast)) return flash_attn_decode_scratch_bytes(&t);  // the splits' partials
   if (t.op == OpKind::mul_mat_id) return mul_mat_id_scratch_bytes(&t);
   return 0;
 }

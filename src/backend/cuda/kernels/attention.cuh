@@ -1,4 +1,5 @@
-// Fused attention (flash_attn). Kernels in attention.cu (exact numerics) and attention_mma.cu (fast).
+// Fused attention (flash_attn). Kernels in attention.cu (exact numerics), attention_mma.cu (fast, prefill)
+// and attention_decode.cu (fast, decode).
 #pragma once
 
 #include "launch.h"
@@ -21,5 +22,15 @@ size_t flash_attn_mma_scratch_bytes(const Tensor* dst);
 /// flash_attn on tensor cores (mma.sync f16 inputs, f32 accumulation): for the fast numerics mode.
 /// dst must pass flash_attn_mma_supported. Kernels in attention_mma.cu.
 CudaError launch_flash_attn_mma(const LaunchContext& ctx, const Tensor* dst, float scale, float softcap);
+
+/// Whether launch_flash_attn_decode handles this flash_attn node: f32 Q and output, f16 K/V,
+/// d == dv in {64, 128, 256}, query heads a multiple of the KV heads, rows 16-byte aligned. Checks the
+/// data pointers too when they are set, so call it at launch time.
+bool flash_attn_decode_supported(const Tensor* dst);
+/// Device scratch launch_flash_attn_decode needs for its splits' partial results (0: one split).
+size_t flash_attn_decode_scratch_bytes(const Tensor* dst);
+/// flash_attn for few queries in the fast numerics mode (flash-decoding: the keys split over blocks,
+/// K/V read once per KV head, float softmax). Kernels in attention_decode.cu.
+CudaError launch_flash_attn_decode(const LaunchContext& ctx, const Tensor* dst, float scale, float softcap);
 
 }  // namespace loom::cuda
