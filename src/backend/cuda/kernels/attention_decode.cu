@@ -29,6 +29,8 @@ constexpr int kDecWarps = kDecThreads / kWarpSize;
 constexpr int kRows = 4;             ///< query rows per block
 constexpr int kMinKeysPerSplit = 64;  ///< keys per split at least (below that the merge dominates)
 constexpr int kMaxSplits = 32;
+constexpr int kUnroll = 2;            ///< keys per lane group loaded before the first is used
+static_assert(kMaxSplits <= 64, "the merge gives a split to each of its >= 64 threads");
 
 struct DecodeArgs {
   TensorDesc dst, q, k, v, mask;
@@ -114,52 +116,65 @@ __global__ void __launch_bounds__(kDecThreads) flash_decode_kernel(const __grid_
   const int64_t n_kv = a.k.ne[1];
   const int64_t j_begin = split * a.keys_per_split;
   const int64_t j_end = min(n_kv, j_begin + a.keys_per_split);
-  for (int64_t j0 = j_begin + warp * kKpw; j0 < j_end; j0 += kDecWarps * kKpw) {
-    const int64_t j = j0 + slot;
-    const bool in_range = j < j_end;
-    float mv[kRows];
-    bool any = false;
+  constexpr int kStride = kDecWarps * kKpw;  // keys the block takes at once
+  // kUnroll keys per lane group per iteration: their masks, then their K/V loads all in flight
+  // before the first is used (a dependent load per key left the split latency-bound)
+  // (the bound is uniform over the warp: every lane reaches the shuffles below)
+  for (int64_t j0 = j_begin + warp * kKpw; j0 < j_end; j0 += kStride * kUnroll) {
+    float mv[kUnroll][kRows];
+    bool any[kUnroll];
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      mv[r] = row_ok[r] && in_range ? 0.0f : -INFINITY;
-      if (m_rows[r] && in_range)
-        mv[r] = a.mask_f16 ? f16_to_float(reinterpret_cast<const uint16_t*>(m_rows[r])[j])
-                           : reinterpret_cast<const float*>(m_rows[r])[j];
-      any = any || mv[r] != -INFINITY;
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t j = j0 + slot + u * kStride;
+      const bool in_range = j < j_end;
+      any[u] = false;
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        mv[u][r] = row_ok[r] && in_range ? 0.0f : -INFINITY;
+        if (m_rows[r] && in_range)
+          mv[u][r] = a.mask_f16 ? f16_to_float(reinterpret_cast<const uint16_t*>(m_rows[r])[j])
+                                : reinterpret_cast<const float*>(m_rows[r])[j];
+        any[u] = any[u] || mv[u][r] != -INFINITY;
+      }
     }
-    // keys every row masks are skipped before their loads (a lane group agrees: same key)
-    uint4 kraw = make_uint4(0, 0, 0, 0), vraw = make_uint4(0, 0, 0, 0);
-    if (any) {
-      kraw = __ldg(reinterpret_cast<const uint4*>(row_ptr(a.k, j, hk, i3)) + sub);
-      vraw = __ldg(reinterpret_cast<const uint4*>(row_ptr(a.v, j, hk, i3)) + sub);
-    }
-    float kf[8], vf[8];
-    unpack8(kraw, kf);
-    unpack8(vraw, vf);
-    float s[kRows];
+    // keys every row masks are not loaded (a lane group agrees: same key)
+    uint4 kraw[kUnroll], vraw[kUnroll];
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      float d = 0.0f;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) d = fmaf(q[r][e], kf[e], d);
-      s[r] = d;
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t j = j0 + slot + u * kStride;
+      kraw[u] = any[u] ? __ldg(reinterpret_cast<const uint4*>(row_ptr(a.k, j, hk, i3)) + sub) : make_uint4(0, 0, 0, 0);
+      vraw[u] = any[u] ? __ldg(reinterpret_cast<const uint4*>(row_ptr(a.v, j, hk, i3)) + sub) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
-    for (int o = kLpk / 2; o > 0; o /= 2)
+    for (int u = 0; u < kUnroll; ++u) {
+      float kf[8], vf[8];
+      unpack8(kraw[u], kf);
+      unpack8(vraw[u], vf);
+      float s[kRows];
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) s[r] += __shfl_xor_sync(0xffffffffu, s[r], o);
+      for (int r = 0; r < kRows; ++r) {
+        float d = 0.0f;
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      float sc = s[r];
-      if (a.softcap > 0.0f) sc = a.softcap * tanhf(sc / a.softcap);
-      sc += mv[r];
-      if (!(sc > -INFINITY)) continue;  // masked (or NaN): weight 0
-      const float mn = fmaxf(m[r], sc);
-      const float alpha = __expf(m[r] - mn), p = __expf(sc - mn);
-      l[r] = l[r] * alpha + p;
+        for (int e = 0; e < 8; ++e) d = fmaf(q[r][e], kf[e], d);
+        s[r] = d;
+      }
 #pragma unroll
-      for (int e = 0; e < 8; ++e) acc[r][e] = fmaf(p, vf[e], acc[r][e] * alpha);
-      m[r] = mn;
+      for (int o = kLpk / 2; o > 0; o /= 2)
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) s[r] += __shfl_xor_sync(0xffffffffu, s[r], o);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        float sc = s[r];
+        if (a.softcap > 0.0f) sc = a.softcap * tanhf(sc / a.softcap);
+        sc += mv[u][r];
+        if (!(sc > -INFINITY)) continue;  // masked (or NaN): weight 0
+        const float mn = fmaxf(m[r], sc);
+        const float alpha = __expf(m[r] - mn), p = __expf(sc - mn);
+        l[r] = l[r] * alpha + p;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[r][e] = fmaf(p, vf[e], acc[r][e] * alpha);
+        m[r] = mn;
+      }
     }
   }
 
@@ -218,26 +233,40 @@ __global__ void __launch_bounds__(kDecThreads) flash_decode_kernel(const __grid_
   }
 }
 
-// Merges the splits of each row in split order: grid = rows, block = d threads.
+// Merges the splits of each row in split order: grid = rows, block = d threads (d >= kMaxSplits).
+// The splits' maxima are read in parallel, their weights exp(m_s - M) computed once, and each
+// thread's loads of its element over the splits are independent.
 __global__ void flash_decode_merge_kernel(const __grid_constant__ DecodeArgs a) {
   pdl_wait();
+  __shared__ float sh_w[kMaxSplits], sh_l[kMaxSplits];
+  __shared__ float sh_total;
   const int64_t d = a.v.ne[0], n_kv_heads = a.k.ne[2];
   const int64_t rows = a.k.ne[3] * n_kv_heads * a.n_rows;
   const int64_t row = blockIdx.x, e = threadIdx.x;
-  float mt = -INFINITY, lt = 0.0f, at = 0.0f;
-  for (int s = 0; s < a.n_splits; ++s) {
-    const float* p = a.partial + (s * rows + row) * (d + 2);
-    const float m2 = p[0], mn = fmaxf(mt, m2);
-    if (mn == -INFINITY) continue;
-    const float x = __expf(mt - mn), y = __expf(m2 - mn);
-    lt = lt * x + p[1] * y;
-    at = at * x + p[2 + e] * y;
-    mt = mn;
+  const int n = a.n_splits;
+  if (e < n) {
+    const float* p = a.partial + (e * rows + row) * (d + 2);
+    sh_w[e] = p[0];
+    sh_l[e] = p[1];
   }
+  __syncthreads();
+  if (e == 0) {
+    float big = -INFINITY;
+    for (int s = 0; s < n; ++s) big = fmaxf(big, sh_w[s]);
+    float total = 0.0f;
+    for (int s = 0; s < n; ++s) {
+      sh_w[s] = sh_w[s] == -INFINITY ? 0.0f : __expf(sh_w[s] - big);  // a split with no visible key adds nothing
+      total += sh_l[s] * sh_w[s];
+    }
+    sh_total = total;
+  }
+  __syncthreads();
+  float out = 0.0f;
+  for (int s = 0; s < n; ++s) out += a.partial[(s * rows + row) * (d + 2) + 2 + e] * sh_w[s];
   const int64_t rr = row % a.n_rows, hk = (row / a.n_rows) % n_kv_heads, i3 = row / (a.n_rows * n_kv_heads);
   int64_t h, iq;
   row_at(a, hk, rr, h, iq);
-  reinterpret_cast<float*>(row_ptr(a.dst, h, iq, i3))[e] = lt > 0.0f ? at / lt : 0.0f;
+  reinterpret_cast<float*>(row_ptr(a.dst, h, iq, i3))[e] = sh_total > 0.0f ? out / sh_total : 0.0f;
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
