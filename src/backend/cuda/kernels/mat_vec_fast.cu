@@ -1,5 +1,6 @@
 // The fast numerics mode's mat-vec: dst = w x b for 1..kMatVecMaxCols columns (decode, and small
-// batches of tokens), f32/f16/bf16/q8_0/q4_0/q4_K/q6_K weights, float accumulation.
+// batches of tokens), f32/f16/bf16 and every quantized format's weights (quant_dispatch.cuh), float
+// accumulation.
 //
 // Why not the exact kernels: they give each warp one row and sum block terms in double, and reach
 // 25-40% of the H200's 4,350 GB/s read bandwidth (4096x4096 at n = 1: f16 1.68 TB/s, q4_0 674 GB/s,
@@ -39,12 +40,14 @@
 // launch and the tail of the grid, not bandwidth. Not measured yet.
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "common.cuh"
 #include "mat_vec.cuh"
 #include "mat_vec_fast.cuh"
 #include "mat_vec_fast_formats.cuh"
 #include "quant.cuh"
+#include "quant_dispatch.cuh"
 
 namespace loom::cuda {
 
@@ -71,6 +74,24 @@ template <int kCols, bool kQuantized>
 __host__ __device__ constexpr int min_blocks_per_sm() {
   if (kCols <= 2) return kQuantized ? 12 : 8;
   return kCols <= 4 ? 6 : (kQuantized ? 3 : 4);
+}
+
+/// The quantized kernels' blocks per SM for format Q: formats whose decode needs more registers
+/// (FastQ2_K, FastQ3_K: kWideDecode) spilled 16-48 bytes at 1-4 columns under the default budget
+/// (ptxas -v, sm_90), so they take 10 blocks instead of 12 at 1-2 columns and 5 instead of 6 at 4.
+template <class Q, class = void>
+struct WideDecode {
+  static constexpr bool value = false;
+};
+template <class Q>
+struct WideDecode<Q, std::void_t<decltype(Q::kWideDecode)>> {
+  static constexpr bool value = Q::kWideDecode;
+};
+template <class Q, int kCols>
+__host__ __device__ constexpr int quant_blocks_per_sm() {
+  constexpr int base = min_blocks_per_sm<kCols, true>();
+  if constexpr (WideDecode<Q>::value && kCols <= 4) return kCols <= 2 ? 10 : 5;
+  return base;
 }
 
 // ---- asynchronous copies to shared memory (sm_80+) -------------------------------------------------
@@ -267,7 +288,7 @@ __global__ void quantize_act_fast_kernel(ActFastLayout<Q> out, TensorDesc b) {
 // Rows [blockIdx.x * kRows, + kRows) of every column (ncols = dst.ne[1] <= kCols) and batch, against
 // the activations quantized in act (column j of batch z at row j + ncols * z).
 template <class Q, int kCols, bool kBias>
-__global__ void __launch_bounds__(kThreads, min_blocks_per_sm<kCols, true>()) mat_vec_fast_q_kernel(TensorDesc dst, TensorDesc a, ActFastLayout<Q> act,
+__global__ void __launch_bounds__(kThreads, quant_blocks_per_sm<Q, kCols>()) mat_vec_fast_q_kernel(TensorDesc dst, TensorDesc a, ActFastLayout<Q> act,
                                                                   int64_t r2, int64_t r3, const float* bias) {
   pdl_wait();
   constexpr int kRows = rows_per_block<kCols>();
@@ -434,13 +455,8 @@ CudaError quant_mat_vec(const LaunchContext& ctx, const Tensor* mm, const Tensor
 
 size_t act_fast_bytes(DType weight, const Tensor* b) {
   const int64_t rows = b->nrows(), k = b->ne[0];
-  switch (weight) {
-    case DType::q8_0: return ActFastLayout<FastQ8_0>::bytes(rows, k);
-    case DType::q4_0: return ActFastLayout<FastQ4_0>::bytes(rows, k);
-    case DType::q4_k: return ActFastLayout<FastQ4_K>::bytes(rows, k);
-    case DType::q6_k: return ActFastLayout<FastQ6_K>::bytes(rows, k);
-    default: return 0;
-  }
+  return visit_quant_type(weight, size_t{0},
+                          [&](auto q) { return ActFastLayout<typename decltype(q)::Fast>::bytes(rows, k); });
 }
 
 }  // namespace
@@ -461,16 +477,13 @@ bool mat_vec_fast_supports(const LaunchContext& ctx, const Tensor* mm, const Ten
                                 (b->ne[3] == 1 || b->nb[3] % 16 == 0);
       return rows_aligned && cols_aligned;
     }
-    case DType::q8_0:
-    case DType::q4_0:
-    case DType::q4_k:
-    case DType::q6_k:
-      // blocks are read as 16-bit words; the scratch is reserved for the exact mode's blocks, which
-      // the fast layout never outgrows
+    default:
+      if (!dtype_is_quantized(a->type)) return false;
+      // blocks are read as 16-bit words (mxfp4's, 17 bytes, at any byte: one check for every
+      // format, an mxfp4 row of an odd number of blocks stays on the exact kernels); the scratch is
+      // reserved for the exact mode's blocks, which the fast layout never outgrows
       return reinterpret_cast<uintptr_t>(a->data) % 2 == 0 && a->nb[1] % 2 == 0 && a->nb[2] % 2 == 0 &&
              a->nb[3] % 2 == 0 && aligned16(ctx.scratch) && ctx.scratch_size >= act_fast_bytes(a->type, b);
-    default:
-      return false;
   }
 }
 
@@ -479,13 +492,12 @@ CudaError launch_mat_vec_fast(const LaunchContext& ctx, const Tensor* mm, const 
     case DType::f32: return float_mat_vec<FormatF32>(ctx, mm, dst, bias);
     case DType::f16: return float_mat_vec<FormatF16>(ctx, mm, dst, bias);
     case DType::bf16: return float_mat_vec<FormatBF16>(ctx, mm, dst, bias);
-    case DType::q8_0: return quant_mat_vec<FastQ8_0>(ctx, mm, dst, bias);
-    case DType::q4_0: return quant_mat_vec<FastQ4_0>(ctx, mm, dst, bias);
-    case DType::q4_k: return quant_mat_vec<FastQ4_K>(ctx, mm, dst, bias);
-    case DType::q6_k: return quant_mat_vec<FastQ6_K>(ctx, mm, dst, bias);
     default: break;
   }
-  return CudaError::runtime(cudaErrorInvalidValue, "mat_vec_fast: unsupported weight type", __FILE__, __LINE__);
+  const CudaError none =
+      CudaError::runtime(cudaErrorInvalidValue, "mat_vec_fast: unsupported weight type", __FILE__, __LINE__);
+  return visit_quant_type(mm->src[0]->type, none,
+                          [&](auto q) { return quant_mat_vec<typename decltype(q)::Fast>(ctx, mm, dst, bias); });
 }
 
 }  // namespace loom::cuda
