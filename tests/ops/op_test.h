@@ -188,8 +188,9 @@ inline constexpr DType kAllWeightTypes[] = {DType::f32,  DType::f16,  DType::bf1
 /// The newer block formats (CPU and CUDA kernels alike): fewer cases each than kAllWeightTypes, to
 /// keep the CPU run short, but every path of the CUDA kernels (exact and fast mat-vec columns,
 /// stages and row alignments, the dequantizing GEMM, get_rows, mul_mat_id, the fused projections).
-inline constexpr DType kNewerWeightTypes[] = {DType::q4_1, DType::q5_0,   DType::q5_1,   DType::q2_k, DType::q3_k,
-                                              DType::q5_k, DType::iq4_nl, DType::iq4_xs, DType::mxfp4};
+inline constexpr DType kNewerWeightTypes[] = {DType::q4_1,   DType::q5_0,   DType::q5_1,
+                                              DType::q2_k,   DType::q3_k,   DType::q5_k,
+                                              DType::iq4_nl, DType::iq4_xs, DType::mxfp4};
 
 // References and thresholds shared between case files (the fused cases reuse the ops' own).
 

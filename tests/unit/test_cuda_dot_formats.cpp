@@ -20,8 +20,8 @@
 #include "backend/cuda/kernels/mat_vec_fast_formats.cuh"
 #include "backend/cuda/kernels/quant_blocks.cuh"
 #include "backend/cuda/kernels/quantize_act.cuh"
-#include "loom/quant.h"
 #include "loom/dtype.h"
+#include "loom/quant.h"
 
 namespace loom {
 namespace {
@@ -150,7 +150,8 @@ void check_loads(DType type) {
         ASSERT_TRUE(std::isnan(got) && std::isnan(grouped)) << "row " << r << " element " << e;
         continue;
       }
-      ASSERT_EQ(std::memcmp(&got, &ref[e], sizeof(float)), 0) << "row " << r << " element " << e << ": " << got << " vs " << ref[e];
+      ASSERT_EQ(std::memcmp(&got, &ref[e], sizeof(float)), 0)
+          << "row " << r << " element " << e << ": " << got << " vs " << ref[e];
       ASSERT_EQ(std::memcmp(&grouped, &ref[e], sizeof(float)), 0) << "row " << r << " element " << e;
     }
   }
@@ -181,14 +182,17 @@ float unit_weight(const cuda::FastQ4_K::Unit& u, int e) {
 float unit_weight(const cuda::FastQ6_K::Unit& u, int e) {
   return u.d * static_cast<float>(e < 16 ? u.sc0 : u.sc1) * static_cast<float>(code_byte(u.q, e));
 }
-float unit_weight(const cuda::FastOffsetUnit& u, int e) { return u.d * static_cast<float>(code_byte(u.q, e)) + u.m; }
+float unit_weight(const cuda::FastOffsetUnit& u, int e) {
+  return u.d * static_cast<float>(code_byte(u.q, e)) + u.m;
+}
 float unit_weight(const cuda::FastScaledUnit& u, int e) {
   return u.d * static_cast<float>(e < 16 ? u.sc0 : u.sc1) * static_cast<float>(code_byte(u.q, e));
 }
 float unit_weight(const cuda::FastQ2_K::Unit& u, int e) {
   using Q = cuda::FastQ2_K;
   const int sc = e < 16 ? Q::sc0(u) : Q::sc1(u), m = e < 16 ? Q::m0(u) : Q::m1(u);
-  return u.d * static_cast<float>(sc) * static_cast<float>(code_byte(u.q, e)) - u.dmin * static_cast<float>(m);
+  return u.d * static_cast<float>(sc) * static_cast<float>(code_byte(u.q, e)) -
+         u.dmin * static_cast<float>(m);
 }
 
 template <class Q>
@@ -246,8 +250,12 @@ TEST(CudaFastFormats, Q5_1UnitsMatchTheCpuDequantizer) { check_fast_units<cuda::
 TEST(CudaFastFormats, Q2_KUnitsMatchTheCpuDequantizer) { check_fast_units<cuda::FastQ2_K>(DType::q2_k); }
 TEST(CudaFastFormats, Q3_KUnitsMatchTheCpuDequantizer) { check_fast_units<cuda::FastQ3_K>(DType::q3_k); }
 TEST(CudaFastFormats, Q5_KUnitsMatchTheCpuDequantizer) { check_fast_units<cuda::FastQ5_K>(DType::q5_k); }
-TEST(CudaFastFormats, IQ4_NLUnitsMatchTheCpuDequantizer) { check_fast_units<cuda::FastIQ4_NL>(DType::iq4_nl); }
-TEST(CudaFastFormats, IQ4_XSUnitsMatchTheCpuDequantizer) { check_fast_units<cuda::FastIQ4_XS>(DType::iq4_xs); }
+TEST(CudaFastFormats, IQ4_NLUnitsMatchTheCpuDequantizer) {
+  check_fast_units<cuda::FastIQ4_NL>(DType::iq4_nl);
+}
+TEST(CudaFastFormats, IQ4_XSUnitsMatchTheCpuDequantizer) {
+  check_fast_units<cuda::FastIQ4_XS>(DType::iq4_xs);
+}
 TEST(CudaFastFormats, MXFP4UnitsMatchTheCpuDequantizer) { check_fast_units<cuda::FastMXFP4>(DType::mxfp4); }
 
 }  // namespace

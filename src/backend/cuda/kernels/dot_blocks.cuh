@@ -5,8 +5,8 @@
 //
 // The CPU (src/backend/cpu/vec_dot.cpp: dot_block32, dot_block_k) decodes a block to integer codes
 // and scales and forms per block, in double,
-//   32-element: dx * (d * isum + m * xsum)          (isum = sum q*xq, xsum = sum xq; m = 0 unless q4_1/q5_1)
-//   256-element: dx * (d * isum - dmin * msum)      (isum = sum_s sc_s * (q.xq)_s, msum = sum_s m_s * bsums_s)
+//   32-element:  dx * (d * isum + m * xsum)     isum = sum q*xq, xsum = sum xq (m = 0 but in q4_1, q5_1)
+//   256-element: dx * (d * isum - dmin * msum)  isum = sum_s sc_s (q.xq)_s, msum = sum_s m_s bsums_s
 // Here each part's share of the integer sums is exact and its term is formed the same way; the
 // terms of a block's parts sum to the CPU's block term as exactly as the blocks sum to the row (the
 // products are exact in double; docs/NUMERICS.md), so both backends round the row to the same float.

@@ -25,6 +25,7 @@
 #include "activation.cuh"
 #include "common.cuh"
 #include "fused.cuh"
+#include "loom/graph.h"
 #include "mat_vec.cuh"
 #include "matmul.cuh"
 #include "quant.cuh"
@@ -32,7 +33,6 @@
 #include "quantize_act.cuh"
 #include "rope_row.cuh"
 #include "softmax_row.cuh"
-#include "loom/graph.h"
 
 namespace loom::cuda {
 
@@ -309,9 +309,7 @@ __global__ void moe_route_kernel(TensorDesc logits, float scale, TensorDesc ids,
 bool is_f32(const Tensor* t) { return t && t->type == DType::f32; }
 bool same_shape(const Tensor* a, const Tensor* b) { return a->ne == b->ne; }
 bool is_float_weight(DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16; }
-bool is_mat_vec_weight(DType t) {
-  return is_float_weight(t) || dtype_is_quantized(t);
-}
+bool is_mat_vec_weight(DType t) { return is_float_weight(t) || dtype_is_quantized(t); }
 
 // Whether a kernel may write `out` while reading `in`: the byte ranges are disjoint, or they are
 // the same elements in the same layout (each fused kernel reads an element before it writes that
@@ -630,10 +628,11 @@ CudaError launch_glu_mat_vec(const LaunchContext& ctx, const Tensor* mm_gate, co
     default:
       break;
   }
-  const CudaError none =
-      CudaError::runtime(cudaErrorInvalidValue, "glu_mat_vec: no kernel for this weight type", __FILE__, __LINE__);
-  return visit_quant_type(mm_gate->src[0]->type, none,
-                          [&](auto q) { return glu_q8<typename decltype(q)::Dot>(ctx, mm_gate, mm_up, glu); });
+  const CudaError none = CudaError::runtime(
+      cudaErrorInvalidValue, "glu_mat_vec: no kernel for this weight type", __FILE__, __LINE__);
+  return visit_quant_type(mm_gate->src[0]->type, none, [&](auto q) {
+    return glu_q8<typename decltype(q)::Dot>(ctx, mm_gate, mm_up, glu);
+  });
 }
 
 CudaError launch_mat_vec_multi(const LaunchContext& ctx, const Tensor* mm0, const Tensor* mm1,
@@ -652,8 +651,8 @@ CudaError launch_mat_vec_multi(const LaunchContext& ctx, const Tensor* mm0, cons
     default:
       break;
   }
-  const CudaError none =
-      CudaError::runtime(cudaErrorInvalidValue, "mat_vec_multi: no kernel for this weight type", __FILE__, __LINE__);
+  const CudaError none = CudaError::runtime(
+      cudaErrorInvalidValue, "mat_vec_multi: no kernel for this weight type", __FILE__, __LINE__);
   return visit_quant_type(mm0->src[0]->type, none,
                           [&](auto q) { return multi_q8<typename decltype(q)::Dot>(ctx, mms, count); });
 }

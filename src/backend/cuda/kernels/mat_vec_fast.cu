@@ -288,8 +288,9 @@ __global__ void quantize_act_fast_kernel(ActFastLayout<Q> out, TensorDesc b) {
 // Rows [blockIdx.x * kRows, + kRows) of every column (ncols = dst.ne[1] <= kCols) and batch, against
 // the activations quantized in act (column j of batch z at row j + ncols * z).
 template <class Q, int kCols, bool kBias>
-__global__ void __launch_bounds__(kThreads, quant_blocks_per_sm<Q, kCols>()) mat_vec_fast_q_kernel(TensorDesc dst, TensorDesc a, ActFastLayout<Q> act,
-                                                                  int64_t r2, int64_t r3, const float* bias) {
+__global__ void __launch_bounds__(kThreads, quant_blocks_per_sm<Q, kCols>())
+    mat_vec_fast_q_kernel(TensorDesc dst, TensorDesc a, ActFastLayout<Q> act, int64_t r2, int64_t r3,
+                          const float* bias) {
   pdl_wait();
   constexpr int kRows = rows_per_block<kCols>();
   constexpr int kStageBytes = kUnitsPerStage / Q::kUnitsPerBlock * Q::kBytes;  // of one row
@@ -496,8 +497,9 @@ CudaError launch_mat_vec_fast(const LaunchContext& ctx, const Tensor* mm, const 
   }
   const CudaError none =
       CudaError::runtime(cudaErrorInvalidValue, "mat_vec_fast: unsupported weight type", __FILE__, __LINE__);
-  return visit_quant_type(mm->src[0]->type, none,
-                          [&](auto q) { return quant_mat_vec<typename decltype(q)::Fast>(ctx, mm, dst, bias); });
+  return visit_quant_type(mm->src[0]->type, none, [&](auto q) {
+    return quant_mat_vec<typename decltype(q)::Fast>(ctx, mm, dst, bias);
+  });
 }
 
 }  // namespace loom::cuda

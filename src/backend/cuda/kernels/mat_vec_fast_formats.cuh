@@ -405,7 +405,8 @@ struct FastQ3_K {
       load_words_a2(b + 32 + 32 * (p / 4) + 16 * h, lo);
       load_words_a2(b + 16 * h, hm);
       for (int i = 0; i < 4; ++i)
-        u.q[4 * h + i] = threebits_minus_4(((lo[i] >> shift) & 0x03030303u) | (((hm[i] >> p) & 0x01010101u) << 2));
+        u.q[4 * h + i] =
+            threebits_minus_4(((lo[i] >> shift) & 0x03030303u) | (((hm[i] >> p) & 0x01010101u) << 2));
     }
     // sub-blocks 2p and 2p + 1 keep their low nibbles in adjacent bytes 96 + (2p % 8) and their high
     // bits in adjacent bytes 104 + (2p % 4), at the same shifts: two 16-bit loads for both scales
@@ -435,7 +436,8 @@ struct FastQ5_K {
     load_words_a2(b + 48 + 32 * (s / 2), raw);
     load_words_a2(b + 16, qh);
     const unsigned shift = (s & 1) * 4u;
-    for (int i = 0; i < 8; ++i) u.q[i] = ((raw[i] >> shift) & 0x0f0f0f0fu) | (((qh[i] >> s) & 0x01010101u) << 4);
+    for (int i = 0; i < 8; ++i)
+      u.q[i] = ((raw[i] >> shift) & 0x0f0f0f0fu) | (((qh[i] >> s) & 0x01010101u) << 4);
     int sc, m;
     q4k_scale_min(s, b + 4, sc, m);
     u.d_sc = half_to_float(load_u16_a2(b)) * static_cast<float>(sc);

@@ -12,9 +12,10 @@
 //   kMatVecMaxCols columns, accumulating in float.
 // - quantized weights (every block format; quant_dispatch.cuh): b's rows are first quantized into
 //   scratch exactly as the CPU backend quantizes them (q8_0 blocks for the 32-element formats, q8_K
-//   blocks for the 256-element ones; see quantize_act.cuh), then mul_mat_q8_kernel sums each block's products in integers
-//   (dp4a), one warp per output row and up to kMatVecMaxCols columns, kParts lanes per weight
-//   block, the block terms formed and summed in double as on the CPU (docs/NUMERICS.md).
+//   blocks for the 256-element ones; see quantize_act.cuh), then mul_mat_q8_kernel sums each
+//   block's products in integers (dp4a), one warp per output row and up to kMatVecMaxCols columns,
+//   kParts lanes per weight block, the block terms formed and summed in double as on the CPU
+//   (docs/NUMERICS.md).
 //   Multiplying dequantized weights by f32 activations instead left whole-model logits NMSE
 //   5e-4..1e-3 away from the CPU backend's on the H200.
 //   Bytes model for one column: the weight matrix is read once (m * row_size bytes) plus the
@@ -35,13 +36,13 @@
 #include <type_traits>
 
 #include "common.cuh"
+#include "loom/dtype.h"
 #include "mat_vec.cuh"
 #include "mat_vec_fast.cuh"
 #include "matmul.cuh"
 #include "quant.cuh"
 #include "quant_dispatch.cuh"
 #include "quantize_act.cuh"
-#include "loom/dtype.h"
 
 namespace loom::cuda {
 
@@ -302,7 +303,7 @@ bool is_quantized_weight(DType t) { return dtype_is_quantized(t); }
 // Bytes of one row of k activations quantized for weights of type t.
 size_t act_row_bytes(DType weight, int64_t k) {
   return acts_q8_k(weight) ? static_cast<size_t>(k / 256) * sizeof(ActQ8_K)
-                            : static_cast<size_t>(k / 32) * sizeof(ActQ8_0);
+                           : static_cast<size_t>(k / 32) * sizeof(ActQ8_0);
 }
 
 size_t quantized_act_bytes(const Tensor* dst) {
@@ -360,8 +361,8 @@ CudaError mat_vec_any(const LaunchContext& ctx, const Tensor* mm, const Tensor* 
     default:
       break;
   }
-  const CudaError none =
-      CudaError::runtime(cudaErrorInvalidValue, "mul_mat: no kernel for this weight type", __FILE__, __LINE__);
+  const CudaError none = CudaError::runtime(cudaErrorInvalidValue, "mul_mat: no kernel for this weight type",
+                                            __FILE__, __LINE__);
   return visit_quant_type(mm->src[0]->type, none, [&](auto q) {
     return mat_vec_q8<typename decltype(q)::Dot, kBias>(ctx, mm, dst, bias);
   });
@@ -426,7 +427,8 @@ CudaError gemm_dequant(const LaunchContext& ctx, const Tensor* dst) {
   for (int64_t row0 = 0; row0 < m; row0 += chunk) {
     const int64_t rows = std::min(chunk, m - row0);
     const CudaError e = visit_quant_type(
-        a->type, CudaError::runtime(cudaErrorInvalidValue, "mul_mat: not a quantized weight", __FILE__, __LINE__),
+        a->type,
+        CudaError::runtime(cudaErrorInvalidValue, "mul_mat: not a quantized weight", __FILE__, __LINE__),
         [&](auto q) { return dequantize_rows<typename decltype(q)::Dequant8>(ctx, w16, a, row0, rows); });
     if (!e.ok()) return e;
     // dst rows [row0, row0 + rows) of every column: column-major C with ldc = m
@@ -567,8 +569,8 @@ CudaError launch_mul_mat_id(const LaunchContext& ctx, const Tensor* dst) {
     default:
       break;
   }
-  const CudaError none =
-      CudaError::runtime(cudaErrorInvalidValue, "mul_mat_id: no kernel for this weight type", __FILE__, __LINE__);
+  const CudaError none = CudaError::runtime(cudaErrorInvalidValue,
+                                            "mul_mat_id: no kernel for this weight type", __FILE__, __LINE__);
   return visit_quant_type(dst->src[0]->type, none,
                           [&](auto q) { return mat_vec_id_q8<typename decltype(q)::Dot>(ctx, dst); });
 }

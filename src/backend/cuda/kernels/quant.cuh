@@ -185,7 +185,8 @@ struct Dequant8Q4_K {
     const uint8_t* q = b + 16 + (j0 / 64) * 32 + (j0 % 32);
     const int shift = (s & 1) ? 4 : 0;
 #pragma unroll
-    for (int e = 0; e < 8; ++e) out[e] = fsub_rn(fmul_rn(scale, static_cast<float>((q[e] >> shift) & 0x0f)), bias);
+    for (int e = 0; e < 8; ++e)
+      out[e] = fsub_rn(fmul_rn(scale, static_cast<float>((q[e] >> shift) & 0x0f)), bias);
   }
 };
 struct Dequant8Q6_K {
@@ -194,7 +195,8 @@ struct Dequant8Q6_K {
     const int h = j0 / 128, c = (j0 % 128) / 32, l0 = j0 % 32;
     const uint8_t* ql = b + 64 * h + 32 * (c & 1) + l0;
     const uint8_t* qh = b + 128 + 32 * h + l0;
-    const float scale = f16_to_float(load_u16(b + 208)) * static_cast<float>(static_cast<int8_t>(b[192 + j0 / 16]));
+    const float scale =
+        f16_to_float(load_u16(b + 208)) * static_cast<float>(static_cast<int8_t>(b[192 + j0 / 16]));
     const int shift = c < 2 ? 0 : 4;
 #pragma unroll
     for (int e = 0; e < 8; ++e) {

@@ -111,7 +111,9 @@ struct FormatQ4_1 {
   struct Step {
     float d, m;
   };
-  LOOM_HD static Step step(const uint8_t* b, int) { return {half_to_float(load_u16_a2(b)), half_to_float(load_u16_a2(b + 2))}; }
+  LOOM_HD static Step step(const uint8_t* b, int) {
+    return {half_to_float(load_u16_a2(b)), half_to_float(load_u16_a2(b + 2))};
+  }
   LOOM_HD static float value(const Step& s, const uint8_t* b, int j) {
     return fadd_rn(fmul_rn(s.d, static_cast<float>(nibble_of(b + 4, j))), s.m);
   }
@@ -176,7 +178,8 @@ struct FormatQ3_K {
   static constexpr int kBytes = 110;
   using Step = float;
   LOOM_HD static Step step(const uint8_t* b, int j) {
-    return fmul_rn(half_to_float(load_u16_a2(b + 108)), static_cast<float>(q3k_scale_of(j / 16, b + 96) - 32));
+    return fmul_rn(half_to_float(load_u16_a2(b + 108)),
+                   static_cast<float>(q3k_scale_of(j / 16, b + 96) - 32));
   }
   LOOM_HD static float value(Step s, const uint8_t* b, int j) {
     const int lo = (b[32 + 32 * (j / 128) + j % 32] >> (2 * ((j / 32) % 4))) & 3;

@@ -10,10 +10,10 @@
 #include <type_traits>
 
 #include "dot_blocks.cuh"
+#include "loom/dtype.h"
 #include "mat_vec_fast_formats.cuh"
 #include "quant.cuh"
 #include "quantize_act.cuh"
-#include "loom/dtype.h"
 
 namespace loom::cuda {
 
@@ -42,20 +42,34 @@ struct QuantKernels {
 template <class R, class Fn>
 __host__ __device__ __forceinline__ R visit_quant_type(DType t, R otherwise, Fn&& fn) {
   switch (t) {
-    case DType::q8_0: return fn(QuantKernels<FormatQ8_0, Dequant8Q8_0, DotQ8_0, FastQ8_0>{});
-    case DType::q4_0: return fn(QuantKernels<FormatQ4_0, Dequant8Q4_0, DotQ4_0, FastQ4_0>{});
-    case DType::q4_k: return fn(QuantKernels<FormatQ4_K, Dequant8Q4_K, DotQ4_K, FastQ4_K>{});
-    case DType::q6_k: return fn(QuantKernels<FormatQ6_K, Dequant8Q6_K, DotQ6_K, FastQ6_K>{});
-    case DType::q4_1: return fn(QuantKernels<FormatQ4_1, Dequant8Of<FormatQ4_1>, DotQ4_1, FastQ4_1>{});
-    case DType::q5_0: return fn(QuantKernels<FormatQ5_0, Dequant8Of<FormatQ5_0>, DotQ5_0, FastQ5_0>{});
-    case DType::q5_1: return fn(QuantKernels<FormatQ5_1, Dequant8Of<FormatQ5_1>, DotQ5_1, FastQ5_1>{});
-    case DType::q2_k: return fn(QuantKernels<FormatQ2_K, Dequant8Of<FormatQ2_K>, DotQ2_K, FastQ2_K>{});
-    case DType::q3_k: return fn(QuantKernels<FormatQ3_K, Dequant8Of<FormatQ3_K>, DotQ3_K, FastQ3_K>{});
-    case DType::q5_k: return fn(QuantKernels<FormatQ5_K, Dequant8Of<FormatQ5_K>, DotQ5_K, FastQ5_K>{});
-    case DType::iq4_nl: return fn(QuantKernels<FormatIQ4_NL, Dequant8Of<FormatIQ4_NL>, DotIQ4_NL, FastIQ4_NL>{});
-    case DType::iq4_xs: return fn(QuantKernels<FormatIQ4_XS, Dequant8Of<FormatIQ4_XS>, DotIQ4_XS, FastIQ4_XS>{});
-    case DType::mxfp4: return fn(QuantKernels<FormatMXFP4, Dequant8Of<FormatMXFP4>, DotMXFP4, FastMXFP4>{});
-    default: return otherwise;
+    case DType::q8_0:
+      return fn(QuantKernels<FormatQ8_0, Dequant8Q8_0, DotQ8_0, FastQ8_0>{});
+    case DType::q4_0:
+      return fn(QuantKernels<FormatQ4_0, Dequant8Q4_0, DotQ4_0, FastQ4_0>{});
+    case DType::q4_k:
+      return fn(QuantKernels<FormatQ4_K, Dequant8Q4_K, DotQ4_K, FastQ4_K>{});
+    case DType::q6_k:
+      return fn(QuantKernels<FormatQ6_K, Dequant8Q6_K, DotQ6_K, FastQ6_K>{});
+    case DType::q4_1:
+      return fn(QuantKernels<FormatQ4_1, Dequant8Of<FormatQ4_1>, DotQ4_1, FastQ4_1>{});
+    case DType::q5_0:
+      return fn(QuantKernels<FormatQ5_0, Dequant8Of<FormatQ5_0>, DotQ5_0, FastQ5_0>{});
+    case DType::q5_1:
+      return fn(QuantKernels<FormatQ5_1, Dequant8Of<FormatQ5_1>, DotQ5_1, FastQ5_1>{});
+    case DType::q2_k:
+      return fn(QuantKernels<FormatQ2_K, Dequant8Of<FormatQ2_K>, DotQ2_K, FastQ2_K>{});
+    case DType::q3_k:
+      return fn(QuantKernels<FormatQ3_K, Dequant8Of<FormatQ3_K>, DotQ3_K, FastQ3_K>{});
+    case DType::q5_k:
+      return fn(QuantKernels<FormatQ5_K, Dequant8Of<FormatQ5_K>, DotQ5_K, FastQ5_K>{});
+    case DType::iq4_nl:
+      return fn(QuantKernels<FormatIQ4_NL, Dequant8Of<FormatIQ4_NL>, DotIQ4_NL, FastIQ4_NL>{});
+    case DType::iq4_xs:
+      return fn(QuantKernels<FormatIQ4_XS, Dequant8Of<FormatIQ4_XS>, DotIQ4_XS, FastIQ4_XS>{});
+    case DType::mxfp4:
+      return fn(QuantKernels<FormatMXFP4, Dequant8Of<FormatMXFP4>, DotMXFP4, FastMXFP4>{});
+    default:
+      return otherwise;
   }
 }
 
