@@ -87,7 +87,7 @@ typedef enum loom_type {
   LOOM_TYPE_Q4_K = 12,
   LOOM_TYPE_Q5_K = 13,
   LOOM_TYPE_Q6_K = 14,
-  LOOM_TYPE_IQ4_NL = 20, /* this and q4_1, q5_0, q5_1, q2_K, q3_K, q5_K, iq4_xs, mxfp4: CPU only */
+  LOOM_TYPE_IQ4_NL = 20, /* this and q4_1, q5_0, q5_1, q2_K, q3_K, q5_K, iq4_xs, mxfp4: CUDA reads, never writes them */
   LOOM_TYPE_IQ4_XS = 23,
   LOOM_TYPE_I32 = 26,
   LOOM_TYPE_BF16 = 30,

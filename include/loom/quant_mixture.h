@@ -33,7 +33,7 @@
 //   * A type whose block does not divide the row length (ne0) falls back as llama.cpp's
 //     tensor_type_fallback does: q2_K, q3_K to q4_0; q5_K to q5_1; q6_K to q8_0; iq4_xs to
 //     iq4_nl; and anything whose ne0 is not a multiple of 32 to f16. Except q4_K, which falls back
-//     to q8_0 rather than llama.cpp's q5_0: q4_K models must run on CUDA, which has no q5_0 kernels.
+//     to q8_0 rather than llama.cpp's q5_0 (chosen while CUDA had no q5_0 kernels; it has now).
 #pragma once
 
 #include <cstdint>

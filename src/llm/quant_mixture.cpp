@@ -179,7 +179,8 @@ DType choose_quant_type(std::string_view name, int layer, int n_layers, FileType
 }
 
 // llama.cpp's tensor_type_fallback: a 32-element type of about the same size, then f16; except q4_K,
-// which keeps Loom's q8_0 (llama.cpp's q5_0 has no CUDA kernel yet, and q4_K models must run there).
+// which keeps Loom's q8_0 (chosen while CUDA had no q5_0 kernels and q4_K models had to run there;
+// it reads q5_0 now, so llama.cpp's choice could return, at the cost of changing existing outputs).
 DType fallback_quant_type(DType t, int64_t ne0) {
   if (ne0 % dtype_block_size(t) == 0) return t;
   DType next = DType::f16;

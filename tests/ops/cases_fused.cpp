@@ -103,7 +103,7 @@ void add_add_rms_norm_mul(CaseList& cases, const Shape& ne, const Shape& b_ne) {
 
 // A reduced dimension of whole blocks for quantized types, odd for plain ones.
 int64_t pick_k(DType t) {
-  if (t == DType::q4_k || t == DType::q6_k) return 512;
+  if (dtype_block_size(t) == kQK_K) return 512;
   return dtype_is_quantized(t) ? 160 : 75;
 }
 
@@ -378,6 +378,13 @@ void add_fused_cases(CaseList& cases, CaseSet set) {
   for (DType wt : kAllWeightTypes)
     for (int64_t n : {1, 3}) add_mat_vec_multi(cases, wt, {64, 32, 32}, n, 256);
   for (DType wt : {DType::f16, DType::q8_0, DType::q4_k}) add_mat_vec_multi(cases, wt, {45, 19}, 2, 256);
+  // The newer block formats through each fused projection.
+  for (DType wt : kNewerWeightTypes)
+    for (int64_t n : {1, 3}) {
+      add_mat_vec_bias(cases, wt, 37, n);
+      add_glu_mat_vec(cases, wt, 45, n, true);
+      add_mat_vec_multi(cases, wt, {64, 32, 32}, n, 256);
+    }
   add_mat_vec_multi(cases, DType::f32, {37, 13, 6}, 8, 75);
   add_mat_vec_multi(cases, DType::bf16, {21, 10}, 1, 75);
   add_mat_vec_multi(cases, DType::q4_0, {24, 8, 8}, 3, 128, 2, {1, 2, 1});

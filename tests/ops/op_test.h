@@ -185,10 +185,12 @@ inline constexpr double kNmseRope = 1e-5;
 
 inline constexpr DType kAllWeightTypes[] = {DType::f32,  DType::f16,  DType::bf16, DType::q8_0,
                                             DType::q4_0, DType::q4_k, DType::q6_k};
-/// Block formats with CPU kernels only so far: the CUDA backend reports their nodes unsupported, so
-/// on a GPU these cases read "not supported" rather than failing.
-inline constexpr DType kCpuOnlyWeightTypes[] = {DType::q4_1, DType::q5_0,   DType::q5_1,   DType::q2_k, DType::q3_k,
-                                                DType::q5_k, DType::iq4_nl, DType::iq4_xs, DType::mxfp4};
+/// The newer block formats (CPU and CUDA kernels alike): fewer cases each than kAllWeightTypes, to
+/// keep the CPU run short, but every path of the CUDA kernels (exact and fast mat-vec columns,
+/// stages and row alignments, the dequantizing GEMM, get_rows, mul_mat_id, the fused projections).
+inline constexpr DType kNewerWeightTypes[] = {DType::q4_1,   DType::q5_0,   DType::q5_1,
+                                              DType::q2_k,   DType::q3_k,   DType::q5_k,
+                                              DType::iq4_nl, DType::iq4_xs, DType::mxfp4};
 
 // References and thresholds shared between case files (the fused cases reuse the ops' own).
 

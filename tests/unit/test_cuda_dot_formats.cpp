@@ -16,10 +16,12 @@
 #include <vector>
 
 #include "backend/cpu/vec_dot.h"
+#include "backend/cuda/kernels/dot_blocks.cuh"
 #include "backend/cuda/kernels/mat_vec_fast_formats.cuh"
+#include "backend/cuda/kernels/quant_blocks.cuh"
 #include "backend/cuda/kernels/quantize_act.cuh"
-#include "loom/quant.h"
 #include "loom/dtype.h"
+#include "loom/quant.h"
 
 namespace loom {
 namespace {
@@ -97,6 +99,75 @@ TEST(CudaDotFormats, Q8_0MatchesTheCpuBitForBit) { check_type<cuda::DotQ8_0>(DTy
 TEST(CudaDotFormats, Q4_0MatchesTheCpuBitForBit) { check_type<cuda::DotQ4_0>(DType::q4_0); }
 TEST(CudaDotFormats, Q4_KMatchesTheCpuBitForBit) { check_type<cuda::DotQ4_K>(DType::q4_k); }
 TEST(CudaDotFormats, Q6_KMatchesTheCpuBitForBit) { check_type<cuda::DotQ6_K>(DType::q6_k); }
+TEST(CudaDotFormats, Q4_1MatchesTheCpuBitForBit) { check_type<cuda::DotQ4_1>(DType::q4_1); }
+TEST(CudaDotFormats, Q5_0MatchesTheCpuBitForBit) { check_type<cuda::DotQ5_0>(DType::q5_0); }
+TEST(CudaDotFormats, Q5_1MatchesTheCpuBitForBit) { check_type<cuda::DotQ5_1>(DType::q5_1); }
+TEST(CudaDotFormats, Q2_KMatchesTheCpuBitForBit) { check_type<cuda::DotQ2_K>(DType::q2_k); }
+TEST(CudaDotFormats, Q3_KMatchesTheCpuBitForBit) { check_type<cuda::DotQ3_K>(DType::q3_k); }
+TEST(CudaDotFormats, Q5_KMatchesTheCpuBitForBit) { check_type<cuda::DotQ5_K>(DType::q5_k); }
+TEST(CudaDotFormats, IQ4_NLMatchesTheCpuBitForBit) { check_type<cuda::DotIQ4_NL>(DType::iq4_nl); }
+TEST(CudaDotFormats, IQ4_XSMatchesTheCpuBitForBit) { check_type<cuda::DotIQ4_XS>(DType::iq4_xs); }
+TEST(CudaDotFormats, MXFP4MatchesTheCpuBitForBit) { check_type<cuda::DotMXFP4>(DType::mxfp4); }
+
+// ---- element loads of the read-only formats (quant_blocks.cuh) ---------------------------------------
+// load(block, j), and step/value as Dequant8Of uses them, give the CPU dequantizer's floats bit for bit.
+
+TEST(CudaQuantBlocks, CodeBooksAreLoomsTables) {
+  for (int i = 0; i < 16; ++i) {
+    EXPECT_EQ(cuda::book_value(cuda::iq4nl_book(), i), kIQ4NLValues[i]) << i;
+    EXPECT_EQ(cuda::book_value(cuda::mxfp4_book(), i), kMXFP4Values[i]) << i;
+  }
+  for (uint32_t e = 0; e < 256; ++e) {
+    const float a = cuda::e8m0_half(static_cast<uint8_t>(e)), b = e8m0_to_f32_half(static_cast<uint8_t>(e));
+    EXPECT_EQ(std::memcmp(&a, &b, sizeof(a)), 0) << e;
+  }
+}
+
+template <class F>
+void check_loads(DType type) {
+  SCOPED_TRACE(dtype_name(type));
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal;
+  std::uniform_int_distribution<int> byte(0, 255);
+  constexpr int64_t k = 1024;
+  for (int r = 0; r < 60; ++r) {
+    std::vector<uint8_t> wq(dtype_row_size(type, k));
+    if (r % 2 == 0) {  // quantizer output, and random bytes (every bit pattern of codes and scales)
+      std::vector<float> w(k);
+      for (float& v : w) v = normal(rng) * (r % 3 == 0 ? 1e-3f : 0.05f) + (r % 4 == 0 ? 0.02f : 0.0f);
+      quantize_row(type, w.data(), wq.data(), k);
+    } else {
+      for (uint8_t& b : wq) b = static_cast<uint8_t>(byte(rng));
+    }
+    std::vector<float> ref(k);
+    dequantize_row(type, wq.data(), ref.data(), k);
+    for (int64_t e = 0; e < k; ++e) {
+      const uint8_t* block = wq.data() + (e / F::kBlock) * F::kBytes;
+      const int j = static_cast<int>(e % F::kBlock);
+      const float got = F::load(block, j);
+      const float grouped = F::value(F::step(block, j - j % 8), block, j);
+      if (std::isnan(ref[e])) {
+        ASSERT_TRUE(std::isnan(got) && std::isnan(grouped)) << "row " << r << " element " << e;
+        continue;
+      }
+      ASSERT_EQ(std::memcmp(&got, &ref[e], sizeof(float)), 0)
+          << "row " << r << " element " << e << ": " << got << " vs " << ref[e];
+      ASSERT_EQ(std::memcmp(&grouped, &ref[e], sizeof(float)), 0) << "row " << r << " element " << e;
+    }
+  }
+}
+
+TEST(CudaQuantBlocks, LoadsMatchTheCpuDequantizerBitForBit) {
+  check_loads<cuda::FormatQ4_1>(DType::q4_1);
+  check_loads<cuda::FormatQ5_0>(DType::q5_0);
+  check_loads<cuda::FormatQ5_1>(DType::q5_1);
+  check_loads<cuda::FormatQ2_K>(DType::q2_k);
+  check_loads<cuda::FormatQ3_K>(DType::q3_k);
+  check_loads<cuda::FormatQ5_K>(DType::q5_k);
+  check_loads<cuda::FormatIQ4_NL>(DType::iq4_nl);
+  check_loads<cuda::FormatIQ4_XS>(DType::iq4_xs);
+  check_loads<cuda::FormatMXFP4>(DType::mxfp4);
+}
 
 // ---- the fast mode's units (mat_vec_fast_formats.cuh) ----------------------------------------------
 // Each unit's decoded codes and scales give the CPU dequantizer's 32 weights, and its dot with int8
@@ -110,6 +181,18 @@ float unit_weight(const cuda::FastQ4_K::Unit& u, int e) {
 }
 float unit_weight(const cuda::FastQ6_K::Unit& u, int e) {
   return u.d * static_cast<float>(e < 16 ? u.sc0 : u.sc1) * static_cast<float>(code_byte(u.q, e));
+}
+float unit_weight(const cuda::FastOffsetUnit& u, int e) {
+  return u.d * static_cast<float>(code_byte(u.q, e)) + u.m;
+}
+float unit_weight(const cuda::FastScaledUnit& u, int e) {
+  return u.d * static_cast<float>(e < 16 ? u.sc0 : u.sc1) * static_cast<float>(code_byte(u.q, e));
+}
+float unit_weight(const cuda::FastQ2_K::Unit& u, int e) {
+  using Q = cuda::FastQ2_K;
+  const int sc = e < 16 ? Q::sc0(u) : Q::sc1(u), m = e < 16 ? Q::m0(u) : Q::m1(u);
+  return u.d * static_cast<float>(sc) * static_cast<float>(code_byte(u.q, e)) -
+         u.dmin * static_cast<float>(m);
 }
 
 template <class Q>
@@ -161,6 +244,19 @@ TEST(CudaFastFormats, Q8_0UnitsMatchTheCpuDequantizer) { check_fast_units<cuda::
 TEST(CudaFastFormats, Q4_0UnitsMatchTheCpuDequantizer) { check_fast_units<cuda::FastQ4_0>(DType::q4_0); }
 TEST(CudaFastFormats, Q4_KUnitsMatchTheCpuDequantizer) { check_fast_units<cuda::FastQ4_K>(DType::q4_k); }
 TEST(CudaFastFormats, Q6_KUnitsMatchTheCpuDequantizer) { check_fast_units<cuda::FastQ6_K>(DType::q6_k); }
+TEST(CudaFastFormats, Q4_1UnitsMatchTheCpuDequantizer) { check_fast_units<cuda::FastQ4_1>(DType::q4_1); }
+TEST(CudaFastFormats, Q5_0UnitsMatchTheCpuDequantizer) { check_fast_units<cuda::FastQ5_0>(DType::q5_0); }
+TEST(CudaFastFormats, Q5_1UnitsMatchTheCpuDequantizer) { check_fast_units<cuda::FastQ5_1>(DType::q5_1); }
+TEST(CudaFastFormats, Q2_KUnitsMatchTheCpuDequantizer) { check_fast_units<cuda::FastQ2_K>(DType::q2_k); }
+TEST(CudaFastFormats, Q3_KUnitsMatchTheCpuDequantizer) { check_fast_units<cuda::FastQ3_K>(DType::q3_k); }
+TEST(CudaFastFormats, Q5_KUnitsMatchTheCpuDequantizer) { check_fast_units<cuda::FastQ5_K>(DType::q5_k); }
+TEST(CudaFastFormats, IQ4_NLUnitsMatchTheCpuDequantizer) {
+  check_fast_units<cuda::FastIQ4_NL>(DType::iq4_nl);
+}
+TEST(CudaFastFormats, IQ4_XSUnitsMatchTheCpuDequantizer) {
+  check_fast_units<cuda::FastIQ4_XS>(DType::iq4_xs);
+}
+TEST(CudaFastFormats, MXFP4UnitsMatchTheCpuDequantizer) { check_fast_units<cuda::FastMXFP4>(DType::mxfp4); }
 
 }  // namespace
 }  // namespace loom

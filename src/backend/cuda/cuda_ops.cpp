@@ -137,11 +137,13 @@ size_t scratch_bytes(const Tensor& t, bool fast) {
   return 0;
 }
 
-// The element types the kernels decode and encode (load_any/store_any in copy.cu, the mat-vec and
-// GEMM formats). The other block formats (q4_1, q5_0, q5_1, q2_K, q3_K, q5_K, iq4_nl, iq4_xs,
-// mxfp4) have CPU kernels only: nodes that read or write them are reported unsupported here, so
-// the executor refuses them by name instead of a kernel decoding garbage.
-bool has_kernels_for(DType t) {
+// Every element type is read by the kernels (load_any in copy.cu, the mat-vec, GEMM and fused
+// formats through kernels/quant_dispatch.cuh). Written -- the output of cpy and set_rows, the only
+// nodes with a quantized result -- are only the plain types and q8_0, q4_0, q4_K, q6_K: the device
+// has no quantizers for q4_1, q5_0, q5_1, q2_K, q3_K, q5_K, iq4_nl, iq4_xs and mxfp4 (a quantized KV
+// cache or a conversion into them), so such nodes are reported unsupported and the executor refuses
+// them by name instead of a kernel writing garbage.
+bool has_store_kernel(DType t) {
   switch (t) {
     case DType::f32:
     case DType::f16:
@@ -157,12 +159,7 @@ bool has_kernels_for(DType t) {
   }
 }
 
-bool types_supported(const Tensor& node) {
-  if (!has_kernels_for(node.type)) return false;
-  for (const Tensor* s : node.src)
-    if (s && !has_kernels_for(s->type)) return false;
-  return true;
-}
+bool types_supported(const Tensor& node) { return has_store_kernel(node.type); }
 
 bool supports_op_impl(const Tensor& node) {
   if (node.op != OpKind::none && node.op != OpKind::view && !types_supported(node)) return false;

@@ -5,8 +5,9 @@
 
 #include "common.cuh"
 #include "copy.cuh"
-#include "quant.cuh"
 #include "loom/dtype.h"
+#include "quant.cuh"
+#include "quant_dispatch.cuh"
 
 namespace loom::cuda {
 
@@ -18,6 +19,29 @@ static_assert(FormatQ6_K::kBytes == sizeof(BlockQ6_K) && FormatQ6_K::kBlock == k
 static_assert(offsetof(BlockQ4_K, scales) == 4 && offsetof(BlockQ4_K, qs) == 16);
 static_assert(offsetof(BlockQ6_K, qh) == 128 && offsetof(BlockQ6_K, scales) == 192 &&
               offsetof(BlockQ6_K, d) == 208);
+// The read-only formats (quant_blocks.cuh; the byte offsets its decoders use).
+static_assert(FormatQ4_1::kBytes == sizeof(BlockQ4_1) && FormatQ4_1::kBlock == kQK32 &&
+              offsetof(BlockQ4_1, qs) == 4);
+static_assert(FormatQ5_0::kBytes == sizeof(BlockQ5_0) && FormatQ5_0::kBlock == kQK32 &&
+              offsetof(BlockQ5_0, qh) == 2 && offsetof(BlockQ5_0, qs) == 6);
+static_assert(FormatQ5_1::kBytes == sizeof(BlockQ5_1) && FormatQ5_1::kBlock == kQK32 &&
+              offsetof(BlockQ5_1, qh) == 4 && offsetof(BlockQ5_1, qs) == 8);
+static_assert(FormatQ2_K::kBytes == sizeof(BlockQ2_K) && FormatQ2_K::kBlock == kQK_K &&
+              offsetof(BlockQ2_K, qs) == 16 && offsetof(BlockQ2_K, d) == 80 &&
+              offsetof(BlockQ2_K, dmin) == 82);
+static_assert(FormatQ3_K::kBytes == sizeof(BlockQ3_K) && FormatQ3_K::kBlock == kQK_K &&
+              offsetof(BlockQ3_K, qs) == 32 && offsetof(BlockQ3_K, scales) == 96 &&
+              offsetof(BlockQ3_K, d) == 108);
+static_assert(FormatQ5_K::kBytes == sizeof(BlockQ5_K) && FormatQ5_K::kBlock == kQK_K &&
+              offsetof(BlockQ5_K, scales) == 4 && offsetof(BlockQ5_K, qh) == 16 &&
+              offsetof(BlockQ5_K, qs) == 48);
+static_assert(FormatIQ4_NL::kBytes == sizeof(BlockIQ4_NL) && FormatIQ4_NL::kBlock == kQK32 &&
+              offsetof(BlockIQ4_NL, qs) == 2);
+static_assert(FormatIQ4_XS::kBytes == sizeof(BlockIQ4_XS) && FormatIQ4_XS::kBlock == kQK_K &&
+              offsetof(BlockIQ4_XS, scales_h) == 2 && offsetof(BlockIQ4_XS, scales_l) == 4 &&
+              offsetof(BlockIQ4_XS, qs) == 8);
+static_assert(FormatMXFP4::kBytes == sizeof(BlockMXFP4) && FormatMXFP4::kBlock == kQK32 &&
+              offsetof(BlockMXFP4, qs) == 1);
 
 namespace {
 
@@ -39,18 +63,12 @@ __device__ float load_any(DType type, const TensorDesc& t, int64_t i0, int64_t i
       return FormatBF16::load(reinterpret_cast<const uint8_t*>(element_ptr(t, i0, i1, i2, i3)), 0);
     case DType::i32:
       return FormatI32::load(reinterpret_cast<const uint8_t*>(element_ptr(t, i0, i1, i2, i3)), 0);
-    case DType::q8_0:
-      return load_element<FormatQ8_0>(row_ptr(t, i1, i2, i3), i0);
-    case DType::q4_0:
-      return load_element<FormatQ4_0>(row_ptr(t, i1, i2, i3), i0);
-    case DType::q4_k:
-      return load_element<FormatQ4_K>(row_ptr(t, i1, i2, i3), i0);
-    case DType::q6_k:
-      return load_element<FormatQ6_K>(row_ptr(t, i1, i2, i3), i0);
-    default:  // formats with CPU kernels only: cuda_ops.cpp never launches a node that reads them
+    default:
       break;
   }
-  return 0.0f;
+  const char* row = row_ptr(t, i1, i2, i3);
+  return visit_quant_type(type, 0.0f,
+                          [&](auto q) { return load_element<typename decltype(q)::Format>(row, i0); });
 }
 
 // Writes one block of `type` (1 element for plain types) from x.
@@ -77,7 +95,7 @@ __device__ void store_any(DType type, const float* x, uint8_t* block) {
     case DType::q4_k:
     case DType::q6_k:
       return;  // 256-element blocks: set_rows_kquant_kernel and cpy_kquant_kernel
-    default:  // formats with CPU kernels only: cuda_ops.cpp never launches a node that writes them
+    default:   // the read-only formats: cuda_ops.cpp never launches a node that writes them
       return;
   }
 }

@@ -26,13 +26,14 @@
 #include "common.cuh"
 #include "fused.cuh"
 #include "mat_vec_fast.cuh"
+#include "loom/graph.h"
 #include "mat_vec.cuh"
 #include "matmul.cuh"
 #include "quant.cuh"
+#include "quant_dispatch.cuh"
 #include "quantize_act.cuh"
 #include "rope_row.cuh"
 #include "softmax_row.cuh"
-#include "loom/graph.h"
 
 namespace loom::cuda {
 
@@ -363,9 +364,7 @@ __global__ void moe_route_kernel(TensorDesc logits, float scale, TensorDesc ids,
 bool is_f32(const Tensor* t) { return t && t->type == DType::f32; }
 bool same_shape(const Tensor* a, const Tensor* b) { return a->ne == b->ne; }
 bool is_float_weight(DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16; }
-bool is_mat_vec_weight(DType t) {
-  return is_float_weight(t) || t == DType::q8_0 || t == DType::q4_0 || t == DType::q4_k || t == DType::q6_k;
-}
+bool is_mat_vec_weight(DType t) { return is_float_weight(t) || dtype_is_quantized(t); }
 
 // Whether a kernel may write `out` while reading `in`: the byte ranges are disjoint, or they are
 // the same elements in the same layout (each fused kernel reads an element before it writes that
@@ -720,18 +719,14 @@ CudaError launch_glu_mat_vec(const LaunchContext& ctx, const Tensor* mm_gate, co
       return glu_float<FormatF16>(ctx, mm_gate, mm_up, glu);
     case DType::bf16:
       return glu_float<FormatBF16>(ctx, mm_gate, mm_up, glu);
-    case DType::q8_0:
-      return glu_q8<DotQ8_0>(ctx, mm_gate, mm_up, glu);
-    case DType::q4_0:
-      return glu_q8<DotQ4_0>(ctx, mm_gate, mm_up, glu);
-    case DType::q4_k:
-      return glu_q8<DotQ4_K>(ctx, mm_gate, mm_up, glu);
-    case DType::q6_k:
-      return glu_q8<DotQ6_K>(ctx, mm_gate, mm_up, glu);
-    default:  // i32, and the block formats with CPU kernels only (cuda_ops.cpp refuses them)
+    default:
       break;
   }
-  return CudaError::runtime(cudaErrorInvalidValue, "glu_mat_vec: no kernel for this weight type", __FILE__, __LINE__);
+  const CudaError none = CudaError::runtime(
+      cudaErrorInvalidValue, "glu_mat_vec: no kernel for this weight type", __FILE__, __LINE__);
+  return visit_quant_type(mm_gate->src[0]->type, none, [&](auto q) {
+    return glu_q8<typename decltype(q)::Dot>(ctx, mm_gate, mm_up, glu);
+  });
 }
 
 CudaError launch_mat_vec_multi(const LaunchContext& ctx, const Tensor* mm0, const Tensor* mm1,
@@ -748,18 +743,13 @@ CudaError launch_mat_vec_multi(const LaunchContext& ctx, const Tensor* mm0, cons
       return multi_float<FormatF16>(ctx, mms, count);
     case DType::bf16:
       return multi_float<FormatBF16>(ctx, mms, count);
-    case DType::q8_0:
-      return multi_q8<DotQ8_0>(ctx, mms, count);
-    case DType::q4_0:
-      return multi_q8<DotQ4_0>(ctx, mms, count);
-    case DType::q4_k:
-      return multi_q8<DotQ4_K>(ctx, mms, count);
-    case DType::q6_k:
-      return multi_q8<DotQ6_K>(ctx, mms, count);
-    default:  // i32, and the block formats with CPU kernels only (cuda_ops.cpp refuses them)
+    default:
       break;
   }
-  return CudaError::runtime(cudaErrorInvalidValue, "mat_vec_multi: no kernel for this weight type", __FILE__, __LINE__);
+  const CudaError none = CudaError::runtime(
+      cudaErrorInvalidValue, "mat_vec_multi: no kernel for this weight type", __FILE__, __LINE__);
+  return visit_quant_type(mm0->src[0]->type, none,
+                          [&](auto q) { return multi_q8<typename decltype(q)::Dot>(ctx, mms, count); });
 }
 
 CudaError launch_rope_set_rows(const LaunchContext& ctx, const Tensor* rope_k, const Tensor* set_rows,

@@ -1,5 +1,6 @@
 // The fast numerics mode's mat-vec: dst = w x b for 1..kMatVecMaxCols columns (decode, and small
-// batches of tokens), f32/f16/bf16/q8_0/q4_0/q4_K/q6_K weights, float accumulation.
+// batches of tokens), f32/f16/bf16 and every quantized format's weights (quant_dispatch.cuh), float
+// accumulation.
 //
 // Why not the exact kernels: they give each warp one row and sum block terms in double, and reach
 // 25-40% of the H200's 4,350 GB/s read bandwidth (4096x4096 at n = 1: f16 1.68 TB/s, q4_0 674 GB/s,
@@ -39,6 +40,7 @@
 // per 32 weights). A load-time repacking into aligned code and scale arrays is the next step.
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "activation.cuh"
 #include "common.cuh"
@@ -46,6 +48,7 @@
 #include "mat_vec_fast.cuh"
 #include "mat_vec_fast_formats.cuh"
 #include "quant.cuh"
+#include "quant_dispatch.cuh"
 
 namespace loom::cuda {
 
@@ -66,6 +69,23 @@ template <int kCols, bool kQuantized>
 __host__ __device__ constexpr int min_blocks_per_sm() {
   if constexpr (kQuantized) return kCols <= 1 ? 5 : (kCols <= 4 ? 4 : 3);
   return kCols <= 2 ? 8 : (kCols <= 4 ? 6 : 4);
+}
+
+/// The quantized kernel's blocks per SM for format Q: formats whose decode needs more registers
+/// (kWideDecode: q2_K, q3_K, q5_K) spilled 8-76 bytes at 2-8 columns under the budget above, so
+/// they take one block per SM fewer there.
+template <class Q, class = void>
+struct WideDecode {
+  static constexpr bool value = false;
+};
+template <class Q>
+struct WideDecode<Q, std::void_t<decltype(Q::kWideDecode)>> {
+  static constexpr bool value = Q::kWideDecode;
+};
+template <class Q, int kCols>
+__host__ __device__ constexpr int quant_blocks_per_sm() {
+  constexpr int base = min_blocks_per_sm<kCols, true>();
+  return WideDecode<Q>::value && kCols > 1 ? base - 1 : base;
 }
 
 // ---- bulk copies to shared memory (sm_90: the copy engine of the SM, one thread issues a row) -------
@@ -379,7 +399,7 @@ __global__ void quantize_act_fast_kernel(ActFastLayout<Q> out, TensorDesc b) {
 // (mat_vec_fast_supports), as the bulk copy needs. Per-thread cp.async of 16-byte chunks spent
 // ~180 instructions per step issuing them (ncu: issue-bound at 0.66 warps per scheduler-cycle).
 template <class Q, int kCols, bool kGlu>
-__global__ void __launch_bounds__(kThreads, min_blocks_per_sm<kCols, true>())
+__global__ void __launch_bounds__(kThreads, quant_blocks_per_sm<Q, kCols>())
     mat_vec_fast_q_kernel(const __grid_constant__ FastArgs args, ActFastLayout<Q> act, int64_t k, int ncols,
                           int64_t n_total) {
   constexpr int kRows = fast_rows<kCols, kGlu>();
@@ -566,7 +586,7 @@ CudaError launch_q_cols(const LaunchContext& ctx, const FastLaunch& l) {
   const Tensor* b = l.mms[0]->src[1];
   const auto act = ActFastLayout<Q>::at(ctx.scratch, b->nrows(), b->ne[0]);
   // about one wave: every block walks tiles with its copies in flight across them
-  const int64_t wave = static_cast<int64_t>(sm_count()) * min_blocks_per_sm<kCols, true>();
+  const int64_t wave = static_cast<int64_t>(sm_count()) * quant_blocks_per_sm<Q, kCols>();
   const auto grid = static_cast<unsigned>(std::min<int64_t>(args.tiles, wave));
   mat_vec_fast_q_kernel<Q, kCols, kGlu><<<grid, kThreads, 0, ctx.stream>>>(
       args, act, b->ne[0], static_cast<int>(b->ne[1]), b->ne[1]);
@@ -627,24 +647,18 @@ CudaError launch_fast(const LaunchContext& ctx, const FastLaunch& l) {
     case DType::f32: return float_mat_vec<FormatF32>(ctx, l);
     case DType::f16: return float_mat_vec<FormatF16>(ctx, l);
     case DType::bf16: return float_mat_vec<FormatBF16>(ctx, l);
-    case DType::q8_0: return quant_mat_vec<FastQ8_0>(ctx, l);
-    case DType::q4_0: return quant_mat_vec<FastQ4_0>(ctx, l);
-    case DType::q4_k: return quant_mat_vec<FastQ4_K>(ctx, l);
-    case DType::q6_k: return quant_mat_vec<FastQ6_K>(ctx, l);
     default: break;
   }
-  return CudaError::runtime(cudaErrorInvalidValue, "mat_vec_fast: unsupported weight type", __FILE__, __LINE__);
+  const CudaError none =
+      CudaError::runtime(cudaErrorInvalidValue, "mat_vec_fast: unsupported weight type", __FILE__, __LINE__);
+  return visit_quant_type(l.mms[0]->src[0]->type, none,
+                          [&](auto q) { return quant_mat_vec<typename decltype(q)::Fast>(ctx, l); });
 }
 
 size_t act_fast_bytes(DType weight, const Tensor* b) {
   const int64_t rows = b->nrows(), k = b->ne[0];
-  switch (weight) {
-    case DType::q8_0: return ActFastLayout<FastQ8_0>::bytes(rows, k);
-    case DType::q4_0: return ActFastLayout<FastQ4_0>::bytes(rows, k);
-    case DType::q4_k: return ActFastLayout<FastQ4_K>::bytes(rows, k);
-    case DType::q6_k: return ActFastLayout<FastQ6_K>::bytes(rows, k);
-    default: return 0;
-  }
+  return visit_quant_type(weight, size_t{0},
+                          [&](auto q) { return ActFastLayout<typename decltype(q)::Fast>::bytes(rows, k); });
 }
 
 }  // namespace
@@ -665,18 +679,15 @@ bool mat_vec_fast_supports(const LaunchContext& ctx, const Tensor* mm, const Ten
                                 (b->ne[3] == 1 || b->nb[3] % 16 == 0);
       return rows_aligned && cols_aligned;
     }
-    case DType::q8_0:
-    case DType::q4_0:
-    case DType::q4_k:
-    case DType::q6_k:
+    default:
+      if (!dtype_is_quantized(a->type)) return false;
       // rows are bulk-copied: 16-byte aligned, a multiple of 16 bytes (k a multiple of 256 for every
-      // type: all the usual shapes; others take the exact kernels); the scratch is reserved for the
-      // exact mode's blocks, which the fast layout never outgrows
+      // format: all the usual shapes; others, such as an mxfp4 row of an odd number of blocks, take
+      // the exact kernels); the scratch is reserved for the exact mode's blocks, which the fast
+      // layout never outgrows
       return aligned16(a->data) && a->nb[1] % 16 == 0 && a->nb[2] % 16 == 0 && a->nb[3] % 16 == 0 &&
              dtype_row_size(a->type, a->ne[0]) % 16 == 0 && aligned16(ctx.scratch) &&
              ctx.scratch_size >= act_fast_bytes(a->type, b);
-    default:
-      return false;
   }
 }
 

@@ -8,7 +8,7 @@
 namespace loom::cuda {
 
 /// Whether launch_mat_vec_fast takes this product: f32/f16/bf16 weights with 16-byte aligned rows
-/// and contiguous, 16-byte aligned activation columns, or q8_0/q4_0/q4_K/q6_K weights (any
+/// and contiguous, 16-byte aligned activation columns, or quantized weights of any block format (any
 /// activation strides) with ctx.scratch large enough; at most kMatVecMaxCols columns. Other products
 /// stay on the exact kernels, which take any layout.
 bool mat_vec_fast_supports(const LaunchContext& ctx, const Tensor* mm, const Tensor* dst);

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "quant_blocks.cuh"
 #include "quantize_act.cuh"
 
 namespace loom::cuda {
@@ -45,10 +46,28 @@ LOOM_HD void load_words_a2(const uint8_t* p, uint32_t (&w)[N]) {
 #endif
 }
 
+/// load_words_a2 from any address (mxfp4's 17-byte blocks): the same funnel shift by 8, 16 or 24 bits.
+template <int N>
+LOOM_HD void load_words_a1(const uint8_t* p, uint32_t (&w)[N]) {
+#if defined(__CUDA_ARCH__)
+  const auto addr = reinterpret_cast<uintptr_t>(p);
+  const auto* base = reinterpret_cast<const uint32_t*>(addr & ~uintptr_t{3});
+  const unsigned shift = (addr & 3u) * 8u;
+  uint32_t raw[N + 1];
+  for (int i = 0; i <= N; ++i) raw[i] = base[i];
+  for (int i = 0; i < N; ++i) w[i] = __funnelshift_r(raw[i], raw[i + 1], shift);
+#else
+  std::memcpy(w, p, sizeof(w));
+#endif
+}
+
 /// Bytewise x - 8 for bytes 0..15 (q4_0 codes), as int8: no borrow crosses a byte.
 LOOM_HD uint32_t nibbles_minus_8(uint32_t x) { return (x + 0x78787878u) ^ 0x80808080u; }
 /// Bytewise x - 32 for bytes 0..63 (q6_K codes), as int8.
 LOOM_HD uint32_t sixbits_minus_32(uint32_t x) { return (x + 0x60606060u) ^ 0x80808080u; }
+/// Bytewise x - 16 for bytes 0..31 (q5_0 codes) and x - 4 for bytes 0..7 (q3_K codes), as int8.
+LOOM_HD uint32_t fivebits_minus_16(uint32_t x) { return (x + 0x70707070u) ^ 0x80808080u; }
+LOOM_HD uint32_t threebits_minus_4(uint32_t x) { return (x + 0x7c7c7c7cu) ^ 0x80808080u; }
 
 /// The isum of 32 weight codes against 32 activation codes.
 LOOM_HD int dot32(const uint32_t (&w)[8], const int (&x)[8]) {
@@ -161,6 +180,291 @@ struct FastQ6_K {
       hi = dot4(static_cast<int>(u.q[4 + i]), x[4 + i], hi);
     }
     return (u.d * dx) * static_cast<float>(u.sc0 * lo + u.sc1 * hi);
+  }
+};
+
+// ---- the newer formats --------------------------------------------------------------------------------
+// Same unit of 32 weights. The 32-element formats with an offset (q4_1, q5_1) sum their unit's 32
+// activation codes by dp4a in the dot rather than through the layout's sums: a sum per 32 codes
+// with a scale per 32 would outgrow the exact mode's q8_0 blocks, the scratch every caller reserves.
+
+/// The sum of 32 activation codes.
+LOOM_HD int code_sum32(const int (&x)[8]) {
+  int s = 0;
+  for (int i = 0; i < 8; ++i) s = dot4(x[i], 0x01010101, s);
+  return s;
+}
+
+/// A 32-element block with an offset: codes unsigned, x = d q + m.
+struct FastOffsetUnit {
+  uint32_t q[8];
+  float d, m;
+};
+
+/// Eight code words of a 32-element block from its 16 bytes of nibbles (q4_0's order) at qs.
+template <bool kByteAligned>
+LOOM_HD void nibble_words(const uint8_t* qs, uint32_t (&lo)[4], uint32_t (&hi)[4]) {
+  uint32_t raw[4];
+  if constexpr (kByteAligned) {
+    load_words_a1(qs, raw);
+  } else {
+    load_words_a2(qs, raw);
+  }
+  for (int i = 0; i < 4; ++i) {
+    lo[i] = raw[i] & 0x0f0f0f0fu;
+    hi[i] = (raw[i] >> 4) & 0x0f0f0f0fu;
+  }
+}
+
+/// q4_1: one unit per block; dx (d isum + m xsum).
+struct FastQ4_1 {
+  static constexpr int kBlock = 32, kBytes = 20, kUnitsPerBlock = 1;
+  static constexpr int kActScaleBlock = 32;
+  static constexpr bool kActSums = false;
+  using Unit = FastOffsetUnit;
+  LOOM_HD static Unit decode(const uint8_t* b, int /*part*/) {
+    Unit u;
+    uint32_t lo[4], hi[4];
+    nibble_words<false>(b + 4, lo, hi);
+    for (int i = 0; i < 4; ++i) {
+      u.q[i] = lo[i];
+      u.q[4 + i] = hi[i];
+    }
+    u.d = half_to_float(load_u16_a2(b));
+    u.m = half_to_float(load_u16_a2(b + 2));
+    return u;
+  }
+  LOOM_HD static float dot(const Unit& u, const int (&x)[8], float dx, int /*xsum*/) {
+    return dx * (u.d * static_cast<float>(dot32(u.q, x)) + u.m * static_cast<float>(code_sum32(x)));
+  }
+};
+
+/// q5 codes of a block: nibbles at qs, fifth bits in the word qh.
+LOOM_HD void q5_words(const uint8_t* qs, uint32_t qh, uint32_t (&q)[8]) {
+  uint32_t lo[4], hi[4];
+  nibble_words<false>(qs, lo, hi);
+  for (int i = 0; i < 4; ++i) {
+    q[i] = lo[i] | spread_bit4(qh >> (4 * i));
+    q[4 + i] = hi[i] | spread_bit4(qh >> (16 + 4 * i));
+  }
+}
+
+/// q5_0: one unit per block, codes q - 16.
+struct FastQ5_0 {
+  static constexpr int kBlock = 32, kBytes = 22, kUnitsPerBlock = 1;
+  static constexpr int kActScaleBlock = 32;
+  static constexpr bool kActSums = false;
+  using Unit = FastQ8_0::Unit;
+  LOOM_HD static Unit decode(const uint8_t* b, int /*part*/) {
+    Unit u;
+    q5_words(b + 6, load_u32_a2(b + 2), u.q);
+    for (uint32_t& w : u.q) w = fivebits_minus_16(w);
+    u.d = half_to_float(load_u16_a2(b));
+    return u;
+  }
+  LOOM_HD static float dot(const Unit& u, const int (&x)[8], float dx, int xsum) {
+    return FastQ8_0::dot(u, x, dx, xsum);
+  }
+};
+
+/// q5_1: one unit per block, codes 0..31; dx (d isum + m xsum).
+struct FastQ5_1 {
+  static constexpr int kBlock = 32, kBytes = 24, kUnitsPerBlock = 1;
+  static constexpr int kActScaleBlock = 32;
+  static constexpr bool kActSums = false;
+  using Unit = FastOffsetUnit;
+  LOOM_HD static Unit decode(const uint8_t* b, int /*part*/) {
+    Unit u;
+    q5_words(b + 8, load_u32_a2(b + 4), u.q);
+    u.d = half_to_float(load_u16_a2(b));
+    u.m = half_to_float(load_u16_a2(b + 2));
+    return u;
+  }
+  LOOM_HD static float dot(const Unit& u, const int (&x)[8], float dx, int xsum) {
+    return FastQ4_1::dot(u, x, dx, xsum);
+  }
+};
+
+/// Code-book block: the nibbles' entries, d.
+template <bool kByteAligned>
+LOOM_HD void book_words(const uint8_t* qs, const CodeBook16& book, uint32_t (&q)[8]) {
+  uint32_t lo[4], hi[4];
+  nibble_words<kByteAligned>(qs, lo, hi);
+  for (int i = 0; i < 4; ++i) {
+    q[i] = book_lookup4(book, lo[i]);
+    q[4 + i] = book_lookup4(book, hi[i]);
+  }
+}
+
+/// iq4_nl: one unit per block, codes from the iq4_nl book.
+struct FastIQ4_NL {
+  static constexpr int kBlock = 32, kBytes = 18, kUnitsPerBlock = 1;
+  static constexpr int kActScaleBlock = 32;
+  static constexpr bool kActSums = false;
+  using Unit = FastQ8_0::Unit;
+  LOOM_HD static Unit decode(const uint8_t* b, int /*part*/) {
+    Unit u;
+    book_words<false>(b + 2, iq4nl_book(), u.q);
+    u.d = half_to_float(load_u16_a2(b));
+    return u;
+  }
+  LOOM_HD static float dot(const Unit& u, const int (&x)[8], float dx, int xsum) {
+    return FastQ8_0::dot(u, x, dx, xsum);
+  }
+};
+
+/// mxfp4: one unit per block (17 bytes: read bytewise-aligned), codes from the doubled e2m1 book.
+struct FastMXFP4 {
+  static constexpr int kBlock = 32, kBytes = 17, kUnitsPerBlock = 1;
+  static constexpr int kActScaleBlock = 32;
+  static constexpr bool kActSums = false;
+  using Unit = FastQ8_0::Unit;
+  LOOM_HD static Unit decode(const uint8_t* b, int /*part*/) {
+    Unit u;
+    book_words<true>(b + 1, mxfp4_book(), u.q);
+    u.d = e8m0_half(b[0]);
+    return u;
+  }
+  LOOM_HD static float dot(const Unit& u, const int (&x)[8], float dx, int xsum) {
+    return FastQ8_0::dot(u, x, dx, xsum);
+  }
+};
+
+/// Signed codes with one integer scale per 16 elements (q3_K, iq4_xs): d dx (sc0 isum_lo + sc1 isum_hi).
+struct FastScaledUnit {
+  uint32_t q[8];
+  int sc0, sc1;
+  float d;
+};
+LOOM_HD float scaled_unit_dot(const FastScaledUnit& u, const int (&x)[8], float dx) {
+  int lo = 0, hi = 0;
+  for (int i = 0; i < 4; ++i) {
+    lo = dot4(static_cast<int>(u.q[i]), x[i], lo);
+    hi = dot4(static_cast<int>(u.q[4 + i]), x[4 + i], hi);
+  }
+  return (u.d * dx) * static_cast<float>(u.sc0 * lo + u.sc1 * hi);
+}
+
+/// q2_K: unit u = (h, k) = (u / 4, u % 4): elements 128h + 32k + l, bits 2k of qs[32h + l]; scale
+/// and min bytes 2u, 2u + 1 (16 elements each). Term: dx (d (sc0 isum_lo + sc1 isum_hi) - dmin msum),
+/// msum = m0 xsum_lo + m1 xsum_hi by dp4a against the mins replicated in every byte (the layout's
+/// sums per 32 would need a split, and their load cost the 1-2 column kernels spilled registers).
+struct FastQ2_K {
+  static constexpr int kBlock = 256, kBytes = 84, kUnitsPerBlock = 8;
+  static constexpr int kActScaleBlock = 256;
+  static constexpr bool kActSums = false;
+  static constexpr bool kWideDecode = true;  ///< more registers per thread (mat_vec_fast.cu)
+  struct Unit {
+    uint32_t q[8];
+    uint32_t scales;  // bytes 2u, 2u + 1 as one word: registers are the 1-2 column kernels' limit
+    float d, dmin;
+  };
+  LOOM_HD static Unit decode(const uint8_t* b, int p) {
+    Unit u;
+    uint32_t raw[8];
+    load_words_a2(b + 16 + 32 * (p / 4), raw);
+    const unsigned shift = 2u * static_cast<unsigned>(p % 4);
+    for (int i = 0; i < 8; ++i) u.q[i] = (raw[i] >> shift) & 0x03030303u;
+    u.scales = load_u16_a2(b + 2 * p);
+    u.d = half_to_float(load_u16_a2(b + 80));
+    u.dmin = half_to_float(load_u16_a2(b + 82));
+    return u;
+  }
+  LOOM_HD static int sc0(const Unit& u) { return static_cast<int>(u.scales & 0xFu); }
+  LOOM_HD static int m0(const Unit& u) { return static_cast<int>((u.scales >> 4) & 0xFu); }
+  LOOM_HD static int sc1(const Unit& u) { return static_cast<int>((u.scales >> 8) & 0xFu); }
+  LOOM_HD static int m1(const Unit& u) { return static_cast<int>(u.scales >> 12); }
+  LOOM_HD static float dot(const Unit& u, const int (&x)[8], float dx, int /*xsum*/) {
+    int lo = 0, hi = 0, msum = 0;
+    const int m_lo = m0(u) * 0x01010101, m_hi = m1(u) * 0x01010101;
+    for (int i = 0; i < 4; ++i) {
+      lo = dot4(static_cast<int>(u.q[i]), x[i], lo);
+      hi = dot4(static_cast<int>(u.q[4 + i]), x[4 + i], hi);
+      msum = dot4(m_lo, x[i], msum);
+      msum = dot4(m_hi, x[4 + i], msum);
+    }
+    return dx * (u.d * static_cast<float>(sc0(u) * lo + sc1(u) * hi) - u.dmin * static_cast<float>(msum));
+  }
+};
+
+/// q3_K: unit u = (h, k) as q2_K's (2-bit codes at 32), high bit u of hmask[l], code - 4; scales
+/// of sub-blocks 2u, 2u + 1 (minus 32).
+struct FastQ3_K {
+  static constexpr int kBlock = 256, kBytes = 110, kUnitsPerBlock = 8;
+  static constexpr int kActScaleBlock = 256;
+  static constexpr bool kActSums = false;
+  static constexpr bool kWideDecode = true;
+  using Unit = FastScaledUnit;
+  LOOM_HD static Unit decode(const uint8_t* b, int p) {
+    Unit u;
+    const unsigned shift = 2u * static_cast<unsigned>(p % 4);
+    // four words of each array at a time: all 16 (plus the shifts' spare words) live at once
+    // spilled in the 1-2 column kernels (40 registers)
+    for (int h = 0; h < 2; ++h) {
+      uint32_t lo[4], hm[4];
+      load_words_a2(b + 32 + 32 * (p / 4) + 16 * h, lo);
+      load_words_a2(b + 16 * h, hm);
+      for (int i = 0; i < 4; ++i)
+        u.q[4 * h + i] =
+            threebits_minus_4(((lo[i] >> shift) & 0x03030303u) | (((hm[i] >> p) & 0x01010101u) << 2));
+    }
+    // sub-blocks 2p and 2p + 1 keep their low nibbles in adjacent bytes 96 + (2p % 8) and their high
+    // bits in adjacent bytes 104 + (2p % 4), at the same shifts: two 16-bit loads for both scales
+    const uint32_t lo = load_u16_a2(b + 96 + (2 * p) % 8) >> (4 * (p / 4));
+    const uint32_t hi = load_u16_a2(b + 104 + (2 * p) % 4) >> (2 * (p / 2));
+    const uint32_t sc = (lo & 0x0F0Fu) | ((hi & 0x0303u) << 4);
+    u.sc0 = static_cast<int>(sc & 0xFFu) - 32;
+    u.sc1 = static_cast<int>(sc >> 8) - 32;
+    u.d = half_to_float(load_u16_a2(b + 108));
+    return u;
+  }
+  LOOM_HD static float dot(const Unit& u, const int (&x)[8], float dx, int /*xsum*/) {
+    return scaled_unit_dot(u, x, dx);
+  }
+};
+
+/// q5_K: unit s = sub-block s: nibble s % 2 of qs[32(s/2) + l] (at 48), fifth bit s of qh[l] (at
+/// 16); q4_K's scale and min. Term as q4_K's.
+struct FastQ5_K {
+  static constexpr int kBlock = 256, kBytes = 176, kUnitsPerBlock = 8;
+  static constexpr int kActScaleBlock = 256;
+  static constexpr bool kActSums = true;
+  static constexpr bool kWideDecode = true;  ///< more registers per thread (mat_vec_fast.cu)
+  using Unit = FastQ4_K::Unit;
+  LOOM_HD static Unit decode(const uint8_t* b, int s) {
+    Unit u;
+    uint32_t raw[8], qh[8];
+    load_words_a2(b + 48 + 32 * (s / 2), raw);
+    load_words_a2(b + 16, qh);
+    const unsigned shift = (s & 1) * 4u;
+    for (int i = 0; i < 8; ++i)
+      u.q[i] = ((raw[i] >> shift) & 0x0f0f0f0fu) | (((qh[i] >> s) & 0x01010101u) << 4);
+    int sc, m;
+    q4k_scale_min(s, b + 4, sc, m);
+    u.d_sc = half_to_float(load_u16_a2(b)) * static_cast<float>(sc);
+    u.dmin_m = half_to_float(load_u16_a2(b + 2)) * static_cast<float>(m);
+    return u;
+  }
+  LOOM_HD static float dot(const Unit& u, const int (&x)[8], float dx, int xsum) {
+    return FastQ4_K::dot(u, x, dx, xsum);
+  }
+};
+
+/// iq4_xs: unit s = sub-block s: its 16 bytes at 8 + 16s as an iq4_nl block's; one scale ls - 32.
+struct FastIQ4_XS {
+  static constexpr int kBlock = 256, kBytes = 136, kUnitsPerBlock = 8;
+  static constexpr int kActScaleBlock = 256;
+  static constexpr bool kActSums = false;
+  using Unit = FastScaledUnit;
+  LOOM_HD static Unit decode(const uint8_t* b, int s) {
+    Unit u;
+    book_words<false>(b + 8 + 16 * s, iq4nl_book(), u.q);
+    u.sc0 = u.sc1 = iq4xs_scale_of(s, b) - 32;
+    u.d = half_to_float(load_u16_a2(b));
+    return u;
+  }
+  LOOM_HD static float dot(const Unit& u, const int (&x)[8], float dx, int /*xsum*/) {
+    return scaled_unit_dot(u, x, dx);
   }
 };
 

@@ -10,11 +10,12 @@
 //   (CUBLAS_COMPUTE_32F without TF32, so f32 weights give true f32 products).
 // - f32/f16/bf16 weights otherwise: mul_mat_vec_kernel, one warp per output row and up to
 //   kMatVecMaxCols columns, accumulating in float.
-// - quantized weights (q8_0, q4_0, q4_K, q6_K): b's rows are first quantized into scratch exactly
-//   as the CPU backend quantizes them (q8_0 blocks for q8_0/q4_0 weights, q8_K blocks for the
-//   K-quants; see quantize_act.cuh), then mul_mat_q8_kernel sums each block's products in integers
-//   (dp4a), one warp per output row and up to kMatVecMaxCols columns, kParts lanes per weight
-//   block, the block terms formed and summed in double as on the CPU (docs/NUMERICS.md).
+// - quantized weights (every block format; quant_dispatch.cuh): b's rows are first quantized into
+//   scratch exactly as the CPU backend quantizes them (q8_0 blocks for the 32-element formats, q8_K
+//   blocks for the 256-element ones; see quantize_act.cuh), then mul_mat_q8_kernel sums each
+//   block's products in integers (dp4a), one warp per output row and up to kMatVecMaxCols columns,
+//   kParts lanes per weight block, the block terms formed and summed in double as on the CPU
+//   (docs/NUMERICS.md).
 //   Multiplying dequantized weights by f32 activations instead left whole-model logits NMSE
 //   5e-4..1e-3 away from the CPU backend's on the H200.
 //   Bytes model for one column: the weight matrix is read once (m * row_size bytes) plus the
@@ -35,12 +36,13 @@
 #include <type_traits>
 
 #include "common.cuh"
+#include "loom/dtype.h"
 #include "mat_vec.cuh"
 #include "mat_vec_fast.cuh"
 #include "matmul.cuh"
 #include "quant.cuh"
+#include "quant_dispatch.cuh"
 #include "quantize_act.cuh"
-#include "loom/dtype.h"
 
 namespace loom::cuda {
 
@@ -216,57 +218,6 @@ __global__ void pack_b_kernel(T* out, TensorDesc b) {
   }
 }
 
-// Eight consecutive elements j0 .. j0+7 (j0 a multiple of 8) of one weight block, for the fast
-// mode's dequantization: the block's scales are decoded once per eight elements (a per-element
-// FormatX::load decodes them per element, which made dequantizing a 4096 x 4096 q4_K matrix take
-// ~50 us instead of the ~10 its bytes need). Same formulas as quant.cuh's loads.
-struct Dequant8Q8_0 {
-  static constexpr int kBlock = 32, kBytes = 34;
-  __device__ static void run(const uint8_t* b, int j0, float* out) {
-    const float d = f16_to_float(load_u16(b));
-#pragma unroll
-    for (int e = 0; e < 8; ++e) out[e] = static_cast<float>(static_cast<int8_t>(b[2 + j0 + e])) * d;
-  }
-};
-struct Dequant8Q4_0 {
-  static constexpr int kBlock = 32, kBytes = 18;
-  __device__ static void run(const uint8_t* b, int j0, float* out) {
-    const float d = f16_to_float(load_u16(b));
-    const int shift = j0 < 16 ? 0 : 4;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) out[e] = static_cast<float>(((b[2 + (j0 & 15) + e] >> shift) & 0x0f) - 8) * d;
-  }
-};
-struct Dequant8Q4_K {
-  static constexpr int kBlock = 256, kBytes = 144;
-  __device__ static void run(const uint8_t* b, int j0, float* out) {
-    const int s = j0 / 32;
-    int sc, m;
-    q4k_scale_min(s, b + 4, sc, m);
-    const float scale = f16_to_float(load_u16(b)) * static_cast<float>(sc);
-    const float bias = f16_to_float(load_u16(b + 2)) * static_cast<float>(m);
-    const uint8_t* q = b + 16 + (j0 / 64) * 32 + (j0 % 32);
-    const int shift = (s & 1) ? 4 : 0;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) out[e] = scale * static_cast<float>((q[e] >> shift) & 0x0f) - bias;
-  }
-};
-struct Dequant8Q6_K {
-  static constexpr int kBlock = 256, kBytes = 210;
-  __device__ static void run(const uint8_t* b, int j0, float* out) {
-    const int h = j0 / 128, c = (j0 % 128) / 32, l0 = j0 % 32;
-    const uint8_t* ql = b + 64 * h + 32 * (c & 1) + l0;
-    const uint8_t* qh = b + 128 + 32 * h + l0;
-    const float scale = f16_to_float(load_u16(b + 208)) * static_cast<float>(static_cast<int8_t>(b[192 + j0 / 16]));
-    const int shift = c < 2 ? 0 : 4;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      const int q = ((ql[e] >> shift) & 0x0f) | (((qh[e] >> (2 * c)) & 3) << 4);
-      out[e] = scale * static_cast<float>(q - 32);
-    }
-  }
-};
-
 // Dequantizes rows [row0, row0 + rows) of the 2-D weight a into `out` as f16, row r at out + r * k:
 // each thread writes 8 consecutive elements (16 bytes, coalesced across the warp); k is a multiple
 // of every block size.
@@ -343,13 +294,16 @@ CudaError mat_vec_id(const LaunchContext& ctx, const Tensor* dst) {
   return {};
 }
 
-bool is_k_quant(DType t) { return t == DType::q4_k || t == DType::q6_k; }
-bool is_quantized_weight(DType t) { return t == DType::q8_0 || t == DType::q4_0 || is_k_quant(t); }
+// Whether weights of type t take q8_K activation blocks (the 256-element formats) rather than q8_0.
+bool acts_q8_k(DType t) {
+  return visit_quant_type(t, false, [](auto q) { return decltype(q)::kActQ8_K; });
+}
+bool is_quantized_weight(DType t) { return dtype_is_quantized(t); }
 
 // Bytes of one row of k activations quantized for weights of type t.
 size_t act_row_bytes(DType weight, int64_t k) {
-  return is_k_quant(weight) ? static_cast<size_t>(k / 256) * sizeof(ActQ8_K)
-                            : static_cast<size_t>(k / 32) * sizeof(ActQ8_0);
+  return acts_q8_k(weight) ? static_cast<size_t>(k / 256) * sizeof(ActQ8_K)
+                           : static_cast<size_t>(k / 32) * sizeof(ActQ8_0);
 }
 
 size_t quantized_act_bytes(const Tensor* dst) {
@@ -404,18 +358,14 @@ CudaError mat_vec_any(const LaunchContext& ctx, const Tensor* mm, const Tensor* 
       return mat_vec<FormatF16, kBias>(ctx, mm, dst, bias);
     case DType::bf16:
       return mat_vec<FormatBF16, kBias>(ctx, mm, dst, bias);
-    case DType::q8_0:
-      return mat_vec_q8<DotQ8_0, kBias>(ctx, mm, dst, bias);
-    case DType::q4_0:
-      return mat_vec_q8<DotQ4_0, kBias>(ctx, mm, dst, bias);
-    case DType::q4_k:
-      return mat_vec_q8<DotQ4_K, kBias>(ctx, mm, dst, bias);
-    case DType::q6_k:
-      return mat_vec_q8<DotQ6_K, kBias>(ctx, mm, dst, bias);
-    default:  // i32, and the block formats with CPU kernels only (cuda_ops.cpp refuses them)
+    default:
       break;
   }
-  return CudaError::runtime(cudaErrorInvalidValue, "mul_mat: no kernel for this weight type", __FILE__, __LINE__);
+  const CudaError none = CudaError::runtime(cudaErrorInvalidValue, "mul_mat: no kernel for this weight type",
+                                            __FILE__, __LINE__);
+  return visit_quant_type(mm->src[0]->type, none, [&](auto q) {
+    return mat_vec_q8<typename decltype(q)::Dot, kBias>(ctx, mm, dst, bias);
+  });
 }
 
 bool is_float_type(DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16; }
@@ -476,14 +426,10 @@ CudaError gemm_dequant(const LaunchContext& ctx, const Tensor* dst) {
   const float alpha = 1.0f, beta = 0.0f;
   for (int64_t row0 = 0; row0 < m; row0 += chunk) {
     const int64_t rows = std::min(chunk, m - row0);
-    CudaError e;
-    switch (a->type) {
-      case DType::q8_0: e = dequantize_rows<Dequant8Q8_0>(ctx, w16, a, row0, rows); break;
-      case DType::q4_0: e = dequantize_rows<Dequant8Q4_0>(ctx, w16, a, row0, rows); break;
-      case DType::q4_k: e = dequantize_rows<Dequant8Q4_K>(ctx, w16, a, row0, rows); break;
-      case DType::q6_k: e = dequantize_rows<Dequant8Q6_K>(ctx, w16, a, row0, rows); break;
-      default: return CudaError::runtime(cudaErrorInvalidValue, "mul_mat: not a quantized weight", __FILE__, __LINE__);
-    }
+    const CudaError e = visit_quant_type(
+        a->type,
+        CudaError::runtime(cudaErrorInvalidValue, "mul_mat: not a quantized weight", __FILE__, __LINE__),
+        [&](auto q) { return dequantize_rows<typename decltype(q)::Dequant8>(ctx, w16, a, row0, rows); });
     if (!e.ok()) return e;
     // dst rows [row0, row0 + rows) of every column: column-major C with ldc = m
     LOOM_CUBLAS_CHECK(cublasGemmEx(ctx.cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), static_cast<int>(n),
@@ -570,11 +516,11 @@ CudaError launch_quantize_activations(const LaunchContext& ctx, DType weight, co
   if (ctx.scratch_size < quantized_activation_bytes(weight, b))
     return CudaError::runtime(cudaErrorInvalidValue,
                               "mul_mat: scratch smaller than the quantized activations", __FILE__, __LINE__);
-  const int64_t blocks = b->nrows() * (b->ne[0] / (is_k_quant(weight) ? 256 : 32));
+  const int64_t blocks = b->nrows() * (b->ne[0] / (acts_q8_k(weight) ? 256 : 32));
   if (blocks == 0) return {};
   constexpr int kThreads = 256;
   const unsigned grid = grid_for(blocks * kWarpSize, kThreads);
-  if (is_k_quant(weight)) {
+  if (acts_q8_k(weight)) {
     quantize_q8_k_kernel<<<grid, kThreads, 0, ctx.stream>>>(static_cast<ActQ8_K*>(ctx.scratch), desc_of(b));
     LOOM_CUDA_CHECK_LAUNCH("quantize_q8_k_kernel");
   } else {
@@ -620,18 +566,13 @@ CudaError launch_mul_mat_id(const LaunchContext& ctx, const Tensor* dst) {
       return mat_vec_id<FormatF16>(ctx, dst);
     case DType::bf16:
       return mat_vec_id<FormatBF16>(ctx, dst);
-    case DType::q8_0:
-      return mat_vec_id_q8<DotQ8_0>(ctx, dst);
-    case DType::q4_0:
-      return mat_vec_id_q8<DotQ4_0>(ctx, dst);
-    case DType::q4_k:
-      return mat_vec_id_q8<DotQ4_K>(ctx, dst);
-    case DType::q6_k:
-      return mat_vec_id_q8<DotQ6_K>(ctx, dst);
-    default:  // i32, and the block formats with CPU kernels only (cuda_ops.cpp refuses them)
+    default:
       break;
   }
-  return CudaError::runtime(cudaErrorInvalidValue, "mul_mat_id: no kernel for this weight type", __FILE__, __LINE__);
+  const CudaError none = CudaError::runtime(cudaErrorInvalidValue,
+                                            "mul_mat_id: no kernel for this weight type", __FILE__, __LINE__);
+  return visit_quant_type(dst->src[0]->type, none,
+                          [&](auto q) { return mat_vec_id_q8<typename decltype(q)::Dot>(ctx, dst); });
 }
 
 }  // namespace loom::cuda

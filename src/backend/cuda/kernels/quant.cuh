@@ -6,12 +6,18 @@
 // load(block, j) -> element j as float, and store(x, block) writing kBlock floats as one block.
 // Kernels are templated on these structs; the host maps a DType to one with a switch. Every store
 // is the CPU reference quantizer, bit for bit; the K-quants' (a per-sub-block scale search, one
-// thread per 256-element block) live in quant_k.cuh.
+// thread per 256-element block) live in quant_k.cuh. The newer formats (q4_1 .. mxfp4) are read
+// only (quant_blocks.cuh): loads, no stores.
+//
+// Loads are the CPU dequantizer's operations with its roundings: where it rounds a product before
+// a sum (q4_K's step * q - off), the device must not contract the two into an fma, hence the
+// named round-to-nearest helpers (fmul_rn, fsub_rn).
 #pragma once
 
 #include <cstdint>
 
 #include "common.cuh"
+#include "quant_blocks.cuh"
 #include "quant_k.cuh"
 #include "quantize_act.cuh"  // q4k_scale_min
 
@@ -123,8 +129,9 @@ struct FormatQ4_K {
     q4k_scale_min(s, b + 4, sc, m);
     const uint8_t byte = b[16 + (j / 64) * 32 + (j % 32)];
     const int q = (s & 1) ? (byte >> 4) : (byte & 0x0f);
-    return f16_to_float(load_u16(b)) * static_cast<float>(sc) * static_cast<float>(q) -
-           f16_to_float(load_u16(b + 2)) * static_cast<float>(m);
+    const float step = fmul_rn(f16_to_float(load_u16(b)), static_cast<float>(sc));
+    const float off = fmul_rn(f16_to_float(load_u16(b + 2)), static_cast<float>(m));
+    return fsub_rn(fmul_rn(step, static_cast<float>(q)), off);
   }
   __device__ static void store(const float* x, uint8_t* b) { quantize_block_q4_k(x, b); }
 };
@@ -144,6 +151,70 @@ struct FormatQ6_K {
     return f16_to_float(load_u16(b + 208)) * static_cast<float>(scale) * static_cast<float>(q - 32);
   }
   __device__ static void store(const float* x, uint8_t* b) { quantize_block_q6_k(x, b); }
+};
+
+// Eight consecutive elements j0 .. j0+7 (j0 a multiple of 8) of one weight block, for the fast
+// mode's dequantization: the block's scales are decoded once per eight elements (a per-element
+// FormatX::load decodes them per element, which made dequantizing a 4096 x 4096 q4_K matrix take
+// ~50 us instead of the ~10 its bytes need). Same formulas as quant.cuh's loads.
+struct Dequant8Q8_0 {
+  static constexpr int kBlock = 32, kBytes = 34;
+  __device__ static void run(const uint8_t* b, int j0, float* out) {
+    const float d = f16_to_float(load_u16(b));
+#pragma unroll
+    for (int e = 0; e < 8; ++e) out[e] = static_cast<float>(static_cast<int8_t>(b[2 + j0 + e])) * d;
+  }
+};
+struct Dequant8Q4_0 {
+  static constexpr int kBlock = 32, kBytes = 18;
+  __device__ static void run(const uint8_t* b, int j0, float* out) {
+    const float d = f16_to_float(load_u16(b));
+    const int shift = j0 < 16 ? 0 : 4;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) out[e] = static_cast<float>(((b[2 + (j0 & 15) + e] >> shift) & 0x0f) - 8) * d;
+  }
+};
+struct Dequant8Q4_K {
+  static constexpr int kBlock = 256, kBytes = 144;
+  __device__ static void run(const uint8_t* b, int j0, float* out) {
+    const int s = j0 / 32;
+    int sc, m;
+    q4k_scale_min(s, b + 4, sc, m);
+    const float scale = fmul_rn(f16_to_float(load_u16(b)), static_cast<float>(sc));
+    const float bias = fmul_rn(f16_to_float(load_u16(b + 2)), static_cast<float>(m));
+    const uint8_t* q = b + 16 + (j0 / 64) * 32 + (j0 % 32);
+    const int shift = (s & 1) ? 4 : 0;
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+      out[e] = fsub_rn(fmul_rn(scale, static_cast<float>((q[e] >> shift) & 0x0f)), bias);
+  }
+};
+struct Dequant8Q6_K {
+  static constexpr int kBlock = 256, kBytes = 210;
+  __device__ static void run(const uint8_t* b, int j0, float* out) {
+    const int h = j0 / 128, c = (j0 % 128) / 32, l0 = j0 % 32;
+    const uint8_t* ql = b + 64 * h + 32 * (c & 1) + l0;
+    const uint8_t* qh = b + 128 + 32 * h + l0;
+    const float scale =
+        f16_to_float(load_u16(b + 208)) * static_cast<float>(static_cast<int8_t>(b[192 + j0 / 16]));
+    const int shift = c < 2 ? 0 : 4;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const int q = ((ql[e] >> shift) & 0x0f) | (((qh[e] >> (2 * c)) & 3) << 4);
+      out[e] = scale * static_cast<float>(q - 32);
+    }
+  }
+};
+
+/// The same for a format of quant_blocks.cuh: its sub-blocks (16 or 32 elements) never split a group of 8.
+template <class F>
+struct Dequant8Of {
+  static constexpr int kBlock = F::kBlock, kBytes = F::kBytes;
+  __device__ static void run(const uint8_t* b, int j0, float* out) {
+    const typename F::Step s = F::step(b, j0);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) out[e] = F::value(s, b, j0 + e);
+  }
 };
 
 /// Element i0 of a row whose blocks are packed from `row`.
