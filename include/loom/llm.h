@@ -146,6 +146,15 @@ class Model {
   std::unique_ptr<detail::ModelImpl> impl_;
 };
 
+/// KV cache kinds (one implementation each behind one interface).
+enum class KvCacheKind {
+  /// Cells handed out first-fit; a lone sequence's attention reads the cache prefix in place.
+  contiguous,
+  /// Fixed-size blocks of one pool shared by all sequences, taken on demand through a block table
+  /// per sequence and freed when the sequence is removed; attention gathers each sequence's cells.
+  paged,
+};
+
 /// How a context is sized.
 struct ContextParams {
   int n_ctx = 0;      ///< KV cache cells; 0: the training context, at most 4096
@@ -156,12 +165,14 @@ struct ContextParams {
   /// n_ctx), so decode steps within one extent build graphs of one structure and addresses, which a
   /// graph executor can replay. Cells past the used ones are masked out. 1: the exact extent.
   int n_kv_bucket = 256;
+  KvCacheKind kv_cache = KvCacheKind::contiguous;
+  int kv_block_size = 16;  ///< cells per block of a paged cache (n_ctx is rounded up to whole blocks)
 };
 
 /// Per-call options of Context::decode.
 struct DecodeOptions {
   bool all_logits = false;  ///< logits of every token (perplexity), not just the last one
-  int seq_id = 0;           ///< sequence the tokens belong to (one sequence is supported: 0)
+  int seq_id = 0;           ///< sequence the tokens belong to
   /// Called after each prompt chunk (n_batch tokens) with the tokens done so far and the total, so
   /// a long prompt can show progress; empty: not called.
   std::function<void(size_t done, size_t total)> on_chunk;
@@ -211,7 +222,8 @@ class Context {
 
   /// Empties the cache.
   void kv_cache_clear();
-  /// Removes positions [p0, p1) of sequence `seq_id` (p1 < 0: to the end).
+  /// Removes positions [p0, p1) of sequence `seq_id` (p1 < 0: to the end). A paged cache removes
+  /// only a suffix (p1 < 0 or past the sequence's end); p0 = 0 frees all of the sequence's blocks.
   Status kv_cache_seq_rm(int seq_id, int p0, int p1 = -1);
   /// Largest cached position of a sequence, -1 when it has none.
   int kv_cache_seq_pos_max(int seq_id) const;
@@ -221,6 +233,7 @@ class Context {
   int n_ctx() const;
   int n_batch() const;
   int n_vocab() const;
+  KvCacheKind kv_cache_kind() const;
   /// Bytes of the KV cache.
   size_t kv_cache_bytes() const;
   const Model& model() const;
