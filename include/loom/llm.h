@@ -178,6 +178,14 @@ struct DecodeOptions {
   std::function<void(size_t done, size_t total)> on_chunk;
 };
 
+/// One sequence's share of a batched step (Context::decode_batch): `tokens` at positions pos,
+/// pos+1, ... of sequence `seq_id`.
+struct SeqTokens {
+  int seq_id = 0;
+  int pos = 0;
+  std::span<const int32_t> tokens;
+};
+
 /// Bookkeeping of the last decode, for logs and benchmarks. With an offload backend a pass is two
 /// graphs (one per backend): node counts and arena bytes are their sums.
 struct DecodeStats {
@@ -219,6 +227,15 @@ class Context {
   /// kv_cache_seq_rm to rewind). On error the cache is left as it was before the failing chunk.
   Result<std::span<const float>> decode(std::span<const int32_t> tokens, int pos,
                                         const DecodeOptions& options = {});
+
+  /// One forward pass over several sequences at once: the weight mat-muls take every sequence's
+  /// token columns together (one weight read serves them all), attention reads each sequence's own
+  /// cells. Every sequence brings the same number of tokens (1 for a decode step; more only with a
+  /// single sequence), at most n_batch in all, each sequence at most once. Returns the logits of each
+  /// sequence's last token, n_seqs * n_vocab floats in the order given, valid until the next decode.
+  /// A sequence's results do not depend on the others in the step. On error (e.g. the cache has no
+  /// room for a sequence) nothing is stored for any of them.
+  Result<std::span<const float>> decode_batch(std::span<const SeqTokens> seqs);
 
   /// Empties the cache.
   void kv_cache_clear();

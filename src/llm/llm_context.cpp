@@ -458,6 +458,68 @@ Result<std::span<const float>> Context::decode(std::span<const int32_t> tokens, 
   return std::span<const float>(c.logits);
 }
 
+Result<std::span<const float>> Context::decode_batch(std::span<const SeqTokens> seqs) {
+  detail::ContextImpl& c = *impl_;
+  if (seqs.empty()) return make_error(StatusCode::invalid_argument, "decode_batch: no sequences");
+  if (seqs.size() == 1) {
+    DecodeOptions o;
+    o.seq_id = seqs[0].seq_id;
+    return decode(seqs[0].tokens, seqs[0].pos, o);
+  }
+  const int n_vocab = static_cast<int>(c.m->hp.n_vocab);
+  if (seqs.size() > static_cast<size_t>(c.n_batch))
+    return make_error(StatusCode::invalid_argument, "decode_batch: {} sequences exceed the batch size {}",
+                      seqs.size(), c.n_batch);
+  std::vector<int32_t> tokens, positions;
+  std::vector<int> ids;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const SeqTokens& st = seqs[i];
+    if (st.tokens.size() != 1)
+      return make_error(StatusCode::invalid_argument,
+                        "decode_batch: sequence {} (entry {}) brings {} tokens; a step over several sequences takes "
+                        "one token each",
+                        st.seq_id, i, st.tokens.size());
+    if (st.seq_id < 0)
+      return make_error(StatusCode::invalid_argument, "decode_batch: seq_id {} must be >= 0", st.seq_id);
+    if (std::find(ids.begin(), ids.end(), st.seq_id) != ids.end())
+      return make_error(StatusCode::invalid_argument, "decode_batch: sequence {} appears twice", st.seq_id);
+    if (st.tokens[0] < 0 || st.tokens[0] >= n_vocab)
+      return make_error(StatusCode::invalid_argument,
+                        "decode_batch: token {} of sequence {} is outside the vocabulary [0, {})", st.tokens[0],
+                        st.seq_id, n_vocab);
+    const int last = c.kv->seq_pos_max(st.seq_id);
+    if (st.pos <= last || st.pos < 0 || st.pos >= (1 << 30))
+      return make_error(StatusCode::invalid_argument,
+                        "decode_batch: sequence {} holds positions up to {}; position {} must come after them",
+                        st.seq_id, last, st.pos);
+    ids.push_back(st.seq_id);
+    tokens.push_back(st.tokens[0]);
+    positions.push_back(st.pos);
+  }
+  // Cells for every sequence, or for none: a sequence the cache cannot hold fails the step without
+  // touching the others' cells.
+  std::vector<int32_t> cells;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    auto got = c.kv->claim(std::span<const int32_t>(&positions[i], 1), ids[i]);
+    if (!got) {
+      c.kv->release(cells);
+      return make_error(got.status().code(), "decode_batch: sequence {}: {}", ids[i], got.status().message());
+    }
+    cells.push_back((*got)[0]);
+  }
+  c.logits.clear();
+  c.stats.n_steps = 0;
+  c.stats.n_input_writes = 0;
+  c.stats.n_graph_builds = 0;
+  c.stats.host_build_ns = c.stats.host_alloc_ns = c.stats.host_inputs_ns = 0;
+  Status s = c.run_step(detail::StepBatch{tokens, positions, cells, ids}, false, &c.logits);
+  if (!s.ok()) {
+    c.kv->release(cells);
+    return s;
+  }
+  return std::span<const float>(c.logits);
+}
+
 void Context::kv_cache_clear() { impl_->kv->clear(); }
 
 Status Context::kv_cache_seq_rm(int seq_id, int p0, int p1) {

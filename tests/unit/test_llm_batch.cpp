@@ -1,6 +1,10 @@
-// Many sequences at once: the paged KV cache's bookkeeping, and paged decoding against the
-// contiguous cache.
+// Many sequences at once: the paged KV cache's bookkeeping, paged decoding against the contiguous
+// cache, Context::decode_batch, and batch invariance (a sequence decoded among others gives the
+// tokens and logits it gives alone, bit for bit) on synthetic models and the built-in model.
+#include <map>
+
 #include "llm/llm_kv_cache.h"
+#include "loom/llm_batch.h"
 #include "test_llm_common.h"
 
 namespace loom::llm::testing {
@@ -140,6 +144,232 @@ TEST_F(LlmBatch, PagedDecodeEqualsContiguous) {
     EXPECT_EQ(paged.ctx->kv_cache_seq_pos_max(0), 24);
     EXPECT_FALSE(paged.ctx->decode(std::span(tokens).first(1), 27).ok());
   }
+}
+
+// Logits of `n_steps` greedy tokens after `prompt`, for one sequence alone in a fresh context.
+struct Decoded {
+  std::vector<int32_t> tokens;
+  std::vector<std::vector<float>> logits;  // of each step's input token
+};
+
+Decoded decode_alone(Context& ctx, std::span<const int32_t> prompt, int n_steps) {
+  ctx.kv_cache_clear();
+  Decoded d;
+  auto r = ctx.decode(prompt, 0);
+  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  if (!r.ok()) return d;
+  d.logits.emplace_back(r->begin(), r->end());
+  d.tokens.push_back(argmax_of(*r));
+  for (int i = 1; i < n_steps; ++i) {
+    auto s = ctx.decode(std::span(&d.tokens.back(), 1), static_cast<int>(prompt.size()) + i - 1);
+    EXPECT_TRUE(s.ok()) << s.status().to_string();
+    if (!s.ok()) return d;
+    d.logits.emplace_back(s->begin(), s->end());
+    d.tokens.push_back(argmax_of(*s));
+  }
+  return d;
+}
+
+// decode_batch over several sequences gives each the logits it gets alone, bit for bit, on either
+// cache kind, whichever sequences share the step.
+TEST_F(LlmBatch, DecodeBatchEqualsAlone) {
+  for (const char* shape : {"tiny", "gemma2-tiny", "qwen3moe-tiny"}) {
+    for (KvCacheKind kind : {KvCacheKind::paged, KvCacheKind::contiguous}) {
+      SCOPED_TRACE(std::string(shape) + (kind == KvCacheKind::paged ? " paged" : " contiguous"));
+      auto l = open_model(model(shape, "q8_0"), 256, 16, kind, 16);
+      ASSERT_TRUE(l.ctx);
+      const int n_vocab = l.ctx->n_vocab(), n_seqs = 5, n_steps = 6;
+      std::vector<std::vector<int32_t>> prompts;
+      std::vector<Decoded> alone;
+      for (int s = 0; s < n_seqs; ++s) {
+        prompts.push_back(test_tokens(3 + 4 * s, n_vocab, 11 + s));
+        alone.push_back(decode_alone(*l.ctx, prompts.back(), n_steps));
+      }
+      l.ctx->kv_cache_clear();
+      std::vector<int32_t> last(n_seqs);
+      for (int s = 0; s < n_seqs; ++s) {
+        DecodeOptions o;
+        o.seq_id = 10 + s;
+        auto r = l.ctx->decode(prompts[s], 0, o);
+        ASSERT_TRUE(r.ok()) << r.status().to_string();
+        EXPECT_EQ(std::vector<float>(r->begin(), r->end()), alone[s].logits[0]);
+        last[s] = argmax_of(*r);
+      }
+      for (int i = 1; i < n_steps; ++i) {
+        std::vector<SeqTokens> batch;
+        for (int s = 0; s < n_seqs; ++s)
+          if (i < 3 || s % 2 == 0)  // some sequences sit out the later steps
+            batch.push_back(SeqTokens{10 + s, static_cast<int>(prompts[s].size()) + i - 1, std::span(&last[s], 1)});
+        auto r = l.ctx->decode_batch(batch);
+        ASSERT_TRUE(r.ok()) << r.status().to_string();
+        ASSERT_EQ(r->size(), batch.size() * n_vocab);
+        for (size_t b = 0; b < batch.size(); ++b) {
+          const int s = batch[b].seq_id - 10;
+          const auto row = r->subspan(b * n_vocab, n_vocab);
+          EXPECT_EQ(std::vector<float>(row.begin(), row.end()), alone[s].logits[i]) << "seq " << s << " step " << i;
+          last[s] = argmax_of(row);
+        }
+      }
+    }
+  }
+}
+
+TEST_F(LlmBatch, DecodeBatchErrors) {
+  auto l = open_model(model("tiny", "q8_0"), 32, 8, KvCacheKind::paged, 16);  // 2 blocks
+  ASSERT_TRUE(l.ctx);
+  const auto prompt = test_tokens(20, l.ctx->n_vocab());
+  DecodeOptions o;
+  o.seq_id = 1;
+  ASSERT_TRUE(l.ctx->decode(std::span(prompt).first(16), 0, o).ok());  // block 0
+  o.seq_id = 2;
+  ASSERT_TRUE(l.ctx->decode(std::span(prompt).first(16), 0, o).ok());  // block 1
+  const int32_t t = 5;
+  // Duplicates, several tokens each, and positions that do not follow are refused.
+  std::vector<SeqTokens> dup{{1, 16, std::span(&t, 1)}, {1, 17, std::span(&t, 1)}};
+  EXPECT_EQ(l.ctx->decode_batch(dup).status().code(), StatusCode::invalid_argument);
+  std::vector<SeqTokens> two{{1, 16, std::span(prompt).first(2)}, {2, 16, std::span(prompt).first(2)}};
+  EXPECT_EQ(l.ctx->decode_batch(two).status().code(), StatusCode::invalid_argument);
+  std::vector<SeqTokens> old{{1, 3, std::span(&t, 1)}, {2, 16, std::span(&t, 1)}};
+  EXPECT_EQ(l.ctx->decode_batch(old).status().code(), StatusCode::invalid_argument);
+  // The pool is full: the step fails with a message naming the sequence, and no cache changes.
+  std::vector<SeqTokens> step{{1, 16, std::span(&t, 1)}, {2, 16, std::span(&t, 1)}};
+  auto r = l.ctx->decode_batch(step);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::out_of_memory);
+  EXPECT_NE(r.status().message().find("sequence 1"), std::string::npos) << r.status().message();
+  EXPECT_EQ(l.ctx->kv_cache_seq_pos_max(1), 15);
+  EXPECT_EQ(l.ctx->kv_cache_seq_pos_max(2), 15);
+  EXPECT_EQ(l.ctx->kv_cache_used(), 32);
+  // Freeing a sequence gives its blocks to the other.
+  ASSERT_TRUE(l.ctx->kv_cache_seq_rm(2, 0).ok());
+  EXPECT_TRUE(l.ctx->decode_batch(std::span(step).first(1)).ok());
+}
+
+// ---- batch invariance on the built-in model --------------------------------------------------------
+
+// Greedy tokens of each prompt generated alone (a plain contiguous context, one token per decode).
+std::vector<int32_t> greedy_alone(Context& ctx, std::span<const int32_t> prompt, int n) {
+  return decode_alone(ctx, prompt, n).tokens;
+}
+
+std::vector<std::vector<int32_t>> builtin_prompts(int n, int n_vocab) {
+  std::vector<std::vector<int32_t>> p;
+  for (int s = 0; s < n; ++s) {
+    std::vector<int32_t> t = test_tokens(2 + (s * 7) % 23, n_vocab, 100 + s);
+    t[0] = 0;  // BOS
+    p.push_back(t);
+  }
+  return p;
+}
+
+SamplerParams greedy() {
+  SamplerParams sp;
+  sp.temperature = 0.0f;
+  sp.seed = 1;
+  return sp;
+}
+
+// 16 sequences with different prompts decoded together give, token for token, what each gives
+// alone; so do sequences that join and leave while others run. Both weight types of the built-in
+// model: f16 (float dot products) and q8_0 (integer blocks).
+TEST_F(LlmBatch, BuiltinModelBatchInvariance) {
+  for (const char* file : {LOOM_BUILTIN_MODEL_F16, LOOM_BUILTIN_MODEL_Q8_0}) {
+    SCOPED_TRACE(file);
+    auto ref = open_model(file, 256, 64, KvCacheKind::contiguous);
+    auto l = open_model(file, 16 * 64, 32, KvCacheKind::paged, 16);
+    ASSERT_TRUE(ref.ctx && l.ctx);
+    const int n_seqs = 16, n_gen = 24;
+    const auto prompts = builtin_prompts(n_seqs, ref.ctx->n_vocab());
+    std::vector<std::vector<int32_t>> want;
+    for (const auto& p : prompts) want.push_back(greedy_alone(*ref.ctx, p, n_gen));
+
+    // All together.
+    {
+      BatchGenerator gen(*l.ctx);
+      for (const auto& p : prompts) ASSERT_TRUE(gen.add(p, greedy()).ok());
+      for (int i = 1; i < n_gen; ++i) ASSERT_TRUE(gen.step().ok());
+      for (int s = 0; s < n_seqs; ++s) {
+        const auto got = gen.generated(s);
+        EXPECT_EQ(std::vector<int32_t>(got.begin(), got.end()), want[s]) << "sequence " << s;
+      }
+      for (int s = 0; s < n_seqs; ++s) ASSERT_TRUE(gen.remove(s).ok());
+      EXPECT_EQ(l.ctx->kv_cache_used(), 0);
+    }
+    // Joining and leaving: sequence s joins at step s % 5 * 3; every third one leaves early; the
+    // finished ones leave and free their blocks for the rest.
+    {
+      BatchGenerator gen(*l.ctx);
+      std::map<int, int> id_of;  // prompt -> sequence id
+      std::map<int, std::vector<int32_t>> got;
+      for (int step = 0; step < 60; ++step) {
+        for (int s = 0; s < n_seqs; ++s)
+          if (s % 5 * 3 == step) {
+            auto id = gen.add(prompts[s], greedy());
+            ASSERT_TRUE(id.ok()) << id.status().to_string();
+            id_of[s] = *id;
+          }
+        if (gen.n_sequences() > 0) {
+          ASSERT_TRUE(gen.step().ok());
+        }
+        for (auto it = id_of.begin(); it != id_of.end();) {
+          const int s = it->first;
+          const auto gen_tokens = gen.generated(it->second);
+          const size_t limit = s % 3 == 0 ? n_gen / 2 : n_gen;
+          if (gen_tokens.size() >= limit) {
+            got[s].assign(gen_tokens.begin(), gen_tokens.begin() + static_cast<ptrdiff_t>(limit));
+            ASSERT_TRUE(gen.remove(it->second).ok());
+            it = id_of.erase(it);
+          } else {
+            ++it;
+          }
+        }
+      }
+      ASSERT_EQ(got.size(), static_cast<size_t>(n_seqs));
+      for (int s = 0; s < n_seqs; ++s) {
+        const size_t limit = s % 3 == 0 ? n_gen / 2 : n_gen;
+        EXPECT_EQ(got[s], std::vector<int32_t>(want[s].begin(), want[s].begin() + static_cast<ptrdiff_t>(limit)))
+            << "sequence " << s;
+      }
+    }
+  }
+}
+
+// Each sequence samples with its own parameters and seed: the same prompt and seed give the same
+// tokens together as alone, and different seeds differ.
+TEST_F(LlmBatch, PerSequenceSampling) {
+  auto l = open_model(LOOM_BUILTIN_MODEL_Q8_0, 1024, 32, KvCacheKind::paged, 16);
+  ASSERT_TRUE(l.ctx);
+  const auto prompts = builtin_prompts(3, l.ctx->n_vocab());
+  auto params = [](uint32_t seed, float temp) {
+    SamplerParams sp;
+    sp.seed = seed;
+    sp.temperature = temp;
+    sp.top_k = 0;
+    sp.top_p = 1.0f;
+    sp.min_p = 0.0f;
+    return sp;
+  };
+  const SamplerParams cfg[] = {params(1, 1.5f), params(2, 1.5f), params(3, 0.0f)};
+  auto run = [&](std::vector<int> which) {
+    BatchGenerator gen(*l.ctx);
+    std::vector<int> ids;
+    for (int w : which) {
+      auto id = gen.add(prompts[0], cfg[w]);
+      EXPECT_TRUE(id.ok());
+      ids.push_back(*id);
+    }
+    for (int i = 0; i < 20; ++i) EXPECT_TRUE(gen.step().ok());
+    std::vector<std::vector<int32_t>> out;
+    for (int id : ids) {
+      auto g = gen.generated(id);
+      out.emplace_back(g.begin(), g.end());
+    }
+    l.ctx->kv_cache_clear();
+    return out;
+  };
+  const auto together = run({0, 1, 2});
+  for (int w = 0; w < 3; ++w) EXPECT_EQ(run({w})[0], together[w]) << w;
+  EXPECT_NE(together[0], together[1]);
 }
 
 }  // namespace
