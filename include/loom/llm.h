@@ -273,6 +273,7 @@ struct SessionParams {
   int device = 0;               ///< GPU ordinal
   int n_ctx = 0;                ///< see ContextParams
   int n_batch = 512;            ///< see ContextParams (-ub)
+  KvCacheKind kv_cache = KvCacheKind::contiguous;  ///< see ContextParams
   /// Rounding mode of the backends (unset: LOOM_NUMERICS, else each backend's default).
   std::optional<Numerics> numerics;
   bool progress = true;

@@ -564,6 +564,7 @@ Result<Session> open_session(const SessionParams& p) {
   ContextParams cp;
   cp.n_ctx = p.n_ctx;
   cp.n_batch = p.n_batch;
+  cp.kv_cache = p.kv_cache;
   auto ctx = Context::create(*s.model, cp);
   if (!ctx) return ctx.status();
   s.context = std::move(ctx.value());

@@ -173,10 +173,12 @@ Decoded decode_alone(Context& ctx, std::span<const int32_t> prompt, int n_steps)
 // decode_batch over several sequences gives each the logits it gets alone, bit for bit, on either
 // cache kind, whichever sequences share the step.
 TEST_F(LlmBatch, DecodeBatchEqualsAlone) {
-  for (const char* shape : {"tiny", "gemma2-tiny", "qwen3moe-tiny"}) {
+  const std::pair<const char*, const char*> models[] = {
+      {"tiny", "f32"}, {"tiny", "q8_0"}, {"tiny", "q4_K_M"}, {"gemma2-tiny", "q8_0"}, {"qwen3moe-tiny", "q8_0"}};
+  for (const auto& [shape, type] : models) {
     for (KvCacheKind kind : {KvCacheKind::paged, KvCacheKind::contiguous}) {
-      SCOPED_TRACE(std::string(shape) + (kind == KvCacheKind::paged ? " paged" : " contiguous"));
-      auto l = open_model(model(shape, "q8_0"), 256, 16, kind, 16);
+      SCOPED_TRACE(std::string(shape) + " " + type + (kind == KvCacheKind::paged ? " paged" : " contiguous"));
+      auto l = open_model(model(shape, type), 256, 16, kind, 16);
       ASSERT_TRUE(l.ctx);
       const int n_vocab = l.ctx->n_vocab(), n_seqs = 5, n_steps = 6;
       std::vector<std::vector<int32_t>> prompts;
