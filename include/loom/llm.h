@@ -242,6 +242,12 @@ class Context {
   /// Removes positions [p0, p1) of sequence `seq_id` (p1 < 0: to the end). A paged cache removes
   /// only a suffix (p1 < 0 or past the sequence's end); p0 = 0 frees all of the sequence's blocks.
   Status kv_cache_seq_rm(int seq_id, int p0, int p1 = -1);
+  /// Prefix reuse: lets sequence `dst`, which holds nothing, start with positions [0, k) of `src`
+  /// without computing them again (their keys and values are shared, not copied), for the largest
+  /// k <= n_positions the cache can share: whole blocks of a paged cache (a system prompt shared by
+  /// many requests is prefilled once); a contiguous cache shares nothing (k = 0). Returns k; decode
+  /// `dst` on from position k. The error cases: dst holds positions, or dst == src.
+  Result<int> kv_cache_seq_share_prefix(int src, int dst, int n_positions);
   /// Largest cached position of a sequence, -1 when it has none.
   int kv_cache_seq_pos_max(int seq_id) const;
   /// Cells in use.

@@ -42,6 +42,9 @@ class BatchGenerator {
   /// Adds a sequence: runs its prompt (in n_batch chunks, alone) and samples its first token with a
   /// sampler of its own (`sampling`, including the seed). Returns the sequence's id. On error
   /// (an empty prompt, bad sampling parameters, no room in the cache) nothing stays behind.
+  /// Prefix reuse: the prompt's longest common prefix with a sequence already here is shared
+  /// from that sequence's cache where the cache can (Context::kv_cache_seq_share_prefix) and only
+  /// the rest is computed; the tokens are the same either way.
   Result<int> add(std::span<const int32_t> prompt, const SamplerParams& sampling);
   /// Removes a sequence and frees its cache cells.
   Status remove(int seq_id);
@@ -56,6 +59,8 @@ class BatchGenerator {
   int n_sequences() const;
   /// The tokens sampled for `seq_id` so far (the first one by add); empty for an unknown id.
   std::span<const int32_t> generated(int seq_id) const;
+  /// Prompt tokens of `seq_id` that add() took from another sequence's cache instead of computing.
+  int shared_prompt_tokens(int seq_id) const;
 
  private:
   struct Impl;

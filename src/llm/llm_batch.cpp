@@ -12,6 +12,7 @@ struct Sequence {
   Sampler sampler;
   std::vector<int32_t> history;  // prompt, then the sampled tokens (penalties look at both)
   size_t n_prompt = 0;
+  int n_shared = 0;  // prompt positions shared from another sequence's cache
 };
 
 }  // namespace
@@ -43,12 +44,28 @@ Result<int> BatchGenerator::add(std::span<const int32_t> prompt, const SamplerPa
   DecodeOptions o;
   o.seq_id = id;
   (void)g.ctx->kv_cache_seq_rm(id, 0);  // whatever an earlier user left there
-  auto logits = g.ctx->decode(prompt, 0, o);
+  // The longest common prefix with a sequence's stored tokens (all of its history but the last
+  // sampled token), leaving at least the prompt's last token to compute for the logits.
+  int best = -1;
+  size_t best_len = 0;
+  for (const Sequence& s : g.seqs) {
+    const size_t limit = std::min(s.history.size() - 1, prompt.size() - 1);
+    size_t n = 0;
+    while (n < limit && s.history[n] == prompt[n]) ++n;
+    if (n > best_len) best = s.id, best_len = n;
+  }
+  int shared = 0;
+  if (best >= 0) {
+    auto k = g.ctx->kv_cache_seq_share_prefix(best, id, static_cast<int>(best_len));
+    if (!k) return k.status();
+    shared = *k;
+  }
+  auto logits = g.ctx->decode(prompt.subspan(static_cast<size_t>(shared)), shared, o);
   if (!logits) {
     (void)g.ctx->kv_cache_seq_rm(id, 0);
     return make_error(logits.status().code(), "batch: sequence {}: {}", id, logits.status().message());
   }
-  Sequence s{id, std::move(*sampler), std::vector<int32_t>(prompt.begin(), prompt.end()), prompt.size()};
+  Sequence s{id, std::move(*sampler), std::vector<int32_t>(prompt.begin(), prompt.end()), prompt.size(), shared};
   auto token = s.sampler.sample(*logits, s.history);
   if (!token) {
     (void)g.ctx->kv_cache_seq_rm(id, 0);
@@ -119,6 +136,12 @@ std::vector<int> BatchGenerator::sequences() const {
   std::vector<int> ids;
   for (const Sequence& s : impl_->seqs) ids.push_back(s.id);
   return ids;
+}
+
+int BatchGenerator::shared_prompt_tokens(int seq_id) const {
+  for (const Sequence& s : impl_->seqs)
+    if (s.id == seq_id) return s.n_shared;
+  return 0;
 }
 
 int BatchGenerator::n_sequences() const { return static_cast<int>(impl_->seqs.size()); }

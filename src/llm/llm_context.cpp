@@ -529,6 +529,17 @@ Status Context::kv_cache_seq_rm(int seq_id, int p0, int p1) {
   return impl_->kv->seq_rm(seq_id, p0, p1);
 }
 
+Result<int> Context::kv_cache_seq_share_prefix(int src, int dst, int n_positions) {
+  if (src < 0 || dst < 0 || src == dst)
+    return make_error(StatusCode::invalid_argument,
+                      "kv_cache_seq_share_prefix: sequences {} and {} must be two ids >= 0", src, dst);
+  if (impl_->kv->seq_pos_max(dst) >= 0)
+    return make_error(StatusCode::invalid_argument,
+                      "kv_cache_seq_share_prefix: sequence {} already holds positions up to {}", dst,
+                      impl_->kv->seq_pos_max(dst));
+  return impl_->kv->seq_share_prefix(src, dst, n_positions);
+}
+
 int Context::kv_cache_seq_pos_max(int seq_id) const { return impl_->kv->seq_pos_max(seq_id); }
 int Context::kv_cache_used() const { return impl_->kv->used(); }
 int Context::n_ctx() const { return impl_->n_ctx; }

@@ -10,7 +10,8 @@
 //   built from the cells' absolute positions (truncating and refilling needs no data movement).
 // - PagedKvCache: the cells form blocks of block_size cells in one pool shared by all sequences; a
 //   sequence owns a block table (its positions 0, 1, ... fill its blocks in order), takes blocks on
-//   demand and gives them back when it is removed or truncated.
+//   demand and gives them back when it is removed or truncated. Sequences whose prompts begin alike
+//   share their first whole blocks, counted by reference (prefix reuse, seq_share_prefix).
 //
 // Any kind can list a sequence's cells in position order (seq_cells); a step over several sequences
 // gathers each sequence's keys and values through those lists (StepBuilder::attention).
@@ -80,7 +81,10 @@ class KvCache {
   virtual Status seq_rm(int seq, int p0, int p1) = 0;
   /// Largest cached position of a sequence, -1 when it has none.
   virtual int seq_pos_max(int seq) const = 0;
-  /// Cells holding a position.
+  /// Lets `dst`, which holds nothing, start with positions [0, k) of `src` without storing them
+  /// again, for the largest k <= n_positions the kind can share; returns k (0: nothing shared).
+  virtual int seq_share_prefix(int src, int dst, int n_positions) = 0;
+  /// Cells holding a position (a cell shared by several sequences counts once).
   virtual int used() const = 0;
 
   /// True when a single sequence's attention may read the cells [0, n_kv()) in place with
@@ -116,6 +120,8 @@ class ContiguousKvCache final : public KvCache {
   void clear() override;
   Status seq_rm(int seq, int p0, int p1) override;
   int seq_pos_max(int seq) const override;
+  /// Shares nothing: a cell belongs to one sequence.
+  int seq_share_prefix(int, int, int) override { return 0; }
   int used() const override { return n_used_; }
   bool reads_prefix() const override { return true; }
   int n_kv() const override;
@@ -136,6 +142,11 @@ class ContiguousKvCache final : public KvCache {
 /// Fixed-size blocks of one pool shared by all sequences (see the file comment). A sequence's
 /// positions are dense: it grows at its end (claim must continue from seq_pos_max + 1) and shrinks
 /// from its end (seq_rm of a suffix, or of everything).
+///
+/// Prefix reuse: seq_share_prefix gives a new sequence another's first full blocks (the same
+/// prompt prefix, e.g. a system prompt), counted by reference; a block is free when no table holds
+/// it. Shared blocks are full and nobody writes into them: a sequence only writes past its end, and
+/// cutting a sequence inside a block it shares is refused (cut at a block boundary instead).
 class PagedKvCache final : public KvCache {
  public:
   /// n_ctx cells rounded up to whole blocks of `block_size`.
@@ -149,6 +160,9 @@ class PagedKvCache final : public KvCache {
   void clear() override;
   Status seq_rm(int seq, int p0, int p1) override;
   int seq_pos_max(int seq) const override;
+  /// Shares the whole blocks of the prefix: k = min(n_positions, src's length) rounded down to a
+  /// multiple of block_size.
+  int seq_share_prefix(int src, int dst, int n_positions) override;
   int used() const override { return n_used_; }
   bool reads_prefix() const override { return false; }
   int n_kv() const override { return n_cells(); }
@@ -157,7 +171,9 @@ class PagedKvCache final : public KvCache {
   void seq_cells(int seq, std::vector<int32_t>& cells, std::vector<int32_t>& positions) const override;
 
   int block_size() const { return block_size_; }
-  int n_blocks() const { return static_cast<int>(block_seq_.size()); }
+  int n_blocks() const { return static_cast<int>(block_refs_.size()); }
+  /// Block tables holding block `b` (0: free).
+  int block_refs(int b) const { return block_refs_[b]; }
   int n_free_blocks() const { return static_cast<int>(free_blocks_.size()); }
   /// The block table of `seq` (empty when it holds nothing).
   std::span<const int32_t> block_table(int seq) const;
@@ -173,7 +189,8 @@ class PagedKvCache final : public KvCache {
   void truncate(int seq, int length);
 
   int block_size_ = 0;
-  std::vector<int32_t> block_seq_;    // owner of each block, -1: free
+  std::vector<int32_t> block_refs_;   // block tables holding each block, 0: free
+  std::vector<int32_t> block_fill_;   // positions written into each block
   std::vector<int32_t> free_blocks_;  // kept sorted in decreasing order: the lowest free block is taken first
   std::vector<std::pair<int, Sequence>> seqs_;  // by sequence id, few enough for a linear search
   int n_used_ = 0;

@@ -15,7 +15,8 @@ namespace loom::llm::detail {
 PagedKvCache::PagedKvCache(KvStorage storage, int block_size)
     : KvCache(std::move(storage)), block_size_(block_size) {
   const int n_blocks = n_cells() / block_size_;
-  block_seq_.assign(static_cast<size_t>(n_blocks), -1);
+  block_refs_.assign(static_cast<size_t>(n_blocks), 0);
+  block_fill_.assign(static_cast<size_t>(n_blocks), 0);
   clear();
 }
 
@@ -81,13 +82,17 @@ Result<std::vector<int32_t>> PagedKvCache::claim(std::span<const int32_t> positi
   for (int64_t i = 0; i < need; ++i) {
     const int32_t b = free_blocks_.back();
     free_blocks_.pop_back();
-    block_seq_[b] = seq;
+    block_refs_[b] = 1;
+    block_fill_[b] = 0;
     s->blocks.push_back(b);
   }
   std::vector<int32_t> cells(positions.size());
   for (size_t i = 0; i < positions.size(); ++i) {
     const int32_t p = positions[i];
-    cells[i] = s->blocks[p / block_size_] * block_size_ + p % block_size_;
+    const int32_t b = s->blocks[p / block_size_];
+    LOOM_ASSERT(block_refs_[b] == 1);  // shared blocks are full: nobody writes into them
+    cells[i] = b * block_size_ + p % block_size_;
+    block_fill_[b] = p % block_size_ + 1;
   }
   s->length = static_cast<int32_t>(new_length);
   n_used_ += static_cast<int>(positions.size());
@@ -97,20 +102,17 @@ Result<std::vector<int32_t>> PagedKvCache::claim(std::span<const int32_t> positi
 void PagedKvCache::release(std::span<const int32_t> cells) {
   // A failed step's cells are the last positions of their sequences: cut each sequence back to the
   // first position released.
+  // Those cells lie in blocks of one table each (shared blocks are full, so never claimed from).
   std::vector<std::pair<int, int>> cut;  // (seq, new length)
-  for (int32_t c : cells) {
-    if (c < 0 || c >= n_cells()) continue;
-    const int32_t seq = block_seq_[c / block_size_];
-    const Sequence* s = find(seq);
-    if (!s) continue;
-    const auto it = std::find(s->blocks.begin(), s->blocks.end(), c / block_size_);
-    const int pos = static_cast<int>(it - s->blocks.begin()) * block_size_ + c % block_size_;
-    if (pos >= s->length) continue;
-    auto at = std::find_if(cut.begin(), cut.end(), [&](const auto& x) { return x.first == seq; });
-    if (at == cut.end())
-      cut.emplace_back(seq, pos);
-    else
-      at->second = std::min(at->second, pos);
+  for (const auto& [seq, s] : seqs_) {
+    int length = s.length;
+    for (int32_t c : cells) {
+      if (c < 0 || c >= n_cells()) continue;
+      const auto it = std::find(s.blocks.begin(), s.blocks.end(), c / block_size_);
+      if (it == s.blocks.end() || block_refs_[*it] != 1) continue;
+      length = std::min(length, static_cast<int>(it - s.blocks.begin()) * block_size_ + c % block_size_);
+    }
+    if (length < s.length) cut.emplace_back(seq, length);
   }
   for (const auto& [seq, length] : cut) truncate(seq, length);
 }
@@ -118,14 +120,22 @@ void PagedKvCache::release(std::span<const int32_t> cells) {
 void PagedKvCache::truncate(int seq, int length) {
   Sequence* s = find(seq);
   if (!s || length >= s->length) return;
-  n_used_ -= s->length - length;
-  s->length = length;
   const size_t keep = static_cast<size_t>((length + block_size_ - 1) / block_size_);
   for (size_t i = keep; i < s->blocks.size(); ++i) {
-    block_seq_[s->blocks[i]] = -1;
-    free_blocks_.push_back(s->blocks[i]);
+    const int32_t b = s->blocks[i];
+    if (--block_refs_[b] > 0) continue;  // still in another table
+    n_used_ -= block_fill_[b];
+    block_fill_[b] = 0;
+    free_blocks_.push_back(b);
   }
   s->blocks.resize(keep);
+  if (length % block_size_ != 0) {  // the kept last block is this sequence's own (seq_rm checks)
+    const int32_t b = s->blocks.back();
+    LOOM_ASSERT(block_refs_[b] == 1);
+    n_used_ -= block_fill_[b] - length % block_size_;
+    block_fill_[b] = length % block_size_;
+  }
+  s->length = length;
   std::sort(free_blocks_.begin(), free_blocks_.end(), std::greater<>());
   if (length == 0)
     seqs_.erase(std::find_if(seqs_.begin(), seqs_.end(), [&](const auto& x) { return x.first == seq; }));
@@ -133,8 +143,9 @@ void PagedKvCache::truncate(int seq, int length) {
 
 void PagedKvCache::clear() {
   seqs_.clear();
-  std::fill(block_seq_.begin(), block_seq_.end(), -1);
-  free_blocks_.resize(block_seq_.size());
+  std::fill(block_refs_.begin(), block_refs_.end(), 0);
+  std::fill(block_fill_.begin(), block_fill_.end(), 0);
+  free_blocks_.resize(block_refs_.size());
   for (size_t i = 0; i < free_blocks_.size(); ++i)
     free_blocks_[i] = static_cast<int32_t>(free_blocks_.size() - 1 - i);
   n_used_ = 0;
@@ -148,8 +159,28 @@ Status PagedKvCache::seq_rm(int seq, int p0, int p1) {
                       "paged kv cache: sequence {} holds positions [0, {}); only a suffix can be removed, not "
                       "[{}, {})",
                       seq, s->length, p0, p1);
+  if (p0 % block_size_ != 0 && block_refs_[s->blocks[static_cast<size_t>(p0 / block_size_)]] > 1)
+    return make_error(StatusCode::invalid_argument,
+                      "paged kv cache: sequence {} shares block {} (positions [{}, {})) with another sequence; cut "
+                      "it at a multiple of {}, not at {}",
+                      seq, s->blocks[static_cast<size_t>(p0 / block_size_)], p0 / block_size_ * block_size_,
+                      (p0 / block_size_ + 1) * block_size_, block_size_, p0);
   truncate(seq, p0);
   return {};
+}
+
+int PagedKvCache::seq_share_prefix(int src, int dst, int n_positions) {
+  const Sequence* from = find(src);
+  if (!from || src == dst || dst < 0 || find(dst) || n_positions <= 0) return 0;
+  const int n_blocks = std::min(n_positions, from->length) / block_size_;
+  if (n_blocks == 0) return 0;
+  std::vector<int32_t> shared(from->blocks.begin(), from->blocks.begin() + n_blocks);
+  for (int32_t b : shared) ++block_refs_[b];
+  Sequence s;
+  s.blocks = std::move(shared);
+  s.length = n_blocks * block_size_;
+  seqs_.emplace_back(dst, std::move(s));
+  return n_blocks * block_size_;
 }
 
 int PagedKvCache::seq_pos_max(int seq) const {

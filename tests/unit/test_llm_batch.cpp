@@ -1,6 +1,7 @@
-// Many sequences at once: the paged KV cache's bookkeeping, paged decoding against the contiguous
-// cache, Context::decode_batch, and batch invariance (a sequence decoded among others gives the
-// tokens and logits it gives alone, bit for bit) on synthetic models and the built-in model.
+// Many sequences at once: the paged KV cache's bookkeeping and prefix sharing, paged decoding against
+// the contiguous cache, Context::decode_batch, and batch invariance (a sequence decoded among others,
+// joining and leaving, or starting from another's shared prefix, gives the tokens and logits it
+// gives alone, bit for bit) on synthetic models and the built-in model.
 #include <map>
 
 #include "llm/llm_kv_cache.h"
@@ -109,6 +110,50 @@ TEST_F(LlmBatch, PagedCacheBlocksComeAndGo) {
   kv.clear();
   EXPECT_EQ(kv.used(), 0);
   EXPECT_EQ(kv.n_free_blocks(), 4);
+}
+
+// Prefix reuse: a new sequence takes another's whole blocks by reference; nobody writes into a
+// shared block, and a block is free only when no table holds it.
+TEST_F(LlmBatch, PagedCacheSharesPrefixBlocks) {
+  auto f = GgufFile::open(model("tiny"));
+  ASSERT_TRUE(f.ok());
+  auto hp = read_hparams(*f);
+  ASSERT_TRUE(hp.ok());
+  auto backend = make_cpu_backend(1);
+  auto made = detail::PagedKvCache::create(*hp, 128, 16, backend->buffer_type());  // 8 blocks
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  detail::PagedKvCache& kv = **made;
+  ASSERT_TRUE(kv.claim(iota_positions(0, 40), 0).ok());  // blocks 0, 1, 2 (8 of 16 filled)
+  EXPECT_EQ(kv.seq_share_prefix(0, 1, 40), 32);           // whole blocks only
+  EXPECT_EQ(kv.seq_share_prefix(0, 1, 40), 0);            // 1 holds positions now
+  EXPECT_EQ(kv.seq_share_prefix(0, 2, 15), 0);            // less than a block
+  EXPECT_EQ(kv.seq_pos_max(1), 31);
+  EXPECT_EQ(kv.block_refs(0), 2);
+  EXPECT_EQ(kv.block_refs(1), 2);
+  EXPECT_EQ(kv.block_refs(2), 1);
+  EXPECT_EQ(kv.used(), 40);  // shared cells count once
+  auto c = kv.claim(iota_positions(32, 2), 1);  // past the shared blocks: a block of its own
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ((*c)[0], 3 * 16);
+  EXPECT_EQ(kv.used(), 42);
+  std::vector<int32_t> cells, pos;
+  kv.seq_cells(1, cells, pos);
+  ASSERT_EQ(cells.size(), 34u);
+  EXPECT_EQ(cells[20], 20);  // read from sequence 0's block 1
+  // Cutting inside a shared block would let the next write land in the other's data: refused.
+  EXPECT_FALSE(kv.seq_rm(1, 20, -1).ok());
+  EXPECT_TRUE(kv.seq_rm(1, 16, -1).ok());
+  EXPECT_EQ(kv.block_refs(1), 1);
+  EXPECT_EQ(kv.used(), 40);
+  // Sequence 0 leaves: block 0 stays (sequence 1 holds it), blocks 1 and 2 are free.
+  EXPECT_TRUE(kv.seq_rm(0, 0, -1).ok());
+  EXPECT_EQ(kv.block_refs(0), 1);
+  EXPECT_EQ(kv.block_refs(1), 0);
+  EXPECT_EQ(kv.used(), 16);
+  EXPECT_EQ(kv.n_free_blocks(), 7);
+  EXPECT_TRUE(kv.seq_rm(1, 0, -1).ok());
+  EXPECT_EQ(kv.used(), 0);
+  EXPECT_EQ(kv.n_free_blocks(), 8);
 }
 
 // ---- paged decoding ----------------------------------------------------------------------------------
@@ -372,6 +417,47 @@ TEST_F(LlmBatch, PerSequenceSampling) {
   const auto together = run({0, 1, 2});
   for (int w = 0; w < 3; ++w) EXPECT_EQ(run({w})[0], together[w]) << w;
   EXPECT_NE(together[0], together[1]);
+}
+
+// Prompts that begin alike (a shared "system prompt") share its blocks: each later sequence
+// computes only the rest of its prompt, holds fewer cells, and generates what it generates alone.
+TEST_F(LlmBatch, PrefixReuseKeepsTokens) {
+  auto ref = open_model(LOOM_BUILTIN_MODEL_Q8_0, 256, 64, KvCacheKind::contiguous);
+  auto l = open_model(LOOM_BUILTIN_MODEL_Q8_0, 1024, 32, KvCacheKind::paged, 16);
+  ASSERT_TRUE(ref.ctx && l.ctx);
+  const int n_vocab = ref.ctx->n_vocab(), n_seqs = 6, n_gen = 12;
+  std::vector<int32_t> system = test_tokens(40, n_vocab, 5);
+  system[0] = 0;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int s = 0; s < n_seqs; ++s) {
+    std::vector<int32_t> p = system;
+    const auto own = test_tokens(3 + s, n_vocab, 50 + s);
+    p.insert(p.end(), own.begin(), own.end());
+    prompts.push_back(p);
+  }
+  BatchGenerator gen(*l.ctx);
+  size_t n_positions = 0;
+  for (int s = 0; s < n_seqs; ++s) {
+    auto id = gen.add(prompts[s], greedy());
+    ASSERT_TRUE(id.ok()) << id.status().to_string();
+    EXPECT_EQ(gen.shared_prompt_tokens(*id), s == 0 ? 0 : 32) << s;
+    n_positions += prompts[s].size();
+  }
+  EXPECT_EQ(l.ctx->kv_cache_used(), static_cast<int>(n_positions) - 32 * (n_seqs - 1));
+  for (int i = 1; i < n_gen; ++i) ASSERT_TRUE(gen.step().ok());
+  for (int s = 0; s < n_seqs; ++s) {
+    const auto got = gen.generated(s);
+    EXPECT_EQ(std::vector<int32_t>(got.begin(), got.end()), greedy_alone(*ref.ctx, prompts[s], n_gen))
+        << "sequence " << s;
+  }
+  // The first sequence leaves; the others keep the shared blocks and go on as before.
+  ASSERT_TRUE(gen.remove(0).ok());
+  ASSERT_TRUE(gen.step().ok());
+  for (int s = 1; s < n_seqs; ++s) {
+    const auto got = gen.generated(s);
+    EXPECT_EQ(std::vector<int32_t>(got.begin(), got.end()), greedy_alone(*ref.ctx, prompts[s], n_gen + 1))
+        << "sequence " << s;
+  }
 }
 
 }  // namespace
