@@ -13,11 +13,12 @@ Status run_batched_bench_test(llm::Context& ctx, const BatchedBenchTest& test, b
                               BatchedBenchResult& out) {
   if (test.n_pp < 1 || test.n_tg < 0 || test.n_pl < 1)
     return make_error(StatusCode::invalid_argument,
-                      "bench: a batched test needs a prompt and a sequence (got npp {}, ntg {}, npl {})", test.n_pp,
-                      test.n_tg, test.n_pl);
+                      "bench: a batched test needs a prompt and a sequence (got npp {}, ntg {}, npl {})",
+                      test.n_pp, test.n_tg, test.n_pl);
   if (test.n_kv() > ctx.n_ctx())
-    return make_error(StatusCode::invalid_argument, "bench: npp {} ntg {} npl {} needs {} KV cells; the context has {}",
-                      test.n_pp, test.n_tg, test.n_pl, test.n_kv(), ctx.n_ctx());
+    return make_error(StatusCode::invalid_argument,
+                      "bench: npp {} ntg {} npl {} needs {} KV cells; the context has {}", test.n_pp,
+                      test.n_tg, test.n_pl, test.n_kv(), ctx.n_ctx());
   // Random ids: what the tokens say does not change the work of a dense model's forward pass.
   std::mt19937 rng(seed);
   std::uniform_int_distribution<int32_t> pick(0, ctx.n_vocab() - 1);
@@ -30,7 +31,9 @@ Status run_batched_bench_test(llm::Context& ctx, const BatchedBenchTest& test, b
   const size_t per_pass = static_cast<size_t>(std::max(1, ctx.n_batch()));
 
   using clock = std::chrono::steady_clock;
-  auto seconds = [](clock::time_point a, clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
+  auto seconds = [](clock::time_point a, clock::time_point b) {
+    return std::chrono::duration<double>(b - a).count();
+  };
   auto once = [&](BatchedBenchResult& r) -> Status {
     ctx.kv_cache_clear();
     const auto t0 = clock::now();
@@ -71,18 +74,22 @@ std::string format_batched_bench(const std::vector<BatchedBenchResult>& results,
   if (format == BenchFormat::json) {
     for (const BatchedBenchResult& r : results)
       s += fmt::format(
-          "{{\"pp\": {}, \"tg\": {}, \"pl\": {}, \"n_kv\": {}, \"t_pp\": {:.6f}, \"speed_pp\": {:.6f}, \"t_tg\": "
+          "{{\"pp\": {}, \"tg\": {}, \"pl\": {}, \"n_kv\": {}, \"t_pp\": {:.6f}, \"speed_pp\": {:.6f}, "
+          "\"t_tg\": "
           "{:.6f}, \"speed_tg\": {:.6f}, \"t\": {:.6f}, \"speed\": {:.6f}}}\n",
-          r.test.n_pp, r.test.n_tg, r.test.n_pl, r.test.n_kv(), r.t_pp_s, r.speed_pp(), r.t_tg_s, r.speed_tg(),
-          r.t_pp_s + r.t_tg_s, r.speed());
+          r.test.n_pp, r.test.n_tg, r.test.n_pl, r.test.n_kv(), r.t_pp_s, r.speed_pp(), r.t_tg_s,
+          r.speed_tg(), r.t_pp_s + r.t_tg_s, r.speed());
     return s;
   }
-  s += "|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |    S t/s |\n";
-  s += "|-------|--------|------|--------|----------|----------|----------|----------|----------|----------|\n";
+  s += "|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |    S t/s "
+       "|\n";
+  s += "|-------|--------|------|--------|----------|----------|----------|----------|----------|----------|"
+       "\n";
   for (const BatchedBenchResult& r : results)
-    s += fmt::format("| {:5} | {:6} | {:4} | {:6} | {:8.3f} | {:8.2f} | {:8.3f} | {:8.2f} | {:8.3f} | {:8.2f} |\n",
-                     r.test.n_pp, r.test.n_tg, r.test.n_pl, r.test.n_kv(), r.t_pp_s, r.speed_pp(), r.t_tg_s,
-                     r.speed_tg(), r.t_pp_s + r.t_tg_s, r.speed());
+    s += fmt::format(
+        "| {:5} | {:6} | {:4} | {:6} | {:8.3f} | {:8.2f} | {:8.3f} | {:8.2f} | {:8.3f} | {:8.2f} |\n",
+        r.test.n_pp, r.test.n_tg, r.test.n_pl, r.test.n_kv(), r.t_pp_s, r.speed_pp(), r.t_tg_s, r.speed_tg(),
+        r.t_pp_s + r.t_tg_s, r.speed());
   return s;
 }
 

@@ -166,16 +166,16 @@ int run_batched_bench(const BenchOptions& o) {
     llm::Context& ctx = *session->context;
     const BenchModelInfo info = bench_model_info(*session->model, path);
     if (format == BenchFormat::md)
-      fmt::print("\n{}: {} on {}: n_kv_max = {}, n_batch = {}, n_threads = {}, paged KV cache\n\n", path, info.type,
-                 backend_name, ctx.n_ctx(), ctx.n_batch(), o.n_threads);
+      fmt::print("\n{}: {} on {}: n_kv_max = {}, n_batch = {}, n_threads = {}, paged KV cache\n\n", path,
+                 info.type, backend_name, ctx.n_ctx(), ctx.n_batch(), o.n_threads);
     std::vector<BatchedBenchResult> results;
     for (const BatchedBenchTest& t : tests) {
       BatchedBenchResult r;
       if (auto s = run_batched_bench_test(ctx, t, !o.no_warmup, 1234, r); !s.ok())
         return fail(make_error(s.code(), "bench: {} npp {} ntg {} npl {}: {}", path, t.n_pp, t.n_tg, t.n_pl,
                                s.message()));
-      fmt::print(stderr, "loom: bench: {} {} pp {} tg {} pl {}: S_PP {:.2f} t/s, S_TG {:.2f} t/s\n", info.type,
-                 backend_name, t.n_pp, t.n_tg, t.n_pl, r.speed_pp(), r.speed_tg());
+      fmt::print(stderr, "loom: bench: {} {} pp {} tg {} pl {}: S_PP {:.2f} t/s, S_TG {:.2f} t/s\n",
+                 info.type, backend_name, t.n_pp, t.n_tg, t.n_pl, r.speed_pp(), r.speed_tg());
       results.push_back(r);
     }
     std::fflush(stderr);

@@ -86,11 +86,11 @@ struct StepInputs {
 
 /// Shape of one forward pass.
 struct StepShape {
-  int n_tokens = 1;          // all sequences' tokens: n_seqs runs of n_tokens / n_seqs, sequence after sequence
+  int n_tokens = 1;          // all sequences' tokens: n_seqs runs of n_tokens / n_seqs
   int n_kv = 1;              // key slots attention reads per sequence: cells [0, n_kv), or gathered
   bool all_outputs = false;  // logits for every token, else only the last of each sequence
   int n_seqs = 1;            // sequences of the step; more than one only with one token each
-  bool gather = false;       // attention gathers each sequence's cells (kv_gather) instead of reading the prefix
+  bool gather = false;       // each sequence's cells gathered (kv_gather), not the cache prefix read
 };
 
 /// The layers one graph runs: a model split between two backends is run as two graphs, the first

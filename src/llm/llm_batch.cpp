@@ -65,22 +65,24 @@ Result<int> BatchGenerator::add(std::span<const int32_t> prompt, const SamplerPa
     (void)g.ctx->kv_cache_seq_rm(id, 0);
     return make_error(logits.status().code(), "batch: sequence {}: {}", id, logits.status().message());
   }
-  Sequence s{id, std::move(*sampler), std::vector<int32_t>(prompt.begin(), prompt.end()), prompt.size(), shared};
+  Sequence s{id, std::move(*sampler), std::vector<int32_t>(prompt.begin(), prompt.end()), prompt.size(),
+             shared};
   auto token = s.sampler.sample(*logits, s.history);
   if (!token) {
     (void)g.ctx->kv_cache_seq_rm(id, 0);
     return token.status();
   }
   s.history.push_back(*token);
-  const auto at = std::lower_bound(g.seqs.begin(), g.seqs.end(), id,
-                                   [](const Sequence& x, int v) { return x.id < v; });
+  const auto at =
+      std::lower_bound(g.seqs.begin(), g.seqs.end(), id, [](const Sequence& x, int v) { return x.id < v; });
   g.seqs.insert(at, std::move(s));
   return id;
 }
 
 Status BatchGenerator::remove(int seq_id) {
   Impl& g = *impl_;
-  const auto it = std::find_if(g.seqs.begin(), g.seqs.end(), [&](const Sequence& s) { return s.id == seq_id; });
+  const auto it =
+      std::find_if(g.seqs.begin(), g.seqs.end(), [&](const Sequence& s) { return s.id == seq_id; });
   if (it == g.seqs.end())
     return make_error(StatusCode::invalid_argument, "batch: no sequence {} to remove", seq_id);
   g.seqs.erase(it);
@@ -120,7 +122,8 @@ Result<std::span<const GeneratedToken>> BatchGenerator::step() {
     Sequence& s = g.seqs[i];
     auto token = s.sampler.sample(std::span<const float>(logits).subspan(i * n_vocab, n_vocab), s.history);
     if (!token) {
-      for (const Sequence& r : g.seqs) (void)g.ctx->kv_cache_seq_rm(r.id, static_cast<int>(r.history.size()) - 1);
+      for (const Sequence& r : g.seqs)
+        (void)g.ctx->kv_cache_seq_rm(r.id, static_cast<int>(r.history.size()) - 1);
       return make_error(token.status().code(), "batch: sequence {}: {}", s.id, token.status().message());
     }
     next[i] = *token;

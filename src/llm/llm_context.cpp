@@ -205,7 +205,8 @@ struct ContextImpl {
     auto mask_at = [&](const Tensor* t) { return s.staging.data() + input_offset(s, t) / sizeof(float); };
     if (shape.gather) {
       if (in.kq_mask) fill_gathered_mask(b, shape, mask_at(in.kq_mask), 0);
-      if (in.kq_mask_swa) fill_gathered_mask(b, shape, mask_at(in.kq_mask_swa), static_cast<int>(m->hp.n_swa));
+      if (in.kq_mask_swa)
+        fill_gathered_mask(b, shape, mask_at(in.kq_mask_swa), static_cast<int>(m->hp.n_swa));
       if (in.kv_gather)
         fill_gather_rows(shape, reinterpret_cast<int32_t*>(base + input_offset(s, in.kv_gather)));
     } else {
@@ -272,8 +273,8 @@ struct ContextImpl {
     }
     // n_kv never exceeds the cache's cells: a single sequence's pass never needs more than
     // Context::create reserved the arenas and the inputs for (n_batch tokens over the whole cache).
-    const StepShape shape{static_cast<int>(b.tokens.size()), bucketed_n_kv(extent, n_kv_bucket, kv->n_cells()),
-                          all_outputs, n_seqs, gather};
+    const StepShape shape{static_cast<int>(b.tokens.size()),
+                          bucketed_n_kv(extent, n_kv_bucket, kv->n_cells()), all_outputs, n_seqs, gather};
     const Tensor* carried = nullptr;  // the previous segment's hidden state
     bool built = false;
     uint64_t fingerprint = 0;
@@ -340,15 +341,17 @@ Result<std::unique_ptr<Context>> Context::create(const Model& model, const Conte
   c.model = &model;
   c.m = &model.impl();
   if (params.n_ctx < 0 || params.n_batch < 1 || params.n_kv_bucket < 1 || params.kv_block_size < 1)
-    return make_error(StatusCode::invalid_argument,
-                      "context: n_ctx {} must be >= 0, n_batch {} >= 1, n_kv_bucket {} >= 1 and kv_block_size {} >= 1",
-                      params.n_ctx, params.n_batch, params.n_kv_bucket, params.kv_block_size);
+    return make_error(
+        StatusCode::invalid_argument,
+        "context: n_ctx {} must be >= 0, n_batch {} >= 1, n_kv_bucket {} >= 1 and kv_block_size {} >= 1",
+        params.n_ctx, params.n_batch, params.n_kv_bucket, params.kv_block_size);
   c.n_ctx = params.n_ctx > 0 ? params.n_ctx
                              : static_cast<int>(std::min<uint32_t>(hp.n_ctx_train, detail::kDefaultMaxCtx));
   if (params.kv_cache == KvCacheKind::paged)  // whole blocks
-    c.n_ctx = static_cast<int>(std::min<int64_t>(
-        (static_cast<int64_t>(c.n_ctx) + params.kv_block_size - 1) / params.kv_block_size * params.kv_block_size,
-        std::numeric_limits<int32_t>::max() / params.kv_block_size * params.kv_block_size));
+    c.n_ctx = static_cast<int>(
+        std::min<int64_t>((static_cast<int64_t>(c.n_ctx) + params.kv_block_size - 1) / params.kv_block_size *
+                              params.kv_block_size,
+                          std::numeric_limits<int32_t>::max() / params.kv_block_size * params.kv_block_size));
   c.n_batch = std::min(params.n_batch, c.n_ctx);
   c.n_kv_bucket = params.n_kv_bucket;
 
@@ -426,10 +429,11 @@ Result<std::span<const float>> Context::decode(std::span<const int32_t> tokens, 
         "(kv_cache_seq_rm rewinds)",
         options.seq_id, last, pos);
   if (tokens.size() > static_cast<size_t>(c.kv->room(options.seq_id)))
-    return make_error(StatusCode::out_of_memory,
-                      "decode: {} tokens do not fit the context: sequence {} has room for {} ({} of {} cells are "
-                      "used)",
-                      tokens.size(), options.seq_id, c.kv->room(options.seq_id), c.kv->used(), c.n_ctx);
+    return make_error(
+        StatusCode::out_of_memory,
+        "decode: {} tokens do not fit the context: sequence {} has room for {} ({} of {} cells are "
+        "used)",
+        tokens.size(), options.seq_id, c.kv->room(options.seq_id), c.kv->used(), c.n_ctx);
 
   c.logits.clear();
   c.stats.n_steps = 0;
@@ -475,23 +479,25 @@ Result<std::span<const float>> Context::decode_batch(std::span<const SeqTokens> 
   for (size_t i = 0; i < seqs.size(); ++i) {
     const SeqTokens& st = seqs[i];
     if (st.tokens.size() != 1)
-      return make_error(StatusCode::invalid_argument,
-                        "decode_batch: sequence {} (entry {}) brings {} tokens; a step over several sequences takes "
-                        "one token each",
-                        st.seq_id, i, st.tokens.size());
+      return make_error(
+          StatusCode::invalid_argument,
+          "decode_batch: sequence {} (entry {}) brings {} tokens; a step over several sequences takes "
+          "one token each",
+          st.seq_id, i, st.tokens.size());
     if (st.seq_id < 0)
       return make_error(StatusCode::invalid_argument, "decode_batch: seq_id {} must be >= 0", st.seq_id);
     if (std::find(ids.begin(), ids.end(), st.seq_id) != ids.end())
       return make_error(StatusCode::invalid_argument, "decode_batch: sequence {} appears twice", st.seq_id);
     if (st.tokens[0] < 0 || st.tokens[0] >= n_vocab)
       return make_error(StatusCode::invalid_argument,
-                        "decode_batch: token {} of sequence {} is outside the vocabulary [0, {})", st.tokens[0],
-                        st.seq_id, n_vocab);
+                        "decode_batch: token {} of sequence {} is outside the vocabulary [0, {})",
+                        st.tokens[0], st.seq_id, n_vocab);
     const int last = c.kv->seq_pos_max(st.seq_id);
     if (st.pos <= last || st.pos < 0 || st.pos >= (1 << 30))
-      return make_error(StatusCode::invalid_argument,
-                        "decode_batch: sequence {} holds positions up to {}; position {} must come after them",
-                        st.seq_id, last, st.pos);
+      return make_error(
+          StatusCode::invalid_argument,
+          "decode_batch: sequence {} holds positions up to {}; position {} must come after them", st.seq_id,
+          last, st.pos);
     ids.push_back(st.seq_id);
     tokens.push_back(st.tokens[0]);
     positions.push_back(st.pos);

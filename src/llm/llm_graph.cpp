@@ -35,7 +35,8 @@ StepBuilder::StepBuilder(Graph& g, const HParams& hp, const ModelWeights& w, KvC
   if (any_local) in_.kq_mask_swa = g.input(DType::f32, {shape.n_kv, n_q, 1, shape.n_seqs}, "inp_kq_mask_swa");
   if (shape.gather && layer_begin_ < layer_end_)
     in_.kv_gather =
-        g.input(DType::i32, {static_cast<int64_t>(shape.n_kv) * hp.n_head_kv * shape.n_seqs, 1, 1, 1}, "inp_kv_gather");
+        g.input(DType::i32, {static_cast<int64_t>(shape.n_kv) * hp.n_head_kv * shape.n_seqs, 1, 1, 1},
+                "inp_kv_gather");
 
   rope_ = RopeParams{};
   rope_.n_dims = static_cast<int32_t>(hp.n_rot);
@@ -144,8 +145,10 @@ Tensor* StepBuilder::attention(int il, Tensor* q, Tensor* k, Tensor* v) {
   }
   if (n_seqs > 1 && !q->is_contiguous()) q = cont(g_, q);
   Tensor* qs = n_seqs == 1 ? permute(g_, q, 0, 2, 1, 3)  // [d, T, H]
-                           : permute(g_, reshape(g_, q, {q->ne[0], q->ne[1], n_q, n_seqs}), 0, 2, 1, 3);  // [d, n_q, H, S]
-  Tensor* out = name(flash_attn(g_, qs, keys, vals, mask, scale, hp_.attn_softcap), "kqv_out", il);  // [dv, H, n_q, S]
+                           : permute(g_, reshape(g_, q, {q->ne[0], q->ne[1], n_q, n_seqs}), 0, 2, 1,
+                                     3);  // [d, n_q, H, S]
+  Tensor* out =
+      name(flash_attn(g_, qs, keys, vals, mask, scale, hp_.attn_softcap), "kqv_out", il);  // [dv, H, n_q, S]
   return reshape(g_, out, {static_cast<int64_t>(hp_.head_dim_v) * hp_.n_head, shape_.n_tokens, 1, 1});
 }
 

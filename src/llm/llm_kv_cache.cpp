@@ -20,8 +20,8 @@ uint64_t KvStorage::bytes_needed(const HParams& hp, int n_cells, int n_layers) {
   return per_layer * (n_layers < 0 ? hp.n_layer : static_cast<uint32_t>(n_layers));
 }
 
-Result<KvStorage> KvStorage::create(const HParams& hp, int n_cells, BufferType& type, BufferType* offload_type,
-                                    int first_offload_layer) {
+Result<KvStorage> KvStorage::create(const HParams& hp, int n_cells, BufferType& type,
+                                    BufferType* offload_type, int first_offload_layer) {
   if (n_cells < 1)
     return make_error(StatusCode::invalid_argument, "kv cache: n_ctx {} must be positive", n_cells);
   const int n_layer = static_cast<int>(hp.n_layer);
@@ -83,7 +83,8 @@ ContiguousKvCache::ContiguousKvCache(KvStorage storage) : KvCache(std::move(stor
 }
 
 Result<std::unique_ptr<ContiguousKvCache>> ContiguousKvCache::create(const HParams& hp, int n_ctx,
-                                                                     BufferType& type, BufferType* offload_type,
+                                                                     BufferType& type,
+                                                                     BufferType* offload_type,
                                                                      int first_offload_layer) {
   auto storage = KvStorage::create(hp, n_ctx, type, offload_type, first_offload_layer);
   if (!storage) return storage.status();
@@ -134,11 +135,13 @@ void ContiguousKvCache::fill_mask(std::span<const int32_t> positions, int seq, i
   }
 }
 
-void ContiguousKvCache::seq_cells(int seq, std::vector<int32_t>& cells, std::vector<int32_t>& positions) const {
+void ContiguousKvCache::seq_cells(int seq, std::vector<int32_t>& cells,
+                                  std::vector<int32_t>& positions) const {
   cells.clear();
   for (size_t c = 0; c < cells_.size(); ++c)
     if (cells_[c].pos >= 0 && cells_[c].seq == seq) cells.push_back(static_cast<int32_t>(c));
-  std::stable_sort(cells.begin(), cells.end(), [&](int32_t a, int32_t b) { return cells_[a].pos < cells_[b].pos; });
+  std::stable_sort(cells.begin(), cells.end(),
+                   [&](int32_t a, int32_t b) { return cells_[a].pos < cells_[b].pos; });
   positions.resize(cells.size());
   for (size_t i = 0; i < cells.size(); ++i) positions[i] = cells_[cells[i]].pos;
 }

@@ -30,8 +30,8 @@ Result<std::unique_ptr<PagedKvCache>> PagedKvCache::create(const HParams& hp, in
   if (n_blocks * block_size > std::numeric_limits<int32_t>::max())
     return make_error(StatusCode::invalid_argument, "paged kv cache: {} blocks of {} cells are too many",
                       n_blocks, block_size);
-  auto storage = KvStorage::create(hp, static_cast<int>(n_blocks * block_size), type, offload_type,
-                                   first_offload_layer);
+  auto storage =
+      KvStorage::create(hp, static_cast<int>(n_blocks * block_size), type, offload_type, first_offload_layer);
   if (!storage) return storage.status();
   return std::unique_ptr<PagedKvCache>(new PagedKvCache(std::move(storage.value()), block_size));
 }
@@ -60,24 +60,27 @@ int PagedKvCache::room(int seq) const {
 }
 
 Result<std::vector<int32_t>> PagedKvCache::claim(std::span<const int32_t> positions, int seq) {
-  if (seq < 0) return make_error(StatusCode::invalid_argument, "paged kv cache: sequence id {} must be >= 0", seq);
+  if (seq < 0)
+    return make_error(StatusCode::invalid_argument, "paged kv cache: sequence id {} must be >= 0", seq);
   if (positions.empty()) return std::vector<int32_t>{};
   const Sequence* existing = find(seq);
   const int32_t length = existing ? existing->length : 0;
   for (size_t i = 0; i < positions.size(); ++i)
     if (positions[i] != length + static_cast<int32_t>(i))
-      return make_error(StatusCode::invalid_argument,
-                        "paged kv cache: sequence {} holds positions [0, {}); position {} at index {} must be {} "
-                        "(a sequence grows at its end)",
-                        seq, length, positions[i], i, length + static_cast<int32_t>(i));
+      return make_error(
+          StatusCode::invalid_argument,
+          "paged kv cache: sequence {} holds positions [0, {}); position {} at index {} must be {} "
+          "(a sequence grows at its end)",
+          seq, length, positions[i], i, length + static_cast<int32_t>(i));
   const int64_t new_length = static_cast<int64_t>(length) + static_cast<int64_t>(positions.size());
   const int64_t have = existing ? static_cast<int64_t>(existing->blocks.size()) : 0;
   const int64_t need = (new_length + block_size_ - 1) / block_size_ - have;
   if (need > n_free_blocks())
-    return make_error(StatusCode::out_of_memory,
-                      "paged kv cache full: sequence {} needs {} more block(s) of {} cells for {} tokens, {} of {} "
-                      "blocks are free",
-                      seq, need, block_size_, positions.size(), n_free_blocks(), n_blocks());
+    return make_error(
+        StatusCode::out_of_memory,
+        "paged kv cache full: sequence {} needs {} more block(s) of {} cells for {} tokens, {} of {} "
+        "blocks are free",
+        seq, need, block_size_, positions.size(), n_free_blocks(), n_blocks());
   Sequence* s = existing ? find(seq) : &seqs_.emplace_back(seq, Sequence{}).second;
   for (int64_t i = 0; i < need; ++i) {
     const int32_t b = free_blocks_.back();
@@ -155,16 +158,18 @@ Status PagedKvCache::seq_rm(int seq, int p0, int p1) {
   const Sequence* s = find(seq);
   if (!s || p0 >= s->length) return {};
   if (p1 >= 0 && p1 < s->length)
-    return make_error(StatusCode::invalid_argument,
-                      "paged kv cache: sequence {} holds positions [0, {}); only a suffix can be removed, not "
-                      "[{}, {})",
-                      seq, s->length, p0, p1);
+    return make_error(
+        StatusCode::invalid_argument,
+        "paged kv cache: sequence {} holds positions [0, {}); only a suffix can be removed, not "
+        "[{}, {})",
+        seq, s->length, p0, p1);
   if (p0 % block_size_ != 0 && block_refs_[s->blocks[static_cast<size_t>(p0 / block_size_)]] > 1)
-    return make_error(StatusCode::invalid_argument,
-                      "paged kv cache: sequence {} shares block {} (positions [{}, {})) with another sequence; cut "
-                      "it at a multiple of {}, not at {}",
-                      seq, s->blocks[static_cast<size_t>(p0 / block_size_)], p0 / block_size_ * block_size_,
-                      (p0 / block_size_ + 1) * block_size_, block_size_, p0);
+    return make_error(
+        StatusCode::invalid_argument,
+        "paged kv cache: sequence {} shares block {} (positions [{}, {})) with another sequence; cut "
+        "it at a multiple of {}, not at {}",
+        seq, s->blocks[static_cast<size_t>(p0 / block_size_)], p0 / block_size_ * block_size_,
+        (p0 / block_size_ + 1) * block_size_, block_size_, p0);
   truncate(seq, p0);
   return {};
 }
@@ -201,7 +206,8 @@ void PagedKvCache::seq_cells(int seq, std::vector<int32_t>& cells, std::vector<i
   }
 }
 
-void PagedKvCache::fill_mask(std::span<const int32_t> positions, int seq, int n_kv, float* mask, int n_swa) const {
+void PagedKvCache::fill_mask(std::span<const int32_t> positions, int seq, int n_kv, float* mask,
+                             int n_swa) const {
   LOOM_ASSERT(n_kv >= 0 && n_kv <= n_cells());
   const float neg_inf = -std::numeric_limits<float>::infinity();
   std::fill(mask, mask + positions.size() * static_cast<size_t>(n_kv), neg_inf);

@@ -271,8 +271,8 @@ TEST_F(Bench, BatchedModeOnTheCpu) {
 
   const auto rows = md_table(app::format_batched_bench(results, app::BenchFormat::md));
   ASSERT_EQ(rows.size(), 4u);
-  EXPECT_EQ(rows[0], (std::vector<std::string>{"PP", "TG", "B", "N_KV", "T_PP s", "S_PP t/s", "T_TG s", "S_TG t/s",
-                                               "T s", "S t/s"}));
+  EXPECT_EQ(rows[0], (std::vector<std::string>{"PP", "TG", "B", "N_KV", "T_PP s", "S_PP t/s", "T_TG s",
+                                               "S_TG t/s", "T s", "S t/s"}));
   EXPECT_EQ(rows[3][2], "4");
   EXPECT_EQ(rows[3][3], "48");
   const std::string json = app::format_batched_bench(results, app::BenchFormat::json);
@@ -282,7 +282,8 @@ TEST_F(Bench, BatchedModeOnTheCpu) {
   for (; std::getline(lines, line); ++n) {
     const auto j = nlohmann::json::parse(line);
     EXPECT_EQ(j["n_kv"].get<int>(), j["pl"].get<int>() * 12);
-    EXPECT_NEAR(j["speed"].get<double>(), j["n_kv"].get<double>() / j["t"].get<double>(), 1e-3 * j["speed"].get<double>());
+    EXPECT_NEAR(j["speed"].get<double>(), j["n_kv"].get<double>() / j["t"].get<double>(),
+                1e-3 * j["speed"].get<double>());
   }
   EXPECT_EQ(n, 2);
 }

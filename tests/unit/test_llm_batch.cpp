@@ -124,14 +124,14 @@ TEST_F(LlmBatch, PagedCacheSharesPrefixBlocks) {
   ASSERT_TRUE(made.ok()) << made.status().to_string();
   detail::PagedKvCache& kv = **made;
   ASSERT_TRUE(kv.claim(iota_positions(0, 40), 0).ok());  // blocks 0, 1, 2 (8 of 16 filled)
-  EXPECT_EQ(kv.seq_share_prefix(0, 1, 40), 32);           // whole blocks only
-  EXPECT_EQ(kv.seq_share_prefix(0, 1, 40), 0);            // 1 holds positions now
-  EXPECT_EQ(kv.seq_share_prefix(0, 2, 15), 0);            // less than a block
+  EXPECT_EQ(kv.seq_share_prefix(0, 1, 40), 32);          // whole blocks only
+  EXPECT_EQ(kv.seq_share_prefix(0, 1, 40), 0);           // 1 holds positions now
+  EXPECT_EQ(kv.seq_share_prefix(0, 2, 15), 0);           // less than a block
   EXPECT_EQ(kv.seq_pos_max(1), 31);
   EXPECT_EQ(kv.block_refs(0), 2);
   EXPECT_EQ(kv.block_refs(1), 2);
   EXPECT_EQ(kv.block_refs(2), 1);
-  EXPECT_EQ(kv.used(), 40);  // shared cells count once
+  EXPECT_EQ(kv.used(), 40);                     // shared cells count once
   auto c = kv.claim(iota_positions(32, 2), 1);  // past the shared blocks: a block of its own
   ASSERT_TRUE(c.ok());
   EXPECT_EQ((*c)[0], 3 * 16);
@@ -218,8 +218,11 @@ Decoded decode_alone(Context& ctx, std::span<const int32_t> prompt, int n_steps)
 // decode_batch over several sequences gives each the logits it gets alone, bit for bit, on either
 // cache kind, whichever sequences share the step.
 TEST_F(LlmBatch, DecodeBatchEqualsAlone) {
-  const std::pair<const char*, const char*> models[] = {
-      {"tiny", "f32"}, {"tiny", "q8_0"}, {"tiny", "q4_K_M"}, {"gemma2-tiny", "q8_0"}, {"qwen3moe-tiny", "q8_0"}};
+  const std::pair<const char*, const char*> models[] = {{"tiny", "f32"},
+                                                        {"tiny", "q8_0"},
+                                                        {"tiny", "q4_K_M"},
+                                                        {"gemma2-tiny", "q8_0"},
+                                                        {"qwen3moe-tiny", "q8_0"}};
   for (const auto& [shape, type] : models) {
     for (KvCacheKind kind : {KvCacheKind::paged, KvCacheKind::contiguous}) {
       SCOPED_TRACE(std::string(shape) + " " + type + (kind == KvCacheKind::paged ? " paged" : " contiguous"));
@@ -246,14 +249,16 @@ TEST_F(LlmBatch, DecodeBatchEqualsAlone) {
         std::vector<SeqTokens> batch;
         for (int s = 0; s < n_seqs; ++s)
           if (i < 3 || s % 2 == 0)  // some sequences sit out the later steps
-            batch.push_back(SeqTokens{10 + s, static_cast<int>(prompts[s].size()) + i - 1, std::span(&last[s], 1)});
+            batch.push_back(
+                SeqTokens{10 + s, static_cast<int>(prompts[s].size()) + i - 1, std::span(&last[s], 1)});
         auto r = l.ctx->decode_batch(batch);
         ASSERT_TRUE(r.ok()) << r.status().to_string();
         ASSERT_EQ(r->size(), batch.size() * n_vocab);
         for (size_t b = 0; b < batch.size(); ++b) {
           const int s = batch[b].seq_id - 10;
           const auto row = r->subspan(b * n_vocab, n_vocab);
-          EXPECT_EQ(std::vector<float>(row.begin(), row.end()), alone[s].logits[i]) << "seq " << s << " step " << i;
+          EXPECT_EQ(std::vector<float>(row.begin(), row.end()), alone[s].logits[i])
+              << "seq " << s << " step " << i;
           last[s] = argmax_of(row);
         }
       }
@@ -374,7 +379,8 @@ TEST_F(LlmBatch, BuiltinModelBatchInvariance) {
       ASSERT_EQ(got.size(), static_cast<size_t>(n_seqs));
       for (int s = 0; s < n_seqs; ++s) {
         const size_t limit = s % 3 == 0 ? n_gen / 2 : n_gen;
-        EXPECT_EQ(got[s], std::vector<int32_t>(want[s].begin(), want[s].begin() + static_cast<ptrdiff_t>(limit)))
+        EXPECT_EQ(got[s],
+                  std::vector<int32_t>(want[s].begin(), want[s].begin() + static_cast<ptrdiff_t>(limit)))
             << "sequence " << s;
       }
     }
