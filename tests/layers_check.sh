@@ -19,7 +19,7 @@ declare -A owner=(
   [loom/gguf.h]=gguf
   [loom/cpu.h]=backend_cpu [loom/cuda.h]=backend_cuda
   [loom/text.h]=text [loom/chat.h]=text [loom/jinja.h]=text [loom/text_stream.h]=text
-  [loom/llm.h]=llm [loom/quant_mixture.h]=llm [loom/progress.h]=llm
+  [loom/llm.h]=llm [loom/llm_batch.h]=llm [loom/quant_mixture.h]=llm [loom/progress.h]=llm
   [loom/sample.h]=sample
   [loom/serve.h]=serve
   [loom.h]=capi [loom-cuda.h]=capi_cuda
@@ -33,8 +33,8 @@ declare -A allowed=(
   [backend_cuda]="core exec backend_cuda"
   [text]="core gguf text"
   [sample]="core sample"
-  [llm]="core exec gguf backend_cpu llm"
-  [synth]="core gguf backend_cpu llm synth"
+  [llm]="core exec gguf backend_cpu sample llm"
+  [synth]="core gguf backend_cpu sample llm synth"
   [serve]="core exec gguf backend_cpu llm text sample serve"
   [capi]="core backend_cpu capi"
   [capi_cuda]="core exec backend_cuda capi capi_cuda"

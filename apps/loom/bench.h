@@ -108,10 +108,42 @@ struct BenchRunOptions {
 Status run_bench_test(llm::Context& ctx, Backend& backend, const BenchTest& test,
                       const BenchRunOptions& options, BenchResult& out);
 
+/// One test of llama-batched-bench's: `n_pl` sequences, each prefilled with `n_pp` random tokens,
+/// then `n_tg` steps that decode one token of every sequence together.
+struct BatchedBenchTest {
+  int n_pp = 128;
+  int n_tg = 128;
+  int n_pl = 1;
+  /// KV cells the test fills: every sequence's prompt and generated tokens.
+  int n_kv() const { return n_pl * (n_pp + n_tg); }
+};
+
+/// One row of the batched report (llama-batched-bench's columns).
+struct BatchedBenchResult {
+  BatchedBenchTest test;
+  double t_pp_s = 0.0;  ///< prefilling every sequence's prompt
+  double t_tg_s = 0.0;  ///< the n_tg decode steps
+  double speed_pp() const { return t_pp_s > 0 ? test.n_pl * static_cast<double>(test.n_pp) / t_pp_s : 0.0; }
+  double speed_tg() const { return t_tg_s > 0 ? test.n_pl * static_cast<double>(test.n_tg) / t_tg_s : 0.0; }
+  double speed() const { return t_pp_s + t_tg_s > 0 ? test.n_kv() / (t_pp_s + t_tg_s) : 0.0; }
+};
+
+/// Runs `test` on `ctx` once (after a warm-up run unless `warmup` is false): each sequence's prompt
+/// alone, then n_tg Context::decode_batch steps over all of them (in passes of up to n_batch
+/// sequences). The context needs room for test.n_kv() cells; a paged KV cache holds exactly that.
+/// The cache is cleared before and after.
+Status run_batched_bench_test(llm::Context& ctx, const BatchedBenchTest& test, bool warmup, uint32_t seed,
+                              BatchedBenchResult& out);
+
 enum class BenchFormat { md, json, csv };
 /// md: llama-bench's markdown table (with the executor columns when any result has `exec`);
 /// json: an array of objects with llama-bench's field names plus Loom's; csv: one header line and
 /// one line per result, every field quoted.
 std::string format_bench(const std::vector<BenchResult>& results, BenchFormat format);
+
+/// md: llama-batched-bench's table (PP, TG, B, N_KV, T_PP s, S_PP t/s, T_TG s, S_TG t/s, T s, S t/s);
+/// json: one object per line with its field names (pp, tg, pl, n_kv, t_pp, speed_pp, t_tg,
+/// speed_tg, t, speed).
+std::string format_batched_bench(const std::vector<BatchedBenchResult>& results, BenchFormat format);
 
 }  // namespace loom::app

@@ -94,6 +94,10 @@ struct BenchOptions {
   std::string numerics;
   std::string exec;
   bool no_warmup = false;
+  // Batched mode (llama-batched-bench), on when npl is given.
+  std::vector<int> npp = {128};
+  std::vector<int> ntg = {128};
+  std::vector<int> npl;
 };
 
 int fail(const Status& s) {
@@ -129,9 +133,63 @@ Result<std::vector<BenchTest>> collect_tests(const BenchOptions& o) {
   return all;
 }
 
+// llama-batched-bench: every (npp, ntg, npl) in that nesting, one table per model, over a paged
+// KV cache sized for the largest test (n_kv_max in the header: its cells, whole blocks per sequence).
+int run_batched_bench(const BenchOptions& o) {
+  std::vector<BatchedBenchTest> tests;
+  int n_ctx = 1, max_pl = 1;
+  for (int pp : o.npp)
+    for (int tg : o.ntg)
+      for (int pl : o.npl) {
+        tests.push_back(BatchedBenchTest{pp, tg, pl});
+        // Each sequence holds whole blocks of the paged cache.
+        const int block = llm::ContextParams{}.kv_block_size;
+        n_ctx = std::max(n_ctx, pl * ((pp + tg + block - 1) / block * block));
+        max_pl = std::max(max_pl, pl);
+      }
+  const BenchFormat format = o.output == "json" ? BenchFormat::json : BenchFormat::md;
+  if (o.output == "csv") fmt::print(stderr, "loom: bench: batched mode prints md or json; md it is\n");
+  for (const std::string& path : o.models) {
+    GenerateOptions g;
+    g.model_path = path;
+    g.n_threads = o.n_threads;
+    g.n_ctx = n_ctx;
+    g.n_batch = std::max(o.n_batch, max_pl);  // one pass per decode step, however many sequences
+    g.kv_cache = llm::KvCacheKind::paged;
+    g.backend = o.backend;
+    g.numerics = o.numerics;
+    g.n_gpu_layers = o.n_gpu_layers;
+    g.gpu_if_usable = o.backend.empty() && o.n_gpu_layers > 0;
+    std::string backend_name;
+    auto session = open_generate_session(g, backend_name);
+    if (!session) return fail(session.status());
+    llm::Context& ctx = *session->context;
+    const BenchModelInfo info = bench_model_info(*session->model, path);
+    if (format == BenchFormat::md)
+      fmt::print("\n{}: {} on {}: n_kv_max = {}, n_batch = {}, n_threads = {}, paged KV cache\n\n", path,
+                 info.type, backend_name, ctx.n_ctx(), ctx.n_batch(), o.n_threads);
+    std::vector<BatchedBenchResult> results;
+    for (const BatchedBenchTest& t : tests) {
+      BatchedBenchResult r;
+      if (auto s = run_batched_bench_test(ctx, t, !o.no_warmup, 1234, r); !s.ok())
+        return fail(make_error(s.code(), "bench: {} npp {} ntg {} npl {}: {}", path, t.n_pp, t.n_tg, t.n_pl,
+                               s.message()));
+      fmt::print(stderr, "loom: bench: {} {} pp {} tg {} pl {}: S_PP {:.2f} t/s, S_TG {:.2f} t/s\n",
+                 info.type, backend_name, t.n_pp, t.n_tg, t.n_pl, r.speed_pp(), r.speed_tg());
+      results.push_back(r);
+    }
+    std::fflush(stderr);
+    const std::string report = format_batched_bench(results, format);
+    std::fwrite(report.data(), 1, report.size(), stdout);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 int run_bench(const BenchOptions& o) {
   if (o.models.empty())
     return fail(make_error(StatusCode::invalid_argument, "bench: no model (-m FILE[,FILE...])"));
+  if (!o.npl.empty()) return run_batched_bench(o);
   auto tests = collect_tests(o);
   if (!tests) return fail(tests.status());
   std::vector<ExecConfig> configs = {ExecConfig{"", std::nullopt}};
@@ -250,6 +308,16 @@ void add_bench_command(CLI::App& app, std::vector<Command>& out) {
       "Executor configurations to compare, comma-separated: serialize, graph, concurrency, fusion, "
       "reorder, all, default");
   cmd->add_flag("--no-warmup", o->no_warmup, "Skip the warm-up run of each test");
+  cmd->add_option("--npl", o->npl,
+                  "-npl: batched mode (llama-batched-bench): sequences decoded together, comma-separated")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("--npp", o->npp, "-npp: batched mode: prompt tokens of each sequence, comma-separated")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--ntg", o->ntg, "-ntg: batched mode: generated tokens of each sequence, comma-separated")
+      ->delimiter(',')
+      ->check(CLI::Range(0, 1 << 20));
   out.push_back({cmd, [o] { return run_bench(*o); }});
 }
 

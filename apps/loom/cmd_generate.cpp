@@ -198,6 +198,7 @@ Result<llm::Session> open_generate_session(const GenerateOptions& o, std::string
   sp.n_threads = o.n_threads;
   sp.n_ctx = o.n_ctx;
   sp.n_batch = o.n_batch;
+  sp.kv_cache = o.kv_cache;
   if (!o.numerics.empty()) {
     auto n = parse_numerics(o.numerics, "--numerics");
     if (!n) return n.status();

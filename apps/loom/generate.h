@@ -25,6 +25,7 @@ struct GenerateOptions {
   int n_ctx = 0;                            ///< -c (0: the model's, at most 4096)
   int n_threads = 0;                        ///< -t
   int n_batch = 512;                        ///< -ub
+  llm::KvCacheKind kv_cache = llm::KvCacheKind::contiguous;  ///< paged for batched work
   float temperature = 0.8f;                 ///< --temp
   int top_k = 40;                           ///< --top-k
   float top_p = 0.95f;                      ///< --top-p

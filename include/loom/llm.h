@@ -146,6 +146,15 @@ class Model {
   std::unique_ptr<detail::ModelImpl> impl_;
 };
 
+/// KV cache kinds (one implementation each behind one interface).
+enum class KvCacheKind {
+  /// Cells handed out first-fit; a lone sequence's attention reads the cache prefix in place.
+  contiguous,
+  /// Fixed-size blocks of one pool shared by all sequences, taken on demand through a block table
+  /// per sequence and freed when the sequence is removed; attention gathers each sequence's cells.
+  paged,
+};
+
 /// How a context is sized.
 struct ContextParams {
   int n_ctx = 0;      ///< KV cache cells; 0: the training context, at most 4096
@@ -156,15 +165,25 @@ struct ContextParams {
   /// n_ctx), so decode steps within one extent build graphs of one structure and addresses, which a
   /// graph executor can replay. Cells past the used ones are masked out. 1: the exact extent.
   int n_kv_bucket = 256;
+  KvCacheKind kv_cache = KvCacheKind::contiguous;
+  int kv_block_size = 16;  ///< cells per block of a paged cache (n_ctx is rounded up to whole blocks)
 };
 
 /// Per-call options of Context::decode.
 struct DecodeOptions {
   bool all_logits = false;  ///< logits of every token (perplexity), not just the last one
-  int seq_id = 0;           ///< sequence the tokens belong to (one sequence is supported: 0)
+  int seq_id = 0;           ///< sequence the tokens belong to
   /// Called after each prompt chunk (n_batch tokens) with the tokens done so far and the total, so
   /// a long prompt can show progress; empty: not called.
   std::function<void(size_t done, size_t total)> on_chunk;
+};
+
+/// One sequence's share of a batched step (Context::decode_batch): `tokens` at positions pos,
+/// pos+1, ... of sequence `seq_id`.
+struct SeqTokens {
+  int seq_id = 0;
+  int pos = 0;
+  std::span<const int32_t> tokens;
 };
 
 /// Bookkeeping of the last decode, for logs and benchmarks. With an offload backend a pass is two
@@ -209,10 +228,26 @@ class Context {
   Result<std::span<const float>> decode(std::span<const int32_t> tokens, int pos,
                                         const DecodeOptions& options = {});
 
+  /// One forward pass over several sequences at once: the weight mat-muls take every sequence's
+  /// token columns together (one weight read serves them all), attention reads each sequence's own
+  /// cells. Every sequence brings the same number of tokens (1 for a decode step; more only with a
+  /// single sequence), at most n_batch in all, each sequence at most once. Returns the logits of each
+  /// sequence's last token, n_seqs * n_vocab floats in the order given, valid until the next decode.
+  /// A sequence's results do not depend on the others in the step. On error (e.g. the cache has no
+  /// room for a sequence) nothing is stored for any of them.
+  Result<std::span<const float>> decode_batch(std::span<const SeqTokens> seqs);
+
   /// Empties the cache.
   void kv_cache_clear();
-  /// Removes positions [p0, p1) of sequence `seq_id` (p1 < 0: to the end).
+  /// Removes positions [p0, p1) of sequence `seq_id` (p1 < 0: to the end). A paged cache removes
+  /// only a suffix (p1 < 0 or past the sequence's end); p0 = 0 frees all of the sequence's blocks.
   Status kv_cache_seq_rm(int seq_id, int p0, int p1 = -1);
+  /// Prefix reuse: lets sequence `dst`, which holds nothing, start with positions [0, k) of `src`
+  /// without computing them again (their keys and values are shared, not copied), for the largest
+  /// k <= n_positions the cache can share: whole blocks of a paged cache (a system prompt shared by
+  /// many requests is prefilled once); a contiguous cache shares nothing (k = 0). Returns k; decode
+  /// `dst` on from position k. The error cases: dst holds positions, or dst == src.
+  Result<int> kv_cache_seq_share_prefix(int src, int dst, int n_positions);
   /// Largest cached position of a sequence, -1 when it has none.
   int kv_cache_seq_pos_max(int seq_id) const;
   /// Cells in use.
@@ -221,6 +256,7 @@ class Context {
   int n_ctx() const;
   int n_batch() const;
   int n_vocab() const;
+  KvCacheKind kv_cache_kind() const;
   /// Bytes of the KV cache.
   size_t kv_cache_bytes() const;
   const Model& model() const;
@@ -243,6 +279,7 @@ struct SessionParams {
   int device = 0;               ///< GPU ordinal
   int n_ctx = 0;                ///< see ContextParams
   int n_batch = 512;            ///< see ContextParams (-ub)
+  KvCacheKind kv_cache = KvCacheKind::contiguous;  ///< see ContextParams
   /// Rounding mode of the backends (unset: LOOM_NUMERICS, else each backend's default).
   std::optional<Numerics> numerics;
   bool progress = true;

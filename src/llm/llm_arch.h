@@ -75,15 +75,22 @@ struct StepInputs {
   Tensor* hidden = nullptr;     // f32 [n_embd, n_tokens]: the residual stream entering a later first layer
   Tensor* positions = nullptr;  // i32 [n_tokens]
   Tensor* kv_cells = nullptr;   // i32 [n_tokens]: cache cell each token's K and V go to
-  Tensor* kq_mask = nullptr;    // f32 [n_kv, n_tokens]: 0 where a query sees a cell, -inf elsewhere
+  // f32 [n_kv, n_q, 1, n_seqs]: 0 where a query sees a key slot, -inf elsewhere. A slot is a cell
+  // (reading the cache prefix) or the j-th cell of the query's sequence (gathering).
+  Tensor* kq_mask = nullptr;
   Tensor* kq_mask_swa = nullptr;  // as kq_mask, also -inf beyond the sliding window; only with local layers
+  // i32 [n_kv * n_head_kv * n_seqs] when gathering: for slot j of kv head h of sequence s, the row
+  // h * n_cells + cell of the cache viewed as [head_dim, n_cells * n_head_kv] (K and V alike).
+  Tensor* kv_gather = nullptr;
 };
 
 /// Shape of one forward pass.
 struct StepShape {
-  int n_tokens = 1;
-  int n_kv = 1;              // cache cells attention reads: [0, n_kv)
-  bool all_outputs = false;  // logits for every token, else only the last
+  int n_tokens = 1;          // all sequences' tokens: n_seqs runs of n_tokens / n_seqs
+  int n_kv = 1;              // key slots attention reads per sequence: cells [0, n_kv), or gathered
+  bool all_outputs = false;  // logits for every token, else only the last of each sequence
+  int n_seqs = 1;            // sequences of the step; more than one only with one token each
+  bool gather = false;       // each sequence's cells gathered (kv_gather), not the cache prefix read
 };
 
 /// The layers one graph runs: a model split between two backends is run as two graphs, the first
@@ -136,7 +143,9 @@ class StepBuilder {
   /// (sliding-window) layers use rope_freq_base_swa and no frequency scaling. Named `what`.
   Tensor* rope(Tensor* x, int il, const char* what);
   /// Stores k and v ([head_dim, n_head_kv, n_tokens]) in layer `il`'s cache cells, then attends
-  /// with q ([head_dim, n_head, n_tokens]) over the first n_kv cells -> [head_dim_v * n_head, n_tokens].
+  /// with q ([head_dim, n_head, n_tokens]) over n_kv key slots per sequence -> [head_dim_v * n_head,
+  /// n_tokens]: the first n_kv cells, or each sequence's own cells gathered (StepShape::gather) into
+  /// [head_dim, n_kv, n_head_kv, n_seqs], one flash_attn over all sequences (dim 3).
   /// Uses the model's query scale and attention soft-cap, and the sliding-window mask on local layers.
   Tensor* attention(int il, Tensor* q, Tensor* k, Tensor* v);
   /// SwiGLU feed-forward of layer `il`: down(silu(gate x) * up x).
@@ -147,7 +156,8 @@ class StepBuilder {
   /// weights renormalized (expert_weights_norm), weighted sum of the experts' outputs. Routing stays
   /// on the device. x: [n_embd, n_tokens] -> [n_embd, n_tokens].
   Tensor* ffn_moe(const LayerWeights& l, Tensor* x, int il);
-  /// The rows whose logits are wanted: the last token's unless all outputs were asked for.
+  /// The rows whose logits are wanted: the last token's (each sequence's: every row when the step
+  /// has several sequences of one token) unless all outputs were asked for.
   Tensor* select_outputs(Tensor* x);
   /// Final norm, output projection and soft-cap (final_softcap) -> logits f32 [n_vocab, n_outputs].
   Tensor* logits(Tensor* x);

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -43,6 +44,14 @@ int bucketed_n_kv(int n_kv, int bucket, int n_ctx) {
   const int64_t up = (static_cast<int64_t>(n_kv) + bucket - 1) / bucket * bucket;
   return static_cast<int>(std::min<int64_t>(std::max<int64_t>(up, 1), n_ctx));
 }
+
+// The tokens of one pass: n_seqs runs of n_q tokens, sequence after sequence, already given cells.
+struct StepBatch {
+  std::span<const int32_t> tokens;
+  std::span<const int32_t> positions;
+  std::span<const int32_t> cells;
+  std::span<const int> seqs;
+};
 
 }  // namespace
 
@@ -79,7 +88,8 @@ struct Segment {
 
     bool reusable(const StepShape& s, const Buffer* arena_now, const Buffer* inputs_now) const {
       return graph && s.n_tokens == shape.n_tokens && s.n_kv == shape.n_kv &&
-             s.all_outputs == shape.all_outputs && arena == arena_now && inputs == inputs_now;
+             s.all_outputs == shape.all_outputs && s.n_seqs == shape.n_seqs && s.gather == shape.gather &&
+             arena == arena_now && inputs == inputs_now;
     }
   } step;
 };
@@ -94,6 +104,8 @@ struct ContextImpl {
   std::vector<Segment> segments;  // in layer order; the last one computes the logits
   std::vector<float> logits;      // host copy returned by decode
   DecodeStats stats;
+  // A gathering pass's view of each of its sequences: cells and positions in position order.
+  std::vector<std::vector<int32_t>> seq_cells, seq_positions;
 
   // Gives every tensor of `g` memory: input leafs in the segment's `inputs`, activations in its
   // `arena` (both reallocated only when too small), views resolved to their source. Input offsets
@@ -173,12 +185,12 @@ struct ContextImpl {
   // one transfer: one host-to-device copy per pass instead of one per input (a copy's fixed cost
   // dominates inputs this small, and a replayed device graph then reads one block written before
   // launch). `hidden` is the previous segment's output, read back into the block.
-  Status write_inputs(Segment& s, std::span<const int32_t> tokens, std::span<const int32_t> positions,
-                      std::span<const int32_t> cells, int seq, int n_kv, const Tensor* hidden) {
+  Status write_inputs(Segment& s, const StepBatch& b, const StepShape& shape, const Tensor* hidden) {
     const StepInputs& in = s.step.in;
     int n_inputs = 0, n_expected = 0;
     for (const Tensor* t : s.step.graph->leafs()) n_inputs += t->buffer == s.inputs.get();
-    for (const Tensor* t : {in.tokens, in.hidden, in.positions, in.kv_cells, in.kq_mask, in.kq_mask_swa})
+    for (const Tensor* t :
+         {in.tokens, in.hidden, in.positions, in.kv_cells, in.kq_mask, in.kq_mask_swa, in.kv_gather})
       n_expected += t != nullptr;
     // The block is written whole: a leaf in it that is not a step input would get stale bytes.
     LOOM_ASSERT(n_inputs == n_expected);
@@ -186,15 +198,23 @@ struct ContextImpl {
     LOOM_ASSERT(used % sizeof(float) == 0);
     s.staging.resize(used / sizeof(float));
     auto* base = reinterpret_cast<uint8_t*>(s.staging.data());
-    const size_t n_bytes = tokens.size() * sizeof(int32_t);
-    if (in.tokens) std::memcpy(base + input_offset(s, in.tokens), tokens.data(), n_bytes);
-    if (in.positions) std::memcpy(base + input_offset(s, in.positions), positions.data(), n_bytes);
-    if (in.kv_cells) std::memcpy(base + input_offset(s, in.kv_cells), cells.data(), n_bytes);
-    if (in.kq_mask)
-      kv->fill_mask(positions, seq, n_kv, s.staging.data() + input_offset(s, in.kq_mask) / sizeof(float));
-    if (in.kq_mask_swa)
-      kv->fill_mask(positions, seq, n_kv, s.staging.data() + input_offset(s, in.kq_mask_swa) / sizeof(float),
-                    static_cast<int>(m->hp.n_swa));
+    const size_t n_bytes = b.tokens.size() * sizeof(int32_t);
+    if (in.tokens) std::memcpy(base + input_offset(s, in.tokens), b.tokens.data(), n_bytes);
+    if (in.positions) std::memcpy(base + input_offset(s, in.positions), b.positions.data(), n_bytes);
+    if (in.kv_cells) std::memcpy(base + input_offset(s, in.kv_cells), b.cells.data(), n_bytes);
+    auto mask_at = [&](const Tensor* t) { return s.staging.data() + input_offset(s, t) / sizeof(float); };
+    if (shape.gather) {
+      if (in.kq_mask) fill_gathered_mask(b, shape, mask_at(in.kq_mask), 0);
+      if (in.kq_mask_swa)
+        fill_gathered_mask(b, shape, mask_at(in.kq_mask_swa), static_cast<int>(m->hp.n_swa));
+      if (in.kv_gather)
+        fill_gather_rows(shape, reinterpret_cast<int32_t*>(base + input_offset(s, in.kv_gather)));
+    } else {
+      const int seq = b.seqs[0];
+      if (in.kq_mask) kv->fill_mask(b.positions, seq, shape.n_kv, mask_at(in.kq_mask));
+      if (in.kq_mask_swa)
+        kv->fill_mask(b.positions, seq, shape.n_kv, mask_at(in.kq_mask_swa), static_cast<int>(m->hp.n_swa));
+    }
     if (in.hidden) {
       LOOM_ASSERT(hidden && hidden->nbytes() == in.hidden->nbytes());
       LOOM_TRY(tensor_read(hidden, base + input_offset(s, in.hidden), 0, in.hidden->nbytes()));
@@ -204,14 +224,57 @@ struct ContextImpl {
     return {};
   }
 
+  // Gathering mask [n_kv, n_q, 1, n_seqs]: slot j of a sequence is its j-th cell in position order;
+  // slots past its cells (the bucket's padding) are -inf.
+  void fill_gathered_mask(const StepBatch& b, const StepShape& shape, float* mask, int n_swa) const {
+    const float neg_inf = -std::numeric_limits<float>::infinity();
+    const size_t n_q = b.tokens.size() / b.seqs.size(), n_kv = static_cast<size_t>(shape.n_kv);
+    for (size_t si = 0; si < b.seqs.size(); ++si) {
+      const std::vector<int32_t>& pos = seq_positions[si];
+      for (size_t i = 0; i < n_q; ++i) {
+        const int32_t qp = b.positions[si * n_q + i];
+        float* row = mask + (si * n_q + i) * n_kv;
+        for (size_t j = 0; j < n_kv; ++j)
+          row[j] = j < pos.size() && pos[j] <= qp && (n_swa <= 0 || qp - pos[j] < n_swa) ? 0.0f : neg_inf;
+      }
+    }
+  }
+
+  // Gather rows [n_kv, n_head_kv, n_seqs] into the cache viewed as [head_dim, n_cells * n_head_kv].
+  // Padding slots read the sequence's first cell: finite data the mask gives no weight.
+  void fill_gather_rows(const StepShape& shape, int32_t* rows) const {
+    const int64_t n_head_kv = m->hp.n_head_kv, n_cells = kv->n_cells(), n_kv = shape.n_kv;
+    for (size_t si = 0; si < seq_cells.size(); ++si) {
+      const std::vector<int32_t>& cells = seq_cells[si];
+      LOOM_ASSERT(!cells.empty() && cells.size() <= static_cast<size_t>(n_kv));
+      for (int64_t h = 0; h < n_head_kv; ++h) {
+        int32_t* out = rows + n_kv * (h + n_head_kv * static_cast<int64_t>(si));
+        for (int64_t j = 0; j < n_kv; ++j)
+          out[j] = static_cast<int32_t>(h * n_cells + cells[j < static_cast<int64_t>(cells.size()) ? j : 0]);
+      }
+    }
+  }
+
   // One forward pass over tokens already given cache cells, segment after segment; appends the
   // logits to `out` if given.
-  Status run_step(std::span<const int32_t> tokens, std::span<const int32_t> positions,
-                  std::span<const int32_t> cells, int seq, bool all_outputs, std::vector<float>* out) {
-    // n_kv never exceeds n_ctx, so never what Context::create reserved the arenas and the inputs
-    // for (n_batch tokens over the whole cache).
-    const StepShape shape{static_cast<int>(tokens.size()), bucketed_n_kv(kv->n_kv(), n_kv_bucket, n_ctx),
-                          all_outputs};
+  Status run_step(const StepBatch& b, bool all_outputs, std::vector<float>* out) {
+    const int n_seqs = static_cast<int>(b.seqs.size());
+    const bool gather = n_seqs > 1 || !kv->reads_prefix();
+    int extent = 0;
+    if (gather) {
+      seq_cells.resize(b.seqs.size());
+      seq_positions.resize(b.seqs.size());
+      for (size_t si = 0; si < b.seqs.size(); ++si) {
+        kv->seq_cells(b.seqs[si], seq_cells[si], seq_positions[si]);
+        extent = std::max(extent, static_cast<int>(seq_cells[si].size()));
+      }
+    } else {
+      extent = kv->n_kv();
+    }
+    // n_kv never exceeds the cache's cells: a single sequence's pass never needs more than
+    // Context::create reserved the arenas and the inputs for (n_batch tokens over the whole cache).
+    const StepShape shape{static_cast<int>(b.tokens.size()),
+                          bucketed_n_kv(extent, n_kv_bucket, kv->n_cells()), all_outputs, n_seqs, gather};
     const Tensor* carried = nullptr;  // the previous segment's hidden state
     bool built = false;
     uint64_t fingerprint = 0;
@@ -238,7 +301,7 @@ struct ContextImpl {
             Segment::CachedStep{std::move(g), shape, in, out_t, arena_now, inputs_now, s.inputs_used, fp};
         built = true;
       }
-      LOOM_TRY(write_inputs(s, tokens, positions, cells, seq, shape.n_kv, carried));
+      LOOM_TRY(write_inputs(s, b, shape, carried));
       const Clock::time_point t3 = Clock::now();
       stats.host_build_ns += elapsed_ns(t0, t1);
       stats.host_alloc_ns += elapsed_ns(t1, t2);
@@ -277,12 +340,18 @@ Result<std::unique_ptr<Context>> Context::create(const Model& model, const Conte
   detail::ContextImpl& c = *impl;
   c.model = &model;
   c.m = &model.impl();
-  if (params.n_ctx < 0 || params.n_batch < 1 || params.n_kv_bucket < 1)
-    return make_error(StatusCode::invalid_argument,
-                      "context: n_ctx {} must be >= 0, n_batch {} >= 1 and n_kv_bucket {} >= 1", params.n_ctx,
-                      params.n_batch, params.n_kv_bucket);
+  if (params.n_ctx < 0 || params.n_batch < 1 || params.n_kv_bucket < 1 || params.kv_block_size < 1)
+    return make_error(
+        StatusCode::invalid_argument,
+        "context: n_ctx {} must be >= 0, n_batch {} >= 1, n_kv_bucket {} >= 1 and kv_block_size {} >= 1",
+        params.n_ctx, params.n_batch, params.n_kv_bucket, params.kv_block_size);
   c.n_ctx = params.n_ctx > 0 ? params.n_ctx
                              : static_cast<int>(std::min<uint32_t>(hp.n_ctx_train, detail::kDefaultMaxCtx));
+  if (params.kv_cache == KvCacheKind::paged)  // whole blocks
+    c.n_ctx = static_cast<int>(
+        std::min<int64_t>((static_cast<int64_t>(c.n_ctx) + params.kv_block_size - 1) / params.kv_block_size *
+                              params.kv_block_size,
+                          std::numeric_limits<int32_t>::max() / params.kv_block_size * params.kv_block_size));
   c.n_batch = std::min(params.n_batch, c.n_ctx);
   c.n_kv_bucket = params.n_kv_bucket;
 
@@ -292,9 +361,9 @@ Result<std::unique_ptr<Context>> Context::create(const Model& model, const Conte
   BufferType& type = model.backend().buffer_type();
   BufferType* offload_type = offload ? &offload->buffer_type() : nullptr;
   const uint64_t host_need =
-      (type.is_host() ? detail::KvCache::bytes_needed(hp, c.n_ctx, first_offload) : 0) +
+      (type.is_host() ? detail::KvStorage::bytes_needed(hp, c.n_ctx, first_offload) : 0) +
       (offload_type && offload_type->is_host()
-           ? detail::KvCache::bytes_needed(hp, c.n_ctx, n_layer - first_offload)
+           ? detail::KvStorage::bytes_needed(hp, c.n_ctx, n_layer - first_offload)
            : 0);
   if (host_need > 0) {
     const uint64_t avail =
@@ -306,7 +375,8 @@ Result<std::unique_ptr<Context>> Context::create(const Model& model, const Conte
           "use a smaller n_ctx",
           c.n_ctx, detail::format_bytes(host_need), detail::format_bytes(avail));
   }
-  auto kv = detail::KvCache::create(hp, c.n_ctx, type, offload_type, first_offload);
+  auto kv = detail::make_kv_cache(params.kv_cache, hp, c.n_ctx, params.kv_block_size, type, offload_type,
+                                  first_offload);
   if (!kv) return kv.status();
   c.kv = std::move(kv.value());
 
@@ -325,7 +395,7 @@ Result<std::unique_ptr<Context>> Context::create(const Model& model, const Conte
   for (detail::Segment& s : c.segments) {
     Graph g;
     detail::StepInputs in;
-    c.build(s, g, detail::StepShape{c.n_batch, c.n_ctx, false}, in);
+    c.build(s, g, detail::StepShape{c.n_batch, c.n_ctx, false, 1, !c.kv->reads_prefix()}, in);
     LOOM_TRY(g.status());
     LOOM_TRY(c.allocate(s, g));
     c.stats.n_nodes += g.nodes().size();
@@ -358,10 +428,12 @@ Result<std::span<const float>> Context::decode(std::span<const int32_t> tokens, 
         "decode: sequence {} already holds positions up to {}; position {} must come after them "
         "(kv_cache_seq_rm rewinds)",
         options.seq_id, last, pos);
-  if (tokens.size() > static_cast<size_t>(c.n_ctx - c.kv->used()))
-    return make_error(StatusCode::out_of_memory,
-                      "decode: {} tokens do not fit the context: {} of {} cells are free", tokens.size(),
-                      c.n_ctx - c.kv->used(), c.n_ctx);
+  if (tokens.size() > static_cast<size_t>(c.kv->room(options.seq_id)))
+    return make_error(
+        StatusCode::out_of_memory,
+        "decode: {} tokens do not fit the context: sequence {} has room for {} ({} of {} cells are "
+        "used)",
+        tokens.size(), options.seq_id, c.kv->room(options.seq_id), c.kv->used(), c.n_ctx);
 
   c.logits.clear();
   c.stats.n_steps = 0;
@@ -378,13 +450,78 @@ Result<std::span<const float>> Context::decode(std::span<const int32_t> tokens, 
     if (!cells) return cells.status();
     // Chunks before the last compute one row of logits and drop it (cheaper than a second graph shape).
     std::vector<float>* out = (options.all_logits || last_chunk) ? &c.logits : nullptr;
-    Status s =
-        c.run_step(tokens.subspan(begin, n), positions, *cells, options.seq_id, options.all_logits, out);
+    const int seqs[1] = {options.seq_id};
+    Status s = c.run_step(detail::StepBatch{tokens.subspan(begin, n), positions, *cells, seqs},
+                          options.all_logits, out);
     if (!s.ok()) {
       c.kv->release(*cells);
       return s;
     }
     if (options.on_chunk) options.on_chunk(begin + n, tokens.size());
+  }
+  return std::span<const float>(c.logits);
+}
+
+Result<std::span<const float>> Context::decode_batch(std::span<const SeqTokens> seqs) {
+  detail::ContextImpl& c = *impl_;
+  if (seqs.empty()) return make_error(StatusCode::invalid_argument, "decode_batch: no sequences");
+  if (seqs.size() == 1) {
+    DecodeOptions o;
+    o.seq_id = seqs[0].seq_id;
+    return decode(seqs[0].tokens, seqs[0].pos, o);
+  }
+  const int n_vocab = static_cast<int>(c.m->hp.n_vocab);
+  if (seqs.size() > static_cast<size_t>(c.n_batch))
+    return make_error(StatusCode::invalid_argument, "decode_batch: {} sequences exceed the batch size {}",
+                      seqs.size(), c.n_batch);
+  std::vector<int32_t> tokens, positions;
+  std::vector<int> ids;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const SeqTokens& st = seqs[i];
+    if (st.tokens.size() != 1)
+      return make_error(
+          StatusCode::invalid_argument,
+          "decode_batch: sequence {} (entry {}) brings {} tokens; a step over several sequences takes "
+          "one token each",
+          st.seq_id, i, st.tokens.size());
+    if (st.seq_id < 0)
+      return make_error(StatusCode::invalid_argument, "decode_batch: seq_id {} must be >= 0", st.seq_id);
+    if (std::find(ids.begin(), ids.end(), st.seq_id) != ids.end())
+      return make_error(StatusCode::invalid_argument, "decode_batch: sequence {} appears twice", st.seq_id);
+    if (st.tokens[0] < 0 || st.tokens[0] >= n_vocab)
+      return make_error(StatusCode::invalid_argument,
+                        "decode_batch: token {} of sequence {} is outside the vocabulary [0, {})",
+                        st.tokens[0], st.seq_id, n_vocab);
+    const int last = c.kv->seq_pos_max(st.seq_id);
+    if (st.pos <= last || st.pos < 0 || st.pos >= (1 << 30))
+      return make_error(
+          StatusCode::invalid_argument,
+          "decode_batch: sequence {} holds positions up to {}; position {} must come after them", st.seq_id,
+          last, st.pos);
+    ids.push_back(st.seq_id);
+    tokens.push_back(st.tokens[0]);
+    positions.push_back(st.pos);
+  }
+  // Cells for every sequence, or for none: a sequence the cache cannot hold fails the step without
+  // touching the others' cells.
+  std::vector<int32_t> cells;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    auto got = c.kv->claim(std::span<const int32_t>(&positions[i], 1), ids[i]);
+    if (!got) {
+      c.kv->release(cells);
+      return make_error(got.status().code(), "decode_batch: sequence {}: {}", ids[i], got.status().message());
+    }
+    cells.push_back((*got)[0]);
+  }
+  c.logits.clear();
+  c.stats.n_steps = 0;
+  c.stats.n_input_writes = 0;
+  c.stats.n_graph_builds = 0;
+  c.stats.host_build_ns = c.stats.host_alloc_ns = c.stats.host_inputs_ns = 0;
+  Status s = c.run_step(detail::StepBatch{tokens, positions, cells, ids}, false, &c.logits);
+  if (!s.ok()) {
+    c.kv->release(cells);
+    return s;
   }
   return std::span<const float>(c.logits);
 }
@@ -395,8 +532,18 @@ Status Context::kv_cache_seq_rm(int seq_id, int p0, int p1) {
   if (seq_id < 0 || p0 < 0 || (p1 >= 0 && p1 < p0))
     return make_error(StatusCode::invalid_argument, "kv_cache_seq_rm: bad range: seq {}, positions [{}, {})",
                       seq_id, p0, p1);
-  impl_->kv->seq_rm(seq_id, p0, p1);
-  return {};
+  return impl_->kv->seq_rm(seq_id, p0, p1);
+}
+
+Result<int> Context::kv_cache_seq_share_prefix(int src, int dst, int n_positions) {
+  if (src < 0 || dst < 0 || src == dst)
+    return make_error(StatusCode::invalid_argument,
+                      "kv_cache_seq_share_prefix: sequences {} and {} must be two ids >= 0", src, dst);
+  if (impl_->kv->seq_pos_max(dst) >= 0)
+    return make_error(StatusCode::invalid_argument,
+                      "kv_cache_seq_share_prefix: sequence {} already holds positions up to {}", dst,
+                      impl_->kv->seq_pos_max(dst));
+  return impl_->kv->seq_share_prefix(src, dst, n_positions);
 }
 
 int Context::kv_cache_seq_pos_max(int seq_id) const { return impl_->kv->seq_pos_max(seq_id); }
@@ -405,6 +552,7 @@ int Context::n_ctx() const { return impl_->n_ctx; }
 int Context::n_batch() const { return impl_->n_batch; }
 int Context::n_vocab() const { return static_cast<int>(impl_->m->hp.n_vocab); }
 size_t Context::kv_cache_bytes() const { return impl_->kv->bytes(); }
+KvCacheKind Context::kv_cache_kind() const { return impl_->kv->kind(); }
 const Model& Context::model() const { return *impl_->model; }
 const DecodeStats& Context::stats() const { return impl_->stats; }
 
@@ -433,6 +581,7 @@ Result<Session> open_session(const SessionParams& p) {
   ContextParams cp;
   cp.n_ctx = p.n_ctx;
   cp.n_batch = p.n_batch;
+  cp.kv_cache = p.kv_cache;
   auto ctx = Context::create(*s.model, cp);
   if (!ctx) return ctx.status();
   s.context = std::move(ctx.value());

@@ -20,6 +20,9 @@ StepBuilder::StepBuilder(Graph& g, const HParams& hp, const ModelWeights& w, KvC
   for (int il = layer_begin_; il < layer_end_; ++il)
     (hp.is_swa(static_cast<uint32_t>(il)) ? any_local : any_global) = true;
   const int64_t t = shape.n_tokens;
+  LOOM_ASSERT(shape.n_seqs >= 1 && t % shape.n_seqs == 0 && (shape.n_seqs == 1 || t == shape.n_seqs));
+  LOOM_ASSERT(shape.gather || shape.n_seqs == 1);
+  const int64_t n_q = t / shape.n_seqs;
   if (layer_begin_ == 0)
     in_.tokens = g.input(DType::i32, {t, 1, 1, 1}, "inp_tokens");
   else
@@ -28,8 +31,12 @@ StepBuilder::StepBuilder(Graph& g, const HParams& hp, const ModelWeights& w, KvC
     in_.positions = g.input(DType::i32, {t, 1, 1, 1}, "inp_pos");
     in_.kv_cells = g.input(DType::i32, {t, 1, 1, 1}, "inp_kv_cells");
   }
-  if (any_global) in_.kq_mask = g.input(DType::f32, {shape.n_kv, t, 1, 1}, "inp_kq_mask");
-  if (any_local) in_.kq_mask_swa = g.input(DType::f32, {shape.n_kv, t, 1, 1}, "inp_kq_mask_swa");
+  if (any_global) in_.kq_mask = g.input(DType::f32, {shape.n_kv, n_q, 1, shape.n_seqs}, "inp_kq_mask");
+  if (any_local) in_.kq_mask_swa = g.input(DType::f32, {shape.n_kv, n_q, 1, shape.n_seqs}, "inp_kq_mask_swa");
+  if (shape.gather && layer_begin_ < layer_end_)
+    in_.kv_gather =
+        g.input(DType::i32, {static_cast<int64_t>(shape.n_kv) * hp.n_head_kv * shape.n_seqs, 1, 1, 1},
+                "inp_kv_gather");
 
   rope_ = RopeParams{};
   rope_.n_dims = static_cast<int32_t>(hp.n_rot);
@@ -113,14 +120,35 @@ Tensor* StepBuilder::attention(int il, Tensor* q, Tensor* k, Tensor* v) {
   Tensor* v_stored =
       name(set_rows(g_, cache_v, permute(g_, v, 0, 2, 1, 3), in_.kv_cells), "v_cache_store", il);
   if (!k_stored || !v_stored) return nullptr;
-  // Views of the stores (not of the cache leafs), so attention is ordered after the writes.
-  Tensor* keys = view(g_, k_stored, {cache_k->ne[0], n_kv, cache_k->ne[2], 1}, k_stored->nb, 0);
-  Tensor* vals = view(g_, v_stored, {cache_v->ne[0], n_kv, cache_v->ne[2], 1}, v_stored->nb, 0);
   const float scale =
       hp_.attn_scale > 0.0f ? hp_.attn_scale : 1.0f / std::sqrt(static_cast<float>(hp_.head_dim_k));
   Tensor* mask = hp_.is_swa(static_cast<uint32_t>(il)) ? in_.kq_mask_swa : in_.kq_mask;
-  Tensor* out = name(flash_attn(g_, permute(g_, q, 0, 2, 1, 3), keys, vals, mask, scale, hp_.attn_softcap),
-                     "kqv_out", il);  // [dv, H, T]
+  const int64_t n_seqs = shape_.n_seqs, n_q = shape_.n_tokens / n_seqs;
+  Tensor *keys = nullptr, *vals = nullptr;
+  if (shape_.gather) {
+    // Each sequence's slots gathered from the store (a view of it, so the gather is ordered after
+    // the write), in position order: a sequence's keys sit at the same slots whatever else the step
+    // runs and wherever its blocks are, so attention sums them in the same order (batch invariance).
+    auto gathered = [&](Tensor* stored, const Tensor* cache, const char* what) {
+      const size_t row = cache->nb[1], n_rows = static_cast<size_t>(cache->ne[1] * cache->ne[2]);
+      Tensor* rows = view(g_, stored, {cache->ne[0], cache->ne[1] * cache->ne[2], 1, 1},
+                          {cache->nb[0], row, row * n_rows, row * n_rows}, 0);
+      Tensor* got = name(get_rows(g_, rows, in_.kv_gather), what, il);  // f32 [d, n_kv * n_head_kv * n_seqs]
+      return reshape(g_, got, {cache->ne[0], n_kv, cache->ne[2], n_seqs});
+    };
+    keys = gathered(k_stored, cache_k, "k_gathered");
+    vals = gathered(v_stored, cache_v, "v_gathered");
+  } else {
+    // Views of the stores (not of the cache leafs), so attention is ordered after the writes.
+    keys = view(g_, k_stored, {cache_k->ne[0], n_kv, cache_k->ne[2], 1}, k_stored->nb, 0);
+    vals = view(g_, v_stored, {cache_v->ne[0], n_kv, cache_v->ne[2], 1}, v_stored->nb, 0);
+  }
+  if (n_seqs > 1 && !q->is_contiguous()) q = cont(g_, q);
+  Tensor* qs = n_seqs == 1 ? permute(g_, q, 0, 2, 1, 3)  // [d, T, H]
+                           : permute(g_, reshape(g_, q, {q->ne[0], q->ne[1], n_q, n_seqs}), 0, 2, 1,
+                                     3);  // [d, n_q, H, S]
+  Tensor* out =
+      name(flash_attn(g_, qs, keys, vals, mask, scale, hp_.attn_softcap), "kqv_out", il);  // [dv, H, n_q, S]
   return reshape(g_, out, {static_cast<int64_t>(hp_.head_dim_v) * hp_.n_head, shape_.n_tokens, 1, 1});
 }
 
@@ -165,7 +193,7 @@ Tensor* StepBuilder::ffn_moe(const LayerWeights& l, Tensor* x, int il) {
 }
 
 Tensor* StepBuilder::select_outputs(Tensor* x) {
-  if (!x || shape_.all_outputs || x->ne[1] == 1) return x;
+  if (!x || shape_.all_outputs || x->ne[1] == 1 || shape_.n_seqs > 1) return x;
   return view(g_, x, {x->ne[0], 1, 1, 1}, x->nb, x->nb[1] * static_cast<size_t>(x->ne[1] - 1));
 }
 

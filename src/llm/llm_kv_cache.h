@@ -1,10 +1,20 @@
-// The KV cache: per layer, K and V as F16 [head_dim, n_ctx, n_head_kv] in one persistent buffer of
-// the backend (two when the last layers are offloaded: each layer's K and V live where the layer
-// runs), plus host-side bookkeeping of which cell holds which position of which sequence.
+// KV caches: one interface (KvCache), one implementation per kind.
 //
-// Cells are handed out first-fit, so a single sequence grown from position 0 has cell i = position
-// i and attention reads the prefix [0, pos + n_tokens). The causal mask is built from the cells'
-// absolute positions, so truncating (seq_rm) and refilling needs no data movement.
+// Every kind stores, per layer, K and V as F16 [head_dim, n_cells, n_head_kv] in one persistent
+// buffer of the backend (two when the last layers are offloaded: each layer's K and V live where
+// the layer runs; KvStorage). The kinds differ in the host-side bookkeeping of which cell holds which
+// position of which sequence, and so in how attention reads them:
+//
+// - ContiguousKvCache: cells handed out first-fit, so a single sequence grown from position 0 has
+//   cell i = position i and attention reads the prefix [0, n_kv) of the cells in place, with a mask
+//   built from the cells' absolute positions (truncating and refilling needs no data movement).
+// - PagedKvCache: the cells form blocks of block_size cells in one pool shared by all sequences; a
+//   sequence owns a block table (its positions 0, 1, ... fill its blocks in order), takes blocks on
+//   demand and gives them back when it is removed or truncated. Sequences whose prompts begin alike
+//   share their first whole blocks, counted by reference (prefix reuse, seq_share_prefix).
+//
+// Any kind can list a sequence's cells in position order (seq_cells); a step over several sequences
+// gathers each sequence's keys and values through those lists (StepBuilder::attention).
 #pragma once
 
 #include <memory>
@@ -17,58 +27,181 @@
 
 namespace loom::llm::detail {
 
-class KvCache {
+/// The K and V tensors of every layer over `n_cells` cells, zeroed (zeros, not garbage, in cells
+/// masked out of attention, so no NaN can leak through a 0 weight).
+class KvStorage {
  public:
-  /// Allocates and zeroes the cache (zeros, not garbage, in cells masked out of attention, so no
-  /// NaN can leak through a 0 weight). Layers from `first_offload_layer` on go in `offload_type`
-  /// memory when it is given.
-  static Result<std::unique_ptr<KvCache>> create(const HParams& hp, int n_ctx, BufferType& type,
-                                                 BufferType* offload_type = nullptr,
-                                                 int first_offload_layer = -1);
-  /// Bytes the cache of this model and size needs for `n_layers` layers (-1: all).
-  static uint64_t bytes_needed(const HParams& hp, int n_ctx, int n_layers = -1);
+  /// Layers from `first_offload_layer` on go in `offload_type` memory when it is given.
+  static Result<KvStorage> create(const HParams& hp, int n_cells, BufferType& type,
+                                  BufferType* offload_type = nullptr, int first_offload_layer = -1);
+  /// Bytes the storage of this model and size needs for `n_layers` layers (-1: all).
+  static uint64_t bytes_needed(const HParams& hp, int n_cells, int n_layers = -1);
+
+  KvStorage() = default;
+  KvStorage(KvStorage&&) = default;
+  KvStorage& operator=(KvStorage&&) = default;
 
   Tensor* k(int il) const { return k_[il]; }
   Tensor* v(int il) const { return v_[il]; }
-  int n_ctx() const { return static_cast<int>(cells_.size()); }
+  int n_cells() const { return n_cells_; }
   size_t bytes() const {
     return (buffer_ ? buffer_->size() : 0) + (offload_buffer_ ? offload_buffer_->size() : 0);
   }
 
-  /// Takes free cells for `positions` of `seq`: returns their indices, or an error when the cache
-  /// cannot hold them. The cells count as used until release().
-  Result<std::vector<int32_t>> claim(std::span<const int32_t> positions, int seq);
-  /// Frees cells (a failed step).
-  void release(std::span<const int32_t> cells);
-  /// One past the highest used cell: how many cells attention must read.
-  int n_kv() const;
-  /// Mask for queries at `positions` of `seq` over cells [0, n_kv): row i, column j is 0 when cell j
-  /// holds a position <= positions[i] of the sequence, else -inf. With a sliding window `n_swa` > 0,
-  /// also -inf where positions[i] - position >= n_swa (the cells stay: global layers still read them).
-  /// n_kv may exceed n_kv() (a bucketed extent, up to n_ctx()): free cells get -inf like any cell of
-  /// another sequence, so the zeros or stale K/V they hold never get a weight.
-  void fill_mask(std::span<const int32_t> positions, int seq, int n_kv, float* mask, int n_swa = 0) const;
+ private:
+  std::unique_ptr<Graph> tensors_;  // owns the K/V tensor objects (leafs, never computed)
+  std::vector<Tensor*> k_, v_;
+  std::unique_ptr<Buffer> buffer_;
+  std::unique_ptr<Buffer> offload_buffer_;  // the offloaded layers' K and V
+  int n_cells_ = 0;
+};
 
-  void clear();
-  void seq_rm(int seq, int p0, int p1);
-  int seq_pos_max(int seq) const;
-  int used() const { return n_used_; }
+/// What every cache kind offers the context and the graph builder.
+class KvCache {
+ public:
+  virtual ~KvCache() = default;
+  virtual KvCacheKind kind() const = 0;
+
+  Tensor* k(int il) const { return storage_.k(il); }
+  Tensor* v(int il) const { return storage_.v(il); }
+  /// Cells of the storage (the context size).
+  int n_cells() const { return storage_.n_cells(); }
+  size_t bytes() const { return storage_.bytes(); }
+
+  /// Takes cells for `positions` of `seq`: returns their indices, or an error (out_of_memory when
+  /// the cache cannot hold them; nothing is taken then). They count as used until released.
+  virtual Result<std::vector<int32_t>> claim(std::span<const int32_t> positions, int seq) = 0;
+  /// Gives back cells a failed step claimed (the last ones of their sequences).
+  virtual void release(std::span<const int32_t> cells) = 0;
+  /// Positions `seq` can still take (before claim fails).
+  virtual int room(int seq) const = 0;
+  /// Empties the cache.
+  virtual void clear() = 0;
+  /// Removes positions [p0, p1) of `seq` (p1 < 0: to the end); an error when the kind cannot.
+  virtual Status seq_rm(int seq, int p0, int p1) = 0;
+  /// Largest cached position of a sequence, -1 when it has none.
+  virtual int seq_pos_max(int seq) const = 0;
+  /// Lets `dst`, which holds nothing, start with positions [0, k) of `src` without storing them
+  /// again, for the largest k <= n_positions the kind can share; returns k (0: nothing shared).
+  virtual int seq_share_prefix(int src, int dst, int n_positions) = 0;
+  /// Cells holding a position (a cell shared by several sequences counts once).
+  virtual int used() const = 0;
+
+  /// True when a single sequence's attention may read the cells [0, n_kv()) in place with
+  /// fill_mask(); false when it always gathers the sequence's cells (seq_cells).
+  virtual bool reads_prefix() const = 0;
+  /// One past the highest used cell (reads_prefix kinds).
+  virtual int n_kv() const = 0;
+  /// Mask for queries at `positions` of `seq` over cells [0, n_kv) (reads_prefix kinds): row i,
+  /// column j is 0 when cell j holds a position <= positions[i] of the sequence, else -inf. With a
+  /// sliding window `n_swa` > 0, also -inf where positions[i] - position >= n_swa. n_kv may exceed
+  /// n_kv() (a bucketed extent, up to n_cells()): free cells get -inf like any cell of another
+  /// sequence, so the zeros or stale K/V they hold never get a weight.
+  virtual void fill_mask(std::span<const int32_t> positions, int seq, int n_kv, float* mask,
+                         int n_swa = 0) const = 0;
+  /// The cells of `seq` in increasing position order, and those positions.
+  virtual void seq_cells(int seq, std::vector<int32_t>& cells, std::vector<int32_t>& positions) const = 0;
+
+ protected:
+  explicit KvCache(KvStorage storage) : storage_(std::move(storage)) {}
+  KvStorage storage_;
+};
+
+/// Cells handed out first-fit to any sequence (see the file comment).
+class ContiguousKvCache final : public KvCache {
+ public:
+  static Result<std::unique_ptr<ContiguousKvCache>> create(const HParams& hp, int n_ctx, BufferType& type,
+                                                           BufferType* offload_type = nullptr,
+                                                           int first_offload_layer = -1);
+  KvCacheKind kind() const override { return KvCacheKind::contiguous; }
+  Result<std::vector<int32_t>> claim(std::span<const int32_t> positions, int seq) override;
+  void release(std::span<const int32_t> cells) override;
+  int room(int seq) const override;
+  void clear() override;
+  Status seq_rm(int seq, int p0, int p1) override;
+  int seq_pos_max(int seq) const override;
+  /// Shares nothing: a cell belongs to one sequence.
+  int seq_share_prefix(int, int, int) override { return 0; }
+  int used() const override { return n_used_; }
+  bool reads_prefix() const override { return true; }
+  int n_kv() const override;
+  void fill_mask(std::span<const int32_t> positions, int seq, int n_kv, float* mask,
+                 int n_swa = 0) const override;
+  void seq_cells(int seq, std::vector<int32_t>& cells, std::vector<int32_t>& positions) const override;
 
  private:
   struct Cell {
     int32_t pos = -1;  // -1: free
     int32_t seq = -1;
   };
-  KvCache() = default;
-  Graph tensors_;  // owns the K/V tensor objects (leafs, never computed)
-  std::vector<Tensor*> k_, v_;
-  std::unique_ptr<Buffer> buffer_;
-  std::unique_ptr<Buffer> offload_buffer_;  // the offloaded layers' K and V
+  explicit ContiguousKvCache(KvStorage storage);
   std::vector<Cell> cells_;
   int n_used_ = 0;
 };
 
-/// The cache of a context (for tests: where its layers' tensors live).
+/// Fixed-size blocks of one pool shared by all sequences (see the file comment). A sequence's
+/// positions are dense: it grows at its end (claim must continue from seq_pos_max + 1) and shrinks
+/// from its end (seq_rm of a suffix, or of everything).
+///
+/// Prefix reuse: seq_share_prefix gives a new sequence another's first full blocks (the same
+/// prompt prefix, e.g. a system prompt), counted by reference; a block is free when no table holds
+/// it. Shared blocks are full and nobody writes into them: a sequence only writes past its end, and
+/// cutting a sequence inside a block it shares is refused (cut at a block boundary instead).
+class PagedKvCache final : public KvCache {
+ public:
+  /// n_ctx cells rounded up to whole blocks of `block_size`.
+  static Result<std::unique_ptr<PagedKvCache>> create(const HParams& hp, int n_ctx, int block_size,
+                                                      BufferType& type, BufferType* offload_type = nullptr,
+                                                      int first_offload_layer = -1);
+  KvCacheKind kind() const override { return KvCacheKind::paged; }
+  Result<std::vector<int32_t>> claim(std::span<const int32_t> positions, int seq) override;
+  void release(std::span<const int32_t> cells) override;
+  int room(int seq) const override;
+  void clear() override;
+  Status seq_rm(int seq, int p0, int p1) override;
+  int seq_pos_max(int seq) const override;
+  /// Shares the whole blocks of the prefix: k = min(n_positions, src's length) rounded down to a
+  /// multiple of block_size.
+  int seq_share_prefix(int src, int dst, int n_positions) override;
+  int used() const override { return n_used_; }
+  bool reads_prefix() const override { return false; }
+  int n_kv() const override { return n_cells(); }
+  void fill_mask(std::span<const int32_t> positions, int seq, int n_kv, float* mask,
+                 int n_swa = 0) const override;
+  void seq_cells(int seq, std::vector<int32_t>& cells, std::vector<int32_t>& positions) const override;
+
+  int block_size() const { return block_size_; }
+  int n_blocks() const { return static_cast<int>(block_refs_.size()); }
+  /// Block tables holding block `b` (0: free).
+  int block_refs(int b) const { return block_refs_[b]; }
+  int n_free_blocks() const { return static_cast<int>(free_blocks_.size()); }
+  /// The block table of `seq` (empty when it holds nothing).
+  std::span<const int32_t> block_table(int seq) const;
+
+ private:
+  struct Sequence {
+    std::vector<int32_t> blocks;  // block table: position p lives in blocks[p / block_size]
+    int32_t length = 0;           // positions [0, length) are held
+  };
+  PagedKvCache(KvStorage storage, int block_size);
+  Sequence* find(int seq);
+  const Sequence* find(int seq) const;
+  void truncate(int seq, int length);
+
+  int block_size_ = 0;
+  std::vector<int32_t> block_refs_;   // block tables holding each block, 0: free
+  std::vector<int32_t> block_fill_;   // positions written into each block
+  std::vector<int32_t> free_blocks_;  // kept sorted in decreasing order: the lowest free block is taken first
+  std::vector<std::pair<int, Sequence>> seqs_;  // by sequence id, few enough for a linear search
+  int n_used_ = 0;
+};
+
+/// A cache of `kind` for a context (`block_size` only for paged caches).
+Result<std::unique_ptr<KvCache>> make_kv_cache(KvCacheKind kind, const HParams& hp, int n_ctx, int block_size,
+                                               BufferType& type, BufferType* offload_type = nullptr,
+                                               int first_offload_layer = -1);
+
+/// The cache of a context (for tests: where its layers' tensors live, its bookkeeping).
 const KvCache& context_kv_cache(const Context& ctx);
 
 }  // namespace loom::llm::detail

@@ -243,5 +243,50 @@ TEST_F(Bench, ExecColumnsShowConfigurationAndCounters) {
   EXPECT_EQ(j[0]["numerics"], "fast");
 }
 
+// Batched mode (llama-batched-bench): every sequence prefilled, then decode steps over all of them;
+// the table has its columns and its arithmetic (N_KV = B * (PP + TG), S = N_KV / T).
+TEST_F(Bench, BatchedModeOnTheCpu) {
+  const std::string file = model("tiny", "q8_0");
+  auto backend = make_cpu_backend(2);
+  auto m = Model::load(file, *backend, quiet_load());
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  ContextParams cp;
+  cp.n_ctx = 4 * 16;  // a sequence of 12 tokens holds a whole block of 16
+  cp.n_batch = 16;
+  cp.kv_cache = KvCacheKind::paged;
+  auto ctx = Context::create(**m, cp);
+  ASSERT_TRUE(ctx.ok()) << ctx.status().to_string();
+  std::vector<app::BatchedBenchResult> results;
+  for (int pl : {1, 4}) {
+    app::BatchedBenchResult r;
+    auto s = app::run_batched_bench_test(**ctx, app::BatchedBenchTest{8, 4, pl}, true, 1, r);
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    EXPECT_GT(r.t_pp_s, 0.0);
+    EXPECT_GT(r.t_tg_s, 0.0);
+    EXPECT_EQ((*ctx)->kv_cache_used(), 0);
+    results.push_back(r);
+  }
+  app::BatchedBenchResult too_big;
+  EXPECT_FALSE(app::run_batched_bench_test(**ctx, app::BatchedBenchTest{8, 9, 4}, false, 1, too_big).ok());
+
+  const auto rows = md_table(app::format_batched_bench(results, app::BenchFormat::md));
+  ASSERT_EQ(rows.size(), 4u);
+  EXPECT_EQ(rows[0], (std::vector<std::string>{"PP", "TG", "B", "N_KV", "T_PP s", "S_PP t/s", "T_TG s",
+                                               "S_TG t/s", "T s", "S t/s"}));
+  EXPECT_EQ(rows[3][2], "4");
+  EXPECT_EQ(rows[3][3], "48");
+  const std::string json = app::format_batched_bench(results, app::BenchFormat::json);
+  std::istringstream lines(json);
+  std::string line;
+  int n = 0;
+  for (; std::getline(lines, line); ++n) {
+    const auto j = nlohmann::json::parse(line);
+    EXPECT_EQ(j["n_kv"].get<int>(), j["pl"].get<int>() * 12);
+    EXPECT_NEAR(j["speed"].get<double>(), j["n_kv"].get<double>() / j["t"].get<double>(),
+                1e-3 * j["speed"].get<double>());
+  }
+  EXPECT_EQ(n, 2);
+}
+
 }  // namespace
 }  // namespace loom::llm::testing

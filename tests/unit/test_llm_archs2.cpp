@@ -365,7 +365,7 @@ TEST_F(LlmArchs2, SlidingWindowMask) {
   auto hp = read_hparams(*f);
   ASSERT_TRUE(hp.ok());
   auto backend = make_cpu_backend(1);
-  auto kv = detail::KvCache::create(*hp, 16, backend->buffer_type());
+  auto kv = detail::ContiguousKvCache::create(*hp, 16, backend->buffer_type());
   ASSERT_TRUE(kv.ok()) << kv.status().to_string();
   std::vector<int32_t> pos(10);
   std::iota(pos.begin(), pos.end(), 0);

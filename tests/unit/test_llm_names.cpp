@@ -19,7 +19,7 @@ class LlmNames : public ModelFiles {
   struct Step {
     std::unique_ptr<Backend> backend;
     std::unique_ptr<Model> model;
-    std::unique_ptr<detail::KvCache> kv;
+    std::unique_ptr<detail::ContiguousKvCache> kv;
     Graph g;
     Tensor* out = nullptr;
   };
@@ -31,7 +31,7 @@ class LlmNames : public ModelFiles {
     if (!m.ok()) return nullptr;
     s->model = std::move(m.value());
     const detail::ModelImpl& impl = s->model->impl();
-    auto kv = detail::KvCache::create(impl.hp, 64, s->backend->buffer_type(), nullptr, -1);
+    auto kv = detail::ContiguousKvCache::create(impl.hp, 64, s->backend->buffer_type(), nullptr, -1);
     EXPECT_TRUE(kv.ok()) << kv.status().to_string();
     if (!kv.ok()) return nullptr;
     s->kv = std::move(kv.value());

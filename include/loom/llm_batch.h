@@ -1,0 +1,70 @@
+// Many sequences generated together: each with its own sampling parameters and seed, joining and
+// leaving at any step, all advanced by one forward pass per step (Context::decode_batch).
+//
+//   loom::llm::BatchGenerator gen(ctx);                 // a context, best with a paged KV cache
+//   auto a = gen.add(prompt_a, params_a);               // prefills, samples the first token
+//   auto b = gen.add(prompt_b, params_b);
+//   while (...) {
+//     auto step = gen.step();                           // one token more for every sequence
+//     for (const auto& t : *step) ... t.seq_id, t.token ...
+//     if (done) gen.remove(t.seq_id);                   // frees its cache
+//   }
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "loom/llm.h"
+#include "loom/sample.h"
+#include "loom/status.h"
+
+namespace loom::llm {
+
+/// A token one step produced for one sequence.
+struct GeneratedToken {
+  int seq_id = 0;
+  int32_t token = 0;
+};
+
+/// Sequences of one context generated together. A sequence's tokens do not depend on the others
+/// (greedy outputs equal the sequence generated alone, token for token). Not thread-safe.
+class BatchGenerator {
+ public:
+  /// `ctx` must outlive the generator, which owns the sequence ids it hands out in that context
+  /// (the lowest unused ids from 0; nothing else should decode into them meanwhile).
+  explicit BatchGenerator(Context& ctx);
+  ~BatchGenerator();
+  BatchGenerator(const BatchGenerator&) = delete;
+  BatchGenerator& operator=(const BatchGenerator&) = delete;
+
+  /// Adds a sequence: runs its prompt (in n_batch chunks, alone) and samples its first token with a
+  /// sampler of its own (`sampling`, including the seed). Returns the sequence's id. On error
+  /// (an empty prompt, bad sampling parameters, no room in the cache) nothing stays behind.
+  /// Prefix reuse: the prompt's longest common prefix with a sequence already here is shared
+  /// from that sequence's cache where the cache can (Context::kv_cache_seq_share_prefix) and only
+  /// the rest is computed; the tokens are the same either way.
+  Result<int> add(std::span<const int32_t> prompt, const SamplerParams& sampling);
+  /// Removes a sequence and frees its cache cells.
+  Status remove(int seq_id);
+  /// One forward pass for every sequence (several when there are more than n_batch of them): each
+  /// takes its last sampled token and samples the next. Returns one token per sequence, in
+  /// increasing id order, valid until the next call. On error (e.g. a sequence out of cache room,
+  /// named in the message) no sequence advances.
+  Result<std::span<const GeneratedToken>> step();
+
+  /// Ids of the sequences, increasing.
+  std::vector<int> sequences() const;
+  int n_sequences() const;
+  /// The tokens sampled for `seq_id` so far (the first one by add); empty for an unknown id.
+  std::span<const int32_t> generated(int seq_id) const;
+  /// Prompt tokens of `seq_id` that add() took from another sequence's cache instead of computing.
+  int shared_prompt_tokens(int seq_id) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace loom::llm

@@ -1,0 +1,470 @@
+// Many sequences at once: the paged KV cache's bookkeeping and prefix sharing, paged decoding against
+// the contiguous cache, Context::decode_batch, and batch invariance (a sequence decoded among others,
+// joining and leaving, or starting from another's shared prefix, gives the tokens and logits it
+// gives alone, bit for bit) on synthetic models and the built-in model.
+#include <map>
+
+#include "llm/llm_kv_cache.h"
+#include "loom/llm_batch.h"
+#include "test_llm_common.h"
+
+namespace loom::llm::testing {
+namespace {
+
+class LlmBatch : public ModelFiles {};
+
+LoadedModel open_model(const std::string& file, int n_ctx, int n_batch, KvCacheKind kind, int block_size = 16,
+                       int n_threads = 2) {
+  LoadedModel l;
+  l.backend = make_cpu_backend(n_threads);
+  auto m = Model::load(file, *l.backend, quiet_load());
+  EXPECT_TRUE(m.ok()) << m.status().to_string();
+  if (!m.ok()) return l;
+  l.model = std::move(m.value());
+  ContextParams cp;
+  cp.n_ctx = n_ctx;
+  cp.n_batch = n_batch;
+  cp.kv_cache = kind;
+  cp.kv_block_size = block_size;
+  auto c = Context::create(*l.model, cp);
+  EXPECT_TRUE(c.ok()) << c.status().to_string();
+  if (c.ok()) l.ctx = std::move(c.value());
+  return l;
+}
+
+std::vector<int32_t> iota_positions(int from, int n) {
+  std::vector<int32_t> p(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) p[i] = from + i;
+  return p;
+}
+
+// ---- the paged cache's bookkeeping --------------------------------------------------------------------
+
+TEST_F(LlmBatch, PagedCacheBlocksComeAndGo) {
+  auto f = GgufFile::open(model("tiny"));
+  ASSERT_TRUE(f.ok());
+  auto hp = read_hparams(*f);
+  ASSERT_TRUE(hp.ok());
+  auto backend = make_cpu_backend(1);
+  auto made = detail::PagedKvCache::create(*hp, 60, 16, backend->buffer_type());  // 4 blocks of 16
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  detail::PagedKvCache& kv = **made;
+  EXPECT_EQ(kv.n_cells(), 64);
+  EXPECT_EQ(kv.n_blocks(), 4);
+
+  auto a = kv.claim(iota_positions(0, 20), 0);  // blocks 0, 1
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ((*a)[0], 0);
+  EXPECT_EQ((*a)[19], 19);
+  auto b = kv.claim(iota_positions(0, 3), 7);  // block 2
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ((*b)[0], 32);
+  auto a2 = kv.claim(iota_positions(20, 1), 0);  // still in block 1
+  ASSERT_TRUE(a2.ok());
+  EXPECT_EQ((*a2)[0], 20);
+  EXPECT_EQ(kv.used(), 24);
+  EXPECT_EQ(kv.n_free_blocks(), 1);
+  EXPECT_EQ(kv.room(0), 11 + 16);
+  EXPECT_EQ(kv.seq_pos_max(0), 20);
+  EXPECT_EQ(kv.seq_pos_max(7), 2);
+
+  // Positions must continue the sequence.
+  EXPECT_EQ(kv.claim(iota_positions(5, 1), 7).status().code(), StatusCode::invalid_argument);
+  // Out of blocks: a clear error, and nobody's cells move.
+  auto full = kv.claim(iota_positions(3, 40), 7);
+  ASSERT_FALSE(full.ok());
+  EXPECT_EQ(full.status().code(), StatusCode::out_of_memory);
+  EXPECT_NE(full.status().message().find("sequence 7"), std::string::npos) << full.status().message();
+  EXPECT_EQ(kv.used(), 24);
+  EXPECT_EQ(kv.n_free_blocks(), 1);
+  EXPECT_EQ(kv.block_table(0).size(), 2u);
+  EXPECT_EQ(kv.block_table(7).size(), 1u);
+
+  // Only a suffix can be removed; removing everything frees the blocks.
+  EXPECT_FALSE(kv.seq_rm(0, 2, 5).ok());
+  EXPECT_TRUE(kv.seq_rm(0, 10, -1).ok());
+  EXPECT_EQ(kv.seq_pos_max(0), 9);
+  EXPECT_EQ(kv.block_table(0).size(), 1u);
+  EXPECT_EQ(kv.n_free_blocks(), 2);
+  EXPECT_TRUE(kv.seq_rm(0, 0, -1).ok());
+  EXPECT_EQ(kv.seq_pos_max(0), -1);
+  EXPECT_EQ(kv.n_free_blocks(), 3);
+  EXPECT_EQ(kv.used(), 3);
+
+  // A new sequence takes the lowest free block; its cells list in position order.
+  auto c = kv.claim(iota_positions(0, 17), 3);
+  ASSERT_TRUE(c.ok());
+  std::vector<int32_t> cells, pos;
+  kv.seq_cells(3, cells, pos);
+  ASSERT_EQ(cells.size(), 17u);
+  EXPECT_EQ(cells[0], 0);
+  EXPECT_EQ(cells[16], 16);
+  EXPECT_EQ(pos[16], 16);
+  // A failed step's cells go back (and with them a block they opened).
+  auto d = kv.claim(iota_positions(3, 14), 7);  // fills block 2, opens block 3
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(kv.n_free_blocks(), 0);
+  kv.release(*d);
+  EXPECT_EQ(kv.seq_pos_max(7), 2);
+  EXPECT_EQ(kv.n_free_blocks(), 1);
+  kv.clear();
+  EXPECT_EQ(kv.used(), 0);
+  EXPECT_EQ(kv.n_free_blocks(), 4);
+}
+
+// Prefix reuse: a new sequence takes another's whole blocks by reference; nobody writes into a
+// shared block, and a block is free only when no table holds it.
+TEST_F(LlmBatch, PagedCacheSharesPrefixBlocks) {
+  auto f = GgufFile::open(model("tiny"));
+  ASSERT_TRUE(f.ok());
+  auto hp = read_hparams(*f);
+  ASSERT_TRUE(hp.ok());
+  auto backend = make_cpu_backend(1);
+  auto made = detail::PagedKvCache::create(*hp, 128, 16, backend->buffer_type());  // 8 blocks
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  detail::PagedKvCache& kv = **made;
+  ASSERT_TRUE(kv.claim(iota_positions(0, 40), 0).ok());  // blocks 0, 1, 2 (8 of 16 filled)
+  EXPECT_EQ(kv.seq_share_prefix(0, 1, 40), 32);          // whole blocks only
+  EXPECT_EQ(kv.seq_share_prefix(0, 1, 40), 0);           // 1 holds positions now
+  EXPECT_EQ(kv.seq_share_prefix(0, 2, 15), 0);           // less than a block
+  EXPECT_EQ(kv.seq_pos_max(1), 31);
+  EXPECT_EQ(kv.block_refs(0), 2);
+  EXPECT_EQ(kv.block_refs(1), 2);
+  EXPECT_EQ(kv.block_refs(2), 1);
+  EXPECT_EQ(kv.used(), 40);                     // shared cells count once
+  auto c = kv.claim(iota_positions(32, 2), 1);  // past the shared blocks: a block of its own
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ((*c)[0], 3 * 16);
+  EXPECT_EQ(kv.used(), 42);
+  std::vector<int32_t> cells, pos;
+  kv.seq_cells(1, cells, pos);
+  ASSERT_EQ(cells.size(), 34u);
+  EXPECT_EQ(cells[20], 20);  // read from sequence 0's block 1
+  // Cutting inside a shared block would let the next write land in the other's data: refused.
+  EXPECT_FALSE(kv.seq_rm(1, 20, -1).ok());
+  EXPECT_TRUE(kv.seq_rm(1, 16, -1).ok());
+  EXPECT_EQ(kv.block_refs(1), 1);
+  EXPECT_EQ(kv.used(), 40);
+  // Sequence 0 leaves: block 0 stays (sequence 1 holds it), blocks 1 and 2 are free.
+  EXPECT_TRUE(kv.seq_rm(0, 0, -1).ok());
+  EXPECT_EQ(kv.block_refs(0), 1);
+  EXPECT_EQ(kv.block_refs(1), 0);
+  EXPECT_EQ(kv.used(), 16);
+  EXPECT_EQ(kv.n_free_blocks(), 7);
+  EXPECT_TRUE(kv.seq_rm(1, 0, -1).ok());
+  EXPECT_EQ(kv.used(), 0);
+  EXPECT_EQ(kv.n_free_blocks(), 8);
+}
+
+// ---- paged decoding ----------------------------------------------------------------------------------
+
+// A single sequence through the paged cache (gathered attention) gives the contiguous cache's logits
+// bit for bit: the same keys in the same order, converted from the same f16 values.
+TEST_F(LlmBatch, PagedDecodeEqualsContiguous) {
+  for (const char* shape : {"tiny", "qwen3-tiny", "gemma2-tiny", "qwen3moe-tiny"}) {
+    SCOPED_TRACE(shape);
+    auto ref = open_model(model(shape, "q8_0"), 64, 16, KvCacheKind::contiguous);
+    auto paged = open_model(model(shape, "q8_0"), 64, 16, KvCacheKind::paged, 8);
+    ASSERT_TRUE(ref.ctx && paged.ctx);
+    EXPECT_EQ(paged.ctx->kv_cache_kind(), KvCacheKind::paged);
+    const int n_vocab = ref.ctx->n_vocab();
+    const auto tokens = test_tokens(30, n_vocab);
+    DecodeOptions all;
+    all.all_logits = true;
+    auto a = ref.ctx->decode(std::span(tokens).first(21), 0, all);  // two chunks
+    ASSERT_TRUE(a.ok()) << a.status().to_string();
+    std::vector<float> want(a->begin(), a->end());
+    auto b = paged.ctx->decode(std::span(tokens).first(21), 0, all);
+    ASSERT_TRUE(b.ok()) << b.status().to_string();
+    EXPECT_EQ(std::vector<float>(b->begin(), b->end()), want);
+    for (int i = 21; i < 30; ++i) {
+      auto x = ref.ctx->decode(std::span(tokens).subspan(i, 1), i);
+      auto y = paged.ctx->decode(std::span(tokens).subspan(i, 1), i);
+      ASSERT_TRUE(x.ok() && y.ok());
+      EXPECT_EQ(std::vector<float>(x->begin(), x->end()), std::vector<float>(y->begin(), y->end())) << i;
+    }
+    // A paged sequence rewinds only at its end, and grows only there.
+    EXPECT_FALSE(paged.ctx->kv_cache_seq_rm(0, 3, 5).ok());
+    EXPECT_TRUE(paged.ctx->kv_cache_seq_rm(0, 25).ok());
+    EXPECT_EQ(paged.ctx->kv_cache_seq_pos_max(0), 24);
+    EXPECT_FALSE(paged.ctx->decode(std::span(tokens).first(1), 27).ok());
+  }
+}
+
+// Logits of `n_steps` greedy tokens after `prompt`, for one sequence alone in a fresh context.
+struct Decoded {
+  std::vector<int32_t> tokens;
+  std::vector<std::vector<float>> logits;  // of each step's input token
+};
+
+Decoded decode_alone(Context& ctx, std::span<const int32_t> prompt, int n_steps) {
+  ctx.kv_cache_clear();
+  Decoded d;
+  auto r = ctx.decode(prompt, 0);
+  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  if (!r.ok()) return d;
+  d.logits.emplace_back(r->begin(), r->end());
+  d.tokens.push_back(argmax_of(*r));
+  for (int i = 1; i < n_steps; ++i) {
+    auto s = ctx.decode(std::span(&d.tokens.back(), 1), static_cast<int>(prompt.size()) + i - 1);
+    EXPECT_TRUE(s.ok()) << s.status().to_string();
+    if (!s.ok()) return d;
+    d.logits.emplace_back(s->begin(), s->end());
+    d.tokens.push_back(argmax_of(*s));
+  }
+  return d;
+}
+
+// decode_batch over several sequences gives each the logits it gets alone, bit for bit, on either
+// cache kind, whichever sequences share the step.
+TEST_F(LlmBatch, DecodeBatchEqualsAlone) {
+  const std::pair<const char*, const char*> models[] = {{"tiny", "f32"},
+                                                        {"tiny", "q8_0"},
+                                                        {"tiny", "q4_K_M"},
+                                                        {"gemma2-tiny", "q8_0"},
+                                                        {"qwen3moe-tiny", "q8_0"}};
+  for (const auto& [shape, type] : models) {
+    for (KvCacheKind kind : {KvCacheKind::paged, KvCacheKind::contiguous}) {
+      SCOPED_TRACE(std::string(shape) + " " + type + (kind == KvCacheKind::paged ? " paged" : " contiguous"));
+      auto l = open_model(model(shape, type), 256, 16, kind, 16);
+      ASSERT_TRUE(l.ctx);
+      const int n_vocab = l.ctx->n_vocab(), n_seqs = 5, n_steps = 6;
+      std::vector<std::vector<int32_t>> prompts;
+      std::vector<Decoded> alone;
+      for (int s = 0; s < n_seqs; ++s) {
+        prompts.push_back(test_tokens(3 + 4 * s, n_vocab, 11 + s));
+        alone.push_back(decode_alone(*l.ctx, prompts.back(), n_steps));
+      }
+      l.ctx->kv_cache_clear();
+      std::vector<int32_t> last(n_seqs);
+      for (int s = 0; s < n_seqs; ++s) {
+        DecodeOptions o;
+        o.seq_id = 10 + s;
+        auto r = l.ctx->decode(prompts[s], 0, o);
+        ASSERT_TRUE(r.ok()) << r.status().to_string();
+        EXPECT_EQ(std::vector<float>(r->begin(), r->end()), alone[s].logits[0]);
+        last[s] = argmax_of(*r);
+      }
+      for (int i = 1; i < n_steps; ++i) {
+        std::vector<SeqTokens> batch;
+        for (int s = 0; s < n_seqs; ++s)
+          if (i < 3 || s % 2 == 0)  // some sequences sit out the later steps
+            batch.push_back(
+                SeqTokens{10 + s, static_cast<int>(prompts[s].size()) + i - 1, std::span(&last[s], 1)});
+        auto r = l.ctx->decode_batch(batch);
+        ASSERT_TRUE(r.ok()) << r.status().to_string();
+        ASSERT_EQ(r->size(), batch.size() * n_vocab);
+        for (size_t b = 0; b < batch.size(); ++b) {
+          const int s = batch[b].seq_id - 10;
+          const auto row = r->subspan(b * n_vocab, n_vocab);
+          EXPECT_EQ(std::vector<float>(row.begin(), row.end()), alone[s].logits[i])
+              << "seq " << s << " step " << i;
+          last[s] = argmax_of(row);
+        }
+      }
+    }
+  }
+}
+
+TEST_F(LlmBatch, DecodeBatchErrors) {
+  auto l = open_model(model("tiny", "q8_0"), 32, 8, KvCacheKind::paged, 16);  // 2 blocks
+  ASSERT_TRUE(l.ctx);
+  const auto prompt = test_tokens(20, l.ctx->n_vocab());
+  DecodeOptions o;
+  o.seq_id = 1;
+  ASSERT_TRUE(l.ctx->decode(std::span(prompt).first(16), 0, o).ok());  // block 0
+  o.seq_id = 2;
+  ASSERT_TRUE(l.ctx->decode(std::span(prompt).first(16), 0, o).ok());  // block 1
+  const int32_t t = 5;
+  // Duplicates, several tokens each, and positions that do not follow are refused.
+  std::vector<SeqTokens> dup{{1, 16, std::span(&t, 1)}, {1, 17, std::span(&t, 1)}};
+  EXPECT_EQ(l.ctx->decode_batch(dup).status().code(), StatusCode::invalid_argument);
+  std::vector<SeqTokens> two{{1, 16, std::span(prompt).first(2)}, {2, 16, std::span(prompt).first(2)}};
+  EXPECT_EQ(l.ctx->decode_batch(two).status().code(), StatusCode::invalid_argument);
+  std::vector<SeqTokens> old{{1, 3, std::span(&t, 1)}, {2, 16, std::span(&t, 1)}};
+  EXPECT_EQ(l.ctx->decode_batch(old).status().code(), StatusCode::invalid_argument);
+  // The pool is full: the step fails with a message naming the sequence, and no cache changes.
+  std::vector<SeqTokens> step{{1, 16, std::span(&t, 1)}, {2, 16, std::span(&t, 1)}};
+  auto r = l.ctx->decode_batch(step);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::out_of_memory);
+  EXPECT_NE(r.status().message().find("sequence 1"), std::string::npos) << r.status().message();
+  EXPECT_EQ(l.ctx->kv_cache_seq_pos_max(1), 15);
+  EXPECT_EQ(l.ctx->kv_cache_seq_pos_max(2), 15);
+  EXPECT_EQ(l.ctx->kv_cache_used(), 32);
+  // Freeing a sequence gives its blocks to the other.
+  ASSERT_TRUE(l.ctx->kv_cache_seq_rm(2, 0).ok());
+  EXPECT_TRUE(l.ctx->decode_batch(std::span(step).first(1)).ok());
+}
+
+// ---- batch invariance on the built-in model --------------------------------------------------------
+
+// Greedy tokens of each prompt generated alone (a plain contiguous context, one token per decode).
+std::vector<int32_t> greedy_alone(Context& ctx, std::span<const int32_t> prompt, int n) {
+  return decode_alone(ctx, prompt, n).tokens;
+}
+
+std::vector<std::vector<int32_t>> builtin_prompts(int n, int n_vocab) {
+  std::vector<std::vector<int32_t>> p;
+  for (int s = 0; s < n; ++s) {
+    std::vector<int32_t> t = test_tokens(2 + (s * 7) % 23, n_vocab, 100 + s);
+    t[0] = 0;  // BOS
+    p.push_back(t);
+  }
+  return p;
+}
+
+SamplerParams greedy() {
+  SamplerParams sp;
+  sp.temperature = 0.0f;
+  sp.seed = 1;
+  return sp;
+}
+
+// 16 sequences with different prompts decoded together give, token for token, what each gives
+// alone; so do sequences that join and leave while others run. Both weight types of the built-in
+// model: f16 (float dot products) and q8_0 (integer blocks).
+TEST_F(LlmBatch, BuiltinModelBatchInvariance) {
+  for (const char* file : {LOOM_BUILTIN_MODEL_F16, LOOM_BUILTIN_MODEL_Q8_0}) {
+    SCOPED_TRACE(file);
+    auto ref = open_model(file, 256, 64, KvCacheKind::contiguous);
+    auto l = open_model(file, 16 * 64, 32, KvCacheKind::paged, 16);
+    ASSERT_TRUE(ref.ctx && l.ctx);
+    const int n_seqs = 16, n_gen = 24;
+    const auto prompts = builtin_prompts(n_seqs, ref.ctx->n_vocab());
+    std::vector<std::vector<int32_t>> want;
+    for (const auto& p : prompts) want.push_back(greedy_alone(*ref.ctx, p, n_gen));
+
+    // All together.
+    {
+      BatchGenerator gen(*l.ctx);
+      for (const auto& p : prompts) ASSERT_TRUE(gen.add(p, greedy()).ok());
+      for (int i = 1; i < n_gen; ++i) ASSERT_TRUE(gen.step().ok());
+      for (int s = 0; s < n_seqs; ++s) {
+        const auto got = gen.generated(s);
+        EXPECT_EQ(std::vector<int32_t>(got.begin(), got.end()), want[s]) << "sequence " << s;
+      }
+      for (int s = 0; s < n_seqs; ++s) ASSERT_TRUE(gen.remove(s).ok());
+      EXPECT_EQ(l.ctx->kv_cache_used(), 0);
+    }
+    // Joining and leaving: sequence s joins at step s % 5 * 3; every third one leaves early; the
+    // finished ones leave and free their blocks for the rest.
+    {
+      BatchGenerator gen(*l.ctx);
+      std::map<int, int> id_of;  // prompt -> sequence id
+      std::map<int, std::vector<int32_t>> got;
+      for (int step = 0; step < 60; ++step) {
+        for (int s = 0; s < n_seqs; ++s)
+          if (s % 5 * 3 == step) {
+            auto id = gen.add(prompts[s], greedy());
+            ASSERT_TRUE(id.ok()) << id.status().to_string();
+            id_of[s] = *id;
+          }
+        if (gen.n_sequences() > 0) {
+          ASSERT_TRUE(gen.step().ok());
+        }
+        for (auto it = id_of.begin(); it != id_of.end();) {
+          const int s = it->first;
+          const auto gen_tokens = gen.generated(it->second);
+          const size_t limit = s % 3 == 0 ? n_gen / 2 : n_gen;
+          if (gen_tokens.size() >= limit) {
+            got[s].assign(gen_tokens.begin(), gen_tokens.begin() + static_cast<ptrdiff_t>(limit));
+            ASSERT_TRUE(gen.remove(it->second).ok());
+            it = id_of.erase(it);
+          } else {
+            ++it;
+          }
+        }
+      }
+      ASSERT_EQ(got.size(), static_cast<size_t>(n_seqs));
+      for (int s = 0; s < n_seqs; ++s) {
+        const size_t limit = s % 3 == 0 ? n_gen / 2 : n_gen;
+        EXPECT_EQ(got[s],
+                  std::vector<int32_t>(want[s].begin(), want[s].begin() + static_cast<ptrdiff_t>(limit)))
+            << "sequence " << s;
+      }
+    }
+  }
+}
+
+// Each sequence samples with its own parameters and seed: the same prompt and seed give the same
+// tokens together as alone, and different seeds differ.
+TEST_F(LlmBatch, PerSequenceSampling) {
+  auto l = open_model(LOOM_BUILTIN_MODEL_Q8_0, 1024, 32, KvCacheKind::paged, 16);
+  ASSERT_TRUE(l.ctx);
+  const auto prompts = builtin_prompts(3, l.ctx->n_vocab());
+  auto params = [](uint32_t seed, float temp) {
+    SamplerParams sp;
+    sp.seed = seed;
+    sp.temperature = temp;
+    sp.top_k = 0;
+    sp.top_p = 1.0f;
+    sp.min_p = 0.0f;
+    return sp;
+  };
+  const SamplerParams cfg[] = {params(1, 1.5f), params(2, 1.5f), params(3, 0.0f)};
+  auto run = [&](std::vector<int> which) {
+    BatchGenerator gen(*l.ctx);
+    std::vector<int> ids;
+    for (int w : which) {
+      auto id = gen.add(prompts[0], cfg[w]);
+      EXPECT_TRUE(id.ok());
+      ids.push_back(*id);
+    }
+    for (int i = 0; i < 20; ++i) EXPECT_TRUE(gen.step().ok());
+    std::vector<std::vector<int32_t>> out;
+    for (int id : ids) {
+      auto g = gen.generated(id);
+      out.emplace_back(g.begin(), g.end());
+    }
+    l.ctx->kv_cache_clear();
+    return out;
+  };
+  const auto together = run({0, 1, 2});
+  for (int w = 0; w < 3; ++w) EXPECT_EQ(run({w})[0], together[w]) << w;
+  EXPECT_NE(together[0], together[1]);
+}
+
+// Prompts that begin alike (a shared "system prompt") share its blocks: each later sequence
+// computes only the rest of its prompt, holds fewer cells, and generates what it generates alone.
+TEST_F(LlmBatch, PrefixReuseKeepsTokens) {
+  auto ref = open_model(LOOM_BUILTIN_MODEL_Q8_0, 256, 64, KvCacheKind::contiguous);
+  auto l = open_model(LOOM_BUILTIN_MODEL_Q8_0, 1024, 32, KvCacheKind::paged, 16);
+  ASSERT_TRUE(ref.ctx && l.ctx);
+  const int n_vocab = ref.ctx->n_vocab(), n_seqs = 6, n_gen = 12;
+  std::vector<int32_t> system = test_tokens(40, n_vocab, 5);
+  system[0] = 0;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int s = 0; s < n_seqs; ++s) {
+    std::vector<int32_t> p = system;
+    const auto own = test_tokens(3 + s, n_vocab, 50 + s);
+    p.insert(p.end(), own.begin(), own.end());
+    prompts.push_back(p);
+  }
+  BatchGenerator gen(*l.ctx);
+  size_t n_positions = 0;
+  for (int s = 0; s < n_seqs; ++s) {
+    auto id = gen.add(prompts[s], greedy());
+    ASSERT_TRUE(id.ok()) << id.status().to_string();
+    EXPECT_EQ(gen.shared_prompt_tokens(*id), s == 0 ? 0 : 32) << s;
+    n_positions += prompts[s].size();
+  }
+  EXPECT_EQ(l.ctx->kv_cache_used(), static_cast<int>(n_positions) - 32 * (n_seqs - 1));
+  for (int i = 1; i < n_gen; ++i) ASSERT_TRUE(gen.step().ok());
+  for (int s = 0; s < n_seqs; ++s) {
+    const auto got = gen.generated(s);
+    EXPECT_EQ(std::vector<int32_t>(got.begin(), got.end()), greedy_alone(*ref.ctx, prompts[s], n_gen))
+        << "sequence " << s;
+  }
+  // The first sequence leaves; the others keep the shared blocks and go on as before.
+  ASSERT_TRUE(gen.remove(0).ok());
+  ASSERT_TRUE(gen.step().ok());
+  for (int s = 1; s < n_seqs; ++s) {
+    const auto got = gen.generated(s);
+    EXPECT_EQ(std::vector<int32_t>(got.begin(), got.end()), greedy_alone(*ref.ctx, prompts[s], n_gen + 1))
+        << "sequence " << s;
+  }
+}
+
+}  // namespace
+}  // namespace loom::llm::testing
