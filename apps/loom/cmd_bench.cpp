@@ -135,6 +135,21 @@ Result<std::vector<BenchTest>> collect_tests(const BenchOptions& o) {
 
 // llama-batched-bench: every (npp, ntg, npl) in that nesting, one table per model, over a paged
 // KV cache sized for the largest test (n_kv_max in the header: its cells, whole blocks per sequence).
+// The session every bench mode opens on a model: -ngl > 0 takes the GPU when one is usable (below
+// the layer count: the last -ngl layers), else the CPU (the backend column says which ran).
+GenerateOptions session_options(const BenchOptions& o, const std::string& path, int n_ctx, int n_batch) {
+  GenerateOptions g;
+  g.model_path = path;
+  g.n_threads = o.n_threads;
+  g.n_ctx = n_ctx;
+  g.n_batch = n_batch;
+  g.backend = o.backend;
+  g.numerics = o.numerics;
+  g.n_gpu_layers = o.n_gpu_layers;
+  g.gpu_if_usable = o.backend.empty() && o.n_gpu_layers > 0;
+  return g;
+}
+
 int run_batched_bench(const BenchOptions& o) {
   std::vector<BatchedBenchTest> tests;
   int n_ctx = 1, max_pl = 1;
@@ -150,16 +165,9 @@ int run_batched_bench(const BenchOptions& o) {
   const BenchFormat format = o.output == "json" ? BenchFormat::json : BenchFormat::md;
   if (o.output == "csv") fmt::print(stderr, "loom: bench: batched mode prints md or json; md it is\n");
   for (const std::string& path : o.models) {
-    GenerateOptions g;
-    g.model_path = path;
-    g.n_threads = o.n_threads;
-    g.n_ctx = n_ctx;
-    g.n_batch = std::max(o.n_batch, max_pl);  // one pass per decode step, however many sequences
+    // one pass per decode step, however many sequences
+    GenerateOptions g = session_options(o, path, n_ctx, std::max(o.n_batch, max_pl));
     g.kv_cache = llm::KvCacheKind::paged;
-    g.backend = o.backend;
-    g.numerics = o.numerics;
-    g.n_gpu_layers = o.n_gpu_layers;
-    g.gpu_if_usable = o.backend.empty() && o.n_gpu_layers > 0;
     std::string backend_name;
     auto session = open_generate_session(g, backend_name);
     if (!session) return fail(session.status());
@@ -212,17 +220,7 @@ int run_bench(const BenchOptions& o) {
   run.warmup = !o.no_warmup;
   std::vector<BenchResult> results;
   for (const std::string& path : o.models) {
-    GenerateOptions g;
-    g.model_path = path;
-    g.n_threads = o.n_threads;
-    g.n_ctx = n_ctx;
-    g.n_batch = o.n_batch;
-    g.backend = o.backend;
-    g.numerics = o.numerics;
-    // -ngl > 0: the GPU when one is usable (below the layer count: the last -ngl layers), else the
-    // CPU (the backend column says which ran).
-    g.n_gpu_layers = o.n_gpu_layers;
-    g.gpu_if_usable = o.backend.empty() && o.n_gpu_layers > 0;
+    GenerateOptions g = session_options(o, path, n_ctx, o.n_batch);
     std::string backend_name;
     auto session = open_generate_session(g, backend_name);
     if (!session) return fail(session.status());  // without a usable GPU it noted the CPU fallback
