@@ -46,6 +46,23 @@ LOOM_HD void load_words_a2(const uint8_t* p, uint32_t (&w)[N]) {
 #endif
 }
 
+/// n (a multiple of 4) little-endian 32-bit words from a 16-byte aligned address: n / 4 16-byte
+/// loads. The fast kernel's stages hold rows from 16-byte boundaries (mat_vec_fast_supports), so
+/// the 144- and 176-byte blocks of q4_K and q5_K, and their 16-byte aligned fields, are aligned there.
+template <int N>
+LOOM_HD void load_words_a16(const uint8_t* p, uint32_t (&w)[N]) {
+  static_assert(N % 4 == 0, "whole 16-byte loads");
+#if defined(__CUDA_ARCH__)
+  const auto* v = reinterpret_cast<const uint4*>(p);
+  for (int i = 0; i < N / 4; ++i) {
+    const uint4 x = v[i];
+    w[4 * i] = x.x, w[4 * i + 1] = x.y, w[4 * i + 2] = x.z, w[4 * i + 3] = x.w;
+  }
+#else
+  std::memcpy(w, p, sizeof(w));
+#endif
+}
+
 /// load_words_a2 from any address (mxfp4's 17-byte blocks): the same funnel shift by 8, 16 or 24 bits.
 template <int N>
 LOOM_HD void load_words_a1(const uint8_t* p, uint32_t (&w)[N]) {
@@ -132,7 +149,7 @@ struct FastQ4_K {
   LOOM_HD static Unit decode(const uint8_t* b, int s) {
     Unit u;
     uint32_t raw[8];
-    load_words_a2(b + 16 + 32 * (s / 2), raw);
+    load_words_a16(b + 16 + 32 * (s / 2), raw);
     const unsigned shift = (s & 1) * 4u;
     for (int i = 0; i < 8; ++i) u.q[i] = (raw[i] >> shift) & 0x0f0f0f0fu;
     int sc, m;
@@ -434,8 +451,8 @@ struct FastQ5_K {
   LOOM_HD static Unit decode(const uint8_t* b, int s) {
     Unit u;
     uint32_t raw[8], qh[8];
-    load_words_a2(b + 48 + 32 * (s / 2), raw);
-    load_words_a2(b + 16, qh);
+    load_words_a16(b + 48 + 32 * (s / 2), raw);
+    load_words_a16(b + 16, qh);
     const unsigned shift = (s & 1) * 4u;
     for (int i = 0; i < 8; ++i)
       u.q[i] = ((raw[i] >> shift) & 0x0f0f0f0fu) | (((qh[i] >> s) & 0x01010101u) << 4);
