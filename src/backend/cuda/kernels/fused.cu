@@ -712,21 +712,11 @@ CudaError launch_glu_mat_vec(const LaunchContext& ctx, const Tensor* mm_gate, co
   if (glu->nelements() == 0) return {};
   const Tensor* mms[2] = {mm_gate, mm_up};
   if (ctx.fast && mat_vec_fast_supports_multi(ctx, mms, 2)) return launch_mat_vec_fast_glu(ctx, mm_gate, mm_up, glu);
-  switch (mm_gate->src[0]->type) {
-    case DType::f32:
-      return glu_float<FormatF32>(ctx, mm_gate, mm_up, glu);
-    case DType::f16:
-      return glu_float<FormatF16>(ctx, mm_gate, mm_up, glu);
-    case DType::bf16:
-      return glu_float<FormatBF16>(ctx, mm_gate, mm_up, glu);
-    default:
-      break;
-  }
   const CudaError none = CudaError::runtime(
       cudaErrorInvalidValue, "glu_mat_vec: no kernel for this weight type", __FILE__, __LINE__);
-  return visit_quant_type(mm_gate->src[0]->type, none, [&](auto q) {
-    return glu_q8<typename decltype(q)::Dot>(ctx, mm_gate, mm_up, glu);
-  });
+  return visit_weight_type(
+      mm_gate->src[0]->type, none, [&](auto f) { return glu_float<decltype(f)>(ctx, mm_gate, mm_up, glu); },
+      [&](auto q) { return glu_q8<typename decltype(q)::Dot>(ctx, mm_gate, mm_up, glu); });
 }
 
 CudaError launch_mat_vec_multi(const LaunchContext& ctx, const Tensor* mm0, const Tensor* mm1,
@@ -736,20 +726,11 @@ CudaError launch_mat_vec_multi(const LaunchContext& ctx, const Tensor* mm0, cons
   const Tensor* x = mm0->src[1];
   if (x->nelements() == 0) return {};
   if (ctx.fast && mat_vec_fast_supports_multi(ctx, mms, count)) return launch_mat_vec_fast_multi(ctx, mms, count);
-  switch (mm0->src[0]->type) {
-    case DType::f32:
-      return multi_float<FormatF32>(ctx, mms, count);
-    case DType::f16:
-      return multi_float<FormatF16>(ctx, mms, count);
-    case DType::bf16:
-      return multi_float<FormatBF16>(ctx, mms, count);
-    default:
-      break;
-  }
   const CudaError none = CudaError::runtime(
       cudaErrorInvalidValue, "mat_vec_multi: no kernel for this weight type", __FILE__, __LINE__);
-  return visit_quant_type(mm0->src[0]->type, none,
-                          [&](auto q) { return multi_q8<typename decltype(q)::Dot>(ctx, mms, count); });
+  return visit_weight_type(
+      mm0->src[0]->type, none, [&](auto f) { return multi_float<decltype(f)>(ctx, mms, count); },
+      [&](auto q) { return multi_q8<typename decltype(q)::Dot>(ctx, mms, count); });
 }
 
 CudaError launch_rope_set_rows(const LaunchContext& ctx, const Tensor* rope_k, const Tensor* set_rows,

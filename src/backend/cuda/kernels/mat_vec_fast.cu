@@ -643,16 +643,11 @@ CudaError quant_mat_vec(const LaunchContext& ctx, const FastLaunch& l) {
 }
 
 CudaError launch_fast(const LaunchContext& ctx, const FastLaunch& l) {
-  switch (l.mms[0]->src[0]->type) {
-    case DType::f32: return float_mat_vec<FormatF32>(ctx, l);
-    case DType::f16: return float_mat_vec<FormatF16>(ctx, l);
-    case DType::bf16: return float_mat_vec<FormatBF16>(ctx, l);
-    default: break;
-  }
   const CudaError none =
       CudaError::runtime(cudaErrorInvalidValue, "mat_vec_fast: unsupported weight type", __FILE__, __LINE__);
-  return visit_quant_type(l.mms[0]->src[0]->type, none,
-                          [&](auto q) { return quant_mat_vec<typename decltype(q)::Fast>(ctx, l); });
+  return visit_weight_type(
+      l.mms[0]->src[0]->type, none, [&](auto f) { return float_mat_vec<decltype(f)>(ctx, l); },
+      [&](auto q) { return quant_mat_vec<typename decltype(q)::Fast>(ctx, l); });
 }
 
 size_t act_fast_bytes(DType weight, const Tensor* b) {

@@ -351,21 +351,11 @@ CudaError mat_vec_any(const LaunchContext& ctx, const Tensor* mm, const Tensor* 
   // the fast numerics mode's kernels (mat_vec_fast.cu); the exact ones below serve exact mode, more
   // columns, and layouts the fast ones leave out
   if (ctx.fast && mat_vec_fast_supports(ctx, mm, dst)) return launch_mat_vec_fast(ctx, mm, dst, bias);
-  switch (mm->src[0]->type) {
-    case DType::f32:
-      return mat_vec<FormatF32, kBias>(ctx, mm, dst, bias);
-    case DType::f16:
-      return mat_vec<FormatF16, kBias>(ctx, mm, dst, bias);
-    case DType::bf16:
-      return mat_vec<FormatBF16, kBias>(ctx, mm, dst, bias);
-    default:
-      break;
-  }
   const CudaError none = CudaError::runtime(cudaErrorInvalidValue, "mul_mat: no kernel for this weight type",
                                             __FILE__, __LINE__);
-  return visit_quant_type(mm->src[0]->type, none, [&](auto q) {
-    return mat_vec_q8<typename decltype(q)::Dot, kBias>(ctx, mm, dst, bias);
-  });
+  return visit_weight_type(
+      mm->src[0]->type, none, [&](auto f) { return mat_vec<decltype(f), kBias>(ctx, mm, dst, bias); },
+      [&](auto q) { return mat_vec_q8<typename decltype(q)::Dot, kBias>(ctx, mm, dst, bias); });
 }
 
 bool is_float_type(DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16; }
@@ -559,20 +549,11 @@ CudaError launch_mul_mat_vec_bias(const LaunchContext& ctx, const Tensor* mm, co
 
 CudaError launch_mul_mat_id(const LaunchContext& ctx, const Tensor* dst) {
   if (dst->nelements() == 0) return {};
-  switch (dst->src[0]->type) {
-    case DType::f32:
-      return mat_vec_id<FormatF32>(ctx, dst);
-    case DType::f16:
-      return mat_vec_id<FormatF16>(ctx, dst);
-    case DType::bf16:
-      return mat_vec_id<FormatBF16>(ctx, dst);
-    default:
-      break;
-  }
   const CudaError none = CudaError::runtime(cudaErrorInvalidValue,
                                             "mul_mat_id: no kernel for this weight type", __FILE__, __LINE__);
-  return visit_quant_type(dst->src[0]->type, none,
-                          [&](auto q) { return mat_vec_id_q8<typename decltype(q)::Dot>(ctx, dst); });
+  return visit_weight_type(
+      dst->src[0]->type, none, [&](auto f) { return mat_vec_id<decltype(f)>(ctx, dst); },
+      [&](auto q) { return mat_vec_id_q8<typename decltype(q)::Dot>(ctx, dst); });
 }
 
 }  // namespace loom::cuda

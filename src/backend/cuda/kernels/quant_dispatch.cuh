@@ -73,4 +73,22 @@ __host__ __device__ __forceinline__ R visit_quant_type(DType t, R otherwise, Fn&
   }
 }
 
+/// The one weight-type switch of the launchers: float_fn(FormatF32{} / FormatF16{} / FormatBF16{})
+/// for float weights, quant_fn(QuantKernels<...>{}) for quantized ones (visit_quant_type),
+/// `otherwise` for any other type.
+#pragma nv_exec_check_disable
+template <class R, class FloatFn, class QuantFn>
+__host__ __device__ __forceinline__ R visit_weight_type(DType t, R otherwise, FloatFn&& float_fn, QuantFn&& quant_fn) {
+  switch (t) {
+    case DType::f32:
+      return float_fn(FormatF32{});
+    case DType::f16:
+      return float_fn(FormatF16{});
+    case DType::bf16:
+      return float_fn(FormatBF16{});
+    default:
+      return visit_quant_type(t, otherwise, quant_fn);
+  }
+}
+
 }  // namespace loom::cuda
