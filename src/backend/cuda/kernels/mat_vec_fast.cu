@@ -402,6 +402,7 @@ template <class Q, int kCols, bool kGlu>
 __global__ void __launch_bounds__(kThreads, quant_blocks_per_sm<Q, kCols>())
     mat_vec_fast_q_kernel(const __grid_constant__ FastArgs args, ActFastLayout<Q> act, int64_t k, int ncols,
                           int64_t n_total) {
+  // pdl_wait later: only the weights, no earlier kernel's output, are read (copied) before it
   constexpr int kRows = fast_rows<kCols, kGlu>();
   constexpr int kLoad = kGlu ? 2 * kRows : kRows;
   constexpr int kStageBytes = kUnitsPerStage / Q::kUnitsPerBlock * Q::kBytes;  // of one row
