@@ -14,6 +14,7 @@ check() {  # check LABEL COMMAND...
   if "$@"; then echo "e2e: $label ok"; else echo "e2e: $label FAIL"; fails=$((fails + 1)); fi
 }
 models=("tiny f32" "tiny f16" "qwen2-tiny f32" "qwen3-tiny f16" "gemma2-tiny f32" "gemma3-tiny f16" "qwen3moe-tiny f32" "qwen3moe-tiny q8_0" "small q4_K_M"
+        "llama31-tiny f32" "qwen2-yarn-tiny f32" "phi3-tiny f32" "phi3-tiny q8_0"
         "llama3-1b f16" "llama3-1b q8_0" "llama3-1b q4_0" "llama3-1b q4_K_M")
 for m in "${models[@]}"; do
   read -r shape type <<<"$m"

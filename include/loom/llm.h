@@ -35,8 +35,8 @@ struct ContextImpl;
 }  // namespace detail
 
 /// Decoder architectures Loom can run.
-enum class Arch { llama, qwen2, qwen3, qwen3moe, gemma2, gemma3 };
-/// GGUF spelling ("llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3").
+enum class Arch { llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3 };
+/// GGUF spelling ("llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3").
 const char* arch_name(Arch a);
 /// Parses a `general.architecture` value; nullopt when Loom does not know it.
 std::optional<Arch> arch_from_name(std::string_view name);
@@ -67,9 +67,11 @@ struct HParams {
   /// Query scale: 1/sqrt(head_dim_k), except where the family says otherwise (Gemma 27B).
   float attn_scale = 0.0f;
 
-  // Sliding-window attention (gemma2, gemma3): local layers see only the last n_swa positions.
-  uint32_t n_swa = 0;       ///< {arch}.attention.sliding_window; 0: every layer attends globally
-  uint32_t swa_period = 0;  ///< of each `swa_period` layers, all but the last are local (gemma2 2, gemma3 6)
+  // Sliding-window attention (gemma2, gemma3, phi3): local layers see only the last n_swa positions.
+  uint32_t n_swa = 0;  ///< {arch}.attention.sliding_window; 0: every layer attends globally
+  /// Of each `swa_period` layers, all but the last are local (gemma2 2, gemma3 6); 1: every layer is
+  /// (phi3).
+  uint32_t swa_period = 0;
   /// RoPE base of local layers ({arch}.rope.freq_base_swa; gemma3: 10000); they use no rope scaling.
   float rope_freq_base_swa = 10000.0f;
   float attn_softcap = 0.0f;   ///< {arch}.attn_logit_softcapping; 0: off
@@ -84,9 +86,11 @@ struct HParams {
   uint32_t n_embd_k_gqa() const { return head_dim_k * n_head_kv; }
   uint32_t n_embd_v_gqa() const { return head_dim_v * n_head_kv; }
   /// Whether layer `il` attends through the sliding window.
-  bool is_swa(uint32_t il) const { return n_swa > 0 && swa_period > 1 && il % swa_period < swa_period - 1; }
+  bool is_swa(uint32_t il) const {
+    return n_swa > 0 && (swa_period == 1 || (swa_period > 1 && il % swa_period < swa_period - 1));
+  }
   /// Whether any layer does.
-  bool has_swa() const { return n_swa > 0 && swa_period > 1 && n_layer > 0; }
+  bool has_swa() const { return n_swa > 0 && swa_period >= 1 && n_layer > 0; }
 };
 
 /// Reads and checks the hyperparameters of a GGUF model; errors name the file and key.

@@ -19,6 +19,7 @@ struct LayerWeights {
   Tensor* wk = nullptr;
   Tensor* wv = nullptr;
   Tensor* wo = nullptr;
+  Tensor* wqkv = nullptr;  // fused projection, query rows then key rows then value rows (phi3), instead of wq/wk/wv
   Tensor* bq = nullptr;  // biases (qwen2; optional for llama)
   Tensor* bk = nullptr;
   Tensor* bv = nullptr;
@@ -30,6 +31,7 @@ struct LayerWeights {
   Tensor* ffn_gate = nullptr;
   Tensor* ffn_up = nullptr;
   Tensor* ffn_down = nullptr;
+  Tensor* ffn_gate_up = nullptr;  // fused [n_embd, 2 n_ff]: gate rows then up rows (phi3), instead of ffn_gate/ffn_up
   Tensor* ffn_post_norm = nullptr;  // norm of the FFN output before the residual add (gemma)
   // Mixture of experts: router [n_embd, n_expert] and stacked experts.
   Tensor* ffn_gate_inp = nullptr;
@@ -132,6 +134,14 @@ class StepBuilder {
   Tensor* linear(Tensor* w, Tensor* x, Tensor* bias, const char* what, int il = -1);
   /// [head_dim * n_heads, n_tokens] -> [head_dim, n_heads, n_tokens].
   Tensor* split_heads(Tensor* x, int64_t head_dim, int64_t n_heads);
+  /// Queries, keys and values of layer `il` from its normed input `h`, each [head_dim, n_heads, n_tokens]:
+  /// three projections (with their biases when present), or views of one fused wqkv product.
+  struct Qkv {
+    Tensor* q;
+    Tensor* k;
+    Tensor* v;
+  };
+  Qkv project_qkv(const LayerWeights& l, Tensor* h, int il);
   /// Rotary embedding of layer `il` at the step's positions, in the architecture's mode: local
   /// (sliding-window) layers use rope_freq_base_swa and no frequency scaling. Named `what`.
   Tensor* rope(Tensor* x, int il, const char* what);
@@ -139,7 +149,8 @@ class StepBuilder {
   /// with q ([head_dim, n_head, n_tokens]) over the first n_kv cells -> [head_dim_v * n_head, n_tokens].
   /// Uses the model's query scale and attention soft-cap, and the sliding-window mask on local layers.
   Tensor* attention(int il, Tensor* q, Tensor* k, Tensor* v);
-  /// SwiGLU feed-forward of layer `il`: down(silu(gate x) * up x).
+  /// SwiGLU feed-forward of layer `il`: down(silu(gate x) * up x); with ffn_gate_up, gate and up are
+  /// the two halves of one product.
   Tensor* ffn_swiglu(const LayerWeights& l, Tensor* x, int il);
   /// GeGLU feed-forward (GELU, tanh form) of layer `il`: down(gelu(gate x) * up x).
   Tensor* ffn_geglu(const LayerWeights& l, Tensor* x, int il);
@@ -185,15 +196,17 @@ const Architecture& qwen3_architecture();
 const Architecture& qwen3moe_architecture();
 const Architecture& gemma2_architecture();
 const Architecture& gemma3_architecture();
+const Architecture& phi3_architecture();
 const Architecture& architecture_for(Arch a);
 
 /// The tensors every LLaMA-family model has: embeddings, output norm, output (tied to the
 /// embeddings when absent), optional rope_freqs, and per layer the attention weights and, with
 /// `dense_ffn`, the gated FFN weights (ffn_norm, ffn_gate, ffn_up, ffn_down).
 void declare_llama_family(TensorLoader& tl, const HParams& hp, ModelWeights& w, bool dense_ffn = true);
-/// The forward pass shared by llama, qwen2, qwen3 and qwen3moe: pre-norm attention and FFN blocks.
-/// What the weights hold picks the variant: projection biases when present (qwen2), QK-norm when
-/// q_norm is (qwen3), a mixture of experts when the layer has a router (qwen3moe), else SwiGLU.
+/// The forward pass shared by llama, qwen2, qwen3, qwen3moe and phi3: pre-norm attention and FFN
+/// blocks. What the weights hold picks the variant: projection biases when present (qwen2), QK-norm
+/// when q_norm is (qwen3), fused projections (phi3), a mixture of experts when the layer has a router
+/// (qwen3moe), else SwiGLU.
 Tensor* build_llama_family(StepBuilder& b);
 
 /// Gemma 2/3 (llm_arch_gemma2.cpp): the LLaMA-family tensors (tied output) plus the post-attention

@@ -95,6 +95,26 @@ Tensor* StepBuilder::split_heads(Tensor* x, int64_t head_dim, int64_t n_heads) {
   return reshape(g_, x, {head_dim, n_heads, shape_.n_tokens, 1});
 }
 
+StepBuilder::Qkv StepBuilder::project_qkv(const LayerWeights& l, Tensor* h, int il) {
+  const int64_t dk = hp_.head_dim_k, dv = hp_.head_dim_v;
+  if (!l.wqkv)
+    return {split_heads(linear(l.wq, h, l.bq, "attn_q", il), dk, hp_.n_head),
+            split_heads(linear(l.wk, h, l.bk, "attn_k", il), dk, hp_.n_head_kv),
+            split_heads(linear(l.wv, h, l.bv, "attn_v", il), dv, hp_.n_head_kv)};
+  // One product, then strided views: each token's column holds q, k and v one after the other.
+  Tensor* qkv = linear(l.wqkv, h, nullptr, "attn_qkv", il);
+  if (!qkv) return {nullptr, nullptr, nullptr};
+  const size_t f = sizeof(float), col = qkv->nb[1];
+  auto part = [&](int64_t head_dim, int64_t n_heads, int64_t first_row, const char* what) {
+    const std::array<size_t, kMaxDims> nb{f, static_cast<size_t>(head_dim) * f, col, col * qkv->ne[1]};
+    return name(view(g_, qkv, {head_dim, n_heads, qkv->ne[1], 1}, nb, static_cast<size_t>(first_row) * f), what,
+                il);
+  };
+  const int64_t q_rows = dk * hp_.n_head, k_rows = dk * hp_.n_head_kv;
+  return {part(dk, hp_.n_head, 0, "attn_q"), part(dk, hp_.n_head_kv, q_rows, "attn_k"),
+          part(dv, hp_.n_head_kv, q_rows + k_rows, "attn_v")};
+}
+
 Tensor* StepBuilder::rope(Tensor* x, int il, const char* what) {
   const bool local = hp_.is_swa(static_cast<uint32_t>(il));
   Tensor* freq_factors = w_.layers[il].rope_freqs;
@@ -125,6 +145,15 @@ Tensor* StepBuilder::attention(int il, Tensor* q, Tensor* k, Tensor* v) {
 }
 
 Tensor* StepBuilder::ffn_swiglu(const LayerWeights& l, Tensor* x, int il) {
+  if (l.ffn_gate_up) {  // gate rows, then up rows: two views of one product
+    Tensor* gu = linear(l.ffn_gate_up, x, nullptr, "ffn_gate_up", il);
+    if (!gu) return nullptr;
+    const int64_t n_ff = gu->ne[0] / 2;
+    Tensor* gate = name(view(g_, gu, {n_ff, gu->ne[1], 1, 1}, gu->nb, 0), "ffn_gate", il);
+    Tensor* up = name(view(g_, gu, {n_ff, gu->ne[1], 1, 1}, gu->nb, static_cast<size_t>(n_ff) * sizeof(float)),
+                      "ffn_up", il);
+    return linear(l.ffn_down, name(swiglu(g_, gate, up), "ffn_glu", il), nullptr, "ffn_down", il);
+  }
   Tensor* h =
       swiglu(g_, linear(l.ffn_gate, x, nullptr, "ffn_gate", il), linear(l.ffn_up, x, nullptr, "ffn_up", il));
   return linear(l.ffn_down, name(h, "ffn_glu", il), nullptr, "ffn_down", il);

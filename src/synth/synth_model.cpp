@@ -20,29 +20,39 @@ namespace {
 
 // name, arch, vocab, embd, layers, heads, kv heads, head dim, ffn, ctx, rope base, eps, tied, qkv bias,
 // qk norm, llama3 rope factor, experts, experts used, expert ffn, sliding window, attention soft-cap,
-// final soft-cap, linear rope factor
+// final soft-cap, linear rope factor, yarn rope factor, original context (phi3: fused qkv and gate/up)
 // clang-format off
 constexpr SynthShape kShapes[] = {
     {"llama3-1b", Arch::llama, 128256, 2048, 16, 32, 8, 64, 8192, 131072, 500000.0f, 1e-5f, true, false,
-     false, 32.0f, 0, 0, 0, 0, 0.0f, 0.0f, 0.0f},
+     false, 32.0f, 0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0},
     {"llama3-8b", Arch::llama, 128256, 4096, 32, 32, 8, 128, 14336, 131072, 500000.0f, 1e-5f, false, false,
-     false, 8.0f, 0, 0, 0, 0, 0.0f, 0.0f, 0.0f},
+     false, 8.0f, 0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0},
     {"small", Arch::llama, 2048, 256, 4, 8, 4, 32, 768, 1024, 10000.0f, 1e-5f, false, false, false, 0.0f, 0, 0,
-     0, 0, 0.0f, 0.0f, 0.0f},
+     0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0},
     {"tiny", Arch::llama, 512, 128, 2, 4, 2, 32, 384, 512, 10000.0f, 1e-5f, false, false, false, 0.0f, 0, 0, 0,
-     0, 0.0f, 0.0f, 0.0f},
+     0, 0.0f, 0.0f, 0.0f, 0.0f, 0},
+    // Llama 3.1 features on the tiny shape: rope_freqs, tied output, q/k/v biases (some fine-tunes).
+    {"llama31-tiny", Arch::llama, 512, 128, 2, 4, 2, 32, 384, 512, 500000.0f, 1e-5f, true, true, false, 8.0f, 0,
+     0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0},
     {"qwen2-tiny", Arch::qwen2, 512, 128, 2, 4, 2, 32, 384, 512, 1000000.0f, 1e-6f, true, true, false, 0.0f, 0,
-     0, 0, 0, 0.0f, 0.0f, 0.0f},
+     0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0},
+    // Qwen2.5's YaRN recipe: factor 4 over a 128-token original context (context_length 512 = 4 x 128).
+    {"qwen2-yarn-tiny", Arch::qwen2, 512, 128, 2, 4, 2, 32, 384, 512, 10000.0f, 1e-6f, false, true, false, 0.0f,
+     0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 4.0f, 128},
     {"qwen3-tiny", Arch::qwen3, 512, 128, 2, 4, 2, 64, 384, 512, 1000000.0f, 1e-6f, false, false, true, 0.0f,
-     0, 0, 0, 0, 0.0f, 0.0f, 0.0f},
+     0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0},
     {"qwen3moe-tiny", Arch::qwen3moe, 512, 128, 2, 4, 2, 64, 384, 512, 1000000.0f, 1e-6f, false, false, true,
-     0.0f, 8, 2, 64, 0, 0.0f, 0.0f, 0.0f},
+     0.0f, 8, 2, 64, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0},
     // Gemma 2: local layers 0 and 2, global layer 1; Gemma 2's caps.
     {"gemma2-tiny", Arch::gemma2, 512, 128, 3, 4, 2, 64, 384, 512, 10000.0f, 1e-6f, true, false, false, 0.0f,
-     0, 0, 0, 4, 50.0f, 30.0f, 0.0f},
+     0, 0, 0, 4, 50.0f, 30.0f, 0.0f, 0.0f, 0},
     // Gemma 3: local layers 0-4, global layer 5 with linear RoPE scaling as in the 4B+ models.
     {"gemma3-tiny", Arch::gemma3, 512, 128, 6, 4, 2, 64, 384, 512, 1000000.0f, 1e-6f, true, false, true, 0.0f,
-     0, 0, 0, 4, 0.0f, 0.0f, 8.0f},
+     0, 0, 0, 4, 0.0f, 0.0f, 8.0f, 0.0f, 0},
+    // Phi-3: fused attn_qkv and gate/up (ffn_up holds both), NeoX RoPE, untied output, every layer
+    // attending through a window (of 6 positions here, so that short prompts reach past it).
+    {"phi3-tiny", Arch::phi3, 512, 128, 2, 4, 2, 32, 384, 512, 10000.0f, 1e-5f, false, false, false, 0.0f, 0,
+     0, 0, 6, 0.0f, 0.0f, 0.0f, 0.0f, 0},
 };
 // clang-format on
 
@@ -151,9 +161,13 @@ std::vector<PlannedTensor> plan_tensors(const SynthShape& s, FileType ft) {
   for (int il = 0; il < s.n_layer; ++il) {
     auto n = [il](const char* what) { return fmt::format("blk.{}.{}", il, what); };
     add(n("attn_norm.weight"), {s.n_embd}, Init::norm);
-    add(n("attn_q.weight"), {s.n_embd, q_dim}, Init::matrix);
-    add(n("attn_k.weight"), {s.n_embd, kv_dim}, Init::matrix);
-    add(n("attn_v.weight"), {s.n_embd, kv_dim}, Init::matrix);
+    if (s.arch == Arch::phi3) {  // one projection: query rows, then key rows, then value rows
+      add(n("attn_qkv.weight"), {s.n_embd, q_dim + 2 * kv_dim}, Init::matrix);
+    } else {
+      add(n("attn_q.weight"), {s.n_embd, q_dim}, Init::matrix);
+      add(n("attn_k.weight"), {s.n_embd, kv_dim}, Init::matrix);
+      add(n("attn_v.weight"), {s.n_embd, kv_dim}, Init::matrix);
+    }
     if (s.qkv_bias) {
       add(n("attn_q.bias"), {q_dim}, Init::bias);
       add(n("attn_k.bias"), {kv_dim}, Init::bias);
@@ -171,6 +185,9 @@ std::vector<PlannedTensor> plan_tensors(const SynthShape& s, FileType ft) {
       add(n("ffn_gate_exps.weight"), {s.n_embd, s.n_ff_exp, s.n_expert}, Init::matrix);
       add(n("ffn_up_exps.weight"), {s.n_embd, s.n_ff_exp, s.n_expert}, Init::matrix);
       add(n("ffn_down_exps.weight"), {s.n_ff_exp, s.n_embd, s.n_expert}, Init::matrix);
+    } else if (s.arch == Arch::phi3) {  // gate rows, then up rows
+      add(n("ffn_up.weight"), {s.n_embd, 2 * static_cast<int64_t>(s.n_ff)}, Init::matrix);
+      add(n("ffn_down.weight"), {s.n_ff, s.n_embd}, Init::matrix);
     } else {
       add(n("ffn_gate.weight"), {s.n_embd, s.n_ff}, Init::matrix);
       add(n("ffn_up.weight"), {s.n_embd, s.n_ff}, Init::matrix);
@@ -215,6 +232,12 @@ Status add_metadata(GgufWriter& w, const SynthShape& s, FileType ft) {
     LOOM_TRY(w.add_string(a + ".rope.scaling.type", "linear"));
     LOOM_TRY(w.add_f32(a + ".rope.scaling.factor", s.rope_linear_factor));
   }
+  if (s.rope_yarn_factor > 0.0f) {
+    LOOM_TRY(w.add_string(a + ".rope.scaling.type", "yarn"));
+    LOOM_TRY(w.add_f32(a + ".rope.scaling.factor", s.rope_yarn_factor));
+  }
+  if (s.n_ctx_orig > 0)
+    LOOM_TRY(w.add_u32(a + ".rope.scaling.original_context_length", static_cast<uint32_t>(s.n_ctx_orig)));
 
   const SynthVocab v = make_synth_vocab(s.n_vocab);
   LOOM_TRY(w.add_string("tokenizer.ggml.model", "gpt2"));

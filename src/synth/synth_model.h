@@ -44,9 +44,12 @@ struct SynthShape {
   float attn_softcap;        ///< > 0: attn_logit_softcapping
   float final_softcap;       ///< > 0: final_logit_softcapping
   float rope_linear_factor;  ///< > 0: rope.scaling.type linear with this factor (gemma3's global layers)
+  float rope_yarn_factor;    ///< > 0: rope.scaling.type yarn with this factor over `n_ctx_orig` tokens
+  int n_ctx_orig;            ///< > 0: rope.scaling.original_context_length
 };
 
-/// llama3-1b, llama3-8b, small, tiny, qwen2-tiny, qwen3-tiny, qwen3moe-tiny, gemma2-tiny, gemma3-tiny.
+/// llama3-1b, llama3-8b, small, tiny, llama31-tiny, qwen2-tiny, qwen2-yarn-tiny, qwen3-tiny, qwen3moe-tiny,
+/// gemma2-tiny, gemma3-tiny, phi3-tiny.
 /// The gemma shapes have a window of 4 positions so that short prompts reach past it.
 std::span<const SynthShape> synth_shapes();
 const SynthShape* find_synth_shape(std::string_view name);
