@@ -160,6 +160,10 @@ struct ContextParams {
   /// n_ctx), so decode steps within one extent build graphs of one structure and addresses, which a
   /// graph executor can replay. Cells past the used ones are masked out. 1: the exact extent.
   int n_kv_bucket = 256;
+  /// Sliding-window layers (gemma2, gemma3, phi3) keep every cell like the global ones, instead of a
+  /// ring of window + n_batch - 1 cells. More memory, and any rewind works (kv_cache_seq_rm refuses
+  /// to rewind a windowed cache behind what its ring still holds).
+  bool swa_full = false;
 };
 
 /// Per-call options of Context::decode.

@@ -78,7 +78,10 @@ struct StepInputs {
   Tensor* positions = nullptr;  // i32 [n_tokens]
   Tensor* kv_cells = nullptr;   // i32 [n_tokens]: cache cell each token's K and V go to
   Tensor* kq_mask = nullptr;    // f32 [n_kv, n_tokens]: 0 where a query sees a cell, -inf elsewhere
-  Tensor* kq_mask_swa = nullptr;  // as kq_mask, also -inf beyond the sliding window; only with local layers
+  // As kq_mask, also -inf beyond the sliding window; only with local layers. [n_kv_swa, n_tokens]
+  // over the window cells when the cache has them.
+  Tensor* kq_mask_swa = nullptr;
+  Tensor* kv_cells_swa = nullptr;  // i32 [n_tokens]: window cell of each token (local layers, windowed cache)
 };
 
 /// Shape of one forward pass.
@@ -86,6 +89,7 @@ struct StepShape {
   int n_tokens = 1;
   int n_kv = 1;              // cache cells attention reads: [0, n_kv)
   bool all_outputs = false;  // logits for every token, else only the last
+  int n_kv_swa = 0;          // window cells local layers read, [0, n_kv_swa); 0: they read the n_kv cells
 };
 
 /// The layers one graph runs: a model split between two backends is run as two graphs, the first

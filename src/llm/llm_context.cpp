@@ -78,10 +78,16 @@ struct Segment {
     uint64_t fingerprint = 0;
 
     bool reusable(const StepShape& s, const Buffer* arena_now, const Buffer* inputs_now) const {
-      return graph && s.n_tokens == shape.n_tokens && s.n_kv == shape.n_kv &&
+      return graph && s.n_tokens == shape.n_tokens && s.n_kv == shape.n_kv && s.n_kv_swa == shape.n_kv_swa &&
              s.all_outputs == shape.all_outputs && arena == arena_now && inputs == inputs_now;
     }
   } step;
+};
+
+// The cache cells of one step's tokens: in the full cache, and in the window ring when there is one.
+struct StepCells {
+  std::vector<int32_t> cells;
+  std::vector<int32_t> window;
 };
 
 struct ContextImpl {
@@ -174,11 +180,12 @@ struct ContextImpl {
   // dominates inputs this small, and a replayed device graph then reads one block written before
   // launch). `hidden` is the previous segment's output, read back into the block.
   Status write_inputs(Segment& s, std::span<const int32_t> tokens, std::span<const int32_t> positions,
-                      std::span<const int32_t> cells, int seq, int n_kv, const Tensor* hidden) {
+                      const StepCells& cells, int seq, const StepShape& shape, const Tensor* hidden) {
     const StepInputs& in = s.step.in;
     int n_inputs = 0, n_expected = 0;
     for (const Tensor* t : s.step.graph->leafs()) n_inputs += t->buffer == s.inputs.get();
-    for (const Tensor* t : {in.tokens, in.hidden, in.positions, in.kv_cells, in.kq_mask, in.kq_mask_swa})
+    for (const Tensor* t :
+         {in.tokens, in.hidden, in.positions, in.kv_cells, in.kq_mask, in.kq_mask_swa, in.kv_cells_swa})
       n_expected += t != nullptr;
     // The block is written whole: a leaf in it that is not a step input would get stale bytes.
     LOOM_ASSERT(n_inputs == n_expected);
@@ -189,12 +196,16 @@ struct ContextImpl {
     const size_t n_bytes = tokens.size() * sizeof(int32_t);
     if (in.tokens) std::memcpy(base + input_offset(s, in.tokens), tokens.data(), n_bytes);
     if (in.positions) std::memcpy(base + input_offset(s, in.positions), positions.data(), n_bytes);
-    if (in.kv_cells) std::memcpy(base + input_offset(s, in.kv_cells), cells.data(), n_bytes);
+    if (in.kv_cells) std::memcpy(base + input_offset(s, in.kv_cells), cells.cells.data(), n_bytes);
+    if (in.kv_cells_swa) std::memcpy(base + input_offset(s, in.kv_cells_swa), cells.window.data(), n_bytes);
     if (in.kq_mask)
-      kv->fill_mask(positions, seq, n_kv, s.staging.data() + input_offset(s, in.kq_mask) / sizeof(float));
-    if (in.kq_mask_swa)
-      kv->fill_mask(positions, seq, n_kv, s.staging.data() + input_offset(s, in.kq_mask_swa) / sizeof(float),
-                    static_cast<int>(m->hp.n_swa));
+      kv->fill_mask(positions, seq, shape.n_kv, s.staging.data() + input_offset(s, in.kq_mask) / sizeof(float));
+    if (in.kq_mask_swa && shape.n_kv_swa > 0)
+      kv->fill_mask_window(positions, seq, shape.n_kv_swa,
+                           s.staging.data() + input_offset(s, in.kq_mask_swa) / sizeof(float));
+    else if (in.kq_mask_swa)
+      kv->fill_mask(positions, seq, shape.n_kv,
+                    s.staging.data() + input_offset(s, in.kq_mask_swa) / sizeof(float), static_cast<int>(m->hp.n_swa));
     if (in.hidden) {
       LOOM_ASSERT(hidden && hidden->nbytes() == in.hidden->nbytes());
       LOOM_TRY(tensor_read(hidden, base + input_offset(s, in.hidden), 0, in.hidden->nbytes()));
@@ -206,12 +217,13 @@ struct ContextImpl {
 
   // One forward pass over tokens already given cache cells, segment after segment; appends the
   // logits to `out` if given.
-  Status run_step(std::span<const int32_t> tokens, std::span<const int32_t> positions,
-                  std::span<const int32_t> cells, int seq, bool all_outputs, std::vector<float>* out) {
-    // n_kv never exceeds n_ctx, so never what Context::create reserved the arenas and the inputs
-    // for (n_batch tokens over the whole cache).
+  Status run_step(std::span<const int32_t> tokens, std::span<const int32_t> positions, const StepCells& cells,
+                  int seq, bool all_outputs, std::vector<float>* out) {
+    // n_kv never exceeds n_ctx (nor n_kv_swa the window cells), so never what Context::create
+    // reserved the arenas and the inputs for (n_batch tokens over the whole cache).
     const StepShape shape{static_cast<int>(tokens.size()), bucketed_n_kv(kv->n_kv(), n_kv_bucket, n_ctx),
-                          all_outputs};
+                          all_outputs,
+                          kv->windowed() ? bucketed_n_kv(kv->n_kv_window(), n_kv_bucket, kv->n_window_cells()) : 0};
     const Tensor* carried = nullptr;  // the previous segment's hidden state
     bool built = false;
     uint64_t fingerprint = 0;
@@ -238,7 +250,7 @@ struct ContextImpl {
             Segment::CachedStep{std::move(g), shape, in, out_t, arena_now, inputs_now, s.inputs_used, fp};
         built = true;
       }
-      LOOM_TRY(write_inputs(s, tokens, positions, cells, seq, shape.n_kv, carried));
+      LOOM_TRY(write_inputs(s, tokens, positions, cells, seq, shape, carried));
       const Clock::time_point t3 = Clock::now();
       stats.host_build_ns += elapsed_ns(t0, t1);
       stats.host_alloc_ns += elapsed_ns(t1, t2);
@@ -291,10 +303,14 @@ Result<std::unique_ptr<Context>> Context::create(const Model& model, const Conte
   Backend* offload = c.m->n_offload > 0 ? c.m->offload_backend : nullptr;
   BufferType& type = model.backend().buffer_type();
   BufferType* offload_type = offload ? &offload->buffer_type() : nullptr;
+  // Sliding-window layers keep a ring of window + n_batch - 1 cells: a step's tokens land in it
+  // without overwriting a position that the step's first query still sees.
+  const int64_t ring = static_cast<int64_t>(hp.n_swa) + c.n_batch - 1;
+  const int n_window_cells = !params.swa_full && hp.has_swa() && ring < c.n_ctx ? static_cast<int>(ring) : 0;
   const uint64_t host_need =
-      (type.is_host() ? detail::KvCache::bytes_needed(hp, c.n_ctx, first_offload) : 0) +
+      (type.is_host() ? detail::KvCache::bytes_needed(hp, c.n_ctx, first_offload, 0, n_window_cells) : 0) +
       (offload_type && offload_type->is_host()
-           ? detail::KvCache::bytes_needed(hp, c.n_ctx, n_layer - first_offload)
+           ? detail::KvCache::bytes_needed(hp, c.n_ctx, n_layer - first_offload, first_offload, n_window_cells)
            : 0);
   if (host_need > 0) {
     const uint64_t avail =
@@ -306,7 +322,7 @@ Result<std::unique_ptr<Context>> Context::create(const Model& model, const Conte
           "use a smaller n_ctx",
           c.n_ctx, detail::format_bytes(host_need), detail::format_bytes(avail));
   }
-  auto kv = detail::KvCache::create(hp, c.n_ctx, type, offload_type, first_offload);
+  auto kv = detail::KvCache::create(hp, c.n_ctx, type, offload_type, first_offload, n_window_cells);
   if (!kv) return kv.status();
   c.kv = std::move(kv.value());
 
@@ -325,7 +341,7 @@ Result<std::unique_ptr<Context>> Context::create(const Model& model, const Conte
   for (detail::Segment& s : c.segments) {
     Graph g;
     detail::StepInputs in;
-    c.build(s, g, detail::StepShape{c.n_batch, c.n_ctx, false}, in);
+    c.build(s, g, detail::StepShape{c.n_batch, c.n_ctx, false, c.kv->windowed() ? c.kv->n_window_cells() : 0}, in);
     LOOM_TRY(g.status());
     LOOM_TRY(c.allocate(s, g));
     c.stats.n_nodes += g.nodes().size();
@@ -376,12 +392,22 @@ Result<std::span<const float>> Context::decode(std::span<const int32_t> tokens, 
     for (size_t i = 0; i < n; ++i) positions[i] = pos + static_cast<int32_t>(begin + i);
     auto cells = c.kv->claim(positions, options.seq_id);
     if (!cells) return cells.status();
+    detail::StepCells step_cells{std::move(*cells), {}};
+    if (c.kv->windowed()) {
+      auto window = c.kv->claim_window(positions, options.seq_id);
+      if (!window) {
+        c.kv->release(step_cells.cells);
+        return window.status();
+      }
+      step_cells.window = std::move(*window);
+    }
     // Chunks before the last compute one row of logits and drop it (cheaper than a second graph shape).
     std::vector<float>* out = (options.all_logits || last_chunk) ? &c.logits : nullptr;
     Status s =
-        c.run_step(tokens.subspan(begin, n), positions, *cells, options.seq_id, options.all_logits, out);
+        c.run_step(tokens.subspan(begin, n), positions, step_cells, options.seq_id, options.all_logits, out);
     if (!s.ok()) {
-      c.kv->release(*cells);
+      c.kv->release(step_cells.cells);
+      c.kv->release_window(step_cells.window);
       return s;
     }
     if (options.on_chunk) options.on_chunk(begin + n, tokens.size());
@@ -395,7 +421,15 @@ Status Context::kv_cache_seq_rm(int seq_id, int p0, int p1) {
   if (seq_id < 0 || p0 < 0 || (p1 >= 0 && p1 < p0))
     return make_error(StatusCode::invalid_argument, "kv_cache_seq_rm: bad range: seq {}, positions [{}, {})",
                       seq_id, p0, p1);
-  impl_->kv->seq_rm(seq_id, p0, p1);
+  detail::KvCache& kv = *impl_->kv;
+  // A sequence cut at p0 continues at p0, which needs the window before it: refuse to cut where the
+  // sliding-window ring has already dropped part of that (the cache is left as it was).
+  if (p0 > 0 && p1 < 0 && p0 <= kv.seq_pos_max(seq_id) && p0 < kv.seq_rewind_min(seq_id))
+    return make_error(StatusCode::invalid_argument,
+                      "kv_cache_seq_rm: sequence {} cannot be rewound to position {}: its sliding-window layers "
+                      "keep only the last {} positions (rewind to {} or later, or from 0 to clear it)",
+                      seq_id, p0, impl_->m->hp.n_swa, kv.seq_rewind_min(seq_id));
+  kv.seq_rm(seq_id, p0, p1);
   return {};
 }
 

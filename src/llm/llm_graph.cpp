@@ -29,7 +29,11 @@ StepBuilder::StepBuilder(Graph& g, const HParams& hp, const ModelWeights& w, KvC
     in_.kv_cells = g.input(DType::i32, {t, 1, 1, 1}, "inp_kv_cells");
   }
   if (any_global) in_.kq_mask = g.input(DType::f32, {shape.n_kv, t, 1, 1}, "inp_kq_mask");
-  if (any_local) in_.kq_mask_swa = g.input(DType::f32, {shape.n_kv, t, 1, 1}, "inp_kq_mask_swa");
+  if (any_local) {
+    const bool windowed = shape.n_kv_swa > 0;
+    in_.kq_mask_swa = g.input(DType::f32, {windowed ? shape.n_kv_swa : shape.n_kv, t, 1, 1}, "inp_kq_mask_swa");
+    if (windowed && layer_begin_ < layer_end_) in_.kv_cells_swa = g.input(DType::i32, {t, 1, 1, 1}, "inp_kv_cells_swa");
+  }
 
   rope_ = RopeParams{};
   rope_.n_dims = static_cast<int32_t>(hp.n_rot);
@@ -124,14 +128,15 @@ Tensor* StepBuilder::rope(Tensor* x, int il, const char* what) {
 
 Tensor* StepBuilder::attention(int il, Tensor* q, Tensor* k, Tensor* v) {
   if (!q || !k || !v) return nullptr;
-  const int64_t n_kv = shape_.n_kv;
+  // Local layers of a windowed cache have their own ring of cells.
+  const bool window_cells = hp_.is_swa(static_cast<uint32_t>(il)) && shape_.n_kv_swa > 0;
+  const int64_t n_kv = window_cells ? shape_.n_kv_swa : shape_.n_kv;
+  Tensor* cells = window_cells ? in_.kv_cells_swa : in_.kv_cells;
   Tensor* cache_k = kv_.k(il);
   Tensor* cache_v = kv_.v(il);
   // Rows go into the cache as [head_dim, n_tokens, n_head_kv], one row per (token, head).
-  Tensor* k_stored =
-      name(set_rows(g_, cache_k, permute(g_, k, 0, 2, 1, 3), in_.kv_cells), "k_cache_store", il);
-  Tensor* v_stored =
-      name(set_rows(g_, cache_v, permute(g_, v, 0, 2, 1, 3), in_.kv_cells), "v_cache_store", il);
+  Tensor* k_stored = name(set_rows(g_, cache_k, permute(g_, k, 0, 2, 1, 3), cells), "k_cache_store", il);
+  Tensor* v_stored = name(set_rows(g_, cache_v, permute(g_, v, 0, 2, 1, 3), cells), "v_cache_store", il);
   if (!k_stored || !v_stored) return nullptr;
   // Views of the stores (not of the cache leafs), so attention is ordered after the writes.
   Tensor* keys = view(g_, k_stored, {cache_k->ne[0], n_kv, cache_k->ne[2], 1}, k_stored->nb, 0);

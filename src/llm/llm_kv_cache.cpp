@@ -9,26 +9,41 @@ namespace loom::llm::detail {
 
 namespace {
 size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+// Cells of layer `il`'s K and V.
+int cells_of_layer(const HParams& hp, int il, int n_ctx, int n_window_cells) {
+  return n_window_cells > 0 && hp.is_swa(static_cast<uint32_t>(il)) ? n_window_cells : n_ctx;
+}
+
 }  // namespace
 
-uint64_t KvCache::bytes_needed(const HParams& hp, int n_ctx, int n_layers) {
-  const uint64_t per_layer =
-      static_cast<uint64_t>(n_ctx) * hp.n_head_kv * (hp.head_dim_k + hp.head_dim_v) * 2;
-  return per_layer * (n_layers < 0 ? hp.n_layer : static_cast<uint32_t>(n_layers));
+uint64_t KvCache::bytes_needed(const HParams& hp, int n_ctx, int n_layers, int first_layer, int n_window_cells) {
+  const uint64_t per_cell = static_cast<uint64_t>(hp.n_head_kv) * (hp.head_dim_k + hp.head_dim_v) * 2;
+  const int end = n_layers < 0 ? static_cast<int>(hp.n_layer) : first_layer + n_layers;
+  uint64_t total = 0;
+  for (int il = first_layer; il < end; ++il)
+    total += per_cell * static_cast<uint64_t>(cells_of_layer(hp, il, n_ctx, n_window_cells));
+  return total;
 }
 
 Result<std::unique_ptr<KvCache>> KvCache::create(const HParams& hp, int n_ctx, BufferType& type,
-                                                 BufferType* offload_type, int first_offload_layer) {
+                                                 BufferType* offload_type, int first_offload_layer,
+                                                 int n_window_cells) {
   if (n_ctx < 1)
     return make_error(StatusCode::invalid_argument, "kv cache: n_ctx {} must be positive", n_ctx);
+  if (n_window_cells >= n_ctx || !hp.has_swa()) n_window_cells = 0;  // a ring no smaller than the cache
+  if (n_window_cells < 0 || (n_window_cells > 0 && n_window_cells < static_cast<int>(hp.n_swa)))
+    return make_error(StatusCode::invalid_argument, "kv cache: {} window cells cannot hold a window of {}",
+                      n_window_cells, hp.n_swa);
   const int n_layer = static_cast<int>(hp.n_layer);
   const int split =
       offload_type && first_offload_layer >= 0 ? std::min(first_offload_layer, n_layer) : n_layer;
   std::unique_ptr<KvCache> kv(new KvCache());
   for (int il = 0; il < n_layer; ++il) {
-    kv->k_.push_back(kv->tensors_.new_tensor(DType::f16, {hp.head_dim_k, n_ctx, hp.n_head_kv, 1},
+    const int64_t cells = cells_of_layer(hp, il, n_ctx, n_window_cells);
+    kv->k_.push_back(kv->tensors_.new_tensor(DType::f16, {hp.head_dim_k, cells, hp.n_head_kv, 1},
                                              fmt::format("cache_k_l{}", il)));
-    kv->v_.push_back(kv->tensors_.new_tensor(DType::f16, {hp.head_dim_v, n_ctx, hp.n_head_kv, 1},
+    kv->v_.push_back(kv->tensors_.new_tensor(DType::f16, {hp.head_dim_v, cells, hp.n_head_kv, 1},
                                              fmt::format("cache_v_l{}", il)));
   }
   // Layers [begin, end) in one zeroed buffer of `t`.
@@ -56,6 +71,8 @@ Result<std::unique_ptr<KvCache>> KvCache::create(const HParams& hp, int n_ctx, B
   LOOM_TRY(place(type, 0, split, kv->buffer_));
   if (split < n_layer) LOOM_TRY(place(*offload_type, split, n_layer, kv->offload_buffer_));
   kv->cells_.assign(static_cast<size_t>(n_ctx), Cell{});
+  kv->window_cells_.assign(static_cast<size_t>(n_window_cells), Cell{});
+  kv->n_swa_ = static_cast<int>(hp.n_swa);
   return kv;
 }
 
@@ -87,12 +104,21 @@ int KvCache::n_kv() const {
 }
 
 void KvCache::fill_mask(std::span<const int32_t> positions, int seq, int n_kv, float* mask, int n_swa) const {
-  LOOM_ASSERT(n_kv >= 0 && n_kv <= n_ctx());
+  fill_mask_cells(cells_, positions, seq, n_kv, mask, n_swa);
+}
+
+void KvCache::fill_mask_window(std::span<const int32_t> positions, int seq, int n_kv, float* mask) const {
+  fill_mask_cells(window_cells_, positions, seq, n_kv, mask, n_swa_);
+}
+
+void KvCache::fill_mask_cells(std::span<const Cell> cells, std::span<const int32_t> positions, int seq, int n_kv,
+                              float* mask, int n_swa) {
+  LOOM_ASSERT(n_kv >= 0 && static_cast<size_t>(n_kv) <= cells.size());
   const float neg_inf = -std::numeric_limits<float>::infinity();
   for (size_t i = 0; i < positions.size(); ++i) {
     float* row = mask + i * static_cast<size_t>(n_kv);
     for (int j = 0; j < n_kv; ++j) {
-      const Cell& c = cells_[j];
+      const Cell& c = cells[j];
       const bool visible =
           c.pos >= 0 && c.seq == seq && c.pos <= positions[i] && (n_swa <= 0 || positions[i] - c.pos < n_swa);
       row[j] = visible ? 0.0f : neg_inf;
@@ -100,8 +126,68 @@ void KvCache::fill_mask(std::span<const int32_t> positions, int seq, int n_kv, f
   }
 }
 
+Result<std::vector<int32_t>> KvCache::claim_window(std::span<const int32_t> positions, int seq) {
+  LOOM_ASSERT(windowed() && !positions.empty());
+  const int first = positions[0];
+  if (const int dropped = seq_rewind_min(seq); first < dropped)
+    return make_error(StatusCode::invalid_argument,
+                      "kv cache: sequence {} continues at position {}, but its sliding-window layers keep only "
+                      "the last {} positions and have dropped position {}; clear the sequence (kv_cache_seq_rm "
+                      "from 0) and decode it again",
+                      seq, first, n_swa_, dropped - n_swa_);
+  std::vector<int32_t> out;
+  out.reserve(positions.size());
+  int dropped_max = -1;
+  // Free cells first (first-fit, so a short sequence reads a short prefix), then the sequence's
+  // cells that have left every later query's window, oldest first.
+  for (size_t c = 0; c < window_cells_.size() && out.size() < positions.size(); ++c)
+    if (window_cells_[c].pos < 0) out.push_back(static_cast<int32_t>(c));
+  if (out.size() < positions.size()) {
+    std::vector<int32_t> stale;
+    for (size_t c = 0; c < window_cells_.size(); ++c) {
+      const Cell& cell = window_cells_[c];
+      if (cell.pos >= 0 && cell.seq == seq && first - cell.pos >= n_swa_) stale.push_back(static_cast<int32_t>(c));
+    }
+    std::sort(stale.begin(), stale.end(),
+              [this](int32_t a, int32_t b) { return window_cells_[a].pos < window_cells_[b].pos; });
+    for (size_t i = 0; i < stale.size() && out.size() < positions.size(); ++i) {
+      dropped_max = std::max(dropped_max, static_cast<int>(window_cells_[stale[i]].pos));
+      out.push_back(stale[i]);
+    }
+  }
+  if (out.size() < positions.size())
+    return make_error(StatusCode::out_of_memory,
+                      "kv cache: {} tokens need sliding-window cells, but only {} of the {} can be reused",
+                      positions.size(), out.size(), window_cells_.size());
+  for (size_t i = 0; i < out.size(); ++i) window_cells_[out[i]] = Cell{positions[i], seq};
+  if (dropped_max >= 0) {
+    int& m = window_dropped_max_[seq];
+    m = std::max(m, dropped_max);
+  }
+  return out;
+}
+
+void KvCache::release_window(std::span<const int32_t> cells) {
+  for (int32_t c : cells)
+    if (c >= 0 && c < n_window_cells()) window_cells_[c] = Cell{};
+}
+
+int KvCache::n_kv_window() const {
+  for (int c = n_window_cells() - 1; c >= 0; --c)
+    if (window_cells_[c].pos >= 0) return c + 1;
+  return 0;
+}
+
+int KvCache::seq_rewind_min(int seq) const {
+  const auto it = window_dropped_max_.find(seq);
+  // Continuing at p needs positions (p - n_swa, p): none of them dropped.
+  return it == window_dropped_max_.end() ? 0 : it->second + n_swa_;
+}
+
 void KvCache::clear() {
   std::fill(cells_.begin(), cells_.end(), Cell{});
+  std::fill(window_cells_.begin(), window_cells_.end(), Cell{});
+  window_dropped_max_.clear();
   n_used_ = 0;
 }
 
@@ -112,6 +198,9 @@ void KvCache::seq_rm(int seq, int p0, int p1) {
       c = Cell{};
       --n_used_;
     }
+  for (Cell& c : window_cells_)
+    if (c.pos >= 0 && c.seq == seq && c.pos >= p0 && c.pos < p1) c = Cell{};
+  if (p0 == 0 && p1 == std::numeric_limits<int>::max()) window_dropped_max_.erase(seq);
 }
 
 int KvCache::seq_pos_max(int seq) const {
