@@ -14,7 +14,8 @@ the file: Llama 3.1's rope_freqs.weight becomes rope_scaling llama3 (factor = it
 low/high frequency factors 1 and 4 over 8192 tokens, what `loom gen-model` writes; the script checks
 that transformers' frequencies then equal base^(-2i/d) / rope_freqs), and rope.scaling.type yarn
 becomes rope_scaling yarn with max_position_embeddings = factor x original context (transformers
-derives the factor from that ratio). The gemma and qwen3moe
+derives the factor from that ratio); Phi-3's rope_factors_short/long become rope_scaling longrope. The
+gemma and qwen3moe
 mappings were written against transformers 4.5x (per-expert Linear modules; rope_theta /
 rope_local_base_freq / rope_scaling); fused expert tensors (gate_up_proj) of newer versions are
 handled, other config changes may not be.
@@ -103,7 +104,16 @@ def build_model(g):
         # Every layer attends through the file's window; Phi3Config's default pad id (32000) would not
         # fit a small vocabulary.
         window = int(p("attention.sliding_window", 0)) or None
-        cfg = transformers.Phi3Config(**common, sliding_window=window, pad_token_id=None, bos_token_id=None,
+        extra = {}
+        if "rope_factors_short.weight" in g.tensors:
+            # LongRoPE: transformers derives the cos/sin scale from max_position_embeddings /
+            # original_max_position_embeddings and picks the long factors when the sequence is longer
+            # than the original context; Loom picks them when its context (-c) is.
+            extra["original_max_position_embeddings"] = int(p("rope.scaling.original_context_length"))
+            extra["rope_scaling"] = {"type": "longrope", "rope_type": "longrope",
+                                     "short_factor": [float(x) for x in g.tensor("rope_factors_short.weight")],
+                                     "long_factor": [float(x) for x in g.tensor("rope_factors_long.weight")]}
+        cfg = transformers.Phi3Config(**common, **extra, sliding_window=window, pad_token_id=None, bos_token_id=None,
                                       eos_token_id=None, partial_rotary_factor=int(p("rope.dimension_count", head_dim)) / head_dim)
         cls = transformers.Phi3ForCausalLM
     elif arch == "qwen3moe":

@@ -64,6 +64,7 @@ struct HParams {
   RopeScaling rope_scaling = RopeScaling::none;
   float rope_scaling_factor = 1.0f;  ///< {arch}.rope.scaling.factor
   uint32_t n_ctx_orig = 0;           ///< {arch}.rope.scaling.original_context_length (default: n_ctx_train)
+  float rope_attn_factor = 1.0f;     ///< phi3.rope.scaling.attn_factor: LongRoPE's cos/sin scale
   /// Query scale: 1/sqrt(head_dim_k), except where the family says otherwise (Gemma 27B).
   float attn_scale = 0.0f;
 

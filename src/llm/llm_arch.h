@@ -41,6 +41,7 @@ struct LayerWeights {
   // The model's rope_freqs in this layer's memory: the loader sets it for every layer (a copy on the
   // offload backend for offloaded layers), since a graph may only read its own backend's memory.
   Tensor* rope_freqs = nullptr;
+  Tensor* rope_freqs_long = nullptr;  // likewise for ModelWeights::rope_freqs_long
 };
 
 struct ModelWeights {
@@ -48,7 +49,11 @@ struct ModelWeights {
   Tensor* output_norm = nullptr;  // [n_embd]
   // [n_embd, n_vocab]; tok_embd when the file ties them, unless the head is offloaded (then a copy)
   Tensor* output = nullptr;
-  Tensor* rope_freqs = nullptr;   // [n_rot/2] frequency divisors (Llama 3.1 style), optional
+  // [n_rot/2] frequency divisors, optional: Llama 3.1's, or Phi-3 LongRoPE's short factors
+  Tensor* rope_freqs = nullptr;
+  // Phi-3 LongRoPE's factors for contexts beyond the original one (used instead of rope_freqs when
+  // the context has more cells than n_ctx_orig)
+  Tensor* rope_freqs_long = nullptr;
   std::vector<LayerWeights> layers;
 };
 
@@ -174,6 +179,7 @@ class StepBuilder {
   KvCache& kv_;
   RopeParams rope_;
   RopeParams rope_swa_;  // local layers
+  bool rope_long_ = false;  // rope_freqs_long instead of rope_freqs (a context beyond n_ctx_orig)
   StepShape shape_;
   int layer_begin_ = 0;
   int layer_end_ = 0;

@@ -1,7 +1,8 @@
 // Phi-3 (and Phi-3.5 / Phi-4-mini text models): the LLaMA block with NeoX RoPE, one fused query/key/
 // value projection (attn_qkv) and one fused gate/up projection (ffn_up holds the gate rows, then the
 // up rows). Files of the 4k models carry a sliding window that every layer attends through. LongRoPE
-// files (rope_factors_long/short) are refused by read_hparams.
+// files carry per-pair frequency divisors for short and long contexts (rope_factors_short/long) and a
+// cos/sin scale (HParams::rope_attn_factor); a context longer than the original one uses the long ones.
 #include "llm_arch.h"
 
 namespace loom::llm::detail {
@@ -22,6 +23,10 @@ class Phi3Architecture final : public Architecture {
     w.output_norm = tl.require("output_norm.weight", {n_embd, 1, 1, 1}, WeightKind::vector);
     w.output = tl.optional("output.weight", {n_embd, n_vocab, 1, 1}, WeightKind::matrix);
     if (!w.output) w.output = w.tok_embd;  // Phi-4-mini ties them
+    const Shape factors{hp.n_rot / 2, 1, 1, 1};
+    w.rope_freqs = tl.optional("rope_factors_short.weight", factors, WeightKind::vector);
+    if (w.rope_freqs)  // LongRoPE: both sets
+      w.rope_freqs_long = tl.require("rope_factors_long.weight", factors, WeightKind::vector);
     w.layers.resize(hp.n_layer);
     for (int il = 0; il < static_cast<int>(hp.n_layer); ++il) {
       LayerWeights& l = w.layers[il];

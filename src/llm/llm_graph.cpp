@@ -43,13 +43,15 @@ StepBuilder::StepBuilder(Graph& g, const HParams& hp, const ModelWeights& w, KvC
   rope_.freq_scale = hp.rope_scaling == RopeScaling::none ? 1.0f : 1.0f / hp.rope_scaling_factor;
   // YaRN mixes interpolation and extrapolation fully (ext_factor 1) with the paper's beta range.
   rope_.ext_factor = hp.rope_scaling == RopeScaling::yarn ? 1.0f : 0.0f;
-  rope_.attn_factor = 1.0f;
+  rope_.attn_factor = hp.rope_attn_factor;
   rope_.beta_fast = 32.0f;
   rope_.beta_slow = 1.0f;
   rope_swa_ = rope_;
   rope_swa_.freq_base = hp.rope_freq_base_swa;
   rope_swa_.freq_scale = 1.0f;
   rope_swa_.ext_factor = 0.0f;
+  // Phi-3 LongRoPE: like llama.cpp, the long factors for a context longer than the original one.
+  rope_long_ = w.rope_freqs_long && kv.n_ctx() > static_cast<int>(hp.n_ctx_orig);
 }
 
 Tensor* StepBuilder::name(Tensor* t, const char* what, int il) {
@@ -121,7 +123,7 @@ StepBuilder::Qkv StepBuilder::project_qkv(const LayerWeights& l, Tensor* h, int 
 
 Tensor* StepBuilder::rope(Tensor* x, int il, const char* what) {
   const bool local = hp_.is_swa(static_cast<uint32_t>(il));
-  Tensor* freq_factors = w_.layers[il].rope_freqs;
+  Tensor* freq_factors = rope_long_ ? w_.layers[il].rope_freqs_long : w_.layers[il].rope_freqs;
   LOOM_ASSERT(freq_factors || !w_.rope_freqs);  // the loader gives every layer its copy
   return name(loom::rope(g_, x, in_.positions, freq_factors, local ? rope_swa_ : rope_), what, il);
 }

@@ -117,13 +117,11 @@ Status read_gemma(const GgufFile& f, const std::string& p, HParams& hp) {
   return {};
 }
 
-// Phi-3: every layer attends through the window when the file has one (the 4k models: 2047). Only
-// the plain RoPE of the short-context models is implemented.
+// Phi-3: every layer attends through the window when the file has one (the 4k models: 2047).
+// LongRoPE (the 128k models, Phi-3.5, Phi-4-mini) comes as rope_factors_short/long tensors (see the
+// architecture) and a cos/sin scale, rope.scaling.attn_factor.
 Status read_phi3(const GgufFile& f, const std::string& p, HParams& hp) {
-  for (const char* t : {"rope_factors_long.weight", "rope_factors_short.weight"})
-    if (f.find_tensor(t))
-      return make_error(StatusCode::unsupported,
-                        "{}: tensor '{}': Phi-3 LongRoPE scaling (the 128k models) is not supported", f.name(), t);
+  LOOM_TRY(get_f32_in(f, p + "rope.scaling.attn_factor", 0.01f, 100.0f, hp.rope_attn_factor));
   if (hp.rope_scaling != RopeScaling::none)
     return make_error(StatusCode::unsupported, "{}: {}rope.scaling.type: Phi-3 with RoPE scaling is not supported",
                       f.name(), p);

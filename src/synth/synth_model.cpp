@@ -20,39 +20,44 @@ namespace {
 
 // name, arch, vocab, embd, layers, heads, kv heads, head dim, ffn, ctx, rope base, eps, tied, qkv bias,
 // qk norm, llama3 rope factor, experts, experts used, expert ffn, sliding window, attention soft-cap,
-// final soft-cap, linear rope factor, yarn rope factor, original context (phi3: fused qkv and gate/up)
+// final soft-cap, linear rope factor, yarn rope factor, original context, longrope (phi3: fused qkv and
+// gate/up)
 // clang-format off
 constexpr SynthShape kShapes[] = {
     {"llama3-1b", Arch::llama, 128256, 2048, 16, 32, 8, 64, 8192, 131072, 500000.0f, 1e-5f, true, false,
-     false, 32.0f, 0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0},
+     false, 32.0f, 0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false},
     {"llama3-8b", Arch::llama, 128256, 4096, 32, 32, 8, 128, 14336, 131072, 500000.0f, 1e-5f, false, false,
-     false, 8.0f, 0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0},
+     false, 8.0f, 0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false},
     {"small", Arch::llama, 2048, 256, 4, 8, 4, 32, 768, 1024, 10000.0f, 1e-5f, false, false, false, 0.0f, 0, 0,
-     0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0},
+     0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false},
     {"tiny", Arch::llama, 512, 128, 2, 4, 2, 32, 384, 512, 10000.0f, 1e-5f, false, false, false, 0.0f, 0, 0, 0,
-     0, 0.0f, 0.0f, 0.0f, 0.0f, 0},
+     0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false},
     // Llama 3.1 features on the tiny shape: rope_freqs, tied output, q/k/v biases (some fine-tunes).
     {"llama31-tiny", Arch::llama, 512, 128, 2, 4, 2, 32, 384, 512, 500000.0f, 1e-5f, true, true, false, 8.0f, 0,
-     0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0},
+     0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false},
     {"qwen2-tiny", Arch::qwen2, 512, 128, 2, 4, 2, 32, 384, 512, 1000000.0f, 1e-6f, true, true, false, 0.0f, 0,
-     0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0},
+     0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false},
     // Qwen2.5's YaRN recipe: factor 4 over a 128-token original context (context_length 512 = 4 x 128).
     {"qwen2-yarn-tiny", Arch::qwen2, 512, 128, 2, 4, 2, 32, 384, 512, 10000.0f, 1e-6f, false, true, false, 0.0f,
-     0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 4.0f, 128},
+     0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 4.0f, 128, false},
     {"qwen3-tiny", Arch::qwen3, 512, 128, 2, 4, 2, 64, 384, 512, 1000000.0f, 1e-6f, false, false, true, 0.0f,
-     0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0},
+     0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false},
     {"qwen3moe-tiny", Arch::qwen3moe, 512, 128, 2, 4, 2, 64, 384, 512, 1000000.0f, 1e-6f, false, false, true,
-     0.0f, 8, 2, 64, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0},
+     0.0f, 8, 2, 64, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false},
     // Gemma 2: local layers 0 and 2, global layer 1; Gemma 2's caps.
     {"gemma2-tiny", Arch::gemma2, 512, 128, 3, 4, 2, 64, 384, 512, 10000.0f, 1e-6f, true, false, false, 0.0f,
-     0, 0, 0, 4, 50.0f, 30.0f, 0.0f, 0.0f, 0},
+     0, 0, 0, 4, 50.0f, 30.0f, 0.0f, 0.0f, 0, false},
     // Gemma 3: local layers 0-4, global layer 5 with linear RoPE scaling as in the 4B+ models.
     {"gemma3-tiny", Arch::gemma3, 512, 128, 6, 4, 2, 64, 384, 512, 1000000.0f, 1e-6f, true, false, true, 0.0f,
-     0, 0, 0, 4, 0.0f, 0.0f, 8.0f, 0.0f, 0},
+     0, 0, 0, 4, 0.0f, 0.0f, 8.0f, 0.0f, 0, false},
     // Phi-3: fused attn_qkv and gate/up (ffn_up holds both), NeoX RoPE, untied output, every layer
     // attending through a window (of 6 positions here, so that short prompts reach past it).
     {"phi3-tiny", Arch::phi3, 512, 128, 2, 4, 2, 32, 384, 512, 10000.0f, 1e-5f, false, false, false, 0.0f, 0,
-     0, 0, 6, 0.0f, 0.0f, 0.0f, 0.0f, 0},
+     0, 0, 6, 0.0f, 0.0f, 0.0f, 0.0f, 0, false},
+    // Phi-3.5 / Phi-4-mini style: LongRoPE over an original context of 128 (context_length 512), tied
+    // output, no window.
+    {"phi3-longrope-tiny", Arch::phi3, 512, 128, 2, 4, 2, 32, 384, 512, 10000.0f, 1e-5f, true, false, false, 0.0f,
+     0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 128, true},
 };
 // clang-format on
 
@@ -158,6 +163,12 @@ std::vector<PlannedTensor> plan_tensors(const SynthShape& s, FileType ft) {
                    Init::fixed,
                    llama3_rope_freq_factors(s.head_dim, s.rope_base, s.llama3_rope_factor)});
   }
+  if (s.longrope) {
+    out.push_back({"rope_factors_long.weight", {s.head_dim / 2}, DType::f32, Init::fixed,
+                   longrope_factors(s.head_dim, true)});
+    out.push_back({"rope_factors_short.weight", {s.head_dim / 2}, DType::f32, Init::fixed,
+                   longrope_factors(s.head_dim, false)});
+  }
   for (int il = 0; il < s.n_layer; ++il) {
     auto n = [il](const char* what) { return fmt::format("blk.{}.{}", il, what); };
     add(n("attn_norm.weight"), {s.n_embd}, Init::norm);
@@ -238,6 +249,7 @@ Status add_metadata(GgufWriter& w, const SynthShape& s, FileType ft) {
   }
   if (s.n_ctx_orig > 0)
     LOOM_TRY(w.add_u32(a + ".rope.scaling.original_context_length", static_cast<uint32_t>(s.n_ctx_orig)));
+  if (s.longrope) LOOM_TRY(w.add_f32(a + ".rope.scaling.attn_factor", longrope_attn_factor(s.n_ctx, s.n_ctx_orig)));
 
   const SynthVocab v = make_synth_vocab(s.n_vocab);
   LOOM_TRY(w.add_string("tokenizer.ggml.model", "gpt2"));
@@ -259,6 +271,22 @@ const SynthShape* find_synth_shape(std::string_view name) {
   for (const SynthShape& s : kShapes)
     if (name == s.name) return &s;
   return nullptr;
+}
+
+std::vector<float> longrope_factors(int n_rot, bool long_context) {
+  const int n = n_rot / 2;
+  std::vector<float> out;
+  for (int i = 0; i < n; ++i) {
+    const double t = n > 1 ? static_cast<double>(i) / (n - 1) : 0.0;
+    out.push_back(static_cast<float>(long_context ? 1.0 + 7.0 * t * t : 1.0 + 2.0 * t));
+  }
+  return out;
+}
+
+float longrope_attn_factor(int n_ctx, int n_ctx_orig) {
+  const double scale = static_cast<double>(n_ctx) / n_ctx_orig;
+  return scale <= 1.0 ? 1.0f
+                      : static_cast<float>(std::sqrt(1.0 + std::log(scale) / std::log(static_cast<double>(n_ctx_orig))));
 }
 
 std::vector<float> llama3_rope_freq_factors(int n_rot, float freq_base, float factor) {

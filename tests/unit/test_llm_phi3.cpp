@@ -1,5 +1,5 @@
-// Phi-3: hyperparameters (every layer windowed), the fused tensors, LongRoPE files refused by name,
-// and generation on the CPU: cached decode steps past the window equal recomputing the sequence, and
+// Phi-3: hyperparameters (every layer windowed), the fused tensors, LongRoPE's tensors and scale, and
+// generation on the CPU: cached decode steps past the window equal recomputing the sequence, and
 // greedy tokens are the same whatever the prefill chunking. The logits themselves are checked against
 // float64 in test_llm_reference.cpp (phi3-tiny).
 #include "test_llm_common.h"
@@ -50,21 +50,30 @@ TEST_F(LlmPhi3, NoWindowKeyMeansGlobalLayers) {
   EXPECT_FALSE(hp->is_swa(0));
 }
 
-TEST_F(LlmPhi3, LongRopeIsRefusedByName) {
-  const std::string dst = path("phi3-longrope.gguf");
-  Rewrite r;
-  std::vector<float> factors(16, 1.5f);
-  r.add = [&factors](GgufWriter& w, const GgufFile&) {
-    const int64_t ne[] = {16};
-    return w.add_tensor("rope_factors_long.weight", DType::f32, ne, factors.data());
-  };
-  ASSERT_TRUE(rewrite_gguf(model("phi3-tiny"), dst, r).ok());
+// LongRoPE: both factor sets and the cos/sin scale; short factors alone are an error naming the long.
+TEST_F(LlmPhi3, LongRopeTensorsAndScale) {
   auto backend = make_cpu_backend(1);
-  auto m = Model::load(dst, *backend, quiet_load());
-  ASSERT_FALSE(m.ok());
-  EXPECT_EQ(m.status().code(), StatusCode::unsupported);
-  EXPECT_NE(m.status().message().find("rope_factors_long.weight"), std::string::npos) << m.status().message();
-  EXPECT_NE(m.status().message().find("LongRoPE"), std::string::npos) << m.status().message();
+  auto m = Model::load(model("phi3-longrope-tiny"), *backend, quiet_load());
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  const HParams& hp = (*m)->hparams();
+  EXPECT_EQ(hp.n_ctx_orig, 128u);
+  EXPECT_NEAR(hp.rope_attn_factor, std::sqrt(1.0 + std::log(4.0) / std::log(128.0)), 1e-6);
+  EXPECT_FALSE(hp.has_swa());
+  const auto& w = (*m)->impl().w;
+  ASSERT_NE(w.rope_freqs, nullptr);
+  ASSERT_NE(w.rope_freqs_long, nullptr);
+  EXPECT_EQ(w.rope_freqs->name, "rope_factors_short.weight");
+  EXPECT_EQ(w.layers[1].rope_freqs_long, w.rope_freqs_long);
+  EXPECT_EQ(w.output, w.tok_embd);  // tied, as in Phi-4-mini
+
+  const std::string dst = path("phi3-shortonly.gguf");
+  Rewrite r;
+  r.drop_tensors = {"rope_factors_long.weight"};
+  ASSERT_TRUE(rewrite_gguf(model("phi3-longrope-tiny"), dst, r).ok());
+  auto bad = Model::load(dst, *backend, quiet_load());
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("missing tensor 'rope_factors_long.weight'"), std::string::npos)
+      << bad.status().message();
 }
 
 TEST_F(LlmPhi3, MissingFusedTensorIsNamed) {
