@@ -19,7 +19,8 @@ struct LayerWeights {
   Tensor* wk = nullptr;
   Tensor* wv = nullptr;
   Tensor* wo = nullptr;
-  Tensor* wqkv = nullptr;  // fused projection, query rows then key rows then value rows (phi3), instead of wq/wk/wv
+  Tensor* wqkv =
+      nullptr;  // fused projection, query rows then key rows then value rows (phi3), instead of wq/wk/wv
   Tensor* bq = nullptr;  // biases (qwen2; optional for llama)
   Tensor* bk = nullptr;
   Tensor* bv = nullptr;
@@ -31,7 +32,8 @@ struct LayerWeights {
   Tensor* ffn_gate = nullptr;
   Tensor* ffn_up = nullptr;
   Tensor* ffn_down = nullptr;
-  Tensor* ffn_gate_up = nullptr;  // fused [n_embd, 2 n_ff]: gate rows then up rows (phi3), instead of ffn_gate/ffn_up
+  Tensor* ffn_gate_up =
+      nullptr;  // fused [n_embd, 2 n_ff]: gate rows then up rows (phi3), instead of ffn_gate/ffn_up
   Tensor* ffn_post_norm = nullptr;  // norm of the FFN output before the residual add (gemma)
   // Mixture of experts: router [n_embd, n_expert] and stacked experts.
   Tensor* ffn_gate_inp = nullptr;

@@ -199,13 +199,15 @@ struct ContextImpl {
     if (in.kv_cells) std::memcpy(base + input_offset(s, in.kv_cells), cells.cells.data(), n_bytes);
     if (in.kv_cells_swa) std::memcpy(base + input_offset(s, in.kv_cells_swa), cells.window.data(), n_bytes);
     if (in.kq_mask)
-      kv->fill_mask(positions, seq, shape.n_kv, s.staging.data() + input_offset(s, in.kq_mask) / sizeof(float));
+      kv->fill_mask(positions, seq, shape.n_kv,
+                    s.staging.data() + input_offset(s, in.kq_mask) / sizeof(float));
     if (in.kq_mask_swa && shape.n_kv_swa > 0)
       kv->fill_mask_window(positions, seq, shape.n_kv_swa,
                            s.staging.data() + input_offset(s, in.kq_mask_swa) / sizeof(float));
     else if (in.kq_mask_swa)
       kv->fill_mask(positions, seq, shape.n_kv,
-                    s.staging.data() + input_offset(s, in.kq_mask_swa) / sizeof(float), static_cast<int>(m->hp.n_swa));
+                    s.staging.data() + input_offset(s, in.kq_mask_swa) / sizeof(float),
+                    static_cast<int>(m->hp.n_swa));
     if (in.hidden) {
       LOOM_ASSERT(hidden && hidden->nbytes() == in.hidden->nbytes());
       LOOM_TRY(tensor_read(hidden, base + input_offset(s, in.hidden), 0, in.hidden->nbytes()));
@@ -221,9 +223,9 @@ struct ContextImpl {
                   int seq, bool all_outputs, std::vector<float>* out) {
     // n_kv never exceeds n_ctx (nor n_kv_swa the window cells), so never what Context::create
     // reserved the arenas and the inputs for (n_batch tokens over the whole cache).
-    const StepShape shape{static_cast<int>(tokens.size()), bucketed_n_kv(kv->n_kv(), n_kv_bucket, n_ctx),
-                          all_outputs,
-                          kv->windowed() ? bucketed_n_kv(kv->n_kv_window(), n_kv_bucket, kv->n_window_cells()) : 0};
+    const StepShape shape{
+        static_cast<int>(tokens.size()), bucketed_n_kv(kv->n_kv(), n_kv_bucket, n_ctx), all_outputs,
+        kv->windowed() ? bucketed_n_kv(kv->n_kv_window(), n_kv_bucket, kv->n_window_cells()) : 0};
     const Tensor* carried = nullptr;  // the previous segment's hidden state
     bool built = false;
     uint64_t fingerprint = 0;
@@ -310,7 +312,8 @@ Result<std::unique_ptr<Context>> Context::create(const Model& model, const Conte
   const uint64_t host_need =
       (type.is_host() ? detail::KvCache::bytes_needed(hp, c.n_ctx, first_offload, 0, n_window_cells) : 0) +
       (offload_type && offload_type->is_host()
-           ? detail::KvCache::bytes_needed(hp, c.n_ctx, n_layer - first_offload, first_offload, n_window_cells)
+           ? detail::KvCache::bytes_needed(hp, c.n_ctx, n_layer - first_offload, first_offload,
+                                           n_window_cells)
            : 0);
   if (host_need > 0) {
     const uint64_t avail =
@@ -341,7 +344,8 @@ Result<std::unique_ptr<Context>> Context::create(const Model& model, const Conte
   for (detail::Segment& s : c.segments) {
     Graph g;
     detail::StepInputs in;
-    c.build(s, g, detail::StepShape{c.n_batch, c.n_ctx, false, c.kv->windowed() ? c.kv->n_window_cells() : 0}, in);
+    c.build(s, g, detail::StepShape{c.n_batch, c.n_ctx, false, c.kv->windowed() ? c.kv->n_window_cells() : 0},
+            in);
     LOOM_TRY(g.status());
     LOOM_TRY(c.allocate(s, g));
     c.stats.n_nodes += g.nodes().size();
@@ -425,10 +429,11 @@ Status Context::kv_cache_seq_rm(int seq_id, int p0, int p1) {
   // A sequence cut at p0 continues at p0, which needs the window before it: refuse to cut where the
   // sliding-window ring has already dropped part of that (the cache is left as it was).
   if (p0 > 0 && p1 < 0 && p0 <= kv.seq_pos_max(seq_id) && p0 < kv.seq_rewind_min(seq_id))
-    return make_error(StatusCode::invalid_argument,
-                      "kv_cache_seq_rm: sequence {} cannot be rewound to position {}: its sliding-window layers "
-                      "keep only the last {} positions (rewind to {} or later, or from 0 to clear it)",
-                      seq_id, p0, impl_->m->hp.n_swa, kv.seq_rewind_min(seq_id));
+    return make_error(
+        StatusCode::invalid_argument,
+        "kv_cache_seq_rm: sequence {} cannot be rewound to position {}: its sliding-window layers "
+        "keep only the last {} positions (rewind to {} or later, or from 0 to clear it)",
+        seq_id, p0, impl_->m->hp.n_swa, kv.seq_rewind_min(seq_id));
   kv.seq_rm(seq_id, p0, p1);
   return {};
 }

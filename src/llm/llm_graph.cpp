@@ -31,8 +31,10 @@ StepBuilder::StepBuilder(Graph& g, const HParams& hp, const ModelWeights& w, KvC
   if (any_global) in_.kq_mask = g.input(DType::f32, {shape.n_kv, t, 1, 1}, "inp_kq_mask");
   if (any_local) {
     const bool windowed = shape.n_kv_swa > 0;
-    in_.kq_mask_swa = g.input(DType::f32, {windowed ? shape.n_kv_swa : shape.n_kv, t, 1, 1}, "inp_kq_mask_swa");
-    if (windowed && layer_begin_ < layer_end_) in_.kv_cells_swa = g.input(DType::i32, {t, 1, 1, 1}, "inp_kv_cells_swa");
+    in_.kq_mask_swa =
+        g.input(DType::f32, {windowed ? shape.n_kv_swa : shape.n_kv, t, 1, 1}, "inp_kq_mask_swa");
+    if (windowed && layer_begin_ < layer_end_)
+      in_.kv_cells_swa = g.input(DType::i32, {t, 1, 1, 1}, "inp_kv_cells_swa");
   }
 
   rope_ = RopeParams{};
@@ -113,8 +115,8 @@ StepBuilder::Qkv StepBuilder::project_qkv(const LayerWeights& l, Tensor* h, int 
   const size_t f = sizeof(float), col = qkv->nb[1];
   auto part = [&](int64_t head_dim, int64_t n_heads, int64_t first_row, const char* what) {
     const std::array<size_t, kMaxDims> nb{f, static_cast<size_t>(head_dim) * f, col, col * qkv->ne[1]};
-    return name(view(g_, qkv, {head_dim, n_heads, qkv->ne[1], 1}, nb, static_cast<size_t>(first_row) * f), what,
-                il);
+    return name(view(g_, qkv, {head_dim, n_heads, qkv->ne[1], 1}, nb, static_cast<size_t>(first_row) * f),
+                what, il);
   };
   const int64_t q_rows = dk * hp_.n_head, k_rows = dk * hp_.n_head_kv;
   return {part(dk, hp_.n_head, 0, "attn_q"), part(dk, hp_.n_head_kv, q_rows, "attn_k"),
@@ -157,8 +159,9 @@ Tensor* StepBuilder::ffn_swiglu(const LayerWeights& l, Tensor* x, int il) {
     if (!gu) return nullptr;
     const int64_t n_ff = gu->ne[0] / 2;
     Tensor* gate = name(view(g_, gu, {n_ff, gu->ne[1], 1, 1}, gu->nb, 0), "ffn_gate", il);
-    Tensor* up = name(view(g_, gu, {n_ff, gu->ne[1], 1, 1}, gu->nb, static_cast<size_t>(n_ff) * sizeof(float)),
-                      "ffn_up", il);
+    Tensor* up =
+        name(view(g_, gu, {n_ff, gu->ne[1], 1, 1}, gu->nb, static_cast<size_t>(n_ff) * sizeof(float)),
+             "ffn_up", il);
     return linear(l.ffn_down, name(swiglu(g_, gate, up), "ffn_glu", il), nullptr, "ffn_down", il);
   }
   Tensor* h =

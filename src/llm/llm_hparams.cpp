@@ -30,8 +30,8 @@ const char* arch_name(Arch a) {
 }
 
 namespace {
-constexpr Arch kArchs[] = {Arch::llama, Arch::qwen2, Arch::qwen3, Arch::qwen3moe, Arch::gemma2, Arch::gemma3,
-                           Arch::phi3};
+constexpr Arch kArchs[] = {Arch::llama,  Arch::qwen2,  Arch::qwen3, Arch::qwen3moe,
+                           Arch::gemma2, Arch::gemma3, Arch::phi3};
 }  // namespace
 
 std::span<const Arch> supported_archs() { return kArchs; }
@@ -123,8 +123,8 @@ Status read_gemma(const GgufFile& f, const std::string& p, HParams& hp) {
 Status read_phi3(const GgufFile& f, const std::string& p, HParams& hp) {
   LOOM_TRY(get_f32_in(f, p + "rope.scaling.attn_factor", 0.01f, 100.0f, hp.rope_attn_factor));
   if (hp.rope_scaling != RopeScaling::none)
-    return make_error(StatusCode::unsupported, "{}: {}rope.scaling.type: Phi-3 with RoPE scaling is not supported",
-                      f.name(), p);
+    return make_error(StatusCode::unsupported,
+                      "{}: {}rope.scaling.type: Phi-3 with RoPE scaling is not supported", f.name(), p);
   if (f.has(p + "attention.sliding_window")) {
     auto w = f.get_u32(p + "attention.sliding_window");
     if (!w) return w.status();

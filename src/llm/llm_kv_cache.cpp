@@ -17,7 +17,8 @@ int cells_of_layer(const HParams& hp, int il, int n_ctx, int n_window_cells) {
 
 }  // namespace
 
-uint64_t KvCache::bytes_needed(const HParams& hp, int n_ctx, int n_layers, int first_layer, int n_window_cells) {
+uint64_t KvCache::bytes_needed(const HParams& hp, int n_ctx, int n_layers, int first_layer,
+                               int n_window_cells) {
   const uint64_t per_cell = static_cast<uint64_t>(hp.n_head_kv) * (hp.head_dim_k + hp.head_dim_v) * 2;
   const int end = n_layers < 0 ? static_cast<int>(hp.n_layer) : first_layer + n_layers;
   uint64_t total = 0;
@@ -111,8 +112,8 @@ void KvCache::fill_mask_window(std::span<const int32_t> positions, int seq, int 
   fill_mask_cells(window_cells_, positions, seq, n_kv, mask, n_swa_);
 }
 
-void KvCache::fill_mask_cells(std::span<const Cell> cells, std::span<const int32_t> positions, int seq, int n_kv,
-                              float* mask, int n_swa) {
+void KvCache::fill_mask_cells(std::span<const Cell> cells, std::span<const int32_t> positions, int seq,
+                              int n_kv, float* mask, int n_swa) {
   LOOM_ASSERT(n_kv >= 0 && static_cast<size_t>(n_kv) <= cells.size());
   const float neg_inf = -std::numeric_limits<float>::infinity();
   for (size_t i = 0; i < positions.size(); ++i) {
@@ -130,11 +131,12 @@ Result<std::vector<int32_t>> KvCache::claim_window(std::span<const int32_t> posi
   LOOM_ASSERT(windowed() && !positions.empty());
   const int first = positions[0];
   if (const int dropped = seq_rewind_min(seq); first < dropped)
-    return make_error(StatusCode::invalid_argument,
-                      "kv cache: sequence {} continues at position {}, but its sliding-window layers keep only "
-                      "the last {} positions and have dropped position {}; clear the sequence (kv_cache_seq_rm "
-                      "from 0) and decode it again",
-                      seq, first, n_swa_, dropped - n_swa_);
+    return make_error(
+        StatusCode::invalid_argument,
+        "kv cache: sequence {} continues at position {}, but its sliding-window layers keep only "
+        "the last {} positions and have dropped position {}; clear the sequence (kv_cache_seq_rm "
+        "from 0) and decode it again",
+        seq, first, n_swa_, dropped - n_swa_);
   std::vector<int32_t> out;
   out.reserve(positions.size());
   int dropped_max = -1;
@@ -146,7 +148,8 @@ Result<std::vector<int32_t>> KvCache::claim_window(std::span<const int32_t> posi
     std::vector<int32_t> stale;
     for (size_t c = 0; c < window_cells_.size(); ++c) {
       const Cell& cell = window_cells_[c];
-      if (cell.pos >= 0 && cell.seq == seq && first - cell.pos >= n_swa_) stale.push_back(static_cast<int32_t>(c));
+      if (cell.pos >= 0 && cell.seq == seq && first - cell.pos >= n_swa_)
+        stale.push_back(static_cast<int32_t>(c));
     }
     std::sort(stale.begin(), stale.end(),
               [this](int32_t a, int32_t b) { return window_cells_[a].pos < window_cells_[b].pos; });

@@ -96,7 +96,7 @@ class KvCache {
   std::vector<Cell> cells_;
   int n_used_ = 0;
   int n_swa_ = 0;
-  std::vector<Cell> window_cells_;  // empty: the sliding-window layers use cells_
+  std::vector<Cell> window_cells_;         // empty: the sliding-window layers use cells_
   std::map<int, int> window_dropped_max_;  // per sequence: the highest position the ring dropped
 };
 

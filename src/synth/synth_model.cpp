@@ -164,9 +164,15 @@ std::vector<PlannedTensor> plan_tensors(const SynthShape& s, FileType ft) {
                    llama3_rope_freq_factors(s.head_dim, s.rope_base, s.llama3_rope_factor)});
   }
   if (s.longrope) {
-    out.push_back({"rope_factors_long.weight", {s.head_dim / 2}, DType::f32, Init::fixed,
+    out.push_back({"rope_factors_long.weight",
+                   {s.head_dim / 2},
+                   DType::f32,
+                   Init::fixed,
                    longrope_factors(s.head_dim, true)});
-    out.push_back({"rope_factors_short.weight", {s.head_dim / 2}, DType::f32, Init::fixed,
+    out.push_back({"rope_factors_short.weight",
+                   {s.head_dim / 2},
+                   DType::f32,
+                   Init::fixed,
                    longrope_factors(s.head_dim, false)});
   }
   for (int il = 0; il < s.n_layer; ++il) {
@@ -249,7 +255,8 @@ Status add_metadata(GgufWriter& w, const SynthShape& s, FileType ft) {
   }
   if (s.n_ctx_orig > 0)
     LOOM_TRY(w.add_u32(a + ".rope.scaling.original_context_length", static_cast<uint32_t>(s.n_ctx_orig)));
-  if (s.longrope) LOOM_TRY(w.add_f32(a + ".rope.scaling.attn_factor", longrope_attn_factor(s.n_ctx, s.n_ctx_orig)));
+  if (s.longrope)
+    LOOM_TRY(w.add_f32(a + ".rope.scaling.attn_factor", longrope_attn_factor(s.n_ctx, s.n_ctx_orig)));
 
   const SynthVocab v = make_synth_vocab(s.n_vocab);
   LOOM_TRY(w.add_string("tokenizer.ggml.model", "gpt2"));
@@ -286,7 +293,8 @@ std::vector<float> longrope_factors(int n_rot, bool long_context) {
 float longrope_attn_factor(int n_ctx, int n_ctx_orig) {
   const double scale = static_cast<double>(n_ctx) / n_ctx_orig;
   return scale <= 1.0 ? 1.0f
-                      : static_cast<float>(std::sqrt(1.0 + std::log(scale) / std::log(static_cast<double>(n_ctx_orig))));
+                      : static_cast<float>(
+                            std::sqrt(1.0 + std::log(scale) / std::log(static_cast<double>(n_ctx_orig))));
 }
 
 std::vector<float> llama3_rope_freq_factors(int n_rot, float freq_base, float factor) {

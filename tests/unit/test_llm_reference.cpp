@@ -124,7 +124,8 @@ std::vector<Vec> reference_logits(const GgufFile& f, const HParams& hp, const st
   const bool neox = hp.arch != Arch::llama;
   const RopeRef rr = rope_ref(f, hp, w, sw.rope_scaling, n_ctx);
   const std::string p = std::string(arch_name(hp.arch)) + ".";
-  const size_t window = sw.window && hp.arch == Arch::phi3 ? *f.get_u32_or(p + "attention.sliding_window", 0) : 0;
+  const size_t window =
+      sw.window && hp.arch == Arch::phi3 ? *f.get_u32_or(p + "attention.sliding_window", 0) : 0;
   const auto embd = w.get("token_embd.weight");
   std::vector<Vec> x(T, Vec(E));
   for (size_t t = 0; t < T; ++t)
@@ -132,10 +133,10 @@ std::vector<Vec> reference_logits(const GgufFile& f, const HParams& hp, const st
   for (uint32_t il = 0; il < hp.n_layer; ++il) {
     auto n = [il](const char* what) { return "blk." + std::to_string(il) + "." + what; };
     const auto attn_norm = w.get(n("attn_norm.weight")), wq = w.get(n("attn_q.weight")),
-               wk = w.get(n("attn_k.weight")), wv = w.get(n("attn_v.weight")), wqkv = w.get(n("attn_qkv.weight")),
-               wo = w.get(n("attn_output.weight")), ffn_norm = w.get(n("ffn_norm.weight")),
-               wg = w.get(n("ffn_gate.weight")), wu = w.get(n("ffn_up.weight")),
-               wd = w.get(n("ffn_down.weight"));
+               wk = w.get(n("attn_k.weight")), wv = w.get(n("attn_v.weight")),
+               wqkv = w.get(n("attn_qkv.weight")), wo = w.get(n("attn_output.weight")),
+               ffn_norm = w.get(n("ffn_norm.weight")), wg = w.get(n("ffn_gate.weight")),
+               wu = w.get(n("ffn_up.weight")), wd = w.get(n("ffn_down.weight"));
     std::vector<Vec> q(T), k(T), v(T);
     for (size_t t = 0; t < T; ++t) {
       Vec h = x[t];
@@ -251,8 +252,8 @@ TEST_P(LlmReference, MatchesFloat64) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, LlmReference,
-                         ::testing::Values("tiny", "llama31-tiny", "qwen2-tiny", "qwen2-yarn-tiny", "qwen3-tiny",
-                                           "phi3-tiny", "phi3-longrope-tiny"),
+                         ::testing::Values("tiny", "llama31-tiny", "qwen2-tiny", "qwen2-yarn-tiny",
+                                           "qwen3-tiny", "phi3-tiny", "phi3-longrope-tiny"),
                          [](const auto& info) {
                            std::string s = info.param;
                            for (char& c : s)
@@ -267,9 +268,9 @@ INSTANTIATE_TEST_SUITE_P(Archs, LlmReference,
 // phi3-tiny 4.3e-11 (0.35 without the window), phi3-longrope-tiny 8.9e-10 / 1.5e-11 (0.057 / 0.044
 // without LongRoPE).
 TEST_F(LlmReferenceFar, ScalingAndWindowMatter) {
-  for (const auto& [shape, n_ctx] : {std::pair{"llama31-tiny", 32}, std::pair{"qwen2-yarn-tiny", 32},
-                                     std::pair{"phi3-tiny", 32}, std::pair{"phi3-longrope-tiny", 32},
-                                     std::pair{"phi3-longrope-tiny", 256}}) {
+  for (const auto& [shape, n_ctx] :
+       {std::pair{"llama31-tiny", 32}, std::pair{"qwen2-yarn-tiny", 32}, std::pair{"phi3-tiny", 32},
+        std::pair{"phi3-longrope-tiny", 32}, std::pair{"phi3-longrope-tiny", 256}}) {
     SCOPED_TRACE(std::string(shape) + " n_ctx " + std::to_string(n_ctx));
     const std::string file = model(shape, "f32", 5);
     auto backend = make_cpu_backend(2);

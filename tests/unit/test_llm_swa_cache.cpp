@@ -35,7 +35,8 @@ class LlmSwaCache : public ModelFiles {
   }
 
   // Every logit of a `n_prompt`-token prompt (in chunks of n_batch), then `n_steps` greedy steps.
-  static std::vector<float> prompt_and_steps(Context& ctx, int n_prompt, int n_steps, std::vector<int32_t>* seq_out) {
+  static std::vector<float> prompt_and_steps(Context& ctx, int n_prompt, int n_steps,
+                                             std::vector<int32_t>* seq_out) {
     const int n_vocab = ctx.n_vocab();
     std::vector<int32_t> seq = test_tokens(n_prompt, n_vocab, 17);
     DecodeOptions all;
@@ -76,10 +77,14 @@ TEST_F(LlmSwaCache, LocalLayersAreBoundedByTheWindow) {
         const int64_t cells = kv.k(static_cast<int>(il))->ne[1];
         EXPECT_EQ(cells, hp.is_swa(il) ? hp.n_swa + 8 - 1 : n_ctx) << il;
         EXPECT_EQ(kv.v(static_cast<int>(il))->ne[1], cells) << il;
-        if (hp.is_swa(il)) local_bytes += kv.k(static_cast<int>(il))->nbytes() + kv.v(static_cast<int>(il))->nbytes();
+        if (hp.is_swa(il))
+          local_bytes += kv.k(static_cast<int>(il))->nbytes() + kv.v(static_cast<int>(il))->nbytes();
       }
-      EXPECT_EQ(local_bytes, static_cast<uint64_t>(hp.n_swa + 7) * hp.n_head_kv * (hp.head_dim_k + hp.head_dim_v) * 2 *
-                                 (hp.arch == Arch::gemma2 ? 2 : hp.arch == Arch::gemma3 ? 5 : hp.n_layer));
+      EXPECT_EQ(local_bytes, static_cast<uint64_t>(hp.n_swa + 7) * hp.n_head_kv *
+                                 (hp.head_dim_k + hp.head_dim_v) * 2 *
+                                 (hp.arch == Arch::gemma2   ? 2
+                                  : hp.arch == Arch::gemma3 ? 5
+                                                            : hp.n_layer));
       Run full = open(file, n_ctx, 8, true);
       ASSERT_TRUE(full.ctx);
       const detail::KvCache& fkv = detail::context_kv_cache(*full.ctx);
