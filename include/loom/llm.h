@@ -230,6 +230,9 @@ class Context {
   int n_ctx() const;
   int n_batch() const;
   int n_vocab() const;
+  /// Whether sliding-window layers keep every cell (ContextParams::swa_full, or a context no larger
+  /// than their ring would be).
+  bool swa_full() const;
   /// Bytes of the KV cache.
   size_t kv_cache_bytes() const;
   const Model& model() const;
@@ -252,6 +255,7 @@ struct SessionParams {
   int device = 0;               ///< GPU ordinal
   int n_ctx = 0;                ///< see ContextParams
   int n_batch = 512;            ///< see ContextParams (-ub)
+  bool swa_full = false;        ///< see ContextParams (--swa-full)
   /// Rounding mode of the backends (unset: LOOM_NUMERICS, else each backend's default).
   std::optional<Numerics> numerics;
   bool progress = true;

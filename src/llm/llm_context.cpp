@@ -442,6 +442,7 @@ int Context::kv_cache_seq_pos_max(int seq_id) const { return impl_->kv->seq_pos_
 int Context::kv_cache_used() const { return impl_->kv->used(); }
 int Context::n_ctx() const { return impl_->n_ctx; }
 int Context::n_batch() const { return impl_->n_batch; }
+bool Context::swa_full() const { return !impl_->kv->windowed(); }
 int Context::n_vocab() const { return static_cast<int>(impl_->m->hp.n_vocab); }
 size_t Context::kv_cache_bytes() const { return impl_->kv->bytes(); }
 const Model& Context::model() const { return *impl_->model; }
@@ -472,6 +473,7 @@ Result<Session> open_session(const SessionParams& p) {
   ContextParams cp;
   cp.n_ctx = p.n_ctx;
   cp.n_batch = p.n_batch;
+  cp.swa_full = p.swa_full;
   auto ctx = Context::create(*s.model, cp);
   if (!ctx) return ctx.status();
   s.context = std::move(ctx.value());
