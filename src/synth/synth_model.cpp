@@ -20,44 +20,44 @@ namespace {
 
 // name, arch, vocab, embd, layers, heads, kv heads, head dim, ffn, ctx, rope base, eps, tied, qkv bias,
 // qk norm, llama3 rope factor, experts, experts used, expert ffn, sliding window, attention soft-cap,
-// final soft-cap, linear rope factor, yarn rope factor, original context, longrope (phi3: fused qkv and
-// gate/up)
+// final soft-cap, linear rope factor, yarn rope factor, original context, longrope, rotated dims (phi3:
+// fused qkv and gate/up)
 // clang-format off
 constexpr SynthShape kShapes[] = {
     {"llama3-1b", Arch::llama, 128256, 2048, 16, 32, 8, 64, 8192, 131072, 500000.0f, 1e-5f, true, false,
-     false, 32.0f, 0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false},
+     false, 32.0f, 0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false, 0},
     {"llama3-8b", Arch::llama, 128256, 4096, 32, 32, 8, 128, 14336, 131072, 500000.0f, 1e-5f, false, false,
-     false, 8.0f, 0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false},
+     false, 8.0f, 0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false, 0},
     {"small", Arch::llama, 2048, 256, 4, 8, 4, 32, 768, 1024, 10000.0f, 1e-5f, false, false, false, 0.0f, 0, 0,
-     0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false},
+     0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false, 0},
     {"tiny", Arch::llama, 512, 128, 2, 4, 2, 32, 384, 512, 10000.0f, 1e-5f, false, false, false, 0.0f, 0, 0, 0,
-     0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false},
+     0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false, 0},
     // Llama 3.1 features on the tiny shape: rope_freqs, tied output, q/k/v biases (some fine-tunes).
     {"llama31-tiny", Arch::llama, 512, 128, 2, 4, 2, 32, 384, 512, 500000.0f, 1e-5f, true, true, false, 8.0f, 0,
-     0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false},
+     0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false, 0},
     {"qwen2-tiny", Arch::qwen2, 512, 128, 2, 4, 2, 32, 384, 512, 1000000.0f, 1e-6f, true, true, false, 0.0f, 0,
-     0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false},
+     0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false, 0},
     // Qwen2.5's YaRN recipe: factor 4 over a 128-token original context (context_length 512 = 4 x 128).
     {"qwen2-yarn-tiny", Arch::qwen2, 512, 128, 2, 4, 2, 32, 384, 512, 10000.0f, 1e-6f, false, true, false, 0.0f,
-     0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 4.0f, 128, false},
+     0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 4.0f, 128, false, 0},
     {"qwen3-tiny", Arch::qwen3, 512, 128, 2, 4, 2, 64, 384, 512, 1000000.0f, 1e-6f, false, false, true, 0.0f,
-     0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false},
+     0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false, 0},
     {"qwen3moe-tiny", Arch::qwen3moe, 512, 128, 2, 4, 2, 64, 384, 512, 1000000.0f, 1e-6f, false, false, true,
-     0.0f, 8, 2, 64, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false},
+     0.0f, 8, 2, 64, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false, 0},
     // Gemma 2: local layers 0 and 2, global layer 1; Gemma 2's caps.
     {"gemma2-tiny", Arch::gemma2, 512, 128, 3, 4, 2, 64, 384, 512, 10000.0f, 1e-6f, true, false, false, 0.0f,
-     0, 0, 0, 4, 50.0f, 30.0f, 0.0f, 0.0f, 0, false},
+     0, 0, 0, 4, 50.0f, 30.0f, 0.0f, 0.0f, 0, false, 0},
     // Gemma 3: local layers 0-4, global layer 5 with linear RoPE scaling as in the 4B+ models.
     {"gemma3-tiny", Arch::gemma3, 512, 128, 6, 4, 2, 64, 384, 512, 1000000.0f, 1e-6f, true, false, true, 0.0f,
-     0, 0, 0, 4, 0.0f, 0.0f, 8.0f, 0.0f, 0, false},
+     0, 0, 0, 4, 0.0f, 0.0f, 8.0f, 0.0f, 0, false, 0},
     // Phi-3: fused attn_qkv and gate/up (ffn_up holds both), NeoX RoPE, untied output, every layer
     // attending through a window (of 6 positions here, so that short prompts reach past it).
     {"phi3-tiny", Arch::phi3, 512, 128, 2, 4, 2, 32, 384, 512, 10000.0f, 1e-5f, false, false, false, 0.0f, 0,
-     0, 0, 6, 0.0f, 0.0f, 0.0f, 0.0f, 0, false},
-    // Phi-3.5 / Phi-4-mini style: LongRoPE over an original context of 128 (context_length 512), tied
-    // output, no window.
+     0, 0, 6, 0.0f, 0.0f, 0.0f, 0.0f, 0, false, 0},
+    // Phi-4-mini style: LongRoPE over an original context of 128 (context_length 512), 3/4 of each head
+    // rotated, tied output, no window.
     {"phi3-longrope-tiny", Arch::phi3, 512, 128, 2, 4, 2, 32, 384, 512, 10000.0f, 1e-5f, true, false, false, 0.0f,
-     0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 128, true},
+     0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 128, true, 24},
 };
 // clang-format on
 
@@ -164,16 +164,13 @@ std::vector<PlannedTensor> plan_tensors(const SynthShape& s, FileType ft) {
                    llama3_rope_freq_factors(s.head_dim, s.rope_base, s.llama3_rope_factor)});
   }
   if (s.longrope) {
-    out.push_back({"rope_factors_long.weight",
-                   {s.head_dim / 2},
-                   DType::f32,
-                   Init::fixed,
-                   longrope_factors(s.head_dim, true)});
-    out.push_back({"rope_factors_short.weight",
-                   {s.head_dim / 2},
-                   DType::f32,
-                   Init::fixed,
-                   longrope_factors(s.head_dim, false)});
+    const int n_rot = s.n_rot > 0 ? s.n_rot : s.head_dim;
+    for (bool long_context : {true, false})
+      out.push_back({long_context ? "rope_factors_long.weight" : "rope_factors_short.weight",
+                     {n_rot / 2},
+                     DType::f32,
+                     Init::fixed,
+                     longrope_factors(n_rot, long_context)});
   }
   for (int il = 0; il < s.n_layer; ++il) {
     auto n = [il](const char* what) { return fmt::format("blk.{}.{}", il, what); };
@@ -234,7 +231,7 @@ Status add_metadata(GgufWriter& w, const SynthShape& s, FileType ft) {
   LOOM_TRY(w.add_u32(a + ".attention.value_length", static_cast<uint32_t>(s.head_dim)));
   LOOM_TRY(w.add_f32(a + ".attention.layer_norm_rms_epsilon", s.norm_eps));
   LOOM_TRY(w.add_f32(a + ".rope.freq_base", s.rope_base));
-  LOOM_TRY(w.add_u32(a + ".rope.dimension_count", static_cast<uint32_t>(s.head_dim)));
+  LOOM_TRY(w.add_u32(a + ".rope.dimension_count", static_cast<uint32_t>(s.n_rot > 0 ? s.n_rot : s.head_dim)));
   LOOM_TRY(w.add_u32(a + ".vocab_size", static_cast<uint32_t>(s.n_vocab)));
   if (s.n_expert > 0) {
     LOOM_TRY(w.add_u32(a + ".expert_count", static_cast<uint32_t>(s.n_expert)));

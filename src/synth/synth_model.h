@@ -47,6 +47,7 @@ struct SynthShape {
   float rope_yarn_factor;    ///< > 0: rope.scaling.type yarn with this factor over `n_ctx_orig` tokens
   int n_ctx_orig;            ///< > 0: rope.scaling.original_context_length
   bool longrope;             ///< Phi-3 LongRoPE: rope_factors_short/long and rope.scaling.attn_factor
+  int n_rot;                 ///< rotated dims per head (rope.dimension_count); 0: head_dim
 };
 
 /// llama3-1b, llama3-8b, small, tiny, llama31-tiny, qwen2-tiny, qwen2-yarn-tiny, qwen3-tiny, qwen3moe-tiny,

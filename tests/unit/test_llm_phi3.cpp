@@ -50,19 +50,22 @@ TEST_F(LlmPhi3, NoWindowKeyMeansGlobalLayers) {
   EXPECT_FALSE(hp->is_swa(0));
 }
 
-// LongRoPE: both factor sets and the cos/sin scale; short factors alone are an error naming the long.
+// LongRoPE (with partial rotation, as in Phi-4-mini): both factor sets and the cos/sin scale; short
+// factors alone are an error naming the long.
 TEST_F(LlmPhi3, LongRopeTensorsAndScale) {
   auto backend = make_cpu_backend(1);
   auto m = Model::load(model("phi3-longrope-tiny"), *backend, quiet_load());
   ASSERT_TRUE(m.ok()) << m.status().to_string();
   const HParams& hp = (*m)->hparams();
   EXPECT_EQ(hp.n_ctx_orig, 128u);
+  EXPECT_EQ(hp.n_rot, 24u);  // Phi-4-mini rotates 3/4 of each head
   EXPECT_NEAR(hp.rope_attn_factor, std::sqrt(1.0 + std::log(4.0) / std::log(128.0)), 1e-6);
   EXPECT_FALSE(hp.has_swa());
   const auto& w = (*m)->impl().w;
   ASSERT_NE(w.rope_freqs, nullptr);
   ASSERT_NE(w.rope_freqs_long, nullptr);
   EXPECT_EQ(w.rope_freqs->name, "rope_factors_short.weight");
+  EXPECT_EQ(w.rope_freqs->ne[0], 12);
   EXPECT_EQ(w.layers[1].rope_freqs_long, w.rope_freqs_long);
   EXPECT_EQ(w.output, w.tok_embd);  // tied, as in Phi-4-mini
 

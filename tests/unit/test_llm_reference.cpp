@@ -2,7 +2,7 @@
 // test_llama_block.cpp) that reads the same GGUF weights: llama (normal RoPE; Llama 3.1's rope_freqs,
 // tied output and q/k/v biases in llama31-tiny), qwen2 (biases, NeoX RoPE, tied output; YaRN in
 // qwen2-yarn-tiny), qwen3 (QK-norm, head size != n_embd / n_head) and phi3 (fused qkv and gate/up,
-// every layer windowed; LongRoPE in phi3-longrope-tiny).
+// every layer windowed; LongRoPE and 3/4 of each head rotated in phi3-longrope-tiny).
 #include "test_llm_common.h"
 
 #include <algorithm>
