@@ -14,13 +14,17 @@ check() {  # check LABEL COMMAND...
   if "$@"; then echo "e2e: $label ok"; else echo "e2e: $label FAIL"; fails=$((fails + 1)); fi
 }
 models=("tiny f32" "tiny f16" "qwen2-tiny f32" "qwen3-tiny f16" "gemma2-tiny f32" "gemma3-tiny f16" "qwen3moe-tiny f32" "qwen3moe-tiny q8_0" "small q4_K_M"
+        "llama31-tiny f32" "qwen2-yarn-tiny f32" "phi3-tiny f32" "phi3-tiny q8_0" "phi3-longrope-tiny f32"
         "llama3-1b f16" "llama3-1b q8_0" "llama3-1b q4_0" "llama3-1b q4_K_M")
 for m in "${models[@]}"; do
   read -r shape type <<<"$m"
   f="$work/$shape-$type.gguf"
   "$bin/loom" gen-model --shape "$shape" --type "$type" -o "$f" -t 16 >/dev/null 2>&1 || { echo "e2e: gen-model $m FAIL"; fails=$((fails+1)); continue; }
+  # LongRoPE: Loom takes the short factors in a context within the original 128 tokens, as
+  # transformers does for a prompt that short.
+  ctx=(); [[ $shape == phi3-longrope-tiny ]] && ctx=(-c 128)
   for be in cpu cuda; do
-    "$bin/loom" run -m "$f" --backend $be -t 16 -p "$prompt" -n 16 --temp 0 \
+    "$bin/loom" run -m "$f" --backend $be -t 16 ${ctx[@]+"${ctx[@]}"} -p "$prompt" -n 16 --temp 0 \
       --dump-logits "$work/$shape-$type-$be.bin" >"$work/$shape-$type-$be.txt" 2>"$work/$shape-$type-$be.err" \
       || { echo "e2e: run $m $be FAIL: $(tail -1 "$work/$shape-$type-$be.err")"; fails=$((fails+1)); }
   done

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What a new user runs into with the `loom` command: non-regular model files, --version, sampler
-# values out of range, a prompt file that is not UTF-8, chat and perplexity without -m.
+# values out of range, a prompt file that is not UTF-8, chat and perplexity without -m; --swa-full.
 #   usage: cli_checks.sh LOOM_BINARY PROJECT_VERSION SOURCE_DIR
 set -u
 loom=$1
@@ -105,4 +105,15 @@ refused ppl-no-text "no text to evaluate: pass -f TEXT" perplexity
 LOOM_MODEL="$dir/tiny.gguf" refused ppl-no-text-env "no text to evaluate: pass -f TEXT" perplexity
 # no built-in model to be found: the error says how to give one
 LOOM_MODEL="$dir/no-such.gguf" refused chat-no-model "no-such.gguf: cannot open" chat --chat-template chatml
+# ---- sliding-window layers: the ring of the window, or with --swa-full the whole context ---------------
+"$loom" gen-model --shape gemma3-tiny --type f16 -o "$dir/gemma3.gguf" 2>"$dir/gen-gemma3.err" || fail "gen-model gemma3"
+p="The quick brown fox jumps over the lazy dog while the cat sleeps in the warm sun"
+run swa-ring run -m "$dir/gemma3.gguf" -t 2 --ubatch-size 4 -p "$p" -n 8 --temp 0 --dump-logits "$dir/ring.bin" ||
+  fail "run gemma3 (window ring)"
+run swa-full run -m "$dir/gemma3.gguf" -t 2 --ubatch-size 4 --swa-full -p "$p" -n 8 --temp 0 \
+  --dump-logits "$dir/full.bin" || fail "run gemma3 --swa-full"
+grep -q "KV cache 273.5 KiB" "$dir/swa-ring.err" || fail "gemma3: the local layers' cache is not their ring"
+grep -q "KV cache 1.5 MiB" "$dir/swa-full.err" || fail "gemma3 --swa-full: not the whole context"
+cmp -s "$dir/ring.bin" "$dir/full.bin" || fail "gemma3: the ring's logits differ from the full cache's"
+cmp -s "$dir/swa-ring.out" "$dir/swa-full.out" || fail "gemma3: the ring's tokens differ from the full cache's"
 echo "cli checks: ok"

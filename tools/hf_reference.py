@@ -1,14 +1,21 @@
 #!/usr/bin/env python3
 """Independent reference: Loom's logits against Hugging Face transformers on the same weights.
 
-Loads a Loom-written GGUF (llama, qwen2, qwen3, qwen3moe, gemma2 or gemma3; weights dequantized by
+Loads a Loom-written GGUF (llama, qwen2, qwen3, qwen3moe, gemma2, gemma3 or phi3; weights dequantized by
 tools/gguf_numpy.py) into transformers' LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM /
-Qwen3MoeForCausalLM / Gemma2ForCausalLM / Gemma3ForCausalLM (text-only, Gemma3TextConfig), runs the
+Qwen3MoeForCausalLM / Gemma2ForCausalLM / Gemma3ForCausalLM (text-only, Gemma3TextConfig) /
+Phi3ForCausalLM, runs the
 given tokens in float64, and compares the logits with the float32 [n_tokens, n_vocab] file Loom wrote
 (`loom run --dump-logits`).
 
 GGUF conventions undone here: llama q/k rows are permuted for interleaved RoPE; Gemma norm weights
-are stored as 1 + w (transformers' Gemma RMSNorm multiplies by 1 + w itself). The gemma and qwen3moe
+are stored as 1 + w (transformers' Gemma RMSNorm multiplies by 1 + w itself). RoPE scaling comes from
+the file: Llama 3.1's rope_freqs.weight becomes rope_scaling llama3 (factor = its largest divisor,
+low/high frequency factors 1 and 4 over 8192 tokens, what `loom gen-model` writes; the script checks
+that transformers' frequencies then equal base^(-2i/d) / rope_freqs), and rope.scaling.type yarn
+becomes rope_scaling yarn with max_position_embeddings = factor x original context (transformers
+derives the factor from that ratio); Phi-3's rope_factors_short/long become rope_scaling longrope. The
+gemma and qwen3moe
 mappings were written against transformers 4.5x (per-expert Linear modules; rope_theta /
 rope_local_base_freq / rope_scaling); fused expert tensors (gate_up_proj) of newer versions are
 handled, other config changes may not be.
@@ -71,12 +78,44 @@ def build_model(g):
         qpas = n_embd // n_head if int(p("block_count")) == layers_27b else head_dim
         window = int(p("attention.sliding_window", 0)) or int(p("context_length", 2048))
         common.update(query_pre_attn_scalar=qpas, sliding_window=window, hidden_activation="gelu_pytorch_tanh")
+    rope_freqs = g.tensor("rope_freqs.weight") if "rope_freqs.weight" in g.tensors else None
+    if rope_freqs is not None:
+        if arch != "llama":
+            raise SystemExit(f"hf_reference: rope_freqs.weight in a {arch} file is not handled")
+        common["rope_scaling"] = {"rope_type": "llama3", "factor": float(rope_freqs.max()), "low_freq_factor": 1.0,
+                                  "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    if p("rope.scaling.type", "none") == "yarn":
+        orig = int(p("rope.scaling.original_context_length"))
+        factor = float(p("rope.scaling.factor"))
+        common["max_position_embeddings"] = int(round(factor * orig))
+        common["rope_scaling"] = {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": orig}
+    elif p("rope.scaling.type", "none") not in ("none", "linear"):
+        raise SystemExit(f"hf_reference: rope.scaling.type {p('rope.scaling.type')} is not handled")
+    has_qkv_bias = "blk.0.attn_q.bias" in g.tensors
     if arch == "llama":
-        cfg, cls = transformers.LlamaConfig(**common, attention_bias=False, mlp_bias=False), transformers.LlamaForCausalLM
+        # transformers' attention_bias covers q, k, v and o; a file without attn_output.bias gets zeros.
+        cfg = transformers.LlamaConfig(**common, attention_bias=has_qkv_bias, mlp_bias=False)
+        cls = transformers.LlamaForCausalLM
     elif arch == "qwen2":
         cfg, cls = transformers.Qwen2Config(**common), transformers.Qwen2ForCausalLM
     elif arch == "qwen3":
         cfg, cls = transformers.Qwen3Config(**common, attention_bias=False), transformers.Qwen3ForCausalLM
+    elif arch == "phi3":
+        # Every layer attends through the file's window; Phi3Config's default pad id (32000) would not
+        # fit a small vocabulary.
+        window = int(p("attention.sliding_window", 0)) or None
+        extra = {}
+        if "rope_factors_short.weight" in g.tensors:
+            # LongRoPE: transformers derives the cos/sin scale from max_position_embeddings /
+            # original_max_position_embeddings and picks the long factors when the sequence is longer
+            # than the original context; Loom picks them when its context (-c) is.
+            extra["original_max_position_embeddings"] = int(p("rope.scaling.original_context_length"))
+            extra["rope_scaling"] = {"type": "longrope", "rope_type": "longrope",
+                                     "short_factor": [float(x) for x in g.tensor("rope_factors_short.weight")],
+                                     "long_factor": [float(x) for x in g.tensor("rope_factors_long.weight")]}
+        cfg = transformers.Phi3Config(**common, **extra, sliding_window=window, pad_token_id=None, bos_token_id=None,
+                                      eos_token_id=None, partial_rotary_factor=int(p("rope.dimension_count", head_dim)) / head_dim)
+        cls = transformers.Phi3ForCausalLM
     elif arch == "qwen3moe":
         cfg = transformers.Qwen3MoeConfig(
             **common, attention_bias=False, num_experts=int(p("expert_count")),
@@ -121,6 +160,8 @@ def build_model(g):
                       "post_ffw_norm": "post_feedforward_layernorm"})
     if arch == "qwen3moe":
         names["ffn_gate_inp"] = "mlp.gate"
+    if arch == "phi3":  # fused projections; ffn_up holds the gate rows, then the up rows, as gate_up_proj
+        names.update({"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"})
     hf_keys = set(model.state_dict().keys())
     for il in range(cfg.num_hidden_layers):
         for gname, hname in names.items():
@@ -154,6 +195,9 @@ def build_model(g):
                 sd[f"{prefix}.down_proj"] = down if dshape == down.shape else down.swapaxes(1, 2)
             else:
                 raise SystemExit(f"hf_reference: unknown expert layout in {cls.__name__}")
+    if arch == "llama" and has_qkv_bias:
+        for il in range(cfg.num_hidden_layers):
+            sd.setdefault(f"model.layers.{il}.self_attn.o_proj.bias", np.zeros(n_embd))
     state = {k: torch.from_numpy(np.ascontiguousarray(v)).to(dev, ref_dtype(arch)) for k, v in sd.items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     # Buffers computed from the config (RoPE tables, Gemma 3's embedding scale) are not weights.
@@ -163,6 +207,16 @@ def build_model(g):
         raise SystemExit(f"hf_reference: weights do not map: missing {missing}, unexpected {unexpected}")
     if tied:
         model.tie_weights()
+    if rope_freqs is not None:
+        # The llama3 config must give the frequencies Loom reads from the file.
+        n_rot = 2 * rope_freqs.size
+        want = float(p("rope.freq_base", 10000.0)) ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot) / rope_freqs
+        for name, buf in model.named_buffers():
+            if name.endswith("inv_freq"):
+                got = buf.detach().cpu().double().numpy()
+                if not np.allclose(got, want, rtol=1e-6, atol=0):
+                    raise SystemExit(f"hf_reference: {name} differs from base^(-2i/d) / rope_freqs: "
+                                     f"max rel {np.max(np.abs(got / want - 1)):.2e}")
     return model, n_vocab
 
 

@@ -147,6 +147,9 @@ void add_model_flags(CLI::App& cmd, GenerateOptions& o) {
       ->check(CLI::Range(0, 1 << 24));
   cmd.add_option("-t,--threads", o.n_threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 1024));
   cmd.add_option("--ubatch-size", o.n_batch, "Prompt tokens per forward pass")->check(CLI::Range(1, 1 << 16));
+  cmd.add_flag("--swa-full", o.swa_full,
+               "Sliding-window layers keep the whole context instead of their window (more memory; "
+               "for comparisons)");
   cmd.add_option("--n-gpu-layers", o.n_gpu_layers, "Layers on the GPU (0: CPU only; >= layer count: all)")
       ->check(CLI::Range(0, 100000));
   cmd.add_option("--trace", o.trace_path,
@@ -199,6 +202,7 @@ Result<llm::Session> open_generate_session(const GenerateOptions& o, std::string
   sp.n_ctx = o.n_ctx;
   sp.n_batch = o.n_batch;
   sp.kv_cache = o.kv_cache;
+  sp.swa_full = o.swa_full;
   if (!o.numerics.empty()) {
     auto n = parse_numerics(o.numerics, "--numerics");
     if (!n) return n.status();

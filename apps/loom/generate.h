@@ -26,6 +26,7 @@ struct GenerateOptions {
   int n_threads = 0;                        ///< -t
   int n_batch = 512;                        ///< -ub
   llm::KvCacheKind kv_cache = llm::KvCacheKind::contiguous;  ///< paged for batched work
+  bool swa_full = false;                    ///< --swa-full
   float temperature = 0.8f;                 ///< --temp
   int top_k = 40;                           ///< --top-k
   float top_p = 0.95f;                      ///< --top-p
@@ -54,7 +55,7 @@ std::optional<std::string> find_builtin_model();
 /// (with an error on stderr saying how to give a model) when there is none.
 bool use_builtin_model(const CLI::App& cmd, GenerateOptions& o);
 
-/// Registers -m, -c, -t, -ub, -ngl and --backend on `cmd`, writing into `o`.
+/// Registers -m, -c, -t, -ub, --swa-full, -ngl and --backend on `cmd`, writing into `o`.
 void add_model_flags(CLI::App& cmd, GenerateOptions& o);
 /// Registers --numerics exact|fast on `cmd`, writing into `numerics`.
 void add_numerics_flag(CLI::App& cmd, std::string& numerics);

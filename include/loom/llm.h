@@ -35,8 +35,8 @@ struct ContextImpl;
 }  // namespace detail
 
 /// Decoder architectures Loom can run.
-enum class Arch { llama, qwen2, qwen3, qwen3moe, gemma2, gemma3 };
-/// GGUF spelling ("llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3").
+enum class Arch { llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3 };
+/// GGUF spelling ("llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3").
 const char* arch_name(Arch a);
 /// Parses a `general.architecture` value; nullopt when Loom does not know it.
 std::optional<Arch> arch_from_name(std::string_view name);
@@ -64,12 +64,15 @@ struct HParams {
   RopeScaling rope_scaling = RopeScaling::none;
   float rope_scaling_factor = 1.0f;  ///< {arch}.rope.scaling.factor
   uint32_t n_ctx_orig = 0;           ///< {arch}.rope.scaling.original_context_length (default: n_ctx_train)
+  float rope_attn_factor = 1.0f;     ///< phi3.rope.scaling.attn_factor: LongRoPE's cos/sin scale
   /// Query scale: 1/sqrt(head_dim_k), except where the family says otherwise (Gemma 27B).
   float attn_scale = 0.0f;
 
-  // Sliding-window attention (gemma2, gemma3): local layers see only the last n_swa positions.
-  uint32_t n_swa = 0;       ///< {arch}.attention.sliding_window; 0: every layer attends globally
-  uint32_t swa_period = 0;  ///< of each `swa_period` layers, all but the last are local (gemma2 2, gemma3 6)
+  // Sliding-window attention (gemma2, gemma3, phi3): local layers see only the last n_swa positions.
+  uint32_t n_swa = 0;  ///< {arch}.attention.sliding_window; 0: every layer attends globally
+  /// Of each `swa_period` layers, all but the last are local (gemma2 2, gemma3 6); 1: every layer is
+  /// (phi3).
+  uint32_t swa_period = 0;
   /// RoPE base of local layers ({arch}.rope.freq_base_swa; gemma3: 10000); they use no rope scaling.
   float rope_freq_base_swa = 10000.0f;
   float attn_softcap = 0.0f;   ///< {arch}.attn_logit_softcapping; 0: off
@@ -84,9 +87,11 @@ struct HParams {
   uint32_t n_embd_k_gqa() const { return head_dim_k * n_head_kv; }
   uint32_t n_embd_v_gqa() const { return head_dim_v * n_head_kv; }
   /// Whether layer `il` attends through the sliding window.
-  bool is_swa(uint32_t il) const { return n_swa > 0 && swa_period > 1 && il % swa_period < swa_period - 1; }
+  bool is_swa(uint32_t il) const {
+    return n_swa > 0 && (swa_period == 1 || (swa_period > 1 && il % swa_period < swa_period - 1));
+  }
   /// Whether any layer does.
-  bool has_swa() const { return n_swa > 0 && swa_period > 1 && n_layer > 0; }
+  bool has_swa() const { return n_swa > 0 && swa_period >= 1 && n_layer > 0; }
 };
 
 /// Reads and checks the hyperparameters of a GGUF model; errors name the file and key.
@@ -167,6 +172,12 @@ struct ContextParams {
   int n_kv_bucket = 256;
   KvCacheKind kv_cache = KvCacheKind::contiguous;
   int kv_block_size = 16;  ///< cells per block of a paged cache (n_ctx is rounded up to whole blocks)
+  /// Sliding-window layers (gemma2, gemma3, phi3) keep every cell like the global ones, instead of a
+  /// ring of window + n_batch - 1 cells. More memory, and any rewind works (kv_cache_seq_rm refuses
+  /// to rewind a windowed cache behind what its ring still holds). Only a contiguous cache has the
+  /// ring, and it holds one sequence's window: decode_batch over several sequences needs swa_full
+  /// there (it refuses otherwise). A paged cache always keeps every cell (as if swa_full).
+  bool swa_full = false;
 };
 
 /// Per-call options of Context::decode.
@@ -257,6 +268,9 @@ class Context {
   int n_batch() const;
   int n_vocab() const;
   KvCacheKind kv_cache_kind() const;
+  /// Whether sliding-window layers keep every cell (ContextParams::swa_full, a paged cache, or a
+  /// context no larger than their ring would be).
+  bool swa_full() const;
   /// Bytes of the KV cache.
   size_t kv_cache_bytes() const;
   const Model& model() const;
@@ -280,6 +294,7 @@ struct SessionParams {
   int n_ctx = 0;                ///< see ContextParams
   int n_batch = 512;            ///< see ContextParams (-ub)
   KvCacheKind kv_cache = KvCacheKind::contiguous;  ///< see ContextParams
+  bool swa_full = false;        ///< see ContextParams (--swa-full)
   /// Rounding mode of the backends (unset: LOOM_NUMERICS, else each backend's default).
   std::optional<Numerics> numerics;
   bool progress = true;

@@ -44,6 +44,8 @@ const Architecture& architecture_for(Arch a) {
       return gemma2_architecture();
     case Arch::gemma3:
       return gemma3_architecture();
+    case Arch::phi3:
+      return phi3_architecture();
   }
   return llama_architecture();
 }
@@ -56,9 +58,7 @@ Tensor* build_llama_family(StepBuilder& b) {
   for (int il = b.layer_begin(); il < b.layer_end(); ++il) {
     const LayerWeights& l = b.weights().layers[il];
     Tensor* h = b.rms_norm(x, l.attn_norm, "attn_norm", il);
-    Tensor* q = b.split_heads(b.linear(l.wq, h, l.bq, "attn_q", il), hp.head_dim_k, hp.n_head);
-    Tensor* k = b.split_heads(b.linear(l.wk, h, l.bk, "attn_k", il), hp.head_dim_k, hp.n_head_kv);
-    Tensor* v = b.split_heads(b.linear(l.wv, h, l.bv, "attn_v", il), hp.head_dim_v, hp.n_head_kv);
+    auto [q, k, v] = b.project_qkv(l, h, il);
     if (l.q_norm) {  // over head_dim: dim 0 of [head_dim, n_head, n_tokens]
       q = b.rms_norm(q, l.q_norm, "attn_q_norm", il);
       k = b.rms_norm(k, l.k_norm, "attn_k_norm", il);

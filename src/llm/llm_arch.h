@@ -19,6 +19,8 @@ struct LayerWeights {
   Tensor* wk = nullptr;
   Tensor* wv = nullptr;
   Tensor* wo = nullptr;
+  Tensor* wqkv =
+      nullptr;  // fused projection, query rows then key rows then value rows (phi3), instead of wq/wk/wv
   Tensor* bq = nullptr;  // biases (qwen2; optional for llama)
   Tensor* bk = nullptr;
   Tensor* bv = nullptr;
@@ -30,6 +32,8 @@ struct LayerWeights {
   Tensor* ffn_gate = nullptr;
   Tensor* ffn_up = nullptr;
   Tensor* ffn_down = nullptr;
+  Tensor* ffn_gate_up =
+      nullptr;  // fused [n_embd, 2 n_ff]: gate rows then up rows (phi3), instead of ffn_gate/ffn_up
   Tensor* ffn_post_norm = nullptr;  // norm of the FFN output before the residual add (gemma)
   // Mixture of experts: router [n_embd, n_expert] and stacked experts.
   Tensor* ffn_gate_inp = nullptr;
@@ -39,6 +43,7 @@ struct LayerWeights {
   // The model's rope_freqs in this layer's memory: the loader sets it for every layer (a copy on the
   // offload backend for offloaded layers), since a graph may only read its own backend's memory.
   Tensor* rope_freqs = nullptr;
+  Tensor* rope_freqs_long = nullptr;  // likewise for ModelWeights::rope_freqs_long
 };
 
 struct ModelWeights {
@@ -46,7 +51,11 @@ struct ModelWeights {
   Tensor* output_norm = nullptr;  // [n_embd]
   // [n_embd, n_vocab]; tok_embd when the file ties them, unless the head is offloaded (then a copy)
   Tensor* output = nullptr;
-  Tensor* rope_freqs = nullptr;   // [n_rot/2] frequency divisors (Llama 3.1 style), optional
+  // [n_rot/2] frequency divisors, optional: Llama 3.1's, or Phi-3 LongRoPE's short factors
+  Tensor* rope_freqs = nullptr;
+  // Phi-3 LongRoPE's factors for contexts beyond the original one (used instead of rope_freqs when
+  // the context has more cells than n_ctx_orig)
+  Tensor* rope_freqs_long = nullptr;
   std::vector<LayerWeights> layers;
 };
 
@@ -78,7 +87,10 @@ struct StepInputs {
   // f32 [n_kv, n_q, 1, n_seqs]: 0 where a query sees a key slot, -inf elsewhere. A slot is a cell
   // (reading the cache prefix) or the j-th cell of the query's sequence (gathering).
   Tensor* kq_mask = nullptr;
-  Tensor* kq_mask_swa = nullptr;  // as kq_mask, also -inf beyond the sliding window; only with local layers
+  // As kq_mask, also -inf beyond the sliding window; only with local layers. Over the window cells
+  // ([n_kv_swa, n_q, 1, 1]) when the cache has a ring for them.
+  Tensor* kq_mask_swa = nullptr;
+  Tensor* kv_cells_swa = nullptr;  // i32 [n_tokens]: window cell of each token (local layers, windowed cache)
   // i32 [n_kv * n_head_kv * n_seqs] when gathering: for slot j of kv head h of sequence s, the row
   // h * n_cells + cell of the cache viewed as [head_dim, n_cells * n_head_kv] (K and V alike).
   Tensor* kv_gather = nullptr;
@@ -91,6 +103,9 @@ struct StepShape {
   bool all_outputs = false;  // logits for every token, else only the last of each sequence
   int n_seqs = 1;            // sequences of the step; more than one only with one token each
   bool gather = false;       // each sequence's cells gathered (kv_gather), not the cache prefix read
+  // Window cells local layers read, [0, n_kv_swa), when the cache keeps a ring for them (never
+  // with gather); 0: they read like the global layers.
+  int n_kv_swa = 0;
 };
 
 /// The layers one graph runs: a model split between two backends is run as two graphs, the first
@@ -139,6 +154,14 @@ class StepBuilder {
   Tensor* linear(Tensor* w, Tensor* x, Tensor* bias, const char* what, int il = -1);
   /// [head_dim * n_heads, n_tokens] -> [head_dim, n_heads, n_tokens].
   Tensor* split_heads(Tensor* x, int64_t head_dim, int64_t n_heads);
+  /// Queries, keys and values of layer `il` from its normed input `h`, each [head_dim, n_heads, n_tokens]:
+  /// three projections (with their biases when present), or views of one fused wqkv product.
+  struct Qkv {
+    Tensor* q;
+    Tensor* k;
+    Tensor* v;
+  };
+  Qkv project_qkv(const LayerWeights& l, Tensor* h, int il);
   /// Rotary embedding of layer `il` at the step's positions, in the architecture's mode: local
   /// (sliding-window) layers use rope_freq_base_swa and no frequency scaling. Named `what`.
   Tensor* rope(Tensor* x, int il, const char* what);
@@ -148,7 +171,8 @@ class StepBuilder {
   /// [head_dim, n_kv, n_head_kv, n_seqs], one flash_attn over all sequences (dim 3).
   /// Uses the model's query scale and attention soft-cap, and the sliding-window mask on local layers.
   Tensor* attention(int il, Tensor* q, Tensor* k, Tensor* v);
-  /// SwiGLU feed-forward of layer `il`: down(silu(gate x) * up x).
+  /// SwiGLU feed-forward of layer `il`: down(silu(gate x) * up x); with ffn_gate_up, gate and up are
+  /// the two halves of one product.
   Tensor* ffn_swiglu(const LayerWeights& l, Tensor* x, int il);
   /// GeGLU feed-forward (GELU, tanh form) of layer `il`: down(gelu(gate x) * up x).
   Tensor* ffn_geglu(const LayerWeights& l, Tensor* x, int il);
@@ -169,6 +193,7 @@ class StepBuilder {
   KvCache& kv_;
   RopeParams rope_;
   RopeParams rope_swa_;  // local layers
+  bool rope_long_ = false;  // rope_freqs_long instead of rope_freqs (a context beyond n_ctx_orig)
   StepShape shape_;
   int layer_begin_ = 0;
   int layer_end_ = 0;
@@ -195,15 +220,17 @@ const Architecture& qwen3_architecture();
 const Architecture& qwen3moe_architecture();
 const Architecture& gemma2_architecture();
 const Architecture& gemma3_architecture();
+const Architecture& phi3_architecture();
 const Architecture& architecture_for(Arch a);
 
 /// The tensors every LLaMA-family model has: embeddings, output norm, output (tied to the
 /// embeddings when absent), optional rope_freqs, and per layer the attention weights and, with
 /// `dense_ffn`, the gated FFN weights (ffn_norm, ffn_gate, ffn_up, ffn_down).
 void declare_llama_family(TensorLoader& tl, const HParams& hp, ModelWeights& w, bool dense_ffn = true);
-/// The forward pass shared by llama, qwen2, qwen3 and qwen3moe: pre-norm attention and FFN blocks.
-/// What the weights hold picks the variant: projection biases when present (qwen2), QK-norm when
-/// q_norm is (qwen3), a mixture of experts when the layer has a router (qwen3moe), else SwiGLU.
+/// The forward pass shared by llama, qwen2, qwen3, qwen3moe and phi3: pre-norm attention and FFN
+/// blocks. What the weights hold picks the variant: projection biases when present (qwen2), QK-norm
+/// when q_norm is (qwen3), fused projections (phi3), a mixture of experts when the layer has a router
+/// (qwen3moe), else SwiGLU.
 Tensor* build_llama_family(StepBuilder& b);
 
 /// Gemma 2/3 (llm_arch_gemma2.cpp): the LLaMA-family tensors (tied output) plus the post-attention

@@ -51,6 +51,7 @@ struct StepBatch {
   std::span<const int32_t> positions;
   std::span<const int32_t> cells;
   std::span<const int> seqs;
+  std::span<const int32_t> window_cells = {};  // ring cell of each token (windowed cache), else empty
 };
 
 }  // namespace
@@ -89,7 +90,7 @@ struct Segment {
     bool reusable(const StepShape& s, const Buffer* arena_now, const Buffer* inputs_now) const {
       return graph && s.n_tokens == shape.n_tokens && s.n_kv == shape.n_kv &&
              s.all_outputs == shape.all_outputs && s.n_seqs == shape.n_seqs && s.gather == shape.gather &&
-             arena == arena_now && inputs == inputs_now;
+             s.n_kv_swa == shape.n_kv_swa && arena == arena_now && inputs == inputs_now;
     }
   } step;
 };
@@ -189,8 +190,8 @@ struct ContextImpl {
     const StepInputs& in = s.step.in;
     int n_inputs = 0, n_expected = 0;
     for (const Tensor* t : s.step.graph->leafs()) n_inputs += t->buffer == s.inputs.get();
-    for (const Tensor* t :
-         {in.tokens, in.hidden, in.positions, in.kv_cells, in.kq_mask, in.kq_mask_swa, in.kv_gather})
+    for (const Tensor* t : {in.tokens, in.hidden, in.positions, in.kv_cells, in.kq_mask, in.kq_mask_swa,
+                            in.kv_gather, in.kv_cells_swa})
       n_expected += t != nullptr;
     // The block is written whole: a leaf in it that is not a step input would get stale bytes.
     LOOM_ASSERT(n_inputs == n_expected);
@@ -202,6 +203,10 @@ struct ContextImpl {
     if (in.tokens) std::memcpy(base + input_offset(s, in.tokens), b.tokens.data(), n_bytes);
     if (in.positions) std::memcpy(base + input_offset(s, in.positions), b.positions.data(), n_bytes);
     if (in.kv_cells) std::memcpy(base + input_offset(s, in.kv_cells), b.cells.data(), n_bytes);
+    if (in.kv_cells_swa) {
+      LOOM_ASSERT(b.window_cells.size() == b.tokens.size());
+      std::memcpy(base + input_offset(s, in.kv_cells_swa), b.window_cells.data(), n_bytes);
+    }
     auto mask_at = [&](const Tensor* t) { return s.staging.data() + input_offset(s, t) / sizeof(float); };
     if (shape.gather) {
       if (in.kq_mask) fill_gathered_mask(b, shape, mask_at(in.kq_mask), 0);
@@ -212,7 +217,9 @@ struct ContextImpl {
     } else {
       const int seq = b.seqs[0];
       if (in.kq_mask) kv->fill_mask(b.positions, seq, shape.n_kv, mask_at(in.kq_mask));
-      if (in.kq_mask_swa)
+      if (in.kq_mask_swa && shape.n_kv_swa > 0)
+        kv->fill_mask_window(b.positions, seq, shape.n_kv_swa, mask_at(in.kq_mask_swa));
+      else if (in.kq_mask_swa)
         kv->fill_mask(b.positions, seq, shape.n_kv, mask_at(in.kq_mask_swa), static_cast<int>(m->hp.n_swa));
     }
     if (in.hidden) {
@@ -260,6 +267,8 @@ struct ContextImpl {
   Status run_step(const StepBatch& b, bool all_outputs, std::vector<float>* out) {
     const int n_seqs = static_cast<int>(b.seqs.size());
     const bool gather = n_seqs > 1 || !kv->reads_prefix();
+    // The sliding-window ring serves one sequence reading the prefix (decode_batch refuses more).
+    LOOM_ASSERT(!gather || !kv->windowed());
     int extent = 0;
     if (gather) {
       seq_cells.resize(b.seqs.size());
@@ -273,8 +282,14 @@ struct ContextImpl {
     }
     // n_kv never exceeds the cache's cells: a single sequence's pass never needs more than
     // Context::create reserved the arenas and the inputs for (n_batch tokens over the whole cache).
-    const StepShape shape{static_cast<int>(b.tokens.size()),
-                          bucketed_n_kv(extent, n_kv_bucket, kv->n_cells()), all_outputs, n_seqs, gather};
+    // Likewise n_kv_swa never exceeds the window cells.
+    const StepShape shape{
+        static_cast<int>(b.tokens.size()),
+        bucketed_n_kv(extent, n_kv_bucket, kv->n_cells()),
+        all_outputs,
+        n_seqs,
+        gather,
+        kv->windowed() ? bucketed_n_kv(kv->n_kv_window(), n_kv_bucket, kv->n_window_cells()) : 0};
     const Tensor* carried = nullptr;  // the previous segment's hidden state
     bool built = false;
     uint64_t fingerprint = 0;
@@ -360,10 +375,20 @@ Result<std::unique_ptr<Context>> Context::create(const Model& model, const Conte
   Backend* offload = c.m->n_offload > 0 ? c.m->offload_backend : nullptr;
   BufferType& type = model.backend().buffer_type();
   BufferType* offload_type = offload ? &offload->buffer_type() : nullptr;
+  // Sliding-window layers keep a ring of window + n_batch - 1 cells: a step's tokens land in it
+  // without overwriting a position that the step's first query still sees. Only the contiguous
+  // cache has the ring, for single-sequence passes; the paged cache (the batched path) keeps every
+  // cell in those layers, as with swa_full, and decode_batch refuses several sequences on a ring.
+  const int64_t ring = static_cast<int64_t>(hp.n_swa) + c.n_batch - 1;
+  const int n_window_cells =
+      params.kv_cache == KvCacheKind::contiguous && !params.swa_full && hp.has_swa() && ring < c.n_ctx
+          ? static_cast<int>(ring)
+          : 0;
   const uint64_t host_need =
-      (type.is_host() ? detail::KvStorage::bytes_needed(hp, c.n_ctx, first_offload) : 0) +
+      (type.is_host() ? detail::KvStorage::bytes_needed(hp, c.n_ctx, first_offload, 0, n_window_cells) : 0) +
       (offload_type && offload_type->is_host()
-           ? detail::KvStorage::bytes_needed(hp, c.n_ctx, n_layer - first_offload)
+           ? detail::KvStorage::bytes_needed(hp, c.n_ctx, n_layer - first_offload, first_offload,
+                                             n_window_cells)
            : 0);
   if (host_need > 0) {
     const uint64_t avail =
@@ -376,7 +401,7 @@ Result<std::unique_ptr<Context>> Context::create(const Model& model, const Conte
           c.n_ctx, detail::format_bytes(host_need), detail::format_bytes(avail));
   }
   auto kv = detail::make_kv_cache(params.kv_cache, hp, c.n_ctx, params.kv_block_size, type, offload_type,
-                                  first_offload);
+                                  first_offload, n_window_cells);
   if (!kv) return kv.status();
   c.kv = std::move(kv.value());
 
@@ -395,7 +420,10 @@ Result<std::unique_ptr<Context>> Context::create(const Model& model, const Conte
   for (detail::Segment& s : c.segments) {
     Graph g;
     detail::StepInputs in;
-    c.build(s, g, detail::StepShape{c.n_batch, c.n_ctx, false, 1, !c.kv->reads_prefix()}, in);
+    c.build(s, g,
+            detail::StepShape{c.n_batch, c.n_ctx, false, 1, !c.kv->reads_prefix(),
+                              c.kv->windowed() ? c.kv->n_window_cells() : 0},
+            in);
     LOOM_TRY(g.status());
     LOOM_TRY(c.allocate(s, g));
     c.stats.n_nodes += g.nodes().size();
@@ -448,13 +476,23 @@ Result<std::span<const float>> Context::decode(std::span<const int32_t> tokens, 
     for (size_t i = 0; i < n; ++i) positions[i] = pos + static_cast<int32_t>(begin + i);
     auto cells = c.kv->claim(positions, options.seq_id);
     if (!cells) return cells.status();
+    std::vector<int32_t> window;
+    if (c.kv->windowed()) {
+      auto w = c.kv->claim_window(positions, options.seq_id);
+      if (!w) {
+        c.kv->release(*cells);
+        return w.status();
+      }
+      window = std::move(*w);
+    }
     // Chunks before the last compute one row of logits and drop it (cheaper than a second graph shape).
     std::vector<float>* out = (options.all_logits || last_chunk) ? &c.logits : nullptr;
     const int seqs[1] = {options.seq_id};
-    Status s = c.run_step(detail::StepBatch{tokens.subspan(begin, n), positions, *cells, seqs},
+    Status s = c.run_step(detail::StepBatch{tokens.subspan(begin, n), positions, *cells, seqs, window},
                           options.all_logits, out);
     if (!s.ok()) {
       c.kv->release(*cells);
+      c.kv->release_window(window);
       return s;
     }
     if (options.on_chunk) options.on_chunk(begin + n, tokens.size());
@@ -471,6 +509,15 @@ Result<std::span<const float>> Context::decode_batch(std::span<const SeqTokens> 
     return decode(seqs[0].tokens, seqs[0].pos, o);
   }
   const int n_vocab = static_cast<int>(c.m->hp.n_vocab);
+  // The sliding-window ring holds one sequence's window (window + n_batch - 1 cells), and a step
+  // over several sequences gathers full-cache cells: such a context must keep every cell in its
+  // sliding-window layers, which a paged cache or swa_full does. Refused rather than mixed up.
+  if (c.kv->windowed())
+    return make_error(StatusCode::invalid_argument,
+                      "decode_batch: {} sequences in one step need every cell of the sliding-window layers, "
+                      "but this context keeps only a ring of {} cells for them; create it with swa_full "
+                      "(--swa-full) or a paged KV cache",
+                      seqs.size(), c.kv->n_window_cells());
   if (seqs.size() > static_cast<size_t>(c.n_batch))
     return make_error(StatusCode::invalid_argument, "decode_batch: {} sequences exceed the batch size {}",
                       seqs.size(), c.n_batch);
@@ -532,7 +579,16 @@ Status Context::kv_cache_seq_rm(int seq_id, int p0, int p1) {
   if (seq_id < 0 || p0 < 0 || (p1 >= 0 && p1 < p0))
     return make_error(StatusCode::invalid_argument, "kv_cache_seq_rm: bad range: seq {}, positions [{}, {})",
                       seq_id, p0, p1);
-  return impl_->kv->seq_rm(seq_id, p0, p1);
+  detail::KvCache& kv = *impl_->kv;
+  // A sequence cut at p0 continues at p0, which needs the window before it: refuse to cut where the
+  // sliding-window ring has already dropped part of that (the cache is left as it was).
+  if (p0 > 0 && p1 < 0 && p0 <= kv.seq_pos_max(seq_id) && p0 < kv.seq_rewind_min(seq_id))
+    return make_error(
+        StatusCode::invalid_argument,
+        "kv_cache_seq_rm: sequence {} cannot be rewound to position {}: its sliding-window layers "
+        "keep only the last {} positions (rewind to {} or later, or from 0 to clear it)",
+        seq_id, p0, impl_->m->hp.n_swa, kv.seq_rewind_min(seq_id));
+  return kv.seq_rm(seq_id, p0, p1);
 }
 
 Result<int> Context::kv_cache_seq_share_prefix(int src, int dst, int n_positions) {
@@ -553,6 +609,7 @@ int Context::n_batch() const { return impl_->n_batch; }
 int Context::n_vocab() const { return static_cast<int>(impl_->m->hp.n_vocab); }
 size_t Context::kv_cache_bytes() const { return impl_->kv->bytes(); }
 KvCacheKind Context::kv_cache_kind() const { return impl_->kv->kind(); }
+bool Context::swa_full() const { return !impl_->kv->windowed(); }
 const Model& Context::model() const { return *impl_->model; }
 const DecodeStats& Context::stats() const { return impl_->stats; }
 
@@ -582,6 +639,7 @@ Result<Session> open_session(const SessionParams& p) {
   cp.n_ctx = p.n_ctx;
   cp.n_batch = p.n_batch;
   cp.kv_cache = p.kv_cache;
+  cp.swa_full = p.swa_full;
   auto ctx = Context::create(*s.model, cp);
   if (!ctx) return ctx.status();
   s.context = std::move(ctx.value());

@@ -32,7 +32,15 @@ StepBuilder::StepBuilder(Graph& g, const HParams& hp, const ModelWeights& w, KvC
     in_.kv_cells = g.input(DType::i32, {t, 1, 1, 1}, "inp_kv_cells");
   }
   if (any_global) in_.kq_mask = g.input(DType::f32, {shape.n_kv, n_q, 1, shape.n_seqs}, "inp_kq_mask");
-  if (any_local) in_.kq_mask_swa = g.input(DType::f32, {shape.n_kv, n_q, 1, shape.n_seqs}, "inp_kq_mask_swa");
+  // A windowed cache (single-sequence passes only) gives local layers their own ring of cells.
+  LOOM_ASSERT(shape.n_kv_swa == 0 || !shape.gather);
+  if (any_local) {
+    const bool windowed = shape.n_kv_swa > 0;
+    in_.kq_mask_swa = g.input(DType::f32, {windowed ? shape.n_kv_swa : shape.n_kv, n_q, 1, shape.n_seqs},
+                              "inp_kq_mask_swa");
+    if (windowed && layer_begin_ < layer_end_)
+      in_.kv_cells_swa = g.input(DType::i32, {t, 1, 1, 1}, "inp_kv_cells_swa");
+  }
   if (shape.gather && layer_begin_ < layer_end_)
     in_.kv_gather =
         g.input(DType::i32, {static_cast<int64_t>(shape.n_kv) * hp.n_head_kv * shape.n_seqs, 1, 1, 1},
@@ -46,13 +54,15 @@ StepBuilder::StepBuilder(Graph& g, const HParams& hp, const ModelWeights& w, KvC
   rope_.freq_scale = hp.rope_scaling == RopeScaling::none ? 1.0f : 1.0f / hp.rope_scaling_factor;
   // YaRN mixes interpolation and extrapolation fully (ext_factor 1) with the paper's beta range.
   rope_.ext_factor = hp.rope_scaling == RopeScaling::yarn ? 1.0f : 0.0f;
-  rope_.attn_factor = 1.0f;
+  rope_.attn_factor = hp.rope_attn_factor;
   rope_.beta_fast = 32.0f;
   rope_.beta_slow = 1.0f;
   rope_swa_ = rope_;
   rope_swa_.freq_base = hp.rope_freq_base_swa;
   rope_swa_.freq_scale = 1.0f;
   rope_swa_.ext_factor = 0.0f;
+  // Phi-3 LongRoPE: like llama.cpp, the long factors for a context longer than the original one.
+  rope_long_ = w.rope_freqs_long && kv.n_cells() > static_cast<int>(hp.n_ctx_orig);
 }
 
 Tensor* StepBuilder::name(Tensor* t, const char* what, int il) {
@@ -102,23 +112,44 @@ Tensor* StepBuilder::split_heads(Tensor* x, int64_t head_dim, int64_t n_heads) {
   return reshape(g_, x, {head_dim, n_heads, shape_.n_tokens, 1});
 }
 
+StepBuilder::Qkv StepBuilder::project_qkv(const LayerWeights& l, Tensor* h, int il) {
+  const int64_t dk = hp_.head_dim_k, dv = hp_.head_dim_v;
+  if (!l.wqkv)
+    return {split_heads(linear(l.wq, h, l.bq, "attn_q", il), dk, hp_.n_head),
+            split_heads(linear(l.wk, h, l.bk, "attn_k", il), dk, hp_.n_head_kv),
+            split_heads(linear(l.wv, h, l.bv, "attn_v", il), dv, hp_.n_head_kv)};
+  // One product, then strided views: each token's column holds q, k and v one after the other.
+  Tensor* qkv = linear(l.wqkv, h, nullptr, "attn_qkv", il);
+  if (!qkv) return {nullptr, nullptr, nullptr};
+  const size_t f = sizeof(float), col = qkv->nb[1];
+  auto part = [&](int64_t head_dim, int64_t n_heads, int64_t first_row, const char* what) {
+    const std::array<size_t, kMaxDims> nb{f, static_cast<size_t>(head_dim) * f, col, col * qkv->ne[1]};
+    return name(view(g_, qkv, {head_dim, n_heads, qkv->ne[1], 1}, nb, static_cast<size_t>(first_row) * f),
+                what, il);
+  };
+  const int64_t q_rows = dk * hp_.n_head, k_rows = dk * hp_.n_head_kv;
+  return {part(dk, hp_.n_head, 0, "attn_q"), part(dk, hp_.n_head_kv, q_rows, "attn_k"),
+          part(dv, hp_.n_head_kv, q_rows + k_rows, "attn_v")};
+}
+
 Tensor* StepBuilder::rope(Tensor* x, int il, const char* what) {
   const bool local = hp_.is_swa(static_cast<uint32_t>(il));
-  Tensor* freq_factors = w_.layers[il].rope_freqs;
+  Tensor* freq_factors = rope_long_ ? w_.layers[il].rope_freqs_long : w_.layers[il].rope_freqs;
   LOOM_ASSERT(freq_factors || !w_.rope_freqs);  // the loader gives every layer its copy
   return name(loom::rope(g_, x, in_.positions, freq_factors, local ? rope_swa_ : rope_), what, il);
 }
 
 Tensor* StepBuilder::attention(int il, Tensor* q, Tensor* k, Tensor* v) {
   if (!q || !k || !v) return nullptr;
-  const int64_t n_kv = shape_.n_kv;
+  // Local layers of a windowed cache have their own ring of cells (never with gather).
+  const bool window_cells = hp_.is_swa(static_cast<uint32_t>(il)) && shape_.n_kv_swa > 0;
+  const int64_t n_kv = window_cells ? shape_.n_kv_swa : shape_.n_kv;
+  Tensor* cells = window_cells ? in_.kv_cells_swa : in_.kv_cells;
   Tensor* cache_k = kv_.k(il);
   Tensor* cache_v = kv_.v(il);
   // Rows go into the cache as [head_dim, n_tokens, n_head_kv], one row per (token, head).
-  Tensor* k_stored =
-      name(set_rows(g_, cache_k, permute(g_, k, 0, 2, 1, 3), in_.kv_cells), "k_cache_store", il);
-  Tensor* v_stored =
-      name(set_rows(g_, cache_v, permute(g_, v, 0, 2, 1, 3), in_.kv_cells), "v_cache_store", il);
+  Tensor* k_stored = name(set_rows(g_, cache_k, permute(g_, k, 0, 2, 1, 3), cells), "k_cache_store", il);
+  Tensor* v_stored = name(set_rows(g_, cache_v, permute(g_, v, 0, 2, 1, 3), cells), "v_cache_store", il);
   if (!k_stored || !v_stored) return nullptr;
   const float scale =
       hp_.attn_scale > 0.0f ? hp_.attn_scale : 1.0f / std::sqrt(static_cast<float>(hp_.head_dim_k));
@@ -153,6 +184,16 @@ Tensor* StepBuilder::attention(int il, Tensor* q, Tensor* k, Tensor* v) {
 }
 
 Tensor* StepBuilder::ffn_swiglu(const LayerWeights& l, Tensor* x, int il) {
+  if (l.ffn_gate_up) {  // gate rows, then up rows: two views of one product
+    Tensor* gu = linear(l.ffn_gate_up, x, nullptr, "ffn_gate_up", il);
+    if (!gu) return nullptr;
+    const int64_t n_ff = gu->ne[0] / 2;
+    Tensor* gate = name(view(g_, gu, {n_ff, gu->ne[1], 1, 1}, gu->nb, 0), "ffn_gate", il);
+    Tensor* up =
+        name(view(g_, gu, {n_ff, gu->ne[1], 1, 1}, gu->nb, static_cast<size_t>(n_ff) * sizeof(float)),
+             "ffn_up", il);
+    return linear(l.ffn_down, name(swiglu(g_, gate, up), "ffn_glu", il), nullptr, "ffn_down", il);
+  }
   Tensor* h =
       swiglu(g_, linear(l.ffn_gate, x, nullptr, "ffn_gate", il), linear(l.ffn_up, x, nullptr, "ffn_up", il));
   return linear(l.ffn_down, name(h, "ffn_glu", il), nullptr, "ffn_down", il);

@@ -23,12 +23,15 @@ const char* arch_name(Arch a) {
       return "gemma2";
     case Arch::gemma3:
       return "gemma3";
+    case Arch::phi3:
+      return "phi3";
   }
   return "unknown";
 }
 
 namespace {
-constexpr Arch kArchs[] = {Arch::llama, Arch::qwen2, Arch::qwen3, Arch::qwen3moe, Arch::gemma2, Arch::gemma3};
+constexpr Arch kArchs[] = {Arch::llama,  Arch::qwen2,  Arch::qwen3, Arch::qwen3moe,
+                           Arch::gemma2, Arch::gemma3, Arch::phi3};
 }  // namespace
 
 std::span<const Arch> supported_archs() { return kArchs; }
@@ -111,6 +114,25 @@ Status read_gemma(const GgufFile& f, const std::string& p, HParams& hp) {
   // apart by their layer count (46 for Gemma 2, 62 for Gemma 3), as llama.cpp does.
   if (hp.n_layer == (gemma2 ? 46u : 62u))
     hp.attn_scale = 1.0f / std::sqrt(static_cast<float>(hp.n_embd / hp.n_head));
+  return {};
+}
+
+// Phi-3: every layer attends through the window when the file has one (the 4k models: 2047).
+// LongRoPE (the 128k models, Phi-3.5, Phi-4-mini) comes as rope_factors_short/long tensors (see the
+// architecture) and a cos/sin scale, rope.scaling.attn_factor.
+Status read_phi3(const GgufFile& f, const std::string& p, HParams& hp) {
+  LOOM_TRY(get_f32_in(f, p + "rope.scaling.attn_factor", 0.01f, 100.0f, hp.rope_attn_factor));
+  if (hp.rope_scaling != RopeScaling::none)
+    return make_error(StatusCode::unsupported,
+                      "{}: {}rope.scaling.type: Phi-3 with RoPE scaling is not supported", f.name(), p);
+  if (f.has(p + "attention.sliding_window")) {
+    auto w = f.get_u32(p + "attention.sliding_window");
+    if (!w) return w.status();
+    if (*w > kMaxCtx) return out_of_range(f, p + "attention.sliding_window", *w, 0, kMaxCtx);
+    hp.n_swa = *w;
+    hp.swa_period = 1;
+  }
+  hp.rope_freq_base_swa = hp.rope_freq_base;  // local layers are the only layers: the same RoPE
   return {};
 }
 
@@ -217,6 +239,7 @@ Result<HParams> read_hparams(const GgufFile& f) {
   }
   LOOM_TRY(get_dim_or(f, p + "rope.scaling.original_context_length", hp.n_ctx_train, kMaxCtx, hp.n_ctx_orig));
   if (hp.arch == Arch::gemma2 || hp.arch == Arch::gemma3) LOOM_TRY(read_gemma(f, p, hp));
+  if (hp.arch == Arch::phi3) LOOM_TRY(read_phi3(f, p, hp));
   if (hp.attn_scale == 0.0f) hp.attn_scale = 1.0f / std::sqrt(static_cast<float>(hp.head_dim_k));
 
   // Vocabulary size: the tokenizer's list when present; token_embd is checked against it later.

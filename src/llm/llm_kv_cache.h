@@ -15,8 +15,18 @@
 //
 // Any kind can list a sequence's cells in position order (seq_cells); a step over several sequences
 // gathers each sequence's keys and values through those lists (StepBuilder::attention).
+//
+// Sliding-window layers (gemma2, gemma3, phi3) may instead keep a ring of window + n_batch - 1 cells
+// with bookkeeping of its own ("window cells"): a token's K/V go to a free ring cell or over one
+// whose position no later query can see, so their memory is bounded by the window whatever n_ctx. A
+// rewind (seq_rm) behind what the ring still holds is refused; clearing the sequence always works.
+// Only ContiguousKvCache has the ring, and it serves single-sequence passes (reading the prefix):
+// a ring of window + n_batch - 1 cells holds one sequence's window, not several. PagedKvCache keeps
+// every cell in the sliding-window layers too (the swa_full layout), and Context::decode_batch
+// refuses several sequences on a windowed cache (ContextParams::swa_full or a paged cache instead).
 #pragma once
 
+#include <map>
 #include <memory>
 #include <span>
 #include <vector>
@@ -31,11 +41,14 @@ namespace loom::llm::detail {
 /// masked out of attention, so no NaN can leak through a 0 weight).
 class KvStorage {
  public:
-  /// Layers from `first_offload_layer` on go in `offload_type` memory when it is given.
+  /// Layers from `first_offload_layer` on go in `offload_type` memory when it is given. With
+  /// `n_window_cells` > 0, the sliding-window layers (hp.is_swa) get only that many cells (a ring).
   static Result<KvStorage> create(const HParams& hp, int n_cells, BufferType& type,
-                                  BufferType* offload_type = nullptr, int first_offload_layer = -1);
-  /// Bytes the storage of this model and size needs for `n_layers` layers (-1: all).
-  static uint64_t bytes_needed(const HParams& hp, int n_cells, int n_layers = -1);
+                                  BufferType* offload_type = nullptr, int first_offload_layer = -1,
+                                  int n_window_cells = 0);
+  /// Bytes the storage of this model and size needs for `n_layers` layers (-1: all) from `first_layer`.
+  static uint64_t bytes_needed(const HParams& hp, int n_cells, int n_layers = -1, int first_layer = 0,
+                               int n_window_cells = 0);
 
   KvStorage() = default;
   KvStorage(KvStorage&&) = default;
@@ -64,7 +77,7 @@ class KvCache {
 
   Tensor* k(int il) const { return storage_.k(il); }
   Tensor* v(int il) const { return storage_.v(il); }
-  /// Cells of the storage (the context size).
+  /// Cells of the storage (the context size; the global layers' cells).
   int n_cells() const { return storage_.n_cells(); }
   size_t bytes() const { return storage_.bytes(); }
 
@@ -102,6 +115,25 @@ class KvCache {
   /// The cells of `seq` in increasing position order, and those positions.
   virtual void seq_cells(int seq, std::vector<int32_t>& cells, std::vector<int32_t>& positions) const = 0;
 
+  // The sliding-window ring (see the file comment); kinds without one keep these defaults.
+  /// Whether the sliding-window layers have their ring of window cells; then their K/V tensors have
+  /// n_window_cells() cells and tokens need window cells too.
+  virtual bool windowed() const { return false; }
+  virtual int n_window_cells() const { return 0; }
+  /// Window cells for `positions` (ascending) of `seq`: free cells first, then cells of the sequence
+  /// whose position no query at positions[0] or later sees (positions[0] - pos >= n_swa). Fails when
+  /// the window before positions[0] holds positions the ring has already dropped.
+  virtual Result<std::vector<int32_t>> claim_window(std::span<const int32_t> positions, int seq);
+  /// Frees window cells (a failed step).
+  virtual void release_window(std::span<const int32_t> /*cells*/) {}
+  /// One past the highest used window cell.
+  virtual int n_kv_window() const { return 0; }
+  /// As fill_mask with the window, over window cells [0, n_kv).
+  virtual void fill_mask_window(std::span<const int32_t> positions, int seq, int n_kv, float* mask) const;
+  /// The lowest p0 from which seq_rm(seq, p0) leaves a sequence that can be continued: 0 unless the
+  /// ring has dropped positions of `seq` (then the oldest position whose window it still holds whole).
+  virtual int seq_rewind_min(int /*seq*/) const { return 0; }
+
  protected:
   explicit KvCache(KvStorage storage) : storage_(std::move(storage)) {}
   KvStorage storage_;
@@ -110,9 +142,12 @@ class KvCache {
 /// Cells handed out first-fit to any sequence (see the file comment).
 class ContiguousKvCache final : public KvCache {
  public:
+  /// With `n_window_cells` in [1, n_ctx), the sliding-window layers get only that many cells, a ring
+  /// (claim_window); it must be at least n_swa + n_batch - 1. 0: n_ctx cells everywhere.
   static Result<std::unique_ptr<ContiguousKvCache>> create(const HParams& hp, int n_ctx, BufferType& type,
                                                            BufferType* offload_type = nullptr,
-                                                           int first_offload_layer = -1);
+                                                           int first_offload_layer = -1,
+                                                           int n_window_cells = 0);
   KvCacheKind kind() const override { return KvCacheKind::contiguous; }
   Result<std::vector<int32_t>> claim(std::span<const int32_t> positions, int seq) override;
   void release(std::span<const int32_t> cells) override;
@@ -129,14 +164,27 @@ class ContiguousKvCache final : public KvCache {
                  int n_swa = 0) const override;
   void seq_cells(int seq, std::vector<int32_t>& cells, std::vector<int32_t>& positions) const override;
 
+  bool windowed() const override { return !window_cells_.empty(); }
+  int n_window_cells() const override { return static_cast<int>(window_cells_.size()); }
+  Result<std::vector<int32_t>> claim_window(std::span<const int32_t> positions, int seq) override;
+  void release_window(std::span<const int32_t> cells) override;
+  int n_kv_window() const override;
+  void fill_mask_window(std::span<const int32_t> positions, int seq, int n_kv, float* mask) const override;
+  int seq_rewind_min(int seq) const override;
+
  private:
   struct Cell {
     int32_t pos = -1;  // -1: free
     int32_t seq = -1;
   };
-  explicit ContiguousKvCache(KvStorage storage);
+  ContiguousKvCache(KvStorage storage, int n_window_cells, int n_swa);
+  static void fill_mask_cells(std::span<const Cell> cells, std::span<const int32_t> positions, int seq,
+                              int n_kv, float* mask, int n_swa);
   std::vector<Cell> cells_;
   int n_used_ = 0;
+  int n_swa_ = 0;
+  std::vector<Cell> window_cells_;         // empty: the sliding-window layers use cells_
+  std::map<int, int> window_dropped_max_;  // per sequence: the highest position the ring dropped
 };
 
 /// Fixed-size blocks of one pool shared by all sequences (see the file comment). A sequence's
@@ -196,10 +244,11 @@ class PagedKvCache final : public KvCache {
   int n_used_ = 0;
 };
 
-/// A cache of `kind` for a context (`block_size` only for paged caches).
+/// A cache of `kind` for a context (`block_size` only for paged caches; `n_window_cells`, the
+/// sliding-window ring, only for contiguous ones: a paged cache refuses a ring).
 Result<std::unique_ptr<KvCache>> make_kv_cache(KvCacheKind kind, const HParams& hp, int n_ctx, int block_size,
                                                BufferType& type, BufferType* offload_type = nullptr,
-                                               int first_offload_layer = -1);
+                                               int first_offload_layer = -1, int n_window_cells = 0);
 
 /// The cache of a context (for tests: where its layers' tensors live, its bookkeeping).
 const KvCache& context_kv_cache(const Context& ctx);

@@ -170,32 +170,38 @@ int layer_of(const std::string& name) {
 // norm and the output projection go to the offload backend; the token embeddings never do (a
 // get_rows of a few rows is cheap on the host, and the table is large). A graph reads only its own
 // backend's memory, so a tensor both sides use gets a second copy there: the output projection
-// when it is tied to the embeddings, and rope_freqs.
+// when it is tied to the embeddings, and the RoPE frequency factors (rope_freqs, Phi-3's long ones).
 void assign_weights(ModelImpl& m, const WeightList& loaded, WeightList& main, WeightList& offload) {
-  for (LayerWeights& l : m.w.layers) l.rope_freqs = m.w.rope_freqs;
+  for (LayerWeights& l : m.w.layers) {
+    l.rope_freqs = m.w.rope_freqs;
+    l.rope_freqs_long = m.w.rope_freqs_long;
+  }
   if (m.n_offload == 0) {
     main = loaded;
     return;
   }
   const int first = m.first_offload_layer();
-  const GgufTensorInfo* tok_embd_info = nullptr;
-  const GgufTensorInfo* rope_freqs_info = nullptr;
+  auto info_of = [&loaded](const Tensor* t) {
+    for (const auto& entry : loaded)
+      if (entry.first == t) return entry.second;
+    return static_cast<const GgufTensorInfo*>(nullptr);
+  };
   for (const auto& entry : loaded) {
     Tensor* t = entry.first;
-    if (t == m.w.tok_embd) tok_embd_info = entry.second;
-    if (t == m.w.rope_freqs) rope_freqs_info = entry.second;
     const bool head = t == m.w.output_norm || (t == m.w.output && t != m.w.tok_embd);
     (head || layer_of(t->name) >= first ? offload : main).push_back(entry);
   }
   if (m.w.output == m.w.tok_embd) {
     Tensor* copy = m.weight_tensors.weight(m.w.tok_embd->type, m.w.tok_embd->ne, "output.weight (tied)");
-    offload.emplace_back(copy, tok_embd_info);
+    offload.emplace_back(copy, info_of(m.w.tok_embd));
     m.w.output = copy;
   }
-  if (m.w.rope_freqs) {
-    Tensor* copy = m.weight_tensors.weight(DType::f32, m.w.rope_freqs->ne, "rope_freqs.weight (offload)");
-    offload.emplace_back(copy, rope_freqs_info);
-    for (int il = first; il < static_cast<int>(m.hp.n_layer); ++il) m.w.layers[il].rope_freqs = copy;
+  for (Tensor* LayerWeights::*factors : {&LayerWeights::rope_freqs, &LayerWeights::rope_freqs_long}) {
+    Tensor* shared = m.w.layers.empty() ? nullptr : m.w.layers[0].*factors;
+    if (!shared) continue;
+    Tensor* copy = m.weight_tensors.weight(DType::f32, shared->ne, shared->name + " (offload)");
+    offload.emplace_back(copy, info_of(shared));
+    for (int il = first; il < static_cast<int>(m.hp.n_layer); ++il) m.w.layers[il].*factors = copy;
   }
   for (const auto& [t, info] : offload) m.offload_bytes += info->size;
 }

@@ -79,6 +79,7 @@ Result<std::unique_ptr<Engine>> Engine::create(llm::Session session, const Token
   llm::ContextParams cp;
   cp.n_ctx = e->session_.context->n_ctx();
   cp.n_batch = e->session_.context->n_batch();
+  cp.swa_full = e->session_.context->swa_full();
   for (int i = 0; i < n_parallel; ++i) {
     auto slot = std::make_unique<Slot>();
     slot->index = i;

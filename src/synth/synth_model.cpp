@@ -20,29 +20,44 @@ namespace {
 
 // name, arch, vocab, embd, layers, heads, kv heads, head dim, ffn, ctx, rope base, eps, tied, qkv bias,
 // qk norm, llama3 rope factor, experts, experts used, expert ffn, sliding window, attention soft-cap,
-// final soft-cap, linear rope factor
+// final soft-cap, linear rope factor, yarn rope factor, original context, longrope, rotated dims (phi3:
+// fused qkv and gate/up)
 // clang-format off
 constexpr SynthShape kShapes[] = {
     {"llama3-1b", Arch::llama, 128256, 2048, 16, 32, 8, 64, 8192, 131072, 500000.0f, 1e-5f, true, false,
-     false, 32.0f, 0, 0, 0, 0, 0.0f, 0.0f, 0.0f},
+     false, 32.0f, 0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false, 0},
     {"llama3-8b", Arch::llama, 128256, 4096, 32, 32, 8, 128, 14336, 131072, 500000.0f, 1e-5f, false, false,
-     false, 8.0f, 0, 0, 0, 0, 0.0f, 0.0f, 0.0f},
+     false, 8.0f, 0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false, 0},
     {"small", Arch::llama, 2048, 256, 4, 8, 4, 32, 768, 1024, 10000.0f, 1e-5f, false, false, false, 0.0f, 0, 0,
-     0, 0, 0.0f, 0.0f, 0.0f},
+     0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false, 0},
     {"tiny", Arch::llama, 512, 128, 2, 4, 2, 32, 384, 512, 10000.0f, 1e-5f, false, false, false, 0.0f, 0, 0, 0,
-     0, 0.0f, 0.0f, 0.0f},
+     0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false, 0},
+    // Llama 3.1 features on the tiny shape: rope_freqs, tied output, q/k/v biases (some fine-tunes).
+    {"llama31-tiny", Arch::llama, 512, 128, 2, 4, 2, 32, 384, 512, 500000.0f, 1e-5f, true, true, false, 8.0f, 0,
+     0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false, 0},
     {"qwen2-tiny", Arch::qwen2, 512, 128, 2, 4, 2, 32, 384, 512, 1000000.0f, 1e-6f, true, true, false, 0.0f, 0,
-     0, 0, 0, 0.0f, 0.0f, 0.0f},
+     0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false, 0},
+    // Qwen2.5's YaRN recipe: factor 4 over a 128-token original context (context_length 512 = 4 x 128).
+    {"qwen2-yarn-tiny", Arch::qwen2, 512, 128, 2, 4, 2, 32, 384, 512, 10000.0f, 1e-6f, false, true, false, 0.0f,
+     0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 4.0f, 128, false, 0},
     {"qwen3-tiny", Arch::qwen3, 512, 128, 2, 4, 2, 64, 384, 512, 1000000.0f, 1e-6f, false, false, true, 0.0f,
-     0, 0, 0, 0, 0.0f, 0.0f, 0.0f},
+     0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false, 0},
     {"qwen3moe-tiny", Arch::qwen3moe, 512, 128, 2, 4, 2, 64, 384, 512, 1000000.0f, 1e-6f, false, false, true,
-     0.0f, 8, 2, 64, 0, 0.0f, 0.0f, 0.0f},
+     0.0f, 8, 2, 64, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false, 0},
     // Gemma 2: local layers 0 and 2, global layer 1; Gemma 2's caps.
     {"gemma2-tiny", Arch::gemma2, 512, 128, 3, 4, 2, 64, 384, 512, 10000.0f, 1e-6f, true, false, false, 0.0f,
-     0, 0, 0, 4, 50.0f, 30.0f, 0.0f},
+     0, 0, 0, 4, 50.0f, 30.0f, 0.0f, 0.0f, 0, false, 0},
     // Gemma 3: local layers 0-4, global layer 5 with linear RoPE scaling as in the 4B+ models.
     {"gemma3-tiny", Arch::gemma3, 512, 128, 6, 4, 2, 64, 384, 512, 1000000.0f, 1e-6f, true, false, true, 0.0f,
-     0, 0, 0, 4, 0.0f, 0.0f, 8.0f},
+     0, 0, 0, 4, 0.0f, 0.0f, 8.0f, 0.0f, 0, false, 0},
+    // Phi-3: fused attn_qkv and gate/up (ffn_up holds both), NeoX RoPE, untied output, every layer
+    // attending through a window (of 6 positions here, so that short prompts reach past it).
+    {"phi3-tiny", Arch::phi3, 512, 128, 2, 4, 2, 32, 384, 512, 10000.0f, 1e-5f, false, false, false, 0.0f, 0,
+     0, 0, 6, 0.0f, 0.0f, 0.0f, 0.0f, 0, false, 0},
+    // Phi-4-mini style: LongRoPE over an original context of 128 (context_length 512), 3/4 of each head
+    // rotated, tied output, no window.
+    {"phi3-longrope-tiny", Arch::phi3, 512, 128, 2, 4, 2, 32, 384, 512, 10000.0f, 1e-5f, true, false, false, 0.0f,
+     0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 128, true, 24},
 };
 // clang-format on
 
@@ -148,12 +163,25 @@ std::vector<PlannedTensor> plan_tensors(const SynthShape& s, FileType ft) {
                    Init::fixed,
                    llama3_rope_freq_factors(s.head_dim, s.rope_base, s.llama3_rope_factor)});
   }
+  if (s.longrope) {
+    const int n_rot = s.n_rot > 0 ? s.n_rot : s.head_dim;
+    for (bool long_context : {true, false})
+      out.push_back({long_context ? "rope_factors_long.weight" : "rope_factors_short.weight",
+                     {n_rot / 2},
+                     DType::f32,
+                     Init::fixed,
+                     longrope_factors(n_rot, long_context)});
+  }
   for (int il = 0; il < s.n_layer; ++il) {
     auto n = [il](const char* what) { return fmt::format("blk.{}.{}", il, what); };
     add(n("attn_norm.weight"), {s.n_embd}, Init::norm);
-    add(n("attn_q.weight"), {s.n_embd, q_dim}, Init::matrix);
-    add(n("attn_k.weight"), {s.n_embd, kv_dim}, Init::matrix);
-    add(n("attn_v.weight"), {s.n_embd, kv_dim}, Init::matrix);
+    if (s.arch == Arch::phi3) {  // one projection: query rows, then key rows, then value rows
+      add(n("attn_qkv.weight"), {s.n_embd, q_dim + 2 * kv_dim}, Init::matrix);
+    } else {
+      add(n("attn_q.weight"), {s.n_embd, q_dim}, Init::matrix);
+      add(n("attn_k.weight"), {s.n_embd, kv_dim}, Init::matrix);
+      add(n("attn_v.weight"), {s.n_embd, kv_dim}, Init::matrix);
+    }
     if (s.qkv_bias) {
       add(n("attn_q.bias"), {q_dim}, Init::bias);
       add(n("attn_k.bias"), {kv_dim}, Init::bias);
@@ -171,6 +199,9 @@ std::vector<PlannedTensor> plan_tensors(const SynthShape& s, FileType ft) {
       add(n("ffn_gate_exps.weight"), {s.n_embd, s.n_ff_exp, s.n_expert}, Init::matrix);
       add(n("ffn_up_exps.weight"), {s.n_embd, s.n_ff_exp, s.n_expert}, Init::matrix);
       add(n("ffn_down_exps.weight"), {s.n_ff_exp, s.n_embd, s.n_expert}, Init::matrix);
+    } else if (s.arch == Arch::phi3) {  // gate rows, then up rows
+      add(n("ffn_up.weight"), {s.n_embd, 2 * static_cast<int64_t>(s.n_ff)}, Init::matrix);
+      add(n("ffn_down.weight"), {s.n_ff, s.n_embd}, Init::matrix);
     } else {
       add(n("ffn_gate.weight"), {s.n_embd, s.n_ff}, Init::matrix);
       add(n("ffn_up.weight"), {s.n_embd, s.n_ff}, Init::matrix);
@@ -200,7 +231,7 @@ Status add_metadata(GgufWriter& w, const SynthShape& s, FileType ft) {
   LOOM_TRY(w.add_u32(a + ".attention.value_length", static_cast<uint32_t>(s.head_dim)));
   LOOM_TRY(w.add_f32(a + ".attention.layer_norm_rms_epsilon", s.norm_eps));
   LOOM_TRY(w.add_f32(a + ".rope.freq_base", s.rope_base));
-  LOOM_TRY(w.add_u32(a + ".rope.dimension_count", static_cast<uint32_t>(s.head_dim)));
+  LOOM_TRY(w.add_u32(a + ".rope.dimension_count", static_cast<uint32_t>(s.n_rot > 0 ? s.n_rot : s.head_dim)));
   LOOM_TRY(w.add_u32(a + ".vocab_size", static_cast<uint32_t>(s.n_vocab)));
   if (s.n_expert > 0) {
     LOOM_TRY(w.add_u32(a + ".expert_count", static_cast<uint32_t>(s.n_expert)));
@@ -215,6 +246,14 @@ Status add_metadata(GgufWriter& w, const SynthShape& s, FileType ft) {
     LOOM_TRY(w.add_string(a + ".rope.scaling.type", "linear"));
     LOOM_TRY(w.add_f32(a + ".rope.scaling.factor", s.rope_linear_factor));
   }
+  if (s.rope_yarn_factor > 0.0f) {
+    LOOM_TRY(w.add_string(a + ".rope.scaling.type", "yarn"));
+    LOOM_TRY(w.add_f32(a + ".rope.scaling.factor", s.rope_yarn_factor));
+  }
+  if (s.n_ctx_orig > 0)
+    LOOM_TRY(w.add_u32(a + ".rope.scaling.original_context_length", static_cast<uint32_t>(s.n_ctx_orig)));
+  if (s.longrope)
+    LOOM_TRY(w.add_f32(a + ".rope.scaling.attn_factor", longrope_attn_factor(s.n_ctx, s.n_ctx_orig)));
 
   const SynthVocab v = make_synth_vocab(s.n_vocab);
   LOOM_TRY(w.add_string("tokenizer.ggml.model", "gpt2"));
@@ -236,6 +275,23 @@ const SynthShape* find_synth_shape(std::string_view name) {
   for (const SynthShape& s : kShapes)
     if (name == s.name) return &s;
   return nullptr;
+}
+
+std::vector<float> longrope_factors(int n_rot, bool long_context) {
+  const int n = n_rot / 2;
+  std::vector<float> out;
+  for (int i = 0; i < n; ++i) {
+    const double t = n > 1 ? static_cast<double>(i) / (n - 1) : 0.0;
+    out.push_back(static_cast<float>(long_context ? 1.0 + 7.0 * t * t : 1.0 + 2.0 * t));
+  }
+  return out;
+}
+
+float longrope_attn_factor(int n_ctx, int n_ctx_orig) {
+  const double scale = static_cast<double>(n_ctx) / n_ctx_orig;
+  return scale <= 1.0 ? 1.0f
+                      : static_cast<float>(
+                            std::sqrt(1.0 + std::log(scale) / std::log(static_cast<double>(n_ctx_orig))));
 }
 
 std::vector<float> llama3_rope_freq_factors(int n_rot, float freq_base, float factor) {

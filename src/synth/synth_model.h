@@ -44,9 +44,14 @@ struct SynthShape {
   float attn_softcap;        ///< > 0: attn_logit_softcapping
   float final_softcap;       ///< > 0: final_logit_softcapping
   float rope_linear_factor;  ///< > 0: rope.scaling.type linear with this factor (gemma3's global layers)
+  float rope_yarn_factor;    ///< > 0: rope.scaling.type yarn with this factor over `n_ctx_orig` tokens
+  int n_ctx_orig;            ///< > 0: rope.scaling.original_context_length
+  bool longrope;             ///< Phi-3 LongRoPE: rope_factors_short/long and rope.scaling.attn_factor
+  int n_rot;                 ///< rotated dims per head (rope.dimension_count); 0: head_dim
 };
 
-/// llama3-1b, llama3-8b, small, tiny, qwen2-tiny, qwen3-tiny, qwen3moe-tiny, gemma2-tiny, gemma3-tiny.
+/// llama3-1b, llama3-8b, small, tiny, llama31-tiny, qwen2-tiny, qwen2-yarn-tiny, qwen3-tiny, qwen3moe-tiny,
+/// gemma2-tiny, gemma3-tiny, phi3-tiny, phi3-longrope-tiny.
 /// The gemma shapes have a window of 4 positions so that short prompts reach past it.
 std::span<const SynthShape> synth_shapes();
 const SynthShape* find_synth_shape(std::string_view name);
@@ -60,6 +65,12 @@ struct SynthOptions {
 /// Writes the model atomically to `path`, generating and quantizing one tensor at a time.
 Status write_synth_model(const std::string& path, const SynthShape& shape, FileType type,
                          const SynthOptions& options = {});
+
+/// Synthetic Phi-3 LongRoPE divisors (n_rot/2 each): short ones rising from 1 to 3, long ones from 1
+/// to 8; and the cos/sin scale of a context of n_ctx over n_ctx_orig, sqrt(1 + ln(n_ctx/n_ctx_orig) /
+/// ln(n_ctx_orig)), as the Phi-3 configs define it.
+std::vector<float> longrope_factors(int n_rot, bool long_context);
+float longrope_attn_factor(int n_ctx, int n_ctx_orig);
 
 /// Llama 3.1's frequency divisors for RoPE (factor, low 1, high 4, original context 8192), n_rot/2.
 std::vector<float> llama3_rope_freq_factors(int n_rot, float freq_base, float factor);

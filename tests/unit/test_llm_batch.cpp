@@ -13,8 +13,10 @@ namespace {
 
 class LlmBatch : public ModelFiles {};
 
+// `swa_full`: sliding-window layers keep every cell (what steps over several sequences need on a
+// contiguous cache; a paged cache always does).
 LoadedModel open_model(const std::string& file, int n_ctx, int n_batch, KvCacheKind kind, int block_size = 16,
-                       int n_threads = 2) {
+                       int n_threads = 2, bool swa_full = false) {
   LoadedModel l;
   l.backend = make_cpu_backend(n_threads);
   auto m = Model::load(file, *l.backend, quiet_load());
@@ -26,6 +28,7 @@ LoadedModel open_model(const std::string& file, int n_ctx, int n_batch, KvCacheK
   cp.n_batch = n_batch;
   cp.kv_cache = kind;
   cp.kv_block_size = block_size;
+  cp.swa_full = swa_full;
   auto c = Context::create(*l.model, cp);
   EXPECT_TRUE(c.ok()) << c.status().to_string();
   if (c.ok()) l.ctx = std::move(c.value());
@@ -216,7 +219,9 @@ Decoded decode_alone(Context& ctx, std::span<const int32_t> prompt, int n_steps)
 }
 
 // decode_batch over several sequences gives each the logits it gets alone, bit for bit, on either
-// cache kind, whichever sequences share the step.
+// cache kind, whichever sequences share the step. The contiguous cache keeps every cell of gemma2's
+// sliding-window layers (swa_full, chosen explicitly): its ring holds one sequence's window, and
+// decode_batch refuses several sequences on it (LlmSwaCache.BatchedStepsNeedEveryCell).
 TEST_F(LlmBatch, DecodeBatchEqualsAlone) {
   const std::pair<const char*, const char*> models[] = {{"tiny", "f32"},
                                                         {"tiny", "q8_0"},
@@ -226,7 +231,7 @@ TEST_F(LlmBatch, DecodeBatchEqualsAlone) {
   for (const auto& [shape, type] : models) {
     for (KvCacheKind kind : {KvCacheKind::paged, KvCacheKind::contiguous}) {
       SCOPED_TRACE(std::string(shape) + " " + type + (kind == KvCacheKind::paged ? " paged" : " contiguous"));
-      auto l = open_model(model(shape, type), 256, 16, kind, 16);
+      auto l = open_model(model(shape, type), 256, 16, kind, 16, 2, /*swa_full=*/true);
       ASSERT_TRUE(l.ctx);
       const int n_vocab = l.ctx->n_vocab(), n_seqs = 5, n_steps = 6;
       std::vector<std::vector<int32_t>> prompts;

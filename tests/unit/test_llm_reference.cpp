@@ -1,7 +1,12 @@
 // The model layer against an independent float64 implementation (in the style of
-// test_llama_block.cpp) that reads the same GGUF weights: llama (normal RoPE), qwen2 (biases, NeoX
-// RoPE, tied output) and qwen3 (QK-norm, head size != n_embd / n_head).
+// test_llama_block.cpp) that reads the same GGUF weights: llama (normal RoPE; Llama 3.1's rope_freqs,
+// tied output and q/k/v biases in llama31-tiny), qwen2 (biases, NeoX RoPE, tied output; YaRN in
+// qwen2-yarn-tiny), qwen3 (QK-norm, head size != n_embd / n_head) and phi3 (fused qkv and gate/up,
+// every layer windowed; LongRoPE and 3/4 of each head rotated in phi3-longrope-tiny).
 #include "test_llm_common.h"
+
+#include <algorithm>
+#include <numbers>
 
 namespace loom::llm::testing {
 namespace {
@@ -43,27 +48,84 @@ void rmsnorm_groups(Vec& x, const std::vector<float>& w, size_t n, double eps) {
   }
 }
 
+// Per-pair angle rates and the cos/sin magnitude of a file's RoPE, derived from its metadata and
+// rope_freqs tensor the way the papers and Hugging Face describe them: theta_i = pos * inv_freq_i.
+struct RopeRef {
+  std::vector<double> inv_freq;
+  double mscale = 1.0;
+};
+
+RopeRef rope_ref(const GgufFile& f, const HParams& hp, const RefWeights& w, bool scaled, int n_ctx) {
+  const std::string p = std::string(arch_name(hp.arch)) + ".";
+  const size_t n_rot = hp.n_rot;
+  const double base = hp.rope_freq_base;
+  RopeRef r;
+  auto factors = scaled ? w.get("rope_freqs.weight") : std::vector<float>{};  // Llama 3.1: divisors
+  if (scaled && w.has("rope_factors_short.weight")) {
+    // Phi-3 LongRoPE: the long divisors for a context beyond the original one, and cos/sin scaled by
+    // sqrt(1 + ln(s) / ln(original)), s = context_length / original.
+    const double orig = *f.get_u32(p + "rope.scaling.original_context_length");
+    const double s = *f.get_u32(p + "context_length") / orig;
+    factors = w.get(n_ctx > orig ? "rope_factors_long.weight" : "rope_factors_short.weight");
+    r.mscale = s > 1.0 ? std::sqrt(1.0 + std::log(s) / std::log(orig)) : 1.0;
+  }
+  for (size_t i = 0; i < n_rot / 2; ++i) {
+    const double inv = std::pow(base, -2.0 * static_cast<double>(i) / n_rot);
+    r.inv_freq.push_back(factors.empty() ? inv : inv / factors[i]);
+  }
+  auto type = f.get_string(p + "rope.scaling.type");
+  if (scaled && type.ok() && *type == "yarn") {
+    // YaRN (arXiv:2309.00071): pairs turning more than beta_fast = 32 times over the original
+    // context keep their frequency, those turning less than beta_slow = 1 times are divided by the
+    // factor, with a linear ramp in between; cos and sin grow by 0.1 ln(factor) + 1.
+    const double factor = *f.get_f32(p + "rope.scaling.factor");
+    const double orig = *f.get_u32(p + "rope.scaling.original_context_length");
+    auto dim_of = [&](double turns) {
+      return n_rot * std::log(orig / (turns * 2.0 * std::numbers::pi)) / (2.0 * std::log(base));
+    };
+    const double low = std::max(0.0, std::floor(dim_of(32.0)));
+    const double high = std::min(static_cast<double>(n_rot - 1), std::ceil(dim_of(1.0)));
+    for (size_t i = 0; i < n_rot / 2; ++i) {
+      const double ramp = std::clamp((static_cast<double>(i) - low) / std::max(high - low, 0.001), 0.0, 1.0);
+      const double keep = 1.0 - ramp;  // weight of the original frequency
+      r.inv_freq[i] = r.inv_freq[i] / factor * (1.0 - keep) + r.inv_freq[i] * keep;
+    }
+    r.mscale = 0.1 * std::log(factor) + 1.0;
+  }
+  return r;
+}
+
 // Normal mode rotates pairs (2i, 2i+1); NeoX rotates (i, i + n_rot/2).
-void rope(Vec& v, size_t n_heads, size_t hd, size_t n_rot, int pos, double base, bool neox) {
+void rope(Vec& v, size_t n_heads, size_t hd, size_t n_rot, int pos, const RopeRef& r, bool neox) {
   for (size_t h = 0; h < n_heads; ++h)
     for (size_t i = 0; i < n_rot / 2; ++i) {
-      const double theta = pos * std::pow(base, -2.0 * i / n_rot);
+      const double theta = pos * r.inv_freq[i];
       const size_t a_i = neox ? i : 2 * i, b_i = neox ? i + n_rot / 2 : 2 * i + 1;
       double& a = v[h * hd + a_i];
       double& b = v[h * hd + b_i];
       const double a0 = a, b0 = b;
-      a = a0 * std::cos(theta) - b0 * std::sin(theta);
-      b = a0 * std::sin(theta) + b0 * std::cos(theta);
+      a = (a0 * std::cos(theta) - b0 * std::sin(theta)) * r.mscale;
+      b = (a0 * std::sin(theta) + b0 * std::cos(theta)) * r.mscale;
     }
 }
 
 double f16_round(double x) { return f16_to_f32(f32_to_f16(static_cast<float>(x))); }
 
+// What the reference leaves out, to show that each feature matters.
+struct RefSwitches {
+  bool rope_scaling = true;  // rope_freqs and YaRN
+  bool window = true;        // phi3's sliding window
+};
+
 std::vector<Vec> reference_logits(const GgufFile& f, const HParams& hp, const std::vector<int32_t>& tokens,
-                                  int pos0) {
+                                  int pos0, int n_ctx, RefSwitches sw = {}) {
   RefWeights w{&f};
   const size_t T = tokens.size(), E = hp.n_embd, hd = hp.head_dim_k, H = hp.n_head, Hkv = hp.n_head_kv;
   const bool neox = hp.arch != Arch::llama;
+  const RopeRef rr = rope_ref(f, hp, w, sw.rope_scaling, n_ctx);
+  const std::string p = std::string(arch_name(hp.arch)) + ".";
+  const size_t window =
+      sw.window && hp.arch == Arch::phi3 ? *f.get_u32_or(p + "attention.sliding_window", 0) : 0;
   const auto embd = w.get("token_embd.weight");
   std::vector<Vec> x(T, Vec(E));
   for (size_t t = 0; t < T; ++t)
@@ -72,16 +134,23 @@ std::vector<Vec> reference_logits(const GgufFile& f, const HParams& hp, const st
     auto n = [il](const char* what) { return "blk." + std::to_string(il) + "." + what; };
     const auto attn_norm = w.get(n("attn_norm.weight")), wq = w.get(n("attn_q.weight")),
                wk = w.get(n("attn_k.weight")), wv = w.get(n("attn_v.weight")),
-               wo = w.get(n("attn_output.weight")), ffn_norm = w.get(n("ffn_norm.weight")),
-               wg = w.get(n("ffn_gate.weight")), wu = w.get(n("ffn_up.weight")),
-               wd = w.get(n("ffn_down.weight"));
+               wqkv = w.get(n("attn_qkv.weight")), wo = w.get(n("attn_output.weight")),
+               ffn_norm = w.get(n("ffn_norm.weight")), wg = w.get(n("ffn_gate.weight")),
+               wu = w.get(n("ffn_up.weight")), wd = w.get(n("ffn_down.weight"));
     std::vector<Vec> q(T), k(T), v(T);
     for (size_t t = 0; t < T; ++t) {
       Vec h = x[t];
       rmsnorm_groups(h, attn_norm, E, hp.norm_rms_eps);
-      q[t] = matvec(wq, h, H * hd);
-      k[t] = matvec(wk, h, Hkv * hd);
-      v[t] = matvec(wv, h, Hkv * hd);
+      if (!wqkv.empty()) {  // phi3: one product, q then k then v
+        const Vec all = matvec(wqkv, h, (H + 2 * Hkv) * hd);
+        q[t].assign(all.begin(), all.begin() + H * hd);
+        k[t].assign(all.begin() + H * hd, all.begin() + (H + Hkv) * hd);
+        v[t].assign(all.begin() + (H + Hkv) * hd, all.end());
+      } else {
+        q[t] = matvec(wq, h, H * hd);
+        k[t] = matvec(wk, h, Hkv * hd);
+        v[t] = matvec(wv, h, Hkv * hd);
+      }
       if (w.has(n("attn_q.bias"))) {
         add_bias(q[t], w.get(n("attn_q.bias")));
         add_bias(k[t], w.get(n("attn_k.bias")));
@@ -92,8 +161,8 @@ std::vector<Vec> reference_logits(const GgufFile& f, const HParams& hp, const st
         rmsnorm_groups(k[t], w.get(n("attn_k_norm.weight")), hd, hp.norm_rms_eps);
       }
       const int p = pos0 + static_cast<int>(t);
-      rope(q[t], H, hd, hp.n_rot, p, hp.rope_freq_base, neox);
-      rope(k[t], Hkv, hd, hp.n_rot, p, hp.rope_freq_base, neox);
+      rope(q[t], H, hd, hp.n_rot, p, rr, neox);
+      rope(k[t], Hkv, hd, hp.n_rot, p, rr, neox);
       for (double& e : k[t]) e = f16_round(e);  // the cache holds K and V in f16
       for (double& e : v[t]) e = f16_round(e);
     }
@@ -105,6 +174,10 @@ std::vector<Vec> reference_logits(const GgufFile& f, const HParams& hp, const st
         Vec s(t + 1);
         double mx = -INFINITY;
         for (size_t j = 0; j <= t; ++j) {
+          if (window > 0 && t - j >= window) {  // outside the sliding window
+            s[j] = -INFINITY;
+            continue;
+          }
           double dot = 0.0;
           for (size_t d = 0; d < hd; ++d) dot += q[t][h * hd + d] * k[j][kvh * hd + d];
           s[j] = dot / std::sqrt(static_cast<double>(hd));
@@ -119,8 +192,15 @@ std::vector<Vec> reference_logits(const GgufFile& f, const HParams& hp, const st
       for (size_t e = 0; e < E; ++e) x[t][e] += o[e];
       Vec h = x[t];
       rmsnorm_groups(h, ffn_norm, E, hp.norm_rms_eps);
-      Vec gate = matvec(wg, h, hp.n_ff);
-      const Vec up = matvec(wu, h, hp.n_ff);
+      Vec gate, up;
+      if (wg.empty()) {  // phi3: ffn_up holds the gate rows, then the up rows
+        const Vec gu = matvec(wu, h, 2 * hp.n_ff);
+        gate.assign(gu.begin(), gu.begin() + hp.n_ff);
+        up.assign(gu.begin() + hp.n_ff, gu.end());
+      } else {
+        gate = matvec(wg, h, hp.n_ff);
+        up = matvec(wu, h, hp.n_ff);
+      }
       for (size_t i = 0; i < hp.n_ff; ++i) gate[i] = gate[i] / (1.0 + std::exp(-gate[i])) * up[i];
       const Vec d = matvec(wd, gate, E);
       for (size_t e = 0; e < E; ++e) x[t][e] += d[e];
@@ -138,6 +218,7 @@ std::vector<Vec> reference_logits(const GgufFile& f, const HParams& hp, const st
 }
 
 class LlmReference : public ModelFiles, public ::testing::WithParamInterface<const char*> {};
+class LlmReferenceFar : public ModelFiles {};
 
 // Logits of every token of a 9-token prompt starting at position 3, in two chunks (n_batch 5).
 // The reference rounds K and V to f16 like the cache, so what remains is f32 against f64
@@ -158,7 +239,7 @@ TEST_P(LlmReference, MatchesFloat64) {
   auto got = (*ctx)->decode(tokens, pos0, all);
   ASSERT_TRUE(got.ok()) << got.status().to_string();
 
-  const auto ref = reference_logits((*m)->gguf(), hp, tokens, pos0);
+  const auto ref = reference_logits((*m)->gguf(), hp, tokens, pos0, 32);
   std::vector<double> flat;
   for (const Vec& r : ref) flat.insert(flat.end(), r.begin(), r.end());
   ASSERT_EQ(got->size(), flat.size());
@@ -170,13 +251,61 @@ TEST_P(LlmReference, MatchesFloat64) {
   EXPECT_LT(e, 1e-8) << "NMSE " << e;
 }
 
-INSTANTIATE_TEST_SUITE_P(Archs, LlmReference, ::testing::Values("tiny", "qwen2-tiny", "qwen3-tiny"),
+INSTANTIATE_TEST_SUITE_P(Archs, LlmReference,
+                         ::testing::Values("tiny", "llama31-tiny", "qwen2-tiny", "qwen2-yarn-tiny",
+                                           "qwen3-tiny", "phi3-tiny", "phi3-longrope-tiny"),
                          [](const auto& info) {
                            std::string s = info.param;
                            for (char& c : s)
                              if (c == '-') c = '_';
                            return s;
                          });
+
+// From position 5000 (RoPE tables of large angles), with the window of phi3-tiny (6) passed: still the
+// reference, which without the scaling (or the window) is clearly off. Phi-3 LongRoPE takes the short
+// factors in a context of 32 cells and the long ones in 256 (beyond the original 128). Measured:
+// llama31-tiny 1.2e-13 (1.0e-6 without rope_freqs), qwen2-yarn-tiny 2.2e-11 (0.058 without YaRN),
+// phi3-tiny 4.3e-11 (0.35 without the window), phi3-longrope-tiny 8.9e-10 / 1.5e-11 (0.057 / 0.044
+// without LongRoPE).
+TEST_F(LlmReferenceFar, ScalingAndWindowMatter) {
+  for (const auto& [shape, n_ctx] :
+       {std::pair{"llama31-tiny", 32}, std::pair{"qwen2-yarn-tiny", 32}, std::pair{"phi3-tiny", 32},
+        std::pair{"phi3-longrope-tiny", 32}, std::pair{"phi3-longrope-tiny", 256}}) {
+    SCOPED_TRACE(std::string(shape) + " n_ctx " + std::to_string(n_ctx));
+    const std::string file = model(shape, "f32", 5);
+    auto backend = make_cpu_backend(2);
+    auto m = Model::load(file, *backend, quiet_load());
+    ASSERT_TRUE(m.ok()) << m.status().to_string();
+    auto ctx = Context::create(**m, ContextParams{n_ctx, 5, 0});
+    ASSERT_TRUE(ctx.ok()) << ctx.status().to_string();
+    const HParams& hp = (*m)->hparams();
+    const auto tokens = test_tokens(14, static_cast<int>(hp.n_vocab), 7);
+    const int pos0 = 5000;
+    DecodeOptions all;
+    all.all_logits = true;
+    auto got = (*ctx)->decode(tokens, pos0, all);
+    ASSERT_TRUE(got.ok()) << got.status().to_string();
+    auto flat = [](const std::vector<Vec>& rows) {
+      std::vector<double> out;
+      for (const Vec& r : rows) out.insert(out.end(), r.begin(), r.end());
+      return out;
+    };
+    const auto ref = flat(reference_logits((*m)->gguf(), hp, tokens, pos0, n_ctx));
+    ASSERT_EQ(got->size(), ref.size());
+    const double e = nmse(*got, ref);
+    EXPECT_LT(e, 5e-8) << "NMSE " << e;  // the bound of test_llm_archs2.cpp: K/V values near f16 ties
+    RefSwitches off;
+    (hp.has_swa() ? off.window : off.rope_scaling) = false;
+    const double e_off = nmse(*got, flat(reference_logits((*m)->gguf(), hp, tokens, pos0, n_ctx, off)));
+    if (n_ctx > 32) {  // the long factors matter: the short ones are off too
+      const double e_short = nmse(*got, flat(reference_logits((*m)->gguf(), hp, tokens, pos0, 32)));
+      EXPECT_GT(e_short, 1e-3) << "NMSE with the short factors " << e_short;
+    }
+    // Scores depend on relative positions (here at most 13), over which the low-frequency pairs that
+    // rope_freqs slows barely turn: it moves the logits little, but 1e7 times the remaining error.
+    EXPECT_GT(e_off, hp.arch == Arch::llama ? 1e-7 : 1e-3) << "NMSE without the feature " << e_off;
+  }
+}
 
 }  // namespace
 }  // namespace loom::llm::testing
