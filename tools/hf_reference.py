@@ -84,6 +84,8 @@ def build_model(g):
             raise SystemExit(f"hf_reference: rope_freqs.weight in a {arch} file is not handled")
         common["rope_scaling"] = {"rope_type": "llama3", "factor": float(rope_freqs.max()), "low_freq_factor": 1.0,
                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+        # transformers wants the scaled context above the original one (the frequencies do not depend on it)
+        common["max_position_embeddings"] = max(common["max_position_embeddings"], 8192 * 16)
     if p("rope.scaling.type", "none") == "yarn":
         orig = int(p("rope.scaling.original_context_length"))
         factor = float(p("rope.scaling.factor"))
