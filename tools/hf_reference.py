@@ -174,7 +174,8 @@ def build_model(g):
                 w = g.tensor(key)
                 if arch == "llama" and gname in ("attn_q", "attn_k"):
                     nh = n_head if gname == "attn_q" else n_head_kv
-                    w = unpermute_rope_rows(w, nh) if kind == "weight" else w
+                    # a bias is one value per row: it follows the rows' order
+                    w = unpermute_rope_rows(w, nh) if kind == "weight" else unpermute_rope_rows(w[:, None], nh)[:, 0]
                 if gemma and gname.endswith("norm"):
                     w = w - 1.0  # GGUF holds 1 + w
                 sd[f"model.layers.{il}.{hname}.{kind}"] = w
