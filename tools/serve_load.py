@@ -1,0 +1,203 @@
+#!/usr/bin/env python3
+"""Load generator for an OpenAI-compatible server (`loom serve`, llama-server, ...): N concurrent
+streaming clients on fixed prompts, then a report of requests/s, generated tokens/s, time to first
+token and inter-token latency (p50/p99), errors, and with --check whether every response equals the
+same request run alone (no cross-talk; batch invariance under greedy decoding or fixed seeds).
+
+Python's standard library only (http.client, threads), so it runs wherever python3 does.
+
+  serve_load.py --url http://127.0.0.1:8080 -c 64 -n 256 --max-tokens 64 [--chat] [--check] [--json]
+"""
+import argparse
+import http.client
+import json
+import sys
+import threading
+import time
+import urllib.parse
+
+PROMPTS = [
+    "To be, or not to be, that is the question:",
+    "Now is the winter of our discontent",
+    "All the world's a stage, and all the men and women merely players;",
+    "What light through yonder window breaks?",
+    "Friends, Romans, countrymen, lend me your ears;",
+    "The quality of mercy is not strained;",
+    "If music be the food of love, play on;",
+    "Once more unto the breach, dear friends, once more;",
+]
+
+
+def percentile(values, q):
+    if not values:
+        return float("nan")
+    v = sorted(values)
+    k = (len(v) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (k - lo)
+
+
+class Result:
+    def __init__(self, index):
+        self.index = index
+        self.text = ""
+        self.tokens = 0          # generated tokens (usage), else content chunks
+        self.ttft = None         # seconds from sending to the first content chunk
+        self.gaps = []           # seconds between content chunks
+        self.error = None
+        self.seconds = 0.0
+
+
+def request_body(args, index):
+    prompt = PROMPTS[index % len(PROMPTS)]
+    body = {"max_tokens": args.max_tokens, "temperature": args.temperature, "seed": args.seed + index % len(PROMPTS),
+            "stream": True, "stream_options": {"include_usage": True}}
+    if args.model:
+        body["model"] = args.model
+    if args.chat:
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
+    return body
+
+
+def run_one(args, index):
+    """One streaming request; returns a Result (error set on any failure, never raises)."""
+    r = Result(index)
+    url = urllib.parse.urlparse(args.url)
+    path = "/v1/chat/completions" if args.chat else "/v1/completions"
+    headers = {"Content-Type": "application/json"}
+    if args.api_key:
+        headers["Authorization"] = f"Bearer {args.api_key}"
+    t0 = time.perf_counter()
+    last = None
+    try:
+        conn = http.client.HTTPConnection(url.hostname, url.port or 80, timeout=args.timeout)
+        conn.request("POST", path, json.dumps(request_body(args, index)), headers)
+        resp = conn.getresponse()
+        if resp.status != 200:
+            r.error = f"HTTP {resp.status}: {resp.read(300).decode(errors='replace')}"
+            return r
+        chunks = 0
+        while True:
+            line = resp.readline()
+            if not line:
+                break
+            line = line.strip()
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                break
+            msg = json.loads(data)
+            if "error" in msg:
+                r.error = f"stream error: {msg['error']}"
+                break
+            if msg.get("usage"):
+                r.tokens = int(msg["usage"].get("completion_tokens", 0))
+            for choice in msg.get("choices", []):
+                piece = choice.get("delta", {}).get("content") if args.chat else choice.get("text")
+                if piece:
+                    now = time.perf_counter()
+                    if r.ttft is None:
+                        r.ttft = now - t0
+                    else:
+                        r.gaps.append(now - last)
+                    last = now
+                    r.text += piece
+                    chunks += 1
+        if r.tokens == 0:
+            r.tokens = chunks
+        conn.close()
+    except Exception as e:  # the report counts it; a load generator must not stop on one failure
+        r.error = f"{type(e).__name__}: {e}"
+    r.seconds = time.perf_counter() - t0
+    return r
+
+
+def run_concurrent(args, n_requests, concurrency):
+    results = [None] * n_requests
+    next_index = [0]
+    lock = threading.Lock()
+
+    def worker():
+        while True:
+            with lock:
+                i = next_index[0]
+                if i >= n_requests:
+                    return
+                next_index[0] += 1
+            results[i] = run_one(args, i)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results, time.perf_counter() - t0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--url", default="http://127.0.0.1:8080")
+    ap.add_argument("-c", "--concurrency", type=int, default=8, help="concurrent streaming clients")
+    ap.add_argument("-n", "--requests", type=int, default=32, help="requests in all")
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--chat", action="store_true", help="/v1/chat/completions (default /v1/completions)")
+    ap.add_argument("--model", default="")
+    ap.add_argument("--api-key", default="")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    ap.add_argument("--check", action="store_true",
+                    help="first run each distinct request alone, then require every concurrent response to equal it")
+    ap.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    args = ap.parse_args()
+    if args.concurrency < 1 or args.requests < 1 or args.max_tokens < 1:
+        ap.error("-c, -n and --max-tokens must be at least 1")
+
+    alone = {}
+    if args.check:
+        for i in range(min(args.requests, len(PROMPTS))):
+            r = run_one(args, i)
+            if r.error:
+                print(f"serve_load: request {i} alone failed: {r.error}", file=sys.stderr)
+                return 1
+            alone[i % len(PROMPTS)] = r.text
+
+    results, wall = run_concurrent(args, args.requests, args.concurrency)
+    errors = [r for r in results if r.error]
+    ok = [r for r in results if not r.error]
+    mismatches = [r for r in ok if args.check and r.text != alone.get(r.index % len(PROMPTS))]
+    tokens = sum(r.tokens for r in ok)
+    ttft = [r.ttft for r in ok if r.ttft is not None]
+    gaps = [g for r in ok for g in r.gaps]
+    report = {
+        "url": args.url, "concurrency": args.concurrency, "requests": args.requests, "max_tokens": args.max_tokens,
+        "seconds": wall, "requests_per_s": len(ok) / wall, "generated_tokens": tokens,
+        "generated_tokens_per_s": tokens / wall,
+        "ttft_ms_p50": percentile(ttft, 0.5) * 1e3, "ttft_ms_p99": percentile(ttft, 0.99) * 1e3,
+        "itl_ms_p50": percentile(gaps, 0.5) * 1e3, "itl_ms_p99": percentile(gaps, 0.99) * 1e3,
+        "errors": len(errors), "checked": args.check, "mismatches": len(mismatches),
+    }
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(f"serve_load: {args.requests} requests, {args.concurrency} concurrent, max_tokens {args.max_tokens}: "
+              f"{wall:.2f} s, {report['requests_per_s']:.2f} req/s, {tokens} tokens, "
+              f"{report['generated_tokens_per_s']:.1f} tok/s")
+        print(f"serve_load: time to first token p50 {report['ttft_ms_p50']:.1f} ms, p99 {report['ttft_ms_p99']:.1f} ms; "
+              f"inter-token p50 {report['itl_ms_p50']:.1f} ms, p99 {report['itl_ms_p99']:.1f} ms")
+        print(f"serve_load: {len(errors)} errors" +
+              (f", {len(mismatches)} responses differ from the same request alone" if args.check else ""))
+    for r in errors[:5]:
+        print(f"serve_load: request {r.index}: {r.error}", file=sys.stderr)
+    for r in mismatches[:5]:
+        print(f"serve_load: request {r.index} differs from alone: {r.text[:80]!r} vs "
+              f"{alone.get(r.index % len(PROMPTS), '')[:80]!r}", file=sys.stderr)
+    return 1 if errors or mismatches else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
