@@ -22,7 +22,7 @@ declare -A owner=(
   [loom/llm.h]=llm [loom/llm_batch.h]=llm [loom/quant_mixture.h]=llm [loom/progress.h]=llm
   [loom/sample.h]=sample
   [loom/serve.h]=serve
-  [loom.h]=capi [loom-cuda.h]=capi_cuda
+  [loom.h]=capi [loom-llm.h]=capi [loom-cuda.h]=capi_cuda
 )
 # What each layer may include (itself and everything below it).
 declare -A allowed=(
@@ -36,7 +36,7 @@ declare -A allowed=(
   [llm]="core exec gguf backend_cpu sample llm"
   [synth]="core gguf backend_cpu sample llm synth"
   [serve]="core exec gguf backend_cpu llm text sample serve"
-  [capi]="core backend_cpu capi"
+  [capi]="core exec gguf backend_cpu text sample llm capi"
   [capi_cuda]="core exec backend_cuda capi capi_cuda"
 )
 # Each layer's folder (its private headers resolve against it).
@@ -50,7 +50,7 @@ layer_of() {  # layer of a source file or public header
   local f=$1
   case $f in
     include/loom/*) echo "${owner[${f#include/}]:-}" ;;
-    include/loom.h) echo capi ;;
+    include/loom.h | include/loom-llm.h) echo capi ;;
     include/loom-cuda.h) echo capi_cuda ;;
     src/capi/cuda_seed_api.cpp) echo capi_cuda ;;
     src/backend/cpu/*) echo backend_cpu ;;
@@ -75,7 +75,7 @@ for f in $files; do
   echo "$(module "$f") $(module "$f")" >>"$edges"
   while IFS= read -r inc; do
     target=""
-    if [[ $inc == loom/* || $inc == loom.h || $inc == loom-cuda.h ]]; then
+    if [[ $inc == loom/* || $inc == loom.h || $inc == loom-llm.h || $inc == loom-cuda.h ]]; then
       target=include/$inc
       to=$(layer_of "$target")
       if [[ ! -f $target || -z $to ]]; then
