@@ -10,17 +10,7 @@
 
 #include "loom-llm.h"
 
-static int g_failures = 0;
-static int g_checks = 0;
-
-#define CHECK(cond)                                                                                       \
-  do {                                                                                                    \
-    ++g_checks;                                                                                           \
-    if (!(cond)) {                                                                                        \
-      fprintf(stderr, "FAIL %s:%d: %s (last error: %s)\n", __FILE__, __LINE__, #cond, loom_last_error()); \
-      ++g_failures;                                                                                       \
-    }                                                                                                     \
-  } while (0)
+#include "capi_check.h"
 
 enum { kSeqs = 3, kSteps = 12, kMaxTokens = 64 };
 
