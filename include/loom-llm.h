@@ -73,9 +73,16 @@ LOOM_API void loom_batch_free(loom_batch* batch);
 /** Adds a sequence: prefills its prompt and samples its first token (loom_batch_generated).
  * Returns its id (>= 0), or -1 on error (nothing stays behind). sampling may be NULL (defaults). */
 LOOM_API int loom_batch_add(loom_batch* batch, const int32_t* prompt, int n_prompt, const loom_sampling* sampling);
+/** Like loom_batch_add, but the prompt is computed by the following loom_batch_step calls, one chunk
+ * of at most `chunk` tokens (0: the context's batch) per step beside the running sequences, so a
+ * long prompt does not stall them; the sequence yields its first token from the step that finishes
+ * its prompt. Returns its id at once, or -1. */
+LOOM_API int loom_batch_enqueue(loom_batch* batch, const int32_t* prompt, int n_prompt, const loom_sampling* sampling,
+                                int chunk);
 /** Removes a sequence and frees its cells. */
 LOOM_API loom_status loom_batch_remove(loom_batch* batch, int seq_id);
-/** One forward pass for every sequence: writes one (sequence id, token) pair per sequence, ids
+/** One forward pass for every sequence (and one prompt chunk of an enqueued one): writes one
+ * (sequence id, token) pair per sequence that produced a token (not those still prefilling), ids
  * increasing, into seq_ids/tokens (capacity at least loom_batch_n_sequences); returns the number
  * of pairs, or -1 on error (then no sequence advanced). */
 LOOM_API int loom_batch_step(loom_batch* batch, int32_t* seq_ids, int32_t* tokens, int capacity);

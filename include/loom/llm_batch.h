@@ -46,11 +46,20 @@ class BatchGenerator {
   /// from that sequence's cache where the cache can (Context::kv_cache_seq_share_prefix) and only
   /// the rest is computed; the tokens are the same either way.
   Result<int> add(std::span<const int32_t> prompt, const SamplerParams& sampling);
+  /// Like add, but the prompt is computed by the following step() calls, one chunk of at most
+  /// `chunk` tokens (0: the context's n_batch) per step before the running sequences' tokens, so a
+  /// long prompt does not stall them; enqueued prompts are taken in order. The sequence produces no
+  /// token until the step that finishes its prompt, which samples its first one (the tokens are the
+  /// same as with add). Prefix reuse as in add. Returns the id at once; errors as add.
+  Result<int> enqueue(std::span<const int32_t> prompt, const SamplerParams& sampling, int chunk = 0);
+  /// Whether `seq_id` is an enqueued sequence whose prompt is not finished.
+  bool prefilling(int seq_id) const;
   /// Removes a sequence and frees its cache cells.
   Status remove(int seq_id);
   /// One forward pass for every sequence (several when there are more than n_batch of them): each
-  /// takes its last sampled token and samples the next. Returns one token per sequence, in
-  /// increasing id order, valid until the next call. On error (e.g. a sequence out of cache room,
+  /// takes its last sampled token and samples the next; before it, one prompt chunk of the oldest
+  /// enqueued sequence. Returns one token per sequence that has one (not those still prefilling),
+  /// in increasing id order, valid until the next call. On error (e.g. a sequence out of cache room,
   /// named in the message) no sequence advances.
   Result<std::span<const GeneratedToken>> step();
 

@@ -184,24 +184,45 @@ LOOM_API void loom_batch_free(loom_batch* batch) {
   delete batch;
 }
 
-LOOM_API int loom_batch_add(loom_batch* batch, const int32_t* prompt, int n_prompt, const loom_sampling* sampling) {
-  return guarded<int>("loom_batch_add", -1, [&]() -> int {
+namespace {
+
+loom::SamplerParams sampler_params(const loom_sampling* sampling) {
+  const loom_sampling s = sampling ? *sampling : loom_sampling_default();
+  loom::SamplerParams p;
+  p.seed = s.seed;
+  p.top_k = s.top_k;
+  p.top_p = s.top_p;
+  p.min_p = s.min_p;
+  p.temperature = s.temperature;
+  p.penalties.repeat = s.repeat_penalty;
+  p.penalties.last_n = s.repeat_last_n;
+  return p;
+}
+
+// loom_batch_add and loom_batch_enqueue: chunk < 0 computes the prompt now.
+int add_sequence(const char* fn, loom_batch* batch, const int32_t* prompt, int n_prompt, const loom_sampling* sampling,
+                 int chunk, bool now) {
+  return guarded<int>(fn, -1, [&]() -> int {
     if (!batch || (n_prompt > 0 && !prompt))
-      return fail(-1, make_error(StatusCode::invalid_argument, "loom_batch_add: batch or prompt is NULL"));
-    if (n_prompt < 1) return fail(-1, make_error(StatusCode::invalid_argument, "loom_batch_add: empty prompt"));
-    const loom_sampling s = sampling ? *sampling : loom_sampling_default();
-    loom::SamplerParams p;
-    p.seed = s.seed;
-    p.top_k = s.top_k;
-    p.top_p = s.top_p;
-    p.min_p = s.min_p;
-    p.temperature = s.temperature;
-    p.penalties.repeat = s.repeat_penalty;
-    p.penalties.last_n = s.repeat_last_n;
-    auto id = batch->generator->add(std::span<const int32_t>(prompt, static_cast<size_t>(n_prompt)), p);
+      return fail(-1, make_error(StatusCode::invalid_argument, "{}: batch or prompt is NULL", fn));
+    if (n_prompt < 1) return fail(-1, make_error(StatusCode::invalid_argument, "{}: empty prompt", fn));
+    const std::span<const int32_t> tokens(prompt, static_cast<size_t>(n_prompt));
+    auto id = now ? batch->generator->add(tokens, sampler_params(sampling))
+                  : batch->generator->enqueue(tokens, sampler_params(sampling), chunk);
     if (!id) return fail(-1, id.status());
     return *id;
   });
+}
+
+}  // namespace
+
+LOOM_API int loom_batch_add(loom_batch* batch, const int32_t* prompt, int n_prompt, const loom_sampling* sampling) {
+  return add_sequence("loom_batch_add", batch, prompt, n_prompt, sampling, 0, true);
+}
+
+LOOM_API int loom_batch_enqueue(loom_batch* batch, const int32_t* prompt, int n_prompt, const loom_sampling* sampling,
+                                int chunk) {
+  return add_sequence("loom_batch_enqueue", batch, prompt, n_prompt, sampling, chunk, false);
 }
 
 LOOM_API loom_status loom_batch_remove(loom_batch* batch, int seq_id) {

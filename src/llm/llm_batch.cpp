@@ -13,6 +13,10 @@ struct Sequence {
   std::vector<int32_t> history;  // prompt, then the sampled tokens (penalties look at both)
   size_t n_prompt = 0;
   int n_shared = 0;  // prompt positions shared from another sequence's cache
+  size_t n_computed = 0;  // prompt positions in the cache (enqueued sequences fill it step by step)
+  int chunk = 0;          // enqueued: prompt tokens per step
+  uint64_t order = 0;     // enqueued: prompts are computed in this order
+  bool pending() const { return n_computed < n_prompt; }
 };
 
 }  // namespace
@@ -21,6 +25,7 @@ struct BatchGenerator::Impl {
   Context* ctx = nullptr;
   std::vector<Sequence> seqs;  // increasing id
   std::vector<GeneratedToken> out;
+  uint64_t next_order = 0;
 
   int lowest_free_id() const {
     int id = 0;
@@ -35,48 +40,89 @@ struct BatchGenerator::Impl {
 BatchGenerator::BatchGenerator(Context& ctx) : impl_(std::make_unique<Impl>()) { impl_->ctx = &ctx; }
 BatchGenerator::~BatchGenerator() = default;
 
-Result<int> BatchGenerator::add(std::span<const int32_t> prompt, const SamplerParams& sampling) {
-  Impl& g = *impl_;
+namespace {
+
+// A new sequence of `g`: its sampler, the lowest free id, and the prompt's longest common prefix with
+// a sequence already there shared from that one's cache. Nothing is computed yet.
+Result<Sequence> start_sequence(Context& ctx, const std::vector<Sequence>& seqs, int id,
+                                std::span<const int32_t> prompt, const SamplerParams& sampling) {
   if (prompt.empty()) return make_error(StatusCode::invalid_argument, "batch: a sequence needs a prompt");
   auto sampler = Sampler::create(sampling);
   if (!sampler) return sampler.status();
-  const int id = g.lowest_free_id();
-  DecodeOptions o;
-  o.seq_id = id;
-  (void)g.ctx->kv_cache_seq_rm(id, 0);  // whatever an earlier user left there
-  // The longest common prefix with a sequence's stored tokens (all of its history but the last
-  // sampled token), leaving at least the prompt's last token to compute for the logits.
+  (void)ctx.kv_cache_seq_rm(id, 0);  // whatever an earlier user left there
+  // The longest common prefix with a sequence's stored tokens (all of its computed history),
+  // leaving at least the prompt's last token to compute for the logits.
   int best = -1;
   size_t best_len = 0;
-  for (const Sequence& s : g.seqs) {
-    const size_t limit = std::min(s.history.size() - 1, prompt.size() - 1);
+  for (const Sequence& s : seqs) {
+    const size_t stored = s.pending() ? s.n_computed : s.history.size() - 1;
+    const size_t limit = std::min(stored, prompt.size() - 1);
     size_t n = 0;
     while (n < limit && s.history[n] == prompt[n]) ++n;
     if (n > best_len) best = s.id, best_len = n;
   }
   int shared = 0;
   if (best >= 0) {
-    auto k = g.ctx->kv_cache_seq_share_prefix(best, id, static_cast<int>(best_len));
+    auto k = ctx.kv_cache_seq_share_prefix(best, id, static_cast<int>(best_len));
     if (!k) return k.status();
     shared = *k;
   }
-  auto logits = g.ctx->decode(prompt.subspan(static_cast<size_t>(shared)), shared, o);
+  Sequence s{id, std::move(*sampler), std::vector<int32_t>(prompt.begin(), prompt.end()), prompt.size(), shared};
+  s.n_computed = static_cast<size_t>(shared);
+  return s;
+}
+
+void insert_sorted(std::vector<Sequence>& seqs, Sequence s) {
+  const auto at =
+      std::lower_bound(seqs.begin(), seqs.end(), s.id, [](const Sequence& x, int v) { return x.id < v; });
+  seqs.insert(at, std::move(s));
+}
+
+}  // namespace
+
+Result<int> BatchGenerator::add(std::span<const int32_t> prompt, const SamplerParams& sampling) {
+  Impl& g = *impl_;
+  const int id = g.lowest_free_id();
+  auto started = start_sequence(*g.ctx, g.seqs, id, prompt, sampling);
+  if (!started) return started.status();
+  Sequence& s = *started;
+  DecodeOptions o;
+  o.seq_id = id;
+  auto logits = g.ctx->decode(prompt.subspan(s.n_computed), static_cast<int>(s.n_computed), o);
   if (!logits) {
     (void)g.ctx->kv_cache_seq_rm(id, 0);
     return make_error(logits.status().code(), "batch: sequence {}: {}", id, logits.status().message());
   }
-  Sequence s{id, std::move(*sampler), std::vector<int32_t>(prompt.begin(), prompt.end()), prompt.size(),
-             shared};
+  s.n_computed = s.n_prompt;
   auto token = s.sampler.sample(*logits, s.history);
   if (!token) {
     (void)g.ctx->kv_cache_seq_rm(id, 0);
     return token.status();
   }
   s.history.push_back(*token);
-  const auto at =
-      std::lower_bound(g.seqs.begin(), g.seqs.end(), id, [](const Sequence& x, int v) { return x.id < v; });
-  g.seqs.insert(at, std::move(s));
+  insert_sorted(g.seqs, std::move(s));
   return id;
+}
+
+Result<int> BatchGenerator::enqueue(std::span<const int32_t> prompt, const SamplerParams& sampling, int chunk) {
+  Impl& g = *impl_;
+  if (chunk < 0) return make_error(StatusCode::invalid_argument, "batch: prompt chunk {} is negative", chunk);
+  const int id = g.lowest_free_id();
+  auto started = start_sequence(*g.ctx, g.seqs, id, prompt, sampling);
+  if (!started) return started.status();
+  Sequence& s = *started;
+  // the last prompt token is computed by a step even when the whole prefix was shared
+  if (s.n_computed >= s.n_prompt) s.n_computed = s.n_prompt - 1;
+  s.chunk = chunk > 0 ? chunk : std::max(1, g.ctx->n_batch());
+  s.order = g.next_order++;
+  insert_sorted(g.seqs, std::move(s));
+  return id;
+}
+
+bool BatchGenerator::prefilling(int seq_id) const {
+  for (const Sequence& s : impl_->seqs)
+    if (s.id == seq_id) return s.pending();
+  return false;
 }
 
 Status BatchGenerator::remove(int seq_id) {
@@ -94,44 +140,93 @@ Result<std::span<const GeneratedToken>> BatchGenerator::step() {
   g.out.clear();
   const size_t n_vocab = static_cast<size_t>(g.ctx->n_vocab());
   const size_t per_pass = static_cast<size_t>(std::max(1, g.ctx->n_batch()));
+
+  // 1. One prompt chunk of the oldest enqueued sequence (alone: a pass takes one token per sequence
+  //    when there are several).
+  Sequence* pf = nullptr;
+  for (Sequence& s : g.seqs)
+    if (s.pending() && (!pf || s.order < pf->order)) pf = &s;
+  const size_t pf_before = pf ? pf->n_computed : 0;
+  std::vector<float> pf_logits;
+  if (pf) {
+    const size_t n = std::min(static_cast<size_t>(pf->chunk), pf->n_prompt - pf->n_computed);
+    DecodeOptions o;
+    o.seq_id = pf->id;
+    auto got = g.ctx->decode(std::span<const int32_t>(pf->history).subspan(pf->n_computed, n),
+                             static_cast<int>(pf->n_computed), o);
+    if (!got) {
+      (void)g.ctx->kv_cache_seq_rm(pf->id, static_cast<int>(pf_before));
+      return make_error(got.status().code(), "batch: sequence {}: {}", pf->id, got.status().message());
+    }
+    pf->n_computed += n;
+    if (!pf->pending()) pf_logits.assign(got->begin(), got->end());
+  }
+  auto undo_prefill = [&] {
+    if (!pf) return;
+    (void)g.ctx->kv_cache_seq_rm(pf->id, static_cast<int>(pf_before));
+    pf->n_computed = pf_before;
+  };
+
+  // 2. The running sequences' passes of up to n_batch sequences; all are computed before any
+  //    sampler runs, so a failing pass leaves every sampler (and its random state) where it was.
+  std::vector<Sequence*> run;
+  for (Sequence& s : g.seqs)
+    if (!s.pending() && &s != pf) run.push_back(&s);
   std::vector<SeqTokens> batch;
-  std::vector<int32_t> next(g.seqs.size());
-  // Passes of up to n_batch sequences; all are computed before any sampler runs, so a failing pass
-  // leaves every sampler (and its random state) where it was.
   size_t done = 0;
-  std::vector<float> logits(g.seqs.size() * n_vocab);
-  while (done < g.seqs.size()) {
-    const size_t n = std::min(per_pass, g.seqs.size() - done);
+  std::vector<float> logits(run.size() * n_vocab);
+  while (done < run.size()) {
+    const size_t n = std::min(per_pass, run.size() - done);
     batch.clear();
     for (size_t i = done; i < done + n; ++i) {
-      const Sequence& s = g.seqs[i];
+      const Sequence& s = *run[i];
       batch.push_back(SeqTokens{s.id, static_cast<int>(s.history.size()) - 1,
                                 std::span<const int32_t>(&s.history.back(), 1)});
     }
     auto got = g.ctx->decode_batch(batch);
     if (!got) {
-      // Take back the positions the passes before this one stored.
+      // Take back the positions the passes before this one stored, and the prompt chunk.
       for (size_t i = 0; i < done; ++i)
-        (void)g.ctx->kv_cache_seq_rm(g.seqs[i].id, static_cast<int>(g.seqs[i].history.size()) - 1);
+        (void)g.ctx->kv_cache_seq_rm(run[i]->id, static_cast<int>(run[i]->history.size()) - 1);
+      undo_prefill();
       return got.status();
     }
     std::copy(got->begin(), got->end(), logits.begin() + static_cast<std::ptrdiff_t>(done * n_vocab));
     done += n;
   }
-  for (size_t i = 0; i < g.seqs.size(); ++i) {
-    Sequence& s = g.seqs[i];
+
+  // 3. Sampling: the running sequences' next tokens and, when its prompt is done, the enqueued
+  //    sequence's first.
+  auto undo_all = [&] {
+    for (const Sequence* r : run) (void)g.ctx->kv_cache_seq_rm(r->id, static_cast<int>(r->history.size()) - 1);
+    undo_prefill();
+  };
+  std::vector<int32_t> next(run.size());
+  for (size_t i = 0; i < run.size(); ++i) {
+    Sequence& s = *run[i];
     auto token = s.sampler.sample(std::span<const float>(logits).subspan(i * n_vocab, n_vocab), s.history);
     if (!token) {
-      for (const Sequence& r : g.seqs)
-        (void)g.ctx->kv_cache_seq_rm(r.id, static_cast<int>(r.history.size()) - 1);
+      undo_all();
       return make_error(token.status().code(), "batch: sequence {}: {}", s.id, token.status().message());
     }
     next[i] = *token;
   }
-  for (size_t i = 0; i < g.seqs.size(); ++i) {
-    g.seqs[i].history.push_back(next[i]);
-    g.out.push_back(GeneratedToken{g.seqs[i].id, next[i]});
+  int32_t first = 0;
+  if (!pf_logits.empty()) {
+    auto token = pf->sampler.sample(pf_logits, pf->history);
+    if (!token) {
+      undo_all();
+      return make_error(token.status().code(), "batch: sequence {}: {}", pf->id, token.status().message());
+    }
+    first = *token;
   }
+  for (size_t i = 0; i < run.size(); ++i) run[i]->history.push_back(next[i]);
+  if (!pf_logits.empty()) pf->history.push_back(first);
+  for (const Sequence& s : g.seqs)  // increasing id; a sequence still prefilling has no token
+    if (!s.pending() && s.history.size() > s.n_prompt) {
+      const bool stepped = std::find(run.begin(), run.end(), &s) != run.end() || (&s == pf && !pf_logits.empty());
+      if (stepped) g.out.push_back(GeneratedToken{s.id, s.history.back()});
+    }
   return std::span<const GeneratedToken>(g.out);
 }
 

@@ -104,6 +104,22 @@ int main(int argc, char** argv) {
     CHECK(n == kSteps + 1 && memcmp(got, alone[i], (size_t)n * sizeof(int32_t)) == 0);
   }
   CHECK(loom_batch_generated(b, seq[1], toks, kSeqs) == -1);
+
+  /* an enqueued prompt: computed 2 tokens per step beside the running ones, then the same tokens */
+  {
+    const int late = loom_batch_enqueue(b, prompts[1], n_prompt[1], &greedy, 2);
+    CHECK(late >= 0);
+    int32_t got[kMaxTokens];
+    int steps = 0, n_got = 0;
+    while (steps < 64 && (n_got = loom_batch_generated(b, late, got, kMaxTokens)) < kSteps + 1) {
+      const int n = loom_batch_step(b, ids, toks, kSeqs);
+      CHECK(n >= 2); /* the two running sequences advance every step */
+      ++steps;
+    }
+    CHECK(steps >= (n_prompt[1] + 1) / 2);
+    CHECK(n_got == kSteps + 1 && memcmp(got, alone[1], (size_t)n_got * sizeof(int32_t)) == 0);
+    CHECK(loom_batch_remove(b, late) == LOOM_STATUS_OK);
+  }
   CHECK(loom_batch_remove(b, 99) != LOOM_STATUS_OK);
   CHECK(loom_batch_add(b, prompts[0], 0, &greedy) == -1);
 

@@ -392,6 +392,62 @@ TEST_F(LlmBatch, BuiltinModelBatchInvariance) {
   }
 }
 
+// An enqueued prompt is computed a chunk per step while the running sequences keep producing a
+// token every step; its tokens, and theirs, are those each gives alone. A second enqueued prompt
+// waits for the first; one sharing a running sequence's prefix computes only the rest.
+TEST_F(LlmBatch, EnqueuedPromptsInterleaveWithDecodes) {
+  auto ref = open_model(LOOM_BUILTIN_MODEL_Q8_0, 256, 64, KvCacheKind::contiguous);
+  auto l = open_model(LOOM_BUILTIN_MODEL_Q8_0, 1024, 32, KvCacheKind::paged, 16);
+  ASSERT_TRUE(ref.ctx && l.ctx);
+  const int n_gen = 16;
+  auto prompts = builtin_prompts(4, ref.ctx->n_vocab());
+  std::vector<int32_t> long_prompt = test_tokens(45, ref.ctx->n_vocab(), 7);
+  long_prompt[0] = 0;
+  prompts[3] = test_tokens(40, ref.ctx->n_vocab(), 11);  // two whole blocks to share
+  prompts[3][0] = 0;
+  std::vector<int32_t> shared_prompt(prompts[3].begin(), prompts[3].end());  // a running one's prompt, longer
+  for (int32_t t : test_tokens(20, ref.ctx->n_vocab(), 9)) shared_prompt.push_back(t);
+  prompts.push_back(long_prompt);
+  prompts.push_back(shared_prompt);
+  std::vector<std::vector<int32_t>> want;
+  for (const auto& p : prompts) want.push_back(greedy_alone(*ref.ctx, p, n_gen));
+
+  BatchGenerator gen(*l.ctx);
+  for (int s = 0; s < 4; ++s) ASSERT_TRUE(gen.add(prompts[s], greedy()).ok());
+  EXPECT_FALSE(gen.enqueue(prompts[4], greedy(), -1).ok());
+  auto a = gen.enqueue(prompts[4], greedy(), 8);  // 45 tokens: 6 steps of 8
+  auto b = gen.enqueue(prompts[5], greedy(), 8);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_TRUE(gen.prefilling(*a));
+  EXPECT_TRUE(gen.prefilling(*b));
+  EXPECT_TRUE(gen.generated(*a).empty());
+  int steps_a = 0, steps_b = 0;
+  for (int step = 0; step < 64; ++step) {
+    const bool a_pending = gen.prefilling(*a), b_pending = gen.prefilling(*b);
+    auto out = gen.step();
+    ASSERT_TRUE(out.ok()) << out.status().to_string();
+    steps_a += a_pending;
+    steps_b += b_pending;
+    // every running sequence advanced, whatever the prompts in flight
+    size_t running = 0;
+    for (const auto& t : *out) running += t.seq_id < 4;
+    EXPECT_EQ(running, 4u) << "step " << step;
+    // b's prompt waits for a's
+    if (a_pending) EXPECT_TRUE(gen.prefilling(*b)) << "the second prompt went before the first";
+    if (gen.generated(*a).size() >= static_cast<size_t>(n_gen) && gen.generated(*b).size() >= static_cast<size_t>(n_gen))
+      break;
+  }
+  EXPECT_EQ(steps_a, 6);
+  EXPECT_EQ(gen.shared_prompt_tokens(*b), 32);  // its prefix came from sequence 3's two whole blocks
+  EXPECT_LE(steps_b, 6 + (static_cast<int>(prompts[5].size()) - gen.shared_prompt_tokens(*b) + 7) / 8);
+  for (int s = 0; s < 6; ++s) {
+    const int id = s < 4 ? s : (s == 4 ? *a : *b);
+    const auto got = gen.generated(id);
+    ASSERT_GE(got.size(), static_cast<size_t>(n_gen)) << "sequence " << s;
+    EXPECT_EQ(std::vector<int32_t>(got.begin(), got.begin() + n_gen), want[s]) << "sequence " << s;
+  }
+}
+
 // Each sequence samples with its own parameters and seed: the same prompt and seed give the same
 // tokens together as alone, and different seeds differ.
 TEST_F(LlmBatch, PerSequenceSampling) {
