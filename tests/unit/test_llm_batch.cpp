@@ -17,22 +17,13 @@ class LlmBatch : public ModelFiles {};
 // contiguous cache; a paged cache always does).
 LoadedModel open_model(const std::string& file, int n_ctx, int n_batch, KvCacheKind kind, int block_size = 16,
                        int n_threads = 2, bool swa_full = false) {
-  LoadedModel l;
-  l.backend = make_cpu_backend(n_threads);
-  auto m = Model::load(file, *l.backend, quiet_load());
-  EXPECT_TRUE(m.ok()) << m.status().to_string();
-  if (!m.ok()) return l;
-  l.model = std::move(m.value());
   ContextParams cp;
   cp.n_ctx = n_ctx;
   cp.n_batch = n_batch;
   cp.kv_cache = kind;
   cp.kv_block_size = block_size;
   cp.swa_full = swa_full;
-  auto c = Context::create(*l.model, cp);
-  EXPECT_TRUE(c.ok()) << c.status().to_string();
-  if (c.ok()) l.ctx = std::move(c.value());
-  return l;
+  return open_cpu_model(file, n_threads, cp);
 }
 
 std::vector<int32_t> iota_positions(int from, int n) {

@@ -78,19 +78,23 @@ struct LoadedModel {
   std::unique_ptr<Context> ctx;
 };
 
-/// Loads `file` on a CPU backend of n_threads and makes a context; failures are test failures
-/// (and leave the missing members null).
-inline LoadedModel open_cpu_model(const std::string& file, int n_threads, int n_ctx, int n_batch) {
+/// Loads `file` on a CPU backend of n_threads and makes a context with `cp`; failures are test
+/// failures (and leave the missing members null).
+inline LoadedModel open_cpu_model(const std::string& file, int n_threads, const ContextParams& cp) {
   LoadedModel l;
   l.backend = make_cpu_backend(n_threads);
   auto m = Model::load(file, *l.backend, quiet_load());
   EXPECT_TRUE(m.ok()) << m.status().to_string();
   if (!m.ok()) return l;
   l.model = std::move(m.value());
-  auto c = Context::create(*l.model, ContextParams{n_ctx, n_batch, 0});
+  auto c = Context::create(*l.model, cp);
   EXPECT_TRUE(c.ok()) << c.status().to_string();
   if (c.ok()) l.ctx = std::move(c.value());
   return l;
+}
+
+inline LoadedModel open_cpu_model(const std::string& file, int n_threads, int n_ctx, int n_batch) {
+  return open_cpu_model(file, n_threads, ContextParams{n_ctx, n_batch, 0});
 }
 
 /// Copies `src` to `dst` with the changes of `r`.
