@@ -4,7 +4,9 @@
 # GB/s and % of 4,350 GB/s), whole-model fast vs exact logits and run-to-run determinism, and
 # `loom bench` tg128 in both modes on the built-in model and the 1B files.
 #   gpu-decode.sh BUILD_BIN_DIR OUT_DIR [STEPS]
-# STEPS (default "ops models bench trace perf") picks the parts.
+# STEPS (default "ops models bench trace perf") picks the parts; also "depth" (tg128 at depth 4096),
+# "batched" (llama-batched-bench's table, -npl 1,8,32,64) and "serve" (tools/serve_load.py against
+# `loom serve -np 16`, 64 streaming requests), not in the default.
 # LOOM_DECODE_MODELS="llama3-1b:q4_0 ..." picks the generated files (8B ones take minutes to make).
 set -uo pipefail
 bin=${1:?usage: gpu-decode.sh BUILD_BIN_DIR OUT_DIR}
@@ -99,5 +101,30 @@ if want perf; then
 fi
 want perf && grep -E "b=f32\[[0-9]+, [1-8]\]" "$out/perf-matvec.log" | head -120
 stamp "perf done"
+
+# 6. Depth, batched decode and the server, on each model of LOOM_DECODE_MODELS.
+for m in $models; do
+  want depth || want batched || want serve || break
+  read -r shape type <<<"${m/:/ }"
+  f=$(model "$shape" "$type") || { echo "decode: gen-model $m FAIL"; fails=$((fails + 1)); continue; }
+  want depth && "$bin/loom" bench -m "$f" -p 0 -n 128 -r 2 -d 4096 2>/dev/null | grep -E "tg128"
+  want batched && "$bin/loom" bench -m "$f" -npp 128 -ntg 128 -npl 1,8,32,64 2>&1 | grep -E "^\|"
+  if want serve; then
+    "$bin/loom" serve -m "$f" --port 0 -np 16 >"$out/serve-$shape-$type.out" 2>"$out/serve-$shape-$type.err" &
+    spid=$!
+    for _ in $(seq 600); do [[ -s $out/serve-$shape-$type.out ]] && break; sleep 0.1; done
+    port=$(head -1 "$out/serve-$shape-$type.out")
+    for _ in $(seq 600); do
+      python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=1)" \
+        2>/dev/null && break
+      sleep 0.2
+    done
+    echo "== serve $m: 64 streaming requests, 16 concurrent"
+    python3 tools/serve_load.py --url "http://127.0.0.1:$port" -c 16 -n 64 --max-tokens 128 --check ||
+      { echo "decode: serve $m FAIL"; fails=$((fails + 1)); }
+    kill "$spid" 2>/dev/null; wait "$spid" 2>/dev/null
+  fi
+done
+stamp "depth/batched/serve done"
 echo "decode: $fails failures"
 exit $((fails > 0))
