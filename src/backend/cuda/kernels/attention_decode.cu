@@ -285,6 +285,7 @@ bool flash_attn_decode_supported(const Tensor* dst) {
   const Tensor* mask = dst->src[3];
   const int64_t d = q->ne[0];
   if (d != 64 && d != 128 && d != 256) return false;
+  if (k->ne[1] == 0) return false;  // no keys: the exact kernel writes the zeros
   if (k->ne[0] != d || v->ne[0] != d || q->type != DType::f32 || k->type != DType::f16 || v->type != DType::f16)
     return false;
   if (dst->type != DType::f32 || dst->nb[0] != sizeof(float) || q->nb[0] != sizeof(float) || q->nb[1] % 16 != 0 ||

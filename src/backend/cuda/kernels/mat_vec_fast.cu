@@ -39,6 +39,7 @@
 // block per 1-row tile with per-thread 16-byte cp.async ran q4_K at 22% (issue ~310 instructions
 // per 32 weights). A load-time repacking into aligned code and scale arrays is the next step.
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -511,12 +512,16 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 /// The SMs of the current device (cached per device).
 int sm_count() {
-  static int cached[16] = {};
+  static std::atomic<int> cached[16] = {};
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0) dev = 0;
-  int& n = cached[dev % 16];
-  if (n == 0 && cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) n = 1;
-  return n > 0 ? n : 1;
+  std::atomic<int>& slot = cached[dev % 16];
+  int n = slot.load(std::memory_order_relaxed);
+  if (n == 0) {
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n < 1) n = 1;
+    slot.store(n, std::memory_order_relaxed);  // every thread computes the same value
+  }
+  return n;
 }
 
 /// The products' tiles: parts own consecutive ranges; unused parts start at INT64_MAX.
@@ -681,7 +686,8 @@ bool mat_vec_fast_supports(const LaunchContext& ctx, const Tensor* mm, const Ten
       // format: all the usual shapes; others, such as an mxfp4 row of an odd number of blocks, take
       // the exact kernels); the scratch is reserved for the exact mode's blocks, which the fast
       // layout never outgrows
-      return aligned16(a->data) && a->nb[1] % 16 == 0 && a->nb[2] % 16 == 0 && a->nb[3] % 16 == 0 &&
+      // (k = 0 has no stage to write its outputs from: the exact kernels write the zeros)
+      return a->ne[0] > 0 && aligned16(a->data) && a->nb[1] % 16 == 0 && a->nb[2] % 16 == 0 && a->nb[3] % 16 == 0 &&
              dtype_row_size(a->type, a->ne[0]) % 16 == 0 && aligned16(ctx.scratch) &&
              ctx.scratch_size >= act_fast_bytes(a->type, b);
   }
