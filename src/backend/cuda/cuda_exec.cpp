@@ -312,6 +312,10 @@ Status Executor::compute_locked(const Graph& g, uint64_t t0) {
   return sync();
 }
 
+LaunchContext Executor::launch_context(cudaStream_t stream) const {
+  return LaunchContext{stream, dev_.cublas(), nullptr, 0, numerics_ == Numerics::fast, dev_.info().sm_count};
+}
+
 CudaError Executor::run_dispatch(const LaunchContext& base, const exec::Dispatch& d) {
   if (inject_countdown_ > 0 && --inject_countdown_ == 0)
     return CudaError::runtime(cudaErrorLaunchFailure, "injected fault (LOOM_CUDA_INJECT_FAULT)", __FILE__, __LINE__);
@@ -331,7 +335,7 @@ void Executor::dump_plan(const exec::Plan& p) {
 // ---- eager submission ------------------------------------------------------------------------------
 
 Status Executor::run_eager(const exec::Plan& p, uint64_t hash) {
-  const LaunchContext base{dev_.stream(), dev_.cublas(), nullptr, 0, numerics_ == Numerics::fast};
+  const LaunchContext base = launch_context(dev_.stream());
   const std::vector<size_t> chunks = chunk_bounds(p.dispatches.size(), options_.n_cb);
   for (size_t c = 0; c + 1 < chunks.size(); ++c) {
     if (aborted()) {
@@ -402,7 +406,7 @@ Status Executor::record(const exec::Plan& p, size_t begin, size_t end, bool pdl,
       (void)cudaGetLastError();
     }
   } end_guard{capture_stream_};
-  const LaunchContext base{capture_stream_, dev_.cublas(), nullptr, 0, numerics_ == Numerics::fast};
+  const LaunchContext base = launch_context(capture_stream_);
   std::vector<std::vector<cudaGraphNode_t>> terminal(end - begin);
   std::vector<cudaGraphNode_t> deps;
   Status failure;
@@ -610,7 +614,7 @@ Status Executor::run_traced(const exec::Plan& p, const std::string& path, uint64
     LOOM_CUDA_STATUS(cudaEventCreate(&start[i]));
     LOOM_CUDA_STATUS(cudaEventCreate(&stop[i]));
   }
-  const LaunchContext base{dev_.stream(), dev_.cublas(), nullptr, 0, numerics_ == Numerics::fast};
+  const LaunchContext base = launch_context(dev_.stream());
   size_t done = 0;
   bool stopped = false;
   for (size_t i = 0; i < n; ++i) {

@@ -76,6 +76,8 @@ class Executor {
                 uint64_t* pdl_edges, std::string* listing = nullptr);
   Status instantiate_and_cache(cudaGraph_t graph, const StructureKey& key, uint64_t options, Cached info);
   Status fail(Status s);
+  /// What every launch on `stream` gets: the handles, the numerics mode, the device's SM count.
+  LaunchContext launch_context(cudaStream_t stream) const;
   CudaError run_dispatch(const LaunchContext& base, const exec::Dispatch& d);
   bool aborted() const { return abort_fn_ && abort_fn_(abort_data_); }
   void count_plan(const exec::PlanStats& stats, size_t n_dispatches);

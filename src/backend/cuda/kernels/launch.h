@@ -21,6 +21,8 @@ struct LaunchContext {
   size_t scratch_size = 0;
   /// The fast numerics mode (tensor cores, float accumulation); false: exact (docs/NUMERICS.md).
   bool fast = false;
+  /// The device's SMs (sizing grids of about one wave); 0: unknown.
+  int sm_count = 0;
 };
 
 inline TensorDesc desc_of(const Tensor* t) {

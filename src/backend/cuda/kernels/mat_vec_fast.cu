@@ -39,7 +39,6 @@
 // block per 1-row tile with per-thread 16-byte cp.async ran q4_K at 22% (issue ~310 instructions
 // per 32 weights). A load-time repacking into aligned code and scale arrays is the next step.
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -194,7 +193,7 @@ struct FastArgs {
 /// is shared by 4 units. With 1 row per tile at 1 column the q8_0 kernel issued ~310 instructions
 /// per 32 weights and ran at 45% of bandwidth, issue-bound (ncu: 0.66 warps issued per scheduler
 /// per cycle). The block reduction then takes 4 x kCols <= 32 sums per warp.
-template <int kCols, bool kGlu>
+template <bool kGlu>
 __host__ __device__ constexpr int fast_rows() {
   return kGlu ? 2 : 4;
 }
@@ -393,7 +392,7 @@ __global__ void quantize_act_fast_kernel(ActFastLayout<Q> out, TensorDesc b) {
 }
 
 // Tiles blockIdx.x, + gridDim.x, ... (a grid of about one wave: every block walks several tiles)
-// against the activations quantized in act (column j of batch z at row j + n_total * z). The
+// against the activations quantized in act (column j of batch z at row j + ncols * z). The
 // block's work is a sequence of steps (tile, stage); thread 0 keeps the bulk copies of the next
 // kDepth - 1 steps in flight (one per row, each buffer with its mbarrier) while the block computes
 // a step, across tile boundaries. Rows are 16-byte aligned with a multiple of 16 bytes
@@ -401,10 +400,9 @@ __global__ void quantize_act_fast_kernel(ActFastLayout<Q> out, TensorDesc b) {
 // ~180 instructions per step issuing them (ncu: issue-bound at 0.66 warps per scheduler-cycle).
 template <class Q, int kCols, bool kGlu>
 __global__ void __launch_bounds__(kThreads, quant_blocks_per_sm<Q, kCols>())
-    mat_vec_fast_q_kernel(const __grid_constant__ FastArgs args, ActFastLayout<Q> act, int64_t k, int ncols,
-                          int64_t n_total) {
+    mat_vec_fast_q_kernel(const __grid_constant__ FastArgs args, ActFastLayout<Q> act, int64_t k, int ncols) {
   // pdl_wait later: only the weights, no earlier kernel's output, are read (copied) before it
-  constexpr int kRows = fast_rows<kCols, kGlu>();
+  constexpr int kRows = fast_rows<kGlu>();
   constexpr int kLoad = kGlu ? 2 * kRows : kRows;
   constexpr int kStageBytes = kUnitsPerStage / Q::kUnitsPerBlock * Q::kBytes;  // of one row
   static_assert(kStageBytes % 16 == 0, "stages start on 16-byte boundaries of a row");
@@ -481,7 +479,7 @@ __global__ void __launch_bounds__(kThreads, quant_blocks_per_sm<Q, kCols>())
 #pragma unroll
       for (int c = 0; c < kCols; ++c) {
         if (c >= ncols) break;
-        const int64_t col = c + n_total * at.z;
+        const int64_t col = c + ncols * at.z;
         const auto* xp = reinterpret_cast<const int4*>(act.codes + col * k + u * kFastUnit);
         const int4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
         const int x[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
@@ -510,49 +508,6 @@ __global__ void __launch_bounds__(kThreads, quant_blocks_per_sm<Q, kCols>())
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-/// The SMs of the current device (cached per device).
-int sm_count() {
-  static std::atomic<int> cached[16] = {};
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0) dev = 0;
-  std::atomic<int>& slot = cached[dev % 16];
-  int n = slot.load(std::memory_order_relaxed);
-  if (n == 0) {
-    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n < 1) n = 1;
-    slot.store(n, std::memory_order_relaxed);  // every thread computes the same value
-  }
-  return n;
-}
-
-/// The products' tiles: parts own consecutive ranges; unused parts start at INT64_MAX.
-FastArgs fast_args(const Tensor* const* mms, int count, int rows, bool glu, bool swiglu, const float* bias) {
-  FastArgs args{};
-  const Tensor* dst0 = mms[0];
-  args.batches = std::max<int64_t>(dst0->ne[2] * dst0->ne[3], 1);
-  args.ne2 = std::max<int64_t>(dst0->ne[2], 1);
-  args.bias = bias;
-  args.swiglu = swiglu;
-  int64_t tiles = 0;
-  for (int t = 0; t < kFastMaxParts; ++t) {
-    FastPart& p = args.part[t];
-    p.first_tile = INT64_MAX;
-    p.r2 = p.r3 = 1;
-    if (t >= count) continue;
-    const Tensor* w = mms[t]->src[0];
-    const Tensor* x = mms[t]->src[1];
-    p.dst = desc_of(mms[t]);
-    p.w = desc_of(w);
-    p.r2 = x->ne[2] / w->ne[2];
-    p.r3 = x->ne[3] / w->ne[3];
-    p.row_tiles = (mms[t]->ne[0] + rows - 1) / rows;
-    if (glu && t > 0) continue;  // the up weights: read with the gate's tiles
-    p.first_tile = tiles;
-    tiles += p.row_tiles * args.batches;
-  }
-  args.tiles = tiles;
-  return args;
-}
-
 // A launch's products: `mms` (1-3 mul_mats of one activation; with glu the gate and up products) and
 // where the single product's output goes (dst: mul_mat or the fused add; glu: the glu node).
 struct FastLaunch {
@@ -563,8 +518,33 @@ struct FastLaunch {
   const float* bias;
 };
 
+/// The launch's tiles of `rows` output rows: parts own consecutive ranges (unused parts start at
+/// INT64_MAX); the glu's up weights are read with the gate's tiles.
 FastArgs args_of(const FastLaunch& l, int rows) {
-  FastArgs args = fast_args(l.mms, l.count, rows, l.glu != nullptr, l.glu && l.glu->op == OpKind::swiglu, l.bias);
+  FastArgs args{};
+  const Tensor* dst0 = l.mms[0];
+  args.batches = std::max<int64_t>(dst0->ne[2] * dst0->ne[3], 1);
+  args.ne2 = std::max<int64_t>(dst0->ne[2], 1);
+  args.bias = l.bias;
+  args.swiglu = l.glu && l.glu->op == OpKind::swiglu;
+  int64_t tiles = 0;
+  for (int t = 0; t < kFastMaxParts; ++t) {
+    FastPart& p = args.part[t];
+    p.first_tile = INT64_MAX;
+    p.r2 = p.r3 = 1;
+    if (t >= l.count) continue;
+    const Tensor* w = l.mms[t]->src[0];
+    const Tensor* x = l.mms[t]->src[1];
+    p.dst = desc_of(l.mms[t]);
+    p.w = desc_of(w);
+    p.r2 = x->ne[2] / w->ne[2];
+    p.r3 = x->ne[3] / w->ne[3];
+    p.row_tiles = (l.mms[t]->ne[0] + rows - 1) / rows;
+    if (l.glu && t > 0) continue;
+    p.first_tile = tiles;
+    tiles += p.row_tiles * args.batches;
+  }
+  args.tiles = tiles;
   // the output written: the fused node's where there is one (same shape as the product's)
   if (l.glu) args.part[0].dst = desc_of(l.glu);
   else if (l.count == 1) args.part[0].dst = desc_of(l.dst);
@@ -586,16 +566,16 @@ CudaError launch_float_cols(const LaunchContext& ctx, const FastLaunch& l) {
 
 template <class Q, int kCols, bool kGlu>
 CudaError launch_q_cols(const LaunchContext& ctx, const FastLaunch& l) {
-  constexpr int kRows = fast_rows<kCols, kGlu>();
+  constexpr int kRows = fast_rows<kGlu>();
   const FastArgs args = args_of(l, kRows);
   if (args.tiles == 0) return {};
   const Tensor* b = l.mms[0]->src[1];
   const auto act = ActFastLayout<Q>::at(ctx.scratch, b->nrows(), b->ne[0]);
   // about one wave: every block walks tiles with its copies in flight across them
-  const int64_t wave = static_cast<int64_t>(sm_count()) * quant_blocks_per_sm<Q, kCols>();
+  const int64_t wave = static_cast<int64_t>(std::max(ctx.sm_count, 1)) * quant_blocks_per_sm<Q, kCols>();
   const auto grid = static_cast<unsigned>(std::min<int64_t>(args.tiles, wave));
   mat_vec_fast_q_kernel<Q, kCols, kGlu><<<grid, kThreads, 0, ctx.stream>>>(
-      args, act, b->ne[0], static_cast<int>(b->ne[1]), b->ne[1]);
+      args, act, b->ne[0], static_cast<int>(b->ne[1]));
   LOOM_CUDA_CHECK_LAUNCH("mat_vec_fast_q_kernel");
   return {};
 }
