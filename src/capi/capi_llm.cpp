@@ -28,23 +28,10 @@ struct loom_model {
 struct loom_batch {
   loom_model* model = nullptr;
   std::unique_ptr<loom::llm::Context> context;
-  std::unique_ptr<loom::llm::BatchGenerator> generator;
+  std::unique_ptr<loom::llm::BatchGenerator> generator;  ///< after context: destroyed before it
 };
 
 namespace {
-
-// Runs `body` (returning T) at the C boundary: exceptions become the last error and `failed`.
-template <typename T, typename F>
-T guarded(const char* fn, T failed, F&& body) {
-  try {
-    return body();
-  } catch (const std::bad_alloc&) {
-    loom::capi::report(make_error(StatusCode::out_of_memory, "{}: out of host memory", fn));
-  } catch (const std::exception& e) {
-    loom::capi::report(make_error(StatusCode::internal, "{}: unexpected exception: {}", fn, e.what()));
-  }
-  return failed;
-}
 
 template <typename T>
 T fail(T failed, const Status& s) {
@@ -85,7 +72,7 @@ LOOM_API loom_model_params loom_model_default_params(void) {
 }
 
 LOOM_API loom_model* loom_model_load(const char* path, const loom_model_params* params) {
-  return guarded<loom_model*>("loom_model_load", nullptr, [&]() -> loom_model* {
+  return loom::capi::guard_value<loom_model*>("loom_model_load", nullptr, [&]() -> loom_model* {
     if (!path) return fail<loom_model*>(nullptr, make_error(StatusCode::invalid_argument, "loom_model_load: path is NULL"));
     const loom_model_params p = params ? *params : loom_model_default_params();
     if (p.numerics != -1 && p.numerics != LOOM_NUMERICS_DEFAULT && p.numerics != LOOM_NUMERICS_EXACT &&
@@ -119,7 +106,7 @@ LOOM_API const char* loom_model_backend(const loom_model* model) {
 
 LOOM_API int loom_tokenize(const loom_model* model, const char* text, bool add_special, int32_t* out,
                            int capacity) {
-  return guarded<int>("loom_tokenize", -1, [&]() -> int {
+  return loom::capi::guard_value<int>("loom_tokenize", -1, [&]() -> int {
     if (!model || !text || (capacity > 0 && !out))
       return fail(-1, make_error(StatusCode::invalid_argument, "loom_tokenize: model, text or out is NULL"));
     auto ids = model->tokenizer.encode(text, add_special);
@@ -129,7 +116,7 @@ LOOM_API int loom_tokenize(const loom_model* model, const char* text, bool add_s
 }
 
 LOOM_API int loom_token_to_piece(const loom_model* model, int32_t token, char* buf, int size) {
-  return guarded<int>("loom_token_to_piece", -1, [&]() -> int {
+  return loom::capi::guard_value<int>("loom_token_to_piece", -1, [&]() -> int {
     if (!model || (size > 0 && !buf))
       return fail(-1, make_error(StatusCode::invalid_argument, "loom_token_to_piece: model or buf is NULL"));
     auto piece = model->tokenizer.token_to_piece(token);
@@ -158,7 +145,7 @@ LOOM_API loom_sampling loom_sampling_default(void) {
 }
 
 LOOM_API loom_batch* loom_batch_create(loom_model* model, int n_ctx, int max_sequences) {
-  return guarded<loom_batch*>("loom_batch_create", nullptr, [&]() -> loom_batch* {
+  return loom::capi::guard_value<loom_batch*>("loom_batch_create", nullptr, [&]() -> loom_batch* {
     if (!model) return fail<loom_batch*>(nullptr, make_error(StatusCode::invalid_argument, "loom_batch_create: model is NULL"));
     if (n_ctx < 1 || max_sequences < 1)
       return fail<loom_batch*>(nullptr, make_error(StatusCode::invalid_argument,
@@ -178,11 +165,7 @@ LOOM_API loom_batch* loom_batch_create(loom_model* model, int n_ctx, int max_seq
   });
 }
 
-LOOM_API void loom_batch_free(loom_batch* batch) {
-  if (!batch) return;
-  batch->generator.reset();  // before the context it decodes into
-  delete batch;
-}
+LOOM_API void loom_batch_free(loom_batch* batch) { delete batch; }
 
 namespace {
 
@@ -202,7 +185,7 @@ loom::SamplerParams sampler_params(const loom_sampling* sampling) {
 // loom_batch_add and loom_batch_enqueue: chunk < 0 computes the prompt now.
 int add_sequence(const char* fn, loom_batch* batch, const int32_t* prompt, int n_prompt, const loom_sampling* sampling,
                  int chunk, bool now) {
-  return guarded<int>(fn, -1, [&]() -> int {
+  return loom::capi::guard_value<int>(fn, -1, [&]() -> int {
     if (!batch || (n_prompt > 0 && !prompt))
       return fail(-1, make_error(StatusCode::invalid_argument, "{}: batch or prompt is NULL", fn));
     if (n_prompt < 1) return fail(-1, make_error(StatusCode::invalid_argument, "{}: empty prompt", fn));
@@ -233,7 +216,7 @@ LOOM_API loom_status loom_batch_remove(loom_batch* batch, int seq_id) {
 }
 
 LOOM_API int loom_batch_step(loom_batch* batch, int32_t* seq_ids, int32_t* tokens, int capacity) {
-  return guarded<int>("loom_batch_step", -1, [&]() -> int {
+  return loom::capi::guard_value<int>("loom_batch_step", -1, [&]() -> int {
     if (!batch || !seq_ids || !tokens)
       return fail(-1, make_error(StatusCode::invalid_argument, "loom_batch_step: batch, seq_ids or tokens is NULL"));
     if (capacity < batch->generator->n_sequences())
