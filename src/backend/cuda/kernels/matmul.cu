@@ -298,7 +298,6 @@ CudaError mat_vec_id(const LaunchContext& ctx, const Tensor* dst) {
 bool acts_q8_k(DType t) {
   return visit_quant_type(t, false, [](auto q) { return decltype(q)::kActQ8_K; });
 }
-bool is_quantized_weight(DType t) { return dtype_is_quantized(t); }
 
 // Bytes of one row of k activations quantized for weights of type t.
 size_t act_row_bytes(DType weight, int64_t k) {
@@ -375,7 +374,7 @@ size_t align_up(size_t n) { return (n + kScratchAlign - 1) / kScratchAlign * kSc
 bool use_dequant_gemm(const Tensor* dst, bool fast) {
   const Tensor* a = dst->src[0];
   const Tensor* b = dst->src[1];
-  if (!fast || !is_quantized_weight(a->type) || dst->ne[1] <= kMatVecMaxCols) return false;
+  if (!fast || !dtype_is_quantized(a->type) || dst->ne[1] <= kMatVecMaxCols) return false;
   if (a->ne[2] != 1 || a->ne[3] != 1 || !dst->is_contiguous()) return false;
   const int64_t n = b->ne[1] * b->ne[2] * b->ne[3];
   return a->ne[0] <= INT32_MAX && a->ne[1] <= INT32_MAX && n <= INT32_MAX;
@@ -498,7 +497,7 @@ CudaError gemm_cublas(const LaunchContext& ctx, const Tensor* dst) {
 }  // namespace
 
 size_t quantized_activation_bytes(DType weight, const Tensor* b) {
-  if (!is_quantized_weight(weight)) return 0;
+  if (!dtype_is_quantized(weight)) return 0;
   return static_cast<size_t>(b->nrows()) * act_row_bytes(weight, b->ne[0]);
 }
 
@@ -522,14 +521,14 @@ CudaError launch_quantize_activations(const LaunchContext& ctx, DType weight, co
 
 size_t mul_mat_scratch_bytes(const Tensor* dst, bool fast) {
   if (use_dequant_gemm(dst, fast)) return dequant_gemm_scratch(dst);
-  if (is_quantized_weight(dst->src[0]->type)) return quantized_act_bytes(dst);
+  if (dtype_is_quantized(dst->src[0]->type)) return quantized_act_bytes(dst);
   if (!use_cublas(dst)) return 0;
   const Tensor* a = dst->src[0];
   return static_cast<size_t>(dst->src[1]->nelements()) * (a->type == DType::f32 ? 4 : 2);
 }
 
 size_t mul_mat_id_scratch_bytes(const Tensor* dst) {
-  return is_quantized_weight(dst->src[0]->type) ? quantized_act_bytes(dst) : 0;
+  return dtype_is_quantized(dst->src[0]->type) ? quantized_act_bytes(dst) : 0;
 }
 
 bool mul_mat_uses_cublas(const Tensor* dst, bool fast) { return use_cublas(dst) || use_dequant_gemm(dst, fast); }
