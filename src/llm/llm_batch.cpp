@@ -26,6 +26,11 @@ struct BatchGenerator::Impl {
   std::vector<Sequence> seqs;  // increasing id
   std::vector<GeneratedToken> out;
   uint64_t next_order = 0;
+  // step()'s buffers, kept so that a step allocates nothing once warmed up
+  std::vector<Sequence*> run;
+  std::vector<SeqTokens> batch;
+  std::vector<float> logits, pf_logits;
+  std::vector<int32_t> next;
 
   int lowest_free_id() const {
     int id = 0;
@@ -147,7 +152,8 @@ Result<std::span<const GeneratedToken>> BatchGenerator::step() {
   for (Sequence& s : g.seqs)
     if (s.pending() && (!pf || s.order < pf->order)) pf = &s;
   const size_t pf_before = pf ? pf->n_computed : 0;
-  std::vector<float> pf_logits;
+  std::vector<float>& pf_logits = g.pf_logits;
+  pf_logits.clear();
   if (pf) {
     const size_t n = std::min(static_cast<size_t>(pf->chunk), pf->n_prompt - pf->n_computed);
     DecodeOptions o;
@@ -169,12 +175,20 @@ Result<std::span<const GeneratedToken>> BatchGenerator::step() {
 
   // 2. The running sequences' passes of up to n_batch sequences; all are computed before any
   //    sampler runs, so a failing pass leaves every sampler (and its random state) where it was.
-  std::vector<Sequence*> run;
+  std::vector<Sequence*>& run = g.run;
+  run.clear();
   for (Sequence& s : g.seqs)
     if (!s.pending() && &s != pf) run.push_back(&s);
-  std::vector<SeqTokens> batch;
+  std::vector<SeqTokens>& batch = g.batch;
+  std::vector<float>& logits = g.logits;
+  logits.resize(run.size() * n_vocab);
+  // Takes back the positions the first n running sequences stored this step, and the prompt chunk.
+  auto undo = [&](size_t n) {
+    for (size_t i = 0; i < n; ++i)
+      (void)g.ctx->kv_cache_seq_rm(run[i]->id, static_cast<int>(run[i]->history.size()) - 1);
+    undo_prefill();
+  };
   size_t done = 0;
-  std::vector<float> logits(run.size() * n_vocab);
   while (done < run.size()) {
     const size_t n = std::min(per_pass, run.size() - done);
     batch.clear();
@@ -185,10 +199,7 @@ Result<std::span<const GeneratedToken>> BatchGenerator::step() {
     }
     auto got = g.ctx->decode_batch(batch);
     if (!got) {
-      // Take back the positions the passes before this one stored, and the prompt chunk.
-      for (size_t i = 0; i < done; ++i)
-        (void)g.ctx->kv_cache_seq_rm(run[i]->id, static_cast<int>(run[i]->history.size()) - 1);
-      undo_prefill();
+      undo(done);
       return got.status();
     }
     std::copy(got->begin(), got->end(), logits.begin() + static_cast<std::ptrdiff_t>(done * n_vocab));
@@ -197,16 +208,13 @@ Result<std::span<const GeneratedToken>> BatchGenerator::step() {
 
   // 3. Sampling: the running sequences' next tokens and, when its prompt is done, the enqueued
   //    sequence's first.
-  auto undo_all = [&] {
-    for (const Sequence* r : run) (void)g.ctx->kv_cache_seq_rm(r->id, static_cast<int>(r->history.size()) - 1);
-    undo_prefill();
-  };
-  std::vector<int32_t> next(run.size());
+  std::vector<int32_t>& next = g.next;
+  next.resize(run.size());
   for (size_t i = 0; i < run.size(); ++i) {
     Sequence& s = *run[i];
     auto token = s.sampler.sample(std::span<const float>(logits).subspan(i * n_vocab, n_vocab), s.history);
     if (!token) {
-      undo_all();
+      undo(run.size());
       return make_error(token.status().code(), "batch: sequence {}: {}", s.id, token.status().message());
     }
     next[i] = *token;
@@ -215,18 +223,16 @@ Result<std::span<const GeneratedToken>> BatchGenerator::step() {
   if (!pf_logits.empty()) {
     auto token = pf->sampler.sample(pf_logits, pf->history);
     if (!token) {
-      undo_all();
+      undo(run.size());
       return make_error(token.status().code(), "batch: sequence {}: {}", pf->id, token.status().message());
     }
     first = *token;
   }
   for (size_t i = 0; i < run.size(); ++i) run[i]->history.push_back(next[i]);
   if (!pf_logits.empty()) pf->history.push_back(first);
-  for (const Sequence& s : g.seqs)  // increasing id; a sequence still prefilling has no token
-    if (!s.pending() && s.history.size() > s.n_prompt) {
-      const bool stepped = std::find(run.begin(), run.end(), &s) != run.end() || (&s == pf && !pf_logits.empty());
-      if (stepped) g.out.push_back(GeneratedToken{s.id, s.history.back()});
-    }
+  // every sequence not prefilling now ran this step or finished its prompt in it (increasing id)
+  for (const Sequence& s : g.seqs)
+    if (!s.pending()) g.out.push_back(GeneratedToken{s.id, s.history.back()});
   return std::span<const GeneratedToken>(g.out);
 }
 

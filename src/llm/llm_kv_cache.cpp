@@ -216,8 +216,10 @@ Result<std::vector<int32_t>> ContiguousKvCache::claim_window(std::span<const int
       if (cell.pos >= 0 && cell.seq == seq && first - cell.pos >= n_swa_)
         stale.push_back(static_cast<int32_t>(c));
     }
-    std::sort(stale.begin(), stale.end(),
-              [this](int32_t a, int32_t b) { return window_cells_[a].pos < window_cells_[b].pos; });
+    // only the oldest `need` are taken
+    const size_t need = std::min(stale.size(), positions.size() - out.size());
+    std::partial_sort(stale.begin(), stale.begin() + static_cast<std::ptrdiff_t>(need), stale.end(),
+                      [this](int32_t a, int32_t b) { return window_cells_[a].pos < window_cells_[b].pos; });
     for (size_t i = 0; i < stale.size() && out.size() < positions.size(); ++i) {
       dropped_max = std::max(dropped_max, static_cast<int>(window_cells_[stale[i]].pos));
       out.push_back(stale[i]);
