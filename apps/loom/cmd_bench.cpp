@@ -133,8 +133,6 @@ Result<std::vector<BenchTest>> collect_tests(const BenchOptions& o) {
   return all;
 }
 
-// llama-batched-bench: every (npp, ntg, npl) in that nesting, one table per model, over a paged
-// KV cache sized for the largest test (n_kv_max in the header: its cells, whole blocks per sequence).
 // The session every bench mode opens on a model: -ngl > 0 takes the GPU when one is usable (below
 // the layer count: the last -ngl layers), else the CPU (the backend column says which ran).
 GenerateOptions session_options(const BenchOptions& o, const std::string& path, int n_ctx, int n_batch) {
@@ -150,15 +148,16 @@ GenerateOptions session_options(const BenchOptions& o, const std::string& path, 
   return g;
 }
 
+// llama-batched-bench: every (npp, ntg, npl) in that nesting, one table per model, over a paged
+// KV cache sized for the largest test (n_kv_max in the header: its cells, whole blocks per sequence).
 int run_batched_bench(const BenchOptions& o) {
   std::vector<BatchedBenchTest> tests;
   int n_ctx = 1, max_pl = 1;
+  const int block = llm::ContextParams{}.kv_block_size;  // each sequence holds whole blocks
   for (int pp : o.npp)
     for (int tg : o.ntg)
       for (int pl : o.npl) {
         tests.push_back(BatchedBenchTest{pp, tg, pl});
-        // Each sequence holds whole blocks of the paged cache.
-        const int block = llm::ContextParams{}.kv_block_size;
         n_ctx = std::max(n_ctx, pl * ((pp + tg + block - 1) / block * block));
         max_pl = std::max(max_pl, pl);
       }
