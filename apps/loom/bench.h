@@ -131,9 +131,11 @@ struct BatchedBenchResult {
 /// Runs `test` on `ctx` once (after a warm-up run unless `warmup` is false): each sequence's prompt
 /// alone, then n_tg Context::decode_batch steps over all of them (in passes of up to n_batch
 /// sequences). The context needs room for test.n_kv() cells; a paged KV cache holds exactly that.
-/// The cache is cleared before and after.
+/// The cache is cleared before and after. With a non-empty `trace_path`, the measured run's third
+/// decode step's GPU dispatches are written there as a Chrome trace (capture_next_compute on `backend`).
 Status run_batched_bench_test(llm::Context& ctx, const BatchedBenchTest& test, bool warmup, uint32_t seed,
-                              BatchedBenchResult& out);
+                              BatchedBenchResult& out, Backend* backend = nullptr,
+                              const std::string& trace_path = {});
 
 enum class BenchFormat { md, json, csv };
 /// md: llama-bench's markdown table (with the executor columns when any result has `exec`);

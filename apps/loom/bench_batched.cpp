@@ -6,11 +6,12 @@
 #include <fmt/format.h>
 
 #include "bench.h"
+#include "loom/exec.h"
 
 namespace loom::app {
 
 Status run_batched_bench_test(llm::Context& ctx, const BatchedBenchTest& test, bool warmup, uint32_t seed,
-                              BatchedBenchResult& out) {
+                              BatchedBenchResult& out, Backend* backend, const std::string& trace_path) {
   if (test.n_pp < 1 || test.n_tg < 0 || test.n_pl < 1)
     return make_error(StatusCode::invalid_argument,
                       "bench: a batched test needs a prompt and a sequence (got npp {}, ntg {}, npl {})",
@@ -34,7 +35,7 @@ Status run_batched_bench_test(llm::Context& ctx, const BatchedBenchTest& test, b
   auto seconds = [](clock::time_point a, clock::time_point b) {
     return std::chrono::duration<double>(b - a).count();
   };
-  auto once = [&](BatchedBenchResult& r) -> Status {
+  auto once = [&](BatchedBenchResult& r, bool trace) -> Status {
     ctx.kv_cache_clear();
     const auto t0 = clock::now();
     for (size_t s = 0; s < n_pl; ++s) {
@@ -51,6 +52,7 @@ Status run_batched_bench_test(llm::Context& ctx, const BatchedBenchTest& test, b
         for (size_t s = s0; s < std::min(n_pl, s0 + per_pass); ++s)
           batch.push_back(llm::SeqTokens{static_cast<int>(s), test.n_pp + i,
                                          std::span<const int32_t>(&gen[s * test.n_tg + i], 1)});
+        if (trace && i == 2 && s0 == 0) LOOM_TRY(capture_next_compute(*backend, trace_path));
         auto x = ctx.decode_batch(batch);
         if (!x) return x.status();
       }
@@ -64,9 +66,9 @@ Status run_batched_bench_test(llm::Context& ctx, const BatchedBenchTest& test, b
   out.test = test;
   if (warmup) {
     BatchedBenchResult ignored;
-    LOOM_TRY(once(ignored));
+    LOOM_TRY(once(ignored, false));
   }
-  return once(out);
+  return once(out, backend && !trace_path.empty() && test.n_tg > 2);
 }
 
 std::string format_batched_bench(const std::vector<BatchedBenchResult>& results, BenchFormat format) {

@@ -98,6 +98,7 @@ struct BenchOptions {
   std::vector<int> npp = {128};
   std::vector<int> ntg = {128};
   std::vector<int> npl;
+  std::string trace_path;  // batched mode: a Chrome trace of one decode step per test
 };
 
 int fail(const Status& s) {
@@ -178,7 +179,10 @@ int run_batched_bench(const BenchOptions& o) {
     std::vector<BatchedBenchResult> results;
     for (const BatchedBenchTest& t : tests) {
       BatchedBenchResult r;
-      if (auto s = run_batched_bench_test(ctx, t, !o.no_warmup, 1234, r); !s.ok())
+      Backend& backend = session->offload_backend ? *session->offload_backend : *session->backend;
+      const std::string trace =
+          o.trace_path.empty() ? std::string{} : fmt::format("{}-pl{}.json", o.trace_path, t.n_pl);
+      if (auto s = run_batched_bench_test(ctx, t, !o.no_warmup, 1234, r, &backend, trace); !s.ok())
         return fail(make_error(s.code(), "bench: {} npp {} ntg {} npl {}: {}", path, t.n_pp, t.n_tg, t.n_pl,
                                s.message()));
       fmt::print(stderr, "loom: bench: {} {} pp {} tg {} pl {}: S_PP {:.2f} t/s, S_TG {:.2f} t/s\n",
@@ -305,6 +309,9 @@ void add_bench_command(CLI::App& app, std::vector<Command>& out) {
       "Executor configurations to compare, comma-separated: serialize, graph, concurrency, fusion, "
       "reorder, all, default");
   cmd->add_flag("--no-warmup", o->no_warmup, "Skip the warm-up run of each test");
+  cmd->add_option("--trace", o->trace_path,
+                  "Batched mode: write a Chrome trace (per-dispatch GPU times) of each test's third decode "
+                  "step to PREFIX-plN.json");
   cmd->add_option("--npl", o->npl,
                   "-npl: batched mode (llama-batched-bench): sequences decoded together, comma-separated")
       ->delimiter(',')

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Sets up binaries built on the development VM and carried to the GPU machine (build-carry/bins.tar.xz:
+# loom, loom-test-ops, libloom_cuda.so; .debs-run: the runtime libraries' Debian packages), then runs
+# the named steps. Meant to be sourced-free: one device call is `bash scripts/gpu-carried.sh STEPS...`.
+#   ops      every op, CUDA against the CPU, exact and fast numerics
+#   hf       llama31-tiny (f32) against transformers
+#   prefill  loom bench -p 512,4096 on LOOM_MODELS (default llama3-1b:q4_0 llama3-8b:q4_0)
+#   decode   loom bench -n 128 on LOOM_MODELS
+#   batched  loom bench -npl 1,8,32,64 (-npp 128 -ntg 32) with a trace of one step at each npl
+#   perf     op-test perf of mul_mat at LOOM_PERF_FILTER's cases
+set -uo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+out=${OUT:-/tmp/loom-out}
+mkdir -p "$out"
+tar xJf build-carry/bins.tar.xz -C build-carry
+mkdir -p build-carry/bin && mv -f build-carry/loom build-carry/loom-test-ops build-carry/libloom_cuda.so build-carry/bin/ 2>/dev/null
+prefix=/tmp/loom-deps
+if [[ ! -d $prefix/usr ]]; then
+  mkdir -p "$prefix"
+  for f in .debs-run/*.deb; do dpkg -x "$f" "$prefix"; done
+fi
+export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu:$root/build-carry/bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+bin=$root/build-carry/bin
+work=/tmp/loom-work
+mkdir -p "$work"
+t0=$(date +%s)
+stamp() { echo "== [$(($(date +%s) - t0)) s] $*"; }
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+model() {  # model SHAPE:TYPE -> path of a generated model (made if missing)
+  local shape=${1%%:*} type=${1##*:}
+  local f="$work/$shape-$type.gguf"
+  [[ -s $f ]] || "$bin/loom" gen-model --shape "$shape" --type "$type" -o "$f" -t 16 >/dev/null 2>&1 || return 1
+  echo "$f"
+}
+models=${LOOM_MODELS:-llama3-1b:q4_0 llama3-8b:q4_0}
+for step in "$@"; do
+  stamp "$step"
+  case $step in
+    ops)
+      for mode in exact fast; do
+        timeout 200 "$bin/loom-test-ops" --backend cuda,cpu --numerics $mode -t 16 >"$out/ops-$mode.log" 2>&1
+        echo "ops $mode rc=$?"; grep -E "FAIL|passed|failed" "$out/ops-$mode.log" | tail -n 6
+      done ;;
+    hf)
+      f=$(model llama31-tiny:f32)
+      "$bin/loom" run -m "$f" --backend cuda --numerics exact -p "The quick brown fox jumps over the lazy dog" \
+        -n 16 --temp 0 --dump-logits "$work/l31.bin" >/dev/null 2>&1
+      python3 tools/hf_reference.py --model "$f" --loom-logits "$work/l31.bin" --threshold 1e-4 ;;
+    prefill)
+      for m in $models; do f=$(model "$m") && timeout 200 "$bin/loom" bench -m "$f" -p 512,4096 -n 0 -r 3 2>/dev/null | grep -E "^\|" | grep -v -- "---"; done ;;
+    decode)
+      for m in $models; do f=$(model "$m") && timeout 120 "$bin/loom" bench -m "$f" -p 0 -n 128 -r 3 2>/dev/null | grep -E "^\|" | grep -v -- "---"; done ;;
+    batched)
+      for m in $models; do
+        f=$(model "$m") || continue
+        timeout 240 "$bin/loom" bench -m "$f" -npp 128 -ntg 32 -npl ${LOOM_NPL:-1,8,32,64} --trace "$out/batched-${m/:/-}" 2>/dev/null | grep -E "^\|"
+        for t in "$out"/batched-${m/:/-}-pl*.json; do
+          echo "-- $t"; python3 tools/trace_summary.py "$t" --by-shape | head -${LOOM_TRACE_LINES:-16}
+        done
+      done ;;
+    perf)
+      timeout 300 "$bin/loom-test-ops" --backend cuda --numerics fast perf --op mul_mat ${LOOM_PERF_FILTER:-} >"$out/perf.log" 2>&1
+      grep -E "us|GB/s|TFLOP" "$out/perf.log" | head -80 ;;
+    *) echo "unknown step $step" ;;
+  esac
+done
+stamp done
