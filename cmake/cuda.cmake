@@ -18,6 +18,7 @@ add_library(loom_backend_cuda SHARED
   src/backend/cuda/kernels/reduce.cu
   src/backend/cuda/kernels/copy.cu
   src/backend/cuda/kernels/matmul.cu
+  src/backend/cuda/kernels/gemm_q.cu
   src/backend/cuda/kernels/mat_vec_fast.cu
   src/backend/cuda/kernels/rope.cu
   src/backend/cuda/kernels/attention.cu

@@ -227,6 +227,11 @@ void add_matmul_cases(CaseList& cases, CaseSet set) {
     add_mul_mat(cases, {wt, 16, 1, k1, {1, 1}, {1, 1}}, false);   // one token
     add_mul_mat(cases, {wt, 33, 7, k2, {1, 1}, {1, 1}}, false);   // odd rows and columns
     add_mul_mat(cases, {wt, 64, 65, k1, {1, 1}, {1, 1}}, false);  // many tokens
+    // the fast mode's quantized tensor-core GEMM (gemm_q.cu: 128 x 64 tiles, k in chunks of 256,
+    // split over blocks): a partial row tile and column tile in two splits, then three column tiles
+    // in eight splits
+    add_mul_mat(cases, {wt, 200, 40, pick_k(wt, 131, 512, 512), {1, 1}, {1, 1}}, false);
+    add_mul_mat(cases, {wt, 130, 130, pick_k(wt, 67, 2048, 2048), {1, 1}, {1, 1}}, false);
     add_mul_mat(cases, {wt, 17, 32, k1, {2, 1}, {6, 2}}, false);  // broadcast over dims 2-3
     add_mul_mat(cases, {wt, 5, 3, k2, {3, 2}, {3, 2}}, false);    // batched, no broadcast
     add_mul_mat(cases, {wt, 9, 5, k1, {1, 1}, {3, 1}, BLayout::permuted}, false);

@@ -30,6 +30,7 @@
 
 #include "attention.cuh"
 #include "common.cuh"
+#include "mma.cuh"
 
 namespace loom::cuda {
 
@@ -42,47 +43,6 @@ constexpr int kBr = 16 * kWarps;  // queries per block: one m16 tile per warp
 constexpr int kScanKeys = 256;
 constexpr float kLog2e = 1.4426950408889634f;
 
-// ---- PTX wrappers --------------------------------------------------------------------------------
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-/// Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i, register i receives
-/// matrix i with thread l holding row l/4, columns 2(l%4), 2(l%4)+1.
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-/// As ldmatrix_x4, transposed: thread l holds rows 2(l%4), 2(l%4)+1 of column l/4.
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-/// c += a b for a 16x16 f16 A (row-major fragment), a 16x8 f16 B (column fragment), f32 C.
-__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/// 16 bytes global -> shared, bypassing L1; src_bytes 0 writes zeros and reads nothing.
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
-
 /// 2^x; ex2.approx gives 0 for -inf (relative error ~2^-22, far below the f16 rounding of P).
 __device__ __forceinline__ float exp2_approx(float x) {
   float y;
@@ -90,11 +50,6 @@ __device__ __forceinline__ float exp2_approx(float x) {
   return y;
 }
 
-/// Two floats as an f16x2 register, the first in the low half (the lower column of a fragment).
-__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
-  const __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
 
 // ---- the mask ------------------------------------------------------------------------------------
 
@@ -503,7 +458,6 @@ bool flash_attn_mma_supported(const Tensor* dst) {
   if (mask && mask->nb[0] != static_cast<size_t>(mask->type == DType::f16 ? 2 : 4)) return false;
   // grid: heads in x, query tiles in y, sequences in z (the mask pre-pass: tiles, mask heads,
   // mask sequences); key offsets in int
-  constexpr int64_t kMaxGridYZ = 65535;
   if (query_tiles(dst) > kMaxGridYZ || q->ne[2] > INT32_MAX || q->ne[3] > kMaxGridYZ) return false;
   if (mask && (mask->ne[2] > kMaxGridYZ || mask->ne[3] > kMaxGridYZ)) return false;
   return k->ne[1] < INT32_MAX && k->ne[2] > 0 && q->ne[2] % k->ne[2] == 0;

@@ -12,6 +12,8 @@
 namespace loom::cuda {
 
 constexpr int kWarpSize = 32;
+/// The largest grid.y / grid.z a launch may have.
+constexpr unsigned kMaxGridYZ = 65535;
 
 // ---- programmatic dependent launch (PDL) ----------------------------------------------------------
 // A kernel launched with the programmatic-stream-serialization attribute may start while the kernel

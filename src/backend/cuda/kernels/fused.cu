@@ -39,7 +39,6 @@ namespace loom::cuda {
 
 namespace {
 
-constexpr unsigned kMaxGridYZ = 65535;
 /// Experts moe_route handles: one block of at most this many threads per token, one per expert.
 constexpr int kMoeMaxExperts = 256;
 

@@ -47,6 +47,7 @@
 #include "mat_vec.cuh"
 #include "mat_vec_fast.cuh"
 #include "mat_vec_fast_formats.cuh"
+#include "mma.cuh"
 #include "quant.cuh"
 #include "quant_dispatch.cuh"
 
@@ -90,9 +91,6 @@ __host__ __device__ constexpr int quant_blocks_per_sm() {
 
 // ---- bulk copies to shared memory (sm_90: the copy engine of the SM, one thread issues a row) -------
 
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
 __device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
 }

@@ -33,9 +33,11 @@
 // mul_mat_vec_kernel and mul_mat_q8_kernel also serve the fused mat_vec_bias (kBias).
 #include <algorithm>
 #include <cstddef>
+#include <cstdlib>
 #include <type_traits>
 
 #include "common.cuh"
+#include "gemm_q.cuh"
 #include "loom/dtype.h"
 #include "mat_vec.cuh"
 #include "mat_vec_fast.cuh"
@@ -55,7 +57,6 @@ static_assert(DotQ4_K::kBytes == sizeof(BlockQ4_K) && DotQ4_K::kBlock == kQK_K);
 static_assert(DotQ6_K::kBytes == sizeof(BlockQ6_K) && DotQ6_K::kBlock == kQK_K);
 static_assert(sizeof(ActQ8_K) == sizeof(BlockQ8_K) && offsetof(ActQ8_K, bsums) == offsetof(BlockQ8_K, bsums));
 
-constexpr unsigned kMaxGridYZ = 65535;
 
 // dst[i, j0 .. j0+ncols) of batch (i2, i3) for one warp per row i, plus bias[i] with kBias
 // (mat_vec_bias: a template parameter, because a run-time one cost the plain kernels registers).
@@ -369,12 +370,33 @@ constexpr size_t kScratchAlign = 256;
 
 size_t align_up(size_t n) { return (n + kScratchAlign - 1) / kScratchAlign * kScratchAlign; }
 
-// Whether the fast quantized GEMM applies: quantized 2-D weights (one batch), a contiguous output,
-// more columns than the mat-vec kernels take, sizes in cuBLAS's int range.
+// Columns up to which the fast mode multiplies quantized weights with gemm_q_kernel (weights
+// dequantized into mma fragments) rather than dequantizing them to f16 rows for cuBLAS. Measured on
+// the H200 (op-test perf, 4096 x 4096, us per call with its host sync; docs/PERFORMANCE.md): q4_0 at
+// 16 / 64 / 256 columns 27.0 / 28.9 / 79.5 against cuBLAS's 34.5 / 35.3 / 43.2.
+// LOOM_CUDA_GEMM_Q_MAX_COLS overrides it, to measure one path against the other.
+int64_t gemm_q_max_cols() {
+  static const int64_t cols = [] {
+    const char* e = std::getenv("LOOM_CUDA_GEMM_Q_MAX_COLS");
+    return e && *e ? std::max<int64_t>(0, std::atoll(e)) : int64_t{64};
+  }();
+  return cols;
+}
+
+// Whether the fast mode's quantized tensor-core GEMM (gemm_q.cu) applies: more columns than the
+// mat-vec kernels take, up to gemm_q_max_cols().
+bool use_gemm_q(const Tensor* dst, bool fast) {
+  const Tensor* b = dst->src[1];
+  return fast && dtype_is_quantized(dst->src[0]->type) && dst->ne[1] > kMatVecMaxCols &&
+         b->ne[1] * b->ne[2] * b->ne[3] <= gemm_q_max_cols() && gemm_q_supported(dst);
+}
+
+// Whether the fast quantized GEMM through cuBLAS applies: quantized 2-D weights (one batch), a
+// contiguous output, more columns than the mat-vec kernels take, sizes in cuBLAS's int range.
 bool use_dequant_gemm(const Tensor* dst, bool fast) {
   const Tensor* a = dst->src[0];
   const Tensor* b = dst->src[1];
-  if (!fast || !dtype_is_quantized(a->type) || dst->ne[1] <= kMatVecMaxCols) return false;
+  if (!fast || !dtype_is_quantized(a->type) || dst->ne[1] <= kMatVecMaxCols || use_gemm_q(dst, fast)) return false;
   if (a->ne[2] != 1 || a->ne[3] != 1 || !dst->is_contiguous()) return false;
   const int64_t n = b->ne[1] * b->ne[2] * b->ne[3];
   return a->ne[0] <= INT32_MAX && a->ne[1] <= INT32_MAX && n <= INT32_MAX;
@@ -520,6 +542,7 @@ CudaError launch_quantize_activations(const LaunchContext& ctx, DType weight, co
 }
 
 size_t mul_mat_scratch_bytes(const Tensor* dst, bool fast) {
+  if (use_gemm_q(dst, fast)) return align_up(static_cast<size_t>(dst->src[1]->nelements()) * 2) + gemm_q_partial_bytes(dst);
   if (use_dequant_gemm(dst, fast)) return dequant_gemm_scratch(dst);
   if (dtype_is_quantized(dst->src[0]->type)) return quantized_act_bytes(dst);
   if (!use_cublas(dst)) return 0;
@@ -535,6 +558,15 @@ bool mul_mat_uses_cublas(const Tensor* dst, bool fast) { return use_cublas(dst) 
 
 CudaError launch_mul_mat(const LaunchContext& ctx, const Tensor* dst) {
   if (dst->nelements() == 0) return {};
+  if (use_gemm_q(dst, ctx.fast)) {
+    const size_t x_bytes = align_up(static_cast<size_t>(dst->src[1]->nelements()) * 2);
+    if (ctx.scratch_size < x_bytes + gemm_q_partial_bytes(dst))
+      return CudaError::runtime(cudaErrorInvalidValue, "mul_mat: scratch smaller than the f16 activations",
+                                __FILE__, __LINE__);
+    auto* x16 = static_cast<__half*>(ctx.scratch);
+    LOOM_CUDA_TRY(pack_b_f16(ctx, x16, dst->src[1]));
+    return launch_gemm_q(ctx, dst, x16, reinterpret_cast<float*>(static_cast<char*>(ctx.scratch) + x_bytes));
+  }
   if (use_dequant_gemm(dst, ctx.fast)) return gemm_dequant(ctx, dst);
   if (use_cublas(dst)) return gemm_cublas(ctx, dst);
   return mat_vec_any<false>(ctx, dst, dst, nullptr);

@@ -1,0 +1,254 @@
+// The fast numerics mode's GEMM for quantized weights at a few dozen columns (batched decode): weights
+// are dequantized into the registers of mma.sync's A fragments (m16n8k16, f16 inputs, f32
+// accumulators), with no f16 copy of the weights in global memory (the dequantize-then-cuBLAS path
+// of matmul.cu writes and re-reads one, which at 64 columns costs more than the products).
+//
+// The k order trick: a dot product does not care in which order its k terms are paired, only that A
+// and B pair the same ones. Within each 32-wide k step, thread (g = lane / 4, c = lane % 4) takes
+// the physical k 8c .. 8c+7 for both operands: eight consecutive weights of rows g and g + 8 (one
+// Dequant8 call each, quant.cuh, scales decoded once) and eight consecutive activations of column g
+// of each n8 tile (one 16-byte shared load), placed in the fragment slots of two k16 steps
+// (2c, 2c+1 | 2c+8, 2c+9 of step 0 take 8c+0..3, of step 1 8c+4..7). No ldmatrix and no
+// dequantized tile in shared memory.
+//
+// Tiling: a block of 8 warps owns kBM = 128 weight rows (16 per warp) x kBN = 64 columns x one k
+// range, walked in kChunk = 256 chunks (a whole block of every format). Per chunk, the rows' raw
+// weight bytes (16-byte cp.async pieces from each segment's aligned start: coalesced, where
+// per-thread loads of each lane's own row were 8 lines per warp load and saturated L1) and the f16
+// activations (packed by the caller) are staged in shared memory, two stages deep. Small products
+// split k over blocks (blockIdx.z) so that the grid fills the GPU: each split writes its partial
+// sums to scratch and gemm_q_reduce_kernel adds them in split order, the same every run.
+//
+// Bytes: the weights once per column tile; the f16 activations once per 128-row tile (from L2);
+// partial sums 8 x splits x m x n bytes. FLOPs 2 m n k. At 4096 x 4096 x 64 columns q4_0: 9.4 MB of
+// weights (2 us at 4.8 TB/s), 2.1 GFLOP.
+#include <algorithm>
+#include <cstdint>
+
+#include "common.cuh"
+#include "gemm_q.cuh"
+#include "mma.cuh"
+#include "quant.cuh"
+#include "quant_dispatch.cuh"
+
+namespace loom::cuda {
+
+namespace {
+
+constexpr int kWarps = 8, kThreads = kWarps * kWarpSize;
+constexpr int kBM = 16 * kWarps;  // weight rows per block
+constexpr int kBN = 64;           // columns per block
+constexpr int kNTiles = kBN / 8;  // n8 tiles per warp
+constexpr int kChunk = 256;       // k per shared-memory stage (a whole block of every format)
+// Halves per shared column: 256 + 32, so that the 8 columns x 4 threads of an ldmatrix-free 16-byte
+// load phase fall on distinct banks (576-byte rows).
+constexpr int kXStride = kChunk + 32;
+constexpr int kXCopies = kBN * kChunk / 8 / kThreads;  // 16-byte cp.async per thread per stage
+// Raw weight bytes per row and stage: the 256-weight segment (at most 272 bytes, q8_0) copied from its
+// 16-byte-aligned start, so up to 15 bytes before it and a 16-byte piece past it: 19 pieces.
+constexpr int kRawPieces = 19;
+constexpr int kRawStride = 16 * kRawPieces;  // 304 bytes: rows 12 banks apart
+constexpr size_t kXStageBytes = size_t{kBN} * kXStride * sizeof(__half);  // 36,864
+constexpr size_t kWStageBytes = size_t{kBM} * kRawStride;                  // 38,912
+constexpr size_t kSmemBytes = 2 * (kXStageBytes + kWStageBytes);          // 151,552
+// Blocks the split over k aims for: two per SM of a 132-SM H100/H200 (a function of the shape only,
+// so the scratch size and the result do not depend on the device).
+constexpr int64_t kTargetBlocks = 264;
+constexpr int kMaxSplits = 16;
+
+struct GemmQArgs {
+  float* out;       // splits == 1: dst [m, n]; else partial sums [splits][n][m]
+  const char* a;    // weight rows, a_nb1 bytes apart
+  int64_t a_nb1;
+  const __half* x;  // activations [n][k] f16, contiguous
+  int64_t m, n, k;
+  int64_t k_split;  // k per split, a multiple of kChunk
+  const char* a_end;  // one past the weights' last byte
+};
+
+__device__ __forceinline__ void load_x(const GemmQArgs& p, int64_t col0, int64_t k0, __half* s_x) {
+#pragma unroll
+  for (int i = 0; i < kXCopies; ++i) {
+    const int c = static_cast<int>(threadIdx.x) + i * kThreads;
+    const int col = c / (kChunk / 8), part = c % (kChunk / 8);
+    const bool ok = col0 + col < p.n;
+    const __half* src = p.x + (ok ? col0 + col : 0) * p.k + k0 + part * 8;
+    cp_async_16(smem_addr(s_x + col * kXStride + part * 8), src, ok ? 16 : 0);
+  }
+}
+
+// cp.async of the raw weight segments of chunk k0 for the block's kBM rows: each row's segment from
+// its 16-byte-aligned start (rows past m and bytes past the weights are zero-filled).
+template <class D>
+__device__ __forceinline__ void load_w(const GemmQArgs& p, int64_t row0, int64_t k0, unsigned char* s_w) {
+  constexpr int64_t kSegBytes = kChunk / D::kBlock * D::kBytes;
+  static_assert(kSegBytes + 15 + 16 <= kRawStride + 16, "a segment fits its row of pieces");
+  for (int i = static_cast<int>(threadIdx.x); i < kBM * kRawPieces; i += kThreads) {
+    const int r = i / kRawPieces, piece = i % kRawPieces;
+    const int64_t row = row0 + r;
+    const char* seg = p.a + (row < p.m ? row : 0) * p.a_nb1 + (k0 / D::kBlock) * D::kBytes;
+    const char* src = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(seg) & ~uintptr_t{15}) + 16 * piece;
+    const int64_t left = p.a_end - src;
+    const int bytes = row < p.m && src < seg + kSegBytes ? static_cast<int>(left < 16 ? (left > 0 ? left : 0) : 16) : 0;
+    cp_async_16(smem_addr(s_w + r * kRawStride + 16 * piece), bytes > 0 ? src : p.a, bytes);
+  }
+}
+
+// Eight weights k .. k+7 (k relative to the chunk) of a staged row as four f16x2.
+template <class D>
+__device__ __forceinline__ void dequant8(const unsigned char* raw, int k, uint32_t (&w)[4]) {
+  float f[8];
+  D::run(raw + (k / D::kBlock) * D::kBytes, k % D::kBlock, f);
+  w[0] = pack_half2(f[0], f[1]);
+  w[1] = pack_half2(f[2], f[3]);
+  w[2] = pack_half2(f[4], f[5]);
+  w[3] = pack_half2(f[6], f[7]);
+}
+
+template <class D>
+__global__ void __launch_bounds__(kThreads, 1) gemm_q_kernel(GemmQArgs p) {
+  // pdl_wait later: the first weight chunk is requested first (no kernel writes weights)
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  unsigned char* s_w = smem_raw;                                           // [2][kBM][kRawStride]
+  auto* s_x = reinterpret_cast<__half*>(smem_raw + 2 * kWStageBytes);      // [2][kBN][kXStride]
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize, lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int g = lane / 4, c = lane % 4;
+  const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kBN, row0 = static_cast<int64_t>(blockIdx.y) * kBM;
+  const int64_t k_begin = static_cast<int64_t>(blockIdx.z) * p.k_split;
+  const int64_t k_end = p.k < k_begin + p.k_split ? p.k : k_begin + p.k_split;
+  // This thread's two rows of the warp's 16; misalign(r, k0): where row r's segment of chunk k0
+  // starts in its staged pieces.
+  const int r_lo = warp * 16 + g, r_hi = r_lo + 8;
+  auto misalign = [&](int r, int64_t k0) {
+    const int64_t row = row0 + r < p.m ? row0 + r : 0;
+    return static_cast<int>(reinterpret_cast<uintptr_t>(p.a + row * p.a_nb1 + (k0 / D::kBlock) * D::kBytes) & 15);
+  };
+
+  load_w<D>(p, row0, k_begin, s_w);
+  pdl_wait();
+  load_x(p, col0, k_begin, s_x);
+  cp_async_commit();
+
+  float acc[kNTiles][4];
+#pragma unroll
+  for (int i = 0; i < kNTiles; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+
+  int stage = 0;
+  for (int64_t k0 = k_begin; k0 < k_end; k0 += kChunk, stage ^= 1) {
+    if (k0 + kChunk < k_end) {
+      load_w<D>(p, row0, k0 + kChunk, s_w + (stage ^ 1) * kWStageBytes);
+      load_x(p, col0, k0 + kChunk, s_x + (stage ^ 1) * kBN * kXStride);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();  // this stage's bytes (the next stage's may still be in flight)
+    __syncthreads();
+    const unsigned char* w_lo = s_w + stage * kWStageBytes + r_lo * kRawStride + misalign(r_lo, k0);
+    const unsigned char* w_hi = s_w + stage * kWStageBytes + r_hi * kRawStride + misalign(r_hi, k0);
+    const __half* xs = s_x + stage * kBN * kXStride + g * kXStride + 8 * c;
+#pragma unroll 2
+    for (int j = 0; j < kChunk / 32; ++j) {
+      uint32_t wl[4], wh[4];
+      dequant8<D>(w_lo, 32 * j + 8 * c, wl);
+      dequant8<D>(w_hi, 32 * j + 8 * c, wh);
+      const uint32_t a0[4] = {wl[0], wh[0], wl[1], wh[1]};
+      const uint32_t a1[4] = {wl[2], wh[2], wl[3], wh[3]};
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) {
+        const uint4 xv = *reinterpret_cast<const uint4*>(xs + nt * 8 * kXStride + 32 * j);
+        mma_16816(acc[nt], a0, xv.x, xv.y);
+        mma_16816(acc[nt], a1, xv.z, xv.w);
+      }
+    }
+    __syncthreads();  // every warp is done with this stage before it is refilled
+  }
+
+  // C fragment: rows g, g + 8 of the warp's 16, columns 2c, 2c + 1 of each n8 tile.
+  float* out = p.out + static_cast<int64_t>(blockIdx.z) * p.m * p.n;
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t row = row0 + (e < 2 ? r_lo : r_hi);
+      const int64_t col = col0 + nt * 8 + 2 * c + (e & 1);
+      if (row < p.m && col < p.n) out[col * p.m + row] = acc[nt][e];
+    }
+}
+
+// dst[i] = sum over splits s = 0, 1, ... of part[s][i], in that order.
+__global__ void gemm_q_reduce_kernel(float* dst, const float* part, int64_t count, int splits) {
+  pdl_wait();
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float s = part[i];
+    for (int j = 1; j < splits; ++j) s += part[j * count + i];
+    dst[i] = s;
+  }
+}
+
+struct GemmQShape {
+  int64_t m, n, k, col_tiles, row_tiles;
+  int splits;
+  int64_t k_split;
+};
+
+GemmQShape shape_of(const Tensor* dst) {
+  const Tensor* a = dst->src[0];
+  const Tensor* b = dst->src[1];
+  GemmQShape s{a->ne[1], b->ne[1] * b->ne[2] * b->ne[3], a->ne[0], 0, 0, 1, 0};
+  s.col_tiles = (s.n + kBN - 1) / kBN;
+  s.row_tiles = (s.m + kBM - 1) / kBM;
+  const int64_t chunks = s.k / kChunk;
+  const int64_t want = (kTargetBlocks + s.col_tiles * s.row_tiles - 1) / (s.col_tiles * s.row_tiles);
+  const int64_t per_split = (chunks + std::clamp<int64_t>(want, 1, kMaxSplits) - 1) / std::clamp<int64_t>(want, 1, kMaxSplits);
+  s.k_split = per_split * kChunk;
+  s.splits = static_cast<int>((chunks + per_split - 1) / per_split);
+  return s;
+}
+
+}  // namespace
+
+bool gemm_q_supported(const Tensor* dst) {
+  const Tensor* a = dst->src[0];
+  const Tensor* b = dst->src[1];
+  if (!dtype_is_quantized(a->type) || a->ne[2] != 1 || a->ne[3] != 1 || !dst->is_contiguous()) return false;
+  if (a->ne[0] % kChunk != 0 || b->ne[0] != a->ne[0]) return false;
+  const GemmQShape s = shape_of(dst);
+  return s.col_tiles <= INT32_MAX && s.row_tiles <= kMaxGridYZ;
+}
+
+size_t gemm_q_partial_bytes(const Tensor* dst) {
+  const GemmQShape s = shape_of(dst);
+  return s.splits > 1 ? static_cast<size_t>(s.splits) * static_cast<size_t>(s.m * s.n) * sizeof(float) : 0;
+}
+
+CudaError launch_gemm_q(const LaunchContext& ctx, const Tensor* dst, const __half* x16, float* partial) {
+  const Tensor* a = dst->src[0];
+  const GemmQShape s = shape_of(dst);
+  if (s.splits > 1 && !partial)
+    return CudaError::runtime(cudaErrorInvalidValue, "mul_mat: no scratch for the split sums", __FILE__, __LINE__);
+  GemmQArgs p{s.splits > 1 ? partial : static_cast<float*>(dst->data), static_cast<const char*>(a->data),
+              static_cast<int64_t>(a->nb[1]), x16, s.m, s.n, s.k, s.k_split,
+              static_cast<const char*>(a->data) + (s.m - 1) * static_cast<int64_t>(a->nb[1]) +
+                  static_cast<int64_t>(a->ne[0] / dtype_block_size(a->type) * dtype_type_size(a->type))};
+  const dim3 grid(static_cast<unsigned>(s.col_tiles), static_cast<unsigned>(s.row_tiles),
+                  static_cast<unsigned>(s.splits));
+  const CudaError e = visit_quant_type(
+      a->type, CudaError::runtime(cudaErrorInvalidValue, "mul_mat: not a quantized weight", __FILE__, __LINE__),
+      [&](auto q) -> CudaError {
+        auto* kernel = gemm_q_kernel<typename decltype(q)::Dequant8>;
+        static_assert(kSmemBytes <= 227 * 1024);
+        LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(kSmemBytes)));
+        kernel<<<grid, kThreads, kSmemBytes, ctx.stream>>>(p);
+        LOOM_CUDA_CHECK_LAUNCH("gemm_q_kernel");
+        return {};
+      });
+  if (!e.ok() || s.splits == 1) return e;
+  constexpr int kReduceThreads = 256;
+  gemm_q_reduce_kernel<<<grid_for(s.m * s.n, kReduceThreads), kReduceThreads, 0, ctx.stream>>>(
+      static_cast<float*>(dst->data), partial, s.m * s.n, s.splits);
+  LOOM_CUDA_CHECK_LAUNCH("gemm_q_reduce_kernel");
+  return {};
+}
+
+}  // namespace loom::cuda
