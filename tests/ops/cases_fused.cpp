@@ -478,7 +478,9 @@ void add_gather_flash_attn(CaseList& cases, const GatherAttnCase& c) {
                                  c.n_seqs, c.n_kv, n_cells * hkv);
   if (c.softcap > 0.0f) desc += fmt::format(" softcap={:g}", c.softcap);
   if (c.store) desc += " (stores first)";
-  OpCase oc{"gather_flash_attn", desc, kNmseFlashAttn, build, ref, 0.0, FusedKind::gather_flash_attn};
+  // 2 d per (query head, slot) for Q K^T and as many for P V (masked slots counted: an upper bound)
+  const double flops = 4.0 * static_cast<double>(c.d * c.n_kv * c.n_head * c.n_seqs);
+  OpCase oc{"gather_flash_attn", desc, kNmseFlashAttn, build, ref, flops, FusedKind::gather_flash_attn};
   oc.fusion_fast_only = true;
   cases.push_back(std::move(oc));
 }
@@ -499,7 +501,8 @@ void add_fused_cases(CaseList& cases, CaseSet set) {
     add_rope_set_rows(cases, {128, 32, 8, 1, 4096, DType::f16, rope_params(RopeMode::neox, 128, 500000.0f)});
     add_scale_mask_soft_max(cases, {4096, 1, 32, 1}, {4096, 1, 1, 1}, 0.088f, 0.0f, 1.0f);
     add_moe_route(cases, 128, 8, 1, true);
-    add_gather_flash_attn(cases, {128, 32, 8, 64, 1024});  // loom bench -npl 64 on an 8B model
+    // loom bench -npl 64 -npp 128 -ntg 32 on an 8B model: 64 sequences over a 256-slot bucket
+    add_gather_flash_attn(cases, {128, 32, 8, 64, 256});
     return;
   }
 
