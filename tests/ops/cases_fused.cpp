@@ -342,8 +342,8 @@ struct GatherAttnCase {
 // first cell (masked). Each sequence's last visible slot is a cell of its own (its new token's).
 struct SlotTable {
   int64_t n_cells = 0;
-  std::vector<int64_t> len;                 // visible slots per sequence
-  std::vector<std::vector<int64_t>> cell;   // [seq][slot]
+  std::vector<int64_t> len;                // visible slots per sequence
+  std::vector<std::vector<int64_t>> cell;  // [seq][slot]
 };
 
 SlotTable slot_table(const GatherAttnCase& c) {
@@ -352,16 +352,20 @@ SlotTable slot_table(const GatherAttnCase& c) {
   std::vector<int64_t> perm(static_cast<size_t>(t.n_cells));
   std::iota(perm.begin(), perm.end(), 0);
   Rng rng(0x5107 + static_cast<uint64_t>(c.n_kv * 31 + c.n_seqs));
-  for (int64_t i = t.n_cells - 1; i > 0; --i) std::swap(perm[static_cast<size_t>(i)], perm[static_cast<size_t>(rng.below(i + 1))]);
+  for (int64_t i = t.n_cells - 1; i > 0; --i)
+    std::swap(perm[static_cast<size_t>(i)], perm[static_cast<size_t>(rng.below(i + 1))]);
   size_t next = 0;
   for (int64_t s = 0; s < c.n_seqs; ++s) {
     const int64_t len = s == 0 ? c.n_kv : std::max<int64_t>(2, c.n_kv - (s * 37) % c.n_kv);
     const int64_t shared = s % 2 == 1 ? std::min(len, t.len.back()) / 2 : 0;
     std::vector<int64_t> cells(static_cast<size_t>(c.n_kv));
     for (int64_t j = 0; j < c.n_kv; ++j) {
-      if (j < shared) cells[j] = t.cell.back()[j];
-      else if (j < len) cells[j] = perm[next++];
-      else cells[j] = cells[0];
+      if (j < shared)
+        cells[j] = t.cell.back()[j];
+      else if (j < len)
+        cells[j] = perm[next++];
+      else
+        cells[j] = cells[0];
     }
     t.len.push_back(len);
     t.cell.push_back(std::move(cells));
@@ -383,38 +387,41 @@ void add_gather_flash_attn(CaseList& cases, const GatherAttnCase& c) {
     Tensor* q = in.uniform(DType::f32, {c.d, c.n_head, c.n_seqs, 1});  // [d, H, T], as rope leaves it
     Tensor* cache_k = in.uniform(DType::f16, {c.d, n_cells, hkv, 1});
     Tensor* cache_v = in.uniform(DType::f16, {c.d, n_cells, hkv, 1});
-    Tensor* idx = in.custom(DType::i32, {n_rows, 1, 1, 1}, [c, slots](Rng&, const Shape&, std::vector<float>& v) {
-      for (int64_t s = 0; s < c.n_seqs; ++s)
-        for (int64_t h = 0; h < c.n_head_kv; ++h)
-          for (int64_t j = 0; j < c.n_kv; ++j)
-            v[static_cast<size_t>(j + c.n_kv * (h + c.n_head_kv * s))] =
-                static_cast<float>(h * slots.n_cells + slots.cell[s][j]);
-    });
-    Tensor* mask = in.custom(DType::f32, {c.n_kv, 1, 1, c.n_seqs}, [slots](Rng& rng, const Shape& sh,
-                                                                         std::vector<float>& v) {
-      for (int64_t s = 0; s < sh[3]; ++s)
-        for (int64_t j = 0; j < sh[0]; ++j) {
-          const int64_t len = slots.len[s];
-          const bool hidden = j >= len || (j + 1 < len && rng.unit() < 0.15);  // the own token is visible
-          v[static_cast<size_t>(s * sh[0] + j)] = hidden ? -INFINITY : rng.uniform(-1.0f, 0.0f);
-        }
-    });
+    Tensor* idx =
+        in.custom(DType::i32, {n_rows, 1, 1, 1}, [c, slots](Rng&, const Shape&, std::vector<float>& v) {
+          for (int64_t s = 0; s < c.n_seqs; ++s)
+            for (int64_t h = 0; h < c.n_head_kv; ++h)
+              for (int64_t j = 0; j < c.n_kv; ++j)
+                v[static_cast<size_t>(j + c.n_kv * (h + c.n_head_kv * s))] =
+                    static_cast<float>(h * slots.n_cells + slots.cell[s][j]);
+        });
+    Tensor* mask = in.custom(
+        DType::f32, {c.n_kv, 1, 1, c.n_seqs}, [slots](Rng& rng, const Shape& sh, std::vector<float>& v) {
+          for (int64_t s = 0; s < sh[3]; ++s)
+            for (int64_t j = 0; j < sh[0]; ++j) {
+              const int64_t len = slots.len[s];
+              const bool hidden = j >= len || (j + 1 < len && rng.unit() < 0.15);  // the own token is visible
+              v[static_cast<size_t>(s * sh[0] + j)] = hidden ? -INFINITY : rng.uniform(-1.0f, 0.0f);
+            }
+        });
     Tensor* stored_k = cache_k;
     Tensor* stored_v = cache_v;
     if (c.store) {
       Tensor* k_new = in.uniform(DType::f32, {c.d, hkv, c.n_seqs, 1});
       Tensor* v_new = in.uniform(DType::f32, {c.d, hkv, c.n_seqs, 1});
-      Tensor* cells = in.custom(DType::i32, {c.n_seqs, 1, 1, 1}, [slots](Rng&, const Shape&, std::vector<float>& v) {
-        for (size_t s = 0; s < v.size(); ++s)
-          v[s] = static_cast<float>(slots.cell[s][static_cast<size_t>(slots.len[s] - 1)]);
-      });
+      Tensor* cells =
+          in.custom(DType::i32, {c.n_seqs, 1, 1, 1}, [slots](Rng&, const Shape&, std::vector<float>& v) {
+            for (size_t s = 0; s < v.size(); ++s)
+              v[s] = static_cast<float>(slots.cell[s][static_cast<size_t>(slots.len[s] - 1)]);
+          });
       stored_k = set_rows(g, cache_k, permute(g, k_new, 0, 2, 1, 3), cells);
       stored_v = set_rows(g, cache_v, permute(g, v_new, 0, 2, 1, 3), cells);
       if (!stored_k || !stored_v) return nullptr;
     }
     auto gathered = [&](Tensor* stored) {
       const size_t row = stored->nb[1], rows = static_cast<size_t>(n_cells * hkv);
-      Tensor* r = view(g, stored, {c.d, n_cells * hkv, 1, 1}, {stored->nb[0], row, row * rows, row * rows}, 0);
+      Tensor* r =
+          view(g, stored, {c.d, n_cells * hkv, 1, 1}, {stored->nb[0], row, row * rows, row * rows}, 0);
       return reshape(g, get_rows(g, r, idx), {c.d, c.n_kv, hkv, c.n_seqs});
     };
     Tensor* keys = gathered(stored_k);
@@ -474,8 +481,8 @@ void add_gather_flash_attn(CaseList& cases, const GatherAttnCase& c) {
     if (!c.store) return out;
     return concat_results({&out, &ck, &cv});
   };
-  std::string desc = fmt::format("d={} heads={}/{} seqs={} n_kv={} f16 store[{}] i32 rows", c.d, c.n_head, hkv,
-                                 c.n_seqs, c.n_kv, n_cells * hkv);
+  std::string desc = fmt::format("d={} heads={}/{} seqs={} n_kv={} f16 store[{}] i32 rows", c.d, c.n_head,
+                                 hkv, c.n_seqs, c.n_kv, n_cells * hkv);
   if (c.softcap > 0.0f) desc += fmt::format(" softcap={:g}", c.softcap);
   if (c.store) desc += " (stores first)";
   // 2 d per (query head, slot) for Q K^T and as many for P V (masked slots counted: an upper bound)

@@ -342,8 +342,8 @@ Comparison compare_results(const BackendResult& a, const std::vector<double>& ex
 }  // namespace
 
 double case_threshold(const OpCase& c, const RunSettings& run) {
-  static const char* const kTensorCoreOps[] = {"mul_mat",       "mul_mat_id",  "flash_attn",
-                                               "mat_vec_bias",  "mat_vec_multi", "glu_mat_vec",
+  static const char* const kTensorCoreOps[] = {"mul_mat",          "mul_mat_id",    "flash_attn",
+                                               "mat_vec_bias",     "mat_vec_multi", "glu_mat_vec",
                                                "gather_flash_attn"};
   if (!run.fast) return c.max_nmse;
   for (const char* op : kTensorCoreOps)

@@ -293,8 +293,8 @@ struct GatheredAttention {
     Tensor* mask = g.input(DType::f32, {n_kv, 1, 1, n_seqs}, "mask");
     get_k = get_rows(g, view(g, cache_k, cache_k->ne, cache_k->nb, 0), idx);
     get_v = get_rows(g, view(g, cache_v, cache_v->ne, cache_v->nb, 0), idx);
-    out = flash_attn(g, q, reshape(g, get_k, {d, n_kv, hkv, n_seqs}), reshape(g, get_v, {d, n_kv, hkv, n_seqs}),
-                     mask, 0.125f);
+    out = flash_attn(g, q, reshape(g, get_k, {d, n_kv, hkv, n_seqs}),
+                     reshape(g, get_v, {d, n_kv, hkv, n_seqs}), mask, 0.125f);
     g.mark_output(out);
     if (extra_reader_of_keys) g.mark_output(sum_rows(g, get_k));
     auto a = allocate_graph(g, cpu_buffer_type());

@@ -191,7 +191,9 @@ TEST_F(LlmBatch, PagedDecodeEqualsContiguous) {
 // A backend that has one fused kernel: gather_flash_attn.
 class GatherAttentionOnly final : public exec::FusionSupport {
  public:
-  bool supports_fused(const exec::Dispatch& d) const override { return d.kind == FusedKind::gather_flash_attn; }
+  bool supports_fused(const exec::Dispatch& d) const override {
+    return d.kind == FusedKind::gather_flash_attn;
+  }
 };
 
 // The batched decode step's graph (StepBuilder over a paged cache, one token of each of 4

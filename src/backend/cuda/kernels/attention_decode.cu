@@ -76,8 +76,8 @@ __device__ __forceinline__ void unpack8(const uint4& raw, float (&f)[8]) {
 /// with kGather the row of the store the index names. An index outside the store gives NaN halves, as
 /// get_rows gives NaN there: never a wild read.
 template <bool kGather>
-__device__ __forceinline__ uint4 kv_load(const TensorDesc& t, const int32_t* idx, int64_t store_rows, int64_t j,
-                                         int64_t hk, int64_t i3, int sub) {
+__device__ __forceinline__ uint4 kv_load(const TensorDesc& t, const int32_t* idx, int64_t store_rows,
+                                         int64_t j, int64_t hk, int64_t i3, int sub) {
   if constexpr (kGather) {
     const int32_t row = __ldg(idx + j + t.ne[1] * (hk + t.ne[2] * i3));
     if (row < 0 || row >= store_rows) return make_uint4(~0u, ~0u, ~0u, ~0u);
@@ -169,8 +169,10 @@ __global__ void __launch_bounds__(kDecThreads) flash_decode_kernel(const __grid_
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t j = j0 + slot + u * kStride;
-      kraw[u] = any[u] ? kv_load<kGather>(a.k, a.k_idx, a.k_store_rows, j, hk, i3, sub) : make_uint4(0, 0, 0, 0);
-      vraw[u] = any[u] ? kv_load<kGather>(a.v, a.v_idx, a.v_store_rows, j, hk, i3, sub) : make_uint4(0, 0, 0, 0);
+      kraw[u] =
+          any[u] ? kv_load<kGather>(a.k, a.k_idx, a.k_store_rows, j, hk, i3, sub) : make_uint4(0, 0, 0, 0);
+      vraw[u] =
+          any[u] ? kv_load<kGather>(a.v, a.v_idx, a.v_store_rows, j, hk, i3, sub) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -325,8 +327,9 @@ TensorDesc kv_desc(const Tensor* operand, const Tensor* store) {
 
 template <bool kGather>
 auto decode_kernel_for(int64_t d) {
-  return d == 64 ? flash_decode_kernel<8, kGather> : d == 128 ? flash_decode_kernel<16, kGather>
-                                                               : flash_decode_kernel<32, kGather>;
+  return d == 64    ? flash_decode_kernel<8, kGather>
+         : d == 128 ? flash_decode_kernel<16, kGather>
+                    : flash_decode_kernel<32, kGather>;
 }
 
 }  // namespace
@@ -350,7 +353,8 @@ bool flash_attn_decode_supported(const Tensor* dst, const FlashAttnRows* rows) {
     return false;
   if (k_rows->nb[0] != 2 || v_rows->nb[0] != 2 || k_rows->nb[1] % 16 != 0 || v_rows->nb[1] % 16 != 0)
     return false;
-  if (rows ? !gathered_rows_ok(rows->k_store, rows->k_idx, k) || !gathered_rows_ok(rows->v_store, rows->v_idx, v)
+  if (rows ? !gathered_rows_ok(rows->k_store, rows->k_idx, k) ||
+                 !gathered_rows_ok(rows->v_store, rows->v_idx, v)
            : k->nb[2] % 16 != 0 || v->nb[2] % 16 != 0 || k->nb[3] % 16 != 0 || v->nb[3] % 16 != 0)
     return false;
   if (k->ne[2] <= 0 || q->ne[2] % k->ne[2] != 0 || v->ne[1] != k->ne[1] || v->ne[2] != k->ne[2] ||

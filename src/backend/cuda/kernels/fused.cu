@@ -561,7 +561,8 @@ bool gather_flash_attn_ok(const Tensor* const* n, bool fast) {
   const Tensor* k = fa->src[1];
   const Tensor* v = fa->src[2];
   if (!is_reshape_of(k, get_k, k->ne) || !is_reshape_of(v, get_v, v->ne) || get_k->ne[0] != k->ne[0] ||
-      get_v->ne[0] != v->ne[0] || get_k->nelements() != k->nelements() || get_v->nelements() != v->nelements())
+      get_v->ne[0] != v->ne[0] || get_k->nelements() != k->nelements() ||
+      get_v->nelements() != v->nelements())
     return false;
   if (fa->src[0]->ne[1] >= kFlashAttnMmaMinQueries) return false;  // the decode kernel's query counts
   const FlashAttnRows rows{get_k->src[0], get_k->src[1], get_v->src[0], get_v->src[1]};
