@@ -17,11 +17,11 @@
 // on an 8B layer that is 16 MB, ~4 us at the H200's 4,350 GB/s.
 //
 // Gathered K/V (the gather_flash_attn fusion, a batched step over a paged cache): each key's row is
-// looked up in an i32 index and read from the f16 cache store in place, instead of get_rows writing
-// an f32 copy of every sequence's rows (4 bytes per element written, then read by the slow generic
-// kernel, which takes only f16 K/V in the fast path). A template flag, so the contiguous path
-// compiles as before; the index load is one more 4-byte load per key and lane group, issued with the
-// K/V loads of the unrolled keys (only for keys some row sees).
+// looked up in an i32 index and read from the f16 cache store in place. Unfused, get_rows writes an
+// f32 copy of every sequence's rows (4 bytes per element written, then read again), and f32 K/V
+// send the attention to the slow generic kernel, since this one takes f16 only. A template flag, so
+// the contiguous path compiles as before; the index load is one more 4-byte load per key and lane
+// group, issued with the K/V loads of the unrolled keys (only for keys some row sees).
 #include <algorithm>
 
 #include "attention.cuh"
