@@ -21,7 +21,8 @@
 // f32 copy of every sequence's rows (4 bytes per element written, then read again), and f32 K/V
 // send the attention to the slow generic kernel, since this one takes f16 only. A template flag, so
 // the contiguous path compiles as before; the index load is one more 4-byte load per key and lane
-// group, issued with the K/V loads of the unrolled keys (only for keys some row sees).
+// group, issued with the mask loads of the unrolled keys so that it adds no step to the chain of
+// dependent loads before a key's K/V.
 #include <algorithm>
 
 #include "attention.cuh"
@@ -73,13 +74,12 @@ __device__ __forceinline__ void unpack8(const uint4& raw, float (&f)[8]) {
 }
 
 /// Lane `sub`'s 16 bytes of key (or value) j of KV head hk, sequence i3: element (j, hk, i3) of t, or
-/// with kGather the row of the store the index names. An index outside the store gives NaN halves, as
-/// get_rows gives NaN there: never a wild read.
+/// with kGather row `row` of the store (the index's entry for the key). An index outside the store
+/// gives NaN halves, as get_rows gives NaN there: never a wild read.
 template <bool kGather>
-__device__ __forceinline__ uint4 kv_load(const TensorDesc& t, const int32_t* idx, int64_t store_rows,
-                                         int64_t j, int64_t hk, int64_t i3, int sub) {
+__device__ __forceinline__ uint4 kv_load(const TensorDesc& t, int32_t row, int64_t store_rows, int64_t j,
+                                         int64_t hk, int64_t i3, int sub) {
   if constexpr (kGather) {
-    const int32_t row = __ldg(idx + j + t.ne[1] * (hk + t.ne[2] * i3));
     if (row < 0 || row >= store_rows) return make_uint4(~0u, ~0u, ~0u, ~0u);
     return __ldg(reinterpret_cast<const uint4*>(t.data + row * t.nb[1]) + sub);
   } else {
@@ -144,16 +144,25 @@ __global__ void __launch_bounds__(kDecThreads) flash_decode_kernel(const __grid_
   const int64_t j_begin = split * a.keys_per_split;
   const int64_t j_end = min(n_kv, j_begin + a.keys_per_split);
   constexpr int kStride = kDecWarps * kKpw;  // keys the block takes at once
+  // gathered K/V: this KV head's and sequence's entries of the row indices
+  const int64_t idx_base = kGather ? n_kv * (hk + n_kv_heads * i3) : 0;
   // kUnroll keys per lane group per iteration: their masks, then their K/V loads all in flight
   // before the first is used (a dependent load per key left the split latency-bound)
   // (the bound is uniform over the warp: every lane reaches the shuffles below)
   for (int64_t j0 = j_begin + warp * kKpw; j0 < j_end; j0 += kStride * kUnroll) {
     float mv[kUnroll][kRows];
     bool any[kUnroll];
+    // gathered K/V: the keys' rows are looked up beside the masks (masked keys too), so the K/V
+    // loads below wait on one load before them, as they do for contiguous K/V
+    int32_t k_row[kUnroll] = {}, v_row[kUnroll] = {};
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t j = j0 + slot + u * kStride;
       const bool in_range = j < j_end;
+      if (kGather && in_range) {
+        k_row[u] = __ldg(a.k_idx + idx_base + j);
+        v_row[u] = __ldg(a.v_idx + idx_base + j);
+      }
       any[u] = false;
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
@@ -169,10 +178,8 @@ __global__ void __launch_bounds__(kDecThreads) flash_decode_kernel(const __grid_
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t j = j0 + slot + u * kStride;
-      kraw[u] =
-          any[u] ? kv_load<kGather>(a.k, a.k_idx, a.k_store_rows, j, hk, i3, sub) : make_uint4(0, 0, 0, 0);
-      vraw[u] =
-          any[u] ? kv_load<kGather>(a.v, a.v_idx, a.v_store_rows, j, hk, i3, sub) : make_uint4(0, 0, 0, 0);
+      kraw[u] = any[u] ? kv_load<kGather>(a.k, k_row[u], a.k_store_rows, j, hk, i3, sub) : make_uint4(0, 0, 0, 0);
+      vraw[u] = any[u] ? kv_load<kGather>(a.v, v_row[u], a.v_store_rows, j, hk, i3, sub) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
