@@ -178,8 +178,10 @@ __global__ void __launch_bounds__(kDecThreads) flash_decode_kernel(const __grid_
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t j = j0 + slot + u * kStride;
-      kraw[u] = any[u] ? kv_load<kGather>(a.k, k_row[u], a.k_store_rows, j, hk, i3, sub) : make_uint4(0, 0, 0, 0);
-      vraw[u] = any[u] ? kv_load<kGather>(a.v, v_row[u], a.v_store_rows, j, hk, i3, sub) : make_uint4(0, 0, 0, 0);
+      kraw[u] =
+          any[u] ? kv_load<kGather>(a.k, k_row[u], a.k_store_rows, j, hk, i3, sub) : make_uint4(0, 0, 0, 0);
+      vraw[u] =
+          any[u] ? kv_load<kGather>(a.v, v_row[u], a.v_store_rows, j, hk, i3, sub) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
