@@ -27,6 +27,7 @@ enum class FusedKind : uint8_t {
   scale_mask_soft_max,  ///< soft_max(scale(x) + mask)
   moe_route,            ///< soft_max -> top_k -> gather weights (-> normalise): ids and weights
   mat_vec_multi,        ///< 2-3 mul_mats of one activation (Q, K, V): one quantization, one kernel
+  gather_flash_attn,    ///< flash_attn over K/V rows gathered by get_rows: the rows read in place
   count_,
 };
 inline constexpr int kFusedKindCount = static_cast<int>(FusedKind::count_);

@@ -21,6 +21,12 @@
 //                                                             top_k ids; div = div(view(get_rows), sum_rows)
 //   mat_vec_multi        {mm0, mm1, mm2 or null}              kept: all. mul_mats with the same activations
 //                                                             (src[1]) and weights of one type
+//   gather_flash_attn    {get_rows_k, get_rows_v, flash_attn} kept: flash_attn. Its K (src[1]) and V (src[2])
+//                                                             are views of get_rows_k / get_rows_v (the
+//                                                             batched step's gathered cache rows:
+//                                                             get_rows(view(store), idx) reshaped to
+//                                                             [d, n_kv, n_head_kv, n_seqs]); the kernel
+//                                                             reads the rows through the indices
 #pragma once
 
 #include <array>

@@ -19,6 +19,7 @@ const char* fused_kind_name(FusedKind k) {
     case FusedKind::scale_mask_soft_max: return "scale_mask_soft_max";
     case FusedKind::moe_route: return "moe_route";
     case FusedKind::mat_vec_multi: return "mat_vec_multi";
+    case FusedKind::gather_flash_attn: return "gather_flash_attn";
     case FusedKind::count_: break;
   }
   return "?";

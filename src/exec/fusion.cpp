@@ -37,6 +37,7 @@ class Matcher {
   void run() {
     // Longer patterns first, so add_rms_norm_mul wins over the rms_norm_mul inside it.
     for (size_t i = 0; i < plan_.dispatches.size(); ++i) try_moe_route(i);
+    for (size_t i = 0; i < plan_.dispatches.size(); ++i) try_gather_flash_attn(i);
     for (size_t i = 0; i < plan_.dispatches.size(); ++i) try_add_rms_norm_mul(i);
     for (size_t i = 0; i < plan_.dispatches.size(); ++i) try_rms_norm_mul(i);
     for (size_t i = 0; i < plan_.dispatches.size(); ++i) try_glu_mat_vec(i);
@@ -248,6 +249,24 @@ class Matcher {
       return;
     }
     commit(FusedKind::moe_route, {sm, top_k, get_rows}, {false, true, true});
+  }
+
+  // flash_attn over gathered K/V (StepBuilder::attention with shape.gather): K and V are views of
+  // get_rows outputs that nothing else reads, so the attention kernel can follow the row indices
+  // into the cache store itself instead of reading an f32 copy the gathers wrote. The backend
+  // checks the types and shapes (f16 rows, i32 indices, the view a reshape of the whole gather).
+  void try_gather_flash_attn(size_t i) {
+    Tensor* fa = node_at(i);
+    if (!is(fa, OpKind::flash_attn) || live(fa) < 0) return;
+    auto gather_of = [&](const Tensor* kv) -> Tensor* {
+      if (!is(kv, OpKind::view)) return nullptr;
+      Tensor* rows = kv->view_src;
+      return is(rows, OpKind::get_rows) && sole_user(rows) == fa ? rows : nullptr;
+    };
+    Tensor* get_k = gather_of(fa->src[1]);
+    Tensor* get_v = gather_of(fa->src[2]);
+    if (!get_k || !get_v || get_k == get_v) return;
+    commit(FusedKind::gather_flash_attn, {get_k, get_v, fa}, {false, false, true});
   }
 
   Plan& plan_;

@@ -117,11 +117,6 @@ void add_rope(CaseList& cases, const RopeCase& c, bool perf) {
 
 // ---- flash_attn ---------------------------------------------------------------------------------------
 
-// Against float64 on the stored (dequantized) K/V: a kernel may round Q to f16 to meet f16 K and
-// accumulate V in f16; a score s ~ 3 rounded to 11 bits moves its softmax weight by ~1e-3
-// relative, NMSE ~1e-6. 1e-5 sits above that; a wrong head, key or mask entry is >= 1e-3.
-constexpr double kNmseFlashAttn = 1e-5;
-
 // NOLINTNEXTLINE(clang-analyzer-optin.performance.Padding): fields follow the order of the case table
 struct FlashCase {
   int64_t d, dv, n_q, n_kv, n_head, n_head_kv, ne3;

@@ -327,6 +327,171 @@ void add_moe_route(CaseList& cases, int64_t n_expert, int k, int64_t n_tokens, b
                    kNmseElementwise, build, ref, 0.0, FusedKind::moe_route});
 }
 
+// ---- gather_flash_attn -----------------------------------------------------------------------------
+
+// NOLINTNEXTLINE(clang-analyzer-optin.performance.Padding): fields follow the order of the case table
+struct GatherAttnCase {
+  int64_t d, n_head, n_head_kv, n_seqs, n_kv;
+  bool store = false;  // each sequence's new K/V row stored by set_rows first, as a decode step does
+  float softcap = 0.0f;
+};
+
+// Which cell each slot of each sequence reads, as the paged cache lays them out: a sequence's
+// cells scattered over the store, odd sequences sharing the first slots of the one before (a shared
+// prompt prefix: those rows are read by both), padding slots past a sequence's length reading its
+// first cell (masked). Each sequence's last visible slot is a cell of its own (its new token's).
+struct SlotTable {
+  int64_t n_cells = 0;
+  std::vector<int64_t> len;                // visible slots per sequence
+  std::vector<std::vector<int64_t>> cell;  // [seq][slot]
+};
+
+SlotTable slot_table(const GatherAttnCase& c) {
+  SlotTable t;
+  t.n_cells = c.n_seqs * c.n_kv + 7;
+  std::vector<int64_t> perm(static_cast<size_t>(t.n_cells));
+  std::iota(perm.begin(), perm.end(), 0);
+  Rng rng(0x5107 + static_cast<uint64_t>(c.n_kv * 31 + c.n_seqs));
+  for (int64_t i = t.n_cells - 1; i > 0; --i)
+    std::swap(perm[static_cast<size_t>(i)], perm[static_cast<size_t>(rng.below(i + 1))]);
+  size_t next = 0;
+  for (int64_t s = 0; s < c.n_seqs; ++s) {
+    const int64_t len = s == 0 ? c.n_kv : std::max<int64_t>(2, c.n_kv - (s * 37) % c.n_kv);
+    const int64_t shared = s % 2 == 1 ? std::min(len, t.len.back()) / 2 : 0;
+    std::vector<int64_t> cells(static_cast<size_t>(c.n_kv));
+    for (int64_t j = 0; j < c.n_kv; ++j) {
+      if (j < shared)
+        cells[j] = t.cell.back()[j];
+      else if (j < len)
+        cells[j] = perm[next++];
+      else
+        cells[j] = cells[0];
+    }
+    t.len.push_back(len);
+    t.cell.push_back(std::move(cells));
+  }
+  return t;
+}
+
+// StepBuilder::attention's gather branch (shape.gather, one token of each of n_seqs sequences):
+// each layer's f16 store viewed as rows [d, n_cells * n_head_kv], get_rows with the step's row
+// indices (row h * n_cells + cell for slot j of KV head h of sequence s), reshaped to
+// [d, n_kv, n_head_kv, n_seqs], and one flash_attn over all sequences with q [d, 1, n_head, n_seqs]
+// and the mask [n_kv, 1, 1, n_seqs]. With `store`, the new rows go into the caches first and the
+// gathers read views of the stores (both caches checked too).
+void add_gather_flash_attn(CaseList& cases, const GatherAttnCase& c) {
+  const SlotTable slots = slot_table(c);
+  const int64_t n_cells = slots.n_cells, hkv = c.n_head_kv, n_rows = c.n_kv * hkv * c.n_seqs;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
+  auto build = [c, slots, n_cells, hkv, n_rows, scale](Graph& g, CaseInputs& in) -> Tensor* {
+    Tensor* q = in.uniform(DType::f32, {c.d, c.n_head, c.n_seqs, 1});  // [d, H, T], as rope leaves it
+    Tensor* cache_k = in.uniform(DType::f16, {c.d, n_cells, hkv, 1});
+    Tensor* cache_v = in.uniform(DType::f16, {c.d, n_cells, hkv, 1});
+    Tensor* idx =
+        in.custom(DType::i32, {n_rows, 1, 1, 1}, [c, slots](Rng&, const Shape&, std::vector<float>& v) {
+          for (int64_t s = 0; s < c.n_seqs; ++s)
+            for (int64_t h = 0; h < c.n_head_kv; ++h)
+              for (int64_t j = 0; j < c.n_kv; ++j)
+                v[static_cast<size_t>(j + c.n_kv * (h + c.n_head_kv * s))] =
+                    static_cast<float>(h * slots.n_cells + slots.cell[s][j]);
+        });
+    Tensor* mask = in.custom(
+        DType::f32, {c.n_kv, 1, 1, c.n_seqs}, [slots](Rng& rng, const Shape& sh, std::vector<float>& v) {
+          for (int64_t s = 0; s < sh[3]; ++s)
+            for (int64_t j = 0; j < sh[0]; ++j) {
+              const int64_t len = slots.len[s];
+              const bool hidden = j >= len || (j + 1 < len && rng.unit() < 0.15);  // the own token is visible
+              v[static_cast<size_t>(s * sh[0] + j)] = hidden ? -INFINITY : rng.uniform(-1.0f, 0.0f);
+            }
+        });
+    Tensor* stored_k = cache_k;
+    Tensor* stored_v = cache_v;
+    if (c.store) {
+      Tensor* k_new = in.uniform(DType::f32, {c.d, hkv, c.n_seqs, 1});
+      Tensor* v_new = in.uniform(DType::f32, {c.d, hkv, c.n_seqs, 1});
+      Tensor* cells =
+          in.custom(DType::i32, {c.n_seqs, 1, 1, 1}, [slots](Rng&, const Shape&, std::vector<float>& v) {
+            for (size_t s = 0; s < v.size(); ++s)
+              v[s] = static_cast<float>(slots.cell[s][static_cast<size_t>(slots.len[s] - 1)]);
+          });
+      stored_k = set_rows(g, cache_k, permute(g, k_new, 0, 2, 1, 3), cells);
+      stored_v = set_rows(g, cache_v, permute(g, v_new, 0, 2, 1, 3), cells);
+      if (!stored_k || !stored_v) return nullptr;
+    }
+    auto gathered = [&](Tensor* stored) {
+      const size_t row = stored->nb[1], rows = static_cast<size_t>(n_cells * hkv);
+      Tensor* r =
+          view(g, stored, {c.d, n_cells * hkv, 1, 1}, {stored->nb[0], row, row * rows, row * rows}, 0);
+      return reshape(g, get_rows(g, r, idx), {c.d, c.n_kv, hkv, c.n_seqs});
+    };
+    Tensor* keys = gathered(stored_k);
+    Tensor* vals = gathered(stored_v);
+    Tensor* qs = permute(g, reshape(g, q, {c.d, c.n_head, 1, c.n_seqs}), 0, 2, 1, 3);  // [d, 1, H, S]
+    Tensor* out = flash_attn(g, qs, keys, vals, mask, scale, c.softcap);
+    if (c.store && out) {
+      g.mark_output(stored_k);
+      g.mark_output(stored_v);
+    }
+    return out;
+  };
+  auto ref = [c, slots, scale](const std::vector<RefTensor>& in) {
+    const RefTensor& q = in[0];
+    RefTensor ck = in[1], cv = in[2];
+    const RefTensor& mask = in[4];
+    if (c.store) {
+      const RefTensor k_new = ref_round_trip(in[5], DType::f16), v_new = ref_round_trip(in[6], DType::f16);
+      for (int64_t s = 0; s < c.n_seqs; ++s)
+        for (int64_t h = 0; h < c.n_head_kv; ++h) {
+          const auto cell = static_cast<int64_t>(in[7](s));
+          for (int64_t i = 0; i < c.d; ++i) {
+            ck(i, cell, h) = k_new(i, h, s);
+            cv(i, cell, h) = v_new(i, h, s);
+          }
+        }
+    }
+    const int64_t group = c.n_head / c.n_head_kv;
+    RefTensor out({c.d, c.n_head, 1, c.n_seqs});
+    std::vector<double> w(static_cast<size_t>(c.n_kv));
+    for (int64_t s = 0; s < c.n_seqs; ++s)
+      for (int64_t h = 0; h < c.n_head; ++h) {
+        const int64_t hk = h / group;
+        double mx = -INFINITY;
+        for (int64_t j = 0; j < c.n_kv; ++j) {
+          // the row the index names: cell r % n_cells of KV head r / n_cells
+          const auto r = static_cast<int64_t>(in[3](j + c.n_kv * (hk + c.n_head_kv * s)));
+          const int64_t cell = r % slots.n_cells, head = r / slots.n_cells;
+          double x = 0.0;
+          for (int64_t i = 0; i < c.d; ++i) x += q(i, h, s) * ck(i, cell, head);
+          x *= scale;
+          if (c.softcap > 0.0f) x = c.softcap * std::tanh(x / c.softcap);
+          w[j] = x + mask(j, 0, 0, s);
+          mx = std::max(mx, w[j]);
+        }
+        double sum = 0.0;
+        for (double& x : w) sum += (x = std::exp(x - mx));
+        for (int64_t i = 0; i < c.d; ++i) {
+          double acc = 0.0;
+          for (int64_t j = 0; j < c.n_kv; ++j) {
+            const auto r = static_cast<int64_t>(in[3](j + c.n_kv * (hk + c.n_head_kv * s)));
+            acc += w[j] * cv(i, r % slots.n_cells, r / slots.n_cells);
+          }
+          out(i, h, 0, s) = acc / sum;
+        }
+      }
+    if (!c.store) return out;
+    return concat_results({&out, &ck, &cv});
+  };
+  std::string desc = fmt::format("d={} heads={}/{} seqs={} n_kv={} f16 store[{}] i32 rows", c.d, c.n_head,
+                                 hkv, c.n_seqs, c.n_kv, n_cells * hkv);
+  if (c.softcap > 0.0f) desc += fmt::format(" softcap={:g}", c.softcap);
+  if (c.store) desc += " (stores first)";
+  // 2 d per (query head, slot) for Q K^T and as many for P V (masked slots counted: an upper bound)
+  const double flops = 4.0 * static_cast<double>(c.d * c.n_kv * c.n_head * c.n_seqs);
+  OpCase oc{"gather_flash_attn", desc, kNmseFlashAttn, build, ref, flops, FusedKind::gather_flash_attn};
+  oc.fusion_fast_only = true;
+  cases.push_back(std::move(oc));
+}
+
 }  // namespace
 
 void add_fused_cases(CaseList& cases, CaseSet set) {
@@ -343,6 +508,8 @@ void add_fused_cases(CaseList& cases, CaseSet set) {
     add_rope_set_rows(cases, {128, 32, 8, 1, 4096, DType::f16, rope_params(RopeMode::neox, 128, 500000.0f)});
     add_scale_mask_soft_max(cases, {4096, 1, 32, 1}, {4096, 1, 1, 1}, 0.088f, 0.0f, 1.0f);
     add_moe_route(cases, 128, 8, 1, true);
+    // loom bench -npl 64 -npp 128 -ntg 32 on an 8B model: 64 sequences over a 256-slot bucket
+    add_gather_flash_attn(cases, {128, 32, 8, 64, 256});
     return;
   }
 
@@ -413,6 +580,16 @@ void add_fused_cases(CaseList& cases, CaseSet set) {
   add_moe_route(cases, 60, 4, 7, false);  // Qwen2-MoE: 60 experts, 4 used
   add_moe_route(cases, 128, 8, 3, true);  // Qwen3-MoE: 128 experts, 8 used, normalised
   add_moe_route(cases, 256, 8, 2, true);  // DeepSeek-V3-sized router
+
+  // A batched decode step over a paged cache: GQA groups of 4 (whole row groups of the decode
+  // kernel) and 3 (a partial one), one key split and several (n_kv > 64: the scratch merge), the
+  // new rows stored first, softcap, head sizes 64, 128 and 256.
+  add_gather_flash_attn(cases, {128, 8, 2, 5, 40});
+  add_gather_flash_attn(cases, {128, 8, 2, 3, 300});
+  add_gather_flash_attn(cases, {128, 8, 2, 4, 70, true});
+  add_gather_flash_attn(cases, {64, 6, 2, 3, 100});
+  add_gather_flash_attn(cases, {64, 4, 4, 2, 17, true, 30.0f});
+  add_gather_flash_attn(cases, {256, 4, 1, 2, 129});
 }
 
 }  // namespace loom::optest

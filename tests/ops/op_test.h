@@ -142,6 +142,9 @@ struct OpCase {
   /// backend under test reports exec counters (computes > 0) with fusion on, the run fails unless
   /// its counters show at least one fusion of this kind.
   FusedKind expected_fusion = FusedKind::none;
+  /// expected_fusion is a fast-numerics kernel: a backend in the exact mode must not form it (it
+  /// keeps the unfused kernels' exact results), one in the fast mode must.
+  bool fusion_fast_only = false;
 };
 
 /// Which set of cases to register: small checked shapes, or large timed ones.
@@ -175,6 +178,12 @@ inline constexpr double kNmseExact = 1e-12;
 /// room for fast-math intrinsics on GPUs (relative error ~2^-21) while one wrong element among
 /// 10^5 still shows (NMSE ~1e-5).
 inline constexpr double kNmseElementwise = 1e-7;
+
+/// flash_attn (and the fused attention over gathered K/V), against float64 on the stored
+/// (dequantized) K/V: a kernel may round Q to f16 to meet f16 K and accumulate V in f16; a score
+/// s ~ 3 rounded to 11 bits moves its softmax weight by ~1e-3 relative, NMSE ~1e-6. 1e-5 sits above
+/// that; a wrong head, key or mask entry is >= 1e-3.
+inline constexpr double kNmseFlashAttn = 1e-5;
 
 /// rope with positions up to 1024: float32 angles pos * base^(-2i/n) carry a few ulps (or, computed
 /// by repeated multiplication, up to ~i ulps) of relative error, i.e. up to ~1e-3 rad at pos 1024,

@@ -220,6 +220,13 @@ Status check_expected_fusion(const OpCase& c, const Backend& backend, std::strin
     note += " (fusion off: not checked)";
     return {};
   }
+  if (c.fusion_fast_only && backend.numerics() != Numerics::fast) {
+    if (counters.fusions[k] != 0)
+      return make_error(StatusCode::internal, "fast-only fusion {} happened in the {} numerics mode",
+                        fused_kind_name(c.expected_fusion), numerics_name(backend.numerics()));
+    note += " (exact numerics: must not fuse)";
+    return {};
+  }
   if (counters.fusions[k] == 0)
     return make_error(StatusCode::internal, "expected fusion {} did not happen ({} dispatches for {} nodes)",
                       fused_kind_name(c.expected_fusion), counters.dispatches, counters.graph_nodes);
@@ -335,8 +342,9 @@ Comparison compare_results(const BackendResult& a, const std::vector<double>& ex
 }  // namespace
 
 double case_threshold(const OpCase& c, const RunSettings& run) {
-  static const char* const kTensorCoreOps[] = {"mul_mat",      "mul_mat_id",    "flash_attn",
-                                               "mat_vec_bias", "mat_vec_multi", "glu_mat_vec"};
+  static const char* const kTensorCoreOps[] = {"mul_mat",          "mul_mat_id",    "flash_attn",
+                                               "mat_vec_bias",     "mat_vec_multi", "glu_mat_vec",
+                                               "gather_flash_attn"};
   if (!run.fast) return c.max_nmse;
   for (const char* op : kTensorCoreOps)
     if (c.op == op) return std::max(c.max_nmse, kNmseFast);

@@ -277,6 +277,66 @@ TEST(ExecPlan, FusionKeepsIntermediatesReadThroughOutputViews) {
 namespace loom {
 namespace {
 
+// The batched step's attention (StepBuilder::attention, shape.gather): K and V rows gathered from
+// an f16 store by get_rows, reshaped to [d, n_kv, n_head_kv, n_seqs]. Fused, the gathers' outputs
+// are neither written nor read; a second reader of a gather keeps it.
+struct GatheredAttention {
+  Graph g;
+  Tensor *get_k = nullptr, *get_v = nullptr, *out = nullptr;
+  GraphAllocation alloc;
+  explicit GatheredAttention(bool extra_reader_of_keys = false) {
+    const int64_t d = 64, n_cells = 32, hkv = 2, n_head = 4, n_kv = 8, n_seqs = 3;
+    Tensor* cache_k = g.weight(DType::f16, {d, n_cells * hkv, 1, 1}, "cache_k");
+    Tensor* cache_v = g.weight(DType::f16, {d, n_cells * hkv, 1, 1}, "cache_v");
+    Tensor* idx = g.input(DType::i32, {n_kv * hkv * n_seqs, 1, 1, 1}, "inp_kv_gather");
+    Tensor* q = g.input(DType::f32, {d, 1, n_head, n_seqs}, "q");
+    Tensor* mask = g.input(DType::f32, {n_kv, 1, 1, n_seqs}, "mask");
+    get_k = get_rows(g, view(g, cache_k, cache_k->ne, cache_k->nb, 0), idx);
+    get_v = get_rows(g, view(g, cache_v, cache_v->ne, cache_v->nb, 0), idx);
+    out = flash_attn(g, q, reshape(g, get_k, {d, n_kv, hkv, n_seqs}),
+                     reshape(g, get_v, {d, n_kv, hkv, n_seqs}), mask, 0.125f);
+    g.mark_output(out);
+    if (extra_reader_of_keys) g.mark_output(sum_rows(g, get_k));
+    auto a = allocate_graph(g, cpu_buffer_type());
+    EXPECT_TRUE(a.ok()) << a.status().message();
+    if (a.ok()) alloc = std::move(a.value());
+  }
+};
+
+TEST(ExecPlan, FusionReadsGatheredRowsInPlace) {
+  GatheredAttention a;
+  ASSERT_TRUE(a.g.status().ok()) << a.g.status().message();
+  Plan p = exec::build_plan(a.g);
+  ASSERT_EQ(p.dispatches.size(), 3u);  // get_rows get_rows flash_attn
+  exec::fuse(p, a.g, AcceptAll{});
+  EXPECT_EQ(p.stats.fusions[static_cast<int>(FusedKind::gather_flash_attn)], 1u);
+  ASSERT_EQ(p.dispatches.size(), 1u);
+  const Dispatch& d = p.dispatches[0];
+  EXPECT_EQ(d.kind, FusedKind::gather_flash_attn);
+  EXPECT_EQ(d.nodes[0], a.get_k);
+  EXPECT_EQ(d.nodes[1], a.get_v);
+  EXPECT_EQ(d.anchor(), a.out);
+  // writes the attention only; reads the stores, the indices (twice), q and the mask, not the gathers
+  ASSERT_EQ(d.writes.size(), 1u);
+  EXPECT_EQ(d.writes[0].begin, exec::tensor_range(*a.out).begin);
+  EXPECT_EQ(d.reads.size(), 6u);
+  for (const ByteRange& r : d.reads) {
+    EXPECT_FALSE(r.overlaps(exec::tensor_range(*a.get_k)));
+    EXPECT_FALSE(r.overlaps(exec::tensor_range(*a.get_v)));
+  }
+
+  GatheredAttention shared(/*extra_reader_of_keys=*/true);
+  Plan q = exec::build_plan(shared.g);
+  exec::fuse(q, shared.g, AcceptAll{});
+  EXPECT_EQ(q.stats.fusions[static_cast<int>(FusedKind::gather_flash_attn)], 0u);
+}
+
+}  // namespace
+}  // namespace loom
+
+namespace loom {
+namespace {
+
 // Property test over random plans: reorder keeps every conflicting pair in order and moves nothing
 // across a barrier; the dependencies order exactly the conflicting pairs (transitively), point only at
 // conflicting dispatches, and carry no edge implied by another path.

@@ -5,7 +5,10 @@
 #include <map>
 
 #include "llm/llm_kv_cache.h"
+#include "llm/llm_model_impl.h"
+#include "loom/exec_plan.h"
 #include "loom/llm_batch.h"
+#include "loom/planner.h"
 #include "test_llm_common.h"
 
 namespace loom::llm::testing {
@@ -183,6 +186,64 @@ TEST_F(LlmBatch, PagedDecodeEqualsContiguous) {
     EXPECT_EQ(paged.ctx->kv_cache_seq_pos_max(0), 24);
     EXPECT_FALSE(paged.ctx->decode(std::span(tokens).first(1), 27).ok());
   }
+}
+
+// A backend that has one fused kernel: gather_flash_attn.
+class GatherAttentionOnly final : public exec::FusionSupport {
+ public:
+  bool supports_fused(const exec::Dispatch& d) const override {
+    return d.kind == FusedKind::gather_flash_attn;
+  }
+};
+
+// The batched decode step's graph (StepBuilder over a paged cache, one token of each of 4
+// sequences): each layer's attention over the gathered K/V rows is one gather_flash_attn dispatch
+// (the CUDA executor's fast mode reads the rows in place), ordered after the layer's cache stores.
+TEST_F(LlmBatch, BatchedStepFusesAttentionOverTheGather) {
+  auto backend = make_cpu_backend(1);
+  auto m = Model::load(model("tiny"), *backend, quiet_load());
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  const detail::ModelImpl& impl = (*m)->impl();
+  auto kv = detail::PagedKvCache::create(impl.hp, 64, 16, backend->buffer_type());
+  ASSERT_TRUE(kv.ok()) << kv.status().to_string();
+  Graph g;
+  detail::StepShape shape;
+  shape.n_tokens = 4;
+  shape.n_kv = 32;
+  shape.n_seqs = 4;
+  shape.gather = true;
+  detail::StepBuilder b(g, impl.hp, impl.w, **kv, impl.arch->rope_mode(), shape);
+  Tensor* out = impl.arch->build(b);
+  ASSERT_TRUE(g.status().ok()) << g.status().to_string();
+  ASSERT_NE(out, nullptr);
+  g.mark_output(out);
+  auto alloc = allocate_graph(g, cpu_buffer_type());
+  ASSERT_TRUE(alloc.ok()) << alloc.status().to_string();
+
+  exec::Plan p = exec::build_plan(g);
+  const size_t unfused = p.dispatches.size();
+  exec::fuse(p, g, GatherAttentionOnly{});
+  const auto n_layer = static_cast<size_t>(impl.hp.n_layer);
+  EXPECT_EQ(p.stats.fusions[static_cast<size_t>(FusedKind::gather_flash_attn)], n_layer);
+  EXPECT_EQ(p.dispatches.size(), unfused - 2 * n_layer);  // both gathers of each layer folded in
+  size_t seen = 0;
+  for (size_t i = 0; i < p.dispatches.size(); ++i) {
+    const exec::Dispatch& d = p.dispatches[i];
+    if (d.kind != FusedKind::gather_flash_attn) continue;
+    const std::string layer = "blk." + std::to_string(seen++) + ".";
+    EXPECT_EQ(d.nodes[0]->name, layer + "k_gathered");
+    EXPECT_EQ(d.nodes[1]->name, layer + "v_gathered");
+    EXPECT_EQ(d.anchor()->name, layer + "kqv_out");
+    ASSERT_EQ(d.writes.size(), 1u);  // the attention's output only
+    // the layer's K and V stores (set_rows into the cache) come before it
+    int stores = 0;
+    for (size_t j = 0; j < i; ++j)
+      if (p.dispatches[j].kind == FusedKind::none && p.dispatches[j].node()->op == OpKind::set_rows &&
+          p.dispatches[j].node()->name.rfind(layer, 0) == 0)
+        ++stores;
+    EXPECT_EQ(stores, 2) << layer;
+  }
+  EXPECT_EQ(seen, n_layer);
 }
 
 // Logits of `n_steps` greedy tokens after `prompt`, for one sequence alone in a fresh context.

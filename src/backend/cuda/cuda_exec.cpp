@@ -29,7 +29,13 @@ uint64_t now_ns() {
 
 class CudaFusion final : public exec::FusionSupport {
  public:
-  bool supports_fused(const exec::Dispatch& d) const override { return fused_supported(d.kind, d.nodes.data()); }
+  explicit CudaFusion(bool fast) : fast_(fast) {}
+  bool supports_fused(const exec::Dispatch& d) const override {
+    return fused_supported(d.kind, d.nodes.data(), fast_);
+  }
+
+ private:
+  bool fast_;  // the executor's numerics mode: some fused kernels are fast-mode only
 };
 
 // Splits n dispatches into the seeds' chunks: the first max(64, 10%), then n_cb more of equal size.
@@ -72,6 +78,8 @@ CudaError launch_dispatch(const LaunchContext& base, const exec::Dispatch& d) {
       return launch_moe_route(ctx, n[0], n[1], n[2], n[3], n[4]);
     case FusedKind::mat_vec_multi:
       return launch_mat_vec_multi(ctx, n[0], n[1], n[2]);
+    case FusedKind::gather_flash_attn:
+      return launch_gather_flash_attn(ctx, n[0], n[1], n[2]);
     case FusedKind::count_:
       break;
   }
@@ -204,7 +212,7 @@ Status Executor::ensure_scratch(size_t slot_bytes, int n_slots) {
 
 Result<exec::Plan> Executor::make_plan(const Graph& g, const ExecOptions& o) {
   exec::Plan p = exec::build_plan(g);
-  if (o.fusion) exec::fuse(p, g, CudaFusion{});
+  if (o.fusion) exec::fuse(p, g, CudaFusion{numerics_ == Numerics::fast});
   const auto ws = reinterpret_cast<uintptr_t>(dev_.cublas_workspace());
   size_t max_scratch = 0;
   for (exec::Dispatch& d : p.dispatches) {

@@ -50,11 +50,6 @@ RopeArgs make_rope_args(const RopeParams& p) {
 
 namespace {
 
-// Queries per head from which the fast mode runs flash attention on tensor cores: the kernel's
-// query tile is 64 rows, so fewer queries leave most of a tile's mma work unused, while the split
-// decode kernel spreads one query's keys over 16 warps.
-constexpr int64_t kFlashAttnMmaMinQueries = 16;
-
 bool use_flash_attn_mma(const Tensor& t, bool fast) {
   return fast && t.op == OpKind::flash_attn && t.src[0]->ne[1] >= kFlashAttnMmaMinQueries &&
          flash_attn_mma_supported(&t);

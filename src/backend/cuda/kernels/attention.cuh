@@ -8,6 +8,11 @@ namespace loom::cuda {
 
 /// Largest head size (K and V) the kernel keeps in registers.
 inline constexpr int kFlashAttnMaxHead = 512;
+/// Queries per head from which the fast mode runs flash attention on tensor cores
+/// (launch_flash_attn_mma), below which it runs the decode kernel (launch_flash_attn_decode): the
+/// mma kernel's query tile is 64 rows, so fewer queries leave most of a tile's mma work unused, while
+/// the split decode kernel spreads one query's keys over 16 warps.
+inline constexpr int64_t kFlashAttnMmaMinQueries = 16;
 
 /// softmax(softcap(q k^T * scale) + mask) v; softcap 0 disables it.
 CudaError launch_flash_attn(const LaunchContext& ctx, const Tensor* dst, float scale, float softcap);
@@ -23,14 +28,29 @@ size_t flash_attn_mma_scratch_bytes(const Tensor* dst);
 /// dst must pass flash_attn_mma_supported. Kernels in attention_mma.cu.
 CudaError launch_flash_attn_mma(const LaunchContext& ctx, const Tensor* dst, float scale, float softcap);
 
+/// K and V of a flash_attn read through row indices instead of from dst->src[1] / src[2], which then
+/// only give the shapes [d, n_kv, n_head_kv, n_seqs] (the gather_flash_attn fusion: they are
+/// reshapes of get_rows outputs that are never written). Key j of KV head h of sequence s is row
+/// k_idx[j + n_kv * (h + n_head_kv * s)] of k_store (rows of ne[0] elements, nb[1] bytes apart);
+/// likewise V. An index outside the store gives a NaN row, as get_rows does.
+struct FlashAttnRows {
+  const Tensor* k_store;
+  const Tensor* k_idx;
+  const Tensor* v_store;
+  const Tensor* v_idx;
+};
+
 /// Whether launch_flash_attn_decode handles this flash_attn node: f32 Q and output, f16 K/V,
-/// d == dv in {64, 128, 256}, query heads a multiple of the KV heads, rows 16-byte aligned. Checks the
-/// data pointers too when they are set, so call it at launch time.
-bool flash_attn_decode_supported(const Tensor* dst);
+/// d == dv in {64, 128, 256}, query heads a multiple of the KV heads, rows 16-byte aligned. With
+/// `rows`, the same of the stores' rows, and i32 packed indices, one per key of every head and
+/// sequence. Checks the data pointers too when they are set, so call it at launch time.
+bool flash_attn_decode_supported(const Tensor* dst, const FlashAttnRows* rows = nullptr);
 /// Device scratch launch_flash_attn_decode needs for its splits' partial results (0: one split).
 size_t flash_attn_decode_scratch_bytes(const Tensor* dst);
 /// flash_attn for few queries in the fast numerics mode (flash-decoding: the keys split over blocks,
-/// K/V read once per KV head, float softmax). Kernels in attention_decode.cu.
-CudaError launch_flash_attn_decode(const LaunchContext& ctx, const Tensor* dst, float scale, float softcap);
+/// K/V read once per KV head, float softmax), K/V read through `rows` when given. Kernels in
+/// attention_decode.cu.
+CudaError launch_flash_attn_decode(const LaunchContext& ctx, const Tensor* dst, float scale, float softcap,
+                                   const FlashAttnRows* rows = nullptr);
 
 }  // namespace loom::cuda

@@ -15,6 +15,14 @@
 // Scores, softmax and accumulation in float.
 // Bytes model per layer: n_kv x n_head_kv x d x 2 (K and V, f16) once, plus masks; at depth 4096
 // on an 8B layer that is 16 MB, ~4 us at the H200's 4,350 GB/s.
+//
+// Gathered K/V (the gather_flash_attn fusion, a batched step over a paged cache): each key's row is
+// looked up in an i32 index and read from the f16 cache store in place. Unfused, get_rows writes an
+// f32 copy of every sequence's rows (4 bytes per element written, then read again), and f32 K/V
+// send the attention to the slow generic kernel, since this one takes f16 only. A template flag, so
+// the contiguous path compiles as before; the index load is one more 4-byte load per key and lane
+// group, issued with the mask loads of the unrolled keys so that it adds no step to the chain of
+// dependent loads before a key's K/V.
 #include <algorithm>
 
 #include "attention.cuh"
@@ -42,6 +50,11 @@ struct DecodeArgs {
   int64_t keys_per_split;
   int n_splits;
   float* partial;        ///< [split][row][d + 2] when n_splits > 1
+  // Gathered K/V only: k and v then hold the stores' data and row stride (nb[1]) with the gathered
+  // shape (ne), and key j of KV head hk of sequence i3 is row idx[j + n_kv * (hk + n_head_kv * i3)].
+  const int32_t* k_idx;
+  const int32_t* v_idx;
+  int64_t k_store_rows, v_store_rows;  ///< rows of each store: an index outside reads NaNs
 };
 
 /// The query row rr of KV head hk: its head and query.
@@ -60,6 +73,20 @@ __device__ __forceinline__ void unpack8(const uint4& raw, float (&f)[8]) {
   }
 }
 
+/// Lane `sub`'s 16 bytes of key (or value) j of KV head hk, sequence i3: element (j, hk, i3) of t, or
+/// with kGather row `row` of the store (the index's entry for the key). An index outside the store
+/// gives NaN halves, as get_rows gives NaN there: never a wild read.
+template <bool kGather>
+__device__ __forceinline__ uint4 kv_load(const TensorDesc& t, int32_t row, int64_t store_rows, int64_t j,
+                                         int64_t hk, int64_t i3, int sub) {
+  if constexpr (kGather) {
+    if (row < 0 || row >= store_rows) return make_uint4(~0u, ~0u, ~0u, ~0u);
+    return __ldg(reinterpret_cast<const uint4*>(t.data + row * t.nb[1]) + sub);
+  } else {
+    return __ldg(reinterpret_cast<const uint4*>(row_ptr(t, j, hk, i3)) + sub);
+  }
+}
+
 /// Merges stream (m2, l2, acc2) into (m, l, acc).
 __device__ __forceinline__ void merge(float& m, float& l, float (&acc)[8], float m2, float l2, const float (&acc2)[8]) {
   const float mn = fmaxf(m, m2);
@@ -71,8 +98,8 @@ __device__ __forceinline__ void merge(float& m, float& l, float (&acc)[8], float
   m = mn;
 }
 
-// Grid: x = (i3, KV head, row group), y = split.
-template <int kLpk>
+// Grid: x = (i3, KV head, row group), y = split. kGather: K/V rows through a.k_idx / a.v_idx.
+template <int kLpk, bool kGather>
 __global__ void __launch_bounds__(kDecThreads) flash_decode_kernel(const __grid_constant__ DecodeArgs a) {
   pdl_wait();
   constexpr int kKpw = kWarpSize / kLpk;  // keys per warp at once
@@ -117,16 +144,25 @@ __global__ void __launch_bounds__(kDecThreads) flash_decode_kernel(const __grid_
   const int64_t j_begin = split * a.keys_per_split;
   const int64_t j_end = min(n_kv, j_begin + a.keys_per_split);
   constexpr int kStride = kDecWarps * kKpw;  // keys the block takes at once
+  // gathered K/V: this KV head's and sequence's entries of the row indices
+  const int64_t idx_base = kGather ? n_kv * (hk + n_kv_heads * i3) : 0;
   // kUnroll keys per lane group per iteration: their masks, then their K/V loads all in flight
   // before the first is used (a dependent load per key left the split latency-bound)
   // (the bound is uniform over the warp: every lane reaches the shuffles below)
   for (int64_t j0 = j_begin + warp * kKpw; j0 < j_end; j0 += kStride * kUnroll) {
     float mv[kUnroll][kRows];
     bool any[kUnroll];
+    // gathered K/V: the keys' rows are looked up beside the masks (masked keys too), so the K/V
+    // loads below wait on one load before them, as they do for contiguous K/V
+    int32_t k_row[kUnroll] = {}, v_row[kUnroll] = {};
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t j = j0 + slot + u * kStride;
       const bool in_range = j < j_end;
+      if (kGather && in_range) {
+        k_row[u] = __ldg(a.k_idx + idx_base + j);
+        v_row[u] = __ldg(a.v_idx + idx_base + j);
+      }
       any[u] = false;
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
@@ -142,8 +178,10 @@ __global__ void __launch_bounds__(kDecThreads) flash_decode_kernel(const __grid_
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t j = j0 + slot + u * kStride;
-      kraw[u] = any[u] ? __ldg(reinterpret_cast<const uint4*>(row_ptr(a.k, j, hk, i3)) + sub) : make_uint4(0, 0, 0, 0);
-      vraw[u] = any[u] ? __ldg(reinterpret_cast<const uint4*>(row_ptr(a.v, j, hk, i3)) + sub) : make_uint4(0, 0, 0, 0);
+      kraw[u] =
+          any[u] ? kv_load<kGather>(a.k, k_row[u], a.k_store_rows, j, hk, i3, sub) : make_uint4(0, 0, 0, 0);
+      vraw[u] =
+          any[u] ? kv_load<kGather>(a.v, v_row[u], a.v_store_rows, j, hk, i3, sub) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -276,23 +314,57 @@ int splits_for(int64_t n_kv) {
   return static_cast<int>(std::clamp<int64_t>(s, 1, kMaxSplits));
 }
 
+// Rows `idx` picks from `store` for the keys (or values) of shape [d, n_kv, n_head_kv, n_seqs]: one
+// packed i32 index per key of every head and sequence, rows of a 2-D store.
+bool gathered_rows_ok(const Tensor* store, const Tensor* idx, const Tensor* shape) {
+  return store->ne[0] == shape->ne[0] && store->ne[2] == 1 && store->ne[3] == 1 && idx->type == DType::i32 &&
+         idx->is_contiguous() && idx->nelements() == shape->ne[1] * shape->ne[2] * shape->ne[3];
+}
+
+// K or V as the kernel reads it: the operand, or with gathered rows the store's data and row stride
+// under the operand's (gathered) shape.
+TensorDesc kv_desc(const Tensor* operand, const Tensor* store) {
+  TensorDesc t = desc_of(operand);
+  if (store) {
+    t.data = static_cast<char*>(store->data);
+    t.nb[0] = static_cast<int64_t>(store->nb[0]);
+    t.nb[1] = static_cast<int64_t>(store->nb[1]);
+    t.nb[2] = t.nb[3] = 0;  // unused: the index gives the row
+  }
+  return t;
+}
+
+template <bool kGather>
+auto decode_kernel_for(int64_t d) {
+  return d == 64    ? flash_decode_kernel<8, kGather>
+         : d == 128 ? flash_decode_kernel<16, kGather>
+                    : flash_decode_kernel<32, kGather>;
+}
+
 }  // namespace
 
-bool flash_attn_decode_supported(const Tensor* dst) {
+bool flash_attn_decode_supported(const Tensor* dst, const FlashAttnRows* rows) {
   const Tensor* q = dst->src[0];
   const Tensor* k = dst->src[1];
   const Tensor* v = dst->src[2];
   const Tensor* mask = dst->src[3];
+  // what the kernel loads K/V rows from: the operands, or the stores the indices point into
+  const Tensor* k_rows = rows ? rows->k_store : k;
+  const Tensor* v_rows = rows ? rows->v_store : v;
   const int64_t d = q->ne[0];
   if (d != 64 && d != 128 && d != 256) return false;
   if (k->ne[1] == 0) return false;  // no keys: the exact kernel writes the zeros
-  if (k->ne[0] != d || v->ne[0] != d || q->type != DType::f32 || k->type != DType::f16 || v->type != DType::f16)
+  if (k->ne[0] != d || v->ne[0] != d || q->type != DType::f32 || k_rows->type != DType::f16 ||
+      v_rows->type != DType::f16)
     return false;
   if (dst->type != DType::f32 || dst->nb[0] != sizeof(float) || q->nb[0] != sizeof(float) || q->nb[1] % 16 != 0 ||
       q->nb[2] % 16 != 0 || q->nb[3] % 16 != 0)
     return false;
-  if (k->nb[0] != 2 || v->nb[0] != 2 || k->nb[1] % 16 != 0 || v->nb[1] % 16 != 0 || k->nb[2] % 16 != 0 ||
-      v->nb[2] % 16 != 0 || k->nb[3] % 16 != 0 || v->nb[3] % 16 != 0)
+  if (k_rows->nb[0] != 2 || v_rows->nb[0] != 2 || k_rows->nb[1] % 16 != 0 || v_rows->nb[1] % 16 != 0)
+    return false;
+  if (rows ? !gathered_rows_ok(rows->k_store, rows->k_idx, k) ||
+                 !gathered_rows_ok(rows->v_store, rows->v_idx, v)
+           : k->nb[2] % 16 != 0 || v->nb[2] % 16 != 0 || k->nb[3] % 16 != 0 || v->nb[3] % 16 != 0)
     return false;
   if (k->ne[2] <= 0 || q->ne[2] % k->ne[2] != 0 || v->ne[1] != k->ne[1] || v->ne[2] != k->ne[2] ||
       k->ne[3] != q->ne[3] || v->ne[3] != q->ne[3])
@@ -300,7 +372,7 @@ bool flash_attn_decode_supported(const Tensor* dst) {
   if (mask && (mask->nb[0] != (mask->type == DType::f16 ? 2u : 4u) ||
                (mask->type != DType::f16 && mask->type != DType::f32)))
     return false;
-  for (const Tensor* t : {dst, q, k, v})
+  for (const Tensor* t : {dst, q, k_rows, v_rows})
     if (t->data && !aligned16(t->data)) return false;
   return true;
 }
@@ -314,7 +386,8 @@ size_t flash_attn_decode_scratch_bytes(const Tensor* dst) {
   return static_cast<size_t>(splits) * static_cast<size_t>(rows) * static_cast<size_t>(q->ne[0] + 2) * sizeof(float);
 }
 
-CudaError launch_flash_attn_decode(const LaunchContext& ctx, const Tensor* dst, float scale, float softcap) {
+CudaError launch_flash_attn_decode(const LaunchContext& ctx, const Tensor* dst, float scale, float softcap,
+                                   const FlashAttnRows* rows) {
   const Tensor* q = dst->src[0];
   const Tensor* k = dst->src[1];
   const Tensor* v = dst->src[2];
@@ -322,8 +395,14 @@ CudaError launch_flash_attn_decode(const LaunchContext& ctx, const Tensor* dst, 
   DecodeArgs a{};
   a.dst = desc_of(dst);
   a.q = desc_of(q);
-  a.k = desc_of(k);
-  a.v = desc_of(v);
+  a.k = kv_desc(k, rows ? rows->k_store : nullptr);
+  a.v = kv_desc(v, rows ? rows->v_store : nullptr);
+  if (rows) {
+    a.k_idx = static_cast<const int32_t*>(rows->k_idx->data);
+    a.v_idx = static_cast<const int32_t*>(rows->v_idx->data);
+    a.k_store_rows = rows->k_store->ne[1];
+    a.v_store_rows = rows->v_store->ne[1];
+  }
   a.has_mask = mask != nullptr;
   a.mask = mask ? desc_of(mask) : TensorDesc{};
   a.mask_f16 = mask && mask->type == DType::f16;
@@ -346,7 +425,7 @@ CudaError launch_flash_attn_decode(const LaunchContext& ctx, const Tensor* dst, 
     return CudaError::runtime(cudaErrorInvalidConfiguration, "flash_attn decode: too many blocks", __FILE__, __LINE__);
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(a.n_splits));
   const int64_t d = q->ne[0];
-  auto kernel = d == 64 ? flash_decode_kernel<8> : d == 128 ? flash_decode_kernel<16> : flash_decode_kernel<32>;
+  auto kernel = rows ? decode_kernel_for<true>(d) : decode_kernel_for<false>(d);
   kernel<<<grid, kDecThreads, 0, ctx.stream>>>(a);
   LOOM_CUDA_CHECK_LAUNCH("flash_decode_kernel");
   if (a.n_splits > 1) {

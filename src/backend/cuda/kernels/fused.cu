@@ -17,12 +17,18 @@
 //   weights two or three activation quantizations become one (so 2 launches in all, 1 for float
 //   weights); the weights are read once each as before. Per output it is mul_mat's mat-vec
 //   kernel unchanged (same warp split and reduction order): bit-identical to the unfused launches.
+// - gather_flash_attn (a batched decode step over a paged cache): the gathered K/V's f32 copies
+//   (written 4 bytes and read 4 bytes per element, where the f16 cache rows are 2) and two launches;
+//   and the attention runs the fast decode kernel (attention_decode.cu), which takes f16 K/V only,
+//   instead of the generic kernel the f32 copies fell back to. Fast numerics only (the exact mode
+//   keeps its double-precision attention, node by node).
 #include <algorithm>
 #include <climits>
 #include <cstring>
 #include <initializer_list>
 
 #include "activation.cuh"
+#include "attention.cuh"
 #include "common.cuh"
 #include "fused.cuh"
 #include "mat_vec_fast.cuh"
@@ -541,6 +547,27 @@ bool moe_route_ok(const Tensor* const* n) {
   return disjoint(top_k, soft_max->src[0]) && disjoint(weights, soft_max->src[0]) && disjoint(weights, top_k);
 }
 
+// K and V of the flash_attn are reshapes of the whole outputs of the gathers (row r of the gather is
+// key r % n_kv of head and sequence r / n_kv, as the decode kernel indexes), and the decode kernel
+// takes the shapes and the stores' rows.
+bool gather_flash_attn_ok(const Tensor* const* n, bool fast) {
+  const Tensor* get_k = n[0];
+  const Tensor* get_v = n[1];
+  const Tensor* fa = n[2];
+  if (!fast || !get_k || !get_v || !fa || get_k->op != OpKind::get_rows || get_v->op != OpKind::get_rows ||
+      fa->op != OpKind::flash_attn)
+    return false;
+  const Tensor* k = fa->src[1];
+  const Tensor* v = fa->src[2];
+  if (!is_reshape_of(k, get_k, k->ne) || !is_reshape_of(v, get_v, v->ne) || get_k->ne[0] != k->ne[0] ||
+      get_v->ne[0] != v->ne[0] || get_k->nelements() != k->nelements() ||
+      get_v->nelements() != v->nelements())
+    return false;
+  if (fa->src[0]->ne[1] >= kFlashAttnMmaMinQueries) return false;  // the decode kernel's query counts
+  const FlashAttnRows rows{get_k->src[0], get_k->src[1], get_v->src[0], get_v->src[1]};
+  return flash_attn_decode_supported(fa, &rows);
+}
+
 unsigned capped(int64_t n, unsigned cap) {
   return static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(n, 1), cap));
 }
@@ -776,18 +803,27 @@ CudaError launch_moe_route(const LaunchContext& ctx, const Tensor* soft_max, con
   return {};
 }
 
+CudaError launch_gather_flash_attn(const LaunchContext& ctx, const Tensor* get_k, const Tensor* get_v,
+                                   const Tensor* flash_attn) {
+  const FlashAttnRows rows{get_k->src[0], get_k->src[1], get_v->src[0], get_v->src[1]};
+  const auto p = flash_attn->get_params<FlashAttnParams>();
+  return launch_flash_attn_decode(ctx, flash_attn, p.scale, p.softcap, &rows);
+}
+
 size_t fused_scratch_bytes(FusedKind kind, const Tensor* const* nodes) {
   switch (kind) {
     case FusedKind::mat_vec_bias:
     case FusedKind::glu_mat_vec:
     case FusedKind::mat_vec_multi:  // the shared activation, quantized once for all products
       return quantized_activation_bytes(nodes[0]->src[0]->type, nodes[0]->src[1]);
+    case FusedKind::gather_flash_attn:  // the key splits' partial results
+      return flash_attn_decode_scratch_bytes(nodes[2]);
     default:
       return 0;
   }
 }
 
-bool fused_supported(FusedKind kind, const Tensor* const* nodes) {
+bool fused_supported(FusedKind kind, const Tensor* const* nodes, bool fast) {
   switch (kind) {
     case FusedKind::rms_norm_mul:
       return rms_norm_mul_ok(nullptr, nodes[0], nodes[1]);
@@ -805,6 +841,8 @@ bool fused_supported(FusedKind kind, const Tensor* const* nodes) {
       return moe_route_ok(nodes);
     case FusedKind::mat_vec_multi:
       return mat_vec_multi_ok(nodes);
+    case FusedKind::gather_flash_attn:
+      return gather_flash_attn_ok(nodes, fast);
     case FusedKind::none:
     case FusedKind::count_:
       break;

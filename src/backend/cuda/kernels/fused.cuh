@@ -38,10 +38,17 @@ CudaError launch_moe_route(const LaunchContext& ctx, const Tensor* soft_max, con
 CudaError launch_mat_vec_multi(const LaunchContext& ctx, const Tensor* mm0, const Tensor* mm1,
                                const Tensor* mm2);
 
+/// flash_attn = flash_attn(q, reshape(get_k), reshape(get_v), mask) with K/V read from the rows of
+/// the gathers' sources (the f16 cache stores) their i32 indices pick: the fast decode kernel
+/// (attention_decode.cu) with the row indirection; the gathers' outputs are never written.
+CudaError launch_gather_flash_attn(const LaunchContext& ctx, const Tensor* get_k, const Tensor* get_v,
+                                   const Tensor* flash_attn);
+
 /// Device scratch a fused dispatch needs (quantized activations of glu_mat_vec / mat_vec_bias /
-/// mat_vec_multi).
+/// mat_vec_multi, the key splits of gather_flash_attn).
 size_t fused_scratch_bytes(FusedKind kind, const Tensor* const* nodes);
-/// Whether the fused kernels handle these nodes' types and shapes.
-bool fused_supported(FusedKind kind, const Tensor* const* nodes);
+/// Whether the fused kernels handle these nodes' types and shapes in the numerics mode (`fast`; some
+/// kinds are fast-mode kernels only).
+bool fused_supported(FusedKind kind, const Tensor* const* nodes, bool fast);
 
 }  // namespace loom::cuda
