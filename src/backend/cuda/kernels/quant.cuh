@@ -156,22 +156,41 @@ struct FormatQ6_K {
 // Eight consecutive elements j0 .. j0+7 (j0 a multiple of 8) of one weight block, for the fast
 // mode's dequantization: the block's scales are decoded once per eight elements (a per-element
 // FormatX::load decodes them per element, which made dequantizing a 4096 x 4096 q4_K matrix take
-// ~50 us instead of the ~10 its bytes need). Same formulas as quant.cuh's loads.
+// ~50 us instead of the ~10 its bytes need). Same formulas and results as quant.cuh's loads, with
+// two changes of instructions only: the quants are read two bytes at a time (these formats' blocks
+// have even sizes and sit at even addresses), and small integers become floats through the mantissa
+// of 2^23 (exact for 0 <= q < 2^23) instead of I2F, a quarter-rate instruction that bound gemm_q.cu.
+__device__ __forceinline__ uint32_t load_u16_even(const uint8_t* p) {
+  return *reinterpret_cast<const uint16_t*>(p);
+}
+/// float(q) - offset for 0 <= q < 2^23 (exact when the result is a small integer).
+template <int kOffset>
+__device__ __forceinline__ float magic_float(uint32_t q) {
+  return __int_as_float(0x4B000000u | q) - (8388608.0f + static_cast<float>(kOffset));
+}
 struct Dequant8Q8_0 {
   static constexpr int kBlock = 32, kBytes = 34;
   __device__ static void run(const uint8_t* b, int j0, float* out) {
-    const float d = f16_to_float(load_u16(b));
+    const float d = f16_to_float(load_u16_even(b));
 #pragma unroll
-    for (int e = 0; e < 8; ++e) out[e] = static_cast<float>(static_cast<int8_t>(b[2 + j0 + e])) * d;
+    for (int e = 0; e < 8; e += 2) {
+      const uint32_t v = load_u16_even(b + 2 + j0 + e) ^ 0x8080u;  // int8 + 128, two at a time
+      out[e] = magic_float<128>(v & 0xff) * d;
+      out[e + 1] = magic_float<128>(v >> 8) * d;
+    }
   }
 };
 struct Dequant8Q4_0 {
   static constexpr int kBlock = 32, kBytes = 18;
   __device__ static void run(const uint8_t* b, int j0, float* out) {
-    const float d = f16_to_float(load_u16(b));
+    const float d = f16_to_float(load_u16_even(b));
     const int shift = j0 < 16 ? 0 : 4;
 #pragma unroll
-    for (int e = 0; e < 8; ++e) out[e] = static_cast<float>(((b[2 + (j0 & 15) + e] >> shift) & 0x0f) - 8) * d;
+    for (int e = 0; e < 8; e += 2) {
+      const uint32_t v = (load_u16_even(b + 2 + (j0 & 15) + e) >> shift) & 0x0f0fu;
+      out[e] = magic_float<8>(v & 0xff) * d;
+      out[e + 1] = magic_float<8>(v >> 8) * d;
+    }
   }
 };
 struct Dequant8Q4_K {
@@ -180,13 +199,16 @@ struct Dequant8Q4_K {
     const int s = j0 / 32;
     int sc, m;
     q4k_scale_min(s, b + 4, sc, m);
-    const float scale = fmul_rn(f16_to_float(load_u16(b)), static_cast<float>(sc));
-    const float bias = fmul_rn(f16_to_float(load_u16(b + 2)), static_cast<float>(m));
+    const float scale = fmul_rn(f16_to_float(load_u16_even(b)), static_cast<float>(sc));
+    const float bias = fmul_rn(f16_to_float(load_u16_even(b + 2)), static_cast<float>(m));
     const uint8_t* q = b + 16 + (j0 / 64) * 32 + (j0 % 32);
     const int shift = (s & 1) ? 4 : 0;
 #pragma unroll
-    for (int e = 0; e < 8; ++e)
-      out[e] = fsub_rn(fmul_rn(scale, static_cast<float>((q[e] >> shift) & 0x0f)), bias);
+    for (int e = 0; e < 8; e += 2) {
+      const uint32_t v = (load_u16_even(q + e) >> shift) & 0x0f0fu;
+      out[e] = fsub_rn(fmul_rn(scale, magic_float<0>(v & 0xff)), bias);
+      out[e + 1] = fsub_rn(fmul_rn(scale, magic_float<0>(v >> 8)), bias);
+    }
   }
 };
 struct Dequant8Q6_K {
@@ -196,12 +218,13 @@ struct Dequant8Q6_K {
     const uint8_t* ql = b + 64 * h + 32 * (c & 1) + l0;
     const uint8_t* qh = b + 128 + 32 * h + l0;
     const float scale =
-        f16_to_float(load_u16(b + 208)) * static_cast<float>(static_cast<int8_t>(b[192 + j0 / 16]));
+        f16_to_float(load_u16_even(b + 208)) * static_cast<float>(static_cast<int8_t>(b[192 + j0 / 16]));
     const int shift = c < 2 ? 0 : 4;
 #pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      const int q = ((ql[e] >> shift) & 0x0f) | (((qh[e] >> (2 * c)) & 3) << 4);
-      out[e] = scale * static_cast<float>(q - 32);
+    for (int e = 0; e < 8; e += 2) {
+      const uint32_t v = ((load_u16_even(ql + e) >> shift) & 0x0f0fu) | (((load_u16_even(qh + e) >> (2 * c)) & 0x0303u) << 4);
+      out[e] = scale * magic_float<32>(v & 0xff);
+      out[e + 1] = scale * magic_float<32>(v >> 8);
     }
   }
 };
