@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up binaries built on the development VM and carried to the GPU machine (build-carry/bins.tar.xz:
-# loom, loom-test-ops, libloom_cuda.so; .debs-run: the runtime libraries' Debian packages), then runs
+# loom, loom-test-ops, loom-exec-equivalence, libloom_cuda.so, made by scripts/pack-carried.sh;
+# .debs-run: the runtime libraries' Debian packages), then runs
 # the named steps. Meant to be sourced-free: one device call is `bash scripts/gpu-carried.sh STEPS...`.
 #   ops      every op, CUDA against the CPU, exact and fast numerics
 #   hf       llama31-tiny (f32) against transformers
@@ -8,13 +9,14 @@
 #   decode   loom bench -n 128 on LOOM_MODELS
 #   batched  loom bench -npl 1,8,32,64 (-npp 128 -ntg 32) with a trace of one step at each npl
 #   perf     op-test perf of mul_mat at LOOM_PERF_FILTER's cases
+#   batchcheck  loom-exec-equivalence on the built-in model and LOOM_MODELS, both numerics (includes
+#            16 sequences decoded together against alone)
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 out=${OUT:-/tmp/loom-out}
 mkdir -p "$out"
-tar xJf build-carry/bins.tar.xz -C build-carry
-mkdir -p build-carry/bin && mv -f build-carry/loom build-carry/loom-test-ops build-carry/libloom_cuda.so build-carry/bin/ 2>/dev/null
+mkdir -p build-carry/bin && tar xJf build-carry/bins.tar.xz -C build-carry/bin
 prefix=/tmp/loom-deps
 if [[ ! -d $prefix/usr ]]; then
   mkdir -p "$prefix"
@@ -62,6 +64,12 @@ for step in "$@"; do
     perf)
       timeout 300 "$bin/loom-test-ops" --backend cuda --numerics fast perf --op mul_mat ${LOOM_PERF_FILTER:-} >"$out/perf.log" 2>&1
       grep -E "us|GB/s|TFLOP" "$out/perf.log" | head -80 ;;
+    batchcheck)
+      fs=(models/loom-shakespeare-f16.gguf)
+      for m in $models; do f=$(model "$m") && fs+=("$f"); done
+      for mode in exact fast; do
+        LOOM_NUMERICS=$mode timeout 300 "$bin/loom-exec-equivalence" --steps 16 --runs 2 "${fs[@]}" 2>&1 |
+          grep -E "FAIL|together|failures" ; done ;;
     *) echo "unknown step $step" ;;
   esac
 done

@@ -2,6 +2,14 @@
 // 64 steps, logits within NMSE 1e-6 (1e-4 with fusion, whose kernels sum in another order), and
 // bit-identical results from run to run (a moving result is a race). Also reports how often the
 // executable graph was built while decoding, and checks that forced hash collisions rebuild.
+// The numerics mode is exact unless LOOM_NUMERICS says otherwise: the executor's contract is bit-level
+// there. In fast mode fused kernels sum in other orders and a random-weight model's near-flat
+// distributions let greedy choices part ways, so the runs are teacher-forced on the serialized run's
+// tokens (logits compared step by step, argmax agreement printed) and the bit-identity checks of
+// graph updates (serialized against fused) are skipped.
+// Batched decoding on the GPU: 16 sequences decoded together over a paged cache (BatchGenerator)
+// against each alone; in exact numerics (LOOM_NUMERICS=exact) the greedy tokens must be the same,
+// in fast numerics (other kernels at more columns, other attention splits) the agreement is printed.
 //
 //   loom-exec-equivalence [--steps 64] [--runs 3] MODEL.gguf...
 //
@@ -17,6 +25,7 @@
 #include "loom/backend.h"
 #include "loom/exec.h"
 #include "loom/llm.h"
+#include "loom/llm_batch.h"
 
 namespace {
 
@@ -47,8 +56,9 @@ double nmse(const std::vector<float>& a, const std::vector<float>& ref) {
   return den > 0 ? num / den : num;
 }
 
+// `force`: the tokens to feed after the prompt instead of the greedy choices (teacher forcing).
 Result<Trace> decode_run(Backend& backend, const Model& model, const ExecOptions& o, int steps,
-                         const std::vector<int32_t>& prompt) {
+                         const std::vector<int32_t>& prompt, const std::vector<int32_t>* force = nullptr) {
   set_exec_options(backend, o);
   ContextParams cp;
   cp.n_ctx = 1024;
@@ -62,8 +72,8 @@ Result<Trace> decode_run(Backend& backend, const Model& model, const ExecOptions
   if (!out) return out.status();
   for (int s = 0; s < steps; ++s) {
     t.logits.emplace_back(out->begin(), out->end());
-    const int32_t next = argmax(*out);
-    t.tokens.push_back(next);
+    const int32_t next = force ? (*force)[prompt.size() + static_cast<size_t>(s)] : argmax(*out);
+    t.tokens.push_back(argmax(*out));
     out = (*ctx)->decode(std::span<const int32_t>(&next, 1), static_cast<int>(t.tokens.size()) - 1);
     if (!out) return out.status();
   }
@@ -72,6 +82,59 @@ Result<Trace> decode_run(Backend& backend, const Model& model, const ExecOptions
 }
 
 ExecOptions named(const std::string& name) { return *exec_options_named(name); }
+
+// Greedy tokens of 16 prompts (lengths 3..40) decoded alone and together; returns the fraction of
+// sequences whose tokens agree and checks nothing itself.
+Result<double> batched_agreement(const Model& model, int n_gen) {
+  const int n_seqs = 16;
+  const int n_vocab = static_cast<int>(model.hparams().n_vocab);
+  std::mt19937 rng(99);
+  std::vector<std::vector<int32_t>> prompts(n_seqs);
+  for (int s = 0; s < n_seqs; ++s) {
+    prompts[s].resize(static_cast<size_t>(3 + (s * 7) % 38));
+    for (int32_t& t : prompts[s]) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(n_vocab));
+  }
+  SamplerParams greedy;
+  greedy.temperature = 0.0f;
+  greedy.seed = 1;
+  ContextParams alone_p;
+  alone_p.n_ctx = 128;
+  alone_p.n_batch = 64;
+  auto alone = Context::create(model, alone_p);
+  if (!alone) return alone.status();
+  std::vector<std::vector<int32_t>> want;
+  for (const auto& p : prompts) {
+    (*alone)->kv_cache_clear();
+    BatchGenerator one(**alone);
+    auto id = one.add(p, greedy);
+    if (!id) return id.status();
+    for (int i = 1; i < n_gen; ++i)
+      if (auto st = one.step(); !st) return st.status();
+    const auto got = one.generated(*id);
+    want.emplace_back(got.begin(), got.end());
+  }
+  ContextParams many_p;
+  many_p.n_ctx = n_seqs * 128;
+  many_p.n_batch = 64;
+  many_p.kv_cache = KvCacheKind::paged;
+  auto many = Context::create(model, many_p);
+  if (!many) return many.status();
+  BatchGenerator gen(**many);
+  std::vector<int> ids;
+  for (const auto& p : prompts) {
+    auto id = gen.add(p, greedy);
+    if (!id) return id.status();
+    ids.push_back(*id);
+  }
+  for (int i = 1; i < n_gen; ++i)
+    if (auto st = gen.step(); !st) return st.status();
+  int same = 0;
+  for (int s = 0; s < n_seqs; ++s) {
+    const auto got = gen.generated(ids[s]);
+    same += std::vector<int32_t>(got.begin(), got.end()) == want[s];
+  }
+  return static_cast<double>(same) / n_seqs;
+}
 
 }  // namespace
 
@@ -87,11 +150,14 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "usage: loom-exec-equivalence [--steps N] [--runs N] MODEL.gguf...\n");
     return 2;
   }
-  auto backend = create_backend("cuda");
+  BackendOptions bo;
+  if (!std::getenv("LOOM_NUMERICS")) bo.numerics = Numerics::exact;
+  auto backend = create_backend("cuda", bo);
   if (!backend) {
     fmt::print("exec-equivalence: skipped, no CUDA backend: {}\n", backend.status().message());
     return 77;
   }
+  const bool exact = (*backend)->numerics() == Numerics::exact;
   int failures = 0;
   auto check = [&](bool ok, const std::string& what) {
     fmt::print("exec-equivalence: {} {}\n", what, ok ? "ok" : "FAIL");
@@ -115,6 +181,8 @@ int main(int argc, char** argv) {
       continue;
     }
     const std::string short_name = path.substr(path.find_last_of('/') + 1);
+    if (&path == &models.front() && !exact)
+      fmt::print("exec-equivalence: fast numerics: graph-update and hash-collision bit-identity checks skipped\n");
     if (&path == &models.front()) {
       // Error state: a failed launch makes every later compute fail until reset(), which recovers.
       ContextParams cp;
@@ -134,6 +202,7 @@ int main(int argc, char** argv) {
       check(r3.ok() && std::vector<float>(r3->begin(), r3->end()) == base->logits[0],
             fmt::format("{}: after reset the same logits as before", short_name));
 
+      if (exact) {
       // Graph updates: with an exact KV extent (bucket 1) every step is a new structure; decoding the
       // same 40 steps twice builds each one on its second sighting and, past the cache's 16 graphs,
       // updates evicted executable graphs in place (cudaGraphExecUpdate). The logits must match the
@@ -185,12 +254,25 @@ int main(int argc, char** argv) {
       check(cc.hash_collisions > 0 && cc.graph_builds + cc.graph_updates > 1,
             fmt::format("{}: forced hash collisions rebuilt: {} (builds {}, updates {}, replays {})",
                         short_name, cc.hash_collisions, cc.graph_builds, cc.graph_updates, cc.graph_replays));
+      }
+    }
+    {
+      set_exec_options(**backend, named("all"));
+      auto agree = batched_agreement(**model, 24);
+      if (!agree)
+        check(false, fmt::format("{}: batched decode: {}", short_name, agree.status().message()));
+      else if (exact)
+        check(*agree == 1.0, fmt::format("{}: 16 sequences decoded together give each one's tokens alone "
+                                         "(exact numerics): {:.0f}%", short_name, 100 * *agree));
+      else
+        fmt::print("exec-equivalence: {}: 16 sequences together vs alone, same 24 greedy tokens (fast "
+                   "numerics, not required): {:.0f}%\n", short_name, 100 * *agree);
     }
     for (const char* cfg : {"graph", "concurrency", "fusion", "reorder", "all"}) {
       const ExecOptions o = named(cfg);
       std::vector<Trace> traces;
       for (int r = 0; r < (std::string(cfg) == "all" ? runs : 1); ++r) {
-        auto t = decode_run(**backend, **model, o, steps, prompt);
+        auto t = decode_run(**backend, **model, o, steps, prompt, exact ? nullptr : &base->tokens);
         if (!t) {
           check(false, fmt::format("{} {}: {}", short_name, cfg, t.status().message()));
           break;
@@ -199,11 +281,23 @@ int main(int argc, char** argv) {
       }
       if (traces.empty()) continue;
       const Trace& t = traces[0];
-      const double limit = o.fusion ? 1e-4 : 1e-6;
+      // Fast numerics: fused kernels round at other points (rms_norm_mul in registers, the gated
+      // projection's epilogue), ~1e-7 relative per op; a random-weight model amplifies that through
+      // its layers (1B q4_0, measured on the H200: 3.9e-5 after the 24-token prompt, 4.6e-4 after 16
+      // teacher-forced steps; the trained built-in model 4e-8, and fast against exact is 5.6e-4), so
+      // the bound there is the fast mode's (docs/NUMERICS.md), not exact mode's reordering bound.
+      const double limit = !exact && o.fusion ? 1e-3 : (o.fusion ? 1e-4 : 1e-6);
       double worst = 0;
       for (size_t s = 0; s < t.logits.size(); ++s) worst = std::max(worst, nmse(t.logits[s], base->logits[s]));
-      check(t.tokens == base->tokens,
-            fmt::format("{} {}: {} greedy tokens equal to serialized", short_name, cfg, steps));
+      if (exact) {
+        check(t.tokens == base->tokens,
+              fmt::format("{} {}: {} greedy tokens equal to serialized", short_name, cfg, steps));
+      } else {
+        size_t same = 0;
+        for (size_t i = 0; i < t.tokens.size(); ++i) same += t.tokens[i] == base->tokens[i];
+        fmt::print("exec-equivalence: {} {}: teacher-forced argmax agreement with serialized {}/{}\n", short_name,
+                   cfg, same, t.tokens.size());
+      }
       check(worst <= limit, fmt::format("{} {}: worst per-step logits NMSE {:.3g} <= {:.0e}", short_name, cfg,
                                         worst, limit));
       bool stable = true;

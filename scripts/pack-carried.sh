@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Packs the GPU build's binaries for scripts/gpu-carried.sh (the device tool carries at most 64 MiB with
+# the tracked tree): build-carry/bins.tar.xz from build-gpu/bin (or $1).
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+bin=${1:-$root/build-gpu/bin}
+mkdir -p "$root/build-carry"
+tar cf - -C "$bin" loom loom-test-ops loom-exec-equivalence libloom_cuda.so | xz -6 -T2 >"$root/build-carry/bins.tar.xz"
+ls -la "$root/build-carry/bins.tar.xz"
