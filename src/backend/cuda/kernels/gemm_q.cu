@@ -40,17 +40,25 @@ constexpr int kBM = 16 * kWarps;  // weight rows per block
 constexpr int kBN = 64;           // columns per block
 constexpr int kNTiles = kBN / 8;  // n8 tiles per warp
 constexpr int kChunk = 256;       // k per shared-memory stage (a whole block of every format)
-// Halves per shared column: 256 + 32, so that the 8 columns x 4 threads of an ldmatrix-free 16-byte
-// load phase fall on distinct banks (576-byte rows).
-constexpr int kXStride = kChunk + 32;
 constexpr int kXCopies = kBN * kChunk / 8 / kThreads;  // 16-byte cp.async per thread per stage
-// Raw weight bytes per row and stage: the 256-weight segment (at most 272 bytes, q8_0) copied from its
-// 16-byte-aligned start, so up to 15 bytes before it and a 16-byte piece past it: 19 pieces.
-constexpr int kRawPieces = 19;
-constexpr int kRawStride = 16 * kRawPieces;  // 304 bytes: rows 12 banks apart
-constexpr size_t kXStageBytes = size_t{kBN} * kXStride * sizeof(__half);  // 36,864
-constexpr size_t kWStageBytes = size_t{kBM} * kRawStride;                  // 38,912
-constexpr size_t kSmemBytes = 2 * (kXStageBytes + kWStageBytes);          // 151,552
+// Activations per stage: kBN columns of kChunk halves (512 bytes), the 16-byte pieces of odd columns
+// swizzled (piece ^ 4), so that the two columns one 8-lane phase of a 16-byte load reads fall on
+// different banks.
+constexpr size_t kXStageBytes = size_t{kBN} * kChunk * sizeof(__half);  // 32,768
+__device__ __forceinline__ int x_piece(int col, int piece) { return piece ^ ((col & 1) << 2); }
+
+// Raw weight bytes per row and stage: the chunk's segment of a row (kSegBytes) copied from its
+// 16-byte-aligned start, so up to 15 bytes before it: one piece more than the segment needs.
+// q4_0 / q4_K: 11 pieces, 176-byte rows (12 banks apart); 2 x (22.5 + 32) KB lets two blocks share an SM.
+template <class D>
+struct Staging {
+  static constexpr int kSegBytes = kChunk / D::kBlock * D::kBytes;
+  static constexpr int kRawPieces = (kSegBytes + 15) / 16 + 1;
+  static constexpr int kRawStride = 16 * kRawPieces;
+  static constexpr size_t kWStageBytes = size_t{kBM} * kRawStride;
+  static constexpr size_t kSmemBytes = 2 * (kWStageBytes + kXStageBytes);
+};
+
 // Blocks the split over k aims for: two per SM of a 132-SM H100/H200 (a function of the shape only,
 // so the scratch size and the result do not depend on the device).
 constexpr int64_t kTargetBlocks = 264;
@@ -73,7 +81,7 @@ __device__ __forceinline__ void load_x(const GemmQArgs& p, int64_t col0, int64_t
     const int col = c / (kChunk / 8), part = c % (kChunk / 8);
     const bool ok = col0 + col < p.n;
     const __half* src = p.x + (ok ? col0 + col : 0) * p.k + k0 + part * 8;
-    cp_async_16(smem_addr(s_x + col * kXStride + part * 8), src, ok ? 16 : 0);
+    cp_async_16(smem_addr(s_x + col * kChunk + x_piece(col, part) * 8), src, ok ? 16 : 0);
   }
 }
 
@@ -81,16 +89,16 @@ __device__ __forceinline__ void load_x(const GemmQArgs& p, int64_t col0, int64_t
 // its 16-byte-aligned start (rows past m and bytes past the weights are zero-filled).
 template <class D>
 __device__ __forceinline__ void load_w(const GemmQArgs& p, int64_t row0, int64_t k0, unsigned char* s_w) {
-  constexpr int64_t kSegBytes = kChunk / D::kBlock * D::kBytes;
-  static_assert(kSegBytes + 15 + 16 <= kRawStride + 16, "a segment fits its row of pieces");
-  for (int i = static_cast<int>(threadIdx.x); i < kBM * kRawPieces; i += kThreads) {
-    const int r = i / kRawPieces, piece = i % kRawPieces;
+  using S = Staging<D>;
+  for (int i = static_cast<int>(threadIdx.x); i < kBM * S::kRawPieces; i += kThreads) {
+    const int r = i / S::kRawPieces, piece = i % S::kRawPieces;
     const int64_t row = row0 + r;
     const char* seg = p.a + (row < p.m ? row : 0) * p.a_nb1 + (k0 / D::kBlock) * D::kBytes;
     const char* src = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(seg) & ~uintptr_t{15}) + 16 * piece;
     const int64_t left = p.a_end - src;
-    const int bytes = row < p.m && src < seg + kSegBytes ? static_cast<int>(left < 16 ? (left > 0 ? left : 0) : 16) : 0;
-    cp_async_16(smem_addr(s_w + r * kRawStride + 16 * piece), bytes > 0 ? src : p.a, bytes);
+    const int bytes =
+        row < p.m && src < seg + S::kSegBytes ? static_cast<int>(left < 16 ? (left > 0 ? left : 0) : 16) : 0;
+    cp_async_16(smem_addr(s_w + r * S::kRawStride + 16 * piece), bytes > 0 ? src : p.a, bytes);
   }
 }
 
@@ -106,11 +114,12 @@ __device__ __forceinline__ void dequant8(const unsigned char* raw, int k, uint32
 }
 
 template <class D>
-__global__ void __launch_bounds__(kThreads, 1) gemm_q_kernel(GemmQArgs p) {
+__global__ void __launch_bounds__(kThreads, 2) gemm_q_kernel(GemmQArgs p) {
   // pdl_wait later: the first weight chunk is requested first (no kernel writes weights)
   extern __shared__ __align__(16) unsigned char smem_raw[];
+  using S = Staging<D>;
   unsigned char* s_w = smem_raw;                                           // [2][kBM][kRawStride]
-  auto* s_x = reinterpret_cast<__half*>(smem_raw + 2 * kWStageBytes);      // [2][kBN][kXStride]
+  auto* s_x = reinterpret_cast<__half*>(smem_raw + 2 * S::kWStageBytes);   // [2][kBN][kChunk], swizzled
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize, lane = static_cast<int>(threadIdx.x) % kWarpSize;
   const int g = lane / 4, c = lane % 4;
   const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kBN, row0 = static_cast<int64_t>(blockIdx.y) * kBM;
@@ -136,16 +145,18 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_q_kernel(GemmQArgs p) {
   int stage = 0;
   for (int64_t k0 = k_begin; k0 < k_end; k0 += kChunk, stage ^= 1) {
     if (k0 + kChunk < k_end) {
-      load_w<D>(p, row0, k0 + kChunk, s_w + (stage ^ 1) * kWStageBytes);
-      load_x(p, col0, k0 + kChunk, s_x + (stage ^ 1) * kBN * kXStride);
+      load_w<D>(p, row0, k0 + kChunk, s_w + (stage ^ 1) * S::kWStageBytes);
+      load_x(p, col0, k0 + kChunk, s_x + (stage ^ 1) * kBN * kChunk);
     }
     cp_async_commit();
     cp_async_wait<1>();  // this stage's bytes (the next stage's may still be in flight)
     __syncthreads();
-    const unsigned char* w_lo = s_w + stage * kWStageBytes + r_lo * kRawStride + misalign(r_lo, k0);
-    const unsigned char* w_hi = s_w + stage * kWStageBytes + r_hi * kRawStride + misalign(r_hi, k0);
-    const __half* xs = s_x + stage * kBN * kXStride + g * kXStride + 8 * c;
-#pragma unroll 2
+    const unsigned char* w_lo = s_w + stage * S::kWStageBytes + r_lo * S::kRawStride + misalign(r_lo, k0);
+    const unsigned char* w_hi = s_w + stage * S::kWStageBytes + r_hi * S::kRawStride + misalign(r_hi, k0);
+    // column g of each n8 tile (g's parity, hence the swizzle, is the same in every tile)
+    const __half* xs = s_x + stage * kBN * kChunk + g * kChunk + 8 * c;
+    const int sw = (g & 1) << 2;
+#pragma unroll 1
     for (int j = 0; j < kChunk / 32; ++j) {
       uint32_t wl[4], wh[4];
       dequant8<D>(w_lo, 32 * j + 8 * c, wl);
@@ -154,7 +165,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_q_kernel(GemmQArgs p) {
       const uint32_t a1[4] = {wl[2], wh[2], wl[3], wh[3]};
 #pragma unroll
       for (int nt = 0; nt < kNTiles; ++nt) {
-        const uint4 xv = *reinterpret_cast<const uint4*>(xs + nt * 8 * kXStride + 32 * j);
+        const uint4 xv = *reinterpret_cast<const uint4*>(xs + nt * 8 * kChunk + 8 * ((4 * j) ^ sw));
         mma_16816(acc[nt], a0, xv.x, xv.y);
         mma_16816(acc[nt], a1, xv.z, xv.w);
       }
@@ -236,10 +247,11 @@ CudaError launch_gemm_q(const LaunchContext& ctx, const Tensor* dst, const __hal
       a->type, CudaError::runtime(cudaErrorInvalidValue, "mul_mat: not a quantized weight", __FILE__, __LINE__),
       [&](auto q) -> CudaError {
         auto* kernel = gemm_q_kernel<typename decltype(q)::Dequant8>;
-        static_assert(kSmemBytes <= 227 * 1024);
-        LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(kSmemBytes)));
-        kernel<<<grid, kThreads, kSmemBytes, ctx.stream>>>(p);
+        constexpr size_t smem = Staging<typename decltype(q)::Dequant8>::kSmemBytes;
+        static_assert(smem <= 227 * 1024);
+        LOOM_CUDA_CHECK(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+        kernel<<<grid, kThreads, smem, ctx.stream>>>(p);
         LOOM_CUDA_CHECK_LAUNCH("gemm_q_kernel");
         return {};
       });
