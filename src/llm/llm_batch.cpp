@@ -16,6 +16,8 @@ struct Sequence {
   size_t n_computed = 0;  // prompt positions in the cache (enqueued sequences fill it step by step)
   int chunk = 0;          // enqueued: prompt tokens per step
   uint64_t order = 0;     // enqueued: prompts are computed in this order
+  bool parked = false;    // keeps its cells for prefix sharing, generates nothing
+  const float* logits = nullptr;  // what the newest token was sampled from (until the next call)
   bool pending() const { return n_computed < n_prompt; }
 };
 
@@ -26,6 +28,7 @@ struct BatchGenerator::Impl {
   std::vector<Sequence> seqs;  // increasing id
   std::vector<GeneratedToken> out;
   uint64_t next_order = 0;
+  BatchStepStats last;
   // step()'s buffers, kept so that a step allocates nothing once warmed up
   std::vector<Sequence*> run;
   std::vector<SeqTokens> batch;
@@ -105,6 +108,8 @@ Result<int> BatchGenerator::add(std::span<const int32_t> prompt, const SamplerPa
     return token.status();
   }
   s.history.push_back(*token);
+  for (Sequence& other : g.seqs) other.logits = nullptr;  // the context's logits are this decode's now
+  s.logits = logits->data();
   insert_sorted(g.seqs, std::move(s));
   return id;
 }
@@ -140,9 +145,37 @@ Status BatchGenerator::remove(int seq_id) {
   return g.ctx->kv_cache_seq_rm(seq_id, 0);
 }
 
+Status BatchGenerator::park(int seq_id) {
+  for (Sequence& s : impl_->seqs)
+    if (s.id == seq_id) {
+      s.parked = true;
+      s.logits = nullptr;
+      return {};
+    }
+  return make_error(StatusCode::invalid_argument, "batch: no sequence {} to park", seq_id);
+}
+
+bool BatchGenerator::parked(int seq_id) const {
+  for (const Sequence& s : impl_->seqs)
+    if (s.id == seq_id) return s.parked;
+  return false;
+}
+
+const BatchStepStats& BatchGenerator::last_step() const { return impl_->last; }
+
+std::span<const float> BatchGenerator::logits(int seq_id) const {
+  for (const Sequence& s : impl_->seqs)
+    if (s.id == seq_id)
+      return s.logits ? std::span<const float>(s.logits, static_cast<size_t>(impl_->ctx->n_vocab()))
+                      : std::span<const float>{};
+  return {};
+}
+
 Result<std::span<const GeneratedToken>> BatchGenerator::step() {
   Impl& g = *impl_;
   g.out.clear();
+  g.last = BatchStepStats{};
+  for (Sequence& s : g.seqs) s.logits = nullptr;
   const size_t n_vocab = static_cast<size_t>(g.ctx->n_vocab());
   const size_t per_pass = static_cast<size_t>(std::max(1, g.ctx->n_batch()));
 
@@ -150,7 +183,7 @@ Result<std::span<const GeneratedToken>> BatchGenerator::step() {
   //    when there are several).
   Sequence* pf = nullptr;
   for (Sequence& s : g.seqs)
-    if (s.pending() && (!pf || s.order < pf->order)) pf = &s;
+    if (s.pending() && !s.parked && (!pf || s.order < pf->order)) pf = &s;
   const size_t pf_before = pf ? pf->n_computed : 0;
   std::vector<float>& pf_logits = g.pf_logits;
   pf_logits.clear();
@@ -165,6 +198,7 @@ Result<std::span<const GeneratedToken>> BatchGenerator::step() {
       return make_error(got.status().code(), "batch: sequence {}: {}", pf->id, got.status().message());
     }
     pf->n_computed += n;
+    g.last.n_prefill_tokens = static_cast<int>(n);
     if (!pf->pending()) pf_logits.assign(got->begin(), got->end());
   }
   auto undo_prefill = [&] {
@@ -178,7 +212,7 @@ Result<std::span<const GeneratedToken>> BatchGenerator::step() {
   std::vector<Sequence*>& run = g.run;
   run.clear();
   for (Sequence& s : g.seqs)
-    if (!s.pending() && &s != pf) run.push_back(&s);
+    if (!s.pending() && !s.parked && &s != pf) run.push_back(&s);
   std::vector<SeqTokens>& batch = g.batch;
   std::vector<float>& logits = g.logits;
   logits.resize(run.size() * n_vocab);
@@ -204,7 +238,9 @@ Result<std::span<const GeneratedToken>> BatchGenerator::step() {
     }
     std::copy(got->begin(), got->end(), logits.begin() + static_cast<std::ptrdiff_t>(done * n_vocab));
     done += n;
+    ++g.last.n_passes;
   }
+  g.last.n_decoded = static_cast<int>(run.size());
 
   // 3. Sampling: the running sequences' next tokens and, when its prompt is done, the enqueued
   //    sequence's first.
@@ -228,11 +264,18 @@ Result<std::span<const GeneratedToken>> BatchGenerator::step() {
     }
     first = *token;
   }
-  for (size_t i = 0; i < run.size(); ++i) run[i]->history.push_back(next[i]);
-  if (!pf_logits.empty()) pf->history.push_back(first);
-  // every sequence not prefilling now ran this step or finished its prompt in it (increasing id)
+  for (size_t i = 0; i < run.size(); ++i) {
+    run[i]->history.push_back(next[i]);
+    run[i]->logits = logits.data() + i * n_vocab;
+  }
+  if (!pf_logits.empty()) {
+    pf->history.push_back(first);
+    pf->logits = pf_logits.data();
+  }
+  // every sequence not prefilling or parked now ran this step or finished its prompt in it
+  // (increasing id)
   for (const Sequence& s : g.seqs)
-    if (!s.pending()) g.out.push_back(GeneratedToken{s.id, s.history.back()});
+    if (!s.pending() && !s.parked) g.out.push_back(GeneratedToken{s.id, s.history.back()});
   return std::span<const GeneratedToken>(g.out);
 }
 

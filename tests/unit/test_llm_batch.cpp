@@ -579,5 +579,65 @@ TEST_F(LlmBatch, PrefixReuseKeepsTokens) {
   }
 }
 
+// What a server needs besides tokens: the logits each token was sampled from (log-probabilities),
+// how many sequences a step decoded together, and parked sequences: a finished one stops
+// generating but keeps its cells, which a later prompt that starts the same way shares.
+TEST_F(LlmBatch, ParkedSequencesLendTheirPrefix) {
+  auto ref = open_model(LOOM_BUILTIN_MODEL_Q8_0, 256, 64, KvCacheKind::contiguous);
+  auto l = open_model(LOOM_BUILTIN_MODEL_Q8_0, 1024, 32, KvCacheKind::paged, 16);
+  ASSERT_TRUE(ref.ctx && l.ctx);
+  const int n_vocab = ref.ctx->n_vocab();
+  auto prompts = builtin_prompts(2, n_vocab);
+  prompts[0] = test_tokens(40, n_vocab, 21);
+  prompts[0][0] = 0;
+  BatchGenerator gen(*l.ctx);
+  auto a = gen.add(prompts[0], greedy());
+  auto b = gen.add(prompts[1], greedy());
+  ASSERT_TRUE(a.ok() && b.ok());
+  for (int i = 0; i < 6; ++i) {
+    auto out = gen.step();
+    ASSERT_TRUE(out.ok());
+    EXPECT_EQ(gen.last_step().n_decoded, 2);
+    EXPECT_EQ(gen.last_step().n_passes, 1);
+    EXPECT_EQ(gen.last_step().n_prefill_tokens, 0);
+    for (const GeneratedToken& t : *out) {
+      const auto logits = gen.logits(t.seq_id);
+      ASSERT_EQ(logits.size(), static_cast<size_t>(n_vocab));
+      EXPECT_EQ(std::max_element(logits.begin(), logits.end()) - logits.begin(), t.token);  // greedy
+    }
+  }
+  const auto a_tokens = gen.generated(*a);
+  std::vector<int32_t> next_turn(prompts[0]);
+  next_turn.insert(next_turn.end(), a_tokens.begin(), a_tokens.end());
+  for (int32_t t : test_tokens(5, n_vocab, 33)) next_turn.push_back(t);
+  ASSERT_TRUE(gen.park(*a).ok());
+  EXPECT_TRUE(gen.parked(*a));
+  EXPECT_FALSE(gen.park(99).ok());
+  const int used_parked = l.ctx->kv_cache_used();
+  auto out = gen.step();
+  ASSERT_TRUE(out.ok());
+  ASSERT_EQ(out->size(), 1u);  // the parked one takes no token
+  EXPECT_EQ((*out)[0].seq_id, *b);
+  EXPECT_TRUE(gen.logits(*a).empty());
+  EXPECT_EQ(l.ctx->kv_cache_used(), used_parked + 1);
+  // the next turn shares the parked sequence's whole blocks and generates what it does alone
+  auto c = gen.enqueue(next_turn, greedy());
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(gen.shared_prompt_tokens(*c), static_cast<int>(prompts[0].size() + a_tokens.size() - 1) / 16 * 16);
+  while (gen.generated(*c).size() < 8) {
+    ASSERT_TRUE(gen.step().ok());
+    if (gen.last_step().n_prefill_tokens > 0) {
+      EXPECT_EQ(gen.last_step().n_decoded, 1);
+    }
+  }
+  const auto got = gen.generated(*c);
+  EXPECT_EQ(std::vector<int32_t>(got.begin(), got.begin() + 8), greedy_alone(*ref.ctx, next_turn, 8));
+  // removing the parked sequence frees only what nobody else holds
+  const int before = l.ctx->kv_cache_used();
+  ASSERT_TRUE(gen.remove(*a).ok());
+  EXPECT_LT(l.ctx->kv_cache_used(), before);
+  EXPECT_GT(l.ctx->kv_cache_used(), 0);
+}
+
 }  // namespace
 }  // namespace loom::llm::testing
