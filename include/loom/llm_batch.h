@@ -76,6 +76,11 @@ class BatchGenerator {
   /// named in the message) no sequence advances.
   Result<std::span<const GeneratedToken>> step();
 
+  /// Samples a step's sequences on `n_threads` threads (the caller's and n_threads - 1 kept by the
+  /// generator) when there are several of them; 1 (the default): on the caller's thread. The tokens
+  /// are the same either way (each sequence has its own sampler); what changes is the host time of a
+  /// step with many sequences and a large vocabulary.
+  void set_sampling_threads(int n_threads);
   /// What the last step() computed (zeros before the first).
   const BatchStepStats& last_step() const;
   /// The logits (n_vocab floats, as the model gave them: before any penalty or temperature) from

@@ -92,6 +92,10 @@ Result<std::unique_ptr<Engine>> Engine::create(llm::Session session, const Token
   std::unique_ptr<Engine> e(
       new Engine(std::move(session), tok, std::move(stop_ids), n_parallel, queue_size, metrics));
   e->gen_ = std::make_unique<llm::BatchGenerator>(*e->session_.context);
+  // Sampling 64 sequences of a 128k vocabulary takes milliseconds on one thread, against a
+  // forward pass of tens of milliseconds on a GPU: spread it when many requests run.
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  if (n_parallel >= 8) e->gen_->set_sampling_threads(std::clamp(cores / 2, 1, 8));
   e->n_ctx_ = n_ctx;
   e->prefill_chunk_ = std::max(1, n_batch);
   e->kv_block_size_ = kv_block_size;

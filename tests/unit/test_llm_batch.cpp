@@ -538,6 +538,35 @@ TEST_F(LlmBatch, PerSequenceSampling) {
   EXPECT_NE(together[0], together[1]);
 }
 
+// Sampling a step's sequences on several threads gives the tokens one thread gives.
+TEST_F(LlmBatch, SamplingThreadsKeepTokens) {
+  auto l = open_model(LOOM_BUILTIN_MODEL_Q8_0, 2048, 32, KvCacheKind::paged, 16);
+  ASSERT_TRUE(l.ctx);
+  const auto prompts = builtin_prompts(12, l.ctx->n_vocab());
+  auto run = [&](int n_threads) {
+    BatchGenerator gen(*l.ctx);
+    gen.set_sampling_threads(n_threads);
+    for (int s = 0; s < 12; ++s) {
+      SamplerParams sp;
+      sp.seed = 100 + static_cast<uint32_t>(s);
+      sp.temperature = s % 3 == 0 ? 0.0f : 1.2f;
+      sp.penalties.repeat = s % 2 ? 1.3f : 1.0f;
+      EXPECT_TRUE(gen.add(prompts[static_cast<size_t>(s)], sp).ok());
+    }
+    for (int i = 0; i < 12; ++i) EXPECT_TRUE(gen.step().ok());
+    std::vector<std::vector<int32_t>> out;
+    for (int id : gen.sequences()) {
+      auto g = gen.generated(id);
+      out.emplace_back(g.begin(), g.end());
+    }
+    l.ctx->kv_cache_clear();
+    return out;
+  };
+  const auto one = run(1);
+  EXPECT_EQ(run(3), one);
+  EXPECT_EQ(run(1), one);
+}
+
 // Prompts that begin alike (a shared "system prompt") share its blocks: each later sequence
 // computes only the rest of its prompt, holds fewer cells, and generates what it generates alone.
 TEST_F(LlmBatch, PrefixReuseKeepsTokens) {
