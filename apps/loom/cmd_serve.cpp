@@ -90,11 +90,12 @@ int run_serve(ServeOptions o) {
   const int n_ctx = session->context->n_ctx();
   const std::string format_name = format->name;
   if (Status s = srv.attach(std::move(*session), std::move(*format)); !s.ok()) return finish(fail(s));
-  fmt::print(
-      stderr,
-      "loom: serving on http://{}:{}: {} sequences of {} tokens batched (paged KV cache), queue {}, chat format "
-      "{}, backend {}\n",
-      o.server.host, srv.port(), o.server.n_parallel, n_ctx, o.server.queue_size, format_name, backend_name);
+  fmt::print(stderr,
+             "loom: serving on http://{}:{}: {} sequences of {} tokens batched (paged KV cache), queue {}, "
+             "chat format "
+             "{}, backend {}\n",
+             o.server.host, srv.port(), o.server.n_parallel, n_ctx, o.server.queue_size, format_name,
+             backend_name);
   srv.wait();
   return finish(0);
 }

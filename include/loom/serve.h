@@ -4,7 +4,8 @@
 // generates up to N requests at once: one worker thread owns the backend and one context with a
 // paged KV cache, every request is a sequence of an llm::BatchGenerator, and each step advances all
 // running requests in one forward pass (a new prompt is computed a chunk per step meanwhile). A
-// request waits in a bounded queue while N run (429 when the queue is full). Typical use (what `loom serve` does):
+// request waits in a bounded queue while N run (429 when the queue is full). Typical use (what `loom serve`
+// does):
 //
 //   loom::serve::ServerOptions so; so.port = 0; so.n_parallel = 4;
 //   auto server = loom::serve::Server::create(so);      // binds; (*server)->port() is the port
@@ -62,8 +63,8 @@ Result<ChatFormat> chat_format_for_model(const GgufFile& file, const Tokenizer& 
 /// Server settings; the defaults are `loom serve`'s.
 struct ServerOptions {
   std::string host = "127.0.0.1";
-  int port = 8080;                    ///< 0: a free port, chosen when binding (Server::port)
-  int n_parallel = 1;                 ///< requests generated at the same time (sequences of one batch)
+  int port = 8080;     ///< 0: a free port, chosen when binding (Server::port)
+  int n_parallel = 1;  ///< requests generated at the same time (sequences of one batch)
   /// Cells per block of the paged KV cache; prompt prefixes are shared between requests in whole
   /// blocks, so `cached_tokens` is a multiple of it.
   int kv_block_size = 16;
@@ -79,14 +80,14 @@ struct ServerOptions {
 
 /// Counters the tests and /metrics read.
 struct ServerStats {
-  int queue_depth = 0;   ///< requests waiting for a slot
-  int active_slots = 0;  ///< requests generating (sequences of the batch)
-  int n_slots = 0;       ///< n_parallel
-  int64_t kv_cells_used = 0;  ///< KV cells held by running requests and by finished ones kept for reuse
-  int cached_sequences = 0;   ///< finished requests whose cells are kept for prefix reuse
-  uint64_t requests_finished = 0;     ///< generation requests completed (any reason)
-  uint64_t requests_cancelled = 0;    ///< of which stopped because the client went away
-  uint64_t prompt_tokens = 0;         ///< prompt tokens of finished requests
+  int queue_depth = 0;              ///< requests waiting for a slot
+  int active_slots = 0;             ///< requests generating (sequences of the batch)
+  int n_slots = 0;                  ///< n_parallel
+  int64_t kv_cells_used = 0;        ///< KV cells held by running requests and by finished ones kept for reuse
+  int cached_sequences = 0;         ///< finished requests whose cells are kept for prefix reuse
+  uint64_t requests_finished = 0;   ///< generation requests completed (any reason)
+  uint64_t requests_cancelled = 0;  ///< of which stopped because the client went away
+  uint64_t prompt_tokens = 0;       ///< prompt tokens of finished requests
   uint64_t prompt_tokens_cached = 0;  ///< of which were already in the slot's KV cache
   uint64_t generated_tokens = 0;
 };

@@ -88,11 +88,11 @@ struct Sequence {
   Sampler sampler;
   std::vector<int32_t> history;  // prompt, then the sampled tokens (penalties look at both)
   size_t n_prompt = 0;
-  int n_shared = 0;  // prompt positions shared from another sequence's cache
-  size_t n_computed = 0;  // prompt positions in the cache (enqueued sequences fill it step by step)
-  int chunk = 0;          // enqueued: prompt tokens per step
-  uint64_t order = 0;     // enqueued: prompts are computed in this order
-  bool parked = false;    // keeps its cells for prefix sharing, generates nothing
+  int n_shared = 0;               // prompt positions shared from another sequence's cache
+  size_t n_computed = 0;          // prompt positions in the cache (enqueued sequences fill it step by step)
+  int chunk = 0;                  // enqueued: prompt tokens per step
+  uint64_t order = 0;             // enqueued: prompts are computed in this order
+  bool parked = false;            // keeps its cells for prefix sharing, generates nothing
   const float* logits = nullptr;  // what the newest token was sampled from (until the next call)
   bool pending() const { return n_computed < n_prompt; }
 };
@@ -153,7 +153,8 @@ Result<Sequence> start_sequence(Context& ctx, const std::vector<Sequence>& seqs,
     if (!k) return k.status();
     shared = *k;
   }
-  Sequence s{id, std::move(*sampler), std::vector<int32_t>(prompt.begin(), prompt.end()), prompt.size(), shared};
+  Sequence s{id, std::move(*sampler), std::vector<int32_t>(prompt.begin(), prompt.end()), prompt.size(),
+             shared};
   s.n_computed = static_cast<size_t>(shared);
   return s;
 }
@@ -192,7 +193,8 @@ Result<int> BatchGenerator::add(std::span<const int32_t> prompt, const SamplerPa
   return id;
 }
 
-Result<int> BatchGenerator::enqueue(std::span<const int32_t> prompt, const SamplerParams& sampling, int chunk) {
+Result<int> BatchGenerator::enqueue(std::span<const int32_t> prompt, const SamplerParams& sampling,
+                                    int chunk) {
   Impl& g = *impl_;
   if (chunk < 0) return make_error(StatusCode::invalid_argument, "batch: prompt chunk {} is negative", chunk);
   const int id = g.lowest_free_id();

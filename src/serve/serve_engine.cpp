@@ -76,8 +76,8 @@ Result<std::unique_ptr<Engine>> Engine::create(llm::Session session, const Token
   // reuse give theirs back first). The session's context goes before the new one is made.
   const int64_t per_seq = (static_cast<int64_t>(n_ctx) + kv_block_size - 1) / kv_block_size * kv_block_size;
   if (per_seq * n_parallel > std::numeric_limits<int32_t>::max() / 2)
-    return make_error(StatusCode::invalid_argument, "serve: {} sequences of {} cells are too many", n_parallel,
-                      per_seq);
+    return make_error(StatusCode::invalid_argument, "serve: {} sequences of {} cells are too many",
+                      n_parallel, per_seq);
   session.context.reset();
   llm::ContextParams cp;
   cp.n_ctx = static_cast<int>(per_seq * n_parallel);
@@ -86,8 +86,8 @@ Result<std::unique_ptr<Engine>> Engine::create(llm::Session session, const Token
   cp.kv_block_size = kv_block_size;
   auto ctx = llm::Context::create(*session.model, cp);
   if (!ctx)
-    return make_error(ctx.status().code(), "serve: a paged KV cache of {} sequences x {} cells: {}", n_parallel,
-                      per_seq, ctx.status().message());
+    return make_error(ctx.status().code(), "serve: a paged KV cache of {} sequences x {} cells: {}",
+                      n_parallel, per_seq, ctx.status().message());
   session.context = std::move(*ctx);
   std::unique_ptr<Engine> e(
       new Engine(std::move(session), tok, std::move(stop_ids), n_parallel, queue_size, metrics));
@@ -295,8 +295,8 @@ void Engine::step_all() {
   if (st.n_decoded > 0) metrics_.batch_sequences.observe(st.n_decoded);
   // running_ is small (n_parallel at most): a linear search per token is cheap next to the step
   for (const llm::GeneratedToken& t : *got) {
-    const auto it = std::find_if(running_.begin(), running_.end(),
-                                 [&](const auto& r) { return r->seq == t.seq_id; });
+    const auto it =
+        std::find_if(running_.begin(), running_.end(), [&](const auto& r) { return r->seq == t.seq_id; });
     if (it == running_.end()) continue;
     Running& r = **it;
     try {
@@ -328,7 +328,6 @@ TokenLogprob logprobs_of(std::span<const float> logits, int32_t id, int n) {
 }
 
 }  // namespace
-
 
 void Engine::deliver(Running& r, int32_t token) {
   const GenRequest& req = r.task->request();

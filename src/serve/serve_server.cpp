@@ -377,7 +377,8 @@ std::string ServerImpl::metrics_text() const {
     gauge("loom_queue_depth", "Requests waiting for a slot.", s.queue_depth);
     gauge("loom_slots_active", "Requests generating (sequences of the batch).", s.active_slots);
     gauge("loom_slots_total", "Requests that may generate at once (--parallel).", s.n_slots);
-    gauge("loom_kv_cache_used_cells", "KV cache cells in use: running requests and finished ones kept for reuse.",
+    gauge("loom_kv_cache_used_cells",
+          "KV cache cells in use: running requests and finished ones kept for reuse.",
           static_cast<double>(used));
     gauge("loom_kv_cache_total_cells", "KV cache cells (the paged pool).", static_cast<double>(total));
     gauge("loom_kv_cache_kept_sequences", "Finished requests whose cells are kept for prefix reuse.",

@@ -602,8 +602,8 @@ TEST(Serve, ConcurrentRequestsShareForwardPasses) {
   std::vector<std::thread> threads;
   for (int i = 0; i < 4; ++i)
     threads.emplace_back([&, i] {
-      got[static_cast<size_t>(i)] = stream(s, "/v1/completions",
-                                           json{{"prompt", prompts[i]}, {"max_tokens", 48}, {"temperature", 0}});
+      got[static_cast<size_t>(i)] =
+          stream(s, "/v1/completions", json{{"prompt", prompts[i]}, {"max_tokens", 48}, {"temperature", 0}});
     });
   for (auto& t : threads) t.join();
   for (const Streamed& g : got) ASSERT_EQ(g.status, 200) << g.error;
@@ -612,8 +612,11 @@ TEST(Serve, ConcurrentRequestsShareForwardPasses) {
   const double alone = metric_value(m, "loom_batch_sequences_bucket{le=\"1\"}");
   ASSERT_GT(steps, 0) << m;
   EXPECT_LT(alone, steps) << "no step decoded two requests together\n" << m;
-  EXPECT_GT(metric_value(m, "loom_batch_sequences_bucket{le=\"4\"}") - metric_value(m, "loom_batch_sequences_bucket{le=\"2\"}"), 0)
-      << "no step decoded all four requests\n" << m;
+  EXPECT_GT(metric_value(m, "loom_batch_sequences_bucket{le=\"4\"}") -
+                metric_value(m, "loom_batch_sequences_bucket{le=\"2\"}"),
+            0)
+      << "no step decoded all four requests\n"
+      << m;
   // alone, each of the 4 x 47 tokens after the first would take a pass of its own
   EXPECT_LT(steps, static_cast<double>(s.server().stats().generated_tokens) / 2);
 }

@@ -486,7 +486,8 @@ TEST_F(LlmBatch, EnqueuedPromptsInterleaveWithDecodes) {
     EXPECT_EQ(running, 4u) << "step " << step;
     // b's prompt waits for a's
     if (a_pending) EXPECT_TRUE(gen.prefilling(*b)) << "the second prompt went before the first";
-    if (gen.generated(*a).size() >= static_cast<size_t>(n_gen) && gen.generated(*b).size() >= static_cast<size_t>(n_gen))
+    if (gen.generated(*a).size() >= static_cast<size_t>(n_gen) &&
+        gen.generated(*b).size() >= static_cast<size_t>(n_gen))
       break;
   }
   EXPECT_EQ(steps_a, 6);
@@ -652,7 +653,8 @@ TEST_F(LlmBatch, ParkedSequencesLendTheirPrefix) {
   // the next turn shares the parked sequence's whole blocks and generates what it does alone
   auto c = gen.enqueue(next_turn, greedy());
   ASSERT_TRUE(c.ok());
-  EXPECT_EQ(gen.shared_prompt_tokens(*c), static_cast<int>(prompts[0].size() + a_tokens.size() - 1) / 16 * 16);
+  EXPECT_EQ(gen.shared_prompt_tokens(*c),
+            static_cast<int>(prompts[0].size() + a_tokens.size() - 1) / 16 * 16);
   while (gen.generated(*c).size() < 8) {
     ASSERT_TRUE(gen.step().ok());
     if (gen.last_step().n_prefill_tokens > 0) {
