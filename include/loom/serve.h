@@ -11,7 +11,7 @@
 //   auto server = loom::serve::Server::create(so);      // binds; (*server)->port() is the port
 //   (*server)->start();                                  // HTTP on a background thread
 //   auto session = loom::llm::open_session(sp);
-//   (*server)->attach(std::move(*session), format);      // slots, worker: /health says ok
+//   (*server)->attach(std::move(*session), format);      // paged cache, worker: /health says ok
 //   (*server)->wait();                                   // until stop()
 #pragma once
 
@@ -88,7 +88,7 @@ struct ServerStats {
   uint64_t requests_finished = 0;   ///< generation requests completed (any reason)
   uint64_t requests_cancelled = 0;  ///< of which stopped because the client went away
   uint64_t prompt_tokens = 0;       ///< prompt tokens of finished requests
-  uint64_t prompt_tokens_cached = 0;  ///< of which were already in the slot's KV cache
+  uint64_t prompt_tokens_cached = 0;  ///< of which were shared from the KV cache
   uint64_t generated_tokens = 0;
 };
 

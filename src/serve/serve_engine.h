@@ -67,7 +67,7 @@ class Task {
 
   /// Moves every event waiting into `out` (waiting at most `timeout` for one); false when none came.
   bool pop(std::vector<StreamEvent>& out, std::chrono::milliseconds timeout);
-  /// The client is gone or gave up: the engine frees the request's slot at its next step.
+  /// The client is gone or gave up: the engine ends the request and frees its cache blocks at its next step.
   void cancel() { cancelled_.store(true); }
   bool cancelled() const { return cancelled_.load(); }
   /// Whether the engine has sent `done`.

@@ -246,7 +246,7 @@ void ServerImpl::handle_generation(const httplib::Request& req, httplib::Respons
 
   // Streaming: one SSE chunk per token (or per complete UTF-8 character), then the finish reason,
   // the usage when asked for, and [DONE]. A write that fails (the client went away) cancels the
-  // request, which frees its slot at the worker's next turn.
+  // request, which frees its place and cache blocks at the worker's next turn.
   struct StreamState {
     bool sent_role = false;
     size_t text_offset = 0;
