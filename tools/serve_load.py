@@ -10,8 +10,10 @@ Python's standard library only (http.client, threads), so it runs wherever pytho
   serve_load.py -c 64 -n 64 --prompt-tokens 256 --max-tokens 256 --ignore-eos   # fixed lengths
 
 Throughput: generated_tokens_per_s is every generated token over the wall time (prompts included);
-decode_tokens_per_s sums each stream's rate from its first token to its last (what a batched
-benchmark's generation figure, e.g. `loom bench -npl`'s S_TG, measures when the streams overlap).
+decode_tokens_per_s sums each stream's rate from its first token to its last; steady_tokens_per_s
+counts the tokens of all streams between the moment every stream has its first token and the moment
+the first one ends, over that time: every stream decoding, no prompt in flight (what a batched
+benchmark's generation figure, `loom bench -npl`'s S_TG, measures; with -n equal to -c).
 """
 import argparse
 import http.client
@@ -49,6 +51,7 @@ class Result:
         self.tokens = 0          # generated tokens (usage), else content chunks
         self.ttft = None         # seconds from sending to the first content chunk
         self.gaps = []           # seconds between content chunks
+        self.times = []          # perf_counter of each content chunk
         self.error = None
         self.seconds = 0.0
 
@@ -139,6 +142,7 @@ def run_one(args, index):
                     else:
                         r.gaps.append(now - last)
                     last = now
+                    r.times.append(now)
                     r.text += piece
                     chunks += 1
         if r.tokens == 0:
@@ -217,10 +221,18 @@ def main():
     ttft = [r.ttft for r in ok if r.ttft is not None]
     gaps = [g for r in ok for g in r.gaps]
     decode_rate = sum(len(r.gaps) / sum(r.gaps) for r in ok if r.gaps and sum(r.gaps) > 0)
+    steady_rate = float("nan")
+    timed = [r for r in ok if r.times]
+    if timed:
+        start = max(r.times[0] for r in timed)
+        end = min(r.times[-1] for r in timed)
+        if end > start:
+            steady_rate = sum(1 for r in timed for t in r.times if start < t <= end) / (end - start)
     report = {
         "url": args.url, "concurrency": args.concurrency, "requests": args.requests, "max_tokens": args.max_tokens,
         "seconds": wall, "requests_per_s": len(ok) / wall, "generated_tokens": tokens,
         "generated_tokens_per_s": tokens / wall, "decode_tokens_per_s": decode_rate,
+        "steady_tokens_per_s": steady_rate,
         "prompt_tokens": args.prompt_tokens or None,
         "ttft_ms_p50": percentile(ttft, 0.5) * 1e3, "ttft_ms_p99": percentile(ttft, 0.99) * 1e3,
         "itl_ms_p50": percentile(gaps, 0.5) * 1e3, "itl_ms_p99": percentile(gaps, 0.99) * 1e3,
@@ -231,7 +243,8 @@ def main():
     else:
         print(f"serve_load: {args.requests} requests, {args.concurrency} concurrent, max_tokens {args.max_tokens}: "
               f"{wall:.2f} s, {report['requests_per_s']:.2f} req/s, {tokens} tokens, "
-              f"{report['generated_tokens_per_s']:.1f} tok/s, decode {decode_rate:.1f} tok/s")
+              f"{report['generated_tokens_per_s']:.1f} tok/s, decode {decode_rate:.1f} tok/s, "
+              f"steady {steady_rate:.1f} tok/s")
         print(f"serve_load: time to first token p50 {report['ttft_ms_p50']:.1f} ms, p99 {report['ttft_ms_p99']:.1f} ms; "
               f"inter-token p50 {report['itl_ms_p50']:.1f} ms, p99 {report['itl_ms_p99']:.1f} ms")
         print(f"serve_load: {len(errors)} errors" +
