@@ -7,6 +7,13 @@ same request run alone (no cross-talk; batch invariance under greedy decoding or
 Python's standard library only (http.client, threads), so it runs wherever python3 does.
 
   serve_load.py --url http://127.0.0.1:8080 -c 64 -n 256 --max-tokens 64 [--chat] [--check] [--json]
+  serve_load.py -c 64 -n 64 --prompt-tokens 256 --max-tokens 256 --ignore-eos   # fixed lengths
+
+Throughput: generated_tokens_per_s is every generated token over the wall time (prompts included);
+decode_tokens_per_s sums each stream's rate from its first token to its last; steady_tokens_per_s
+counts the tokens of all streams between the moment every stream has its first token and the moment
+the first one ends, over that time: every stream decoding, no prompt in flight (what a batched
+benchmark's generation figure, `loom bench -npl`'s S_TG, measures; with -n equal to -c).
 """
 import argparse
 import http.client
@@ -44,14 +51,45 @@ class Result:
         self.tokens = 0          # generated tokens (usage), else content chunks
         self.ttft = None         # seconds from sending to the first content chunk
         self.gaps = []           # seconds between content chunks
+        self.times = []          # perf_counter of each content chunk
         self.error = None
         self.seconds = 0.0
 
 
+def token_prompts(args, n_tokens):
+    """Prompts of exactly n_tokens token ids (one per PROMPTS entry): each text, then the others as
+    filler, tokenized by the server's /tokenize (loom serve and llama-server both have it)."""
+    url = urllib.parse.urlparse(args.url)
+    headers = {"Content-Type": "application/json"}
+    if args.api_key:
+        headers["Authorization"] = f"Bearer {args.api_key}"
+    out = []
+    for i, text in enumerate(PROMPTS):
+        filler = " ".join(PROMPTS[i + 1:] + PROMPTS[:i])
+        while True:
+            conn = http.client.HTTPConnection(url.hostname, url.port or 80, timeout=args.timeout)
+            conn.request("POST", "/tokenize", json.dumps({"content": text + " " + filler, "add_special": True}),
+                         headers)
+            resp = conn.getresponse()
+            if resp.status != 200:
+                raise RuntimeError(f"/tokenize: HTTP {resp.status}: {resp.read(300).decode(errors='replace')}")
+            tokens = [t["id"] if isinstance(t, dict) else t for t in json.loads(resp.read())["tokens"]]
+            conn.close()
+            if len(tokens) >= n_tokens:
+                out.append(tokens[:n_tokens])
+                break
+            filler = filler + " " + filler
+    return out
+
+
 def request_body(args, index):
     prompt = PROMPTS[index % len(PROMPTS)]
+    if args.token_prompts:
+        prompt = args.token_prompts[index % len(PROMPTS)]
     body = {"max_tokens": args.max_tokens, "temperature": args.temperature, "seed": args.seed + index % len(PROMPTS),
             "stream": True, "stream_options": {"include_usage": True}}
+    if args.ignore_eos:
+        body["ignore_eos"] = True
     if args.model:
         body["model"] = args.model
     if args.chat:
@@ -104,6 +142,7 @@ def run_one(args, index):
                     else:
                         r.gaps.append(now - last)
                     last = now
+                    r.times.append(now)
                     r.text += piece
                     chunks += 1
         if r.tokens == 0:
@@ -153,9 +192,17 @@ def main():
     ap.add_argument("--check", action="store_true",
                     help="first run each distinct request alone, then require every concurrent response to equal it")
     ap.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    ap.add_argument("--prompt-tokens", type=int, default=0,
+                    help="prompts of exactly this many tokens, sent as token ids (completions only)")
+    ap.add_argument("--ignore-eos", action="store_true",
+                    help="ask the server to go on past end-of-generation tokens (ignore_eos), so every request "
+                         "generates --max-tokens")
     args = ap.parse_args()
     if args.concurrency < 1 or args.requests < 1 or args.max_tokens < 1:
         ap.error("-c, -n and --max-tokens must be at least 1")
+    if args.prompt_tokens and args.chat:
+        ap.error("--prompt-tokens needs completions (not --chat)")
+    args.token_prompts = token_prompts(args, args.prompt_tokens) if args.prompt_tokens > 0 else None
 
     alone = {}
     if args.check:
@@ -173,10 +220,20 @@ def main():
     tokens = sum(r.tokens for r in ok)
     ttft = [r.ttft for r in ok if r.ttft is not None]
     gaps = [g for r in ok for g in r.gaps]
+    decode_rate = sum(len(r.gaps) / sum(r.gaps) for r in ok if r.gaps and sum(r.gaps) > 0)
+    steady_rate = float("nan")
+    timed = [r for r in ok if r.times]
+    if timed:
+        start = max(r.times[0] for r in timed)
+        end = min(r.times[-1] for r in timed)
+        if end > start:
+            steady_rate = sum(1 for r in timed for t in r.times if start < t <= end) / (end - start)
     report = {
         "url": args.url, "concurrency": args.concurrency, "requests": args.requests, "max_tokens": args.max_tokens,
         "seconds": wall, "requests_per_s": len(ok) / wall, "generated_tokens": tokens,
-        "generated_tokens_per_s": tokens / wall,
+        "generated_tokens_per_s": tokens / wall, "decode_tokens_per_s": decode_rate,
+        "steady_tokens_per_s": steady_rate,
+        "prompt_tokens": args.prompt_tokens or None,
         "ttft_ms_p50": percentile(ttft, 0.5) * 1e3, "ttft_ms_p99": percentile(ttft, 0.99) * 1e3,
         "itl_ms_p50": percentile(gaps, 0.5) * 1e3, "itl_ms_p99": percentile(gaps, 0.99) * 1e3,
         "errors": len(errors), "checked": args.check, "mismatches": len(mismatches),
@@ -186,7 +243,8 @@ def main():
     else:
         print(f"serve_load: {args.requests} requests, {args.concurrency} concurrent, max_tokens {args.max_tokens}: "
               f"{wall:.2f} s, {report['requests_per_s']:.2f} req/s, {tokens} tokens, "
-              f"{report['generated_tokens_per_s']:.1f} tok/s")
+              f"{report['generated_tokens_per_s']:.1f} tok/s, decode {decode_rate:.1f} tok/s, "
+              f"steady {steady_rate:.1f} tok/s")
         print(f"serve_load: time to first token p50 {report['ttft_ms_p50']:.1f} ms, p99 {report['ttft_ms_p99']:.1f} ms; "
               f"inter-token p50 {report['itl_ms_p50']:.1f} ms, p99 {report['itl_ms_p99']:.1f} ms")
         print(f"serve_load: {len(errors)} errors" +

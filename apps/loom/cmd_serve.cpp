@@ -90,9 +90,12 @@ int run_serve(ServeOptions o) {
   const int n_ctx = session->context->n_ctx();
   const std::string format_name = format->name;
   if (Status s = srv.attach(std::move(*session), std::move(*format)); !s.ok()) return finish(fail(s));
-  fmt::print(
-      stderr, "loom: serving on http://{}:{}: {} slots of {} tokens, queue {}, chat format {}, backend {}\n",
-      o.server.host, srv.port(), o.server.n_parallel, n_ctx, o.server.queue_size, format_name, backend_name);
+  fmt::print(stderr,
+             "loom: serving on http://{}:{}: {} sequences of {} tokens batched (paged KV cache), queue {}, "
+             "chat format "
+             "{}, backend {}\n",
+             o.server.host, srv.port(), o.server.n_parallel, n_ctx, o.server.queue_size, format_name,
+             backend_name);
   srv.wait();
   return finish(0);
 }
@@ -111,7 +114,11 @@ void add_serve_command(CLI::App& app, std::vector<Command>& out) {
   cmd->add_option("--port", o->server.port, "Port (0: a free one, printed on stdout)")
       ->check(CLI::Range(0, 65535))
       ->capture_default_str();
-  cmd->add_option("--parallel", o->server.n_parallel, "Slots: requests generated at the same time (-np)")
+  cmd->add_option("--kv-block-size", o->server.kv_block_size,
+                  "Cells per block of the paged KV cache (prompt prefixes are shared in whole blocks)")
+      ->capture_default_str();
+  cmd->add_option("--parallel", o->server.n_parallel,
+                  "Requests generated at the same time, in one batch (-np); each gets -c positions")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   cmd->add_option("--queue", o->server.queue_size, "Requests that may wait for a slot; more get 429")

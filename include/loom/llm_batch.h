@@ -28,6 +28,13 @@ struct GeneratedToken {
   int32_t token = 0;
 };
 
+/// What the last step() computed.
+struct BatchStepStats {
+  int n_decoded = 0;         ///< running sequences that took one token each (in n_passes passes)
+  int n_passes = 0;          ///< forward passes of those sequences (more than 1 only past n_batch)
+  int n_prefill_tokens = 0;  ///< prompt tokens of the enqueued sequence's chunk (a pass of its own)
+};
+
 /// Sequences of one context generated together. A sequence's tokens do not depend on the others
 /// (greedy outputs equal the sequence generated alone, token for token). Not thread-safe.
 class BatchGenerator {
@@ -56,6 +63,12 @@ class BatchGenerator {
   bool prefilling(int seq_id) const;
   /// Removes a sequence and frees its cache cells.
   Status remove(int seq_id);
+  /// Stops generating for `seq_id` but keeps its cache cells as a prefix later add/enqueue calls may
+  /// share (a server keeps a finished conversation this way for its next turn); step() skips it from
+  /// now on and remove() frees it. A parked sequence still holds its id.
+  Status park(int seq_id);
+  /// Whether `seq_id` is parked.
+  bool parked(int seq_id) const;
   /// One forward pass for every sequence (several when there are more than n_batch of them): each
   /// takes its last sampled token and samples the next; before it, one prompt chunk of the oldest
   /// enqueued sequence. Returns one token per sequence that has one (not those still prefilling),
@@ -63,7 +76,19 @@ class BatchGenerator {
   /// named in the message) no sequence advances.
   Result<std::span<const GeneratedToken>> step();
 
-  /// Ids of the sequences, increasing.
+  /// Samples a step's sequences on `n_threads` threads (the caller's and n_threads - 1 kept by the
+  /// generator) when there are several of them; 1 (the default): on the caller's thread. The tokens
+  /// are the same either way (each sequence has its own sampler); what changes is the host time of a
+  /// step with many sequences and a large vocabulary.
+  void set_sampling_threads(int n_threads);
+  /// What the last step() computed (zeros before the first).
+  const BatchStepStats& last_step() const;
+  /// The logits (n_vocab floats, as the model gave them: before any penalty or temperature) from
+  /// which `seq_id`'s newest token was sampled, for log-probabilities; empty when the last add or
+  /// step gave it no token. Valid until the next add, enqueue, step or remove.
+  std::span<const float> logits(int seq_id) const;
+
+  /// Ids of the sequences, increasing (parked ones included).
   std::vector<int> sequences() const;
   int n_sequences() const;
   /// The tokens sampled for `seq_id` so far (the first one by add); empty for an unknown id.

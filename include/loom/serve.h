@@ -1,16 +1,17 @@
 // `loom serve`: an HTTP server with OpenAI's API over one model.
 //
-// The server listens before the model is loaded (GET /health answers 503 until then), then serves
-// N slots: one llm::Context each, all driven by one worker thread that owns the backend and takes
-// the active slots in turn, one step each (a prompt chunk for a new request, one token for a
-// running one), so every stream progresses. A request waits in a bounded queue while every slot is
-// busy (429 when the queue is full). Typical use (what `loom serve` does):
+// The server listens before the model is loaded (GET /health answers 503 until then), then
+// generates up to N requests at once: one worker thread owns the backend and one context with a
+// paged KV cache, every request is a sequence of an llm::BatchGenerator, and each step advances all
+// running requests in one forward pass (a new prompt is computed a chunk per step meanwhile). A
+// request waits in a bounded queue while N run (429 when the queue is full). Typical use (what `loom serve`
+// does):
 //
 //   loom::serve::ServerOptions so; so.port = 0; so.n_parallel = 4;
 //   auto server = loom::serve::Server::create(so);      // binds; (*server)->port() is the port
 //   (*server)->start();                                  // HTTP on a background thread
 //   auto session = loom::llm::open_session(sp);
-//   (*server)->attach(std::move(*session), format);      // slots, worker: /health says ok
+//   (*server)->attach(std::move(*session), format);      // paged cache, worker: /health says ok
 //   (*server)->wait();                                   // until stop()
 #pragma once
 
@@ -62,8 +63,11 @@ Result<ChatFormat> chat_format_for_model(const GgufFile& file, const Tokenizer& 
 /// Server settings; the defaults are `loom serve`'s.
 struct ServerOptions {
   std::string host = "127.0.0.1";
-  int port = 8080;                    ///< 0: a free port, chosen when binding (Server::port)
-  int n_parallel = 1;                 ///< slots: requests generated at the same time
+  int port = 8080;     ///< 0: a free port, chosen when binding (Server::port)
+  int n_parallel = 1;  ///< requests generated at the same time (sequences of one batch)
+  /// Cells per block of the paged KV cache; prompt prefixes are shared between requests in whole
+  /// blocks, so `cached_tokens` is a multiple of it.
+  int kv_block_size = 16;
   int queue_size = 64;                ///< requests that may wait for a slot; more get 429
   std::string api_key;                ///< "": no authentication; else `Authorization: Bearer KEY` is required
   std::chrono::seconds timeout{600};  ///< per request, queue wait included
@@ -76,13 +80,15 @@ struct ServerOptions {
 
 /// Counters the tests and /metrics read.
 struct ServerStats {
-  int queue_depth = 0;   ///< requests waiting for a slot
-  int active_slots = 0;  ///< slots generating
-  int n_slots = 0;
-  uint64_t requests_finished = 0;     ///< generation requests completed (any reason)
-  uint64_t requests_cancelled = 0;    ///< of which stopped because the client went away
-  uint64_t prompt_tokens = 0;         ///< prompt tokens of finished requests
-  uint64_t prompt_tokens_cached = 0;  ///< of which were already in the slot's KV cache
+  int queue_depth = 0;              ///< requests waiting for a slot
+  int active_slots = 0;             ///< requests generating (sequences of the batch)
+  int n_slots = 0;                  ///< n_parallel
+  int64_t kv_cells_used = 0;        ///< KV cells held by running requests and by finished ones kept for reuse
+  int cached_sequences = 0;         ///< finished requests whose cells are kept for prefix reuse
+  uint64_t requests_finished = 0;   ///< generation requests completed (any reason)
+  uint64_t requests_cancelled = 0;  ///< of which stopped because the client went away
+  uint64_t prompt_tokens = 0;       ///< prompt tokens of finished requests
+  uint64_t prompt_tokens_cached = 0;  ///< of which were shared from the KV cache
   uint64_t generated_tokens = 0;
 };
 
@@ -103,8 +109,8 @@ class Server {
   int port() const;
   /// Serves HTTP on a background thread; until attach(), only /health (503), / and /metrics answer.
   void start();
-  /// Takes over a loaded model: its context becomes slot 0, n_parallel - 1 more contexts of the
-  /// same size are created, the worker starts, and generation endpoints open.
+  /// Takes over a loaded model: its context is replaced by one paged KV cache for n_parallel
+  /// sequences of the context's size, the worker starts, and generation endpoints open.
   Status attach(llm::Session session, ChatFormat format);
   /// Stops accepting, cancels what runs, joins the threads. Idempotent.
   void stop();

@@ -2,20 +2,98 @@
 #include "loom/llm_batch.h"
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <thread>
 
 namespace loom::llm {
 
 namespace {
+
+// Runs f(0..n-1) on the calling thread and n_threads - 1 threads kept for the generator's life (a
+// step's samplers: each sequence's is its own, so they run in any order with the same results).
+class ForkJoin {
+ public:
+  explicit ForkJoin(int n_threads) {
+    for (int i = 1; i < n_threads; ++i) threads_.emplace_back([this] { work(); });
+  }
+  ~ForkJoin() {
+    {
+      std::lock_guard lock(mu_);
+      quit_ = true;
+    }
+    start_.notify_all();
+    for (std::thread& t : threads_) t.join();
+  }
+  ForkJoin(const ForkJoin&) = delete;
+  ForkJoin& operator=(const ForkJoin&) = delete;
+
+  void run(size_t n, const std::function<void(size_t)>& f) {
+    {
+      std::lock_guard lock(mu_);
+      job_ = &f;
+      n_ = n;
+      next_.store(0);
+      busy_ = static_cast<int>(threads_.size());
+      ++generation_;
+    }
+    start_.notify_all();
+    take(f, n);
+    std::unique_lock lock(mu_);
+    done_.wait(lock, [&] { return busy_ == 0; });
+    job_ = nullptr;
+  }
+
+ private:
+  void take(const std::function<void(size_t)>& f, size_t n) {
+    for (size_t i = next_.fetch_add(1); i < n; i = next_.fetch_add(1)) f(i);
+  }
+  void work() {
+    uint64_t seen = 0;
+    while (true) {
+      const std::function<void(size_t)>* f = nullptr;
+      size_t n = 0;
+      {
+        std::unique_lock lock(mu_);
+        start_.wait(lock, [&] { return quit_ || generation_ != seen; });
+        if (quit_) return;
+        seen = generation_;
+        f = job_;
+        n = n_;
+      }
+      take(*f, n);
+      {
+        std::lock_guard lock(mu_);
+        --busy_;
+      }
+      done_.notify_one();
+    }
+  }
+
+  std::vector<std::thread> threads_;
+  std::mutex mu_;
+  std::condition_variable start_, done_;
+  const std::function<void(size_t)>* job_ = nullptr;
+  size_t n_ = 0;
+  std::atomic<size_t> next_{0};
+  int busy_ = 0;
+  uint64_t generation_ = 0;
+  bool quit_ = false;
+};
 
 struct Sequence {
   int id = 0;
   Sampler sampler;
   std::vector<int32_t> history;  // prompt, then the sampled tokens (penalties look at both)
   size_t n_prompt = 0;
-  int n_shared = 0;  // prompt positions shared from another sequence's cache
-  size_t n_computed = 0;  // prompt positions in the cache (enqueued sequences fill it step by step)
-  int chunk = 0;          // enqueued: prompt tokens per step
-  uint64_t order = 0;     // enqueued: prompts are computed in this order
+  int n_shared = 0;               // prompt positions shared from another sequence's cache
+  size_t n_computed = 0;          // prompt positions in the cache (enqueued sequences fill it step by step)
+  int chunk = 0;                  // enqueued: prompt tokens per step
+  uint64_t order = 0;             // enqueued: prompts are computed in this order
+  bool parked = false;            // keeps its cells for prefix sharing, generates nothing
+  const float* logits = nullptr;  // what the newest token was sampled from (until the next call)
   bool pending() const { return n_computed < n_prompt; }
 };
 
@@ -26,11 +104,14 @@ struct BatchGenerator::Impl {
   std::vector<Sequence> seqs;  // increasing id
   std::vector<GeneratedToken> out;
   uint64_t next_order = 0;
+  BatchStepStats last;
   // step()'s buffers, kept so that a step allocates nothing once warmed up
   std::vector<Sequence*> run;
   std::vector<SeqTokens> batch;
   std::vector<float> logits, pf_logits;
   std::vector<int32_t> next;
+  std::vector<Status> sample_status;
+  std::unique_ptr<ForkJoin> sampling_threads;  // null: sampling on the caller's thread
 
   int lowest_free_id() const {
     int id = 0;
@@ -72,7 +153,8 @@ Result<Sequence> start_sequence(Context& ctx, const std::vector<Sequence>& seqs,
     if (!k) return k.status();
     shared = *k;
   }
-  Sequence s{id, std::move(*sampler), std::vector<int32_t>(prompt.begin(), prompt.end()), prompt.size(), shared};
+  Sequence s{id, std::move(*sampler), std::vector<int32_t>(prompt.begin(), prompt.end()), prompt.size(),
+             shared};
   s.n_computed = static_cast<size_t>(shared);
   return s;
 }
@@ -105,11 +187,14 @@ Result<int> BatchGenerator::add(std::span<const int32_t> prompt, const SamplerPa
     return token.status();
   }
   s.history.push_back(*token);
+  for (Sequence& other : g.seqs) other.logits = nullptr;  // the context's logits are this decode's now
+  s.logits = logits->data();
   insert_sorted(g.seqs, std::move(s));
   return id;
 }
 
-Result<int> BatchGenerator::enqueue(std::span<const int32_t> prompt, const SamplerParams& sampling, int chunk) {
+Result<int> BatchGenerator::enqueue(std::span<const int32_t> prompt, const SamplerParams& sampling,
+                                    int chunk) {
   Impl& g = *impl_;
   if (chunk < 0) return make_error(StatusCode::invalid_argument, "batch: prompt chunk {} is negative", chunk);
   const int id = g.lowest_free_id();
@@ -140,9 +225,42 @@ Status BatchGenerator::remove(int seq_id) {
   return g.ctx->kv_cache_seq_rm(seq_id, 0);
 }
 
+Status BatchGenerator::park(int seq_id) {
+  for (Sequence& s : impl_->seqs)
+    if (s.id == seq_id) {
+      s.parked = true;
+      s.logits = nullptr;
+      return {};
+    }
+  return make_error(StatusCode::invalid_argument, "batch: no sequence {} to park", seq_id);
+}
+
+bool BatchGenerator::parked(int seq_id) const {
+  for (const Sequence& s : impl_->seqs)
+    if (s.id == seq_id) return s.parked;
+  return false;
+}
+
+const BatchStepStats& BatchGenerator::last_step() const { return impl_->last; }
+
+void BatchGenerator::set_sampling_threads(int n_threads) {
+  impl_->sampling_threads.reset();
+  if (n_threads > 1) impl_->sampling_threads = std::make_unique<ForkJoin>(n_threads);
+}
+
+std::span<const float> BatchGenerator::logits(int seq_id) const {
+  for (const Sequence& s : impl_->seqs)
+    if (s.id == seq_id)
+      return s.logits ? std::span<const float>(s.logits, static_cast<size_t>(impl_->ctx->n_vocab()))
+                      : std::span<const float>{};
+  return {};
+}
+
 Result<std::span<const GeneratedToken>> BatchGenerator::step() {
   Impl& g = *impl_;
   g.out.clear();
+  g.last = BatchStepStats{};
+  for (Sequence& s : g.seqs) s.logits = nullptr;
   const size_t n_vocab = static_cast<size_t>(g.ctx->n_vocab());
   const size_t per_pass = static_cast<size_t>(std::max(1, g.ctx->n_batch()));
 
@@ -150,7 +268,7 @@ Result<std::span<const GeneratedToken>> BatchGenerator::step() {
   //    when there are several).
   Sequence* pf = nullptr;
   for (Sequence& s : g.seqs)
-    if (s.pending() && (!pf || s.order < pf->order)) pf = &s;
+    if (s.pending() && !s.parked && (!pf || s.order < pf->order)) pf = &s;
   const size_t pf_before = pf ? pf->n_computed : 0;
   std::vector<float>& pf_logits = g.pf_logits;
   pf_logits.clear();
@@ -165,6 +283,7 @@ Result<std::span<const GeneratedToken>> BatchGenerator::step() {
       return make_error(got.status().code(), "batch: sequence {}: {}", pf->id, got.status().message());
     }
     pf->n_computed += n;
+    g.last.n_prefill_tokens = static_cast<int>(n);
     if (!pf->pending()) pf_logits.assign(got->begin(), got->end());
   }
   auto undo_prefill = [&] {
@@ -178,10 +297,15 @@ Result<std::span<const GeneratedToken>> BatchGenerator::step() {
   std::vector<Sequence*>& run = g.run;
   run.clear();
   for (Sequence& s : g.seqs)
-    if (!s.pending() && &s != pf) run.push_back(&s);
+    if (!s.pending() && !s.parked && &s != pf) run.push_back(&s);
   std::vector<SeqTokens>& batch = g.batch;
   std::vector<float>& logits = g.logits;
-  logits.resize(run.size() * n_vocab);
+  // One pass (the usual case: n_batch >= the sequences) leaves its logits in the context until the
+  // next decode, and the samplers read them there; several passes are gathered here (a copy of
+  // n_vocab floats per sequence, 32 MB a step for 64 sequences of a 128k vocabulary).
+  const bool one_pass = run.size() <= per_pass;
+  const float* rows = nullptr;
+  if (!one_pass) logits.resize(run.size() * n_vocab);
   // Takes back the positions the first n running sequences stored this step, and the prompt chunk.
   auto undo = [&](size_t n) {
     for (size_t i = 0; i < n; ++i)
@@ -202,23 +326,40 @@ Result<std::span<const GeneratedToken>> BatchGenerator::step() {
       undo(done);
       return got.status();
     }
-    std::copy(got->begin(), got->end(), logits.begin() + static_cast<std::ptrdiff_t>(done * n_vocab));
+    if (one_pass)
+      rows = got->data();
+    else
+      std::copy(got->begin(), got->end(), logits.begin() + static_cast<std::ptrdiff_t>(done * n_vocab));
     done += n;
+    ++g.last.n_passes;
   }
+  g.last.n_decoded = static_cast<int>(run.size());
+  if (!one_pass) rows = logits.data();
 
-  // 3. Sampling: the running sequences' next tokens and, when its prompt is done, the enqueued
-  //    sequence's first.
+  // 3. Sampling: the running sequences' next tokens (over the sampling threads when there are
+  //    enough sequences to share) and, when its prompt is done, the enqueued sequence's first.
   std::vector<int32_t>& next = g.next;
   next.resize(run.size());
-  for (size_t i = 0; i < run.size(); ++i) {
+  std::vector<Status>& status = g.sample_status;
+  status.assign(run.size(), Status{});
+  const std::function<void(size_t)> sample_one = [&](size_t i) {
     Sequence& s = *run[i];
-    auto token = s.sampler.sample(std::span<const float>(logits).subspan(i * n_vocab, n_vocab), s.history);
-    if (!token) {
+    auto token = s.sampler.sample(std::span<const float>(rows + i * n_vocab, n_vocab), s.history);
+    if (token)
+      next[i] = *token;
+    else
+      status[i] = token.status();
+  };
+  constexpr size_t kSequencesPerThread = 4;  // fewer: waking threads costs more than it saves
+  if (g.sampling_threads && run.size() >= 2 * kSequencesPerThread)
+    g.sampling_threads->run(run.size(), sample_one);
+  else
+    for (size_t i = 0; i < run.size(); ++i) sample_one(i);
+  for (size_t i = 0; i < run.size(); ++i)
+    if (!status[i].ok()) {
       undo(run.size());
-      return make_error(token.status().code(), "batch: sequence {}: {}", s.id, token.status().message());
+      return make_error(status[i].code(), "batch: sequence {}: {}", run[i]->id, status[i].message());
     }
-    next[i] = *token;
-  }
   int32_t first = 0;
   if (!pf_logits.empty()) {
     auto token = pf->sampler.sample(pf_logits, pf->history);
@@ -228,11 +369,18 @@ Result<std::span<const GeneratedToken>> BatchGenerator::step() {
     }
     first = *token;
   }
-  for (size_t i = 0; i < run.size(); ++i) run[i]->history.push_back(next[i]);
-  if (!pf_logits.empty()) pf->history.push_back(first);
-  // every sequence not prefilling now ran this step or finished its prompt in it (increasing id)
+  for (size_t i = 0; i < run.size(); ++i) {
+    run[i]->history.push_back(next[i]);
+    run[i]->logits = rows + i * n_vocab;
+  }
+  if (!pf_logits.empty()) {
+    pf->history.push_back(first);
+    pf->logits = pf_logits.data();
+  }
+  // every sequence not prefilling or parked now ran this step or finished its prompt in it
+  // (increasing id)
   for (const Sequence& s : g.seqs)
-    if (!s.pending()) g.out.push_back(GeneratedToken{s.id, s.history.back()});
+    if (!s.pending() && !s.parked) g.out.push_back(GeneratedToken{s.id, s.history.back()});
   return std::span<const GeneratedToken>(g.out);
 }
 

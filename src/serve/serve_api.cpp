@@ -213,6 +213,7 @@ GenerationParams parse_generation(const json& body, Endpoint endpoint, const Sam
                      "invalid_value");
   }
   p.max_tokens = static_cast<int>(max_tokens);
+  get(body, "ignore_eos", p.ignore_eos);
 
   if (auto it = body.find("stop"); it != body.end() && !it->is_null()) {
     if (it->is_string()) {

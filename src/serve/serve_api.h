@@ -46,7 +46,8 @@ struct GenerationParams {
   SamplerParams sampling;
   int max_tokens = -1;
   std::vector<std::string> stop;
-  int top_logprobs = -1;  ///< -1: no logprobs
+  int top_logprobs = -1;    ///< -1: no logprobs
+  bool ignore_eos = false;  ///< llama-server's: end-of-generation tokens do not end the request (benchmarks)
 };
 
 /// Parses a /v1/chat/completions or /v1/completions body; `defaults` fills what it leaves out.

@@ -1,9 +1,10 @@
-// The serving engine (serve_engine.h): slots, the worker's round-robin, prefix reuse, sampling and
-// the events a request's handler receives.
+// The serving engine (serve_engine.h): the worker's batched steps, admission, prefix reuse through
+// parked sequences, and the events a request's handler receives.
 #include "serve_engine.h"
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -46,21 +47,12 @@ void Task::push(StreamEvent e) {
   cv_.notify_all();
 }
 
-// A slot: a context, the tokens its cache holds, and the request it is generating for.
-struct Engine::Slot {
-  int index = 0;
-  std::unique_ptr<llm::Context> owned;  // null for slot 0, whose context the session owns
-  llm::Context* ctx = nullptr;
-  std::vector<int32_t> cached;  // tokens whose keys and values are in the cache, positions 0..
-
-  // The request in progress (task null: free).
+// A request being generated: its sequence in the generator and what its stream needs.
+struct Engine::Running {
   std::shared_ptr<Task> task;
-  std::optional<Sampler> sampler;
-  std::vector<int32_t> tokens;  // prompt and generated tokens: the penalties' history
+  int seq = -1;  // -1: not in the generator
   size_t n_prompt = 0;
-  size_t n_cached = 0;  // prompt tokens reused from the cache
-  bool prefilled = false;
-  std::span<const float> logits;  // of the last decoded token; valid until this slot's next decode
+  int n_cached = 0;  // prompt tokens shared from another sequence's cache
   int n_generated = 0;
   std::unique_ptr<StopFilter> stop_filter;
   Utf8Joiner utf8;
@@ -70,46 +62,59 @@ struct Engine::Slot {
 
 Result<std::unique_ptr<Engine>> Engine::create(llm::Session session, const Tokenizer& tok,
                                                std::set<int32_t> stop_ids, int n_parallel, int queue_size,
-                                               Metrics& metrics) {
+                                               int kv_block_size, Metrics& metrics) {
   if (!session.model || !session.context)
     return make_error(StatusCode::invalid_argument, "serve: the session has no model or context");
   if (n_parallel < 1)
     return make_error(StatusCode::invalid_argument, "serve: --parallel {} (at least 1)", n_parallel);
-  std::unique_ptr<Engine> e(new Engine(std::move(session), tok, std::move(stop_ids), queue_size, metrics));
+  if (kv_block_size < 1)
+    return make_error(StatusCode::invalid_argument, "serve: KV block size {} (at least 1)", kv_block_size);
+  const int n_ctx = session.context->n_ctx();
+  const int n_batch = session.context->n_batch();
+  // Each request may hold n_ctx positions in whole blocks; the pool has that for every one of the
+  // n_parallel requests, so running requests never run out of cells (finished requests kept for
+  // reuse give theirs back first). The session's context goes before the new one is made.
+  const int64_t per_seq = (static_cast<int64_t>(n_ctx) + kv_block_size - 1) / kv_block_size * kv_block_size;
+  if (per_seq * n_parallel > std::numeric_limits<int32_t>::max() / 2)
+    return make_error(StatusCode::invalid_argument, "serve: {} sequences of {} cells are too many",
+                      n_parallel, per_seq);
+  session.context.reset();
   llm::ContextParams cp;
-  cp.n_ctx = e->session_.context->n_ctx();
-  cp.n_batch = e->session_.context->n_batch();
-  cp.swa_full = e->session_.context->swa_full();
-  for (int i = 0; i < n_parallel; ++i) {
-    auto slot = std::make_unique<Slot>();
-    slot->index = i;
-    if (i == 0) {
-      slot->ctx = e->session_.context.get();
-      slot->ctx->kv_cache_clear();
-    } else {
-      auto ctx = llm::Context::create(*e->session_.model, cp);
-      if (!ctx) return make_error(ctx.status().code(), "serve: slot {}: {}", i, ctx.status().message());
-      slot->owned = std::move(*ctx);
-      slot->ctx = slot->owned.get();
-    }
-    e->slots_.push_back(std::move(slot));
-  }
-  e->n_ctx_ = cp.n_ctx;
+  cp.n_ctx = static_cast<int>(per_seq * n_parallel);
+  cp.n_batch = std::max(n_batch, n_parallel);  // one pass per step, however many requests run
+  cp.kv_cache = llm::KvCacheKind::paged;
+  cp.kv_block_size = kv_block_size;
+  auto ctx = llm::Context::create(*session.model, cp);
+  if (!ctx)
+    return make_error(ctx.status().code(), "serve: a paged KV cache of {} sequences x {} cells: {}",
+                      n_parallel, per_seq, ctx.status().message());
+  session.context = std::move(*ctx);
+  std::unique_ptr<Engine> e(
+      new Engine(std::move(session), tok, std::move(stop_ids), n_parallel, queue_size, metrics));
+  e->gen_ = std::make_unique<llm::BatchGenerator>(*e->session_.context);
+  // Sampling 64 sequences of a 128k vocabulary takes milliseconds on one thread, against a
+  // forward pass of tens of milliseconds on a GPU: spread it when many requests run.
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  if (n_parallel >= 8) e->gen_->set_sampling_threads(std::clamp(cores / 2, 1, 8));
+  e->n_ctx_ = n_ctx;
+  e->prefill_chunk_ = std::max(1, n_batch);
+  e->kv_block_size_ = kv_block_size;
   e->worker_ = std::thread([p = e.get()] { p->run(); });
   return e;
 }
 
-Engine::Engine(llm::Session session, const Tokenizer& tok, std::set<int32_t> stop_ids, int queue_size,
-               Metrics& metrics)
+Engine::Engine(llm::Session session, const Tokenizer& tok, std::set<int32_t> stop_ids, int n_parallel,
+               int queue_size, Metrics& metrics)
     : session_(std::move(session)),
       tok_(tok),
       stop_ids_(std::move(stop_ids)),
+      n_parallel_(n_parallel),
       queue_size_(queue_size),
       metrics_(metrics) {}
 
 Engine::~Engine() {
   stop();
-  slots_.clear();  // the contexts before the session's model
+  gen_.reset();  // its sequences before the context, the context before the session's model
 }
 
 std::shared_ptr<Task> Engine::submit(GenRequest req) {
@@ -117,9 +122,9 @@ std::shared_ptr<Task> Engine::submit(GenRequest req) {
   {
     std::lock_guard lock(mu_);
     if (stopping_) return nullptr;
-    // Only requests beyond the free slots wait: a free slot takes its request at the worker's next turn.
-    const int free_slots = static_cast<int>(slots_.size()) - active_.load();
-    if (static_cast<int>(pending_.size()) >= queue_size_ + std::max(free_slots, 0)) return nullptr;
+    // Only requests beyond the free places wait: a free place takes its request at the worker's next turn.
+    const int free_places = n_parallel_ - active_.load();
+    if (static_cast<int>(pending_.size()) >= queue_size_ + std::max(free_places, 0)) return nullptr;
     pending_.push_back(task);
   }
   cv_.notify_all();
@@ -142,7 +147,9 @@ ServerStats Engine::stats() const {
     s.queue_depth = static_cast<int>(pending_.size());
   }
   s.active_slots = active_.load();
-  s.n_slots = static_cast<int>(slots_.size());
+  s.n_slots = n_parallel_;
+  s.kv_cells_used = kv_used_.load();
+  s.cached_sequences = n_parked_.load();
   s.requests_finished = metrics_.requests_finished.load();
   s.requests_cancelled = metrics_.requests_cancelled.load();
   s.prompt_tokens = metrics_.prompt_tokens.load();
@@ -152,21 +159,19 @@ ServerStats Engine::stats() const {
 }
 
 std::pair<int64_t, int64_t> Engine::kv_cells() const {
-  return {kv_used_.load(), static_cast<int64_t>(n_ctx_) * static_cast<int64_t>(slots_.size())};
+  return {kv_used_.load(), static_cast<int64_t>(session_.context->n_ctx())};
 }
 
 void Engine::run() {
-  size_t next = 0;  // round-robin start, so no slot always goes first
   while (true) {
-    std::vector<std::pair<Slot*, std::shared_ptr<Task>>> starts;
+    std::vector<std::shared_ptr<Task>> starts;
     {
       std::unique_lock lock(mu_);
-      auto has_free = [&] {
-        return std::any_of(slots_.begin(), slots_.end(), [](const auto& s) { return !s->task; });
-      };
-      cv_.wait(lock, [&] { return stopping_ || active_.load() > 0 || (!pending_.empty() && has_free()); });
+      cv_.wait(lock, [&] {
+        return stopping_ || !running_.empty() || (!pending_.empty() && active_.load() < n_parallel_);
+      });
       if (stopping_) break;
-      // Requests that ended while waiting (client gone, deadline passed) never take a slot.
+      // Requests that ended while waiting (client gone, deadline passed) never start.
       const auto now = Clock::now();
       for (auto it = pending_.begin(); it != pending_.end();) {
         const auto& t = *it;
@@ -182,44 +187,30 @@ void Engine::run() {
           ++it;
         }
       }
-      // Each waiting request, oldest first, takes the free slot whose cache shares the longest
-      // prefix with its prompt (ties: the lowest index).
-      std::vector<Slot*> free_slots;
-      for (auto& s : slots_)
-        if (!s->task) free_slots.push_back(s.get());
-      while (!pending_.empty() && !free_slots.empty()) {
-        auto task = pending_.front();
+      // Waiting requests join, oldest first, while fewer than n_parallel run (counted now, under
+      // the lock, so that submit() sees the places taken).
+      while (!pending_.empty() && active_.load() < n_parallel_) {
+        starts.push_back(std::move(pending_.front()));
         pending_.pop_front();
-        const auto& prompt = task->request().prompt;
-        size_t best = 0, best_len = 0;
-        for (size_t i = 0; i < free_slots.size(); ++i) {
-          const auto& c = free_slots[i]->cached;
-          const size_t n = static_cast<size_t>(
-              std::mismatch(c.begin(), c.end(), prompt.begin(), prompt.end()).first - c.begin());
-          if (n > best_len) best = i, best_len = n;
-        }
-        free_slots[best]->task = task;  // taken now, under the lock, so submit() counts it busy
-        starts.emplace_back(free_slots[best], std::move(task));
-        free_slots.erase(free_slots.begin() + static_cast<std::ptrdiff_t>(best));
         active_.fetch_add(1);
       }
     }
-    for (auto& start : starts) {
-      Slot& slot = *start.first;
-      guarded_turn(slot, [&] { assign(slot, std::move(start.second)); });
+    for (auto& task : starts) start(std::move(task));
+    // Cancelled and timed-out requests leave before the step, so their blocks are free for it.
+    for (size_t i = 0; i < running_.size();) {
+      Running& r = *running_[i];
+      if (r.task->cancelled())
+        finish(r, FinishReason::cancelled);
+      else if (Clock::now() > r.task->request().deadline)
+        finish(r, FinishReason::timeout, "the request timed out");
+      else
+        ++i;
     }
-    for (size_t k = 0; k < slots_.size(); ++k) {
-      Slot& s = *slots_[(next + k) % slots_.size()];
-      if (s.task) guarded_turn(s, [&] { step(s); });
-    }
-    next = (next + 1) % slots_.size();
-    int64_t used = 0;
-    for (const auto& s : slots_) used += static_cast<int64_t>(s->cached.size());
-    kv_used_.store(used);
+    if (!running_.empty()) step_all();
+    kv_used_.store(session_.context->kv_cache_used());
   }
   // Stopping: every request still here ends.
-  for (auto& s : slots_)
-    if (s->task) finish(*s, FinishReason::cancelled, "the server is stopping");
+  while (!running_.empty()) finish(*running_.back(), FinishReason::cancelled, "the server is stopping");
   std::lock_guard lock(mu_);
   for (auto& t : pending_) {
     StreamEvent done;
@@ -231,78 +222,89 @@ void Engine::run() {
   pending_.clear();
 }
 
-// Runs one piece of a slot's work; an exception (out of memory, a bug) ends that request with an
-// error instead of the worker thread and the server with it.
-template <typename F>
-void Engine::guarded_turn(Slot& s, F&& f) {
+void Engine::start(std::shared_ptr<Task> task) {
+  const GenRequest& req = task->request();
+  auto r = std::make_unique<Running>();
+  Running& run = *r;
+  run.task = std::move(task);
+  run.n_prompt = req.prompt.size();
+  run.stop_filter = std::make_unique<StopFilter>(req.stop, [&run](std::string_view t) { run.out_text += t; });
+  running_.push_back(std::move(r));
+  if (req.max_tokens == 0) return finish(run, FinishReason::length);
   try {
-    f();
+    // The prompt is computed by the next steps, a chunk (-ub tokens) per step, while the running
+    // requests keep taking a token each; its longest common prefix with a sequence in the cache
+    // (running, or a finished request's) is shared in whole blocks instead of computed.
+    auto seq = gen_->enqueue(req.prompt, req.sampling, prefill_chunk_);
+    if (!seq) return finish(run, FinishReason::error, seq.status().to_string());
+    run.seq = *seq;
+    run.n_cached = gen_->shared_prompt_tokens(run.seq);
   } catch (const std::exception& e) {
-    if (!s.task) return;
-    fail_cache(s);
-    finish(s, FinishReason::error, fmt::format("internal error: {}", e.what()));
+    finish(run, FinishReason::error, fmt::format("internal error: {}", e.what()));
   }
 }
 
-void Engine::assign(Slot& s, std::shared_ptr<Task> task) {
-  const GenRequest& req = task->request();
-  s.task = std::move(task);
-  s.tokens = req.prompt;
-  s.n_prompt = req.prompt.size();
-  s.n_cached = 0;
-  s.prefilled = false;
-  s.n_generated = 0;
-  s.logits = {};
-  s.utf8 = Utf8Joiner();
-  s.out_text.clear();
-  s.stop_filter = std::make_unique<StopFilter>(req.stop, [&s](std::string_view t) { s.out_text += t; });
-  auto sampler = Sampler::create(req.sampling);  // validated by the handler; a failure here is a bug
-  if (!sampler) {
-    finish(s, FinishReason::error, sampler.status().to_string());
+void Engine::evict_oldest_parked() {
+  (void)gen_->remove(parked_.front());
+  parked_.pop_front();
+  n_parked_.store(static_cast<int>(parked_.size()));
+}
+
+void Engine::make_room() {
+  // A step claims at most one block per running sequence and the blocks of one prompt chunk; free
+  // cells are at least those of no block minus what the partly filled last blocks may leave.
+  const int64_t block = kv_block_size_;
+  const int64_t n_seqs = static_cast<int64_t>(running_.size() + parked_.size());
+  int64_t chunk = 0;  // the prompt chunk of the step, if a prompt is unfinished
+  for (const auto& r : running_)
+    if (r->seq >= 0 && gen_->prefilling(r->seq))
+      chunk = std::max<int64_t>(chunk, std::min<int64_t>(prefill_chunk_, static_cast<int64_t>(r->n_prompt)));
+  const int64_t need = (static_cast<int64_t>(running_.size()) + 2) * block + chunk;
+  while (!parked_.empty()) {
+    const int64_t free = static_cast<int64_t>(session_.context->n_ctx()) - session_.context->kv_cache_used() -
+                         n_seqs * (block - 1);
+    if (free >= need) break;
+    evict_oldest_parked();
+  }
+}
+
+void Engine::step_all() {
+  make_room();
+  Result<std::span<const llm::GeneratedToken>> got = make_error(StatusCode::internal, "no step");
+  try {
+    while (true) {
+      got = gen_->step();
+      // The estimate of make_room can fall short (prompt chunks sharing blocks); then the oldest
+      // finished requests give their cells back and the step runs again (a failed step changes nothing).
+      if (!got && got.status().code() == StatusCode::out_of_memory && !parked_.empty()) {
+        evict_oldest_parked();
+        continue;
+      }
+      break;
+    }
+  } catch (const std::exception& e) {
+    got = make_error(StatusCode::internal, "internal error: {}", e.what());
+  }
+  if (!got) {
+    // A step that fails names the sequence in its message but changes none: every request ends.
+    const std::string error = got.status().to_string();
+    while (!running_.empty()) finish(*running_.back(), FinishReason::error, error);
     return;
   }
-  s.sampler.emplace(std::move(*sampler));
-  // Keep the cached prefix the prompt starts with; the last prompt token is always decoded again,
-  // since its logits are needed.
-  size_t keep = static_cast<size_t>(
-      std::mismatch(s.cached.begin(), s.cached.end(), req.prompt.begin(), req.prompt.end()).first -
-      s.cached.begin());
-  if (keep == req.prompt.size() && keep > 0) --keep;
-  if (keep < s.cached.size()) {
-    if (Status st = s.ctx->kv_cache_seq_rm(0, static_cast<int>(keep)); !st.ok()) {
-      fail_cache(s);
-      keep = 0;
-    } else {
-      s.cached.resize(keep);
+  const llm::BatchStepStats& st = gen_->last_step();
+  if (st.n_decoded > 0) metrics_.batch_sequences.observe(st.n_decoded);
+  // running_ is small (n_parallel at most): a linear search per token is cheap next to the step
+  for (const llm::GeneratedToken& t : *got) {
+    const auto it =
+        std::find_if(running_.begin(), running_.end(), [&](const auto& r) { return r->seq == t.seq_id; });
+    if (it == running_.end()) continue;
+    Running& r = **it;
+    try {
+      deliver(r, t.token);
+    } catch (const std::exception& e) {
+      finish(r, FinishReason::error, fmt::format("internal error: {}", e.what()));
     }
   }
-  s.n_cached = keep;
-}
-
-void Engine::step(Slot& s) {
-  const auto now = Clock::now();
-  if (s.task->cancelled()) return finish(s, FinishReason::cancelled);
-  if (now > s.task->request().deadline) return finish(s, FinishReason::timeout, "the request timed out");
-  if (!s.prefilled && !prefill(s)) return;
-  if (s.prefilled) generate(s);
-}
-
-// Decodes the next chunk of the prompt (at most n_batch tokens, so a long prompt does not stall the
-// other streams); true once the whole prompt is in the cache.
-bool Engine::prefill(Slot& s) {
-  const size_t done = s.cached.size();
-  const size_t n = std::min(s.n_prompt - done, static_cast<size_t>(s.ctx->n_batch()));
-  auto chunk = std::span<const int32_t>(s.tokens).subspan(done, n);
-  auto logits = s.ctx->decode(chunk, static_cast<int>(done));
-  if (!logits) {
-    fail_cache(s);
-    finish(s, FinishReason::error, logits.status().to_string());
-    return false;
-  }
-  s.cached.insert(s.cached.end(), chunk.begin(), chunk.end());
-  s.logits = *logits;
-  s.prefilled = s.cached.size() == s.n_prompt;
-  return s.prefilled;
 }
 
 namespace {
@@ -327,75 +329,77 @@ TokenLogprob logprobs_of(std::span<const float> logits, int32_t id, int n) {
 
 }  // namespace
 
-void Engine::generate(Slot& s) {
-  const GenRequest& req = s.task->request();
-  if (req.max_tokens == 0) return finish(s, FinishReason::length);
-  auto next = s.sampler->sample(s.logits, s.tokens);
-  if (!next) return finish(s, FinishReason::error, next.status().to_string());
+void Engine::deliver(Running& r, int32_t token) {
+  const GenRequest& req = r.task->request();
   const auto now = Clock::now();
-  if (s.n_generated == 0)
-    metrics_.time_to_first_token.observe(std::chrono::duration<double>(now - s.task->submitted()).count());
+  if (r.n_generated == 0)
+    metrics_.time_to_first_token.observe(std::chrono::duration<double>(now - r.task->submitted()).count());
   else
-    metrics_.inter_token.observe(std::chrono::duration<double>(now - s.last_token).count());
-  s.last_token = now;
-  if (stop_ids_.count(*next)) return finish(s, FinishReason::stop);
-  ++s.n_generated;
-  s.tokens.push_back(*next);
+    metrics_.inter_token.observe(std::chrono::duration<double>(now - r.last_token).count());
+  r.last_token = now;
+  if (!req.ignore_eos && stop_ids_.count(token)) return finish(r, FinishReason::stop);
+  ++r.n_generated;
   StreamEvent ev;
-  if (req.top_logprobs >= 0) ev.logprob = logprobs_of(s.logits, *next, req.top_logprobs);
-  auto piece = tok_.token_to_piece(*next);
-  if (!piece) return finish(s, FinishReason::error, piece.status().to_string());
-  const bool stopped = s.stop_filter->add(*piece);
-  ev.text = s.utf8.add(s.out_text);
-  s.out_text.clear();
-  s.task->push(std::move(ev));
-  if (stopped) return finish(s, FinishReason::stop);
-  if (req.max_tokens >= 0 && s.n_generated >= req.max_tokens) return finish(s, FinishReason::length);
-  if (s.cached.size() >= static_cast<size_t>(n_ctx_)) return finish(s, FinishReason::length);
-  auto logits =
-      s.ctx->decode(std::span<const int32_t>(&s.tokens.back(), 1), static_cast<int>(s.cached.size()));
-  if (!logits) {
-    fail_cache(s);
-    return finish(s, FinishReason::error, logits.status().to_string());
-  }
-  s.cached.push_back(s.tokens.back());
-  s.logits = *logits;
+  if (req.top_logprobs >= 0) ev.logprob = logprobs_of(gen_->logits(r.seq), token, req.top_logprobs);
+  auto piece = tok_.token_to_piece(token);
+  if (!piece) return finish(r, FinishReason::error, piece.status().to_string());
+  const bool stopped = r.stop_filter->add(*piece);
+  ev.text = r.utf8.add(r.out_text);
+  r.out_text.clear();
+  r.task->push(std::move(ev));
+  if (stopped) return finish(r, FinishReason::stop);
+  if (req.max_tokens >= 0 && r.n_generated >= req.max_tokens) return finish(r, FinishReason::length);
+  // The next step would store this token at position n_prompt + n_generated - 1.
+  if (r.n_prompt + static_cast<size_t>(r.n_generated) > static_cast<size_t>(n_ctx_))
+    return finish(r, FinishReason::length);
 }
 
-void Engine::finish(Slot& s, FinishReason reason, std::string error) {
+void Engine::finish(Running& r, FinishReason reason, std::string error) {
   StreamEvent done;
   done.kind = StreamEvent::Kind::done;
   // What the stop filter held back is text (after a stop string it holds nothing).
-  if (s.stop_filter) s.stop_filter->finish();
-  done.text = s.utf8.add(s.out_text) + s.utf8.finish();
-  s.out_text.clear();
+  if (r.stop_filter) r.stop_filter->finish();
+  done.text = r.utf8.add(r.out_text) + r.utf8.finish();
+  r.out_text.clear();
   done.finish = reason;
   done.error = std::move(error);
-  done.n_prompt = static_cast<int>(s.n_prompt);
-  done.n_cached = static_cast<int>(s.n_cached);
-  done.n_generated = s.n_generated;
+  done.n_prompt = static_cast<int>(r.n_prompt);
+  done.n_cached = r.n_cached;
+  done.n_generated = r.n_generated;
   metrics_.requests_finished.fetch_add(1);
   if (reason == FinishReason::cancelled) metrics_.requests_cancelled.fetch_add(1);
   if (reason == FinishReason::timeout) metrics_.requests_timed_out.fetch_add(1);
-  metrics_.prompt_tokens.fetch_add(s.n_prompt);
-  metrics_.prompt_tokens_cached.fetch_add(s.n_cached);
-  metrics_.generated_tokens.fetch_add(static_cast<uint64_t>(s.n_generated));
+  metrics_.prompt_tokens.fetch_add(r.n_prompt);
+  metrics_.prompt_tokens_cached.fetch_add(static_cast<uint64_t>(r.n_cached));
+  metrics_.generated_tokens.fetch_add(static_cast<uint64_t>(r.n_generated));
   metrics_.request_duration.observe(
-      std::chrono::duration<double>(Clock::now() - s.task->submitted()).count());
-  auto task = std::move(s.task);
+      std::chrono::duration<double>(Clock::now() - r.task->submitted()).count());
+  if (r.seq >= 0) {
+    // A request that ended normally keeps its cells for the next one that starts the same way (a
+    // chat's next turn), up to n_parallel such sequences, the oldest freed first and whenever
+    // running requests need the room; anything else (cancelled, timed out, failed, prompt not
+    // finished) frees them at once.
+    const bool keep = (reason == FinishReason::stop || reason == FinishReason::length) &&
+                      !gen_->prefilling(r.seq) && gen_->park(r.seq).ok();
+    if (keep) {
+      parked_.push_back(r.seq);
+      if (static_cast<int>(parked_.size()) > n_parallel_) evict_oldest_parked();
+      n_parked_.store(static_cast<int>(parked_.size()));
+    } else {
+      (void)gen_->remove(r.seq);
+    }
+    r.seq = -1;
+  }
+  auto task = std::move(r.task);
+  const auto it =
+      std::find_if(running_.begin(), running_.end(), [&](const auto& p) { return p.get() == &r; });
+  if (it != running_.end()) running_.erase(it);  // r is gone from here on
   {
     std::lock_guard lock(mu_);
-    s.task.reset();
     active_.fetch_sub(1);
   }
-  s.sampler.reset();
+  kv_used_.store(session_.context->kv_cache_used());
   task->push(std::move(done));
-}
-
-// After a failed decode the cache may hold part of a batch: the slot starts from scratch.
-void Engine::fail_cache(Slot& s) {
-  s.ctx->kv_cache_clear();
-  s.cached.clear();
 }
 
 }  // namespace loom::serve

@@ -1,6 +1,6 @@
-// The serving engine: N slots (one llm::Context each) driven by one worker thread, a bounded queue
-// of requests waiting for a slot, and the channel through which a request's tokens reach its HTTP
-// handler.
+// The serving engine: one worker thread that generates up to N requests together (continuous
+// batching over one context with a paged KV cache), a bounded queue of requests waiting for one of
+// the N places, and the channel through which a request's tokens reach its HTTP handler.
 #pragma once
 
 #include <atomic>
@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "loom/llm.h"
+#include "loom/llm_batch.h"
 #include "loom/sample.h"
 #include "loom/serve.h"
 #include "loom/text.h"
@@ -33,6 +34,7 @@ struct GenRequest {
   int max_tokens = -1;            ///< -1: until the context is full
   std::vector<std::string> stop;  ///< the request's stop strings and the chat format's
   int top_logprobs = -1;          ///< -1: no logprobs; else the alternatives per token (0..20)
+  bool ignore_eos = false;        ///< end-of-generation tokens are text like any other
   Clock::time_point deadline = Clock::time_point::max();
 };
 
@@ -54,7 +56,7 @@ struct StreamEvent {
   FinishReason finish = FinishReason::stop;  ///< done
   std::string error;                         ///< done with FinishReason::error or timeout: why
   int n_prompt = 0;                          ///< done: usage
-  int n_cached = 0;                          ///< done: prompt tokens found in the slot's cache
+  int n_cached = 0;                          ///< done: prompt tokens shared from the KV cache
   int n_generated = 0;                       ///< done: usage
 };
 
@@ -65,7 +67,7 @@ class Task {
 
   /// Moves every event waiting into `out` (waiting at most `timeout` for one); false when none came.
   bool pop(std::vector<StreamEvent>& out, std::chrono::milliseconds timeout);
-  /// The client is gone or gave up: the engine frees the request's slot at its next step.
+  /// The client is gone or gave up: the engine ends the request and frees its cache blocks at its next step.
   void cancel() { cancelled_.store(true); }
   bool cancelled() const { return cancelled_.load(); }
   /// Whether the engine has sent `done`.
@@ -85,13 +87,15 @@ class Task {
   std::atomic<bool> finished_{false};
 };
 
-/// The slots and the worker thread.
+/// The worker thread and the one context it drives: every running request is a sequence of a
+/// BatchGenerator over a paged KV cache, and each step advances all of them in one forward pass.
 class Engine {
  public:
-  /// Takes the session's context as slot 0 and creates n_parallel - 1 more like it.
+  /// Replaces the session's context by a paged one with room for `n_parallel` sequences of the
+  /// session context's size (whole blocks of `kv_block_size` cells each), and starts the worker.
   static Result<std::unique_ptr<Engine>> create(llm::Session session, const Tokenizer& tok,
                                                 std::set<int32_t> stop_ids, int n_parallel, int queue_size,
-                                                Metrics& metrics);
+                                                int kv_block_size, Metrics& metrics);
   ~Engine();
 
   /// Queues a request; nullptr when the queue is full.
@@ -99,41 +103,52 @@ class Engine {
   /// Cancels everything and joins the worker.
   void stop();
 
+  /// Positions one request may use (prompt and generated tokens): `-c`.
   int n_ctx() const { return n_ctx_; }
   const llm::Model& model() const { return *session_.model; }
   ServerStats stats() const;
-  /// KV cells in use over all slots, and the total.
+  /// KV cells in use (running requests and finished ones kept for prefix reuse), and the total.
   std::pair<int64_t, int64_t> kv_cells() const;
 
  private:
-  struct Slot;
-  Engine(llm::Session session, const Tokenizer& tok, std::set<int32_t> stop_ids, int queue_size,
-         Metrics& metrics);
+  struct Running;
+  Engine(llm::Session session, const Tokenizer& tok, std::set<int32_t> stop_ids, int n_parallel,
+         int queue_size, Metrics& metrics);
   void run();
-  template <typename F>
-  void guarded_turn(Slot& slot, F&& f);
-  void assign(Slot& slot, std::shared_ptr<Task> task);
-  /// One turn of an active slot: a prompt chunk or one token.
-  void step(Slot& slot);
-  bool prefill(Slot& slot);
-  void generate(Slot& slot);
-  void finish(Slot& slot, FinishReason reason, std::string error = {});
-  void fail_cache(Slot& slot);
+  /// Makes a request a sequence of the generator (its prompt is computed by the next steps).
+  void start(std::shared_ptr<Task> task);
+  /// One step of the generator for every running request, and their tokens to their streams.
+  void step_all();
+  void deliver(Running& r, int32_t token);
+  /// Ends a request and takes it out of running_: its sequence is parked (stop, length: kept as a
+  /// prefix for later requests) or removed (anything else: its blocks are freed at once).
+  void finish(Running& r, FinishReason reason, std::string error = {});
+  /// Frees parked sequences, oldest first, until the next step surely has the cells it needs.
+  void make_room();
+  void evict_oldest_parked();
 
   llm::Session session_;
+  std::unique_ptr<llm::BatchGenerator> gen_;  // over session_.context; declared after it, so destroyed first
   Tokenizer tok_;
   std::set<int32_t> stop_ids_;
+  int n_parallel_ = 1;
   int queue_size_;
   int n_ctx_ = 0;
+  int prefill_chunk_ = 0;
+  int kv_block_size_ = 16;
   Metrics& metrics_;
-  std::vector<std::unique_ptr<Slot>> slots_;
+
+  // The worker's own state.
+  std::vector<std::unique_ptr<Running>> running_;
+  std::deque<int> parked_;  // sequences of finished requests, oldest first
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Task>> pending_;
   bool stopping_ = false;
-  std::atomic<int> active_{0};
+  std::atomic<int> active_{0};  // requests taken from the queue and not finished
   std::atomic<int64_t> kv_used_{0};
+  std::atomic<int> n_parked_{0};
   std::thread worker_;
 };
 

@@ -5,12 +5,12 @@
 
 namespace loom::serve {
 
-void Histogram::observe(double seconds) {
+void Histogram::observe(double value) {
   size_t i = 0;
-  while (i < bounds_.size() && seconds > bounds_[i]) ++i;
+  while (i < bounds_.size() && value > bounds_[i]) ++i;
   std::lock_guard lock(mu_);
   ++counts_[i];
-  sum_ += seconds;
+  sum_ += value;
   ++count_;
 }
 

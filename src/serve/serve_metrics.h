@@ -10,11 +10,11 @@
 
 namespace loom::serve {
 
-/// A Prometheus histogram with fixed upper bounds (seconds). Thread-safe.
+/// A Prometheus histogram with fixed upper bounds (seconds, or counts). Thread-safe.
 class Histogram {
  public:
   explicit Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1) {}
-  void observe(double seconds);
+  void observe(double value);
   /// The `_bucket`, `_sum` and `_count` lines of metric `name`, with HELP and TYPE.
   std::string format(const std::string& name, const std::string& help) const;
 
@@ -40,6 +40,8 @@ struct Metrics {
   Histogram time_to_first_token{{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}};
   Histogram inter_token{{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5}};
   Histogram request_duration{{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300}};
+  /// Running requests decoded together per step (one forward pass up to n_batch of them).
+  Histogram batch_sequences{{1, 2, 4, 8, 16, 32, 64, 128, 256}};
 };
 
 }  // namespace loom::serve

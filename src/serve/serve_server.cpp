@@ -184,6 +184,7 @@ void ServerImpl::handle_generation(const httplib::Request& req, httplib::Respons
   gen.stop = p.stop;
   if (endpoint == Endpoint::chat) gen.stop.insert(gen.stop.end(), format.stop.begin(), format.stop.end());
   gen.top_logprobs = p.top_logprobs;
+  gen.ignore_eos = p.ignore_eos;
   gen.deadline = Clock::now() + options.timeout;
   auto task = eng.submit(std::move(gen));
   if (!task) {
@@ -245,7 +246,7 @@ void ServerImpl::handle_generation(const httplib::Request& req, httplib::Respons
 
   // Streaming: one SSE chunk per token (or per complete UTF-8 character), then the finish reason,
   // the usage when asked for, and [DONE]. A write that fails (the client went away) cancels the
-  // request, which frees its slot at the worker's next turn.
+  // request, which frees its place and cache blocks at the worker's next turn.
   struct StreamState {
     bool sent_role = false;
     size_t text_offset = 0;
@@ -367,17 +368,21 @@ std::string ServerImpl::metrics_text() const {
   counter("loom_requests_rejected_total", "Generation requests answered 429 (queue full).",
           metrics.requests_rejected.load());
   counter("loom_prompt_tokens_total", "Prompt tokens of finished requests.", metrics.prompt_tokens.load());
-  counter("loom_prompt_tokens_cached_total", "Prompt tokens found in a slot's KV cache (not decoded again).",
+  counter("loom_prompt_tokens_cached_total", "Prompt tokens shared from the KV cache (not decoded again).",
           metrics.prompt_tokens_cached.load());
   counter("loom_generated_tokens_total", "Generated tokens.", metrics.generated_tokens.load());
   if (ready.load()) {
     const ServerStats s = engine->stats();
     const auto [used, total] = engine->kv_cells();
     gauge("loom_queue_depth", "Requests waiting for a slot.", s.queue_depth);
-    gauge("loom_slots_active", "Slots generating.", s.active_slots);
-    gauge("loom_slots_total", "Slots.", s.n_slots);
-    gauge("loom_kv_cache_used_cells", "KV cache cells in use, all slots.", static_cast<double>(used));
-    gauge("loom_kv_cache_total_cells", "KV cache cells, all slots.", static_cast<double>(total));
+    gauge("loom_slots_active", "Requests generating (sequences of the batch).", s.active_slots);
+    gauge("loom_slots_total", "Requests that may generate at once (--parallel).", s.n_slots);
+    gauge("loom_kv_cache_used_cells",
+          "KV cache cells in use: running requests and finished ones kept for reuse.",
+          static_cast<double>(used));
+    gauge("loom_kv_cache_total_cells", "KV cache cells (the paged pool).", static_cast<double>(total));
+    gauge("loom_kv_cache_kept_sequences", "Finished requests whose cells are kept for prefix reuse.",
+          s.cached_sequences);
     gauge("loom_kv_cache_usage_ratio", "KV cache cells in use over all cells.",
           total > 0 ? static_cast<double>(used) / static_cast<double>(total) : 0.0);
   }
@@ -387,6 +392,8 @@ std::string ServerImpl::metrics_text() const {
   out += metrics.inter_token.format("loom_inter_token_seconds", "Between consecutive tokens of one request.");
   out += metrics.request_duration.format("loom_request_duration_seconds",
                                          "From a request's arrival to its end.");
+  out += metrics.batch_sequences.format("loom_batch_sequences",
+                                        "Running requests decoded together per step (one forward pass).");
   return out;
 }
 
@@ -549,6 +556,8 @@ Result<std::unique_ptr<Server>> Server::create(const ServerOptions& options) {
     return make_error(StatusCode::invalid_argument, "--parallel {}: 1 to 1024 slots", options.n_parallel);
   if (options.queue_size < 0)
     return make_error(StatusCode::invalid_argument, "--queue {}: at least 0", options.queue_size);
+  if (options.kv_block_size < 1 || options.kv_block_size > 4096)
+    return make_error(StatusCode::invalid_argument, "--kv-block-size {}: 1 to 4096", options.kv_block_size);
   if (options.port < 0 || options.port > 65535)
     return make_error(StatusCode::invalid_argument, "--port {}: 0 to 65535", options.port);
   auto impl = std::make_unique<detail::ServerImpl>();
@@ -611,7 +620,7 @@ Status Server::attach(llm::Session session, ChatFormat format) {
   else
     impl_->model_name = impl_->options.model_name;
   auto engine = Engine::create(std::move(session), *tok, std::move(stop_ids), impl_->options.n_parallel,
-                               impl_->options.queue_size, impl_->metrics);
+                               impl_->options.queue_size, impl_->options.kv_block_size, impl_->metrics);
   if (!engine) return engine.status();
   impl_->tok.emplace(std::move(*tok));
   impl_->format = std::move(format);

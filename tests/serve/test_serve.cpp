@@ -238,7 +238,9 @@ TEST(Serve, LoadingAnswers503) {
 }
 
 TEST(Serve, CompletionNonStreaming) {
-  TestServer s;
+  ServerOptions o;
+  o.kv_block_size = 1;  // prefixes are shared in whole blocks: "ROMEO:" is a few tokens
+  TestServer s(o);
   auto r = post(s, "/v1/completions", json{{"prompt", "ROMEO:"}, {"max_tokens", 16}, {"temperature", 0}});
   ASSERT_EQ(r.status, 200) << r.raw;
   EXPECT_EQ(r.body["object"], "text_completion");
@@ -252,10 +254,13 @@ TEST(Serve, CompletionNonStreaming) {
   ASSERT_EQ(t.status, 200);
   EXPECT_EQ(r.body["usage"]["prompt_tokens"], t.body["tokens"].size());
   EXPECT_EQ(r.body["usage"]["total_tokens"], 16 + t.body["tokens"].size());
-  // the same request again: the same text (greedy), and its prompt found in the slot's cache
+  // the same request again: the same text (greedy), and its prompt found in the cache (the first
+  // request's cells, kept after it finished)
   auto again = post(s, "/v1/completions", json{{"prompt", "ROMEO:"}, {"max_tokens", 16}, {"temperature", 0}});
   EXPECT_EQ(again.body["choices"][0]["text"], c["text"]);
-  EXPECT_GT(again.body["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), 0);
+  // all of the prompt but its last token, whose logits are needed
+  EXPECT_EQ(again.body["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(),
+            r.body["usage"]["prompt_tokens"].get<int>() - 1);
   // a prompt of token ids, and max_completion_tokens
   auto ids = post(s, "/v1/completions",
                   json{{"prompt", t.body["tokens"]}, {"max_completion_tokens", 16}, {"temperature", 0}});
@@ -551,9 +556,12 @@ TEST(Serve, ConcurrentStreamsEqualAlone) {
   std::printf("%d concurrent streams on 4 slots: %.2f s\n", kClients, concurrent_s);
 }
 
-// A chat's next turn finds the conversation so far in its slot's cache and decodes only the rest.
+// A chat's next turn finds the conversation so far in the cache (the first turn's cells, kept after
+// it finished) and decodes only the rest: all but what the last partly filled block held.
 TEST(Serve, ChatTurnReusesCache) {
-  TestServer s;
+  ServerOptions o;
+  o.kv_block_size = 4;
+  TestServer s(o);
   json messages = {{{"role", "user"}, {"content", "Who goes there?"}}};
   auto first =
       post(s, "/v1/chat/completions", json{{"messages", messages}, {"max_tokens", 10}, {"temperature", 0}});
@@ -564,13 +572,84 @@ TEST(Serve, ChatTurnReusesCache) {
   auto second =
       post(s, "/v1/chat/completions", json{{"messages", messages}, {"max_tokens", 10}, {"temperature", 0}});
   ASSERT_EQ(second.status, 200);
-  EXPECT_GE(second.body["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), first_prompt);
+  const int cached = second.body["usage"]["prompt_tokens_details"]["cached_tokens"];
+  EXPECT_GE(cached, first_prompt / o.kv_block_size * o.kv_block_size);
+  EXPECT_EQ(cached % o.kv_block_size, 0);
+  EXPECT_EQ(s.server().stats().cached_sequences, 1);  // at most -np finished requests are kept
   // and the answer is the one a fresh server gives
   TestServer fresh;
   auto cold = post(fresh, "/v1/chat/completions",
                    json{{"messages", messages}, {"max_tokens", 10}, {"temperature", 0}});
   EXPECT_EQ(cold.body["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
   EXPECT_EQ(cold.body["choices"][0]["message"]["content"], second.body["choices"][0]["message"]["content"]);
+}
+
+// The value of a metric line ("name value") in /metrics' text; -1 when it is not there.
+double metric_value(const std::string& text, const std::string& name) {
+  const std::string key = "\n" + name + " ";
+  const size_t at = text.find(key);
+  return at == std::string::npos ? -1.0 : std::stod(text.substr(at + key.size()));
+}
+
+// Concurrent requests are decoded together: one forward pass per step advances all of them, which
+// the histogram of sequences per step shows.
+TEST(Serve, ConcurrentRequestsShareForwardPasses) {
+  ServerOptions o;
+  o.n_parallel = 4;
+  TestServer s(o);
+  const char* prompts[] = {"ROMEO:", "JULIET:", "HAMLET:", "MACBETH:"};
+  std::vector<Streamed> got(4);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i)
+    threads.emplace_back([&, i] {
+      got[static_cast<size_t>(i)] =
+          stream(s, "/v1/completions", json{{"prompt", prompts[i]}, {"max_tokens", 48}, {"temperature", 0}});
+    });
+  for (auto& t : threads) t.join();
+  for (const Streamed& g : got) ASSERT_EQ(g.status, 200) << g.error;
+  const std::string m = get(s, "/metrics").raw;
+  const double steps = metric_value(m, "loom_batch_sequences_count");
+  const double alone = metric_value(m, "loom_batch_sequences_bucket{le=\"1\"}");
+  ASSERT_GT(steps, 0) << m;
+  EXPECT_LT(alone, steps) << "no step decoded two requests together\n" << m;
+  EXPECT_GT(metric_value(m, "loom_batch_sequences_bucket{le=\"4\"}") -
+                metric_value(m, "loom_batch_sequences_bucket{le=\"2\"}"),
+            0)
+      << "no step decoded all four requests\n"
+      << m;
+  // alone, each of the 4 x 47 tokens after the first would take a pass of its own
+  EXPECT_LT(steps, static_cast<double>(s.server().stats().generated_tokens) / 2);
+}
+
+// A cancelled request's sequence leaves the cache at once: its blocks are free again (a finished
+// request's are kept for reuse; a cancelled one's are not).
+TEST(Serve, CancelFreesCacheBlocks) {
+  ServerOptions o;
+  o.n_parallel = 2;
+  TestServer s(o, /*n_ctx=*/1024);
+  int chunks = 0;
+  int64_t used_while_running = 0;
+  auto req = stream_request("ROMEO:", 900, [&](const char*, size_t, uint64_t, uint64_t) {
+    if (++chunks == 3) used_while_running = s.server().stats().kv_cells_used;
+    return chunks < 3;
+  });
+  s.client()->send(req);
+  EXPECT_GE(chunks, 3);
+  EXPECT_GT(used_while_running, 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  while ((s.server().stats().requests_cancelled == 0 || s.server().stats().kv_cells_used != 0) &&
+         std::chrono::steady_clock::now() - t0 < 10s)
+    std::this_thread::sleep_for(10ms);
+  const ServerStats st = s.server().stats();
+  EXPECT_EQ(st.requests_cancelled, 1u);
+  EXPECT_EQ(st.kv_cells_used, 0);
+  EXPECT_EQ(st.cached_sequences, 0);
+  EXPECT_EQ(metric_value(get(s, "/metrics").raw, "loom_kv_cache_used_cells"), 0.0);
+  // a request that ends normally keeps its cells for reuse
+  auto done = post(s, "/v1/completions", json{{"prompt", "JULIET:"}, {"max_tokens", 4}});
+  EXPECT_EQ(done.status, 200);
+  EXPECT_EQ(s.server().stats().cached_sequences, 1);
+  EXPECT_GT(s.server().stats().kv_cells_used, 0);
 }
 
 // A request that runs past --timeout ends there: with what it has (finish_reason "length").

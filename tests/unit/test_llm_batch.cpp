@@ -486,7 +486,8 @@ TEST_F(LlmBatch, EnqueuedPromptsInterleaveWithDecodes) {
     EXPECT_EQ(running, 4u) << "step " << step;
     // b's prompt waits for a's
     if (a_pending) EXPECT_TRUE(gen.prefilling(*b)) << "the second prompt went before the first";
-    if (gen.generated(*a).size() >= static_cast<size_t>(n_gen) && gen.generated(*b).size() >= static_cast<size_t>(n_gen))
+    if (gen.generated(*a).size() >= static_cast<size_t>(n_gen) &&
+        gen.generated(*b).size() >= static_cast<size_t>(n_gen))
       break;
   }
   EXPECT_EQ(steps_a, 6);
@@ -538,6 +539,35 @@ TEST_F(LlmBatch, PerSequenceSampling) {
   EXPECT_NE(together[0], together[1]);
 }
 
+// Sampling a step's sequences on several threads gives the tokens one thread gives.
+TEST_F(LlmBatch, SamplingThreadsKeepTokens) {
+  auto l = open_model(LOOM_BUILTIN_MODEL_Q8_0, 2048, 32, KvCacheKind::paged, 16);
+  ASSERT_TRUE(l.ctx);
+  const auto prompts = builtin_prompts(12, l.ctx->n_vocab());
+  auto run = [&](int n_threads) {
+    BatchGenerator gen(*l.ctx);
+    gen.set_sampling_threads(n_threads);
+    for (int s = 0; s < 12; ++s) {
+      SamplerParams sp;
+      sp.seed = 100 + static_cast<uint32_t>(s);
+      sp.temperature = s % 3 == 0 ? 0.0f : 1.2f;
+      sp.penalties.repeat = s % 2 ? 1.3f : 1.0f;
+      EXPECT_TRUE(gen.add(prompts[static_cast<size_t>(s)], sp).ok());
+    }
+    for (int i = 0; i < 12; ++i) EXPECT_TRUE(gen.step().ok());
+    std::vector<std::vector<int32_t>> out;
+    for (int id : gen.sequences()) {
+      auto g = gen.generated(id);
+      out.emplace_back(g.begin(), g.end());
+    }
+    l.ctx->kv_cache_clear();
+    return out;
+  };
+  const auto one = run(1);
+  EXPECT_EQ(run(3), one);
+  EXPECT_EQ(run(1), one);
+}
+
 // Prompts that begin alike (a shared "system prompt") share its blocks: each later sequence
 // computes only the rest of its prompt, holds fewer cells, and generates what it generates alone.
 TEST_F(LlmBatch, PrefixReuseKeepsTokens) {
@@ -577,6 +607,67 @@ TEST_F(LlmBatch, PrefixReuseKeepsTokens) {
     EXPECT_EQ(std::vector<int32_t>(got.begin(), got.end()), greedy_alone(*ref.ctx, prompts[s], n_gen + 1))
         << "sequence " << s;
   }
+}
+
+// What a server needs besides tokens: the logits each token was sampled from (log-probabilities),
+// how many sequences a step decoded together, and parked sequences: a finished one stops
+// generating but keeps its cells, which a later prompt that starts the same way shares.
+TEST_F(LlmBatch, ParkedSequencesLendTheirPrefix) {
+  auto ref = open_model(LOOM_BUILTIN_MODEL_Q8_0, 256, 64, KvCacheKind::contiguous);
+  auto l = open_model(LOOM_BUILTIN_MODEL_Q8_0, 1024, 32, KvCacheKind::paged, 16);
+  ASSERT_TRUE(ref.ctx && l.ctx);
+  const int n_vocab = ref.ctx->n_vocab();
+  auto prompts = builtin_prompts(2, n_vocab);
+  prompts[0] = test_tokens(40, n_vocab, 21);
+  prompts[0][0] = 0;
+  BatchGenerator gen(*l.ctx);
+  auto a = gen.add(prompts[0], greedy());
+  auto b = gen.add(prompts[1], greedy());
+  ASSERT_TRUE(a.ok() && b.ok());
+  for (int i = 0; i < 6; ++i) {
+    auto out = gen.step();
+    ASSERT_TRUE(out.ok());
+    EXPECT_EQ(gen.last_step().n_decoded, 2);
+    EXPECT_EQ(gen.last_step().n_passes, 1);
+    EXPECT_EQ(gen.last_step().n_prefill_tokens, 0);
+    for (const GeneratedToken& t : *out) {
+      const auto logits = gen.logits(t.seq_id);
+      ASSERT_EQ(logits.size(), static_cast<size_t>(n_vocab));
+      EXPECT_EQ(std::max_element(logits.begin(), logits.end()) - logits.begin(), t.token);  // greedy
+    }
+  }
+  const auto a_tokens = gen.generated(*a);
+  std::vector<int32_t> next_turn(prompts[0]);
+  next_turn.insert(next_turn.end(), a_tokens.begin(), a_tokens.end());
+  for (int32_t t : test_tokens(5, n_vocab, 33)) next_turn.push_back(t);
+  ASSERT_TRUE(gen.park(*a).ok());
+  EXPECT_TRUE(gen.parked(*a));
+  EXPECT_FALSE(gen.park(99).ok());
+  const int used_parked = l.ctx->kv_cache_used();
+  auto out = gen.step();
+  ASSERT_TRUE(out.ok());
+  ASSERT_EQ(out->size(), 1u);  // the parked one takes no token
+  EXPECT_EQ((*out)[0].seq_id, *b);
+  EXPECT_TRUE(gen.logits(*a).empty());
+  EXPECT_EQ(l.ctx->kv_cache_used(), used_parked + 1);
+  // the next turn shares the parked sequence's whole blocks and generates what it does alone
+  auto c = gen.enqueue(next_turn, greedy());
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(gen.shared_prompt_tokens(*c),
+            static_cast<int>(prompts[0].size() + a_tokens.size() - 1) / 16 * 16);
+  while (gen.generated(*c).size() < 8) {
+    ASSERT_TRUE(gen.step().ok());
+    if (gen.last_step().n_prefill_tokens > 0) {
+      EXPECT_EQ(gen.last_step().n_decoded, 1);
+    }
+  }
+  const auto got = gen.generated(*c);
+  EXPECT_EQ(std::vector<int32_t>(got.begin(), got.begin() + 8), greedy_alone(*ref.ctx, next_turn, 8));
+  // removing the parked sequence frees only what nobody else holds
+  const int before = l.ctx->kv_cache_used();
+  ASSERT_TRUE(gen.remove(*a).ok());
+  EXPECT_LT(l.ctx->kv_cache_used(), before);
+  EXPECT_GT(l.ctx->kv_cache_used(), 0);
 }
 
 }  // namespace
