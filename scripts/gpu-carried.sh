@@ -9,6 +9,8 @@
 #   decode   loom bench -n 128 on LOOM_MODELS
 #   batched  loom bench -npl 1,8,32,64 (-npp 128 -ntg 32) with a trace of one step at each npl
 #   perf     op-test perf of mul_mat at LOOM_PERF_FILTER's cases
+#   serve    loom serve -np 64 on each of LOOM_MODELS: 64 streams of 256-token prompts and 256 generated
+#            tokens (tools/serve_load.py), one stream, and the engine's figures beside them
 #   batchcheck  loom-exec-equivalence on the built-in model and LOOM_MODELS, both numerics (includes
 #            16 sequences decoded together against alone)
 set -uo pipefail
@@ -64,6 +66,29 @@ for step in "$@"; do
     perf)
       timeout 300 "$bin/loom-test-ops" --backend cuda --numerics fast perf --op mul_mat ${LOOM_PERF_FILTER:-} >"$out/perf.log" 2>&1
       grep -E "us|GB/s|TFLOP" "$out/perf.log" | head -80 ;;
+    serve)
+      for m in $models; do
+        f=$(model "$m") || continue
+        echo "-- engine: loom bench -npp 256 -ntg 256 -npl 1,64; tg256"
+        timeout 200 "$bin/loom" bench -m "$f" -npp 256 -ntg 256 -npl 1,64 2>/dev/null | grep -E "^\|"
+        timeout 60 "$bin/loom" bench -m "$f" -p 0 -n 256 -r 2 2>/dev/null | grep -E "tg256"
+        "$bin/loom" serve -m "$f" -ngl 99 -np 64 -c 1024 --port 0 >"$out/serve.out" 2>"$out/serve.err" &
+        spid=$!
+        for _ in $(seq 600); do [[ -s $out/serve.out ]] && break; sleep 0.1; done
+        port=$(head -1 "$out/serve.out")
+        for _ in $(seq 600); do
+          python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=1)" 2>/dev/null && break
+          sleep 0.2
+        done
+        echo "-- serve: 64 streams"
+        timeout 200 python3 tools/serve_load.py --url "http://127.0.0.1:$port" -c 64 -n 64 --prompt-tokens 256 \
+          --max-tokens 256 --ignore-eos --json
+        echo "-- serve: one stream"
+        timeout 100 python3 tools/serve_load.py --url "http://127.0.0.1:$port" -c 1 -n 2 --prompt-tokens 256 \
+          --max-tokens 256 --ignore-eos --json
+        kill $spid; wait $spid 2>/dev/null
+        tail -3 "$out/serve.err"
+      done ;;
     batchcheck)
       fs=(models/loom-shakespeare-f16.gguf)
       for m in $models; do f=$(model "$m") && fs+=("$f"); done

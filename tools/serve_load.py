@@ -135,7 +135,10 @@ def run_one(args, index):
                 r.tokens = int(msg["usage"].get("completion_tokens", 0))
             for choice in msg.get("choices", []):
                 piece = choice.get("delta", {}).get("content") if args.chat else choice.get("text")
-                if piece:
+                # a chunk per generated token (loom serve sends one even when the token's text is
+                # held back); the role and finish chunks carry no token
+                if piece is not None and not choice.get("finish_reason") and (piece or not args.chat or
+                                                                              "role" not in choice.get("delta", {})):
                     now = time.perf_counter()
                     if r.ttft is None:
                         r.ttft = now - t0

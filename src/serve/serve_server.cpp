@@ -295,7 +295,9 @@ void ServerImpl::handle_generation(const httplib::Request& req, httplib::Respons
           return true;
         }
         for (auto& e : events) {
-          if (!e.text.empty() || e.logprob) {
+          // One chunk per generated token, its text possibly empty (held back as part of a UTF-8
+          // character or a possible stop string), so that clients see progress token by token.
+          if (e.kind != StreamEvent::Kind::done || !e.text.empty() || e.logprob) {
             json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
             if (chat) {
               choice["delta"] = {{"content", e.text}};
