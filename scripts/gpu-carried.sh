@@ -70,8 +70,8 @@ for step in "$@"; do
       for m in $models; do
         f=$(model "$m") || continue
         echo "-- engine: loom bench -npp 256 -ntg 256 -npl 1,64; tg256"
-        timeout 200 "$bin/loom" bench -m "$f" -npp 256 -ntg 256 -npl 1,64 2>/dev/null | grep -E "^\|"
-        timeout 60 "$bin/loom" bench -m "$f" -p 0 -n 256 -r 2 2>/dev/null | grep -E "tg256"
+        [[ -n ${LOOM_SERVE_ONLY:-} ]] || timeout 200 "$bin/loom" bench -m "$f" -npp 256 -ntg 256 -npl 1,64 2>/dev/null | grep -E "^\|"
+        [[ -n ${LOOM_SERVE_ONLY:-} ]] || timeout 60 "$bin/loom" bench -m "$f" -p 0 -n 256 -r 2 2>/dev/null | grep -E "tg256"
         "$bin/loom" serve -m "$f" -ngl 99 -np 64 -c 1024 --port 0 >"$out/serve.out" 2>"$out/serve.err" &
         spid=$!
         for _ in $(seq 600); do [[ -s $out/serve.out ]] && break; sleep 0.1; done
