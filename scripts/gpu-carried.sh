@@ -11,6 +11,7 @@
 #   perf     op-test perf of mul_mat at LOOM_PERF_FILTER's cases
 #   serve    loom serve -np 64 on each of LOOM_MODELS: 64 streams of 256-token prompts and 256 generated
 #            tokens (tools/serve_load.py), one stream, and the engine's figures beside them
+#   prefilltrace  a Chrome trace of one 512-token prompt chunk (the second) on LOOM_MODELS, summarized
 #   batchcheck  loom-exec-equivalence on the built-in model and LOOM_MODELS, both numerics (includes
 #            16 sequences decoded together against alone)
 set -uo pipefail
@@ -88,6 +89,14 @@ for step in "$@"; do
           --max-tokens 256 --ignore-eos --json
         kill $spid; wait $spid 2>/dev/null
         tail -3 "$out/serve.err"
+      done ;;
+    prefilltrace)
+      for m in $models; do
+        f=$(model "$m") || continue
+        head -c 12000 tests/data/shakespeare_heldout.txt >"$work/prompt.txt"
+        timeout 120 "$bin/loom" run -m "$f" -f "$work/prompt.txt" -n 1 -c 4096 --trace-prompt "$out/prefill-${m/:/-}.json" \
+          >/dev/null 2>"$out/prefill-${m/:/-}.err" || tail -2 "$out/prefill-${m/:/-}.err"
+        python3 tools/trace_summary.py "$out/prefill-${m/:/-}.json" --by-shape 2>&1 | head -${LOOM_TRACE_LINES:-24}
       done ;;
     batchcheck)
       fs=(models/loom-shakespeare-f16.gguf)

@@ -155,6 +155,8 @@ void add_model_flags(CLI::App& cmd, GenerateOptions& o) {
   cmd.add_option("--trace", o.trace_path,
                  "Write a Chrome trace (per-dispatch GPU times) of the third decode step to FILE, and its "
                  "plan to FILE.dot");
+  cmd.add_option("--trace-prompt", o.trace_prompt_path,
+                 "Write a Chrome trace of the prompt's second chunk (a prompt longer than -ub) to FILE");
   cmd.add_option("--backend", o.backend, "Backend by name (cpu, cuda); overrides -ngl");
   add_numerics_flag(cmd, o.numerics);
 }
@@ -309,6 +311,19 @@ int run_generate(const GenerateOptions& o) {
                  s > 0 ? static_cast<double>(done) / s : 0.0);
       std::fflush(stderr);
     };
+  if (!o.trace_prompt_path.empty()) {
+    if (n_prompt <= ctx.n_batch())
+      return fail(make_error(StatusCode::invalid_argument,
+                             "--trace-prompt: the prompt ({} tokens) has one chunk; it needs more than -ub {}",
+                             n_prompt, ctx.n_batch()));
+    // After the first chunk (whose pass also records the graph), the next compute is traced.
+    dopt.on_chunk = [&, progress = dopt.on_chunk](size_t done, size_t total) {
+      if (progress) progress(done, total);
+      if (done == static_cast<size_t>(ctx.n_batch()))
+        if (Status st = capture_next_compute(backend, o.trace_prompt_path); !st.ok())
+          fmt::print(stderr, "loom: --trace-prompt: {}\n", st.to_string());
+    };
+  }
   auto logits = ctx.decode(tokens, 0, dopt);
   if (show_progress) fmt::print(stderr, "\r\033[K");
   if (!logits) return fail(logits.status());

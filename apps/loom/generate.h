@@ -40,6 +40,7 @@ struct GenerateOptions {
   std::string dump_logits;     ///< --dump-logits: all prompt logits (f32) to this file, ids to FILE.tokens
   bool stats = false;          ///< --stats: decode and graph-executor statistics on stderr at the end
   std::string trace_path;      ///< --trace: Chrome trace of the third decode step (CUDA)
+  std::string trace_prompt_path;  ///< --trace-prompt: Chrome trace of the prompt's second chunk (CUDA)
 };
 
 int run_generate(const GenerateOptions& o);
