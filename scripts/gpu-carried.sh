@@ -93,7 +93,7 @@ for step in "$@"; do
     prefilltrace)
       for m in $models; do
         f=$(model "$m") || continue
-        head -c 12000 tests/data/shakespeare_heldout.txt >"$work/prompt.txt"
+        head -c 3000 tests/data/shakespeare_heldout.txt >"$work/prompt.txt"
         timeout 120 "$bin/loom" run -m "$f" -f "$work/prompt.txt" -n 1 -c 4096 --trace-prompt "$out/prefill-${m/:/-}.json" \
           >/dev/null 2>"$out/prefill-${m/:/-}.err" || tail -2 "$out/prefill-${m/:/-}.err"
         python3 tools/trace_summary.py "$out/prefill-${m/:/-}.json" --by-shape 2>&1 | head -${LOOM_TRACE_LINES:-24}
