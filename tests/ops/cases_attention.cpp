@@ -129,6 +129,7 @@ struct FlashCase {
   bool cache_view;          // K and V are the first n_kv positions of a longer cache
   bool q_permuted = false;  // q is a permuted view of [d, n_head, n_q], as the models build it
   int64_t window = 0;       // > 0: a sliding-window causal mask, each query sees its last `window` keys
+  bool pure_causal = false;  // no random -inf entries: a model's prompt mask (zeros and the causal -inf)
 };
 
 constexpr int64_t kCacheExtra = 24;
@@ -182,6 +183,12 @@ void add_flash_attn(CaseList& cases, const FlashCase& c, bool perf) {
                 v[static_cast<size_t>(r * s[0] + j)] = visible ? rng.uniform(-1.0f, 0.0f) : -INFINITY;
               }
           });
+    else if (c.has_mask && c.pure_causal)
+      mask = in.custom(c.mask_type, {c.n_kv, c.mask_rows, 1, 1}, [c](Rng&, const Shape& s, std::vector<float>& v) {
+        for (int64_t r = 0; r < s[1]; ++r)
+          for (int64_t j = 0; j < s[0]; ++j)
+            v[static_cast<size_t>(r * s[0] + j)] = j <= r + c.n_kv - c.n_q ? 0.0f : -INFINITY;
+      });
     else if (c.has_mask)
       mask = in.mask(c.mask_type, {c.n_kv, c.mask_rows, 1, 1}, 0.1, c.causal, c.n_q);
     return flash_attn(g, q, k, v, mask, scale, c.softcap);
@@ -232,6 +239,7 @@ void add_flash_attn(CaseList& cases, const FlashCase& c, bool perf) {
   if (c.has_mask)
     desc += fmt::format(" mask={}[{}]{}", dtype_name(c.mask_type), c.mask_rows, c.causal ? " causal" : "");
   if (c.window > 0) desc += fmt::format(" window={}", c.window);
+  if (c.pure_causal) desc += " (zeros and -inf)";
   if (c.softcap > 0.0f) desc += fmt::format(" softcap={:g}", c.softcap);
   if (c.cache_view) desc += " (cache view)";
   if (c.q_permuted) desc += " (permuted q)";
@@ -258,6 +266,14 @@ void add_attention_cases(CaseList& cases, CaseSet set) {
           cases,
           {128, 128, n, n, 32, 8, 1, DType::f16, DType::f16, true, DType::f16, n, true, 0.0f, false, true},
           true);
+    }
+    // as the models build a prompt chunk: an f32 mask of zeros and the causal -inf, the chunk's 512
+    // queries after 512 and after 3,584 cached keys
+    for (int64_t n_kv : {1024, 4096}) {
+      add_flash_attn(cases,
+                     {128, 128, 512, n_kv, 32, 8, 1, DType::f16, DType::f16, true, DType::f32, 512, true, 0.0f,
+                      false, true, 0, true},
+                     true);
     }
     return;
   }
@@ -312,6 +328,11 @@ void add_attention_cases(CaseList& cases, CaseSet set) {
       {256, 256, 33, 64, 8, 2, 1, f16, f16, true, f16, 33, true, 50.0f, true},  // softcap, cache view
       // sliding window: the first keys are hidden from the later queries
       {128, 128, 128, 200, 8, 2, 1, f16, f16, true, f16, 128, true, 0.0f, false, false, 40},
+      // a model's prompt-chunk mask, zeros and the causal -inf (f32, padded rows): key tiles the fast
+      // kernel classes as all-zero (no mask reads), all-hidden (skipped) and mixed (the diagonal)
+      {128, 128, 150, 333, 8, 2, 1, f16, f16, true, f32, 160, true, 0.0f, false, true, 0, true},
+      {64, 64, 70, 70, 4, 4, 1, f16, f16, true, f16, 70, true, 0.0f, false, false, 0, true},
+      {256, 256, 40, 100, 4, 1, 1, f16, f16, true, f32, 48, true, 0.0f, false, true, 0, true},
   };
   for (const FlashCase& c : flash_cases) add_flash_attn(cases, c, false);
 }

@@ -132,6 +132,34 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+/// What a (query tile, key tile) of the mask holds: all zeros (the kernel adds nothing and reads no
+/// mask), all -inf (skipped), or anything else (read per element).
+enum : uint8_t { kTileZero = 0, kTileMixed = 1, kTileHidden = 2 };
+
+/// The class of each (query tile of kBr rows, key tile of kbc keys at multiples of kbc) for each mask
+/// head and sequence: out[((i3 * mask.ne[2] + i2) * q_tiles + tile) * k_tiles + kt]; grid (k tiles,
+/// query tiles, mask heads x sequences). A causal prompt's mask is zeros below the diagonal, so
+/// nearly every tile a block computes needs no mask loads (they were ~half of its stalls).
+__global__ void __launch_bounds__(kThreads)
+    flash_attn_tile_class_kernel(TensorDesc mask, bool f16, int64_t n_q, int kbc, uint8_t* out) {
+  pdl_wait();
+  const int64_t q0 = static_cast<int64_t>(blockIdx.y) * kBr, k0 = static_cast<int64_t>(blockIdx.x) * kbc;
+  const int64_t i2 = blockIdx.z % mask.ne[2], i3 = blockIdx.z / mask.ne[2];
+  const int rows = static_cast<int>(n_q - q0 < kBr ? n_q - q0 : kBr);
+  const int keys = static_cast<int>(mask.ne[0] - k0 < kbc ? mask.ne[0] - k0 : kbc);
+  bool zero = true, hidden = true;
+  for (int i = static_cast<int>(threadIdx.x); i < rows * keys; i += kThreads) {
+    const float x = mask_at(row_ptr(mask, q0 + i / keys, i2, i3), k0 + i % keys, f16);
+    zero = zero && x == 0.0f;
+    hidden = hidden && x == -INFINITY;
+  }
+  zero = __syncthreads_and(zero);
+  hidden = __syncthreads_and(hidden);
+  if (threadIdx.x == 0)
+    out[(static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x] =
+        zero ? kTileZero : (hidden ? kTileHidden : kTileMixed);
+}
+
 // ---- the attention kernel ------------------------------------------------------------------------
 
 struct MmaArgs {
@@ -139,6 +167,8 @@ struct MmaArgs {
   bool has_mask, mask_f16;
   float scale, softcap;
   const int* extent;  ///< flash_attn_mask_extent_kernel's output, or null: each block scans the mask
+  const uint8_t* tile_class;  ///< flash_attn_tile_class_kernel's output (with extent), or null
+  int64_t k_tiles;            ///< key tiles per query tile in tile_class
 };
 
 /// Halves per shared-memory row of a D-wide tile: 16 bytes of padding put the 8 rows an ldmatrix
@@ -190,12 +220,17 @@ __global__ void __launch_bounds__(kThreads) flash_attn_mma_kernel(const MmaArgs 
   // The keys this block's queries can see.
   int64_t kv_begin = 0, kv_end = n_kv;
   const char* mask_rows[2] = {nullptr, nullptr};  // this thread's fragment rows g and g + 8
+  const uint8_t* tile_class = nullptr;             // per key tile: zeros, hidden or mixed
   if (a.has_mask) {
     const int64_t mh = h % a.mask.ne[2], m3 = i3 % a.mask.ne[3];
     if (a.extent) {
-      const int* e = a.extent + 2 * ((m3 * a.mask.ne[2] + mh) * gridDim.y + tile);
-      kv_begin = e[0];
-      kv_end = e[1];
+      const int64_t i = (m3 * a.mask.ne[2] + mh) * gridDim.y + tile;
+      kv_begin = a.extent[2 * i];
+      kv_end = a.extent[2 * i + 1];
+      if (a.tile_class) {  // tiles at multiples of kBc, as the classes were taken
+        kv_begin = kv_begin / kBc * kBc;
+        tile_class = a.tile_class + i * a.k_tiles;
+      }
     } else {
       const int rows = static_cast<int>(n_q - q0 < kBr ? n_q - q0 : kBr);
       mask_extent(row_ptr(a.mask, q0, mh, m3), a.mask.nb[1], a.mask_f16, rows, n_kv, kv_begin, kv_end,
@@ -266,13 +301,14 @@ __global__ void __launch_bounds__(kThreads) flash_attn_mma_kernel(const MmaArgs 
     // g + 8 (c2, c3), keys kv0 + 8 tile + 2 t4 + {0, 1}. Loaded before waiting for K/V.
     float mk[kKTiles][4];
     bool any = false;
+    const int cls = tile_class ? tile_class[kv0 / kBc] : (a.has_mask ? kTileMixed : kTileZero);
 #pragma unroll
     for (int nt = 0; nt < kKTiles; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int64_t j = kv0 + nt * 8 + t4 * 2 + (e & 1);
         float x = -INFINITY;
-        if (j < n_kv) x = a.has_mask ? mask_at(mask_rows[e / 2], j, a.mask_f16) : 0.0f;
+        if (j < n_kv && cls != kTileHidden) x = cls == kTileZero ? 0.0f : mask_at(mask_rows[e / 2], j, a.mask_f16);
         mk[nt][e] = x;
         any = any || x != -INFINITY;
       }
@@ -413,7 +449,9 @@ CudaError launch_mma(const LaunchContext& ctx, const Tensor* dst, float scale, f
                mask && mask->type == DType::f16,
                scale,
                softcap,
-               nullptr};
+               nullptr,
+               nullptr,
+               0};
   if (mask) {
     args.mask = desc_of(mask);
     if (ctx.scratch && ctx.scratch_size >= flash_attn_mma_scratch_bytes(dst)) {
@@ -424,6 +462,14 @@ CudaError launch_mma(const LaunchContext& ctx, const Tensor* dst, float scale, f
                                                                        extent);
       LOOM_CUDA_CHECK_LAUNCH("flash_attn_mask_extent_kernel");
       args.extent = extent;
+      auto* classes = reinterpret_cast<uint8_t*>(extent + 2 * tiles * mask->ne[2] * mask->ne[3]);
+      args.k_tiles = (mask->ne[0] + kBc - 1) / kBc;
+      const dim3 cgrid(static_cast<unsigned>(args.k_tiles), static_cast<unsigned>(tiles),
+                       static_cast<unsigned>(mask->ne[2] * mask->ne[3]));
+      flash_attn_tile_class_kernel<<<cgrid, kThreads, 0, ctx.stream>>>(args.mask, args.mask_f16, q->ne[1], kBc,
+                                                                        classes);
+      LOOM_CUDA_CHECK_LAUNCH("flash_attn_tile_class_kernel");
+      args.tile_class = classes;
     }
   }
   constexpr size_t kSmem = kSmemBytes<D, kBc>;
@@ -459,14 +505,17 @@ bool flash_attn_mma_supported(const Tensor* dst) {
   // grid: heads in x, query tiles in y, sequences in z (the mask pre-pass: tiles, mask heads,
   // mask sequences); key offsets in int
   if (query_tiles(dst) > kMaxGridYZ || q->ne[2] > INT32_MAX || q->ne[3] > kMaxGridYZ) return false;
-  if (mask && (mask->ne[2] > kMaxGridYZ || mask->ne[3] > kMaxGridYZ)) return false;
+  if (mask && (mask->ne[2] > kMaxGridYZ || mask->ne[3] > kMaxGridYZ || mask->ne[2] * mask->ne[3] > kMaxGridYZ))
+    return false;
   return k->ne[1] < INT32_MAX && k->ne[2] > 0 && q->ne[2] % k->ne[2] == 0;
 }
 
 size_t flash_attn_mma_scratch_bytes(const Tensor* dst) {
   const Tensor* mask = dst->src[3];
   if (!mask) return 0;
-  return static_cast<size_t>(query_tiles(dst) * mask->ne[2] * mask->ne[3]) * 2 * sizeof(int);
+  const int64_t kbc = dst->src[0]->ne[0] == 256 ? 32 : 64;  // launch_flash_attn_mma's key tiles
+  const auto cells = static_cast<size_t>(query_tiles(dst) * mask->ne[2] * mask->ne[3]);
+  return cells * 2 * sizeof(int) + cells * static_cast<size_t>((mask->ne[0] + kbc - 1) / kbc);
 }
 
 CudaError launch_flash_attn_mma(const LaunchContext& ctx, const Tensor* dst, float scale, float softcap) {
