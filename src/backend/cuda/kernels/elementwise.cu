@@ -2,6 +2,8 @@
 // addressed through its strides, so views with gaps between rows work unchanged.
 // Bytes model: 8-12 bytes moved per element, far below compute; the int64 index splits dominate
 // for now (a contiguous fast path is future work).
+#include <cstdint>
+
 #include "activation.cuh"
 #include "common.cuh"
 #include "elementwise.cuh"
@@ -74,6 +76,31 @@ __global__ void gated_kernel(TensorDesc dst, TensorDesc gate, TensorDesc up, boo
       dst, [&](const int64_t* i) { f32_at(dst, i) = gated_f(f32_at(gate, i), f32_at(up, i), swiglu); });
 }
 
+// The same over rows of float4s (every operand: contiguous rows of a multiple of 4 elements, 16-byte
+// aligned): one index split per 4 elements and 16-byte accesses. A prefill chunk's swiglu over
+// [14336, 512] on the H200 took 82 us at one element per thread (~1 TB/s of its 88 MB).
+__global__ void gated4_kernel(TensorDesc dst, TensorDesc gate, TensorDesc up, bool swiglu, int64_t n4) {
+  pdl_wait();
+  const int64_t per_row = dst.ne[0] / 4;
+  for (int64_t v = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; v < n4;
+       v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = v / per_row, c = (v % per_row) * 4 * static_cast<int64_t>(sizeof(float));
+    const int64_t i1 = r % dst.ne[1], i2 = (r / dst.ne[1]) % dst.ne[2], i3 = r / (dst.ne[1] * dst.ne[2]);
+    const float4 g = *reinterpret_cast<const float4*>(row_ptr(gate, i1, i2, i3) + c);
+    const float4 u = *reinterpret_cast<const float4*>(row_ptr(up, i1, i2, i3) + c);
+    *reinterpret_cast<float4*>(row_ptr(dst, i1, i2, i3) + c) =
+        make_float4(gated_f(g.x, u.x, swiglu), gated_f(g.y, u.y, swiglu), gated_f(g.z, u.z, swiglu),
+                    gated_f(g.w, u.w, swiglu));
+  }
+}
+
+bool float4_rows(const Tensor* t) {
+  if (t->type != DType::f32 || t->nb[0] != sizeof(float) || t->ne[0] % 4 != 0 ||
+      reinterpret_cast<uintptr_t>(t->data) % 16 != 0)
+    return false;
+  return t->nb[1] % 16 == 0 && t->nb[2] % 16 == 0 && t->nb[3] % 16 == 0;
+}
+
 constexpr int kThreads = 256;
 
 }  // namespace
@@ -99,6 +126,12 @@ CudaError launch_unary(const LaunchContext& ctx, const Tensor* dst, float p0, fl
 CudaError launch_gated(const LaunchContext& ctx, const Tensor* dst) {
   const int64_t n = dst->nelements();
   if (n == 0) return {};
+  if (float4_rows(dst) && float4_rows(dst->src[0]) && float4_rows(dst->src[1])) {
+    gated4_kernel<<<grid_for(n / 4, kThreads), kThreads, 0, ctx.stream>>>(
+        desc_of(dst), desc_of(dst->src[0]), desc_of(dst->src[1]), dst->op == OpKind::swiglu, n / 4);
+    LOOM_CUDA_CHECK_LAUNCH("gated4_kernel");
+    return {};
+  }
   gated_kernel<<<grid_for(n, kThreads), kThreads, 0, ctx.stream>>>(
       desc_of(dst), desc_of(dst->src[0]), desc_of(dst->src[1]), dst->op == OpKind::swiglu);
   LOOM_CUDA_CHECK_LAUNCH("gated_kernel");

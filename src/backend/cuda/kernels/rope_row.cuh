@@ -10,45 +10,58 @@
 
 namespace loom::cuda {
 
+/// cos and sin of pair i's angle at `position`, times mscale: theta_i = pos * base^(-2i/n_dims) / ff_i,
+/// then linear scaling blended with extrapolation (YaRN). In double (see RopeArgs): a pow and a sincos
+/// in FP64, small next to the attention that follows (an H200 does ~34 FP64 TFLOP/s).
+__device__ __forceinline__ void rope_angle(int i, int32_t position, const RopeArgs& p, const TensorDesc& freq_factors,
+                                           bool has_ff, float& c, float& s) {
+  double inv_freq = pow(p.freq_base, -2.0 * i / p.n_dims);
+  if (has_ff) inv_freq /= *reinterpret_cast<const float*>(freq_factors.data + i * freq_factors.nb[0]);
+  const double theta_extrap = position * inv_freq;
+  const double theta_interp = p.freq_scale * theta_extrap;
+  double theta = theta_interp;
+  if (p.ext_factor != 0.0) {
+    const double y_ramp = (i - p.corr_low) / fmax(0.001, p.corr_high - p.corr_low);
+    const double ramp_mix = (1.0 - fmin(1.0, fmax(0.0, y_ramp))) * p.ext_factor;
+    theta = theta_interp * (1.0 - ramp_mix) + theta_extrap * ramp_mix;
+  }
+  double sd, cd;
+  sincos(theta, &sd, &cd);
+  c = static_cast<float>(cd * p.mscale);
+  s = static_cast<float>(sd * p.mscale);
+}
+
+/// Element t of the row x rotated with pair (c, s) (t < n_dims / 2 rotates pair t and stores both of
+/// its elements; n_dims / 2 <= t < n_dims stores nothing, its pair's owner does; t >= n_dims copies).
+template <class Store>
+__device__ __forceinline__ void rope_element(const float* x, int64_t t, const RopeArgs& p, float c, float s,
+                                             Store&& store) {
+  const int half = p.n_dims / 2;
+  if (t >= p.n_dims) {
+    store(t, x[t]);
+    return;
+  }
+  if (t >= half) return;
+  // normal mode rotates (2i, 2i+1); neox rotates (i, i + n_dims/2)
+  const int64_t j0 = p.neox ? t : 2 * t;
+  const int64_t j1 = p.neox ? t + half : 2 * t + 1;
+  const float x0 = x[j0], x1 = x[j1];
+  // the CPU's float operations, kept from contracting into FMAs (docs/NUMERICS.md)
+  store(j0, __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s)));
+  store(j1, __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c)));
+}
+
 /// Rotates the row x of ne0 elements at `position` and hands each result to store(j, value). The
 /// block's threads split the row: thread t rotates pair t (t < n_dims / 2) and copies element t
 /// when t >= n_dims, and so on with a stride of blockDim.x. Each pair is read and stored by the
-/// same thread, so the destination may be x itself. Angles in double (see RopeArgs): a pow and a
-/// sincos in FP64 per pair and head, small next to the attention that follows (an H200 does ~34
-/// FP64 TFLOP/s).
+/// same thread, so the destination may be x itself.
 template <class Store>
 __device__ __forceinline__ void rope_row(const float* x, int64_t ne0, int32_t position, const RopeArgs& p,
                                          const TensorDesc& freq_factors, bool has_ff, Store&& store) {
-  const int half = p.n_dims / 2;
   for (int64_t t = threadIdx.x; t < ne0; t += blockDim.x) {
-    if (t >= p.n_dims) {
-      store(t, x[t]);
-      continue;
-    }
-    if (t >= half) continue;  // elements half..n_dims-1 belong to pairs of threads below half
-    const int i = static_cast<int>(t);
-    // theta_i = pos * base^(-2i/n_dims) / ff_i, then linear scaling blended with extrapolation
-    double inv_freq = pow(p.freq_base, -2.0 * i / p.n_dims);
-    if (has_ff) inv_freq /= *reinterpret_cast<const float*>(freq_factors.data + i * freq_factors.nb[0]);
-    const double theta_extrap = position * inv_freq;
-    const double theta_interp = p.freq_scale * theta_extrap;
-    double theta = theta_interp;
-    if (p.ext_factor != 0.0) {
-      const double y_ramp = (i - p.corr_low) / fmax(0.001, p.corr_high - p.corr_low);
-      const double ramp_mix = (1.0 - fmin(1.0, fmax(0.0, y_ramp))) * p.ext_factor;
-      theta = theta_interp * (1.0 - ramp_mix) + theta_extrap * ramp_mix;
-    }
-    double sd, cd;
-    sincos(theta, &sd, &cd);
-    const auto c = static_cast<float>(cd * p.mscale);
-    const auto s = static_cast<float>(sd * p.mscale);
-    // normal mode rotates (2i, 2i+1); neox rotates (i, i + n_dims/2)
-    const int64_t j0 = p.neox ? i : 2 * i;
-    const int64_t j1 = p.neox ? i + half : 2 * i + 1;
-    const float x0 = x[j0], x1 = x[j1];
-    // the CPU's float operations, kept from contracting into FMAs (docs/NUMERICS.md)
-    store(j0, __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s)));
-    store(j1, __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c)));
+    float c = 0.0f, s = 0.0f;
+    if (t < p.n_dims / 2) rope_angle(static_cast<int>(t), position, p, freq_factors, has_ff, c, s);
+    rope_element(x, t, p, c, s, store);
   }
 }
 
