@@ -103,7 +103,21 @@ struct ContextImpl {
   int n_kv_bucket = 1;
   std::unique_ptr<KvCache> kv;
   std::vector<Segment> segments;  // in layer order; the last one computes the logits
-  std::vector<float> logits;      // host copy returned by decode
+  // Host copy returned by decode: it only grows, so a step does not zero-fill the megabytes it then
+  // overwrites (64 sequences x a 128k vocabulary: 33 MB per batched step).
+  struct LogitsBuffer {
+    std::vector<float> data;
+    size_t n = 0;
+    void clear() { n = 0; }
+    float* append(size_t count) {
+      if (data.size() < n + count) data.resize(n + count);
+      float* p = data.data() + n;
+      n += count;
+      return p;
+    }
+    std::span<const float> view() const { return {data.data(), n}; }
+  };
+  LogitsBuffer logits;
   DecodeStats stats;
   // A gathering pass's view of each of its sequences: cells and positions in position order.
   std::vector<std::vector<int32_t>> seq_cells, seq_positions;
@@ -264,7 +278,7 @@ struct ContextImpl {
 
   // One forward pass over tokens already given cache cells, segment after segment; appends the
   // logits to `out` if given.
-  Status run_step(const StepBatch& b, bool all_outputs, std::vector<float>* out) {
+  Status run_step(const StepBatch& b, bool all_outputs, LogitsBuffer* out) {
     const int n_seqs = static_cast<int>(b.seqs.size());
     const bool gather = n_seqs > 1 || !kv->reads_prefix();
     // The sliding-window ring serves one sequence reading the prefix (decode_batch refuses more).
@@ -334,9 +348,7 @@ struct ContextImpl {
     ++stats.n_steps;
     if (out) {
       const size_t count = static_cast<size_t>(carried->nelements());
-      const size_t old = out->size();
-      out->resize(old + count);
-      LOOM_TRY(tensor_read(carried, out->data() + old, 0, count * sizeof(float)));
+      LOOM_TRY(tensor_read(carried, out->append(count), 0, count * sizeof(float)));
     }
     return {};
   }
@@ -486,7 +498,7 @@ Result<std::span<const float>> Context::decode(std::span<const int32_t> tokens, 
       window = std::move(*w);
     }
     // Chunks before the last compute one row of logits and drop it (cheaper than a second graph shape).
-    std::vector<float>* out = (options.all_logits || last_chunk) ? &c.logits : nullptr;
+    detail::ContextImpl::LogitsBuffer* out = (options.all_logits || last_chunk) ? &c.logits : nullptr;
     const int seqs[1] = {options.seq_id};
     Status s = c.run_step(detail::StepBatch{tokens.subspan(begin, n), positions, *cells, seqs, window},
                           options.all_logits, out);
@@ -497,7 +509,7 @@ Result<std::span<const float>> Context::decode(std::span<const int32_t> tokens, 
     }
     if (options.on_chunk) options.on_chunk(begin + n, tokens.size());
   }
-  return std::span<const float>(c.logits);
+  return c.logits.view();
 }
 
 Result<std::span<const float>> Context::decode_batch(std::span<const SeqTokens> seqs) {
@@ -570,7 +582,7 @@ Result<std::span<const float>> Context::decode_batch(std::span<const SeqTokens> 
     c.kv->release(cells);
     return s;
   }
-  return std::span<const float>(c.logits);
+  return c.logits.view();
 }
 
 void Context::kv_cache_clear() { impl_->kv->clear(); }
