@@ -124,7 +124,9 @@ __device__ __forceinline__ uint32_t h2_sub_mul(uint32_t h, uint32_t sub, uint32_
 // on f16 pairs directly: two 8-bit codes become 1024 + code in one byte permute with 0x64 (the f16
 // exponent of 1024), the offset (1032 or 1152) comes off exactly and the f16 scale multiplies with one
 // rounding: the same values as the float path (an exact product rounded once to f16) in ~60% of its
-// instructions, which bound this kernel. The other formats go through their float Dequant8.
+// instructions, which bound this kernel (8B Q4_0 batched step at 64: 4,830 -> 5,376 t/s). q4_K and
+// q6_K likewise with their scales rounded to f16 first; the other formats go through their float
+// Dequant8.
 template <class D>
 __device__ __forceinline__ void dequant8(const unsigned char* raw, int k, uint32_t (&w)[4]) {
   if constexpr (std::is_same_v<D, Dequant8Q4_0> || std::is_same_v<D, Dequant8Q8_0>) {
@@ -141,6 +143,46 @@ __device__ __forceinline__ void dequant8(const unsigned char* raw, int k, uint32
       } else {
         v = load_u16_even(b + 2 + j0 + 2 * e) ^ 0x8080u;  // int8 + 128
         w[e] = h2_sub_mul(__byte_perm(v, 0x64646464u, 0x5140), 0x64806480u, d2);  // (1024 + u) - 1152
+      }
+    }
+  } else if constexpr (std::is_same_v<D, Dequant8Q4_K> || std::is_same_v<D, Dequant8Q6_K>) {
+    // The K-quants' sub-block scale (and q4_K's bias) rounded to f16 first, then one f16 fma or
+    // product per pair: within about 2 f16 ulps of the float path's values (fast mode only).
+    const uint8_t* b = raw + (k / D::kBlock) * D::kBytes;
+    const int j0 = k % D::kBlock;
+    if constexpr (std::is_same_v<D, Dequant8Q4_K>) {
+      const int sb = j0 / 32;
+      int sc, m;
+      q4k_scale_min(sb, b + 4, sc, m);
+      const __half2 scale = __float2half2_rn(fmul_rn(f16_to_float(load_u16_even(b)), static_cast<float>(sc)));
+      const __half2 nbias = __float2half2_rn(-fmul_rn(f16_to_float(load_u16_even(b + 2)), static_cast<float>(m)));
+      const uint8_t* q = b + 16 + (j0 / 64) * 32 + (j0 % 32);
+      const int shift = (sb & 1) ? 4 : 0;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const uint32_t v = (load_u16_even(q + 2 * e) >> shift) & 0x0f0fu;
+        const uint32_t h = __byte_perm(v, 0x64646464u, 0x5140);  // 1024 + code
+        __half2 x, c1024;
+        const uint32_t k1024 = 0x64006400u;
+        memcpy(&x, &h, 4);
+        memcpy(&c1024, &k1024, 4);
+        const __half2 r = __hfma2(__hsub2(x, c1024), scale, nbias);
+        memcpy(&w[e], &r, 4);
+      }
+    } else {
+      const int h = j0 / 128, c = (j0 % 128) / 32, l0 = j0 % 32;
+      const uint8_t* ql = b + 64 * h + 32 * (c & 1) + l0;
+      const uint8_t* qh = b + 128 + 32 * h + l0;
+      const __half2 scale = __float2half2_rn(f16_to_float(load_u16_even(b + 208)) *
+                                             static_cast<float>(static_cast<int8_t>(b[192 + j0 / 16])));
+      uint32_t sc2;
+      memcpy(&sc2, &scale, 4);
+      const int shift = c < 2 ? 0 : 4;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const uint32_t v = ((load_u16_even(ql + 2 * e) >> shift) & 0x0f0fu) |
+                           (((load_u16_even(qh + 2 * e) >> (2 * c)) & 0x0303u) << 4);  // codes 0..63
+        w[e] = h2_sub_mul(__byte_perm(v, 0x64646464u, 0x5140), 0x64206420u, sc2);  // (1024 + q) - 1056
       }
     }
   } else {
