@@ -10,8 +10,10 @@
 //   mat_vec_bias         {mul_mat, add}                       kept: add.  add = add(mul_mat, bias), bias = add->src[1]
 //   glu_mat_vec          {mm_gate, mm_up, glu}                kept: glu.  glu = swiglu/geglu(mm_gate, mm_up), both
 //                                                             mul_mats read the same activations (src[1])
-//   rope_set_rows        {rope_k, set_rows, rope_q or null}   kept: set_rows, rope_q. set_rows->src[0] is
-//                                                             permute(rope_k, 0, 2, 1, 3) (a view of rope_k)
+//   rope_set_rows        {rope_k, set_rows, rope_q or null,   kept: set_rows, rope_q, set_rows_v.
+//                         set_rows_v or null}                 set_rows->src[0] is permute(rope_k, 0, 2, 1,
+//                                                             3) (a view of rope_k); set_rows_v stores the
+//                                                             values at the same cells (no rope)
 //   scale_mask_soft_max  {scale, add, soft_max}               kept: soft_max. add = add(scale, mask);
 //                                                             soft_max has no mask of its own
 //   moe_route            {soft_max, top_k, get_rows, sum_rows or null, div or null}

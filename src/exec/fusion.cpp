@@ -207,6 +207,20 @@ class Matcher {
         break;
       }
     }
+    // the values' store: a set_rows of the same cells that stores no rope (V), nearby
+    Tensor* sr_v = nullptr;
+    for (size_t j = i >= 8 ? i - 8 : 0; j < std::min(plan_.dispatches.size(), i + 9); ++j) {
+      Tensor* c = node_at(j);
+      if (c == sr || !is(c, OpKind::set_rows) || live(c) < 0 || c->src[1] != sr->src[1] || c->type != sr->type)
+        continue;
+      const Tensor* src = producer(c->src[0]);
+      if (src && src->op == OpKind::rope) continue;
+      sr_v = c;
+      break;
+    }
+    if (rope_q && sr_v &&
+        commit(FusedKind::rope_set_rows, {rope_k, sr, rope_q, sr_v}, {false, true, true, true}))
+      return;
     if (rope_q && commit(FusedKind::rope_set_rows, {rope_k, sr, rope_q}, {false, true, true})) return;
     commit(FusedKind::rope_set_rows, {rope_k, sr}, {false, true});
   }

@@ -203,6 +203,7 @@ struct RopeStoreCase {
   bool freq_factors = false;
   bool with_q = true;   // Q rotated too (the fused kernel's optional rope_q)
   bool q_first = true;  // Q's rope built before K's
+  bool with_v = false;  // V stored at the same cells too (the fused kernel's optional set_rows_v)
 };
 
 // StepBuilder::attention's store of the rotated keys: set_rows(cache_k, permute(rope(k), 0, 2, 1, 3),
@@ -221,6 +222,11 @@ void add_rope_set_rows(CaseList& cases, const RopeStoreCase& c) {
     if (c.with_q && !c.q_first) q_rot = rope(g, q, pos, ff, c.p);
     Tensor* stored = set_rows(g, cache, permute(g, k_rot, 0, 2, 1, 3), cells);
     if (q_rot) g.mark_output(q_rot);
+    if (c.with_v) {
+      Tensor* v = in.uniform(DType::f32, {c.head_dim, c.n_head_kv, c.n_tokens, 1});
+      Tensor* cache_v = in.uniform(c.cache_type, {c.head_dim, c.n_cells, c.n_head_kv, 1});
+      g.mark_output(set_rows(g, cache_v, permute(g, v, 0, 2, 1, 3), cells));
+    }
     return stored;
   };
   auto ref = [c](const std::vector<RefTensor>& in) {
@@ -234,7 +240,16 @@ void add_rope_set_rows(CaseList& cases, const RopeStoreCase& c) {
       }
     if (!c.with_q) return cache;
     const RefTensor q_rot = rope_ref(in[0], in[2], ff, c.p);
-    return concat_results({&cache, &q_rot});
+    if (!c.with_v) return concat_results({&cache, &q_rot});
+    const size_t vi = c.freq_factors ? 6 : 5;
+    const RefTensor v = ref_round_trip(in[vi], c.cache_type);
+    RefTensor cache_v = in[vi + 1];
+    for (int64_t t = 0; t < c.n_tokens; ++t)
+      for (int64_t h = 0; h < c.n_head_kv; ++h) {
+        const auto cell = static_cast<int64_t>(in[3](t));
+        for (int64_t i = 0; i < c.head_dim; ++i) cache_v(i, cell, h) = v(i, h, t);
+      }
+    return concat_results({&cache, &q_rot, &cache_v});
   };
   const RopeParams& p = c.p;
   std::string desc = fmt::format("hd={} heads={}/{} T={} cache={}[{}] {} n_dims={}", c.head_dim, c.n_head,
@@ -243,6 +258,7 @@ void add_rope_set_rows(CaseList& cases, const RopeStoreCase& c) {
   if (p.ext_factor != 0.0f) desc += " yarn";
   if (c.freq_factors) desc += " freq_factors";
   desc += !c.with_q ? " (no q)" : c.q_first ? "" : " (q roped after k)";
+  if (c.with_v) desc += " + v store";
   cases.push_back({"rope_set_rows", desc, kNmseRope, build, ref, 0.0, FusedKind::rope_set_rows});
 }
 
@@ -567,6 +583,10 @@ void add_fused_cases(CaseList& cases, CaseSet set) {
       {64, 4, 2, 4, 7, DType::f32, rope_params(M::neox, 64, 10000.0f)},
       {64, 4, 2, 3, 8, DType::f16, rope_params(M::neox, 64, 10000.0f), false, true, false},
       {32, 2, 2, 2, 4, DType::f16, rope_params(M::normal, 32, 10000.0f), false, false},
+      // with the values' store at the same cells, as StepBuilder::attention builds it
+      {64, 4, 2, 1, 8, DType::f16, rope_params(M::neox, 64, 10000.0f), false, true, true, true},
+      {128, 8, 2, 3, 6, DType::f16, rope_params(M::neox, 128, 500000.0f), true, true, true, true},
+      {64, 4, 2, 4, 7, DType::f32, rope_params(M::neox, 64, 10000.0f), false, true, true, true},
   };
   for (const RopeStoreCase& c : stores) add_rope_set_rows(cases, c);
 

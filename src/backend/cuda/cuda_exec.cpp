@@ -71,7 +71,7 @@ CudaError launch_dispatch(const LaunchContext& base, const exec::Dispatch& d) {
     case FusedKind::glu_mat_vec:
       return launch_glu_mat_vec(ctx, n[0], n[1], n[2]);
     case FusedKind::rope_set_rows:
-      return launch_rope_set_rows(ctx, n[0], n[1], n[2], make_rope_args(n[0]->get_params<RopeParams>()));
+      return launch_rope_set_rows(ctx, n[0], n[1], n[2], n[3], make_rope_args(n[0]->get_params<RopeParams>()));
     case FusedKind::scale_mask_soft_max:
       return launch_scale_mask_soft_max(ctx, n[0], n[1], n[2]);
     case FusedKind::moe_route:

@@ -270,11 +270,13 @@ __global__ void mat_vec_multi_q8_kernel(const __grid_constant__ MultiArgs args, 
 constexpr int kRopeHeads = 8;
 constexpr int kRopeMaxPairs = 256;  // n_dims / 2 (head sizes up to 512)
 __global__ void rope_set_rows_kernel(TensorDesc cache, bool cache_f16, TensorDesc k_src, TensorDesc idx,
-                                     TensorDesc q_dst, TensorDesc q_src, bool has_q, TensorDesc pos,
+                                     TensorDesc q_dst, TensorDesc q_src, bool has_q, TensorDesc v_cache,
+                                     TensorDesc v_src, TensorDesc v_idx, bool has_v, TensorDesc pos,
                                      TensorDesc freq_factors, bool has_ff, RopeArgs p) {
   pdl_wait();
   __shared__ float cs[2 * kRopeMaxPairs];
-  const int64_t k_heads = k_src.ne[1], heads = k_heads + (has_q ? q_dst.ne[1] : 0);
+  const int64_t k_heads = k_src.ne[1], q_heads = has_q ? q_dst.ne[1] : 0;
+  const int64_t heads = k_heads + q_heads + (has_v ? v_src.ne[2] : 0);
   const int64_t t = blockIdx.x % k_src.ne[2], i3 = blockIdx.x / k_src.ne[2];
   const int64_t h0 = static_cast<int64_t>(blockIdx.y) * kRopeHeads;
   const int64_t h1 = h0 + kRopeHeads < heads ? h0 + kRopeHeads : heads;
@@ -282,7 +284,8 @@ __global__ void rope_set_rows_kernel(TensorDesc cache, bool cache_f16, TensorDes
   for (int i = static_cast<int>(threadIdx.x); i < p.n_dims / 2; i += blockDim.x)
     rope_angle(i, position, p, freq_factors, has_ff, cs[2 * i], cs[2 * i + 1]);
   __syncthreads();
-  const int64_t ne0 = k_src.ne[0] > (has_q ? q_dst.ne[0] : 0) ? k_src.ne[0] : q_dst.ne[0];
+  int64_t ne0 = k_src.ne[0] > (has_q ? q_dst.ne[0] : 0) ? k_src.ne[0] : q_dst.ne[0];
+  if (has_v && v_src.ne[0] > ne0) ne0 = v_src.ne[0];
   for (int64_t w = threadIdx.x; w < (h1 - h0) * ne0; w += blockDim.x) {
     const int64_t h = h0 + w / ne0, e = w % ne0;
     const int64_t pair = e < p.n_dims / 2 ? e : 0;
@@ -298,11 +301,23 @@ __global__ void rope_set_rows_kernel(TensorDesc cache, bool cache_f16, TensorDes
         rope_element(x, e, p, c, s, [&](int64_t j, float v) { reinterpret_cast<uint16_t*>(out)[j] = float_to_f16(v); });
       else
         rope_element(x, e, p, c, s, [&](int64_t j, float v) { reinterpret_cast<float*>(out)[j] = v; });
-    } else {
+    } else if (h < k_heads + q_heads) {
       if (e >= q_dst.ne[0]) continue;
       const auto* x = reinterpret_cast<const float*>(row_ptr(q_src, h - k_heads, t, i3));
       auto* y = reinterpret_cast<float*>(row_ptr(q_dst, h - k_heads, t, i3));
       rope_element(x, e, p, c, s, [&](int64_t j, float v) { y[j] = v; });
+    } else {  // V: stored as it is, converted to the cache's type, as set_rows stores it
+      const int64_t hv = h - k_heads - q_heads;
+      if (e >= v_src.ne[0]) continue;
+      const int32_t cell = *reinterpret_cast<const int32_t*>(
+          v_idx.data + t * v_idx.nb[0] + (hv % v_idx.ne[1]) * v_idx.nb[1] + (i3 % v_idx.ne[2]) * v_idx.nb[2]);
+      if (cell < 0 || cell >= v_cache.ne[1]) continue;
+      const float x = reinterpret_cast<const float*>(row_ptr(v_src, t, hv, i3))[e];
+      char* out = row_ptr(v_cache, cell, hv, i3);
+      if (cache_f16)
+        reinterpret_cast<uint16_t*>(out)[e] = float_to_f16(x);
+      else
+        reinterpret_cast<float*>(out)[e] = x;
     }
   }
 }
@@ -488,7 +503,7 @@ bool is_k_permute(const Tensor* v, const Tensor* k) {
          v->nb == std::array<size_t, kMaxDims>{k->nb[0], k->nb[2], k->nb[1], k->nb[3]};
 }
 
-bool rope_set_rows_ok(const Tensor* rope_k, const Tensor* set_rows, const Tensor* rope_q) {
+bool rope_set_rows_qk_ok(const Tensor* rope_k, const Tensor* set_rows, const Tensor* rope_q) {
   if (!rope_k || !set_rows || rope_k->op != OpKind::rope || set_rows->op != OpKind::set_rows) return false;
   if (set_rows->type != DType::f16 && set_rows->type != DType::f32) return false;
   if (!is_k_permute(set_rows->src[0], rope_k) || !is_f32(rope_k) || !is_f32(rope_k->src[0])) return false;
@@ -516,6 +531,30 @@ bool rope_set_rows_ok(const Tensor* rope_k, const Tensor* set_rows, const Tensor
        std::initializer_list<const Tensor*>{rope_k->src[0], rope_k->src[1], rope_k->src[2], idx, cache})
     if (!disjoint(rope_q, in)) return false;
   return may_write_over(rope_q, rope_q->src[0]);
+}
+
+// ... and the values' store at the same cells: [head_dim, n_tokens, n_head_kv] rows of f32 (a permuted
+// view of V), the same tokens as K, into a cache of the keys' type; nothing it reads is written by
+// the other members.
+bool rope_set_rows_ok(const Tensor* rope_k, const Tensor* set_rows, const Tensor* rope_q, const Tensor* set_rows_v) {
+  if (!rope_set_rows_qk_ok(rope_k, set_rows, rope_q)) return false;
+  if (!set_rows_v) return true;
+  if (!rope_q || set_rows_v->op != OpKind::set_rows || set_rows_v->type != set_rows->type) return false;
+  const Tensor* v = set_rows_v->src[0];
+  const Tensor* idx = set_rows_v->src[1];
+  const Tensor* cache = set_rows_v->src[2];
+  const Tensor* k = rope_k->src[0];
+  if (!v || !idx || !cache || !is_f32(v) || v->nb[0] != sizeof(float) || idx->type != DType::i32 ||
+      set_rows_v->nb[0] != dtype_type_size(set_rows_v->type))
+    return false;
+  // v is [d, n_tokens, n_head_kv, ne3] like K's permuted view; its tokens those of K
+  if (v->ne[1] != k->ne[2] || v->ne[3] != k->ne[3] || v->ne[2] != k->ne[1] || set_rows_v->ne[1] <= 0) return false;
+  for (const Tensor* in : std::initializer_list<const Tensor*>{k, rope_k->src[1], rope_k->src[2], set_rows->src[1],
+                                                               rope_q->src[0], v, idx})
+    if (!disjoint(set_rows_v, in)) return false;
+  for (const Tensor* out : std::initializer_list<const Tensor*>{set_rows, rope_q})
+    if (!disjoint(out, v) || !disjoint(out, idx)) return false;
+  return true;
 }
 
 bool scale_mask_soft_max_ok(const Tensor* scale, const Tensor* add, const Tensor* soft_max) {
@@ -772,10 +811,10 @@ CudaError launch_mat_vec_multi(const LaunchContext& ctx, const Tensor* mm0, cons
 }
 
 CudaError launch_rope_set_rows(const LaunchContext& ctx, const Tensor* rope_k, const Tensor* set_rows,
-                               const Tensor* rope_q, const RopeArgs& args) {
+                               const Tensor* rope_q, const Tensor* set_rows_v, const RopeArgs& args) {
   const Tensor* k = rope_k->src[0];
   const int64_t tokens = k->ne[2] * k->ne[3];
-  const int64_t heads = k->ne[1] + (rope_q ? rope_q->ne[1] : 0);
+  const int64_t heads = k->ne[1] + (rope_q ? rope_q->ne[1] : 0) + (set_rows_v ? set_rows_v->src[0]->ne[2] : 0);
   if (tokens == 0 || heads == 0) return {};
   if (rope_q && (rope_q->ne[2] != k->ne[2] || rope_q->ne[3] != k->ne[3]))
     return CudaError::runtime(cudaErrorInvalidValue, "rope_set_rows: Q and K of different tokens", __FILE__,
@@ -787,10 +826,14 @@ CudaError launch_rope_set_rows(const LaunchContext& ctx, const Tensor* rope_k, c
   const TensorDesc ff_desc = ff ? desc_of(ff) : TensorDesc{};
   const TensorDesc q_dst = rope_q ? desc_of(rope_q) : TensorDesc{};
   const TensorDesc q_src = rope_q ? desc_of(rope_q->src[0]) : TensorDesc{};
+  const TensorDesc v_cache = set_rows_v ? desc_of(set_rows_v) : TensorDesc{};
+  const TensorDesc v_src = set_rows_v ? desc_of(set_rows_v->src[0]) : TensorDesc{};
+  const TensorDesc v_idx = set_rows_v ? desc_of(set_rows_v->src[1]) : TensorDesc{};
   const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>((heads + kRopeHeads - 1) / kRopeHeads));
-  rope_set_rows_kernel<<<grid, 256, 0, ctx.stream>>>(desc_of(set_rows), set_rows->type == DType::f16, desc_of(k),
-                                                     desc_of(set_rows->src[1]), q_dst, q_src, rope_q != nullptr,
-                                                     desc_of(rope_k->src[1]), ff_desc, ff != nullptr, args);
+  rope_set_rows_kernel<<<grid, 256, 0, ctx.stream>>>(
+      desc_of(set_rows), set_rows->type == DType::f16, desc_of(k), desc_of(set_rows->src[1]), q_dst, q_src,
+      rope_q != nullptr, v_cache, v_src, v_idx, set_rows_v != nullptr, desc_of(rope_k->src[1]), ff_desc,
+      ff != nullptr, args);
   LOOM_CUDA_CHECK_LAUNCH("rope_set_rows_kernel");
   return {};
 }
@@ -853,7 +896,7 @@ bool fused_supported(FusedKind kind, const Tensor* const* nodes, bool fast) {
     case FusedKind::glu_mat_vec:
       return glu_ok(nodes[0], nodes[1], nodes[2]);
     case FusedKind::rope_set_rows:
-      return rope_set_rows_ok(nodes[0], nodes[1], nodes[2]);
+      return rope_set_rows_ok(nodes[0], nodes[1], nodes[2], nodes[3]);
     case FusedKind::scale_mask_soft_max:
       return scale_mask_soft_max_ok(nodes[0], nodes[1], nodes[2]);
     case FusedKind::moe_route:

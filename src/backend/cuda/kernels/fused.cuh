@@ -23,7 +23,7 @@ CudaError launch_glu_mat_vec(const LaunchContext& ctx, const Tensor* mm_gate, co
 /// Rotates rope_k's input and stores it through set_rows into the cache; rope_q (may be null) is
 /// rotated in the same launch. Both ropes share `args` (same params, same positions tensor).
 CudaError launch_rope_set_rows(const LaunchContext& ctx, const Tensor* rope_k, const Tensor* set_rows,
-                               const Tensor* rope_q, const RopeArgs& args);
+                               const Tensor* rope_q, const Tensor* set_rows_v, const RopeArgs& args);
 /// soft_max = softmax(scale(x) + mask) with scale/bias from the scale node and mask = add->src[1].
 CudaError launch_scale_mask_soft_max(const LaunchContext& ctx, const Tensor* scale, const Tensor* add,
                                      const Tensor* soft_max);
