@@ -276,6 +276,15 @@ struct ContextImpl {
     }
   }
 
+  // A decode call starts: no logits yet, its own step statistics.
+  void begin_call() {
+    logits.clear();
+    stats.n_steps = 0;
+    stats.n_input_writes = 0;
+    stats.n_graph_builds = 0;
+    stats.host_build_ns = stats.host_alloc_ns = stats.host_inputs_ns = 0;
+  }
+
   // One forward pass over tokens already given cache cells, segment after segment; appends the
   // logits to `out` if given.
   Status run_step(const StepBatch& b, bool all_outputs, LogitsBuffer* out) {
@@ -475,11 +484,7 @@ Result<std::span<const float>> Context::decode(std::span<const int32_t> tokens, 
         "used)",
         tokens.size(), options.seq_id, c.kv->room(options.seq_id), c.kv->used(), c.n_ctx);
 
-  c.logits.clear();
-  c.stats.n_steps = 0;
-  c.stats.n_input_writes = 0;
-  c.stats.n_graph_builds = 0;
-  c.stats.host_build_ns = c.stats.host_alloc_ns = c.stats.host_inputs_ns = 0;
+  c.begin_call();
   std::vector<int32_t> positions;
   for (size_t begin = 0; begin < tokens.size(); begin += static_cast<size_t>(c.n_batch)) {
     const size_t n = std::min(tokens.size() - begin, static_cast<size_t>(c.n_batch));
@@ -572,11 +577,7 @@ Result<std::span<const float>> Context::decode_batch(std::span<const SeqTokens> 
     }
     cells.push_back((*got)[0]);
   }
-  c.logits.clear();
-  c.stats.n_steps = 0;
-  c.stats.n_input_writes = 0;
-  c.stats.n_graph_builds = 0;
-  c.stats.host_build_ns = c.stats.host_alloc_ns = c.stats.host_inputs_ns = 0;
+  c.begin_call();
   Status s = c.run_step(detail::StepBatch{tokens, positions, cells, ids}, false, &c.logits);
   if (!s.ok()) {
     c.kv->release(cells);
