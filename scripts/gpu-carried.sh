@@ -10,6 +10,7 @@
 #   batched  loom bench -npl 1,8,32,64 (-npp 128 -ntg 32) with a trace of one step at each npl
 #   perf     op-test perf of mul_mat at LOOM_PERF_FILTER's cases
 #   serve    loom serve -np 64 on each of LOOM_MODELS: 64 streams of 256-token prompts and 256 generated
+#            (LOOM_SOAK=S adds S seconds of them back to back with the server's memory sampled)
 #            tokens (tools/serve_load.py), one stream, and the engine's figures beside them
 #   prefilltrace  a Chrome trace of one 512-token prompt chunk (the second) on LOOM_MODELS, summarized
 #   batchcheck  loom-exec-equivalence on the built-in model and LOOM_MODELS, both numerics (includes
@@ -87,6 +88,12 @@ for step in "$@"; do
         echo "-- serve: one stream"
         timeout 100 python3 tools/serve_load.py --url "http://127.0.0.1:$port" -c 1 -n 2 --prompt-tokens 256 \
           --max-tokens 256 --ignore-eos --json
+        if [[ -n ${LOOM_SOAK:-} ]]; then  # seconds of 64 streams back to back, memory sampled
+          echo "-- serve: soak ${LOOM_SOAK} s"
+          timeout $((LOOM_SOAK + 120)) python3 tools/serve_load.py --url "http://127.0.0.1:$port" -c 64 \
+            --soak "$LOOM_SOAK" --prompt-tokens 256 --max-tokens 256 --ignore-eos --server-pid $spid \
+            --max-growth-pct 5 --json
+        fi
         kill $spid; wait $spid 2>/dev/null
         tail -3 "$out/serve.err"
       done ;;

@@ -8,9 +8,11 @@ Python's standard library only (http.client, threads), so it runs wherever pytho
 
   serve_load.py --url http://127.0.0.1:8080 -c 64 -n 256 --max-tokens 64 [--chat] [--check] [--json]
   serve_load.py -c 64 -n 64 --prompt-tokens 256 --max-tokens 256 --ignore-eos   # fixed lengths
+  serve_load.py -c 64 --soak 600 --server-pid PID --max-growth-pct 5   # a soak: memory must stay flat
 
 Throughput: generated_tokens_per_s is every generated token over the wall time (prompts included);
-decode_tokens_per_s sums each stream's rate from its first token to its last; steady_tokens_per_s
+decode_tokens_per_s is the mean request's rate from its first token to its last times the concurrency
+(with -n equal to -c: the sum of the streams' rates); steady_tokens_per_s
 counts the tokens of all streams between the moment every stream has its first token and the moment
 the first one ends, over that time: every stream decoding, no prompt in flight (what a batched
 benchmark's generation figure, `loom bench -npl`'s S_TG, measures; with -n equal to -c).
@@ -18,6 +20,7 @@ benchmark's generation figure, `loom bench -npl`'s S_TG, measures; with -n equal
 import argparse
 import http.client
 import json
+import subprocess
 import sys
 import threading
 import time
@@ -180,6 +183,91 @@ def run_concurrent(args, n_requests, concurrency):
     return results, time.perf_counter() - t0
 
 
+def run_for(args, seconds, concurrency):
+    """Clients issue requests back to back until `seconds` have passed (a soak); returns the results."""
+    results, lock = [], threading.Lock()
+    deadline = time.perf_counter() + seconds
+    counter = [0]
+
+    def worker():
+        while time.perf_counter() < deadline:
+            with lock:
+                i = counter[0]
+                counter[0] += 1
+            r = run_one(args, i)
+            with lock:
+                results.append(r)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results, time.perf_counter() - t0
+
+
+def rss_mb(pid):
+    """Resident set of process `pid` in MB (Linux /proc), or None."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        return None
+    return None
+
+
+def gpu_mb(pid):
+    """Device memory process `pid` holds (nvidia-smi), or None where there is none."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in out.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 2 and parts[0] == str(pid):
+            return float(parts[1])
+    return None
+
+
+class MemorySampler:
+    """Samples the server's host (and device) memory every `period` seconds in a thread."""
+
+    def __init__(self, pid, period):
+        self.pid, self.period, self.samples = pid, period, []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run)
+
+    def run(self):
+        t0 = time.perf_counter()
+        while True:
+            self.samples.append((time.perf_counter() - t0, rss_mb(self.pid), gpu_mb(self.pid)))
+            if self.stop.wait(self.period):
+                return
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+
+    def growth(self, warmup_fraction=0.25):
+        """(first, last, growth %) of host and device memory after the warm-up part of the samples."""
+        def of(k):
+            vals = [smp[k] for smp in self.samples if smp[k] is not None]
+            if len(vals) < 2:
+                return None, None, None
+            first = vals[min(len(vals) - 1, int(len(vals) * warmup_fraction))]
+            last = vals[-1]
+            return first, last, (100.0 * (last - first) / first if first else 0.0)
+        return of(1), of(2)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", default="http://127.0.0.1:8080")
@@ -200,6 +288,12 @@ def main():
     ap.add_argument("--ignore-eos", action="store_true",
                     help="ask the server to go on past end-of-generation tokens (ignore_eos), so every request "
                          "generates --max-tokens")
+    ap.add_argument("--soak", type=float, default=0.0,
+                    help="instead of -n requests: clients send requests back to back for this many seconds")
+    ap.add_argument("--server-pid", type=int, default=0,
+                    help="sample this process's host memory (and device memory, with nvidia-smi) during the run")
+    ap.add_argument("--max-growth-pct", type=float, default=-1.0,
+                    help="fail when host or device memory grows by more than this after the first quarter of the run")
     args = ap.parse_args()
     if args.concurrency < 1 or args.requests < 1 or args.max_tokens < 1:
         ap.error("-c, -n and --max-tokens must be at least 1")
@@ -216,14 +310,27 @@ def main():
                 return 1
             alone[i % len(PROMPTS)] = r.text
 
-    results, wall = run_concurrent(args, args.requests, args.concurrency)
+    period = max(0.5, args.soak / 40) if args.soak > 0 else 1.0
+    sampler = MemorySampler(args.server_pid, period) if args.server_pid else None
+    if sampler:
+        sampler.__enter__()
+    try:
+        if args.soak > 0:
+            results, wall = run_for(args, args.soak, args.concurrency)
+            args.requests = len(results)
+        else:
+            results, wall = run_concurrent(args, args.requests, args.concurrency)
+    finally:
+        if sampler:
+            sampler.__exit__()
     errors = [r for r in results if r.error]
     ok = [r for r in results if not r.error]
     mismatches = [r for r in ok if args.check and r.text != alone.get(r.index % len(PROMPTS))]
     tokens = sum(r.tokens for r in ok)
     ttft = [r.ttft for r in ok if r.ttft is not None]
     gaps = [g for r in ok for g in r.gaps]
-    decode_rate = sum(len(r.gaps) / sum(r.gaps) for r in ok if r.gaps and sum(r.gaps) > 0)
+    rates = [len(r.gaps) / sum(r.gaps) for r in ok if r.gaps and sum(r.gaps) > 0]
+    decode_rate = sum(rates) / len(rates) * min(args.concurrency, len(rates)) if rates else 0.0
     steady_rate = float("nan")
     timed = [r for r in ok if r.times]
     if timed:
@@ -241,6 +348,14 @@ def main():
         "itl_ms_p50": percentile(gaps, 0.5) * 1e3, "itl_ms_p99": percentile(gaps, 0.99) * 1e3,
         "errors": len(errors), "checked": args.check, "mismatches": len(mismatches),
     }
+    grew = False
+    if sampler:
+        (h0, h1, hg), (d0, d1, dg) = sampler.growth()
+        report.update({"host_mb_first": h0, "host_mb_last": h1, "host_growth_pct": hg,
+                       "device_mb_first": d0, "device_mb_last": d1, "device_growth_pct": dg,
+                       "memory_samples": len(sampler.samples)})
+        if args.max_growth_pct >= 0:
+            grew = any(g is not None and g > args.max_growth_pct for g in (hg, dg))
     if args.json:
         print(json.dumps(report))
     else:
@@ -252,12 +367,18 @@ def main():
               f"inter-token p50 {report['itl_ms_p50']:.1f} ms, p99 {report['itl_ms_p99']:.1f} ms")
         print(f"serve_load: {len(errors)} errors" +
               (f", {len(mismatches)} responses differ from the same request alone" if args.check else ""))
+        if sampler:
+            print(f"serve_load: server memory after the first quarter -> end: host {report['host_mb_first']} -> "
+                  f"{report['host_mb_last']} MB ({report['host_growth_pct']}%), device {report['device_mb_first']} -> "
+                  f"{report['device_mb_last']} MB ({report['device_growth_pct']}%)")
     for r in errors[:5]:
         print(f"serve_load: request {r.index}: {r.error}", file=sys.stderr)
     for r in mismatches[:5]:
         print(f"serve_load: request {r.index} differs from alone: {r.text[:80]!r} vs "
               f"{alone.get(r.index % len(PROMPTS), '')[:80]!r}", file=sys.stderr)
-    return 1 if errors or mismatches else 0
+    if grew:
+        print(f"serve_load: server memory grew by more than {args.max_growth_pct}%", file=sys.stderr)
+    return 1 if errors or mismatches or grew else 0
 
 
 if __name__ == "__main__":
