@@ -10,8 +10,8 @@
 #   batched  loom bench -npl 1,8,32,64 (-npp 128 -ntg 32) with a trace of one step at each npl
 #   perf     op-test perf of mul_mat at LOOM_PERF_FILTER's cases
 #   serve    loom serve -np 64 on each of LOOM_MODELS: 64 streams of 256-token prompts and 256 generated
-#            (LOOM_SOAK=S adds S seconds of them back to back with the server's memory sampled)
 #            tokens (tools/serve_load.py), one stream, and the engine's figures beside them
+#            (LOOM_SOAK=S adds S seconds of them back to back with the server's memory sampled)
 #   prefilltrace  a Chrome trace of one 512-token prompt chunk (the second) on LOOM_MODELS, summarized
 #   batchcheck  loom-exec-equivalence on the built-in model and LOOM_MODELS, both numerics (includes
 #            16 sequences decoded together against alone)
