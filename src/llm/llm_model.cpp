@@ -196,8 +196,9 @@ void assign_weights(ModelImpl& m, const WeightList& loaded, WeightList& main, We
     offload.emplace_back(copy, info_of(m.w.tok_embd));
     m.w.output = copy;
   }
-  for (Tensor* LayerWeights::*factors : {&LayerWeights::rope_freqs, &LayerWeights::rope_freqs_long}) {
-    Tensor* shared = m.w.layers.empty() ? nullptr : m.w.layers[0].*factors;
+  const std::pair<Tensor*, Tensor* LayerWeights::*> factor_sets[] = {
+      {m.w.rope_freqs, &LayerWeights::rope_freqs}, {m.w.rope_freqs_long, &LayerWeights::rope_freqs_long}};
+  for (const auto& [shared, factors] : factor_sets) {
     if (!shared) continue;
     Tensor* copy = m.weight_tensors.weight(DType::f32, shared->ne, shared->name + " (offload)");
     offload.emplace_back(copy, info_of(shared));
