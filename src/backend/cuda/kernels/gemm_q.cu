@@ -22,7 +22,7 @@
 // bound it (8 activation loads per 16 mma); two tiles: 4096 x 4096 x 64 q4_0 27.1 -> 26.4 us per
 // call, the 8B batched step's [4096, 64] products 38 -> 34 us.
 //
-// Bytes: the weights once per column tile; the f16 activations once per 128-row tile (from L2);
+// Bytes: the weights once per column tile; the f16 activations once per 256-row tile (from L2);
 // partial sums 8 x splits x m x n bytes. FLOPs 2 m n k. At 4096 x 4096 x 64 columns q4_0: 9.4 MB of
 // weights (2 us at 4.8 TB/s), 2.1 GFLOP.
 #include <algorithm>
@@ -55,7 +55,7 @@ __device__ __forceinline__ int x_piece(int col, int piece) { return piece ^ ((co
 
 // Raw weight bytes per row and stage: the chunk's segment of a row (kSegBytes) copied from its
 // 16-byte-aligned start, so up to 15 bytes before it: one piece more than the segment needs.
-// q4_0 / q4_K: 11 pieces, 176-byte rows (12 banks apart); 2 x (22.5 + 32) KB lets two blocks share an SM.
+// q4_0 / q4_K: 11 pieces, 176-byte rows (12 banks apart); 256 rows x 2 stages with the activations: 154 KB.
 template <class D>
 struct Staging {
   static constexpr int kSegBytes = kChunk / D::kBlock * D::kBytes;
