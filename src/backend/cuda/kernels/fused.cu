@@ -553,7 +553,7 @@ bool rope_set_rows_ok(const Tensor* rope_k, const Tensor* set_rows, const Tensor
                                                                rope_q->src[0], v, idx})
     if (!disjoint(set_rows_v, in)) return false;
   for (const Tensor* out : std::initializer_list<const Tensor*>{set_rows, rope_q})
-    if (!disjoint(out, v) || !disjoint(out, idx)) return false;
+    if (!disjoint(out, v) || !disjoint(out, idx) || !disjoint(out, set_rows_v)) return false;
   return true;
 }
 
@@ -868,6 +868,10 @@ CudaError launch_moe_route(const LaunchContext& ctx, const Tensor* soft_max, con
 CudaError launch_gather_flash_attn(const LaunchContext& ctx, const Tensor* get_k, const Tensor* get_v,
                                    const Tensor* flash_attn) {
   const FlashAttnRows rows{get_k->src[0], get_k->src[1], get_v->src[0], get_v->src[1]};
+  // again at launch, with the data pointers set (the 16-byte loads need aligned stores, q and dst)
+  if (!flash_attn_decode_supported(flash_attn, &rows))
+    return CudaError::runtime(cudaErrorInvalidValue, "gather_flash_attn: operands the decode kernel cannot read",
+                              __FILE__, __LINE__);
   const auto p = flash_attn->get_params<FlashAttnParams>();
   return launch_flash_attn_decode(ctx, flash_attn, p.scale, p.softcap, &rows);
 }

@@ -104,7 +104,9 @@ __device__ __forceinline__ void load_w(const GemmQArgs& p, int64_t row0, int64_t
     const int64_t left = p.a_end - src;
     const int bytes =
         row < p.m && src < seg + S::kSegBytes ? static_cast<int>(left < 16 ? (left > 0 ? left : 0) : 16) : 0;
-    cp_async_16(smem_addr(s_w + r * S::kRawStride + 16 * piece), bytes > 0 ? src : p.a, bytes);
+    // a piece with nothing to copy still names a 16-byte-aligned address (the weights' aligned start)
+    const char* base = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p.a) & ~uintptr_t{15});
+    cp_async_16(smem_addr(s_w + r * S::kRawStride + 16 * piece), bytes > 0 ? src : base, bytes);
   }
 }
 
@@ -154,8 +156,16 @@ __device__ __forceinline__ void dequant8(const unsigned char* raw, int k, uint32
       const int sb = j0 / 32;
       int sc, m;
       q4k_scale_min(sb, b + 4, sc, m);
-      const __half2 scale = __float2half2_rn(fmul_rn(f16_to_float(load_u16_even(b)), static_cast<float>(sc)));
-      const __half2 nbias = __float2half2_rn(-fmul_rn(f16_to_float(load_u16_even(b + 2)), static_cast<float>(m)));
+      const float scale_f = fmul_rn(f16_to_float(load_u16_even(b)), static_cast<float>(sc));
+      const float bias_f = fmul_rn(f16_to_float(load_u16_even(b + 2)), static_cast<float>(m));
+      if (!(fabsf(scale_f) <= 65504.0f && fabsf(bias_f) <= 65504.0f)) {  // beyond f16: the float path
+        float f[8];
+        D::run(b, j0, f);
+        for (int e = 0; e < 4; ++e) w[e] = pack_half2(f[2 * e], f[2 * e + 1]);
+        return;
+      }
+      const __half2 scale = __float2half2_rn(scale_f);
+      const __half2 nbias = __float2half2_rn(-bias_f);
       const uint8_t* q = b + 16 + (j0 / 64) * 32 + (j0 % 32);
       const int shift = (sb & 1) ? 4 : 0;
 #pragma unroll
@@ -321,7 +331,7 @@ bool gemm_q_supported(const Tensor* dst) {
   const Tensor* a = dst->src[0];
   const Tensor* b = dst->src[1];
   if (!dtype_is_quantized(a->type) || a->ne[2] != 1 || a->ne[3] != 1 || !dst->is_contiguous()) return false;
-  if (a->ne[0] % kChunk != 0 || b->ne[0] != a->ne[0]) return false;
+  if (a->ne[0] <= 0 || a->ne[0] % kChunk != 0 || b->ne[0] != a->ne[0]) return false;
   const GemmQShape s = shape_of(dst);
   return s.col_tiles <= INT32_MAX && s.row_tiles <= kMaxGridYZ;
 }
