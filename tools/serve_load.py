@@ -160,43 +160,25 @@ def run_one(args, index):
     return r
 
 
-def run_concurrent(args, n_requests, concurrency):
-    results = [None] * n_requests
+def run_clients(args, concurrency, n_requests=None, seconds=0.0):
+    """`concurrency` clients send requests back to back: request i for i = 0, 1, ... until n_requests
+    are taken or, with `seconds` (a soak), until that much time has passed. Returns the results in
+    request order and the wall time."""
+    results = {}
     next_index = [0]
     lock = threading.Lock()
+    deadline = time.perf_counter() + seconds
 
     def worker():
-        while True:
+        while not seconds or time.perf_counter() < deadline:
             with lock:
                 i = next_index[0]
-                if i >= n_requests:
+                if n_requests is not None and i >= n_requests:
                     return
                 next_index[0] += 1
-            results[i] = run_one(args, i)
-
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return results, time.perf_counter() - t0
-
-
-def run_for(args, seconds, concurrency):
-    """Clients issue requests back to back until `seconds` have passed (a soak); returns the results."""
-    results, lock = [], threading.Lock()
-    deadline = time.perf_counter() + seconds
-    counter = [0]
-
-    def worker():
-        while time.perf_counter() < deadline:
-            with lock:
-                i = counter[0]
-                counter[0] += 1
             r = run_one(args, i)
             with lock:
-                results.append(r)
+                results[i] = r
 
     t0 = time.perf_counter()
     threads = [threading.Thread(target=worker) for _ in range(concurrency)]
@@ -204,7 +186,7 @@ def run_for(args, seconds, concurrency):
         t.start()
     for t in threads:
         t.join()
-    return results, time.perf_counter() - t0
+    return [results[i] for i in sorted(results)], time.perf_counter() - t0
 
 
 def rss_mb(pid):
@@ -316,10 +298,10 @@ def main():
         sampler.__enter__()
     try:
         if args.soak > 0:
-            results, wall = run_for(args, args.soak, args.concurrency)
+            results, wall = run_clients(args, args.concurrency, seconds=args.soak)
             args.requests = len(results)
         else:
-            results, wall = run_concurrent(args, args.requests, args.concurrency)
+            results, wall = run_clients(args, args.concurrency, n_requests=args.requests)
     finally:
         if sampler:
             sampler.__exit__()

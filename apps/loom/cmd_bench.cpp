@@ -181,9 +181,9 @@ int run_batched_bench(const BenchOptions& o) {
       fmt::print("\n{}: {} on {}: n_kv_max = {}, n_batch = {}, n_threads = {}, paged KV cache\n\n", path,
                  info.type, backend_name, ctx.n_ctx(), ctx.n_batch(), o.n_threads);
     std::vector<BatchedBenchResult> results;
+    Backend& backend = executing_backend(*session);
     for (const BatchedBenchTest& t : tests) {
       BatchedBenchResult r;
-      Backend& backend = session->offload_backend ? *session->offload_backend : *session->backend;
       const std::string trace =
           o.trace_path.empty() ? std::string{} : fmt::format("{}-pl{}.json", o.trace_path, t.n_pl);
       if (auto s = run_batched_bench_test(ctx, t, !o.no_warmup, 1234, r, &backend, trace); !s.ok())
@@ -232,7 +232,7 @@ int run_bench(const BenchOptions& o) {
     auto session = open_generate_session(g, backend_name);
     if (!session) return fail(session.status());  // without a usable GPU it noted the CPU fallback
     // Executor options and counters: the GPU's when the layers are split.
-    Backend& backend = session->offload_backend ? *session->offload_backend : *session->backend;
+    Backend& backend = executing_backend(*session);
     llm::Context& ctx = *session->context;
     const BenchModelInfo info = bench_model_info(*session->model, path);
     bool warned_ignored = false;

@@ -297,7 +297,7 @@ int run_generate(const GenerateOptions& o) {
   std::fflush(stdout);
   const int n_prompt = static_cast<int>(tokens.size());
   // The backend whose executor --stats reports: the GPU's when the layers are split.
-  Backend& backend = session->offload_backend ? *session->offload_backend : *session->backend;
+  Backend& backend = executing_backend(*session);
   reset_exec_counters(backend);  // loading may have computed; --stats covers prompt and generation only
   auto t0 = std::chrono::steady_clock::now();
   llm::DecodeOptions dopt;

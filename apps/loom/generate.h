@@ -70,6 +70,11 @@ void add_sampling_flags(CLI::App& cmd, GenerateOptions& o);
 /// on the GPU, the rest on the CPU (backend_name "cuda+cpu"). Without a usable GPU, -ngl > 0 notes
 /// that on stderr and runs everything on the CPU (gpu_if_usable: silently); --backend cuda fails.
 Result<llm::Session> open_generate_session(const GenerateOptions& o, std::string& backend_name);
+/// The backend whose executor a session's passes end on (traces, counters): the offload backend
+/// (the GPU) when the model is split, else the only one.
+inline Backend& executing_backend(llm::Session& s) {
+  return s.offload_backend ? *s.offload_backend : *s.backend;
+}
 /// An error naming `source` (a file name, "the prompt (-p)") when `text` is not valid UTF-8.
 Status check_utf8(std::string_view text, std::string_view source);
 /// The whole of a file (binary); io_error naming `path` when it cannot be opened or read.
