@@ -12,6 +12,7 @@ add_library(loom_backend_cuda SHARED
   src/backend/cuda/cuda_ops.cpp
   src/backend/cuda/cuda_device.cpp
   src/backend/cuda/cuda_exec.cpp
+  src/backend/cuda/cuda_nccl.cpp
   src/backend/cuda/kernels/elementwise.cu
   src/backend/cuda/kernels/norm.cu
   src/backend/cuda/kernels/softmax.cu

@@ -13,6 +13,8 @@
 #            tokens (tools/serve_load.py), one stream, and the engine's figures beside them
 #            (LOOM_SOAK=S adds S seconds of them back to back with the server's memory sampled)
 #   prefilltrace  a Chrome trace of one 512-token prompt chunk (the second) on LOOM_MODELS, summarized
+#   tp       -tp 2 (and 4 on 4 GPUs) against -tp 1 on LOOM_MODELS: prompt logits and greedy tokens in both
+#            numerics, then loom bench -p 512 -n 128 at each rank count
 #   batchcheck  loom-exec-equivalence on the built-in model and LOOM_MODELS, both numerics (includes
 #            16 sequences decoded together against alone)
 set -uo pipefail
@@ -111,6 +113,37 @@ for step in "$@"; do
       for mode in exact fast; do
         LOOM_NUMERICS=$mode timeout 300 "$bin/loom-exec-equivalence" --steps 16 --runs 2 "${fs[@]}" 2>&1 |
           grep -E "FAIL|together|failures" ; done ;;
+    tp)  # tensor parallelism: -tp N (LOOM_TP, default 2 and 4 when there are GPUs for them) against -tp 1
+      ngpu=$(nvidia-smi -L | wc -l)
+      if [[ ! -e /usr/local/cuda/lib64/libnccl.so.2 ]] && ! ldconfig -p 2>/dev/null | grep -q libnccl.so.2; then
+        nccl=$(find /usr /opt /root -name libnccl.so.2 2>/dev/null | head -1)  # PyTorch's copy
+        [[ -n $nccl ]] && export LD_LIBRARY_PATH="$(dirname "$nccl"):$LD_LIBRARY_PATH" && echo "NCCL: $nccl"
+      fi
+      tps=${LOOM_TP:-$( ((ngpu >= 4)) && echo "2 4" || echo 2)}
+      p="The quick brown fox jumps over the lazy dog and then"
+      tlim=${LOOM_TP_TIMEOUT:-90}
+      for m in $models; do
+        f=$(model "$m") || continue
+        for mode in ${LOOM_TP_MODES:-exact fast}; do
+          timeout -k 5 $tlim "$bin/loom" run -m "$f" -p "$p" -n 24 --temp 0 --numerics $mode --dump-logits "$work/tp1.bin" \
+            >"$work/tp1.txt" 2>"$out/tp1.err" || tail -3 "$out/tp1.err"
+          for n in $tps; do
+            t0=$(date +%s)
+            timeout -k 5 $tlim "$bin/loom" run -m "$f" -p "$p" -n 24 --temp 0 --numerics $mode -tp $n \
+              --dump-logits "$work/tp$n.bin" >"$work/tp$n.txt" 2>"$out/tp$n-$mode.err"
+            echo "run -tp $n rc=$? in $(($(date +%s) - t0)) s"; tail -1 "$out/tp$n-$mode.err"
+            python3 tools/compare_logits.py "$work/tp$n.bin" "$work/tp1.bin" --threshold 1e-6 --label "$m $mode -tp $n prompt logits"
+            cmp -s "$work/tp$n.txt" "$work/tp1.txt" && echo "$m $mode -tp $n: same 24 greedy tokens" ||
+              { echo "$m $mode -tp $n: greedy text differs"; head -c 300 "$work/tp1.txt"; echo; head -c 300 "$work/tp$n.txt"; echo; }
+          done
+        done
+        for n in 1 $tps; do
+          t0=$(date +%s)
+          timeout -k 5 $tlim "$bin/loom" bench -m "$f" ${LOOM_TP_BENCH:--p 512 -n 128 -r 3} -tp $n >"$out/tpbench$n.out" 2>"$out/tpbench$n.err"
+          echo "-- $m -tp $n: rc=$? in $(($(date +%s) - t0)) s"
+          grep -E "^\|" "$out/tpbench$n.out" | grep -v -- "---" || tail -3 "$out/tpbench$n.err"
+        done
+      done ;;
     *) echo "unknown step $step" ;;
   esac
 done

@@ -90,6 +90,7 @@ struct BenchOptions {
   std::vector<int> n_depth = {0};
   int repetitions = 5;
   int n_gpu_layers = 99;
+  int n_tensor_parallel = 1;
   int n_threads = 0;
   int n_batch = 512;
   std::string output = "md";
@@ -149,6 +150,7 @@ GenerateOptions session_options(const BenchOptions& o, const std::string& path, 
   g.backend = o.backend;
   g.numerics = o.numerics;
   g.n_gpu_layers = o.n_gpu_layers;
+  g.n_tensor_parallel = o.n_tensor_parallel;
   g.gpu_if_usable = o.backend.empty() && o.n_gpu_layers > 0;
   return g;
 }
@@ -307,6 +309,7 @@ void add_bench_command(CLI::App& app, std::vector<Command>& out) {
   cmd->add_option("--flash-attn", o->flash_attn, "-fa: accepted for llama-bench compatibility (always on)")
       ->check(CLI::IsMember({"0", "1", "on", "off", "auto"}));
   cmd->add_option("--backend", o->backend, "Backend by name (cpu, cuda); overrides -ngl");
+  add_tensor_parallel_flag(*cmd, o->n_tensor_parallel);
   add_numerics_flag(*cmd, o->numerics);
   cmd->add_option(
       "--exec", o->exec,

@@ -158,7 +158,15 @@ void add_model_flags(CLI::App& cmd, GenerateOptions& o) {
   cmd.add_option("--trace-prompt", o.trace_prompt_path,
                  "Write a Chrome trace of the prompt's second chunk (a prompt longer than -ub) to FILE");
   cmd.add_option("--backend", o.backend, "Backend by name (cpu, cuda); overrides -ngl");
+  add_tensor_parallel_flag(cmd, o.n_tensor_parallel);
   add_numerics_flag(cmd, o.numerics);
+}
+
+void add_tensor_parallel_flag(CLI::App& cmd, int& n) {
+  cmd.add_option("--tensor-parallel", n,
+                 "Split the model over N GPUs (-tp; devices 0..N-1): heads, FFN columns and vocabulary "
+                 "divided, one NCCL all-reduce after attention and one after the FFN")
+      ->check(CLI::Range(1, 64));
 }
 
 void add_numerics_flag(CLI::App& cmd, std::string& numerics) {
@@ -205,6 +213,7 @@ Result<llm::Session> open_generate_session(const GenerateOptions& o, std::string
   sp.n_batch = o.n_batch;
   sp.kv_cache = o.kv_cache;
   sp.swa_full = o.swa_full;
+  sp.n_tensor_parallel = o.n_tensor_parallel;
   if (!o.numerics.empty()) {
     auto n = parse_numerics(o.numerics, "--numerics");
     if (!n) return n.status();
@@ -212,7 +221,7 @@ Result<llm::Session> open_generate_session(const GenerateOptions& o, std::string
   }
   // -ngl N below the layer count: llama.cpp's split. The CPU is the main backend (embeddings and
   // the first layers, weights used from the mapping); the last N layers and the head go to the GPU.
-  if (o.backend.empty() && o.n_gpu_layers > 0) {
+  if (o.backend.empty() && o.n_gpu_layers > 0 && o.n_tensor_parallel == 1) {
     auto n_layer = layer_count(o.model_path);
     if (!n_layer) return n_layer.status();
     if (o.n_gpu_layers < *n_layer) {

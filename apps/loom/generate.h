@@ -34,6 +34,7 @@ struct GenerateOptions {
   float repeat_penalty = 1.0f;              ///< --repeat-penalty
   uint32_t seed = kRandomSeed;              ///< -s
   int n_gpu_layers = 0;                     ///< -ngl
+  int n_tensor_parallel = 1;                ///< -tp: ranks (GPUs) of tensor parallelism
   std::string backend;                      ///< --backend overrides -ngl's choice
   std::string numerics;        ///< --numerics exact|fast ("": LOOM_NUMERICS, else the backend's default)
   bool gpu_if_usable = false;  ///< the GPU when one is usable, else the CPU (no --backend)
@@ -44,6 +45,8 @@ struct GenerateOptions {
 };
 
 int run_generate(const GenerateOptions& o);
+/// --tensor-parallel N (-tp).
+void add_tensor_parallel_flag(CLI::App& cmd, int& n);
 
 // Pieces shared by the commands that load a model (run, chat, perplexity).
 

@@ -95,6 +95,8 @@ struct FlashAttnParams { float scale; float softcap; };  ///< softcap 0 disables
 struct SoftcapParams { float cap; };
 struct TopKParams { int32_t k; };
 struct ConcatParams { int32_t dim; };
+class Communicator;
+struct AllReduceParams { Communicator* comm; };
 
 // ---- views -----------------------------------------------------------------------------------------
 
@@ -167,5 +169,9 @@ Tensor* convert(Graph& g, Tensor* a, DType type);
 Tensor* concat(Graph& g, Tensor* a, Tensor* b, int dim);
 /// Sum over dim 0 -> f32 [1, ne1, ne2, ne3].
 Tensor* sum_rows(Graph& g, Tensor* a);
+/// Elementwise sum of `a` (contiguous f32) over the ranks of `comm` (tensor parallelism): every rank
+/// runs the same graph with its own share and gets the same sum. `comm` must outlive the graph and
+/// belong to the backend kind that computes it (a host group on the CPU, NCCL on CUDA).
+Tensor* all_reduce(Graph& g, Tensor* a, Communicator* comm);
 
 }  // namespace loom

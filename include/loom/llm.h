@@ -110,6 +110,16 @@ struct ModelLoadOptions {
   /// 0 layers: no offload; more layers than the model has: all of them. Must outlive the model.
   Backend* offload_backend = nullptr;
   int n_offload_layers = 0;
+  /// Tensor parallelism: the model split over these backends, one rank each, the first being the
+  /// backend given to Model::load. Attention heads (and their KV cache), the FFN's columns and the
+  /// output vocabulary are divided among the ranks (Q/K/V, gate/up and the output by rows; the
+  /// attention output and FFN down by columns, on block boundaries), each rank's weights loaded
+  /// straight into its backend's memory; the token embeddings and norms are copied to every rank.
+  /// A pass runs on every rank at once (a thread each) and sums the row-split products with one
+  /// all-reduce after the attention output and one after the FFN (NCCL on CUDA, a host group on the
+  /// CPU). The head counts and FFN widths must divide by the rank count. Empty or one backend: no
+  /// split. Not with layer offload.
+  std::vector<Backend*> tensor_parallel;
 };
 
 /// A loaded model: hyperparameters and weights in the backend's memory (on the CPU, the weights are
@@ -135,6 +145,8 @@ class Model {
   Backend* offload_backend() const;
   /// How many layers are offloaded: the last ones, [n_layer - n_offload_layers(), n_layer).
   int n_offload_layers() const;
+  /// Ranks the model is split over by tensor parallelism (1: not split).
+  int n_tensor_parallel() const;
   /// Sum of the elements of all weights.
   uint64_t n_params() const;
   /// Bytes of all weights.
@@ -290,7 +302,9 @@ struct SessionParams {
   std::string offload_backend;  ///< "": none; else the registry name of the offload backend
   int n_offload_layers = 0;     ///< layers on the offload backend (see ModelLoadOptions)
   int n_threads = 0;            ///< CPU threads (0: all cores)
-  int device = 0;               ///< GPU ordinal
+  int device = 0;               ///< GPU ordinal (the first of the tensor-parallel ranks)
+  /// Tensor parallelism over this many backends (devices device, device + 1, ...); 1: none.
+  int n_tensor_parallel = 1;
   int n_ctx = 0;                ///< see ContextParams
   int n_batch = 512;            ///< see ContextParams (-ub)
   KvCacheKind kv_cache = KvCacheKind::contiguous;  ///< see ContextParams
@@ -306,6 +320,7 @@ struct SessionParams {
 struct Session {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Backend> offload_backend;  ///< null unless SessionParams::offload_backend is set
+  std::vector<std::unique_ptr<Backend>> tp_backends;  ///< ranks 1.. of tensor parallelism (rank 0: backend)
   std::unique_ptr<Model> model;
   std::unique_ptr<Context> context;
 };

@@ -47,6 +47,7 @@ enum class OpKind : uint8_t {
   cpy,
   concat,
   sum_rows,
+  all_reduce,  // sum over the ranks of a Communicator (tensor parallelism)
   count_,
 };
 inline constexpr int kOpCount = static_cast<int>(OpKind::count_);

@@ -126,6 +126,17 @@ Tensor* sum_rows(Graph& g, Tensor* a) {
   return g.add_node(OpKind::sum_rows, DType::f32, {1, a->ne[1], a->ne[2], a->ne[3]}, {a});
 }
 
+Tensor* all_reduce(Graph& g, Tensor* a, Communicator* comm) {
+  if (!a) return nullptr;
+  if (!comm) return g.fail(make_error(StatusCode::invalid_argument, "all_reduce: no communicator"));
+  if (a->type != DType::f32) return type_error(g, "all_reduce", *a, "f32");
+  if (!a->is_contiguous())
+    return g.fail(make_error(StatusCode::invalid_argument, "all_reduce: tensor {} must be contiguous", describe(*a)));
+  Tensor* t = g.add_node(OpKind::all_reduce, DType::f32, a->ne, {a});
+  if (t) t->set_params(AllReduceParams{comm});
+  return t;
+}
+
 Tensor* argmax(Graph& g, Tensor* a) {
   if (!a) return nullptr;
   if (a->type != DType::f32) return type_error(g, "argmax", *a, "f32");

@@ -33,6 +33,7 @@ const char* op_name(OpKind op) {
     case OpKind::cpy: return "cpy";
     case OpKind::concat: return "concat";
     case OpKind::sum_rows: return "sum_rows";
+    case OpKind::all_reduce: return "all_reduce";
     case OpKind::count_: break;
   }
   return "unknown";

@@ -54,7 +54,8 @@ Plan build_plan(const Graph& g) {
     for (const Tensor* s : t->src)
       if (s) add_range(d.reads, tensor_range(*s));
     add_range(d.writes, tensor_range(*t));
-    d.barrier = (t->flags & kTensorOutput) != 0 || writes_persistent(*t);
+    // a collective too: every rank must reach its all-reduces in the same order
+    d.barrier = (t->flags & kTensorOutput) != 0 || writes_persistent(*t) || t->op == OpKind::all_reduce;
     plan.dispatches.push_back(std::move(d));
   }
   plan.stats.graph_nodes = plan.dispatches.size();

@@ -68,7 +68,7 @@ Tensor* build_llama_family(StepBuilder& b) {
       attn = b.select_outputs(attn);
       x = b.select_outputs(x);
     }
-    x = b.name(add(g, x, b.linear(l.wo, attn, l.bo, "attn_out", il)), "ffn_inp", il);
+    x = b.name(add(g, x, b.linear_reduce(l.wo, attn, l.bo, "attn_out", il)), "ffn_inp", il);
     Tensor* f = b.rms_norm(x, l.ffn_norm, "ffn_norm", il);
     x = b.name(add(g, x, l.ffn_gate_inp ? b.ffn_moe(l, f, il) : b.ffn_swiglu(l, f, il)), "ffn_out", il);
   }

@@ -116,6 +116,13 @@ struct StepRange {
   int layer_end = -1;  // one past the last layer; -1: n_layer
 };
 
+/// Tensor parallelism in a pass: the rank whose shard of the weights and KV cache it runs, and the
+/// communicator of its all-reduces (nullptr: the model is not split).
+struct TensorSplit {
+  Communicator* comm = nullptr;
+  int rank = 0;
+};
+
 /// Graph helpers shared by the architectures. Ops record errors in the graph (nullptr propagates).
 ///
 /// Every node a pass builds is named after llama.cpp's intermediates: "blk.{il}.{what}" inside layer
@@ -126,7 +133,7 @@ struct StepRange {
 class StepBuilder {
  public:
   StepBuilder(Graph& g, const HParams& hp, const ModelWeights& w, KvCache& kv, RopeMode rope_mode,
-              const StepShape& shape, const StepRange& range = {});
+              const StepShape& shape, const StepRange& range = {}, const TensorSplit& split = {});
 
   Graph& graph() { return g_; }
   const HParams& hparams() const { return hp_; }
@@ -152,6 +159,12 @@ class StepBuilder {
   Tensor* rms_norm(Tensor* x, Tensor* weight, const char* what, int il = -1);
   /// w x (+ bias): [k, n] -> [m, n]; named `what`.
   Tensor* linear(Tensor* w, Tensor* x, Tensor* bias, const char* what, int il = -1);
+  /// A product that sums over heads or FFN columns (attention output, FFN down): with tensor
+  /// parallelism each rank holds those columns of w, so its product is a partial sum that the
+  /// ranks all-reduce before the bias is added once. Without, linear().
+  Tensor* linear_reduce(Tensor* w, Tensor* x, Tensor* bias, const char* what, int il = -1);
+  /// The sum of `x` over the tensor-parallel ranks (x itself when not split); named "{what}_sum".
+  Tensor* reduce(Tensor* x, const char* what, int il = -1);
   /// [head_dim * n_heads, n_tokens] -> [head_dim, n_heads, n_tokens].
   Tensor* split_heads(Tensor* x, int64_t head_dim, int64_t n_heads);
   /// Queries, keys and values of layer `il` from its normed input `h`, each [head_dim, n_heads, n_tokens]:
@@ -195,6 +208,7 @@ class StepBuilder {
   RopeParams rope_swa_;  // local layers
   bool rope_long_ = false;  // rope_freqs_long instead of rope_freqs (a context beyond n_ctx_orig)
   StepShape shape_;
+  TensorSplit split_;
   int layer_begin_ = 0;
   int layer_end_ = 0;
   StepInputs in_;

@@ -47,7 +47,7 @@ Tensor* build_gemma(StepBuilder& b) {
       attn = b.select_outputs(attn);
       x = b.select_outputs(x);
     }
-    Tensor* attn_out = b.linear(l.wo, attn, nullptr, "attn_out", il);
+    Tensor* attn_out = b.linear_reduce(l.wo, attn, nullptr, "attn_out", il);
     x = b.name(add(g, x, b.rms_norm(attn_out, l.attn_post_norm, "attn_post_norm", il)), "ffn_inp", il);
     Tensor* ffn = b.ffn_geglu(l, b.rms_norm(x, l.ffn_norm, "ffn_norm", il), il);
     x = b.name(add(g, x, b.rms_norm(ffn, l.ffn_post_norm, "ffn_post_norm", il)), "ffn_out", il);

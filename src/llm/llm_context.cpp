@@ -4,6 +4,8 @@
 // n_batch tokens over a full cache, and grown only if a pass needs more, e.g. all-token logits),
 // writes the inputs in one transfer, computes and reads the logits back. A model whose last layers
 // are offloaded to a second backend runs each pass as two such graphs (Segment), one per backend.
+// A tensor-parallel model runs each pass as one graph per rank (a Segment each, over every layer),
+// all at once on threads of their own; each computes its slice of the logits.
 //
 // Decode steps are made replayable by a graph executor that caches passes by structure (ops,
 // shapes, strides, data addresses): attention reads the cache in extents rounded up to
@@ -14,8 +16,12 @@
 // (one more when the prompt pushes the last token past a bucket boundary), not 1,001.
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <limits>
+#include <mutex>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -54,6 +60,69 @@ struct StepBatch {
   std::span<const int32_t> window_cells = {};  // ring cell of each token (windowed cache), else empty
 };
 
+// Runs fn(rank) for every rank at once: rank 0 on the caller's thread, the others on threads kept
+// for the context's life (a decode step is too short to start threads for). Returns the first
+// failing rank's status (by rank).
+class RankThreads {
+ public:
+  explicit RankThreads(int n_ranks) : status_(static_cast<size_t>(n_ranks)) {
+    for (int r = 1; r < n_ranks; ++r) threads_.emplace_back([this, r] { loop(r); });
+  }
+  ~RankThreads() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (std::thread& t : threads_) t.join();
+  }
+
+  Status run(const std::function<Status(int)>& fn) {
+    {
+      std::lock_guard lock(mutex_);
+      fn_ = &fn;
+      pending_ = static_cast<int>(threads_.size());
+      ++generation_;
+    }
+    cv_.notify_all();
+    status_[0] = fn(0);
+    std::unique_lock lock(mutex_);
+    done_.wait(lock, [&] { return pending_ == 0; });
+    fn_ = nullptr;
+    for (Status& s : status_)
+      if (!s.ok()) return s;
+    return {};
+  }
+
+ private:
+  void loop(int rank) {
+    uint64_t seen = 0;
+    for (;;) {
+      const std::function<Status(int)>* fn = nullptr;
+      {
+        std::unique_lock lock(mutex_);
+        cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+        fn = fn_;
+      }
+      Status s = (*fn)(rank);
+      std::lock_guard lock(mutex_);
+      status_[static_cast<size_t>(rank)] = std::move(s);
+      if (--pending_ == 0) done_.notify_one();
+    }
+  }
+
+  std::vector<std::thread> threads_;
+  std::vector<Status> status_;
+  std::mutex mutex_;
+  std::condition_variable cv_, done_;
+  const std::function<Status(int)>* fn_ = nullptr;
+  uint64_t generation_ = 0;
+  int pending_ = 0;
+  bool stop_ = false;
+};
+
 }  // namespace
 
 // The graph of one backend's share of a pass: every layer (one backend), or with an offload
@@ -63,6 +132,11 @@ struct StepBatch {
 struct Segment {
   Backend* backend = nullptr;
   StepRange range;
+  // The model it runs: the whole one, or a tensor-parallel rank's shard.
+  const HParams* hp = nullptr;
+  const ModelWeights* w = nullptr;
+  TensorSplit split;
+  int64_t vocab_begin = 0;  // a rank's first logits row
   std::unique_ptr<Buffer> arena;   // activations, reused across passes
   std::unique_ptr<Buffer> inputs;  // input leafs, reused across passes
   size_t inputs_used = 0;          // bytes of `inputs` the last allocated graph's leafs span
@@ -103,6 +177,10 @@ struct ContextImpl {
   int n_kv_bucket = 1;
   std::unique_ptr<KvCache> kv;
   std::vector<Segment> segments;  // in layer order; the last one computes the logits
+  // Tensor parallelism: `segments` are the ranks (each over every layer), run at once.
+  bool tensor_parallel = false;
+  std::unique_ptr<RankThreads> rank_threads;
+  std::vector<std::vector<float>> rank_logits;  // each rank's logits, read back before they are interleaved
   // Host copy returned by decode: it only grows, so a step does not zero-fill the megabytes it then
   // overwrites (64 sequences x a 128k vocabulary: 33 MB per batched step).
   struct LogitsBuffer {
@@ -172,7 +250,7 @@ struct ContextImpl {
   // Builds the segment's part of the pass for `shape`; its output (logits or hidden state),
   // nullptr on error (see g.status()).
   Tensor* build(const Segment& s, Graph& g, const StepShape& shape, StepInputs& in) {
-    StepBuilder b(g, m->hp, m->w, *kv, m->arch->rope_mode(), shape, s.range);
+    StepBuilder b(g, *s.hp, *s.w, *kv, m->arch->rope_mode(), shape, s.range, s.split);
     Tensor* out = m->arch->build(b);
     in = b.inputs();
     if (out) g.mark_output(out);
@@ -227,7 +305,7 @@ struct ContextImpl {
       if (in.kq_mask_swa)
         fill_gathered_mask(b, shape, mask_at(in.kq_mask_swa), static_cast<int>(m->hp.n_swa));
       if (in.kv_gather)
-        fill_gather_rows(shape, reinterpret_cast<int32_t*>(base + input_offset(s, in.kv_gather)));
+        fill_gather_rows(shape, s.hp->n_head_kv, reinterpret_cast<int32_t*>(base + input_offset(s, in.kv_gather)));
     } else {
       const int seq = b.seqs[0];
       if (in.kq_mask) kv->fill_mask(b.positions, seq, shape.n_kv, mask_at(in.kq_mask));
@@ -263,8 +341,8 @@ struct ContextImpl {
 
   // Gather rows [n_kv, n_head_kv, n_seqs] into the cache viewed as [head_dim, n_cells * n_head_kv].
   // Padding slots read the sequence's first cell: finite data the mask gives no weight.
-  void fill_gather_rows(const StepShape& shape, int32_t* rows) const {
-    const int64_t n_head_kv = m->hp.n_head_kv, n_cells = kv->n_cells(), n_kv = shape.n_kv;
+  void fill_gather_rows(const StepShape& shape, int64_t n_head_kv, int32_t* rows) const {
+    const int64_t n_cells = kv->n_cells(), n_kv = shape.n_kv;
     for (size_t si = 0; si < seq_cells.size(); ++si) {
       const std::vector<int32_t>& cells = seq_cells[si];
       LOOM_ASSERT(!cells.empty() && cells.size() <= static_cast<size_t>(n_kv));
@@ -344,9 +422,34 @@ struct ContextImpl {
       stats.host_build_ns += elapsed_ns(t0, t1);
       stats.host_alloc_ns += elapsed_ns(t1, t2);
       stats.host_inputs_ns += elapsed_ns(t2, t3);
+      fingerprint = fingerprint * 0x9e3779b97f4a7c15ull + s.step.fingerprint;  // segments in order
+      if (tensor_parallel) continue;  // the ranks compute together below
       LOOM_TRY(s.backend->compute(*s.step.graph));
       carried = s.step.out;
-      fingerprint = fingerprint * 0x9e3779b97f4a7c15ull + s.step.fingerprint;  // segments in order
+    }
+    if (tensor_parallel) {
+      // Every rank's graph at once (their all-reduces meet); each reads its logits rows back and
+      // puts them at its vocabulary offset of every output row.
+      const int64_t n_vocab = m->hp.n_vocab, n_out = segments[0].step.out->ne[1];
+      float* dst = out ? out->append(static_cast<size_t>(n_vocab * n_out)) : nullptr;
+      rank_logits.resize(segments.size());
+      LOOM_TRY(rank_threads->run([&](int r) -> Status {
+        Segment& s = segments[static_cast<size_t>(r)];
+        Status st = s.backend->compute(*s.step.graph);
+        if (!st.ok()) {
+          s.split.comm->abort();  // ranks waiting for this one in a collective give up
+          return st;
+        }
+        if (!dst) return s.backend->synchronize();
+        const Tensor* t = s.step.out;
+        const int64_t rows = t->ne[0];
+        std::vector<float>& got = rank_logits[static_cast<size_t>(r)];
+        got.resize(static_cast<size_t>(t->nelements()));
+        LOOM_TRY(tensor_read(t, got.data(), 0, got.size() * sizeof(float)));
+        for (int64_t j = 0; j < n_out; ++j)
+          std::memcpy(dst + j * n_vocab + s.vocab_begin, got.data() + j * rows, static_cast<size_t>(rows) * sizeof(float));
+        return {};
+      }));
     }
     if (built) {
       ++stats.n_graph_builds;
@@ -355,7 +458,7 @@ struct ContextImpl {
     stats.n_kv = shape.n_kv;
     stats.graph_fingerprint = fingerprint;
     ++stats.n_steps;
-    if (out) {
+    if (out && !tensor_parallel) {
       const size_t count = static_cast<size_t>(carried->nelements());
       LOOM_TRY(tensor_read(carried, out->append(count), 0, count * sizeof(float)));
     }
@@ -421,12 +524,33 @@ Result<std::unique_ptr<Context>> Context::create(const Model& model, const Conte
           "use a smaller n_ctx",
           c.n_ctx, detail::format_bytes(host_need), detail::format_bytes(avail));
   }
-  auto kv = detail::make_kv_cache(params.kv_cache, hp, c.n_ctx, params.kv_block_size, type, offload_type,
-                                  first_offload, n_window_cells);
+  const std::vector<detail::Shard>& shards = c.m->shards;
+  // A tensor-parallel model: rank 0's KV heads in the cache's own storage, the others' added.
+  auto kv = detail::make_kv_cache(params.kv_cache, shards.empty() ? hp : shards[0].hp, c.n_ctx,
+                                  params.kv_block_size, type, offload_type, first_offload, n_window_cells);
   if (!kv) return kv.status();
   c.kv = std::move(kv.value());
+  for (size_t r = 1; r < shards.size(); ++r) {
+    auto storage = detail::KvStorage::create(shards[r].hp, c.kv->n_cells(), shards[r].backend->buffer_type(),
+                                             nullptr, -1, c.kv->windowed() ? c.kv->n_window_cells() : 0);
+    if (!storage) return make_error(storage.status().code(), "context: rank {}: {}", r, storage.status().message());
+    c.kv->add_rank_storage(std::move(storage.value()));
+  }
 
-  if (offload) {
+  if (!shards.empty()) {
+    c.tensor_parallel = true;
+    c.segments.resize(shards.size());
+    for (size_t r = 0; r < shards.size(); ++r) {
+      detail::Segment& s = c.segments[r];
+      s.backend = shards[r].backend;
+      s.range = detail::StepRange{0, n_layer};
+      s.hp = &shards[r].hp;
+      s.w = &shards[r].w;
+      s.split = detail::TensorSplit{shards[r].comm, static_cast<int>(r)};
+      s.vocab_begin = shards[r].vocab_begin;
+    }
+    c.rank_threads = std::make_unique<detail::RankThreads>(static_cast<int>(shards.size()));
+  } else if (offload) {
     c.segments.resize(2);
     c.segments[0].backend = &model.backend();
     c.segments[0].range = detail::StepRange{0, first_offload};
@@ -437,6 +561,11 @@ Result<std::unique_ptr<Context>> Context::create(const Model& model, const Conte
     c.segments[0].backend = &model.backend();
     c.segments[0].range = detail::StepRange{0, n_layer};
   }
+  for (detail::Segment& s : c.segments)
+    if (!s.hp) {
+      s.hp = &c.m->hp;
+      s.w = &c.m->w;
+    }
   // Reserve the arenas with the largest pass, so decoding never reallocates them.
   for (detail::Segment& s : c.segments) {
     Graph g;
@@ -645,6 +774,22 @@ Result<Session> open_session(const SessionParams& p) {
     mo.offload_backend = s.offload_backend.get();
     mo.n_offload_layers = p.n_offload_layers;
   }
+  if (p.n_tensor_parallel < 1)
+    return make_error(StatusCode::invalid_argument, "tensor parallelism over {} ranks: must be at least 1",
+                      p.n_tensor_parallel);
+  if (p.n_tensor_parallel > 1) {
+    if (!p.offload_backend.empty() && p.n_offload_layers > 0)
+      return make_error(StatusCode::invalid_argument, "tensor parallelism and layer offload do not go together");
+    mo.tensor_parallel.push_back(s.backend.get());
+    for (int r = 1; r < p.n_tensor_parallel; ++r) {
+      BackendOptions rank_options = bo;
+      rank_options.device = p.device + r;
+      auto rank = create_backend(p.backend, rank_options);
+      if (!rank) return make_error(rank.status().code(), "tensor-parallel rank {}: {}", r, rank.status().message());
+      s.tp_backends.push_back(std::move(rank.value()));
+      mo.tensor_parallel.push_back(s.tp_backends.back().get());
+    }
+  }
   auto model = Model::load(p.model_path, *s.backend, mo);
   if (!model) return model.status();
   s.model = std::move(model.value());
@@ -660,7 +805,9 @@ Result<Session> open_session(const SessionParams& p) {
     fmt::print(stderr, "loom: context {} cells, batch {}, KV cache {} (f16), activations {}, backend {}{}\n",
                s.context->n_ctx(), s.context->n_batch(), detail::format_bytes(s.context->kv_cache_bytes()),
                detail::format_bytes(s.context->stats().arena_bytes), s.backend->name(),
-               s.model->offload_backend() ? fmt::format(" + {}", s.model->offload_backend()->name()) : "");
+               s.model->offload_backend() ? fmt::format(" + {}", s.model->offload_backend()->name())
+               : s.tp_backends.empty()     ? std::string()
+                                           : fmt::format(" x {} (tensor parallel)", s.tp_backends.size() + 1));
   return s;
 }
 

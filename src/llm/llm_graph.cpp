@@ -9,8 +9,8 @@
 namespace loom::llm::detail {
 
 StepBuilder::StepBuilder(Graph& g, const HParams& hp, const ModelWeights& w, KvCache& kv, RopeMode rope_mode,
-                         const StepShape& shape, const StepRange& range)
-    : g_(g), hp_(hp), w_(w), kv_(kv), shape_(shape) {
+                         const StepShape& shape, const StepRange& range, const TensorSplit& split)
+    : g_(g), hp_(hp), w_(w), kv_(kv), shape_(shape), split_(split) {
   const int n_layer = static_cast<int>(hp.n_layer);
   layer_end_ = range.layer_end < 0 ? n_layer : range.layer_end;
   layer_begin_ = range.layer_begin;
@@ -108,6 +108,18 @@ Tensor* StepBuilder::linear(Tensor* w, Tensor* x, Tensor* bias, const char* what
   return b;
 }
 
+Tensor* StepBuilder::reduce(Tensor* x, const char* what, int il) {
+  if (!split_.comm || !x) return x;
+  return name(all_reduce(g_, x, split_.comm), fmt::format("{}_sum", what).c_str(), il);
+}
+
+Tensor* StepBuilder::linear_reduce(Tensor* w, Tensor* x, Tensor* bias, const char* what, int il) {
+  if (!split_.comm) return linear(w, x, bias, what, il);
+  Tensor* y = reduce(mul_mat(g_, w, x), what, il);
+  if (!bias) return y;
+  return name(add(g_, y, bias), what, il);
+}
+
 Tensor* StepBuilder::split_heads(Tensor* x, int64_t head_dim, int64_t n_heads) {
   return reshape(g_, x, {head_dim, n_heads, shape_.n_tokens, 1});
 }
@@ -145,8 +157,8 @@ Tensor* StepBuilder::attention(int il, Tensor* q, Tensor* k, Tensor* v) {
   const bool window_cells = hp_.is_swa(static_cast<uint32_t>(il)) && shape_.n_kv_swa > 0;
   const int64_t n_kv = window_cells ? shape_.n_kv_swa : shape_.n_kv;
   Tensor* cells = window_cells ? in_.kv_cells_swa : in_.kv_cells;
-  Tensor* cache_k = kv_.k(il);
-  Tensor* cache_v = kv_.v(il);
+  Tensor* cache_k = kv_.k(il, split_.rank);
+  Tensor* cache_v = kv_.v(il, split_.rank);
   // Rows go into the cache as [head_dim, n_tokens, n_head_kv], one row per (token, head).
   Tensor* k_stored = name(set_rows(g_, cache_k, permute(g_, k, 0, 2, 1, 3), cells), "k_cache_store", il);
   Tensor* v_stored = name(set_rows(g_, cache_v, permute(g_, v, 0, 2, 1, 3), cells), "v_cache_store", il);
@@ -192,17 +204,17 @@ Tensor* StepBuilder::ffn_swiglu(const LayerWeights& l, Tensor* x, int il) {
     Tensor* up =
         name(view(g_, gu, {n_ff, gu->ne[1], 1, 1}, gu->nb, static_cast<size_t>(n_ff) * sizeof(float)),
              "ffn_up", il);
-    return linear(l.ffn_down, name(swiglu(g_, gate, up), "ffn_glu", il), nullptr, "ffn_down", il);
+    return linear_reduce(l.ffn_down, name(swiglu(g_, gate, up), "ffn_glu", il), nullptr, "ffn_down", il);
   }
   Tensor* h =
       swiglu(g_, linear(l.ffn_gate, x, nullptr, "ffn_gate", il), linear(l.ffn_up, x, nullptr, "ffn_up", il));
-  return linear(l.ffn_down, name(h, "ffn_glu", il), nullptr, "ffn_down", il);
+  return linear_reduce(l.ffn_down, name(h, "ffn_glu", il), nullptr, "ffn_down", il);
 }
 
 Tensor* StepBuilder::ffn_geglu(const LayerWeights& l, Tensor* x, int il) {
   Tensor* h =
       geglu(g_, linear(l.ffn_gate, x, nullptr, "ffn_gate", il), linear(l.ffn_up, x, nullptr, "ffn_up", il));
-  return linear(l.ffn_down, name(h, "ffn_glu", il), nullptr, "ffn_down", il);
+  return linear_reduce(l.ffn_down, name(h, "ffn_glu", il), nullptr, "ffn_down", il);
 }
 
 Tensor* StepBuilder::ffn_moe(const LayerWeights& l, Tensor* x, int il) {
@@ -230,7 +242,7 @@ Tensor* StepBuilder::ffn_moe(const LayerWeights& l, Tensor* x, int il) {
   down = name(mul(g_, down, weights), "ffn_moe_weighted", il);
   // Sum over the experts: with the expert dim innermost (a strided view), one sum_rows reduces it.
   Tensor* sum = name(sum_rows(g_, permute(g_, down, 1, 0, 2, 3)), "ffn_moe_out", il);  // [1, n_embd, T]
-  return reshape(g_, sum, {n_embd, n_tokens, 1, 1});
+  return reduce(reshape(g_, sum, {n_embd, n_tokens, 1, 1}), "ffn_moe_out", il);
 }
 
 Tensor* StepBuilder::select_outputs(Tensor* x) {

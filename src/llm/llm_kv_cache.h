@@ -75,11 +75,20 @@ class KvCache {
   virtual ~KvCache() = default;
   virtual KvCacheKind kind() const = 0;
 
-  Tensor* k(int il) const { return storage_.k(il); }
-  Tensor* v(int il) const { return storage_.v(il); }
+  /// Layer il's K and V; with tensor parallelism, those of rank `rank`'s KV heads.
+  Tensor* k(int il, int rank = 0) const { return storage(rank).k(il); }
+  Tensor* v(int il, int rank = 0) const { return storage(rank).v(il); }
   /// Cells of the storage (the context size; the global layers' cells).
   int n_cells() const { return storage_.n_cells(); }
-  size_t bytes() const { return storage_.bytes(); }
+  size_t bytes() const {
+    size_t n = storage_.bytes();
+    for (const KvStorage& s : rank_storage_) n += s.bytes();
+    return n;
+  }
+  /// Tensor parallelism: the storage of the next rank (rank 1, 2, ...: the constructor's is rank
+  /// 0's), its own KV heads over the same cells. Every rank's cells are the same; the bookkeeping
+  /// here serves them all.
+  void add_rank_storage(KvStorage s) { rank_storage_.push_back(std::move(s)); }
 
   /// Takes cells for `positions` of `seq`: returns their indices, or an error (out_of_memory when
   /// the cache cannot hold them; nothing is taken then). They count as used until released.
@@ -136,7 +145,11 @@ class KvCache {
 
  protected:
   explicit KvCache(KvStorage storage) : storage_(std::move(storage)) {}
+  const KvStorage& storage(int rank) const {
+    return rank == 0 ? storage_ : rank_storage_[static_cast<size_t>(rank - 1)];
+  }
   KvStorage storage_;
+  std::vector<KvStorage> rank_storage_;
 };
 
 /// Cells handed out first-fit to any sequence (see the file comment).

@@ -3,8 +3,10 @@
 // backend the last layers and the output head go to its memory instead.
 #include <algorithm>
 #include <charconv>
+#include <cstring>
 #include <fstream>
 #include <map>
+#include <thread>
 #include <unordered_set>
 
 #include <fmt/format.h>
@@ -34,6 +36,20 @@ std::string format_bytes(uint64_t bytes) {
   if (b >= 1024.0 * 1024.0 * 1024.0) return fmt::format("{:.2f} GiB", b / (1024.0 * 1024.0 * 1024.0));
   if (b >= 1024.0 * 1024.0) return fmt::format("{:.1f} MiB", b / (1024.0 * 1024.0));
   return fmt::format("{:.1f} KiB", b / 1024.0);
+}
+
+// The ranks' communicators go down together, each on a thread of its own: NCCL may treat tearing
+// one down as a collective that waits for the others. First every rank's backend drops the graphs
+// it recorded (Backend::reset): NCCL does not let a communicator go while a CUDA graph that
+// captured its collectives still exists (a `loom bench -tp 2` hung in its teardown).
+ModelImpl::~ModelImpl() {
+  for (Shard& s : shards)
+    if (s.backend) (void)s.backend->reset();
+  shards.clear();
+  std::vector<std::thread> threads;
+  for (auto& c : comms)
+    if (c) threads.emplace_back([&c] { c.reset(); });
+  for (std::thread& t : threads) t.join();
 }
 
 namespace {
@@ -107,6 +123,208 @@ class FileTensorLoader final : public TensorLoader {
 };
 
 size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+// ---- tensor parallelism ----------------------------------------------------------------------------
+
+int layer_of(const std::string& name);
+
+// The dimension along which the ranks split a tensor (by its llama.cpp name), -1 when every rank
+// holds it whole. Rows (dim 1 of a matrix, dim 0 of a bias) of the products whose outputs are per
+// head or per FFN column; columns (dim 0) of those that sum over them, whose partial products the
+// all-reduce adds up; the output projection's rows (the vocabulary).
+int split_dim(const std::string& name) {
+  static const std::pair<std::string_view, int> kRules[] = {
+      {"attn_q.weight", 1},        {"attn_k.weight", 1},        {"attn_v.weight", 1},
+      {"attn_q.bias", 0},          {"attn_k.bias", 0},          {"attn_v.bias", 0},
+      {"ffn_gate.weight", 1},      {"ffn_up.weight", 1},        {"ffn_gate_exps.weight", 1},
+      {"ffn_up_exps.weight", 1},   {"ffn_gate_exps.bias", 0},   {"ffn_up_exps.bias", 0},
+      {"attn_sinks.weight", 0},    {"attn_sinks", 0},           {"attn_output.weight", 0},
+      {"ffn_down.weight", 0},      {"ffn_down_exps.weight", 0},
+  };
+  if (name == "output.weight") return 1;
+  if (layer_of(name) < 0) return -1;
+  const std::string_view what = std::string_view(name).substr(name.find('.', 4) + 1);
+  for (const auto& [suffix, dim] : kRules)
+    if (what == suffix) return dim;
+  return -1;
+}
+
+// Where one rank's part of a file tensor lies: elements [begin, begin + ne[dim]) along `dim`.
+struct Slice {
+  Tensor* t = nullptr;  // the rank's tensor (its shape is the slice's)
+  const GgufTensorInfo* info = nullptr;
+  int dim = -1;  // -1: the whole tensor
+  int64_t begin = 0;
+};
+
+// Rank `rank` of `n_ranks` along a dimension of `size` elements: chunks of ceil(size / n_ranks).
+std::pair<int64_t, int64_t> rank_range(int64_t size, int rank, int n_ranks) {
+  const int64_t chunk = (size + n_ranks - 1) / n_ranks;
+  const int64_t begin = std::min(size, chunk * rank);
+  return {begin, std::min(size, begin + chunk) - begin};
+}
+
+// Declares one rank's tensors: checks each against the file like FileTensorLoader (through one,
+// over a scratch graph) and makes a tensor of the rank's slice.
+class ShardTensorLoader final : public TensorLoader {
+ public:
+  ShardTensorLoader(const GgufFile& file, Graph& tensors, int rank, int n_ranks)
+      : file_(file), checker_(file, scratch_), tensors_(tensors), rank_(rank), n_ranks_(n_ranks) {}
+
+  Tensor* require(const std::string& name, const Shape& ne, WeightKind kind) override {
+    return slice(checker_.require(name, ne, kind), name);
+  }
+  Tensor* optional(const std::string& name, const Shape& ne, WeightKind kind) override {
+    return slice(checker_.optional(name, ne, kind), name);
+  }
+  /// The rank's rows of `whole` (a tensor this loader made whole) as a tensor named `name`: the
+  /// output projection when the file ties it to the token embeddings.
+  Tensor* slice_rows(const Tensor* whole, const std::string& name) {
+    for (const Slice& s : slices_)
+      if (s.t == whole) return make(s.info, name, 1);
+    return fail(make_error(StatusCode::internal, "{}: no tensor to slice for '{}'", file_.name(), name));
+  }
+
+  Status status() const { return status_.ok() ? checker_.status() : status_; }
+  const std::vector<Slice>& slices() const { return slices_; }
+
+ private:
+  Tensor* fail(Status s) {
+    if (status_.ok()) status_ = std::move(s);
+    return nullptr;
+  }
+
+  Tensor* slice(Tensor* whole, const std::string& name) {
+    if (!whole) return nullptr;
+    return make(checker_.loaded().back().second, name, split_dim(name));
+  }
+
+  Tensor* make(const GgufTensorInfo* info, const std::string& name, int dim) {
+    if (!status_.ok()) return nullptr;
+    auto dtype = file_.dtype_of(*info);
+    if (!dtype) return fail(dtype.status());
+    Shape ne = info->ne;
+    int64_t begin = 0;
+    if (dim >= 0) {
+      const auto [b, n] = rank_range(ne[dim], rank_, n_ranks_);
+      const int64_t block = dtype_block_size(*dtype);
+      if (n <= 0 || (dim == 0 && (b % block != 0 || n % block != 0)))
+        return fail(make_error(StatusCode::unsupported,
+                               "{}: tensor '{}' ({} {}) cannot be split {} ways along dimension {}{}", file_.name(),
+                               name, dtype_name(*dtype), shape_string(info->ne), n_ranks_, dim,
+                               dim == 0 ? fmt::format(" on whole blocks of {}", block) : std::string()));
+      ne[dim] = n;
+      begin = b;
+    }
+    Tensor* t = tensors_.weight(*dtype, ne, fmt::format("{} (rank {})", name, rank_));
+    slices_.push_back(Slice{t, info, dim, begin});
+    return t;
+  }
+
+  const GgufFile& file_;
+  Graph scratch_;
+  FileTensorLoader checker_;
+  Graph& tensors_;
+  const int rank_, n_ranks_;
+  Status status_;
+  std::vector<Slice> slices_;
+};
+
+// Copies a rank's slices into one buffer of its backend: whole tensors straight from the mapping,
+// split ones packed row by row on the host first.
+Status upload_slices(const GgufFile& file, Backend& backend, const std::vector<Slice>& slices,
+                     std::unique_ptr<Buffer>& out) {
+  BufferType& type = backend.buffer_type();
+  const size_t align = type.alignment();
+  size_t total = 0;
+  for (const Slice& s : slices) total += align_up(s.t->nbytes(), align);
+  auto buf = type.allocate(total);
+  if (!buf)
+    return make_error(buf.status().code(), "{}: cannot allocate {} of {} memory for a rank's weights: {}",
+                      file.name(), format_bytes(total), type.name(), buf.status().message());
+  out = std::move(buf.value());
+  size_t off = 0;
+  std::vector<uint8_t> packed;
+  for (const Slice& s : slices) {
+    LOOM_TRY(tensor_bind(s.t, out.get(), off));
+    off += align_up(s.t->nbytes(), align);
+    if (s.dim < 0) {
+      LOOM_TRY(tensor_write(s.t, s.info->data, 0, s.info->size));
+      continue;
+    }
+    const std::array<size_t, kMaxDims> nb = contiguous_strides(s.t->type, s.info->ne);
+    const Shape& ne = s.t->ne;
+    const size_t row = s.t->row_size();
+    packed.resize(s.t->nbytes());
+    uint8_t* dst = packed.data();
+    std::array<int64_t, kMaxDims> first{};
+    first[static_cast<size_t>(s.dim)] = s.begin;
+    const size_t col0 = static_cast<size_t>(first[0] / dtype_block_size(s.t->type)) * dtype_type_size(s.t->type);
+    for (int64_t i3 = 0; i3 < ne[3]; ++i3)
+      for (int64_t i2 = 0; i2 < ne[2]; ++i2)
+        for (int64_t i1 = 0; i1 < ne[1]; ++i1, dst += row)
+          std::memcpy(dst,
+                      s.info->data + col0 + static_cast<size_t>(i1 + first[1]) * nb[1] +
+                          static_cast<size_t>(i2 + first[2]) * nb[2] + static_cast<size_t>(i3 + first[3]) * nb[3],
+                      row);
+    LOOM_TRY(tensor_write(s.t, packed.data(), 0, packed.size()));
+  }
+  return backend.synchronize();
+}
+
+// The rank's share of the hyperparameters; an error when a head count or width does not divide.
+Result<HParams> shard_hparams(const std::string& path, const HParams& hp, int n_ranks, int64_t n_vocab_rows) {
+  const std::pair<const char*, uint32_t> counts[] = {{"attention heads", hp.n_head},
+                                                     {"KV heads", hp.n_head_kv},
+                                                     {"FFN width", hp.n_ff},
+                                                     {"expert FFN width", hp.n_ff_exp}};
+  for (const auto& [what, n] : counts)
+    if (n % static_cast<uint32_t>(n_ranks) != 0)
+      return make_error(StatusCode::unsupported, "{}: tensor parallelism over {} ranks needs the {} ({}) to divide by {}",
+                        path, n_ranks, what, n, n_ranks);
+  HParams s = hp;
+  s.n_head /= n_ranks;
+  s.n_head_kv /= n_ranks;
+  s.n_ff /= n_ranks;
+  s.n_ff_exp /= n_ranks;
+  s.n_vocab = static_cast<uint32_t>(n_vocab_rows);
+  return s;
+}
+
+// Loads rank by rank: each rank's weights go straight to its backend.
+Status load_shards(ModelImpl& m, std::span<Backend* const> backends, bool progress) {
+  const int n = static_cast<int>(backends.size());
+  for (const LayerWeights& l : m.w.layers)
+    if (l.wqkv || l.ffn_gate_up)
+      return make_error(StatusCode::unsupported,
+                        "{}: tensor parallelism cannot split {}'s fused projections (attn_qkv, gate+up in ffn_up) yet",
+                        m.file.name(), arch_name(m.hp.arch));
+  auto comms = make_communicators(backends);
+  if (!comms) return make_error(comms.status().code(), "{}: tensor parallelism: {}", m.file.name(), comms.status().message());
+  m.comms = std::move(comms.value());
+  ProgressLine line(progress, fmt::format("loom: loading {} over {} ranks", base_name(m.file.name()), n));
+  for (int r = 0; r < n; ++r) {
+    Shard s;
+    s.backend = backends[static_cast<size_t>(r)];
+    s.comm = m.comms[static_cast<size_t>(r)].get();
+    ShardTensorLoader tl(m.file, m.weight_tensors, r, n);
+    m.arch->declare_weights(tl, m.hp, s.w);
+    if (s.w.output == s.w.tok_embd) s.w.output = tl.slice_rows(s.w.tok_embd, "output.weight (tied)");
+    LOOM_TRY(tl.status());
+    s.vocab_begin = rank_range(m.w.output->ne[1], r, n).first;
+    auto hp = shard_hparams(m.file.name(), m.hp, n, s.w.output->ne[1]);
+    if (!hp) return hp.status();
+    s.hp = *hp;
+    for (LayerWeights& l : s.w.layers) {
+      l.rope_freqs = s.w.rope_freqs;
+      l.rope_freqs_long = s.w.rope_freqs_long;
+    }
+    LOOM_TRY(upload_slices(m.file, *s.backend, tl.slices(), s.buffer));
+    m.shards.push_back(std::move(s));
+    line.update(static_cast<double>(r + 1) / n);
+  }
+  return {};
+}
 
 // Host backends: tensors point into the mapping. Touching every page now (with progress) moves the
 // disk reads to load time instead of the first tokens.
@@ -218,6 +436,7 @@ const GgufFile& Model::gguf() const { return impl_->file; }
 Backend& Model::backend() const { return *impl_->backend; }
 Backend* Model::offload_backend() const { return impl_->offload_backend; }
 int Model::n_offload_layers() const { return impl_->n_offload; }
+int Model::n_tensor_parallel() const { return impl_->shards.empty() ? 1 : static_cast<int>(impl_->shards.size()); }
 uint64_t Model::n_params() const { return impl_->n_params; }
 uint64_t Model::n_bytes() const { return impl_->n_bytes; }
 
@@ -236,6 +455,9 @@ std::string Model::summary() const {
                   detail::base_name(m.file.name()), arch_name(hp.arch), detail::count_string(m.n_params),
                   detail::format_bytes(m.n_bytes), type_mixture(), hp.n_layer, hp.n_embd, hp.n_head,
                   hp.n_head_kv, hp.n_vocab, hp.n_ctx_train);
+  if (!m.shards.empty())
+    s += fmt::format("; split over {} {} ranks (tensor parallel, {} per rank)", m.shards.size(),
+                     m.shards[0].backend->name(), detail::format_bytes(m.shards[0].buffer->size()));
   if (m.n_offload > 0) {
     const int first = m.first_offload_layer();
     const int last = static_cast<int>(hp.n_layer) - 1;
@@ -283,6 +505,19 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& path, Backend& bac
   m.type_counts.assign(counts.begin(), counts.end());
   std::stable_sort(m.type_counts.begin(), m.type_counts.end(),
                    [](const auto& a, const auto& b) { return a.second > b.second; });
+
+  if (options.tensor_parallel.size() > 1) {
+    if (options.tensor_parallel[0] != &backend)
+      return make_error(StatusCode::invalid_argument,
+                        "{}: the first tensor-parallel backend must be the model's backend", path);
+    if (m.n_offload > 0)
+      return make_error(StatusCode::invalid_argument, "{}: tensor parallelism and layer offload do not go together",
+                        path);
+    LOOM_TRY(detail::load_shards(m, options.tensor_parallel, options.progress));
+    std::unique_ptr<Model> model(new Model(std::move(impl)));
+    if (options.print_summary) fmt::print(stderr, "loom: model {}\n", model->summary());
+    return model;
+  }
 
   detail::WeightList main_weights, offload_weights;
   detail::assign_weights(m, tl.loaded(), main_weights, offload_weights);

@@ -7,13 +7,27 @@
 #include <vector>
 
 #include "llm_arch.h"
+#include "loom/comm.h"
 #include "loom/gguf.h"
 #include "loom/llm.h"
 
 namespace loom::llm::detail {
 
+/// One rank of a tensor-parallel model (ModelLoadOptions::tensor_parallel).
+struct Shard {
+  Backend* backend = nullptr;
+  /// The rank's share of the model: n_head, n_head_kv, n_ff, n_ff_exp divided by the rank count,
+  /// n_vocab the rows of its output slice.
+  HParams hp;
+  ModelWeights w;  // its tensors, in `buffer`
+  std::unique_ptr<Buffer> buffer;
+  Communicator* comm = nullptr;
+  int64_t vocab_begin = 0;  // the first vocabulary row of its output slice
+};
+
 struct ModelImpl {
   explicit ModelImpl(GgufFile f) : file(std::move(f)) {}
+  ~ModelImpl();
 
   GgufFile file;
   HParams hp;
@@ -30,6 +44,10 @@ struct ModelImpl {
   uint64_t n_bytes = 0;
   uint64_t offload_bytes = 0;  // weights in offload memory, with the copies of shared ones
   std::vector<std::pair<std::string, int>> type_counts;  // most frequent first
+  // Tensor parallelism: the ranks (empty: not split; then `w` and `buffer` hold the model). When
+  // split, `w` holds the whole tensors as the file has them, unbound, and the ranks compute.
+  std::vector<std::unique_ptr<Communicator>> comms;
+  std::vector<Shard> shards;
 
   int first_offload_layer() const { return static_cast<int>(hp.n_layer) - n_offload; }
 };

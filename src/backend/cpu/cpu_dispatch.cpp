@@ -1,5 +1,9 @@
 // Maps nodes to CPU kernels.
+#include <string_view>
+
 #include "cpu_ops.h"
+#include "loom/comm.h"
+#include "loom/graph.h"
 
 namespace loom::cpu {
 
@@ -33,6 +37,8 @@ bool supports(const Tensor& node) {
     case OpKind::rope:
     case OpKind::flash_attn:
       return true;
+    case OpKind::all_reduce:  // with a host group's communicator
+      return std::string_view(node.get_params<AllReduceParams>().comm->kind()) == "host";
     case OpKind::count_:
       break;
   }
@@ -83,6 +89,7 @@ void compute_node(const KernelContext& ctx, Tensor* node) {
     case OpKind::mul_mat_id: op_mul_mat_id(ctx, node); return;
     case OpKind::rope: op_rope(ctx, node); return;
     case OpKind::flash_attn: op_flash_attn(ctx, node); return;
+    case OpKind::all_reduce: op_all_reduce(ctx, node); return;
     case OpKind::count_: break;
   }
   LOOM_ASSERT(false && "unknown op");

@@ -45,6 +45,7 @@ void op_rms_norm(const KernelContext& ctx, Tensor* dst);
 void op_norm(const KernelContext& ctx, Tensor* dst);
 void op_soft_max(const KernelContext& ctx, Tensor* dst);
 void op_sum_rows(const KernelContext& ctx, Tensor* dst);
+void op_all_reduce(const KernelContext& ctx, Tensor* dst);
 void op_argmax(const KernelContext& ctx, Tensor* dst);
 void op_top_k(const KernelContext& ctx, Tensor* dst);
 void op_get_rows(const KernelContext& ctx, Tensor* dst);

@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "cpu_ops.h"
+#include "loom/comm.h"
 #include "loom/graph.h"
 
 namespace loom::cpu {
@@ -81,6 +82,18 @@ void op_sum_rows(const KernelContext& ctx, Tensor* dst) {
     for (int64_t i = 0; i < n; ++i) sum += *reinterpret_cast<const float*>(row + i * a->nb[0]);
     *reinterpret_cast<float*>(at(dst, 0, i1, i2, i3)) = static_cast<float>(sum);
   });
+}
+
+// One thread takes part in the group's all-reduce (which waits for the other ranks); the others
+// wait at the barrier after the node. A group aborted by a failed rank leaves NaN.
+void op_all_reduce(const KernelContext& ctx, Tensor* dst) {
+  if (ctx.ith != 0) return;
+  const Tensor* a = dst->src[0];
+  auto* out = static_cast<float*>(dst->data);
+  const size_t n = static_cast<size_t>(dst->nelements());
+  Communicator* comm = dst->get_params<AllReduceParams>().comm;
+  if (!comm->all_reduce_host(static_cast<const float*>(a->data), out, n).ok())
+    std::fill(out, out + n, std::numeric_limits<float>::quiet_NaN());
 }
 
 void op_argmax(const KernelContext& ctx, Tensor* dst) {

@@ -429,7 +429,9 @@ Status Executor::record(const exec::Plan& p, size_t begin, size_t end, bool pdl,
     deps.erase(std::unique(deps.begin(), deps.end()), deps.end());
     cudaGraphEdgeData edge{};
     bool programmatic = false;
-    if (pdl && deps.size() == 1 && p.deps[i].size() == 1) {
+    // A collective's kernels (NCCL) never wait on a programmatic edge: it gets a full dependency.
+    const bool collective = p.dispatches[i].node()->op == OpKind::all_reduce;
+    if (pdl && !collective && deps.size() == 1 && p.deps[i].size() == 1) {
       cudaGraphNodeType type{};
       if (cudaGraphNodeGetType(deps[0], &type) == cudaSuccess && type == cudaGraphNodeTypeKernel) {
         edge.from_port = cudaGraphKernelNodePortProgrammatic;

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cuda_common.h"
+#include "cuda_nccl.h"
 #include "cuda_ops.h"
 #include "kernels/attention.cuh"
 #include "kernels/copy.cuh"
@@ -116,6 +117,9 @@ CudaError run_node(const LaunchContext& ctx, const Tensor* t) {
         return launch_flash_attn_decode(ctx, t, p.scale, p.softcap);
       return launch_flash_attn(ctx, t, p.scale, p.softcap);
     }
+    case OpKind::all_reduce:
+      return nccl_all_reduce(*t->get_params<AllReduceParams>().comm, static_cast<const float*>(t->src[0]->data),
+                             static_cast<float*>(t->data), static_cast<size_t>(t->nelements()), ctx.stream);
     case OpKind::none:
     case OpKind::view:
     case OpKind::count_:
@@ -196,6 +200,8 @@ bool supports_op_impl(const Tensor& node) {
     case OpKind::top_k:
     case OpKind::sum_rows:
       return true;
+    case OpKind::all_reduce:  // with an NCCL communicator
+      return std::string_view(node.get_params<AllReduceParams>().comm->kind()) == "nccl";
     case OpKind::count_:
       break;
   }

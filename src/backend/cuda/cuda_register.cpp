@@ -8,7 +8,9 @@
 #include "cuda_common.h"
 #include "cuda_device.h"
 #include "cuda_exec.h"
+#include "cuda_nccl.h"
 #include "cuda_ops.h"
+#include "loom/comm.h"
 #include "loom/cuda.h"
 #include "loom/exec.h"
 #include "loom/exec_plan.h"
@@ -17,7 +19,7 @@ namespace loom::cuda {
 
 namespace {
 
-class CudaBackend final : public Backend, public exec::ExecutorControl {
+class CudaBackend final : public Backend, public exec::ExecutorControl, public Collectives {
  public:
   CudaBackend(DeviceContext& dev, Numerics numerics) : dev_(dev), exec_(dev, numerics) {}
 
@@ -39,7 +41,27 @@ class CudaBackend final : public Backend, public exec::ExecutorControl {
   Status reset() override { return exec_.reset(); }
 
   void* extension(std::string_view id) override {
-    return id == exec::ExecutorControl::kExtensionId ? static_cast<exec::ExecutorControl*>(this) : nullptr;
+    if (id == exec::ExecutorControl::kExtensionId) return static_cast<exec::ExecutorControl*>(this);
+    if (id == Collectives::kExtensionId) return static_cast<Collectives*>(this);
+    return nullptr;
+  }
+
+  // ---- Collectives: NCCL over the backends' devices (each a "cuda" backend of this library, on a
+  // device of its own) ----
+  Result<std::vector<std::unique_ptr<Communicator>>> make_communicators(
+      std::span<Backend* const> backends) override {
+    std::vector<int> devices;
+    for (Backend* b : backends) {
+      if (std::string_view(b->name()) != "cuda" || !b->extension<Collectives>())
+        return make_error(StatusCode::invalid_argument, "cuda collectives: backend {} is not a CUDA backend", b->name());
+      const int ordinal = static_cast<CudaBackend*>(b->extension<Collectives>())->dev_.ordinal();
+      for (int d : devices)
+        if (d == ordinal)
+          return make_error(StatusCode::invalid_argument,
+                            "cuda collectives: two ranks on device {} (each rank needs a GPU of its own)", d);
+      devices.push_back(ordinal);
+    }
+    return make_nccl_communicators(devices);
   }
 
   // ---- exec::ExecutorControl ----
