@@ -303,6 +303,10 @@ void Engine::step_all() {
   }
   const llm::BatchStepStats& st = gen_->last_step();
   if (st.n_decoded > 0) metrics_.batch_sequences.observe(st.n_decoded);
+  metrics_.steps.fetch_add(1);
+  metrics_.forward_passes.fetch_add(static_cast<uint64_t>(st.n_passes));
+  if (st.n_prefill_tokens > 0) metrics_.prompt_chunk_steps.fetch_add(1);
+  if (st.mixed) metrics_.mixed_steps.fetch_add(1);
   // running_ is small (n_parallel at most): a linear search per token is cheap next to the step
   for (const llm::GeneratedToken& t : *got) {
     const auto it =

@@ -373,6 +373,15 @@ std::string ServerImpl::metrics_text() const {
   counter("loom_prompt_tokens_cached_total", "Prompt tokens shared from the KV cache (not decoded again).",
           metrics.prompt_tokens_cached.load());
   counter("loom_generated_tokens_total", "Generated tokens.", metrics.generated_tokens.load());
+  counter("loom_steps_total", "Steps of the batch: each advances every running request by a token.",
+          metrics.steps.load());
+  counter("loom_forward_passes_total", "Forward passes of those steps (a prompt chunk run alone adds one).",
+          metrics.forward_passes.load());
+  counter("loom_prompt_chunk_steps_total", "Steps that computed a chunk of a prompt.",
+          metrics.prompt_chunk_steps.load());
+  counter("loom_mixed_steps_total",
+          "Steps whose prompt chunk rode in the running requests' forward pass (a mixed pass).",
+          metrics.mixed_steps.load());
   if (ready.load()) {
     const ServerStats s = engine->stats();
     const auto [used, total] = engine->kv_cells();
