@@ -11,7 +11,8 @@
 #   perf     op-test perf of mul_mat at LOOM_PERF_FILTER's cases
 #   serve    loom serve -np 64 on each of LOOM_MODELS: 64 streams of 256-token prompts and 256 generated
 #            tokens (tools/serve_load.py), one stream, and the engine's figures beside them
-#            (LOOM_SOAK=S adds S seconds of them back to back with the server's memory sampled)
+#            (LOOM_SOAK=S adds S seconds of them back to back with the server's memory sampled;
+#            LOOM_SERVE_FLAGS adds flags to loom serve; LOOM_SERVE_ONLY=1 skips the engine's figures)
 #   prefilltrace  a Chrome trace of one 512-token prompt chunk (the second) on LOOM_MODELS, summarized
 #   tp       -tp 2 (and 4 on 4 GPUs) against -tp 1 on LOOM_MODELS: prompt logits and greedy tokens in both
 #            numerics, then loom bench -p 512 -n 128 at each rank count
@@ -76,7 +77,9 @@ for step in "$@"; do
         echo "-- engine: loom bench -npp 256 -ntg 256 -npl 1,64; tg256"
         [[ -n ${LOOM_SERVE_ONLY:-} ]] || timeout 200 "$bin/loom" bench -m "$f" -npp 256 -ntg 256 -npl 1,64 2>/dev/null | grep -E "^\|"
         [[ -n ${LOOM_SERVE_ONLY:-} ]] || timeout 60 "$bin/loom" bench -m "$f" -p 0 -n 256 -r 2 2>/dev/null | grep -E "tg256"
-        "$bin/loom" serve -m "$f" -ngl 99 -np 64 -c 1024 --port 0 >"$out/serve.out" 2>"$out/serve.err" &
+        echo "-- serve flags: ${LOOM_SERVE_FLAGS:-(defaults)}"
+        # shellcheck disable=SC2086  # LOOM_SERVE_FLAGS: extra flags, e.g. "--prefill-chunk 64" or "--no-mixed-steps"
+        "$bin/loom" serve -m "$f" -ngl 99 -np 64 -c 1024 --port 0 ${LOOM_SERVE_FLAGS:-} >"$out/serve.out" 2>"$out/serve.err" &
         spid=$!
         for _ in $(seq 600); do [[ -s $out/serve.out ]] && break; sleep 0.1; done
         port=$(head -1 "$out/serve.out")
@@ -96,6 +99,8 @@ for step in "$@"; do
             --soak "$LOOM_SOAK" --prompt-tokens 256 --max-tokens 256 --ignore-eos --server-pid $spid \
             --max-growth-pct 5 --json
         fi
+        python3 -c "import urllib.request,sys; print(urllib.request.urlopen(sys.argv[1]).read().decode())" \
+          "http://127.0.0.1:$port/metrics" | grep -E "^loom_(steps|forward_passes|prompt_chunk_steps|mixed_steps)_total"
         kill $spid; wait $spid 2>/dev/null
         tail -3 "$out/serve.err"
       done ;;

@@ -117,6 +117,12 @@ void add_serve_command(CLI::App& app, std::vector<Command>& out) {
   cmd->add_option("--kv-block-size", o->server.kv_block_size,
                   "Cells per block of the paged KV cache (prompt prefixes are shared in whole blocks)")
       ->capture_default_str();
+  cmd->add_option("--prefill-chunk", o->server.prefill_chunk,
+                  "Prompt tokens a step computes while other requests decode (0: 128, at most -ub)")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  cmd->add_flag("!--no-mixed-steps", o->server.mixed_steps,
+                "Run prompt chunks as passes of their own, not in the running requests' pass");
   cmd->add_option("--parallel", o->server.n_parallel,
                   "Requests generated at the same time, in one batch (-np); each gets -c positions")
       ->check(CLI::Range(1, 1024))

@@ -253,11 +253,14 @@ class Context {
 
   /// One forward pass over several sequences at once: the weight mat-muls take every sequence's
   /// token columns together (one weight read serves them all), attention reads each sequence's own
-  /// cells. Every sequence brings the same number of tokens (1 for a decode step; more only with a
-  /// single sequence), at most n_batch in all, each sequence at most once. Returns the logits of each
-  /// sequence's last token, n_seqs * n_vocab floats in the order given, valid until the next decode.
-  /// A sequence's results do not depend on the others in the step. On error (e.g. the cache has no
-  /// room for a sequence) nothing is stored for any of them.
+  /// cells. Every sequence brings one token (a decode step), except that one of them may bring
+  /// several (a prompt chunk: a mixed pass, whose chunk attends in a flash_attn of its own, the
+  /// others in one together); a single sequence may bring any number (as decode). At most n_batch
+  /// tokens in all, each sequence at most once. Returns the logits of each sequence's last token,
+  /// n_seqs * n_vocab floats in the order given (the chunk's sequence first saves moving its row),
+  /// valid until the next decode. A sequence's results do not depend on the others in the step (on
+  /// the CPU bit for bit: every op computes a token's column the same whatever the other columns).
+  /// On error (e.g. the cache has no room for a sequence) nothing is stored for any of them.
   Result<std::span<const float>> decode_batch(std::span<const SeqTokens> seqs);
 
   /// Empties the cache.

@@ -30,9 +30,10 @@ struct GeneratedToken {
 
 /// What the last step() computed.
 struct BatchStepStats {
-  int n_decoded = 0;         ///< running sequences that took one token each (in n_passes passes)
-  int n_passes = 0;          ///< forward passes of those sequences (more than 1 only past n_batch)
-  int n_prefill_tokens = 0;  ///< prompt tokens of the enqueued sequence's chunk (a pass of its own)
+  int n_decoded = 0;         ///< running sequences that took one token each
+  int n_passes = 0;          ///< forward passes of the step, the prompt chunk's included
+  int n_prefill_tokens = 0;  ///< prompt tokens of the enqueued sequence's chunk
+  bool mixed = false;        ///< the chunk rode in the running sequences' pass (else a pass of its own)
 };
 
 /// Sequences of one context generated together. A sequence's tokens do not depend on the others
@@ -53,9 +54,10 @@ class BatchGenerator {
   /// from that sequence's cache where the cache can (Context::kv_cache_seq_share_prefix) and only
   /// the rest is computed; the tokens are the same either way.
   Result<int> add(std::span<const int32_t> prompt, const SamplerParams& sampling);
-  /// Like add, but the prompt is computed by the following step() calls, one chunk of at most
-  /// `chunk` tokens (0: the context's n_batch) per step before the running sequences' tokens, so a
-  /// long prompt does not stall them; enqueued prompts are taken in order. The sequence produces no
+  /// Like add, but the prompt is computed by the following step() calls, one chunk per step, so a
+  /// long prompt does not stall the running sequences: at most `chunk` tokens (0: the context's
+  /// n_batch) while any of them decodes, in their pass (see set_mixed_steps), and up to n_batch
+  /// in a step where none does. Enqueued prompts are taken in order. The sequence produces no
   /// token until the step that finishes its prompt, which samples its first one (the tokens are the
   /// same as with add). Prefix reuse as in add. Returns the id at once; errors as add.
   Result<int> enqueue(std::span<const int32_t> prompt, const SamplerParams& sampling, int chunk = 0);
@@ -70,12 +72,17 @@ class BatchGenerator {
   /// Whether `seq_id` is parked.
   bool parked(int seq_id) const;
   /// One forward pass for every sequence (several when there are more than n_batch of them): each
-  /// takes its last sampled token and samples the next; before it, one prompt chunk of the oldest
-  /// enqueued sequence. Returns one token per sequence that has one (not those still prefilling),
+  /// takes its last sampled token and samples the next; the same pass computes one prompt chunk of
+  /// the oldest enqueued sequence (a mixed pass; the chunk is cut to what the pass has room for),
+  /// or, when mixed steps are off or the sequences need several passes, a pass of its own first. Returns one token per sequence that has one (not those still prefilling),
   /// in increasing id order, valid until the next call. On error (e.g. a sequence out of cache room,
   /// named in the message) no sequence advances.
   Result<std::span<const GeneratedToken>> step();
 
+  /// Whether a step's prompt chunk rides in the running sequences' pass (on, the default: no pass
+  /// is decode-free while sequences run, Context::decode_batch's mixed pass) or runs as a pass of
+  /// its own before it (off). The tokens are the same either way.
+  void set_mixed_steps(bool on);
   /// Samples a step's sequences on `n_threads` threads (the caller's and n_threads - 1 kept by the
   /// generator) when there are several of them; 1 (the default): on the caller's thread. The tokens
   /// are the same either way (each sequence has its own sampler); what changes is the host time of a

@@ -68,6 +68,14 @@ struct ServerOptions {
   /// Cells per block of the paged KV cache; prompt prefixes are shared between requests in whole
   /// blocks, so `cached_tokens` is a multiple of it.
   int kv_block_size = 16;
+  /// Prompt tokens a step computes while other requests decode (the prefill budget of a step that
+  /// also advances every running request; a step with none decoding takes a whole -ub). Smaller:
+  /// a steadier inter-token time for the running streams, a later first token for new ones.
+  /// 0: 128, at most -ub.
+  int prefill_chunk = 0;
+  /// A step's prompt chunk rides in the running requests' forward pass (a mixed pass); false: a
+  /// pass of its own before theirs (the decode cadence then stalls by that pass).
+  bool mixed_steps = true;
   int queue_size = 64;                ///< requests that may wait for a slot; more get 429
   std::string api_key;                ///< "": no authentication; else `Authorization: Bearer KEY` is required
   std::chrono::seconds timeout{600};  ///< per request, queue wait included

@@ -94,6 +94,13 @@ struct StepInputs {
   // i32 [n_kv * n_head_kv * n_seqs] when gathering: for slot j of kv head h of sequence s, the row
   // h * n_cells + cell of the cache viewed as [head_dim, n_cells * n_head_kv] (K and V alike).
   Tensor* kv_gather = nullptr;
+  // A mixed pass (StepShape::n_chunk > 0) attends in two groups: the prompt chunk, with these
+  // (kq_mask_chunk [n_kv_chunk, n_chunk, 1, 1], kq_mask_swa_chunk likewise on local layers,
+  // kv_gather_chunk [n_kv_chunk * n_head_kv]), and the one-token sequences, with the ones above
+  // (n_q 1, n_seqs - 1 sequences).
+  Tensor* kq_mask_chunk = nullptr;
+  Tensor* kq_mask_swa_chunk = nullptr;
+  Tensor* kv_gather_chunk = nullptr;
 };
 
 /// Shape of one forward pass.
@@ -106,6 +113,15 @@ struct StepShape {
   // Window cells local layers read, [0, n_kv_swa), when the cache keeps a ring for them (never
   // with gather); 0: they read like the global layers.
   int n_kv_swa = 0;
+  // A mixed pass: the first sequence brings n_chunk > 1 tokens (a prompt chunk), each of the other
+  // n_seqs - 1 one token (decode steps); gather only. The chunk reads n_kv_chunk slots, the others
+  // n_kv. 0: every sequence brings n_tokens / n_seqs.
+  int n_chunk = 0;
+  int n_kv_chunk = 0;
+
+  bool operator==(const StepShape&) const = default;
+  /// Sequences that bring one token each in a mixed pass (the decode group).
+  int n_decode() const { return n_chunk > 0 ? n_seqs - 1 : n_seqs; }
 };
 
 /// The layers one graph runs: a model split between two backends is run as two graphs, the first
@@ -183,6 +199,8 @@ class StepBuilder {
   /// n_tokens]: the first n_kv cells, or each sequence's own cells gathered (StepShape::gather) into
   /// [head_dim, n_kv, n_head_kv, n_seqs], one flash_attn over all sequences (dim 3).
   /// Uses the model's query scale and attention soft-cap, and the sliding-window mask on local layers.
+  /// In a mixed pass (StepShape::n_chunk) the chunk's queries and the one-token sequences' attend
+  /// in two flash_attns (each group as it would alone), joined along the tokens.
   Tensor* attention(int il, Tensor* q, Tensor* k, Tensor* v);
   /// SwiGLU feed-forward of layer `il`: down(silu(gate x) * up x); with ffn_gate_up, gate and up are
   /// the two halves of one product.
@@ -194,12 +212,19 @@ class StepBuilder {
   /// on the device. x: [n_embd, n_tokens] -> [n_embd, n_tokens].
   Tensor* ffn_moe(const LayerWeights& l, Tensor* x, int il);
   /// The rows whose logits are wanted: the last token's (each sequence's: every row when the step
-  /// has several sequences of one token) unless all outputs were asked for.
+  /// has several sequences of one token; in a mixed pass the chunk's last row and the one-token
+  /// sequences' rows after it) unless all outputs were asked for.
   Tensor* select_outputs(Tensor* x);
   /// Final norm, output projection and soft-cap (final_softcap) -> logits f32 [n_vocab, n_outputs].
   Tensor* logits(Tensor* x);
 
  private:
+  // One flash_attn over `n_seqs` sequences of `n_q` queries each (q: [head_dim, n_head, n_q *
+  // n_seqs]) reading n_kv key slots per sequence: the first n_kv cells of the stores, or the rows
+  // `gather_rows` picks -> [head_dim_v * n_head, n_q * n_seqs].
+  Tensor* attend(int il, Tensor* q, Tensor* k_stored, Tensor* v_stored, Tensor* mask, Tensor* gather_rows,
+                 int64_t n_kv, int64_t n_q, int64_t n_seqs);
+
   Graph& g_;
   const HParams& hp_;
   const ModelWeights& w_;

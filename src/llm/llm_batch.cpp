@@ -111,6 +111,7 @@ struct BatchGenerator::Impl {
   std::vector<float> logits, pf_logits;
   std::vector<int32_t> next;
   std::vector<Status> sample_status;
+  bool mixed = true;  // prompt chunks ride in the running sequences' pass
   std::unique_ptr<ForkJoin> sampling_threads;  // null: sampling on the caller's thread
 
   int lowest_free_id() const {
@@ -243,6 +244,8 @@ bool BatchGenerator::parked(int seq_id) const {
 
 const BatchStepStats& BatchGenerator::last_step() const { return impl_->last; }
 
+void BatchGenerator::set_mixed_steps(bool on) { impl_->mixed = on; }
+
 void BatchGenerator::set_sampling_threads(int n_threads) {
   impl_->sampling_threads.reset();
   if (n_threads > 1) impl_->sampling_threads = std::make_unique<ForkJoin>(n_threads);
@@ -264,27 +267,48 @@ Result<std::span<const GeneratedToken>> BatchGenerator::step() {
   const size_t n_vocab = static_cast<size_t>(g.ctx->n_vocab());
   const size_t per_pass = static_cast<size_t>(std::max(1, g.ctx->n_batch()));
 
-  // 1. One prompt chunk of the oldest enqueued sequence (alone: a pass takes one token per sequence
-  //    when there are several).
+  // The running sequences (one token each), and the oldest enqueued prompt, of which the step
+  // computes one chunk: in the running sequences' pass (a mixed pass) when they fit one pass,
+  // else in a pass of its own before theirs.
   Sequence* pf = nullptr;
   for (Sequence& s : g.seqs)
     if (s.pending() && !s.parked && (!pf || s.order < pf->order)) pf = &s;
+  std::vector<Sequence*>& run = g.run;
+  run.clear();
+  for (Sequence& s : g.seqs)
+    if (!s.pending() && !s.parked) run.push_back(&s);
   const size_t pf_before = pf ? pf->n_computed : 0;
+  size_t pf_n = 0;  // prompt tokens this step
+  bool mixed = false;
+  if (pf) {
+    // While others decode, a chunk stalls them: at most `chunk` tokens; alone, a whole pass.
+    const size_t left = pf->n_prompt - pf->n_computed;
+    pf_n = std::min(run.empty() ? per_pass : static_cast<size_t>(pf->chunk), left);
+    mixed = g.mixed && !run.empty() && run.size() < per_pass;
+    if (mixed) pf_n = std::min(pf_n, per_pass - run.size());
+  }
+  g.last.n_prefill_tokens = static_cast<int>(pf_n);
+  g.last.mixed = mixed;
+
+  // 1. Without a mixed pass, the prompt chunk alone first.
   std::vector<float>& pf_logits = g.pf_logits;
   pf_logits.clear();
-  if (pf) {
-    const size_t n = std::min(static_cast<size_t>(pf->chunk), pf->n_prompt - pf->n_computed);
+  const float* pf_row = nullptr;  // the finished prompt's logits
+  if (pf && !mixed) {
     DecodeOptions o;
     o.seq_id = pf->id;
-    auto got = g.ctx->decode(std::span<const int32_t>(pf->history).subspan(pf->n_computed, n),
+    auto got = g.ctx->decode(std::span<const int32_t>(pf->history).subspan(pf->n_computed, pf_n),
                              static_cast<int>(pf->n_computed), o);
     if (!got) {
       (void)g.ctx->kv_cache_seq_rm(pf->id, static_cast<int>(pf_before));
       return make_error(got.status().code(), "batch: sequence {}: {}", pf->id, got.status().message());
     }
-    pf->n_computed += n;
-    g.last.n_prefill_tokens = static_cast<int>(n);
-    if (!pf->pending()) pf_logits.assign(got->begin(), got->end());
+    ++g.last.n_passes;
+    pf->n_computed += pf_n;
+    if (!pf->pending()) {
+      pf_logits.assign(got->begin(), got->end());  // the running sequences' pass comes next
+      pf_row = pf_logits.data();
+    }
   }
   auto undo_prefill = [&] {
     if (!pf) return;
@@ -292,12 +316,9 @@ Result<std::span<const GeneratedToken>> BatchGenerator::step() {
     pf->n_computed = pf_before;
   };
 
-  // 2. The running sequences' passes of up to n_batch sequences; all are computed before any
-  //    sampler runs, so a failing pass leaves every sampler (and its random state) where it was.
-  std::vector<Sequence*>& run = g.run;
-  run.clear();
-  for (Sequence& s : g.seqs)
-    if (!s.pending() && !s.parked && &s != pf) run.push_back(&s);
+  // 2. The running sequences' passes of up to n_batch sequences (the first also carrying the prompt
+  //    chunk when mixed); all are computed before any sampler runs, so a failing pass leaves every
+  //    sampler (and its random state) where it was.
   std::vector<SeqTokens>& batch = g.batch;
   std::vector<float>& logits = g.logits;
   // One pass (the usual case: n_batch >= the sequences) leaves its logits in the context until the
@@ -316,6 +337,10 @@ Result<std::span<const GeneratedToken>> BatchGenerator::step() {
   while (done < run.size()) {
     const size_t n = std::min(per_pass, run.size() - done);
     batch.clear();
+    const bool with_chunk = mixed && done == 0;
+    if (with_chunk)  // first, so that the running sequences' rows follow its row
+      batch.push_back(SeqTokens{pf->id, static_cast<int>(pf->n_computed),
+                                std::span<const int32_t>(pf->history).subspan(pf->n_computed, pf_n)});
     for (size_t i = done; i < done + n; ++i) {
       const Sequence& s = *run[i];
       batch.push_back(SeqTokens{s.id, static_cast<int>(s.history.size()) - 1,
@@ -326,10 +351,16 @@ Result<std::span<const GeneratedToken>> BatchGenerator::step() {
       undo(done);
       return got.status();
     }
+    const float* got_rows = got->data();
+    if (with_chunk) {
+      pf->n_computed += pf_n;
+      if (!pf->pending()) pf_row = got_rows;  // stays in the context: no later pass this step
+      got_rows += n_vocab;
+    }
     if (one_pass)
-      rows = got->data();
+      rows = got_rows;
     else
-      std::copy(got->begin(), got->end(), logits.begin() + static_cast<std::ptrdiff_t>(done * n_vocab));
+      std::copy(got_rows, got_rows + n * n_vocab, logits.begin() + static_cast<std::ptrdiff_t>(done * n_vocab));
     done += n;
     ++g.last.n_passes;
   }
@@ -361,8 +392,8 @@ Result<std::span<const GeneratedToken>> BatchGenerator::step() {
       return make_error(status[i].code(), "batch: sequence {}: {}", run[i]->id, status[i].message());
     }
   int32_t first = 0;
-  if (!pf_logits.empty()) {
-    auto token = pf->sampler.sample(pf_logits, pf->history);
+  if (pf_row) {
+    auto token = pf->sampler.sample(std::span<const float>(pf_row, n_vocab), pf->history);
     if (!token) {
       undo(run.size());
       return make_error(token.status().code(), "batch: sequence {}: {}", pf->id, token.status().message());
@@ -373,9 +404,9 @@ Result<std::span<const GeneratedToken>> BatchGenerator::step() {
     run[i]->history.push_back(next[i]);
     run[i]->logits = rows + i * n_vocab;
   }
-  if (!pf_logits.empty()) {
+  if (pf_row) {
     pf->history.push_back(first);
-    pf->logits = pf_logits.data();
+    pf->logits = pf_row;
   }
   // every sequence not prefilling or parked now ran this step or finished its prompt in it
   // (increasing id)

@@ -51,13 +51,15 @@ int bucketed_n_kv(int n_kv, int bucket, int n_ctx) {
   return static_cast<int>(std::min<int64_t>(std::max<int64_t>(up, 1), n_ctx));
 }
 
-// The tokens of one pass: n_seqs runs of n_q tokens, sequence after sequence, already given cells.
+// The tokens of one pass: n_seqs runs of n_q tokens, sequence after sequence, already given cells;
+// or (a mixed pass, n_chunk > 0) the first sequence's n_chunk tokens, then one token of each other.
 struct StepBatch {
   std::span<const int32_t> tokens;
   std::span<const int32_t> positions;
   std::span<const int32_t> cells;
   std::span<const int> seqs;
   std::span<const int32_t> window_cells = {};  // ring cell of each token (windowed cache), else empty
+  int n_chunk = 0;
 };
 
 // Runs fn(rank) for every rank at once: rank 0 on the caller's thread, the others on threads kept
@@ -162,9 +164,7 @@ struct Segment {
     uint64_t fingerprint = 0;
 
     bool reusable(const StepShape& s, const Buffer* arena_now, const Buffer* inputs_now) const {
-      return graph && s.n_tokens == shape.n_tokens && s.n_kv == shape.n_kv &&
-             s.all_outputs == shape.all_outputs && s.n_seqs == shape.n_seqs && s.gather == shape.gather &&
-             s.n_kv_swa == shape.n_kv_swa && arena == arena_now && inputs == inputs_now;
+      return graph && s == shape && arena == arena_now && inputs == inputs_now;
     }
   } step;
 };
@@ -283,7 +283,8 @@ struct ContextImpl {
     int n_inputs = 0, n_expected = 0;
     for (const Tensor* t : s.step.graph->leafs()) n_inputs += t->buffer == s.inputs.get();
     for (const Tensor* t : {in.tokens, in.hidden, in.positions, in.kv_cells, in.kq_mask, in.kq_mask_swa,
-                            in.kv_gather, in.kv_cells_swa})
+                            in.kv_gather, in.kv_cells_swa, in.kq_mask_chunk, in.kq_mask_swa_chunk,
+                            in.kv_gather_chunk})
       n_expected += t != nullptr;
     // The block is written whole: a leaf in it that is not a step input would get stale bytes.
     LOOM_ASSERT(n_inputs == n_expected);
@@ -301,11 +302,19 @@ struct ContextImpl {
     }
     auto mask_at = [&](const Tensor* t) { return s.staging.data() + input_offset(s, t) / sizeof(float); };
     if (shape.gather) {
-      if (in.kq_mask) fill_gathered_mask(b, shape, mask_at(in.kq_mask), 0);
-      if (in.kq_mask_swa)
-        fill_gathered_mask(b, shape, mask_at(in.kq_mask_swa), static_cast<int>(m->hp.n_swa));
-      if (in.kv_gather)
-        fill_gather_rows(shape, s.hp->n_head_kv, reinterpret_cast<int32_t*>(base + input_offset(s, in.kv_gather)));
+      // The one-token group of a mixed pass is its sequences after the first; the chunk is the first.
+      const size_t first = shape.n_chunk > 0 ? 1 : 0, n_seqs = b.seqs.size();
+      const size_t tok0 = static_cast<size_t>(shape.n_chunk), n_q = first ? 1 : b.tokens.size() / n_seqs;
+      const int n_swa = static_cast<int>(m->hp.n_swa);
+      const int n_kv = shape.n_kv, n_kv_chunk = shape.n_kv_chunk;
+      auto rows_at = [&](const Tensor* t) { return reinterpret_cast<int32_t*>(base + input_offset(s, t)); };
+      if (in.kq_mask) fill_gathered_mask(b, first, n_seqs, tok0, n_q, n_kv, mask_at(in.kq_mask), 0);
+      if (in.kq_mask_swa) fill_gathered_mask(b, first, n_seqs, tok0, n_q, n_kv, mask_at(in.kq_mask_swa), n_swa);
+      if (in.kv_gather) fill_gather_rows(first, n_seqs, n_kv, s.hp->n_head_kv, rows_at(in.kv_gather));
+      if (in.kq_mask_chunk) fill_gathered_mask(b, 0, 1, 0, tok0, n_kv_chunk, mask_at(in.kq_mask_chunk), 0);
+      if (in.kq_mask_swa_chunk)
+        fill_gathered_mask(b, 0, 1, 0, tok0, n_kv_chunk, mask_at(in.kq_mask_swa_chunk), n_swa);
+      if (in.kv_gather_chunk) fill_gather_rows(0, 1, n_kv_chunk, s.hp->n_head_kv, rows_at(in.kv_gather_chunk));
     } else {
       const int seq = b.seqs[0];
       if (in.kq_mask) kv->fill_mask(b.positions, seq, shape.n_kv, mask_at(in.kq_mask));
@@ -323,31 +332,35 @@ struct ContextImpl {
     return {};
   }
 
-  // Gathering mask [n_kv, n_q, 1, n_seqs]: slot j of a sequence is its j-th cell in position order;
-  // slots past its cells (the bucket's padding) are -inf.
-  void fill_gathered_mask(const StepBatch& b, const StepShape& shape, float* mask, int n_swa) const {
+  // Gathering mask [n_kv, n_q, 1, seq_end - seq_begin] of the step's sequences [seq_begin, seq_end),
+  // whose n_q tokens each start at token tok0: slot j of a sequence is its j-th cell in position
+  // order; slots past its cells (the bucket's padding) are -inf.
+  void fill_gathered_mask(const StepBatch& b, size_t seq_begin, size_t seq_end, size_t tok0, size_t n_q,
+                          int n_kv_slots, float* mask, int n_swa) const {
     const float neg_inf = -std::numeric_limits<float>::infinity();
-    const size_t n_q = b.tokens.size() / b.seqs.size(), n_kv = static_cast<size_t>(shape.n_kv);
-    for (size_t si = 0; si < b.seqs.size(); ++si) {
+    const size_t n_kv = static_cast<size_t>(n_kv_slots);
+    for (size_t si = seq_begin; si < seq_end; ++si) {
       const std::vector<int32_t>& pos = seq_positions[si];
+      const size_t g = si - seq_begin;
       for (size_t i = 0; i < n_q; ++i) {
-        const int32_t qp = b.positions[si * n_q + i];
-        float* row = mask + (si * n_q + i) * n_kv;
+        const int32_t qp = b.positions[tok0 + g * n_q + i];
+        float* row = mask + (g * n_q + i) * n_kv;
         for (size_t j = 0; j < n_kv; ++j)
           row[j] = j < pos.size() && pos[j] <= qp && (n_swa <= 0 || qp - pos[j] < n_swa) ? 0.0f : neg_inf;
       }
     }
   }
 
-  // Gather rows [n_kv, n_head_kv, n_seqs] into the cache viewed as [head_dim, n_cells * n_head_kv].
-  // Padding slots read the sequence's first cell: finite data the mask gives no weight.
-  void fill_gather_rows(const StepShape& shape, int64_t n_head_kv, int32_t* rows) const {
-    const int64_t n_cells = kv->n_cells(), n_kv = shape.n_kv;
-    for (size_t si = 0; si < seq_cells.size(); ++si) {
+  // Gather rows [n_kv, n_head_kv, seq_end - seq_begin] of the step's sequences [seq_begin, seq_end)
+  // into the cache viewed as [head_dim, n_cells * n_head_kv]. Padding slots read the sequence's
+  // first cell: finite data the mask gives no weight. n_head_kv: the segment's (a rank's share).
+  void fill_gather_rows(size_t seq_begin, size_t seq_end, int n_kv_slots, int64_t n_head_kv, int32_t* rows) const {
+    const int64_t n_cells = kv->n_cells(), n_kv = n_kv_slots;
+    for (size_t si = seq_begin; si < seq_end; ++si) {
       const std::vector<int32_t>& cells = seq_cells[si];
       LOOM_ASSERT(!cells.empty() && cells.size() <= static_cast<size_t>(n_kv));
       for (int64_t h = 0; h < n_head_kv; ++h) {
-        int32_t* out = rows + n_kv * (h + n_head_kv * static_cast<int64_t>(si));
+        int32_t* out = rows + n_kv * (h + n_head_kv * static_cast<int64_t>(si - seq_begin));
         for (int64_t j = 0; j < n_kv; ++j)
           out[j] = static_cast<int32_t>(h * n_cells + cells[j < static_cast<int64_t>(cells.size()) ? j : 0]);
       }
@@ -370,13 +383,15 @@ struct ContextImpl {
     const bool gather = n_seqs > 1 || !kv->reads_prefix();
     // The sliding-window ring serves one sequence reading the prefix (decode_batch refuses more).
     LOOM_ASSERT(!gather || !kv->windowed());
-    int extent = 0;
+    LOOM_ASSERT(b.n_chunk == 0 || (gather && n_seqs >= 2));
+    int extent = 0, extent_chunk = 0;  // a mixed pass: the one-token sequences', the chunk's
     if (gather) {
       seq_cells.resize(b.seqs.size());
       seq_positions.resize(b.seqs.size());
       for (size_t si = 0; si < b.seqs.size(); ++si) {
         kv->seq_cells(b.seqs[si], seq_cells[si], seq_positions[si]);
-        extent = std::max(extent, static_cast<int>(seq_cells[si].size()));
+        int& e = b.n_chunk > 0 && si == 0 ? extent_chunk : extent;
+        e = std::max(e, static_cast<int>(seq_cells[si].size()));
       }
     } else {
       extent = kv->n_kv();
@@ -390,7 +405,9 @@ struct ContextImpl {
         all_outputs,
         n_seqs,
         gather,
-        kv->windowed() ? bucketed_n_kv(kv->n_kv_window(), n_kv_bucket, kv->n_window_cells()) : 0};
+        kv->windowed() ? bucketed_n_kv(kv->n_kv_window(), n_kv_bucket, kv->n_window_cells()) : 0,
+        b.n_chunk,
+        b.n_chunk > 0 ? bucketed_n_kv(extent_chunk, n_kv_bucket, kv->n_cells()) : 0};
     const Tensor* carried = nullptr;  // the previous segment's hidden state
     bool built = false;
     uint64_t fingerprint = 0;
@@ -664,53 +681,82 @@ Result<std::span<const float>> Context::decode_batch(std::span<const SeqTokens> 
                       "but this context keeps only a ring of {} cells for them; create it with swa_full "
                       "(--swa-full) or a paged KV cache",
                       seqs.size(), c.kv->n_window_cells());
-  if (seqs.size() > static_cast<size_t>(c.n_batch))
-    return make_error(StatusCode::invalid_argument, "decode_batch: {} sequences exceed the batch size {}",
-                      seqs.size(), c.n_batch);
-  std::vector<int32_t> tokens, positions;
-  std::vector<int> ids;
+  // A mixed pass: at most one sequence brings several tokens (a prompt chunk); it goes first in the
+  // pass (its last row and the others' rows are then one contiguous block of outputs).
+  size_t chunk_at = seqs.size(), n_tokens = 0;
   for (size_t i = 0; i < seqs.size(); ++i) {
     const SeqTokens& st = seqs[i];
-    if (st.tokens.size() != 1)
-      return make_error(
-          StatusCode::invalid_argument,
-          "decode_batch: sequence {} (entry {}) brings {} tokens; a step over several sequences takes "
-          "one token each",
-          st.seq_id, i, st.tokens.size());
+    if (st.tokens.empty())
+      return make_error(StatusCode::invalid_argument, "decode_batch: sequence {} (entry {}) brings no tokens",
+                        st.seq_id, i);
+    if (st.tokens.size() > 1) {
+      if (chunk_at < seqs.size())
+        return make_error(StatusCode::invalid_argument,
+                          "decode_batch: sequences {} and {} both bring several tokens; a step over several "
+                          "sequences takes one token each, and at most one of them may bring more",
+                          seqs[chunk_at].seq_id, st.seq_id);
+      chunk_at = i;
+    }
+    n_tokens += st.tokens.size();
+  }
+  if (n_tokens > static_cast<size_t>(c.n_batch))
+    return make_error(StatusCode::invalid_argument, "decode_batch: {} tokens of {} sequences exceed the batch size {}",
+                      n_tokens, seqs.size(), c.n_batch);
+  std::vector<int32_t> tokens, positions;
+  std::vector<int> ids;
+  auto take = [&](size_t i) -> Status {
+    const SeqTokens& st = seqs[i];
     if (st.seq_id < 0)
       return make_error(StatusCode::invalid_argument, "decode_batch: seq_id {} must be >= 0", st.seq_id);
     if (std::find(ids.begin(), ids.end(), st.seq_id) != ids.end())
       return make_error(StatusCode::invalid_argument, "decode_batch: sequence {} appears twice", st.seq_id);
-    if (st.tokens[0] < 0 || st.tokens[0] >= n_vocab)
-      return make_error(StatusCode::invalid_argument,
-                        "decode_batch: token {} of sequence {} is outside the vocabulary [0, {})",
-                        st.tokens[0], st.seq_id, n_vocab);
+    for (int32_t t : st.tokens)
+      if (t < 0 || t >= n_vocab)
+        return make_error(StatusCode::invalid_argument,
+                          "decode_batch: token {} of sequence {} is outside the vocabulary [0, {})", t, st.seq_id,
+                          n_vocab);
     const int last = c.kv->seq_pos_max(st.seq_id);
-    if (st.pos <= last || st.pos < 0 || st.pos >= (1 << 30))
+    if (st.pos <= last || st.pos < 0 || static_cast<int64_t>(st.pos) + static_cast<int64_t>(st.tokens.size()) > (1 << 30))
       return make_error(
           StatusCode::invalid_argument,
           "decode_batch: sequence {} holds positions up to {}; position {} must come after them", st.seq_id,
           last, st.pos);
     ids.push_back(st.seq_id);
-    tokens.push_back(st.tokens[0]);
-    positions.push_back(st.pos);
-  }
+    for (size_t j = 0; j < st.tokens.size(); ++j) {
+      tokens.push_back(st.tokens[j]);
+      positions.push_back(st.pos + static_cast<int32_t>(j));
+    }
+    return {};
+  };
+  if (chunk_at < seqs.size()) LOOM_TRY(take(chunk_at));
+  for (size_t i = 0; i < seqs.size(); ++i)
+    if (i != chunk_at) LOOM_TRY(take(i));
   // Cells for every sequence, or for none: a sequence the cache cannot hold fails the step without
   // touching the others' cells.
   std::vector<int32_t> cells;
-  for (size_t i = 0; i < seqs.size(); ++i) {
-    auto got = c.kv->claim(std::span<const int32_t>(&positions[i], 1), ids[i]);
+  size_t tok = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const size_t n = i == 0 && chunk_at < seqs.size() ? seqs[chunk_at].tokens.size() : 1;
+    auto got = c.kv->claim(std::span<const int32_t>(positions).subspan(tok, n), ids[i]);
     if (!got) {
       c.kv->release(cells);
       return make_error(got.status().code(), "decode_batch: sequence {}: {}", ids[i], got.status().message());
     }
-    cells.push_back((*got)[0]);
+    cells.insert(cells.end(), got->begin(), got->end());
+    tok += n;
   }
   c.begin_call();
-  Status s = c.run_step(detail::StepBatch{tokens, positions, cells, ids}, false, &c.logits);
+  const int n_chunk = chunk_at < seqs.size() ? static_cast<int>(seqs[chunk_at].tokens.size()) : 0;
+  Status s = c.run_step(detail::StepBatch{tokens, positions, cells, ids, {}, n_chunk}, false, &c.logits);
   if (!s.ok()) {
     c.kv->release(cells);
     return s;
+  }
+  // The pass's rows are the chunk's, then the others' in the order given: the chunk's row moves to
+  // its entry (nothing moves when the caller put it first, as BatchGenerator does).
+  if (chunk_at > 0 && chunk_at < seqs.size()) {
+    float* rows = c.logits.data.data();
+    std::rotate(rows, rows + n_vocab, rows + (chunk_at + 1) * static_cast<size_t>(n_vocab));
   }
   return c.logits.view();
 }

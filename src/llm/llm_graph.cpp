@@ -20,9 +20,16 @@ StepBuilder::StepBuilder(Graph& g, const HParams& hp, const ModelWeights& w, KvC
   for (int il = layer_begin_; il < layer_end_; ++il)
     (hp.is_swa(static_cast<uint32_t>(il)) ? any_local : any_global) = true;
   const int64_t t = shape.n_tokens;
-  LOOM_ASSERT(shape.n_seqs >= 1 && t % shape.n_seqs == 0 && (shape.n_seqs == 1 || t == shape.n_seqs));
+  const bool mixed = shape.n_chunk > 0;
+  if (mixed)
+    LOOM_ASSERT(shape.gather && shape.n_chunk > 1 && shape.n_seqs >= 2 && shape.n_kv_chunk >= 1 &&
+                t == shape.n_chunk + shape.n_seqs - 1);
+  else
+    LOOM_ASSERT(shape.n_seqs >= 1 && t % shape.n_seqs == 0 && (shape.n_seqs == 1 || t == shape.n_seqs));
   LOOM_ASSERT(shape.gather || shape.n_seqs == 1);
-  const int64_t n_q = t / shape.n_seqs;
+  // The one-token group of a mixed pass uses the inputs of a decode step over its sequences.
+  const int64_t n_q = mixed ? 1 : t / shape.n_seqs;
+  const int64_t n_group = shape.n_decode();
   if (layer_begin_ == 0)
     in_.tokens = g.input(DType::i32, {t, 1, 1, 1}, "inp_tokens");
   else
@@ -31,20 +38,29 @@ StepBuilder::StepBuilder(Graph& g, const HParams& hp, const ModelWeights& w, KvC
     in_.positions = g.input(DType::i32, {t, 1, 1, 1}, "inp_pos");
     in_.kv_cells = g.input(DType::i32, {t, 1, 1, 1}, "inp_kv_cells");
   }
-  if (any_global) in_.kq_mask = g.input(DType::f32, {shape.n_kv, n_q, 1, shape.n_seqs}, "inp_kq_mask");
+  if (any_global) in_.kq_mask = g.input(DType::f32, {shape.n_kv, n_q, 1, n_group}, "inp_kq_mask");
   // A windowed cache (single-sequence passes only) gives local layers their own ring of cells.
   LOOM_ASSERT(shape.n_kv_swa == 0 || !shape.gather);
   if (any_local) {
     const bool windowed = shape.n_kv_swa > 0;
-    in_.kq_mask_swa = g.input(DType::f32, {windowed ? shape.n_kv_swa : shape.n_kv, n_q, 1, shape.n_seqs},
+    in_.kq_mask_swa = g.input(DType::f32, {windowed ? shape.n_kv_swa : shape.n_kv, n_q, 1, n_group},
                               "inp_kq_mask_swa");
     if (windowed && layer_begin_ < layer_end_)
       in_.kv_cells_swa = g.input(DType::i32, {t, 1, 1, 1}, "inp_kv_cells_swa");
   }
   if (shape.gather && layer_begin_ < layer_end_)
-    in_.kv_gather =
-        g.input(DType::i32, {static_cast<int64_t>(shape.n_kv) * hp.n_head_kv * shape.n_seqs, 1, 1, 1},
-                "inp_kv_gather");
+    in_.kv_gather = g.input(DType::i32, {static_cast<int64_t>(shape.n_kv) * hp.n_head_kv * n_group, 1, 1, 1},
+                            "inp_kv_gather");
+  if (mixed) {
+    if (any_global)
+      in_.kq_mask_chunk = g.input(DType::f32, {shape.n_kv_chunk, shape.n_chunk, 1, 1}, "inp_kq_mask_chunk");
+    if (any_local)
+      in_.kq_mask_swa_chunk =
+          g.input(DType::f32, {shape.n_kv_chunk, shape.n_chunk, 1, 1}, "inp_kq_mask_swa_chunk");
+    if (layer_begin_ < layer_end_)
+      in_.kv_gather_chunk = g.input(
+          DType::i32, {static_cast<int64_t>(shape.n_kv_chunk) * hp.n_head_kv, 1, 1, 1}, "inp_kv_gather_chunk");
+  }
 
   rope_ = RopeParams{};
   rope_.n_dims = static_cast<int32_t>(hp.n_rot);
@@ -153,8 +169,9 @@ Tensor* StepBuilder::rope(Tensor* x, int il, const char* what) {
 
 Tensor* StepBuilder::attention(int il, Tensor* q, Tensor* k, Tensor* v) {
   if (!q || !k || !v) return nullptr;
+  const bool local = hp_.is_swa(static_cast<uint32_t>(il));
   // Local layers of a windowed cache have their own ring of cells (never with gather).
-  const bool window_cells = hp_.is_swa(static_cast<uint32_t>(il)) && shape_.n_kv_swa > 0;
+  const bool window_cells = local && shape_.n_kv_swa > 0;
   const int64_t n_kv = window_cells ? shape_.n_kv_swa : shape_.n_kv;
   Tensor* cells = window_cells ? in_.kv_cells_swa : in_.kv_cells;
   Tensor* cache_k = kv_.k(il, split_.rank);
@@ -163,10 +180,30 @@ Tensor* StepBuilder::attention(int il, Tensor* q, Tensor* k, Tensor* v) {
   Tensor* k_stored = name(set_rows(g_, cache_k, permute(g_, k, 0, 2, 1, 3), cells), "k_cache_store", il);
   Tensor* v_stored = name(set_rows(g_, cache_v, permute(g_, v, 0, 2, 1, 3), cells), "v_cache_store", il);
   if (!k_stored || !v_stored) return nullptr;
+  Tensor* mask = local ? in_.kq_mask_swa : in_.kq_mask;
+  if (shape_.n_chunk == 0) {
+    const int64_t n_seqs = shape_.n_seqs;
+    return attend(il, q, k_stored, v_stored, mask, in_.kv_gather, n_kv, shape_.n_tokens / n_seqs, n_seqs);
+  }
+  // Mixed pass: the chunk's queries (the first n_chunk columns) and the one-token sequences' (the
+  // rest) attend separately, each group exactly as a pass of its own would, after every token's K
+  // and V are stored (the chunk sees its own keys; the others never see the chunk's).
+  const int64_t n_chunk = shape_.n_chunk, n_dec = shape_.n_decode();
+  Tensor* q_chunk = view(g_, q, {q->ne[0], q->ne[1], n_chunk, 1}, q->nb, 0);
+  Tensor* q_dec = view(g_, q, {q->ne[0], q->ne[1], n_dec, 1}, q->nb, static_cast<size_t>(n_chunk) * q->nb[2]);
+  Tensor* out_chunk = attend(il, q_chunk, k_stored, v_stored, local ? in_.kq_mask_swa_chunk : in_.kq_mask_chunk,
+                             in_.kv_gather_chunk, shape_.n_kv_chunk, n_chunk, 1);
+  Tensor* out_dec = attend(il, q_dec, k_stored, v_stored, mask, in_.kv_gather, n_kv, 1, n_dec);
+  return name(concat(g_, out_chunk, out_dec, 1), "kqv_out_mixed", il);
+}
+
+Tensor* StepBuilder::attend(int il, Tensor* q, Tensor* k_stored, Tensor* v_stored, Tensor* mask,
+                            Tensor* gather_rows, int64_t n_kv, int64_t n_q, int64_t n_seqs) {
+  if (!q || !k_stored || !v_stored) return nullptr;
+  const Tensor* cache_k = kv_.k(il, split_.rank);
+  const Tensor* cache_v = kv_.v(il, split_.rank);
   const float scale =
       hp_.attn_scale > 0.0f ? hp_.attn_scale : 1.0f / std::sqrt(static_cast<float>(hp_.head_dim_k));
-  Tensor* mask = hp_.is_swa(static_cast<uint32_t>(il)) ? in_.kq_mask_swa : in_.kq_mask;
-  const int64_t n_seqs = shape_.n_seqs, n_q = shape_.n_tokens / n_seqs;
   Tensor *keys = nullptr, *vals = nullptr;
   if (shape_.gather) {
     // Each sequence's slots gathered from the store (a view of it, so the gather is ordered after
@@ -176,7 +213,7 @@ Tensor* StepBuilder::attention(int il, Tensor* q, Tensor* k, Tensor* v) {
       const size_t row = cache->nb[1], n_rows = static_cast<size_t>(cache->ne[1] * cache->ne[2]);
       Tensor* rows = view(g_, stored, {cache->ne[0], cache->ne[1] * cache->ne[2], 1, 1},
                           {cache->nb[0], row, row * n_rows, row * n_rows}, 0);
-      Tensor* got = name(get_rows(g_, rows, in_.kv_gather), what, il);  // f32 [d, n_kv * n_head_kv * n_seqs]
+      Tensor* got = name(get_rows(g_, rows, gather_rows), what, il);  // f32 [d, n_kv * n_head_kv * n_seqs]
       return reshape(g_, got, {cache->ne[0], n_kv, cache->ne[2], n_seqs});
     };
     keys = gathered(k_stored, cache_k, "k_gathered");
@@ -187,12 +224,12 @@ Tensor* StepBuilder::attention(int il, Tensor* q, Tensor* k, Tensor* v) {
     vals = view(g_, v_stored, {cache_v->ne[0], n_kv, cache_v->ne[2], 1}, v_stored->nb, 0);
   }
   if (n_seqs > 1 && !q->is_contiguous()) q = cont(g_, q);
-  Tensor* qs = n_seqs == 1 ? permute(g_, q, 0, 2, 1, 3)  // [d, T, H]
+  Tensor* qs = n_seqs == 1 ? permute(g_, q, 0, 2, 1, 3)  // [d, n_q, H]
                            : permute(g_, reshape(g_, q, {q->ne[0], q->ne[1], n_q, n_seqs}), 0, 2, 1,
                                      3);  // [d, n_q, H, S]
   Tensor* out =
       name(flash_attn(g_, qs, keys, vals, mask, scale, hp_.attn_softcap), "kqv_out", il);  // [dv, H, n_q, S]
-  return reshape(g_, out, {static_cast<int64_t>(hp_.head_dim_v) * hp_.n_head, shape_.n_tokens, 1, 1});
+  return reshape(g_, out, {static_cast<int64_t>(hp_.head_dim_v) * hp_.n_head, n_q * n_seqs, 1, 1});
 }
 
 Tensor* StepBuilder::ffn_swiglu(const LayerWeights& l, Tensor* x, int il) {
@@ -246,7 +283,12 @@ Tensor* StepBuilder::ffn_moe(const LayerWeights& l, Tensor* x, int il) {
 }
 
 Tensor* StepBuilder::select_outputs(Tensor* x) {
-  if (!x || shape_.all_outputs || x->ne[1] == 1 || shape_.n_seqs > 1) return x;
+  if (!x || shape_.all_outputs || x->ne[1] == 1) return x;
+  if (shape_.n_chunk > 0) {  // the chunk's last row, then the one-token sequences' rows
+    if (x->ne[1] != shape_.n_tokens) return x;  // selected already
+    return view(g_, x, {x->ne[0], shape_.n_seqs, 1, 1}, x->nb, x->nb[1] * static_cast<size_t>(shape_.n_chunk - 1));
+  }
+  if (shape_.n_seqs > 1) return x;
   return view(g_, x, {x->ne[0], 1, 1, 1}, x->nb, x->nb[1] * static_cast<size_t>(x->ne[1] - 1));
 }
 

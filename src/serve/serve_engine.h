@@ -93,9 +93,10 @@ class Engine {
  public:
   /// Replaces the session's context by a paged one with room for `n_parallel` sequences of the
   /// session context's size (whole blocks of `kv_block_size` cells each), and starts the worker.
+  /// Takes -np, --queue, --kv-block-size, --prefill-chunk and the mixed steps from `options`.
   static Result<std::unique_ptr<Engine>> create(llm::Session session, const Tokenizer& tok,
-                                                std::set<int32_t> stop_ids, int n_parallel, int queue_size,
-                                                int kv_block_size, Metrics& metrics);
+                                                std::set<int32_t> stop_ids, const ServerOptions& options,
+                                                Metrics& metrics);
   ~Engine();
 
   /// Queues a request; nullptr when the queue is full.

@@ -373,6 +373,15 @@ std::string ServerImpl::metrics_text() const {
   counter("loom_prompt_tokens_cached_total", "Prompt tokens shared from the KV cache (not decoded again).",
           metrics.prompt_tokens_cached.load());
   counter("loom_generated_tokens_total", "Generated tokens.", metrics.generated_tokens.load());
+  counter("loom_steps_total", "Steps of the batch: each advances every running request by a token.",
+          metrics.steps.load());
+  counter("loom_forward_passes_total", "Forward passes of those steps (a prompt chunk run alone adds one).",
+          metrics.forward_passes.load());
+  counter("loom_prompt_chunk_steps_total", "Steps that computed a chunk of a prompt.",
+          metrics.prompt_chunk_steps.load());
+  counter("loom_mixed_steps_total",
+          "Steps whose prompt chunk rode in the running requests' forward pass (a mixed pass).",
+          metrics.mixed_steps.load());
   if (ready.load()) {
     const ServerStats s = engine->stats();
     const auto [used, total] = engine->kv_cells();
@@ -560,6 +569,8 @@ Result<std::unique_ptr<Server>> Server::create(const ServerOptions& options) {
     return make_error(StatusCode::invalid_argument, "--queue {}: at least 0", options.queue_size);
   if (options.kv_block_size < 1 || options.kv_block_size > 4096)
     return make_error(StatusCode::invalid_argument, "--kv-block-size {}: 1 to 4096", options.kv_block_size);
+  if (options.prefill_chunk < 0)
+    return make_error(StatusCode::invalid_argument, "--prefill-chunk {}: at least 0", options.prefill_chunk);
   if (options.port < 0 || options.port > 65535)
     return make_error(StatusCode::invalid_argument, "--port {}: 0 to 65535", options.port);
   auto impl = std::make_unique<detail::ServerImpl>();
@@ -621,8 +632,7 @@ Status Server::attach(llm::Session session, ChatFormat format) {
     impl_->model_name = std::filesystem::path(session.model->gguf().name()).filename().string();
   else
     impl_->model_name = impl_->options.model_name;
-  auto engine = Engine::create(std::move(session), *tok, std::move(stop_ids), impl_->options.n_parallel,
-                               impl_->options.queue_size, impl_->options.kv_block_size, impl_->metrics);
+  auto engine = Engine::create(std::move(session), *tok, std::move(stop_ids), impl_->options, impl_->metrics);
   if (!engine) return engine.status();
   impl_->tok.emplace(std::move(*tok));
   impl_->format = std::move(format);

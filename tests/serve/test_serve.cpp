@@ -621,6 +621,50 @@ TEST(Serve, ConcurrentRequestsShareForwardPasses) {
   EXPECT_LT(steps, static_cast<double>(s.server().stats().generated_tokens) / 2);
 }
 
+// A prompt that arrives while another request decodes is computed in that request's forward
+// passes (mixed steps, --prefill-chunk tokens each): no step takes a second pass; with mixed steps
+// off each of its chunks is a pass of its own. The texts are the same either way.
+TEST(Serve, PromptChunksRideInTheDecodePass) {
+  std::string texts[2];
+  for (const bool mixed : {true, false}) {
+    SCOPED_TRACE(mixed ? "mixed" : "chunk passes");
+    ServerOptions o;
+    o.n_parallel = 2;
+    o.prefill_chunk = 8;
+    o.mixed_steps = mixed;
+    TestServer s(o, /*n_ctx=*/512);
+    Streamed first;
+    std::thread runner([&] {
+      first = stream(s, "/v1/completions",
+                     json{{"prompt", "ROMEO:"}, {"max_tokens", 120}, {"temperature", 0}, {"ignore_eos", true}});
+    });
+    while (s.server().stats().active_slots == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::vector<int> prompt;  // 60 token ids: 8 chunks of at most 8 while ROMEO decodes
+    for (int i = 0; i < 60; ++i) prompt.push_back(10 + i % 50);
+    auto second = post(s, "/v1/completions", json{{"prompt", prompt}, {"max_tokens", 4}, {"temperature", 0}});
+    runner.join();
+    ASSERT_EQ(second.status, 200) << second.body.dump();
+    ASSERT_EQ(first.status, 200) << first.error;
+    texts[mixed ? 0 : 1] = second.body["choices"][0]["text"];
+    const std::string m = get(s, "/metrics").raw;
+    const double steps = metric_value(m, "loom_steps_total"), passes = metric_value(m, "loom_forward_passes_total");
+    const double chunks = metric_value(m, "loom_prompt_chunk_steps_total");
+    const double mixed_steps = metric_value(m, "loom_mixed_steps_total");
+    ASSERT_GT(steps, 0) << m;
+    // ROMEO's prompt (a step with nothing decoding: one pass, the prompt's), then the 60 tokens in
+    // 8 chunks of at most 8 while ROMEO decodes
+    EXPECT_EQ(chunks, 9) << m;
+    if (mixed) {
+      EXPECT_EQ(mixed_steps, 8) << m;
+      EXPECT_EQ(passes, steps) << m;
+    } else {
+      EXPECT_EQ(mixed_steps, 0) << m;
+      EXPECT_EQ(passes, steps + 8) << m;
+    }
+  }
+  EXPECT_EQ(texts[0], texts[1]);
+}
+
 // A cancelled request's sequence leaves the cache at once: its blocks are free again (a finished
 // request's are kept for reuse; a cancelled one's are not).
 TEST(Serve, CancelFreesCacheBlocks) {

@@ -323,6 +323,105 @@ TEST_F(LlmBatch, DecodeBatchEqualsAlone) {
   }
 }
 
+// A mixed pass (one sequence's prompt chunk and other sequences' decode tokens in one decode_batch)
+// gives every sequence the logits it gets alone, bit for bit: the decode tokens those of one-token
+// steps alone, the chunk's last token that of the same chunk decoded alone, and the whole prompt's
+// last token that of the prompt in one pass. The chunk goes first, in the middle or last in the
+// entries (the logits come back in the order given); the cache fills across a bucket boundary (32).
+TEST_F(LlmBatch, MixedPassEqualsAlone) {
+  const std::pair<const char*, const char*> models[] = {{"tiny", "f32"},
+                                                        {"tiny", "q8_0"},
+                                                        {"tiny", "q4_K_M"},
+                                                        {"gemma2-tiny", "q8_0"},
+                                                        {"qwen3moe-tiny", "q8_0"}};
+  for (const auto& [shape, type] : models) {
+    for (KvCacheKind kind : {KvCacheKind::paged, KvCacheKind::contiguous}) {
+      SCOPED_TRACE(std::string(shape) + " " + type + (kind == KvCacheKind::paged ? " paged" : " contiguous"));
+      ContextParams cp;
+      cp.n_ctx = 256;
+      cp.n_batch = 32;
+      cp.kv_cache = kind;
+      cp.kv_block_size = 16;
+      cp.swa_full = true;
+      cp.n_kv_bucket = 32;
+      auto l = open_cpu_model(model(shape, type), 2, cp);
+      ASSERT_TRUE(l.ctx);
+      const int n_vocab = l.ctx->n_vocab(), n_seqs = 4, n_steps = 5;
+      const int chunks[n_steps - 1] = {9, 2, 13, 16};  // the chunked prompt's, one per mixed step
+      std::vector<std::vector<int32_t>> prompts;
+      std::vector<Decoded> alone;
+      for (int s = 0; s < n_seqs; ++s) {
+        prompts.push_back(test_tokens(5 + 7 * s, n_vocab, 31 + s));
+        alone.push_back(decode_alone(*l.ctx, prompts.back(), n_steps));
+      }
+      // The chunked prompt alone, in the same chunks, and in one pass.
+      const std::vector<int32_t> long_prompt = test_tokens(40, n_vocab, 5);
+      std::vector<std::vector<float>> chunk_alone;
+      l.ctx->kv_cache_clear();
+      int pos = 0;
+      for (int n : chunks) {
+        auto r = l.ctx->decode(std::span(long_prompt).subspan(static_cast<size_t>(pos), static_cast<size_t>(n)), pos);
+        ASSERT_TRUE(r.ok()) << r.status().to_string();
+        chunk_alone.emplace_back(r->begin(), r->end());
+        pos += n;
+      }
+      ASSERT_EQ(pos, static_cast<int>(long_prompt.size()));
+      l.ctx->kv_cache_clear();
+      auto whole = l.ctx->decode(long_prompt, 0);
+      ASSERT_TRUE(whole.ok());
+      const std::vector<float> whole_alone(whole->begin(), whole->end());
+      EXPECT_EQ(whole_alone, chunk_alone.back()) << "the prompt's last logits depend on its chunking";
+
+      l.ctx->kv_cache_clear();
+      std::vector<int32_t> last(n_seqs);
+      for (int s = 0; s < n_seqs; ++s) {
+        DecodeOptions o;
+        o.seq_id = 10 + s;
+        auto r = l.ctx->decode(prompts[s], 0, o);
+        ASSERT_TRUE(r.ok()) << r.status().to_string();
+        last[s] = argmax_of(*r);
+      }
+      const int chunk_seq = 3;
+      pos = 0;
+      for (int i = 1; i < n_steps; ++i) {
+        const int n = chunks[i - 1];
+        std::vector<SeqTokens> batch;
+        for (int s = 0; s < n_seqs; ++s)
+          if (i != 3 || s != 1)  // a sequence sits out a step
+            batch.push_back(
+                SeqTokens{10 + s, static_cast<int>(prompts[s].size()) + i - 1, std::span(&last[s], 1)});
+        const SeqTokens chunk{chunk_seq, pos,
+                              std::span(long_prompt).subspan(static_cast<size_t>(pos), static_cast<size_t>(n))};
+        const size_t at = static_cast<size_t>(i - 1) % 3 == 0 ? 0 : (i % 2 ? batch.size() : 1);
+        batch.insert(batch.begin() + static_cast<std::ptrdiff_t>(at), chunk);
+        auto r = l.ctx->decode_batch(batch);
+        ASSERT_TRUE(r.ok()) << r.status().to_string();
+        ASSERT_EQ(r->size(), batch.size() * n_vocab);
+        for (size_t b = 0; b < batch.size(); ++b) {
+          const auto row = r->subspan(b * n_vocab, n_vocab);
+          const std::vector<float> got(row.begin(), row.end());
+          if (batch[b].seq_id == chunk_seq) {
+            EXPECT_EQ(got, chunk_alone[i - 1]) << "chunk of step " << i << " at entry " << b;
+            continue;
+          }
+          const int s = batch[b].seq_id - 10;
+          EXPECT_EQ(got, alone[s].logits[i]) << "seq " << s << " step " << i;
+          last[s] = argmax_of(row);
+        }
+        pos += n;
+        if (i == 3) {  // the one that sat out catches up alone
+          const int s = 1;
+          auto c = l.ctx->decode(std::span(&last[s], 1), static_cast<int>(prompts[s].size()) + i - 1,
+                                 DecodeOptions{false, 10 + s, {}});
+          ASSERT_TRUE(c.ok());
+          EXPECT_EQ(std::vector<float>(c->begin(), c->end()), alone[s].logits[i]);
+          last[s] = argmax_of(*c);
+        }
+      }
+    }
+  }
+}
+
 TEST_F(LlmBatch, DecodeBatchErrors) {
   auto l = open_model(model("tiny", "q8_0"), 32, 8, KvCacheKind::paged, 16);  // 2 blocks
   ASSERT_TRUE(l.ctx);
@@ -338,6 +437,9 @@ TEST_F(LlmBatch, DecodeBatchErrors) {
   EXPECT_EQ(l.ctx->decode_batch(dup).status().code(), StatusCode::invalid_argument);
   std::vector<SeqTokens> two{{1, 16, std::span(prompt).first(2)}, {2, 16, std::span(prompt).first(2)}};
   EXPECT_EQ(l.ctx->decode_batch(two).status().code(), StatusCode::invalid_argument);
+  // A mixed pass past n_batch (8) tokens is refused.
+  std::vector<SeqTokens> big{{1, 16, std::span(prompt).first(8)}, {2, 16, std::span(&t, 1)}};
+  EXPECT_EQ(l.ctx->decode_batch(big).status().code(), StatusCode::invalid_argument);
   std::vector<SeqTokens> old{{1, 3, std::span(&t, 1)}, {2, 16, std::span(&t, 1)}};
   EXPECT_EQ(l.ctx->decode_batch(old).status().code(), StatusCode::invalid_argument);
   // The pool is full: the step fails with a message naming the sequence, and no cache changes.
@@ -499,6 +601,93 @@ TEST_F(LlmBatch, EnqueuedPromptsInterleaveWithDecodes) {
     ASSERT_GE(got.size(), static_cast<size_t>(n_gen)) << "sequence " << s;
     EXPECT_EQ(std::vector<int32_t>(got.begin(), got.begin() + n_gen), want[s]) << "sequence " << s;
   }
+}
+
+// The step schedule: while sequences run, every step is one pass (the prompt chunk rides in the
+// running sequences' pass) that gives each of them a token and computes at most `chunk` prompt
+// tokens, cut to the pass's room (n_batch tokens); prompts go through oldest first; with no
+// sequence running a step computes a whole pass of prompt. With mixed steps off the chunk is a pass
+// of its own before theirs. The tokens are each sequence's alone either way (counts, not times).
+TEST_F(LlmBatch, MixedStepsKeepTheDecodeCadence) {
+  auto ref = open_model(LOOM_BUILTIN_MODEL_Q8_0, 256, 64, KvCacheKind::contiguous);
+  ASSERT_TRUE(ref.ctx);
+  const int n_vocab = ref.ctx->n_vocab(), n_gen = 12, n_batch = 32;
+  auto prompts = builtin_prompts(4, n_vocab);
+  for (uint32_t k = 0; k < 3; ++k) {  // three prompts of 40 tokens arrive at once
+    prompts.push_back(test_tokens(40, n_vocab, 50 + k));
+    prompts.back()[0] = 0;
+  }
+  std::vector<std::vector<int32_t>> want;
+  for (const auto& p : prompts) want.push_back(greedy_alone(*ref.ctx, p, n_gen));
+  for (const bool mixed : {true, false}) {
+    SCOPED_TRACE(mixed ? "mixed" : "chunk passes");
+    auto l = open_model(LOOM_BUILTIN_MODEL_Q8_0, 1024, n_batch, KvCacheKind::paged, 16);
+    ASSERT_TRUE(l.ctx);
+    BatchGenerator gen(*l.ctx);
+    gen.set_mixed_steps(mixed);
+    std::vector<int> ids;
+    for (int s = 0; s < 4; ++s) ids.push_back(*gen.add(prompts[s], greedy()));
+    for (int s = 4; s < 7; ++s) ids.push_back(*gen.enqueue(prompts[s], greedy(), 12));
+    int prefill_steps = 0;
+    std::vector<int> first_token_step(7, -1);
+    for (int step = 0; step < 40; ++step) {
+      int running = 0, oldest_pending = -1;
+      for (int s = 0; s < 7; ++s) {
+        running += !gen.prefilling(ids[s]) && gen.generated(ids[s]).size() < 64;
+        if (oldest_pending < 0 && gen.prefilling(ids[s])) oldest_pending = s;
+      }
+      const size_t before = oldest_pending >= 0 ? gen.generated(ids[oldest_pending]).size() : 0;
+      auto out = gen.step();
+      ASSERT_TRUE(out.ok()) << out.status().to_string();
+      const BatchStepStats& st = gen.last_step();
+      EXPECT_EQ(st.n_decoded, running) << "step " << step;
+      if (st.n_prefill_tokens > 0) {
+        ++prefill_steps;
+        // 12 tokens at most, or the pass's room: 32 minus the running sequences' tokens
+        EXPECT_LE(st.n_prefill_tokens, std::min(12, n_batch - running)) << "step " << step;
+        EXPECT_EQ(st.mixed, mixed);
+        EXPECT_EQ(st.n_passes, mixed ? 1 : 2) << "step " << step;
+      } else {
+        EXPECT_EQ(st.n_passes, 1);
+      }
+      (void)before;
+      for (int s = 0; s < 7; ++s)
+        if (first_token_step[s] < 0 && !gen.generated(ids[s]).empty()) first_token_step[s] = step;
+      bool all = true;
+      for (int s = 0; s < 7; ++s) all = all && gen.generated(ids[s]).size() >= static_cast<size_t>(n_gen);
+      if (all) break;
+    }
+    // 40 tokens in chunks of 12 (the running sequences leave room): 4 steps each, one prompt at a time
+    EXPECT_EQ(prefill_steps, 12);
+    EXPECT_EQ(first_token_step[4], 3);
+    EXPECT_EQ(first_token_step[5], 7);
+    EXPECT_EQ(first_token_step[6], 11);
+    for (int s = 0; s < 7; ++s) {
+      const auto got = gen.generated(ids[s]);
+      ASSERT_GE(got.size(), static_cast<size_t>(n_gen)) << "sequence " << s;
+      EXPECT_EQ(std::vector<int32_t>(got.begin(), got.begin() + n_gen), want[s]) << "sequence " << s;
+    }
+  }
+  // Nothing running: a step computes a whole pass (n_batch tokens) of the prompt, and the chunk
+  // limit comes back once the first sequence decodes.
+  auto l = open_model(LOOM_BUILTIN_MODEL_Q8_0, 1024, n_batch, KvCacheKind::paged, 16);
+  ASSERT_TRUE(l.ctx);
+  BatchGenerator gen(*l.ctx);
+  const std::vector<int32_t> long_prompt = test_tokens(45, n_vocab, 60);
+  auto a = gen.enqueue(long_prompt, greedy(), 8);
+  auto b = gen.enqueue(prompts[4], greedy(), 8);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(gen.step().ok());
+  EXPECT_EQ(gen.last_step().n_prefill_tokens, n_batch);
+  EXPECT_EQ(gen.last_step().n_passes, 1);
+  ASSERT_TRUE(gen.step().ok());
+  EXPECT_EQ(gen.last_step().n_prefill_tokens, 45 - n_batch);
+  EXPECT_EQ(gen.generated(*a).size(), 1u);
+  ASSERT_TRUE(gen.step().ok());
+  EXPECT_EQ(gen.last_step().n_prefill_tokens, 8);  // a decodes now
+  EXPECT_EQ(gen.last_step().n_decoded, 1);
+  EXPECT_EQ(gen.last_step().n_passes, 1);
+  EXPECT_EQ(gen.generated(*a).size(), 2u);
 }
 
 // Each sequence samples with its own parameters and seed: the same prompt and seed give the same
