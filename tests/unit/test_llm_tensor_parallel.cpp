@@ -124,7 +124,8 @@ TEST_F(LlmTensorParallel, TwoRanksMatchTheUnsplitModel) {
   }
 }
 
-// Several sequences in one step over a paged cache: each sequence's logits as the unsplit model's.
+// Several sequences in one step over a paged cache, then a mixed pass (one sequence's prompt chunk
+// with the others' decode tokens): each sequence's logits as the unsplit model's.
 TEST_F(LlmTensorParallel, BatchedStepsOverAPagedCache) {
   const std::string file = model("qwen2-tiny", "f32");
   auto ref = open_tp(file, 1, KvCacheKind::paged);
@@ -148,6 +149,18 @@ TEST_F(LlmTensorParallel, BatchedStepsOverAPagedCache) {
     ASSERT_TRUE(got.ok()) << got.status().to_string();
     expect_close(std::vector<float>(got->begin(), got->end()), w, static_cast<size_t>(ref->ctx->n_vocab()));
   }
+  // a mixed pass: a new sequence's 2-token prompt chunk beside the others' decode tokens (5 in all: -ub)
+  std::vector<SeqTokens> mixed;
+  for (int seq = 0; seq < 3; ++seq)
+    mixed.push_back({seq, 6 + seq, std::span(tokens).subspan(static_cast<size_t>(9 + seq), 1)});
+  mixed.push_back({3, 0, std::span(tokens).first(2)});
+  auto want = ref->ctx->decode_batch(mixed);
+  ASSERT_TRUE(want.ok()) << want.status().to_string();
+  const std::vector<float> w(want->begin(), want->end());
+  auto got = tp->ctx->decode_batch(mixed);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  EXPECT_EQ(w.size(), 4u * static_cast<size_t>(ref->ctx->n_vocab()));
+  expect_close(std::vector<float>(got->begin(), got->end()), w, static_cast<size_t>(ref->ctx->n_vocab()));
 }
 
 // Each rank's shard: its share of the heads and columns, its slice of the vocabulary, its own
