@@ -1,8 +1,8 @@
 """Minimal GGUF reader and writer in numpy, for reference checks and exports on the GPU machine (no gguf
 package there).
 
-The reader reads versions 2 and 3: metadata, tensor infos, and tensors of types f32, f16, bf16, q8_0 and q4_0
-dequantized to float32. Arrays come back in numpy's order: a GGUF tensor with ne = [n_embd, n_vocab]
+The reader reads versions 2 and 3: metadata, tensor infos, and tensors of types f32, f16, bf16, q8_0, q4_0
+and mxfp4 dequantized to float32. Arrays come back in numpy's order: a GGUF tensor with ne = [n_embd, n_vocab]
 is an array of shape (n_vocab, n_embd). The writer (GgufWriter) writes version 3 files with f32 and f16
 tensors; tools/train_shakespeare.py exports Loom's small model with it.
 """
@@ -12,7 +12,9 @@ import struct
 import numpy as np
 
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-TYPE_F32, TYPE_F16, TYPE_Q4_0, TYPE_Q8_0, TYPE_BF16 = 0, 1, 2, 8, 30
+TYPE_F32, TYPE_F16, TYPE_Q4_0, TYPE_Q8_0, TYPE_BF16, TYPE_MXFP4 = 0, 1, 2, 8, 30, 39
+# MXFP4's e2m1 codes doubled (the block scale is then halved): ggml's kvalues_mxfp4
+_MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.float32)
 
 
 class GgufReader:
@@ -95,6 +97,14 @@ class GgufReader:
             qs = blocks[:, 2:]
             lo = (qs & 0x0F).astype(np.float32) - 8
             hi = (qs >> 4).astype(np.float32) - 8
+            return (np.concatenate([lo, hi], axis=1) * d).reshape(shape)
+        if ttype == TYPE_MXFP4:
+            # 17 bytes per 32 values: an e8m0 exponent e (scale 2^(e-128) for the doubled codes), then
+            # 16 bytes of nibbles laid out as q4_0's (low nibbles first half, high ones second)
+            blocks = np.frombuffer(self.buf, np.uint8, n // 32 * 17, start).reshape(-1, 17)
+            d = np.ldexp(1.0, blocks[:, :1].astype(np.int64) - 128).astype(np.float32)
+            qs = blocks[:, 1:]
+            lo, hi = _MXFP4_VALUES[qs & 0x0F], _MXFP4_VALUES[qs >> 4]
             return (np.concatenate([lo, hi], axis=1) * d).reshape(shape)
         raise ValueError(f"{self.path}: tensor '{name}' has type {ttype}, not supported by this reader")
 

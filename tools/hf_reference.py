@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Independent reference: Loom's logits against Hugging Face transformers on the same weights.
 
-Loads a Loom-written GGUF (llama, qwen2, qwen3, qwen3moe, gemma2, gemma3 or phi3; weights dequantized by
-tools/gguf_numpy.py) into transformers' LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM /
-Qwen3MoeForCausalLM / Gemma2ForCausalLM / Gemma3ForCausalLM (text-only, Gemma3TextConfig) /
-Phi3ForCausalLM, runs the
+Loads a Loom-written GGUF (llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3 or gpt-oss; weights
+dequantized by tools/gguf_numpy.py) into transformers' LlamaForCausalLM / Qwen2ForCausalLM /
+Qwen3ForCausalLM / Qwen3MoeForCausalLM / Gemma2ForCausalLM / Gemma3ForCausalLM (text-only,
+Gemma3TextConfig) / Phi3ForCausalLM / GptOssForCausalLM, runs the
 given tokens in float64, and compares the logits with the float32 [n_tokens, n_vocab] file Loom wrote
 (`loom run --dump-logits`).
 
@@ -19,6 +19,17 @@ gemma and qwen3moe
 mappings were written against transformers 4.5x (per-expert Linear modules; rope_theta /
 rope_local_base_freq / rope_scaling); fused expert tensors (gate_up_proj) of newer versions are
 handled, other config changes may not be.
+
+gpt-oss (written without transformers at hand; GptOssForCausalLM of transformers 4.55+): llama.cpp's
+converter splits transformers' fused experts, and this undoes it. transformers holds
+mlp.experts.gate_up_proj as [n_expert, n_embd, 2 n_ff] with the gate in the even columns and up in the
+odd ones (forward: gate_up[..., ::2], gate_up[..., 1::2]), gate_up_proj_bias [n_expert, 2 n_ff] likewise,
+down_proj [n_expert, n_ff, n_embd] (x @ down_proj: the transposed Linear weight) and down_proj_bias
+[n_expert, n_embd]; the router is mlp.router (weight [n_expert, n_embd], bias), the sinks
+self_attn.sinks [n_head]. The expert layout is taken from the model's own parameter shapes and its
+forward's source (interleaved ::2 / 1::2, or halves by chunk), and refused when neither is found. The
+config: local layers 0, 2, ... (layer_types), YaRN with truncate False as the released config says,
+attention biases, swiglu_limit 7.
 
     python3 tools/hf_reference.py --model m.gguf --loom-logits l.bin [--tokens 1,2,3] [--threshold 1e-4]
 
@@ -46,11 +57,60 @@ def unpermute_rope_rows(w, n_head):
 def ref_dtype(arch):
     """float64, except for MoE models: transformers' grouped expert matmul takes no float64 (float32
     with TF32 off then, still orders of magnitude inside the 1e-4 threshold)."""
-    if arch.endswith("moe"):
+    if arch.endswith("moe") or arch == "gpt-oss":
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
         return torch.float32
     return torch.float64
+
+
+def gpt_oss_expert_layout(model):
+    """'interleaved' (gate = gate_up[..., ::2], up = gate_up[..., 1::2]) or 'halves' (chunk(2)), read from
+    the experts module's forward, so that a change in transformers fails loudly instead of mapping wrong."""
+    import inspect
+
+    experts = model.model.layers[0].mlp.experts
+    src = inspect.getsource(type(experts).forward)
+    if "::2" in src:
+        return "interleaved"
+    if "chunk(2" in src:
+        return "halves"
+    raise SystemExit(f"hf_reference: cannot tell how {type(experts).__name__} splits gate_up_proj")
+
+
+def gpt_oss_layer(g, model, il):
+    """The sinks and the experts of layer il in transformers' layout (see the module docstring)."""
+    sd = {f"model.layers.{il}.self_attn.sinks": g.tensor(f"blk.{il}.attn_sinks.weight")}
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    prefix = f"model.layers.{il}.mlp.experts"
+    # numpy order: gate/up weights (n_expert, n_ff, n_embd), down (n_expert, n_embd, n_ff), biases
+    # (n_expert, n_ff) / (n_expert, n_embd): each expert's slice is a torch Linear weight (out, in)
+    gate, up, down = (g.tensor(f"blk.{il}.ffn_{n}_exps.weight") for n in ("gate", "up", "down"))
+    gate_b, up_b, down_b = (g.tensor(f"blk.{il}.ffn_{n}_exps.bias") for n in ("gate", "up", "down"))
+    n_expert, n_ff, n_embd = gate.shape
+    layout = gpt_oss_expert_layout(model)
+    fused_in_last = shapes[f"{prefix}.gate_up_proj"] == (n_expert, n_embd, 2 * n_ff)  # x @ gate_up
+    if not fused_in_last and shapes[f"{prefix}.gate_up_proj"] != (n_expert, 2 * n_ff, n_embd):
+        raise SystemExit(f"hf_reference: gate_up_proj has shape {shapes[f'{prefix}.gate_up_proj']}")
+    fused = np.empty((n_expert, 2 * n_ff, n_embd), dtype=np.float32)  # rows: the fused outputs
+    fused_b = np.empty((n_expert, 2 * n_ff), dtype=np.float32)
+    if layout == "interleaved":
+        fused[:, 0::2], fused[:, 1::2] = gate, up
+        fused_b[:, 0::2], fused_b[:, 1::2] = gate_b, up_b
+    else:
+        fused[:, :n_ff], fused[:, n_ff:] = gate, up
+        fused_b[:, :n_ff], fused_b[:, n_ff:] = gate_b, up_b
+    sd[f"{prefix}.gate_up_proj"] = fused.swapaxes(1, 2) if fused_in_last else fused
+    sd[f"{prefix}.gate_up_proj_bias"] = fused_b
+    down_shape = shapes[f"{prefix}.down_proj"]
+    if down_shape == (n_expert, n_ff, n_embd):  # x @ down_proj
+        sd[f"{prefix}.down_proj"] = down.swapaxes(1, 2)
+    elif down_shape == (n_expert, n_embd, n_ff):
+        sd[f"{prefix}.down_proj"] = down
+    else:
+        raise SystemExit(f"hf_reference: down_proj has shape {down_shape}")
+    sd[f"{prefix}.down_proj_bias"] = down_b
+    return sd
 
 
 def build_model(g):
@@ -137,6 +197,17 @@ def build_model(g):
         if not p("attention.sliding_window"):  # no window in the file: every layer global
             extra["layer_types"] = ["full_attention"] * int(p("block_count"))
         cfg, cls = transformers.Gemma3TextConfig(**common, **extra), transformers.Gemma3ForCausalLM
+    elif arch == "gpt-oss":
+        n_layer = int(p("block_count"))
+        window = int(p("attention.sliding_window"))
+        gcommon = dict(common, intermediate_size=int(p("expert_feed_forward_length")))
+        # the released config's YaRN: beta 32 / 1 and the correction range not rounded (truncate False)
+        gcommon["rope_scaling"] = dict(gcommon.get("rope_scaling", {}), beta_fast=32.0, beta_slow=1.0, truncate=False)
+        cfg = transformers.GptOssConfig(
+            **gcommon, num_local_experts=int(p("expert_count")), num_experts_per_tok=int(p("expert_used_count")),
+            sliding_window=window, attention_bias=True, swiglu_limit=7.0, pad_token_id=None, bos_token_id=None,
+            eos_token_id=None, layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n_layer)])
+        cls = transformers.GptOssForCausalLM
     else:
         raise SystemExit(f"hf_reference: architecture '{arch}' is not handled")
     cfg._attn_implementation = "eager"
@@ -164,6 +235,9 @@ def build_model(g):
         names["ffn_gate_inp"] = "mlp.gate"
     if arch == "phi3":  # fused projections; ffn_up holds the gate rows, then the up rows, as gate_up_proj
         names.update({"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"})
+    if arch == "gpt-oss":  # the FFN's pre-norm is post_attention_norm in GGUF; a biased router
+        names.update({"post_attention_norm": "post_attention_layernorm", "ffn_gate_inp": "mlp.router"})
+        del names["ffn_norm"]
     hf_keys = set(model.state_dict().keys())
     for il in range(cfg.num_hidden_layers):
         for gname, hname in names.items():
@@ -198,6 +272,8 @@ def build_model(g):
                 sd[f"{prefix}.down_proj"] = down if dshape == down.shape else down.swapaxes(1, 2)
             else:
                 raise SystemExit(f"hf_reference: unknown expert layout in {cls.__name__}")
+        if arch == "gpt-oss":
+            sd.update(gpt_oss_layer(g, model, il))
     if arch == "llama" and has_qkv_bias:
         for il in range(cfg.num_hidden_layers):
             sd.setdefault(f"model.layers.{il}.self_attn.o_proj.bias", np.zeros(n_embd))

@@ -89,10 +89,15 @@ struct RopeParams {
   float attn_factor;       ///< magnitude scale
   float beta_fast;
   float beta_slow;
+  /// 1: YaRN's correction range is used as computed, not widened to whole dims (floor of the fast
+  /// bound, ceil of the slow one) as GGUF runtimes do; Hugging Face's `truncate: false` (gpt-oss).
+  int32_t yarn_unrounded;
 };
 struct SoftMaxParams { float scale; };
 struct FlashAttnParams { float scale; float softcap; };  ///< softcap 0 disables
 struct SoftcapParams { float cap; };
+/// gpt-oss's gated activation (see swiglu_oai()).
+struct SwigluOaiParams { float alpha; float limit; };
 struct TopKParams { int32_t k; };
 struct ConcatParams { int32_t dim; };
 class Communicator;
@@ -141,8 +146,10 @@ Tensor* rope(Graph& g, Tensor* a, Tensor* pos, Tensor* freq_factors, const RopeP
 Tensor* soft_max(Graph& g, Tensor* a, Tensor* mask, float scale);
 /// softmax(softcap(q k^T * scale) + mask) v. q: f32 [d, n_q, n_head]; k: f32/f16 [d, n_kv, n_head_kv];
 /// v: f32/f16 [dv, n_kv, n_head_kv]; mask: optional f32/f16 [n_kv, >= n_q]. -> f32 [dv, n_head, n_q].
-Tensor* flash_attn(Graph& g, Tensor* q, Tensor* k, Tensor* v, Tensor* mask, float scale,
-                   float softcap = 0.0f);
+/// sinks: optional f32 [n_head], one logit per head that joins every softmax denominator as a key
+/// without a value (gpt-oss's attention sinks): out = sum_j e^{s_j} v_j / (sum_j e^{s_j} + e^{sink}).
+Tensor* flash_attn(Graph& g, Tensor* q, Tensor* k, Tensor* v, Tensor* mask, float scale, float softcap = 0.0f,
+                   Tensor* sinks = nullptr);
 Tensor* silu(Graph& g, Tensor* a);
 /// GELU, tanh approximation.
 Tensor* gelu(Graph& g, Tensor* a);
@@ -152,6 +159,9 @@ Tensor* gelu_erf(Graph& g, Tensor* a);
 Tensor* swiglu(Graph& g, Tensor* gate, Tensor* up);
 /// gelu(gate) * up (tanh form).
 Tensor* geglu(Graph& g, Tensor* gate, Tensor* up);
+/// gpt-oss's clamped SwiGLU: with g = min(gate, limit) and u = clamp(up, -limit, limit),
+/// g * sigmoid(alpha * g) * (u + 1). A NaN stays NaN (the clamps do not swallow it).
+Tensor* swiglu_oai(Graph& g, Tensor* gate, Tensor* up, float alpha, float limit);
 /// cap * tanh(a / cap).
 Tensor* softcap(Graph& g, Tensor* a, float cap);
 /// Index of the largest element of each row -> i32 [ne1, ne2, ne3].

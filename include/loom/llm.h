@@ -35,8 +35,8 @@ struct ContextImpl;
 }  // namespace detail
 
 /// Decoder architectures Loom can run.
-enum class Arch { llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3 };
-/// GGUF spelling ("llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3").
+enum class Arch { llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, gpt_oss };
+/// GGUF spelling ("llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "gpt-oss").
 const char* arch_name(Arch a);
 /// Parses a `general.architecture` value; nullopt when Loom does not know it.
 std::optional<Arch> arch_from_name(std::string_view name);
@@ -68,21 +68,35 @@ struct HParams {
   /// Query scale: 1/sqrt(head_dim_k), except where the family says otherwise (Gemma 27B).
   float attn_scale = 0.0f;
 
-  // Sliding-window attention (gemma2, gemma3, phi3): local layers see only the last n_swa positions.
+  // Sliding-window attention (gemma2, gemma3, phi3, gpt-oss): local layers see only the last n_swa
+  // positions.
   uint32_t n_swa = 0;  ///< {arch}.attention.sliding_window; 0: every layer attends globally
-  /// Of each `swa_period` layers, all but the last are local (gemma2 2, gemma3 6); 1: every layer is
-  /// (phi3).
+  /// Of each `swa_period` layers, all but the last are local (gemma2 and gpt-oss 2, gemma3 6); 1: every
+  /// layer is (phi3).
   uint32_t swa_period = 0;
-  /// RoPE base of local layers ({arch}.rope.freq_base_swa; gemma3: 10000); they use no rope scaling.
+  /// RoPE base of local layers ({arch}.rope.freq_base_swa; gemma3: 10000); they use no rope scaling
+  /// unless swa_rope_scaled.
   float rope_freq_base_swa = 10000.0f;
+  /// Local layers scale RoPE as the global ones do (gpt-oss: one YaRN table for every layer).
+  bool swa_rope_scaled = false;
+  /// YaRN's correction range used as computed rather than widened to whole dims (gpt-oss: Hugging
+  /// Face's `truncate: false`; GGUF files carry no key for it).
+  bool rope_yarn_unrounded = false;
   float attn_softcap = 0.0f;   ///< {arch}.attn_logit_softcapping; 0: off
   float final_softcap = 0.0f;  ///< {arch}.final_logit_softcapping; 0: off
 
-  // Mixture of experts (qwen3moe); n_expert 0 for dense models.
+  // Mixture of experts (qwen3moe, gpt-oss); n_expert 0 for dense models.
   uint32_t n_expert = 0;            ///< {arch}.expert_count
   uint32_t n_expert_used = 0;       ///< {arch}.expert_used_count
   uint32_t n_ff_exp = 0;            ///< {arch}.expert_feed_forward_length
   bool expert_weights_norm = true;  ///< {arch}.expert_weights_norm: selected weights renormalized to sum 1
+  /// The router's top n_expert_used logits are picked first and softmaxed among themselves (gpt-oss),
+  /// instead of a softmax over every expert followed by the top-k.
+  bool expert_softmax_topk = false;
+  /// > 0: the experts' GLU is gpt-oss's clamped SwiGLU (swiglu_oai) with these constants (1.702, 7;
+  /// llama.cpp writes no key for them).
+  float swiglu_oai_alpha = 0.0f;
+  float swiglu_oai_limit = 0.0f;
 
   uint32_t n_embd_k_gqa() const { return head_dim_k * n_head_kv; }
   uint32_t n_embd_v_gqa() const { return head_dim_v * n_head_kv; }

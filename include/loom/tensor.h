@@ -15,7 +15,7 @@ namespace loom {
 class Buffer;
 
 inline constexpr int kMaxDims = 4;
-inline constexpr int kMaxSrc = 4;
+inline constexpr int kMaxSrc = 5;
 inline constexpr size_t kMaxOpParams = 48;
 
 /// Operation that produces a tensor. `none` marks a leaf (weight or input).
@@ -40,6 +40,7 @@ enum class OpKind : uint8_t {
   gelu_erf,
   swiglu,
   geglu,
+  swiglu_oai,
   softcap,
   argmax,
   top_k,

@@ -99,6 +99,16 @@ Tensor* gelu_erf(Graph& g, Tensor* a) { return elementwise_unary(g, OpKind::gelu
 Tensor* swiglu(Graph& g, Tensor* gate, Tensor* up) { return gated(g, OpKind::swiglu, gate, up); }
 Tensor* geglu(Graph& g, Tensor* gate, Tensor* up) { return gated(g, OpKind::geglu, gate, up); }
 
+Tensor* swiglu_oai(Graph& g, Tensor* gate, Tensor* up, float alpha, float limit) {
+  if (gate && !(limit > 0.0f && std::isfinite(alpha)))
+    return g.fail(make_error(StatusCode::invalid_argument,
+                             "swiglu_oai: tensor {}: limit {} must be positive and alpha {} finite",
+                             describe(*gate), limit, alpha));
+  Tensor* t = gated(g, OpKind::swiglu_oai, gate, up);
+  if (t) t->set_params(SwigluOaiParams{alpha, limit});
+  return t;
+}
+
 Tensor* softcap(Graph& g, Tensor* a, float cap) {
   if (a && !(cap > 0.0f))
     return g.fail(make_error(StatusCode::invalid_argument, "softcap: tensor {}: cap {} must be positive",
@@ -230,8 +240,13 @@ Tensor* soft_max(Graph& g, Tensor* a, Tensor* mask, float scale_value) {
 }
 
 Tensor* flash_attn(Graph& g, Tensor* q, Tensor* k, Tensor* v, Tensor* mask, float scale_value,
-                   float softcap_value) {
+                   float softcap_value, Tensor* sinks) {
   if (!q || !k || !v) return nullptr;
+  if (sinks) {
+    if (sinks->type != DType::f32) return type_error(g, "flash_attn", *sinks, "f32 (sinks)");
+    if (sinks->nelements() != q->ne[2] || !sinks->is_contiguous())
+      return shape_error(g, "flash_attn", *q, *sinks, "sinks must be a packed f32 [n_head]");
+  }
   if (q->type != DType::f32) return type_error(g, "flash_attn", *q, "f32");
   if (k->type != DType::f32 && k->type != DType::f16) return type_error(g, "flash_attn", *k, "f32 or f16");
   if (v->type != DType::f32 && v->type != DType::f16) return type_error(g, "flash_attn", *v, "f32 or f16");
@@ -247,7 +262,8 @@ Tensor* flash_attn(Graph& g, Tensor* q, Tensor* k, Tensor* v, Tensor* mask, floa
   if (softcap_value < 0.0f)
     return g.fail(make_error(StatusCode::invalid_argument, "flash_attn: softcap {} must be >= 0", softcap_value));
   if (mask && !check_mask(g, "flash_attn", *mask, k->ne[1], q->ne[1])) return nullptr;
-  Tensor* t = g.add_node(OpKind::flash_attn, DType::f32, {v->ne[0], q->ne[2], q->ne[1], q->ne[3]}, {q, k, v, mask});
+  Tensor* t = g.add_node(OpKind::flash_attn, DType::f32, {v->ne[0], q->ne[2], q->ne[1], q->ne[3]},
+                         {q, k, v, mask, sinks});
   t->set_params(FlashAttnParams{scale_value, softcap_value});
   return t;
 }

@@ -104,6 +104,7 @@ bool op_can_run_in_place(const Tensor& node) {
     case OpKind::gelu_erf:
     case OpKind::swiglu:
     case OpKind::geglu:
+    case OpKind::swiglu_oai:
     case OpKind::softcap:
     case OpKind::rms_norm:
     case OpKind::norm:

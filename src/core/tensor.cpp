@@ -26,6 +26,7 @@ const char* op_name(OpKind op) {
     case OpKind::gelu_erf: return "gelu_erf";
     case OpKind::swiglu: return "swiglu";
     case OpKind::geglu: return "geglu";
+    case OpKind::swiglu_oai: return "swiglu_oai";
     case OpKind::softcap: return "softcap";
     case OpKind::argmax: return "argmax";
     case OpKind::top_k: return "top_k";

@@ -46,6 +46,8 @@ const Architecture& architecture_for(Arch a) {
       return gemma3_architecture();
     case Arch::phi3:
       return phi3_architecture();
+    case Arch::gpt_oss:
+      return gpt_oss_architecture();
   }
   return llama_architecture();
 }

@@ -40,6 +40,12 @@ struct LayerWeights {
   Tensor* ffn_gate_exps = nullptr;  // [n_embd, n_ff_exp, n_expert]
   Tensor* ffn_up_exps = nullptr;    // [n_embd, n_ff_exp, n_expert]
   Tensor* ffn_down_exps = nullptr;  // [n_ff_exp, n_embd, n_expert]
+  // gpt-oss: the router's bias [n_expert] and each expert's output biases, one row per expert
+  Tensor* ffn_gate_inp_b = nullptr;
+  Tensor* ffn_gate_exps_b = nullptr;  // [n_ff_exp, n_expert]
+  Tensor* ffn_up_exps_b = nullptr;    // [n_ff_exp, n_expert]
+  Tensor* ffn_down_exps_b = nullptr;  // [n_embd, n_expert]
+  Tensor* attn_sinks = nullptr;       // f32 [n_head]: gpt-oss's per-head logit in every softmax denominator
   // The model's rope_freqs in this layer's memory: the loader sets it for every layer (a copy on the
   // offload backend for offloaded layers), since a graph may only read its own backend's memory.
   Tensor* rope_freqs = nullptr;
@@ -198,9 +204,10 @@ class StepBuilder {
   /// with q ([head_dim, n_head, n_tokens]) over n_kv key slots per sequence -> [head_dim_v * n_head,
   /// n_tokens]: the first n_kv cells, or each sequence's own cells gathered (StepShape::gather) into
   /// [head_dim, n_kv, n_head_kv, n_seqs], one flash_attn over all sequences (dim 3).
-  /// Uses the model's query scale and attention soft-cap, and the sliding-window mask on local layers.
-  /// In a mixed pass (StepShape::n_chunk) the chunk's queries and the one-token sequences' attend
-  /// in two flash_attns (each group as it would alone), joined along the tokens.
+  /// Uses the model's query scale and attention soft-cap, the sliding-window mask on local layers, and
+  /// the layer's attention sinks when it has them. In a mixed pass (StepShape::n_chunk) the chunk's
+  /// queries and the one-token sequences' attend in two flash_attns (each group as it would alone),
+  /// joined along the tokens.
   Tensor* attention(int il, Tensor* q, Tensor* k, Tensor* v);
   /// SwiGLU feed-forward of layer `il`: down(silu(gate x) * up x); with ffn_gate_up, gate and up are
   /// the two halves of one product.
@@ -209,7 +216,10 @@ class StepBuilder {
   Tensor* ffn_geglu(const LayerWeights& l, Tensor* x, int il);
   /// Mixture-of-experts SwiGLU feed-forward: softmax router, top n_expert_used experts, their
   /// weights renormalized (expert_weights_norm), weighted sum of the experts' outputs. Routing stays
-  /// on the device. x: [n_embd, n_tokens] -> [n_embd, n_tokens].
+  /// on the device. x: [n_embd, n_tokens] -> [n_embd, n_tokens]. gpt-oss's variant (HParams
+  /// expert_softmax_topk, swiglu_oai_limit and the layer's biases): a biased router whose top logits
+  /// are softmaxed among themselves, each chosen expert's bias rows added to its products, and the
+  /// clamped SwiGLU.
   Tensor* ffn_moe(const LayerWeights& l, Tensor* x, int il);
   /// The rows whose logits are wanted: the last token's (each sequence's: every row when the step
   /// has several sequences of one token; in a mixed pass the chunk's last row and the one-token
@@ -260,16 +270,17 @@ const Architecture& qwen3moe_architecture();
 const Architecture& gemma2_architecture();
 const Architecture& gemma3_architecture();
 const Architecture& phi3_architecture();
+const Architecture& gpt_oss_architecture();
 const Architecture& architecture_for(Arch a);
 
 /// The tensors every LLaMA-family model has: embeddings, output norm, output (tied to the
 /// embeddings when absent), optional rope_freqs, and per layer the attention weights and, with
 /// `dense_ffn`, the gated FFN weights (ffn_norm, ffn_gate, ffn_up, ffn_down).
 void declare_llama_family(TensorLoader& tl, const HParams& hp, ModelWeights& w, bool dense_ffn = true);
-/// The forward pass shared by llama, qwen2, qwen3, qwen3moe and phi3: pre-norm attention and FFN
-/// blocks. What the weights hold picks the variant: projection biases when present (qwen2), QK-norm
-/// when q_norm is (qwen3), fused projections (phi3), a mixture of experts when the layer has a router
-/// (qwen3moe), else SwiGLU.
+/// The forward pass shared by llama, qwen2, qwen3, qwen3moe, phi3 and gpt-oss: pre-norm attention and
+/// FFN blocks. What the weights hold picks the variant: projection biases when present (qwen2,
+/// gpt-oss), QK-norm when q_norm is (qwen3), fused projections (phi3), attention sinks (gpt-oss), a
+/// mixture of experts when the layer has a router (qwen3moe, gpt-oss), else SwiGLU.
 Tensor* build_llama_family(StepBuilder& b);
 
 /// Gemma 2/3 (llm_arch_gemma2.cpp): the LLaMA-family tensors (tied output) plus the post-attention

@@ -73,10 +73,13 @@ StepBuilder::StepBuilder(Graph& g, const HParams& hp, const ModelWeights& w, KvC
   rope_.attn_factor = hp.rope_attn_factor;
   rope_.beta_fast = 32.0f;
   rope_.beta_slow = 1.0f;
+  rope_.yarn_unrounded = hp.rope_yarn_unrounded ? 1 : 0;
   rope_swa_ = rope_;
   rope_swa_.freq_base = hp.rope_freq_base_swa;
-  rope_swa_.freq_scale = 1.0f;
-  rope_swa_.ext_factor = 0.0f;
+  if (!hp.swa_rope_scaled) {  // gemma3's local layers: plain RoPE
+    rope_swa_.freq_scale = 1.0f;
+    rope_swa_.ext_factor = 0.0f;
+  }
   // Phi-3 LongRoPE: like llama.cpp, the long factors for a context longer than the original one.
   rope_long_ = w.rope_freqs_long && kv.n_cells() > static_cast<int>(hp.n_ctx_orig);
 }
@@ -227,8 +230,8 @@ Tensor* StepBuilder::attend(int il, Tensor* q, Tensor* k_stored, Tensor* v_store
   Tensor* qs = n_seqs == 1 ? permute(g_, q, 0, 2, 1, 3)  // [d, n_q, H]
                            : permute(g_, reshape(g_, q, {q->ne[0], q->ne[1], n_q, n_seqs}), 0, 2, 1,
                                      3);  // [d, n_q, H, S]
-  Tensor* out =
-      name(flash_attn(g_, qs, keys, vals, mask, scale, hp_.attn_softcap), "kqv_out", il);  // [dv, H, n_q, S]
+  Tensor* out = name(flash_attn(g_, qs, keys, vals, mask, scale, hp_.attn_softcap, w_.layers[il].attn_sinks),
+                     "kqv_out", il);  // [dv, H, n_q, S]
   return reshape(g_, out, {static_cast<int64_t>(hp_.head_dim_v) * hp_.n_head, n_q * n_seqs, 1, 1});
 }
 
@@ -258,13 +261,26 @@ Tensor* StepBuilder::ffn_moe(const LayerWeights& l, Tensor* x, int il) {
   if (!x) return nullptr;
   const int64_t n_embd = x->ne[0], n_tokens = x->ne[1];
   const int64_t n_expert = hp_.n_expert, n_used = hp_.n_expert_used;
-  Tensor* logits = linear(l.ffn_gate_inp, x, nullptr, "ffn_moe_logits", il);
-  Tensor* probs = name(soft_max(g_, logits, nullptr, 1.0f), "ffn_moe_probs", il);      // [n_expert, T]
-  Tensor* ids = name(top_k(g_, probs, static_cast<int>(n_used)), "ffn_moe_topk", il);  // i32 [n_used, T]
-  // The chosen experts' probabilities: each token's probabilities become rows of one element, so
-  // get_rows with that token's ids gathers them without leaving the device.
-  Tensor* weights = name(get_rows(g_, reshape(g_, probs, {1, n_expert, n_tokens, 1}), ids), "ffn_moe_weights",
-                         il);  // [1, n_used, T]
+  Tensor* logits = linear(l.ffn_gate_inp, x, l.ffn_gate_inp_b, "ffn_moe_logits", il);  // [n_expert, T]
+  Tensor* weights = nullptr;
+  Tensor* ids = nullptr;
+  if (hp_.expert_softmax_topk) {
+    // gpt-oss: the top logits, softmaxed among themselves (each token's logits gathered as rows of one
+    // element, as the probabilities are below)
+    ids = name(top_k(g_, logits, static_cast<int>(n_used)), "ffn_moe_topk", il);  // i32 [n_used, T]
+    Tensor* chosen = name(get_rows(g_, reshape(g_, logits, {1, n_expert, n_tokens, 1}), ids),
+                          "ffn_moe_logits_topk", il);  // [1, n_used, T]
+    weights = name(soft_max(g_, reshape(g_, chosen, {n_used, n_tokens, 1, 1}), nullptr, 1.0f),
+                   "ffn_moe_weights", il);
+    weights = reshape(g_, weights, {1, n_used, n_tokens, 1});
+  } else {
+    Tensor* probs = name(soft_max(g_, logits, nullptr, 1.0f), "ffn_moe_probs", il);  // [n_expert, T]
+    ids = name(top_k(g_, probs, static_cast<int>(n_used)), "ffn_moe_topk", il);      // i32 [n_used, T]
+    // The chosen experts' probabilities: each token's probabilities become rows of one element, so
+    // get_rows with that token's ids gathers them without leaving the device.
+    weights = name(get_rows(g_, reshape(g_, probs, {1, n_expert, n_tokens, 1}), ids), "ffn_moe_weights",
+                   il);  // [1, n_used, T]
+  }
   if (hp_.expert_weights_norm) {
     Tensor* w2 = reshape(g_, weights, {n_used, n_tokens, 1, 1});
     Tensor* sum = name(sum_rows(g_, w2), "ffn_moe_weights_sum", il);
@@ -272,10 +288,26 @@ Tensor* StepBuilder::ffn_moe(const LayerWeights& l, Tensor* x, int il) {
     weights = reshape(g_, w2, {1, n_used, n_tokens, 1});
   }
   Tensor* xe = reshape(g_, x, {n_embd, 1, n_tokens, 1});  // every selected expert reads the same row
+  // A chosen expert's bias row (bias [m, n_expert]) added to its product [m, n_used, T]: the rows
+  // gathered by the flattened ids (llama.cpp's add_id as get_rows + add).
+  auto expert_bias = [&](Tensor* y, Tensor* bias, const char* what) {
+    if (!bias || !y || !ids) return y;
+    Tensor* flat_ids = reshape(g_, ids, {n_used * n_tokens, 1, 1, 1});
+    Tensor* rows = get_rows(g_, bias, flat_ids);  // [m, n_used * T]
+    return name(add(g_, y, reshape(g_, rows, {y->ne[0], n_used, n_tokens, 1})), what, il);
+  };
   Tensor* gate = name(mul_mat_id(g_, l.ffn_gate_exps, xe, ids), "ffn_moe_gate", il);  // [n_ff_exp, n_used, T]
+  gate = expert_bias(gate, l.ffn_gate_exps_b, "ffn_moe_gate_biased");
   Tensor* up = name(mul_mat_id(g_, l.ffn_up_exps, xe, ids), "ffn_moe_up", il);
-  Tensor* glu = name(swiglu(g_, gate, up), "ffn_moe_glu", il);
+  up = expert_bias(up, l.ffn_up_exps_b, "ffn_moe_up_biased");
+  Tensor* glu = hp_.swiglu_oai_limit > 0.0f
+                    ? swiglu_oai(g_, gate, up, hp_.swiglu_oai_alpha, hp_.swiglu_oai_limit)
+                    : swiglu(g_, gate, up);
+  glu = name(glu, "ffn_moe_glu", il);
   Tensor* down = name(mul_mat_id(g_, l.ffn_down_exps, glu, ids), "ffn_moe_down", il);  // [n_embd, n_used, T]
+  // Split over tensor-parallel ranks, each rank's down product is a partial sum: the bias joins it
+  // on rank 0 only, so the all-reduce below adds it once.
+  if (split_.rank == 0) down = expert_bias(down, l.ffn_down_exps_b, "ffn_moe_down_biased");
   down = name(mul(g_, down, weights), "ffn_moe_weighted", il);
   // Sum over the experts: with the expert dim innermost (a strided view), one sum_rows reduces it.
   Tensor* sum = name(sum_rows(g_, permute(g_, down, 1, 0, 2, 3)), "ffn_moe_out", il);  // [1, n_embd, T]

@@ -25,13 +25,15 @@ const char* arch_name(Arch a) {
       return "gemma3";
     case Arch::phi3:
       return "phi3";
+    case Arch::gpt_oss:
+      return "gpt-oss";
   }
   return "unknown";
 }
 
 namespace {
 constexpr Arch kArchs[] = {Arch::llama,  Arch::qwen2,  Arch::qwen3, Arch::qwen3moe,
-                           Arch::gemma2, Arch::gemma3, Arch::phi3};
+                           Arch::gemma2, Arch::gemma3, Arch::phi3,  Arch::gpt_oss};
 }  // namespace
 
 std::span<const Arch> supported_archs() { return kArchs; }
@@ -136,6 +138,26 @@ Status read_phi3(const GgufFile& f, const std::string& p, HParams& hp) {
   return {};
 }
 
+// gpt-oss (llama.cpp's convert_hf_to_gguf.py writes the window, the expert keys and YaRN: factor 32
+// over an original 4096): local layers 0, 2, 4, ... (Hugging Face's layer_types: sliding, full,
+// sliding, ...) with the same YaRN RoPE as the full ones; the router's top-k logits softmaxed among
+// themselves; the clamped SwiGLU with the constants both reference implementations hard-code.
+Status read_gpt_oss(const GgufFile& f, const std::string& p, HParams& hp) {
+  auto w = f.get_u32(p + "attention.sliding_window");
+  if (!w) return w.status();
+  if (*w < 1 || *w > kMaxCtx) return out_of_range(f, p + "attention.sliding_window", *w, 1, kMaxCtx);
+  hp.n_swa = *w;
+  hp.swa_period = 2;
+  hp.rope_freq_base_swa = hp.rope_freq_base;
+  hp.swa_rope_scaled = true;
+  hp.rope_yarn_unrounded = true;
+  hp.expert_softmax_topk = true;
+  hp.expert_weights_norm = false;  // the softmax over the chosen ones already sums to one
+  hp.swiglu_oai_alpha = 1.702f;
+  hp.swiglu_oai_limit = 7.0f;
+  return {};
+}
+
 // Mixture of experts: expert count, experts per token and their FFN width.
 Status read_moe(const GgufFile& f, const std::string& p, HParams& hp) {
   LOOM_TRY(get_dim(f, p + "expert_count", kMaxExperts, hp.n_expert));
@@ -166,7 +188,7 @@ Result<HParams> read_hparams(const GgufFile& f) {
   LOOM_TRY(get_dim(f, p + "context_length", kMaxCtx, hp.n_ctx_train));
   LOOM_TRY(get_dim(f, p + "embedding_length", kMaxDim, hp.n_embd));
   LOOM_TRY(get_dim(f, p + "block_count", kMaxLayers, hp.n_layer));
-  if (hp.arch == Arch::qwen3moe) {
+  if (hp.arch == Arch::qwen3moe || hp.arch == Arch::gpt_oss) {
     // Every layer is sparse: the dense width is informational and some files omit it.
     LOOM_TRY(read_moe(f, p, hp));
     LOOM_TRY(get_dim_or(f, p + "feed_forward_length", hp.n_ff_exp, kMaxDim, hp.n_ff));
@@ -240,6 +262,7 @@ Result<HParams> read_hparams(const GgufFile& f) {
   LOOM_TRY(get_dim_or(f, p + "rope.scaling.original_context_length", hp.n_ctx_train, kMaxCtx, hp.n_ctx_orig));
   if (hp.arch == Arch::gemma2 || hp.arch == Arch::gemma3) LOOM_TRY(read_gemma(f, p, hp));
   if (hp.arch == Arch::phi3) LOOM_TRY(read_phi3(f, p, hp));
+  if (hp.arch == Arch::gpt_oss) LOOM_TRY(read_gpt_oss(f, p, hp));
   if (hp.attn_scale == 0.0f) hp.attn_scale = 1.0f / std::sqrt(static_cast<float>(hp.head_dim_k));
 
   // Vocabulary size: the tokenizer's list when present; token_embd is checked against it later.

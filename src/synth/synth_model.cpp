@@ -20,44 +20,54 @@ namespace {
 
 // name, arch, vocab, embd, layers, heads, kv heads, head dim, ffn, ctx, rope base, eps, tied, qkv bias,
 // qk norm, llama3 rope factor, experts, experts used, expert ffn, sliding window, attention soft-cap,
-// final soft-cap, linear rope factor, yarn rope factor, original context, longrope, rotated dims (phi3:
-// fused qkv and gate/up)
+// final soft-cap, linear rope factor, yarn rope factor, original context, longrope, rotated dims, experts
+// in mxfp4 (phi3: fused qkv and gate/up)
 // clang-format off
 constexpr SynthShape kShapes[] = {
     {"llama3-1b", Arch::llama, 128256, 2048, 16, 32, 8, 64, 8192, 131072, 500000.0f, 1e-5f, true, false,
-     false, 32.0f, 0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false, 0},
+     false, 32.0f, 0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false, 0, false},
     {"llama3-8b", Arch::llama, 128256, 4096, 32, 32, 8, 128, 14336, 131072, 500000.0f, 1e-5f, false, false,
-     false, 8.0f, 0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false, 0},
+     false, 8.0f, 0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false, 0, false},
     {"small", Arch::llama, 2048, 256, 4, 8, 4, 32, 768, 1024, 10000.0f, 1e-5f, false, false, false, 0.0f, 0, 0,
-     0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false, 0},
+     0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false, 0, false},
     {"tiny", Arch::llama, 512, 128, 2, 4, 2, 32, 384, 512, 10000.0f, 1e-5f, false, false, false, 0.0f, 0, 0, 0,
-     0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false, 0},
+     0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false, 0, false},
     // Llama 3.1 features on the tiny shape: rope_freqs, tied output, q/k/v biases (some fine-tunes).
     {"llama31-tiny", Arch::llama, 512, 128, 2, 4, 2, 32, 384, 512, 500000.0f, 1e-5f, true, true, false, 8.0f, 0,
-     0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false, 0},
+     0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false, 0, false},
     {"qwen2-tiny", Arch::qwen2, 512, 128, 2, 4, 2, 32, 384, 512, 1000000.0f, 1e-6f, true, true, false, 0.0f, 0,
-     0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false, 0},
+     0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false, 0, false},
     // Qwen2.5's YaRN recipe: factor 4 over a 128-token original context (context_length 512 = 4 x 128).
     {"qwen2-yarn-tiny", Arch::qwen2, 512, 128, 2, 4, 2, 32, 384, 512, 10000.0f, 1e-6f, false, true, false, 0.0f,
-     0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 4.0f, 128, false, 0},
+     0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 4.0f, 128, false, 0, false},
     {"qwen3-tiny", Arch::qwen3, 512, 128, 2, 4, 2, 64, 384, 512, 1000000.0f, 1e-6f, false, false, true, 0.0f,
-     0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false, 0},
+     0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false, 0, false},
     {"qwen3moe-tiny", Arch::qwen3moe, 512, 128, 2, 4, 2, 64, 384, 512, 1000000.0f, 1e-6f, false, false, true,
-     0.0f, 8, 2, 64, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false, 0},
+     0.0f, 8, 2, 64, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false, 0, false},
     // Gemma 2: local layers 0 and 2, global layer 1; Gemma 2's caps.
     {"gemma2-tiny", Arch::gemma2, 512, 128, 3, 4, 2, 64, 384, 512, 10000.0f, 1e-6f, true, false, false, 0.0f,
-     0, 0, 0, 4, 50.0f, 30.0f, 0.0f, 0.0f, 0, false, 0},
+     0, 0, 0, 4, 50.0f, 30.0f, 0.0f, 0.0f, 0, false, 0, false},
     // Gemma 3: local layers 0-4, global layer 5 with linear RoPE scaling as in the 4B+ models.
     {"gemma3-tiny", Arch::gemma3, 512, 128, 6, 4, 2, 64, 384, 512, 1000000.0f, 1e-6f, true, false, true, 0.0f,
-     0, 0, 0, 4, 0.0f, 0.0f, 8.0f, 0.0f, 0, false, 0},
+     0, 0, 0, 4, 0.0f, 0.0f, 8.0f, 0.0f, 0, false, 0, false},
     // Phi-3: fused attn_qkv and gate/up (ffn_up holds both), NeoX RoPE, untied output, every layer
     // attending through a window (of 6 positions here, so that short prompts reach past it).
     {"phi3-tiny", Arch::phi3, 512, 128, 2, 4, 2, 32, 384, 512, 10000.0f, 1e-5f, false, false, false, 0.0f, 0,
-     0, 0, 6, 0.0f, 0.0f, 0.0f, 0.0f, 0, false, 0},
+     0, 0, 6, 0.0f, 0.0f, 0.0f, 0.0f, 0, false, 0, false},
     // Phi-4-mini style: LongRoPE over an original context of 128 (context_length 512), 3/4 of each head
     // rotated, tied output, no window.
     {"phi3-longrope-tiny", Arch::phi3, 512, 128, 2, 4, 2, 32, 384, 512, 10000.0f, 1e-5f, true, false, false, 0.0f,
-     0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 128, true, 24},
+     0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 128, true, 24, false},
+    // gpt-oss: biases on q/k/v/o, the router and the experts, attention sinks, local layers 0 and 2
+    // (a window of 4 positions here, so that short prompts reach past it), YaRN factor 32 over 4096
+    // (context 131072) with base 150000 as released, 8 query / 2 KV heads of 64 (the fast attention
+    // kernels' head size), 8 experts of which 4 are used. n_embd (160) differs from 2 n_ff_exp (128)
+    // and from n_head * head_dim (512), so that a transposed or interleaved mapping cannot pass.
+    {"gptoss-tiny", Arch::gpt_oss, 512, 160, 4, 8, 2, 64, 64, 131072, 150000.0f, 1e-5f, false, true, false, 0.0f,
+     8, 4, 64, 4, 0.0f, 0.0f, 0.0f, 32.0f, 4096, false, 0, false},
+    // The same with the experts in MXFP4, as the released files carry them, whatever the type asked for.
+    {"gptoss-mxfp4-tiny", Arch::gpt_oss, 512, 160, 4, 8, 2, 64, 64, 131072, 150000.0f, 1e-5f, false, true, false,
+     0.0f, 8, 4, 64, 4, 0.0f, 0.0f, 0.0f, 32.0f, 4096, false, 0, true},
 };
 // clang-format on
 
@@ -82,7 +92,7 @@ uint64_t hash_name(std::string_view s) {
   return h;
 }
 
-enum class Init { matrix, norm, bias, fixed };
+enum class Init { matrix, norm, bias, sink, fixed };
 
 struct PlannedTensor {
   std::string name;
@@ -111,6 +121,10 @@ void generate_rows(const PlannedTensor& t, uint64_t seed, int64_t r0, int64_t r1
     case Init::bias:
       lo = -0.2f;
       hi = 0.2f;
+      break;
+    case Init::sink:  // logits comparable to the scores, so that a sink takes a visible share
+      lo = -0.5f;
+      hi = 2.0f;
       break;
     case Init::fixed:
       break;
@@ -192,9 +206,24 @@ std::vector<PlannedTensor> plan_tensors(const SynthShape& s, FileType ft) {
       add(n("attn_k_norm.weight"), {s.head_dim}, Init::norm);
     }
     add(n("attn_output.weight"), {q_dim, s.n_embd}, Init::matrix);
-    if (is_gemma(s.arch)) add(n("post_attention_norm.weight"), {s.n_embd}, Init::norm);
-    add(n("ffn_norm.weight"), {s.n_embd}, Init::norm);
-    if (s.n_expert > 0) {
+    const bool oss = s.arch == Arch::gpt_oss;
+    if (oss) {
+      add(n("attn_output.bias"), {s.n_embd}, Init::bias);
+      add(n("attn_sinks.weight"), {s.n_head}, Init::sink);
+    }
+    // gpt-oss's FFN pre-norm is named post_attention_norm in GGUF files
+    if (is_gemma(s.arch) || oss) add(n("post_attention_norm.weight"), {s.n_embd}, Init::norm);
+    if (!oss) add(n("ffn_norm.weight"), {s.n_embd}, Init::norm);
+    if (oss) {
+      add(n("ffn_gate_inp.weight"), {s.n_embd, s.n_expert}, Init::matrix);
+      add(n("ffn_gate_inp.bias"), {s.n_expert}, Init::bias);
+      add(n("ffn_gate_exps.weight"), {s.n_embd, s.n_ff_exp, s.n_expert}, Init::matrix);
+      add(n("ffn_gate_exps.bias"), {s.n_ff_exp, s.n_expert}, Init::bias);
+      add(n("ffn_up_exps.weight"), {s.n_embd, s.n_ff_exp, s.n_expert}, Init::matrix);
+      add(n("ffn_up_exps.bias"), {s.n_ff_exp, s.n_expert}, Init::bias);
+      add(n("ffn_down_exps.weight"), {s.n_ff_exp, s.n_embd, s.n_expert}, Init::matrix);
+      add(n("ffn_down_exps.bias"), {s.n_embd, s.n_expert}, Init::bias);
+    } else if (s.n_expert > 0) {
       add(n("ffn_gate_inp.weight"), {s.n_embd, s.n_expert}, Init::matrix);
       add(n("ffn_gate_exps.weight"), {s.n_embd, s.n_ff_exp, s.n_expert}, Init::matrix);
       add(n("ffn_up_exps.weight"), {s.n_embd, s.n_ff_exp, s.n_expert}, Init::matrix);
@@ -212,6 +241,9 @@ std::vector<PlannedTensor> plan_tensors(const SynthShape& s, FileType ft) {
   add("output_norm.weight", {s.n_embd}, Init::norm);
   if (!s.tied_output) add("output.weight", {s.n_embd, s.n_vocab}, Init::matrix);
   assign_types(out, ft, info);
+  if (s.experts_mxfp4)
+    for (PlannedTensor& t : out)
+      if (t.name.ends_with("_exps.weight")) t.type = DType::mxfp4;
   return out;
 }
 

@@ -48,10 +48,11 @@ struct SynthShape {
   int n_ctx_orig;            ///< > 0: rope.scaling.original_context_length
   bool longrope;             ///< Phi-3 LongRoPE: rope_factors_short/long and rope.scaling.attn_factor
   int n_rot;                 ///< rotated dims per head (rope.dimension_count); 0: head_dim
+  bool experts_mxfp4;        ///< expert weights in MXFP4 whatever the file type (gpt-oss as released)
 };
 
 /// llama3-1b, llama3-8b, small, tiny, llama31-tiny, qwen2-tiny, qwen2-yarn-tiny, qwen3-tiny, qwen3moe-tiny,
-/// gemma2-tiny, gemma3-tiny, phi3-tiny, phi3-longrope-tiny.
+/// gemma2-tiny, gemma3-tiny, phi3-tiny, phi3-longrope-tiny, gptoss-tiny, gptoss-mxfp4-tiny.
 /// The gemma shapes have a window of 4 positions so that short prompts reach past it.
 std::span<const SynthShape> synth_shapes();
 const SynthShape* find_synth_shape(std::string_view name);

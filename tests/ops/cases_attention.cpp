@@ -19,8 +19,14 @@ void yarn_range(const RopeParams& p, double& low, double& high) {
     return p.n_dims * std::log(p.n_ctx_orig / (n_rot * 2.0 * M_PI)) /
            (2.0 * std::log(static_cast<double>(p.freq_base)));
   };
-  low = std::max(0.0, std::floor(dim_for_rotations(p.beta_fast)));
-  high = std::min(static_cast<double>(p.n_dims - 1), std::ceil(dim_for_rotations(p.beta_slow)));
+  low = dim_for_rotations(p.beta_fast);
+  high = dim_for_rotations(p.beta_slow);
+  if (!p.yarn_unrounded) {  // GGUF runtimes widen the range to whole dims; HF's truncate: false does not
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(0.0, low);
+  high = std::min(static_cast<double>(p.n_dims - 1), high);
 }
 
 }  // namespace
@@ -58,7 +64,7 @@ RefTensor rope_ref(const RefTensor& a, const RefTensor& pos, const RefTensor* ff
 }
 
 RopeParams rope_params(RopeMode mode, int32_t n_dims, float base, float freq_scale, float ext, float attn) {
-  return {n_dims, mode, 4096, base, freq_scale, ext, attn, 32.0f, 1.0f};
+  return {n_dims, mode, 4096, base, freq_scale, ext, attn, 32.0f, 1.0f, 0};
 }
 
 namespace {
@@ -109,6 +115,7 @@ void add_rope(CaseList& cases, const RopeCase& c, bool perf) {
                   p.mode == RopeMode::neox ? "neox" : "normal", p.n_dims, p.freq_base);
   if (p.freq_scale != 1.0f) desc += fmt::format(" freq_scale={:g}", p.freq_scale);
   if (p.ext_factor != 0.0f) desc += fmt::format(" yarn ext={:g} attn={:g}", p.ext_factor, p.attn_factor);
+  if (p.yarn_unrounded) desc += " unrounded";
   if (c.freq_factors) desc += " freq_factors";
   if (c.fused_qkv) desc += " (view of fused qkv)";
   if (c.in_place) desc += " in place";
@@ -130,6 +137,7 @@ struct FlashCase {
   bool q_permuted = false;  // q is a permuted view of [d, n_head, n_q], as the models build it
   int64_t window = 0;       // > 0: a sliding-window causal mask, each query sees its last `window` keys
   bool pure_causal = false;  // no random -inf entries: a model's prompt mask (zeros and the causal -inf)
+  bool sinks = false;        // a per-head sink logit joins every softmax denominator (gpt-oss)
 };
 
 constexpr int64_t kCacheExtra = 24;
@@ -191,7 +199,10 @@ void add_flash_attn(CaseList& cases, const FlashCase& c, bool perf) {
       });
     else if (c.has_mask)
       mask = in.mask(c.mask_type, {c.n_kv, c.mask_rows, 1, 1}, 0.1, c.causal, c.n_q);
-    return flash_attn(g, q, k, v, mask, scale, c.softcap);
+    // sinks around the scores' range (|q k| * scale <~ 1 here, mask entries in [-1, 0]): they take
+    // a visible share of each row's weight, up to most of it
+    Tensor* sinks = c.sinks ? in.uniform(DType::f32, {c.n_head, 1, 1, 1}, -1.0f, 3.0f) : nullptr;
+    return flash_attn(g, q, k, v, mask, scale, c.softcap, sinks);
   };
   ReferenceFn ref;
   if (!perf) {
@@ -204,6 +215,7 @@ void add_flash_attn(CaseList& cases, const FlashCase& c, bool perf) {
         v = ref_view(in[2], {c.dv, c.n_kv, c.n_head_kv, c.ne3}, packed_strides(in[2].ne), 0);
       }
       const RefTensor* mask = c.has_mask ? &in[3] : nullptr;
+      const RefTensor* sinks = c.sinks ? &in[c.has_mask ? 4 : 3] : nullptr;
       const int64_t group = c.n_head / c.n_head_kv;
       RefTensor out({c.dv, c.n_head, c.n_q, c.ne3});
       std::vector<double> w(static_cast<size_t>(c.n_kv));
@@ -223,6 +235,7 @@ void add_flash_attn(CaseList& cases, const FlashCase& c, bool perf) {
             }
             double sum = 0.0;
             for (double& x : w) sum += (x = std::exp(x - mx));
+            if (sinks) sum += std::exp((*sinks)(h)-mx);  // a key without a value
             for (int64_t t = 0; t < c.dv; ++t) {
               double acc = 0.0;
               for (int64_t j = 0; j < c.n_kv; ++j) acc += w[j] * v(t, j, hk, i3);
@@ -243,6 +256,7 @@ void add_flash_attn(CaseList& cases, const FlashCase& c, bool perf) {
   if (c.softcap > 0.0f) desc += fmt::format(" softcap={:g}", c.softcap);
   if (c.cache_view) desc += " (cache view)";
   if (c.q_permuted) desc += " (permuted q)";
+  if (c.sinks) desc += " sinks";
   // 2 (d + dv) per visible (query, key, head): Q K^T and P V
   const double flops = 2.0 * visible_pairs(c) * (c.d + c.dv) * c.n_head * c.ne3;
   cases.push_back({"flash_attn", desc, kNmseFlashAttn, build, ref, flops});
@@ -296,6 +310,12 @@ void add_attention_cases(CaseList& cases, CaseSet set) {
       {128, 2, 3, rope_params(M::neox, 96, 10000.0f, 0.25f, 1.0f, 1.0f), true, false, true},
   };
   for (const RopeCase& c : rope_cases) add_rope(cases, c, false);
+  // gpt-oss's YaRN: factor 32, base 150000, the correction range not rounded to whole dims
+  // (corr dims 8.09 and 17.4 for 64 rotated dims: rounding would move the ramp visibly)
+  RopeParams oss = rope_params(M::neox, 64, 150000.0f, 1.0f / 32.0f, 1.0f, 1.0f);
+  oss.yarn_unrounded = 1;
+  add_rope(cases, {64, 4, 5, oss}, false);
+  add_rope(cases, {64, 8, 1, oss, false, false, true}, false);
 
   const DType f16 = DType::f16, f32 = DType::f32;
   const FlashCase flash_cases[] = {
@@ -333,6 +353,17 @@ void add_attention_cases(CaseList& cases, CaseSet set) {
       {128, 128, 150, 333, 8, 2, 1, f16, f16, true, f32, 160, true, 0.0f, false, true, 0, true},
       {64, 64, 70, 70, 4, 4, 1, f16, f16, true, f16, 70, true, 0.0f, false, false, 0, true},
       {256, 256, 40, 100, 4, 1, 1, f16, f16, true, f32, 48, true, 0.0f, false, true, 0, true},
+      // gpt-oss's attention sinks (head 64, GQA 8, a window of 128 on half the layers) on every
+      // path: the exact kernel (f32 K/V), fast decode with one split and with several (the merge),
+      // the tensor-core prefill with and without a mask, a sliding window, no mask at all
+      {64, 64, 3, 40, 8, 1, 1, f32, f32, true, f32, 3, true, 0.0f, false, false, 0, false, true},
+      {64, 64, 1, 50, 8, 1, 1, f16, f16, true, f16, 1, true, 0.0f, false, false, 0, false, true},
+      {64, 64, 2, 2048, 16, 2, 1, f16, f16, true, f32, 2, true, 0.0f, true, true, 0, false, true},
+      {64, 64, 1, 700, 8, 1, 2, f16, f16, true, f16, 1, false, 0.0f, false, false, 0, false, true},
+      {64, 64, 70, 300, 8, 1, 1, f16, f16, true, f32, 80, true, 0.0f, false, true, 0, true, true},
+      {64, 64, 128, 200, 8, 2, 1, f16, f16, true, f16, 128, true, 0.0f, false, false, 128, false, true},
+      {64, 64, 40, 40, 4, 2, 1, f16, f16, false, f16, 0, false, 0.0f, false, true, 0, false, true},
+      {128, 128, 17, 90, 4, 2, 1, f16, f16, true, f16, 17, true, 20.0f, true, false, 0, false, true},
   };
   for (const FlashCase& c : flash_cases) add_flash_attn(cases, c, false);
 }

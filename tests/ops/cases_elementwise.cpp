@@ -1,4 +1,5 @@
-// Cases: add sub mul div (with broadcasting), scale, silu, gelu, gelu_erf, softcap, swiglu, geglu.
+// Cases: add sub mul div (with broadcasting), scale, silu, gelu, gelu_erf, softcap, swiglu, geglu,
+// swiglu_oai.
 #include <algorithm>
 #include <cmath>
 
@@ -178,6 +179,29 @@ void add_gated(CaseList& cases, bool swi, const Shape& ne, bool fused, double ma
   cases.push_back({swi ? "swiglu" : "geglu", desc, max_nmse, build, ref, 0.0});
 }
 
+// gpt-oss's clamped SwiGLU, inputs in [-12, 12] so that both clamps (at +-limit) are met often.
+void add_swiglu_oai(CaseList& cases, const Shape& ne, float alpha, float limit, bool in_place = false) {
+  auto build = [ne, alpha, limit, in_place](Graph& g, CaseInputs& in) -> Tensor* {
+    Tensor* gate = in.uniform(DType::f32, ne, -12.0f, 12.0f);
+    Tensor* up = in.uniform(DType::f32, ne, -12.0f, 12.0f);
+    if (in_place) gate = as_activation(g, gate);
+    return swiglu_oai(g, gate, up, alpha, limit);
+  };
+  auto ref = [ne, alpha, limit](const std::vector<RefTensor>& in) {
+    RefTensor out(ne);
+    for (int64_t i = 0; i < out.size(); ++i) {
+      const double gate = std::min(in[0].v[i], static_cast<double>(limit));
+      const double up = std::clamp(in[1].v[i], -static_cast<double>(limit), static_cast<double>(limit));
+      out.v[i] = gate / (1.0 + std::exp(-static_cast<double>(alpha) * gate)) * (up + 1.0);
+    }
+    return out;
+  };
+  cases.push_back(
+      {"swiglu_oai",
+       fmt::format("{} alpha={:g} limit={:g}{}", shape_string(ne), alpha, limit, in_place ? " in place" : ""),
+       kNmseElementwise, build, ref, 0.0});
+}
+
 }  // namespace
 
 void add_elementwise_cases(CaseList& cases, CaseSet set) {
@@ -222,6 +246,10 @@ void add_elementwise_cases(CaseList& cases, CaseSet set) {
     add_gated(cases, swi, {1, 1, 1, 1}, false, kNmseElementwise);
     add_gated(cases, swi, {64, 6, 1, 1}, false, kNmseElementwise, true);
   }
+  // as the MoE layer shapes it: [n_ff_exp, n_used, n_tokens]
+  add_swiglu_oai(cases, {96, 4, 5, 1}, 1.702f, 7.0f);
+  add_swiglu_oai(cases, {13, 3, 1, 1}, 1.702f, 7.0f);
+  add_swiglu_oai(cases, {64, 2, 3, 1}, 1.0f, 2.5f, true);
 }
 
 }  // namespace loom::optest

@@ -350,6 +350,7 @@ struct GatherAttnCase {
   int64_t d, n_head, n_head_kv, n_seqs, n_kv;
   bool store = false;  // each sequence's new K/V row stored by set_rows first, as a decode step does
   float softcap = 0.0f;
+  bool sinks = false;  // a per-head sink logit in every denominator (gpt-oss)
 };
 
 // Which cell each slot of each sequence reads, as the paged cache lays them out: a sequence's
@@ -443,7 +444,8 @@ void add_gather_flash_attn(CaseList& cases, const GatherAttnCase& c) {
     Tensor* keys = gathered(stored_k);
     Tensor* vals = gathered(stored_v);
     Tensor* qs = permute(g, reshape(g, q, {c.d, c.n_head, 1, c.n_seqs}), 0, 2, 1, 3);  // [d, 1, H, S]
-    Tensor* out = flash_attn(g, qs, keys, vals, mask, scale, c.softcap);
+    Tensor* sinks = c.sinks ? in.uniform(DType::f32, {c.n_head, 1, 1, 1}, -1.0f, 3.0f) : nullptr;
+    Tensor* out = flash_attn(g, qs, keys, vals, mask, scale, c.softcap, sinks);
     if (c.store && out) {
       g.mark_output(stored_k);
       g.mark_output(stored_v);
@@ -485,6 +487,7 @@ void add_gather_flash_attn(CaseList& cases, const GatherAttnCase& c) {
         }
         double sum = 0.0;
         for (double& x : w) sum += (x = std::exp(x - mx));
+        if (c.sinks) sum += std::exp(in[c.store ? 8 : 5](h) - mx);  // created after every other input
         for (int64_t i = 0; i < c.d; ++i) {
           double acc = 0.0;
           for (int64_t j = 0; j < c.n_kv; ++j) {
@@ -501,6 +504,7 @@ void add_gather_flash_attn(CaseList& cases, const GatherAttnCase& c) {
                                  hkv, c.n_seqs, c.n_kv, n_cells * hkv);
   if (c.softcap > 0.0f) desc += fmt::format(" softcap={:g}", c.softcap);
   if (c.store) desc += " (stores first)";
+  if (c.sinks) desc += " sinks";
   // 2 d per (query head, slot) for Q K^T and as many for P V (masked slots counted: an upper bound)
   const double flops = 4.0 * static_cast<double>(c.d * c.n_kv * c.n_head * c.n_seqs);
   OpCase oc{"gather_flash_attn", desc, kNmseFlashAttn, build, ref, flops, FusedKind::gather_flash_attn};
@@ -610,6 +614,9 @@ void add_fused_cases(CaseList& cases, CaseSet set) {
   add_gather_flash_attn(cases, {64, 6, 2, 3, 100});
   add_gather_flash_attn(cases, {64, 4, 4, 2, 17, true, 30.0f});
   add_gather_flash_attn(cases, {256, 4, 1, 2, 129});
+  // gpt-oss's attention sinks: one split (n_kv 40) and several (n_kv 600: the merge kernel adds them)
+  add_gather_flash_attn(cases, {64, 8, 2, 3, 40, true, 0.0f, true});
+  add_gather_flash_attn(cases, {64, 8, 1, 2, 600, false, 0.0f, true});
 }
 
 }  // namespace loom::optest

@@ -274,6 +274,35 @@ TEST(GraphErrors, FlashAttn) {
     return flash_attn(g, g.input(DType::f32, {64, 5, 8, 1}, "q"), k(g), v(g),
                       g.input(DType::f16, {10, 4, 1, 1}, "mask"), 0.125f);
   });
+  // sinks: f32, one per query head
+  check_op_error(StatusCode::type_mismatch, {"flash_attn", "'sinks'", "f32"}, [&](Graph& g) {
+    return flash_attn(g, g.input(DType::f32, {64, 5, 8, 1}, "q"), k(g), v(g), nullptr, 0.125f, 0.0f,
+                      g.input(DType::f16, {8, 1, 1, 1}, "sinks"));
+  });
+  check_op_error(StatusCode::shape_mismatch, {"flash_attn", "'sinks'", "[2]"}, [&](Graph& g) {
+    return flash_attn(g, g.input(DType::f32, {64, 5, 8, 1}, "q"), k(g), v(g), nullptr, 0.125f, 0.0f,
+                      g.input(DType::f32, {2, 1, 1, 1}, "sinks"));
+  });
+  Graph ok;
+  Tensor* sinks = ok.input(DType::f32, {8, 1, 1, 1}, "sinks");
+  Tensor* out =
+      flash_attn(ok, ok.input(DType::f32, {64, 5, 8, 1}, "q"), k(ok), v(ok), nullptr, 0.125f, 0.0f, sinks);
+  ASSERT_NE(out, nullptr) << ok.status().to_string();
+  EXPECT_EQ(out->src[4], sinks);
+}
+
+TEST(GraphErrors, SwigluOai) {
+  auto in = [](Graph& g, const char* name) { return g.input(DType::f32, {8, 4, 1, 1}, name); };
+  check_op_error(StatusCode::invalid_argument, {"swiglu_oai", "limit", "'gate'"},
+                 [&](Graph& g) { return swiglu_oai(g, in(g, "gate"), in(g, "up"), 1.702f, 0.0f); });
+  check_op_error(StatusCode::shape_mismatch, {"swiglu_oai", "'gate'", "'up'"}, [&](Graph& g) {
+    return swiglu_oai(g, in(g, "gate"), g.input(DType::f32, {8, 3, 1, 1}, "up"), 1.702f, 7.0f);
+  });
+  Graph ok;
+  Tensor* t = swiglu_oai(ok, in(ok, "gate"), in(ok, "up"), 1.702f, 7.0f);
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(t->op, OpKind::swiglu_oai);
+  EXPECT_FLOAT_EQ(t->get_params<SwigluOaiParams>().limit, 7.0f);
 }
 
 TEST(GraphErrors, SetRows) {

@@ -2,7 +2,10 @@
 // test_llama_block.cpp) that reads the same GGUF weights: llama (normal RoPE; Llama 3.1's rope_freqs,
 // tied output and q/k/v biases in llama31-tiny), qwen2 (biases, NeoX RoPE, tied output; YaRN in
 // qwen2-yarn-tiny), qwen3 (QK-norm, head size != n_embd / n_head) and phi3 (fused qkv and gate/up,
-// every layer windowed; LongRoPE and 3/4 of each head rotated in phi3-longrope-tiny).
+// every layer windowed; LongRoPE and 3/4 of each head rotated in phi3-longrope-tiny) and gpt-oss (as
+// Hugging Face's GptOssForCausalLM defines it: biases everywhere, attention sinks, sliding layers 0, 2,
+// ..., YaRN with an unrounded correction range, a top-k-then-softmax router over biased experts with
+// the clamped SwiGLU).
 #include "test_llm_common.h"
 
 #include <algorithm>
@@ -55,7 +58,8 @@ struct RopeRef {
   double mscale = 1.0;
 };
 
-RopeRef rope_ref(const GgufFile& f, const HParams& hp, const RefWeights& w, bool scaled, int n_ctx) {
+RopeRef rope_ref(const GgufFile& f, const HParams& hp, const RefWeights& w, bool scaled, int n_ctx,
+                 bool yarn_unrounded) {
   const std::string p = std::string(arch_name(hp.arch)) + ".";
   const size_t n_rot = hp.n_rot;
   const double base = hp.rope_freq_base;
@@ -83,8 +87,10 @@ RopeRef rope_ref(const GgufFile& f, const HParams& hp, const RefWeights& w, bool
     auto dim_of = [&](double turns) {
       return n_rot * std::log(orig / (turns * 2.0 * std::numbers::pi)) / (2.0 * std::log(base));
     };
-    const double low = std::max(0.0, std::floor(dim_of(32.0)));
-    const double high = std::min(static_cast<double>(n_rot - 1), std::ceil(dim_of(1.0)));
+    // GGUF runtimes widen the range to whole dims; gpt-oss's config says truncate: false
+    const double low = std::max(0.0, yarn_unrounded ? dim_of(32.0) : std::floor(dim_of(32.0)));
+    const double high =
+        std::min(static_cast<double>(n_rot - 1), yarn_unrounded ? dim_of(1.0) : std::ceil(dim_of(1.0)));
     for (size_t i = 0; i < n_rot / 2; ++i) {
       const double ramp = std::clamp((static_cast<double>(i) - low) / std::max(high - low, 0.001), 0.0, 1.0);
       const double keep = 1.0 - ramp;  // weight of the original frequency
@@ -113,19 +119,74 @@ double f16_round(double x) { return f16_to_f32(f32_to_f16(static_cast<float>(x))
 
 // What the reference leaves out, to show that each feature matters.
 struct RefSwitches {
-  bool rope_scaling = true;  // rope_freqs and YaRN
-  bool window = true;        // phi3's sliding window
+  bool rope_scaling = true;    // rope_freqs and YaRN
+  bool window = true;          // phi3's and gpt-oss's sliding windows
+  bool sinks = true;           // gpt-oss's attention sinks
+  bool yarn_unrounded = true;  // gpt-oss's YaRN correction range as computed (false: rounded as llama.cpp)
 };
+
+// What a product with weights of block type `w` sees of the activation x: for the block formats whose
+// CPU dot product takes q8_0 activations (MXFP4 among them), x rounded through q8_0 blocks.
+Vec activation_as_seen(const GgufFile& f, const std::string& weight, const Vec& x) {
+  const GgufTensorInfo* t = f.find_tensor(weight);
+  if (!t || *t->dtype == DType::f32) return x;
+  std::vector<float> xf(x.begin(), x.end()), back(x.size());
+  std::vector<uint8_t> q(dtype_row_size(DType::q8_0, static_cast<int64_t>(x.size())));
+  quantize_row(DType::q8_0, xf.data(), q.data(), static_cast<int64_t>(x.size()));
+  dequantize_row(DType::q8_0, q.data(), back.data(), static_cast<int64_t>(x.size()));
+  return Vec(back.begin(), back.end());
+}
+
+// gpt-oss's experts for one token: the router's top-k logits softmaxed among themselves, each chosen
+// expert's biased gate and up, the clamped SwiGLU (alpha 1.702, limit 7), the biased down projection.
+Vec gpt_oss_moe(const RefWeights& w, int il, const HParams& hp, const Vec& h) {
+  auto n = [il](const char* what) { return "blk." + std::to_string(il) + "." + what; };
+  const size_t E = hp.n_embd, F = hp.n_ff_exp, X = hp.n_expert, K = hp.n_expert_used;
+  Vec logits = matvec(w.get(n("ffn_gate_inp.weight")), h, X);
+  add_bias(logits, w.get(n("ffn_gate_inp.bias")));
+  std::vector<size_t> order(X);
+  for (size_t e = 0; e < X; ++e) order[e] = e;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return logits[a] > logits[b]; });
+  order.resize(K);
+  double mx = -INFINITY, sum = 0.0;
+  for (size_t e : order) mx = std::max(mx, logits[e]);
+  for (size_t e : order) sum += std::exp(logits[e] - mx);
+  const auto wg = w.get(n("ffn_gate_exps.weight")), wu = w.get(n("ffn_up_exps.weight")),
+             wd = w.get(n("ffn_down_exps.weight")), bg = w.get(n("ffn_gate_exps.bias")),
+             bu = w.get(n("ffn_up_exps.bias")), bd = w.get(n("ffn_down_exps.bias"));
+  auto slice = [](const std::vector<float>& v, size_t e, size_t len) {
+    return std::vector<float>(v.begin() + static_cast<std::ptrdiff_t>(e * len),
+                              v.begin() + static_cast<std::ptrdiff_t>((e + 1) * len));
+  };
+  Vec out(E, 0.0);
+  const Vec h_seen = activation_as_seen(*w.f, n("ffn_gate_exps.weight"), h);
+  for (size_t e : order) {
+    const double weight = std::exp(logits[e] - mx) / sum;
+    Vec gate = matvec(slice(wg, e, F * E), h_seen, F), up = matvec(slice(wu, e, F * E), h_seen, F);
+    add_bias(gate, slice(bg, e, F));
+    add_bias(up, slice(bu, e, F));
+    Vec glu(F);
+    for (size_t i = 0; i < F; ++i) {
+      const double g = std::min(gate[i], 7.0), u = std::clamp(up[i], -7.0, 7.0);
+      glu[i] = g / (1.0 + std::exp(-1.702 * g)) * (u + 1.0);
+    }
+    Vec d = matvec(slice(wd, e, E * F), activation_as_seen(*w.f, n("ffn_down_exps.weight"), glu), E);
+    add_bias(d, slice(bd, e, E));
+    for (size_t i = 0; i < E; ++i) out[i] += weight * d[i];
+  }
+  return out;
+}
 
 std::vector<Vec> reference_logits(const GgufFile& f, const HParams& hp, const std::vector<int32_t>& tokens,
                                   int pos0, int n_ctx, RefSwitches sw = {}) {
   RefWeights w{&f};
   const size_t T = tokens.size(), E = hp.n_embd, hd = hp.head_dim_k, H = hp.n_head, Hkv = hp.n_head_kv;
   const bool neox = hp.arch != Arch::llama;
-  const RopeRef rr = rope_ref(f, hp, w, sw.rope_scaling, n_ctx);
+  const bool oss = hp.arch == Arch::gpt_oss;
+  const RopeRef rr = rope_ref(f, hp, w, sw.rope_scaling, n_ctx, oss && sw.yarn_unrounded);
   const std::string p = std::string(arch_name(hp.arch)) + ".";
-  const size_t window =
-      sw.window && hp.arch == Arch::phi3 ? *f.get_u32_or(p + "attention.sliding_window", 0) : 0;
+  const size_t file_window =
+      sw.window && (hp.arch == Arch::phi3 || oss) ? *f.get_u32_or(p + "attention.sliding_window", 0) : 0;
   const auto embd = w.get("token_embd.weight");
   std::vector<Vec> x(T, Vec(E));
   for (size_t t = 0; t < T; ++t)
@@ -137,6 +198,9 @@ std::vector<Vec> reference_logits(const GgufFile& f, const HParams& hp, const st
                wqkv = w.get(n("attn_qkv.weight")), wo = w.get(n("attn_output.weight")),
                ffn_norm = w.get(n("ffn_norm.weight")), wg = w.get(n("ffn_gate.weight")),
                wu = w.get(n("ffn_up.weight")), wd = w.get(n("ffn_down.weight"));
+    // gpt-oss: Hugging Face's layer_types alternate sliding (even layers) and full attention
+    const size_t window = oss && il % 2 == 1 ? 0 : file_window;
+    const auto sinks = sw.sinks ? w.get(n("attn_sinks.weight")) : std::vector<float>{};
     std::vector<Vec> q(T), k(T), v(T);
     for (size_t t = 0; t < T; ++t) {
       Vec h = x[t];
@@ -185,12 +249,20 @@ std::vector<Vec> reference_logits(const GgufFile& f, const HParams& hp, const st
         }
         double sum = 0.0;
         for (double& sj : s) sum += (sj = std::exp(sj - mx));
+        if (!sinks.empty()) sum += std::exp(sinks[h] - mx);  // the sink: a logit without a value
         for (size_t j = 0; j <= t; ++j)
           for (size_t d = 0; d < hd; ++d) att[h * hd + d] += s[j] / sum * v[j][kvh * hd + d];
       }
-      const Vec o = matvec(wo, att, E);
+      Vec o = matvec(wo, att, E);
+      if (w.has(n("attn_output.bias"))) add_bias(o, w.get(n("attn_output.bias")));
       for (size_t e = 0; e < E; ++e) x[t][e] += o[e];
       Vec h = x[t];
+      if (oss) {  // the FFN's pre-norm is post_attention_norm; a mixture of experts
+        rmsnorm_groups(h, w.get(n("post_attention_norm.weight")), E, hp.norm_rms_eps);
+        const Vec moe = gpt_oss_moe(w, static_cast<int>(il), hp, h);
+        for (size_t e = 0; e < E; ++e) x[t][e] += moe[e];
+        continue;
+      }
       rmsnorm_groups(h, ffn_norm, E, hp.norm_rms_eps);
       Vec gate, up;
       if (wg.empty()) {  // phi3: ffn_up holds the gate rows, then the up rows
@@ -253,7 +325,7 @@ TEST_P(LlmReference, MatchesFloat64) {
 
 INSTANTIATE_TEST_SUITE_P(Archs, LlmReference,
                          ::testing::Values("tiny", "llama31-tiny", "qwen2-tiny", "qwen2-yarn-tiny",
-                                           "qwen3-tiny", "phi3-tiny", "phi3-longrope-tiny"),
+                                           "qwen3-tiny", "phi3-tiny", "phi3-longrope-tiny", "gptoss-tiny"),
                          [](const auto& info) {
                            std::string s = info.param;
                            for (char& c : s)
@@ -304,6 +376,57 @@ TEST_F(LlmReferenceFar, ScalingAndWindowMatter) {
     // Scores depend on relative positions (here at most 13), over which the low-frequency pairs that
     // rope_freqs slows barely turn: it moves the logits little, but 1e7 times the remaining error.
     EXPECT_GT(e_off, hp.arch == Arch::llama ? 1e-7 : 1e-3) << "NMSE without the feature " << e_off;
+  }
+}
+
+// gpt-oss: a 14-token prompt at position 3 in chunks of 5 (the window of 4 passed, local and full
+// layers, ring cache and chunk boundaries), every token's logits against the reference; each of its
+// features left out of the reference moves the logits far beyond the remaining error. The MXFP4
+// experts (gptoss-mxfp4-tiny) against the same reference on their dequantized weights, the experts'
+// inputs rounded through q8_0 as the MXFP4 dot product takes them (without that rounding the router
+// of a later layer picks another expert for some token: NMSE 4e-3 measured).
+TEST_F(LlmReferenceFar, GptOssFeaturesMatter) {
+  auto flat = [](const std::vector<Vec>& rows) {
+    std::vector<double> out;
+    for (const Vec& r : rows) out.insert(out.end(), r.begin(), r.end());
+    return out;
+  };
+  for (const char* shape : {"gptoss-tiny", "gptoss-mxfp4-tiny"}) {
+    SCOPED_TRACE(shape);
+    const std::string file = model(shape, "f32", 5);
+    auto backend = make_cpu_backend(2);
+    auto m = Model::load(file, *backend, quiet_load());
+    ASSERT_TRUE(m.ok()) << m.status().to_string();
+    auto ctx = Context::create(**m, ContextParams{32, 5, 0});
+    ASSERT_TRUE(ctx.ok()) << ctx.status().to_string();
+    const HParams& hp = (*m)->hparams();
+    EXPECT_EQ(hp.arch, Arch::gpt_oss);
+    EXPECT_TRUE(hp.is_swa(0) && !hp.is_swa(1) && hp.is_swa(2) && !hp.is_swa(3));
+    const auto tokens = test_tokens(14, static_cast<int>(hp.n_vocab), 11);
+    DecodeOptions all;
+    all.all_logits = true;
+    auto got = (*ctx)->decode(tokens, 3, all);
+    ASSERT_TRUE(got.ok()) << got.status().to_string();
+    const GgufFile& f = (*m)->gguf();
+    const auto ref = flat(reference_logits(f, hp, tokens, 3, 32));
+    ASSERT_EQ(got->size(), ref.size());
+    const double e = nmse(*got, ref);
+    const bool mxfp4 = std::string(shape) == "gptoss-mxfp4-tiny";
+    EXPECT_LT(e, mxfp4 ? 1e-4 : 1e-8) << "NMSE " << e;
+    if (mxfp4) continue;
+    const char* what[] = {"window", "sinks", "YaRN", "YaRN's unrounded range"};
+    for (int feature = 0; feature < 4; ++feature) {
+      RefSwitches off;
+      (feature == 0   ? off.window
+       : feature == 1 ? off.sinks
+       : feature == 2 ? off.rope_scaling
+                      : off.yarn_unrounded) = false;
+      const double e_off = nmse(*got, flat(reference_logits(f, hp, tokens, 3, 32, off)));
+      // relative positions up to 13 barely turn the pairs whose rate the rounding moves: a smaller
+      // effect, still far above the remaining error
+      EXPECT_GT(e_off, feature == 3 ? 100 * e + 1e-12 : 1e-4)
+          << "NMSE without the " << what[feature] << " " << e_off;
+    }
   }
 }
 

@@ -95,7 +95,8 @@ class LlmTensorParallel : public ModelFiles {};
 
 TEST_F(LlmTensorParallel, TwoRanksMatchTheUnsplitModel) {
   // tied output + biases + rope_freqs (llama31), QK-norm (qwen3), experts (qwen3moe), sliding
-  // windows with a ring and soft-caps (gemma2/3), and q8_0 blocks split along their rows' columns
+  // windows with a ring and soft-caps (gemma2/3), sinks and biased experts (gpt-oss), and q8_0 blocks
+  // split along their rows' columns
   for (const auto& [shape, type] : std::vector<std::pair<const char*, const char*>>{
            {"tiny", "f32"},
            {"llama31-tiny", "f32"},
@@ -104,6 +105,7 @@ TEST_F(LlmTensorParallel, TwoRanksMatchTheUnsplitModel) {
            {"qwen3moe-tiny", "f32"},
            {"gemma2-tiny", "f32"},
            {"gemma3-tiny", "f32"},
+           {"gptoss-tiny", "f32"},
            {"tiny", "q8_0"}}) {
     SCOPED_TRACE(std::string(shape) + " " + type);
     const std::string file = model(shape, type);

@@ -70,7 +70,7 @@ struct RopeCase {
 };
 
 RopeParams rope_params(int n_dims, RopeMode mode, float freq_scale = 1.0f, float ext_factor = 0.0f) {
-  return RopeParams{n_dims, mode, 4096, 10000.0f, freq_scale, ext_factor, 1.0f, 32.0f, 1.0f};
+  return RopeParams{n_dims, mode, 4096, 10000.0f, freq_scale, ext_factor, 1.0f, 32.0f, 1.0f, 0};
 }
 
 /// The YaRN paper's (arXiv:2309.00071) NTK-by-parts blend, written from the wavelength view:

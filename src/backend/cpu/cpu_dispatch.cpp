@@ -22,6 +22,7 @@ bool supports(const Tensor& node) {
     case OpKind::softcap:
     case OpKind::swiglu:
     case OpKind::geglu:
+    case OpKind::swiglu_oai:
     case OpKind::rms_norm:
     case OpKind::norm:
     case OpKind::soft_max:
@@ -75,6 +76,7 @@ void compute_node(const KernelContext& ctx, Tensor* node) {
     case OpKind::softcap: op_unary(ctx, node); return;
     case OpKind::swiglu:
     case OpKind::geglu: op_gated(ctx, node); return;
+    case OpKind::swiglu_oai: op_swiglu_oai(ctx, node); return;
     case OpKind::rms_norm: op_rms_norm(ctx, node); return;
     case OpKind::norm: op_norm(ctx, node); return;
     case OpKind::soft_max: op_soft_max(ctx, node); return;

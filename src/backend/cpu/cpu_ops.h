@@ -41,6 +41,7 @@ void compute_node(const KernelContext& ctx, Tensor* node);
 void op_binary(const KernelContext& ctx, Tensor* dst);     // add sub mul div
 void op_unary(const KernelContext& ctx, Tensor* dst);      // scale silu gelu gelu_erf softcap
 void op_gated(const KernelContext& ctx, Tensor* dst);      // swiglu geglu
+void op_swiglu_oai(const KernelContext& ctx, Tensor* dst);
 void op_rms_norm(const KernelContext& ctx, Tensor* dst);
 void op_norm(const KernelContext& ctx, Tensor* dst);
 void op_soft_max(const KernelContext& ctx, Tensor* dst);

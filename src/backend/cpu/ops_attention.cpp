@@ -1,6 +1,7 @@
 // Fused attention: out = softmax(softcap(q k^T * scale) + mask) v, one pass over the keys with an
 // online softmax (running max and sum; the accumulator is rescaled when the max grows), so no
-// n_q x n_kv score matrix is ever stored.
+// n_q x n_kv score matrix is ever stored. An optional per-head sink logit (gpt-oss) joins each
+// denominator at the end.
 //
 // Work units are runs of query heads that share one KV head (GQA), for one (query, ne3), so each
 // K/V row is loaded (and converted from f16) once per run instead of once per head; the runs
@@ -211,6 +212,7 @@ void op_flash_attn(const KernelContext& ctx, Tensor* dst) {
   const Tensor* k = dst->src[1];
   const Tensor* v = dst->src[2];
   const Tensor* mask = dst->src[3];
+  const auto* sinks = dst->src[4] ? static_cast<const float*>(dst->src[4]->data) : nullptr;
   const FlashAttnParams& p = dst->get_params<FlashAttnParams>();
   const RowKernels& rk = row_kernels();
 
@@ -343,11 +345,14 @@ void op_flash_attn(const KernelContext& ctx, Tensor* dst) {
     for (int64_t h = 0; h < nr; ++h) {
       auto* y = reinterpret_cast<float*>(at(dst, 0, h0 + h, t, i3));
       const double* a = acc + h * dv;
-      if (run_sum[h] == 0.0) {  // every key masked: zeros rather than 0/0
+      if (run_sum[h] == 0.0) {  // every key masked: zeros rather than 0/0 (a sink has no value)
         std::fill(y, y + dv, 0.0f);
         continue;
       }
-      for (int64_t i = 0; i < dv; ++i) y[i] = static_cast<float>(a[i] / run_sum[h]);
+      // the sink joins the denominator as one more key, relative to the running max like the others
+      const double denom =
+          sinks ? run_sum[h] + std::exp(static_cast<double>(sinks[h0 + h]) - run_max[h]) : run_sum[h];
+      for (int64_t i = 0; i < dv; ++i) y[i] = static_cast<float>(a[i] / denom);
     }
   }
 }

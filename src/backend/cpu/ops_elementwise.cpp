@@ -107,4 +107,28 @@ void op_gated(const KernelContext& ctx, Tensor* dst) {
   }
 }
 
+void op_swiglu_oai(const KernelContext& ctx, Tensor* dst) {
+  const auto p = dst->get_params<SwigluOaiParams>();
+  const double alpha = p.alpha;
+  const float limit = p.limit;
+  const Tensor* gate = dst->src[0];
+  const Tensor* up = dst->src[1];
+  const int64_t n = dst->ne[0];
+  for_each_row(ctx, dst, [&](int64_t i1, int64_t i2, int64_t i3) {
+    const auto* g = reinterpret_cast<const float*>(at(gate, 0, i1, i2, i3));
+    const auto* u = reinterpret_cast<const float*>(at(up, 0, i1, i2, i3));
+    auto* y = reinterpret_cast<float*>(at(dst, 0, i1, i2, i3));
+    for (int64_t i = 0; i < n; ++i) {
+      // comparisons rather than min/clamp, so that a NaN passes through as it does in PyTorch
+      const float gc = g[i] > limit ? limit : g[i];
+      const float uc = u[i] > limit ? limit : (u[i] < -limit ? -limit : u[i]);
+      // g * sigmoid(alpha g) in double, rounded once; then float (u + 1) and a float product, the
+      // same roundings as the CUDA kernel (docs/NUMERICS.md)
+      const double gd = gc;
+      const float act = static_cast<float>(gd / (1.0 + std::exp(-alpha * gd)));
+      y[i] = act * (uc + 1.0f);
+    }
+  });
+}
+
 }  // namespace loom::cpu

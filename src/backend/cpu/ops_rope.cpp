@@ -46,11 +46,16 @@ RopeTables make_tables(const RopeParams& p, const float* freq_factors) {
   }
   if (p.ext_factor != 0.0f) {
     // Correction range in dims, as GGUF runtimes compute it: floor of the fast bound, ceil of
-    // the slow one, clamped to valid dims. The ramp then runs over the pair index.
-    const double low =
-        std::max(0.0, std::floor(yarn_corr_dim(p.n_dims, p.n_ctx_orig, p.beta_fast, p.freq_base)));
-    const double high = std::min(static_cast<double>(p.n_dims - 1),
-                                 std::ceil(yarn_corr_dim(p.n_dims, p.n_ctx_orig, p.beta_slow, p.freq_base)));
+    // the slow one (unless yarn_unrounded), clamped to valid dims. The ramp then runs over the pair
+    // index.
+    double low = yarn_corr_dim(p.n_dims, p.n_ctx_orig, p.beta_fast, p.freq_base);
+    double high = yarn_corr_dim(p.n_dims, p.n_ctx_orig, p.beta_slow, p.freq_base);
+    if (!p.yarn_unrounded) {
+      low = std::floor(low);
+      high = std::ceil(high);
+    }
+    low = std::max(0.0, low);
+    high = std::min(static_cast<double>(p.n_dims - 1), high);
     for (int i = 0; i < n_pairs; ++i) {
       const double y = (i - low) / std::max(0.001, high - low);
       const double ramp = 1.0 - std::clamp(y, 0.0, 1.0);

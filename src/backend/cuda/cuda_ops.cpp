@@ -42,9 +42,15 @@ RopeArgs make_rope_args(const RopeParams& p) {
   a.mscale = p.attn_factor;
   if (p.ext_factor != 0.0f) {
     a.mscale *= 1.0 + 0.1 * std::log(1.0 / p.freq_scale);  // YaRN's attention temperature
-    a.corr_low = std::max(0.0, std::floor(yarn_corr_dim(p.n_dims, p.n_ctx_orig, p.beta_fast, p.freq_base)));
-    a.corr_high = std::min(static_cast<double>(p.n_dims - 1),
-                           std::ceil(yarn_corr_dim(p.n_dims, p.n_ctx_orig, p.beta_slow, p.freq_base)));
+    // whole dims (floor / ceil) as GGUF runtimes take them, unless yarn_unrounded (HF's truncate: false)
+    double low = yarn_corr_dim(p.n_dims, p.n_ctx_orig, p.beta_fast, p.freq_base);
+    double high = yarn_corr_dim(p.n_dims, p.n_ctx_orig, p.beta_slow, p.freq_base);
+    if (!p.yarn_unrounded) {
+      low = std::floor(low);
+      high = std::ceil(high);
+    }
+    a.corr_low = std::max(0.0, low);
+    a.corr_high = std::min(static_cast<double>(p.n_dims - 1), high);
   }
   return a;
 }
@@ -83,6 +89,8 @@ CudaError run_node(const LaunchContext& ctx, const Tensor* t) {
     case OpKind::swiglu:
     case OpKind::geglu:
       return launch_gated(ctx, t);
+    case OpKind::swiglu_oai:
+      return launch_swiglu_oai(ctx, t);
     case OpKind::rms_norm:
     case OpKind::norm:
       return launch_norm(ctx, t, t->get_params<NormParams>().eps);
@@ -195,6 +203,7 @@ bool supports_op_impl(const Tensor& node) {
     case OpKind::gelu_erf:
     case OpKind::swiglu:
     case OpKind::geglu:
+    case OpKind::swiglu_oai:
     case OpKind::softcap:
     case OpKind::argmax:
     case OpKind::top_k:

@@ -30,5 +30,15 @@ __device__ __forceinline__ float softcap_f(float x, float cap) {
 __device__ __forceinline__ float gated_f(float gate, float up, bool swiglu) {
   return __fmul_rn(swiglu ? silu_f(gate) : gelu_tanh_f(gate), up);
 }
+/// gpt-oss's clamped SwiGLU: g = min(gate, limit), u = clamp(up, -limit, limit), g sigmoid(alpha g)
+/// (u + 1). Comparisons rather than fminf/fmaxf, which would turn a NaN into the limit (the CPU and
+/// PyTorch keep it); the activation in double, then a float add and a float multiply, as on the CPU.
+__device__ __forceinline__ float swiglu_oai_f(float gate, float up, float alpha, float limit) {
+  const float g = gate > limit ? limit : gate;
+  const float u = up > limit ? limit : (up < -limit ? -limit : up);
+  const double gd = g;
+  const float act = static_cast<float>(gd / (1.0 + exp(-static_cast<double>(alpha) * gd)));
+  return __fmul_rn(act, __fadd_rn(u, 1.0f));
+}
 
 }  // namespace loom::cuda

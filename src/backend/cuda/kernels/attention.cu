@@ -3,7 +3,7 @@
 // m_new)), and the block merges the warps' partial results through shared memory at the end. So a
 // decode step (one query, few heads) still spreads over n_head * kSplit warps. Keys the mask hides
 // are skipped before their dot product. Each lane holds head elements lane, lane+32, ... of q and
-// of the accumulator.
+// of the accumulator. A head's sink logit (src[4], optional) joins the merged denominator.
 // Bytes model: K and V are read once per query head, (n_q * n_head) * n_kv * (d + dv) * size.
 #include <algorithm>
 
@@ -33,7 +33,7 @@ __device__ __forceinline__ double load_kv(const char* row, int64_t i, bool f16) 
 template <int kPerLane>
 __global__ void __launch_bounds__(kSplit * kWarpSize) flash_attn_kernel(TensorDesc dst, TensorDesc q, TensorDesc k, TensorDesc v, TensorDesc mask,
                                   bool has_mask, bool mask_f16, bool k_f16, bool v_f16, float scale,
-                                  float softcap) {
+                                  float softcap, const float* sinks) {
   pdl_wait();
   constexpr int kHalf = kSplit / 2;  // the merge goes through shared memory half the warps at a time
   __shared__ double sh_m[kSplit], sh_l[kSplit], sh_factor[kSplit];
@@ -107,6 +107,8 @@ __global__ void __launch_bounds__(kSplit * kWarpSize) flash_attn_kernel(TensorDe
       sh_factor[s2] = sh_m[s2] == -INFINITY ? 0.0 : exp(sh_m[s2] - big);
       total += sh_l[s2] * sh_factor[s2];
     }
+    // the head's sink joins the denominator as a key without a value (none when no key is visible)
+    if (sinks && big != -INFINITY) total += exp(static_cast<double>(sinks[h]) - big);
     sh_total = total;
   }
   // each thread owns at most one output element (the block has kSplit * 32 >= kFlashAttnMaxHead)
@@ -138,6 +140,7 @@ CudaError launch_flash_attn(const LaunchContext& ctx, const Tensor* dst, float s
   const Tensor* k = dst->src[1];
   const Tensor* v = dst->src[2];
   const Tensor* mask = dst->src[3];
+  const Tensor* sinks = dst->src[4];
   const int64_t rows = q->ne[1] * q->ne[2] * q->ne[3];  // (query, head) pairs: one block each
   if (rows == 0) return {};
   if (rows > INT32_MAX)
@@ -151,7 +154,8 @@ CudaError launch_flash_attn(const LaunchContext& ctx, const Tensor* dst, float s
                                         : flash_attn_kernel<kFlashAttnMaxHead / kWarpSize>;
   kernel<<<static_cast<unsigned>(rows), kSplit * kWarpSize, 0, ctx.stream>>>(
       desc_of(dst), desc_of(q), desc_of(k), desc_of(v), mask_desc, mask != nullptr,
-      mask && mask->type == DType::f16, k->type == DType::f16, v->type == DType::f16, scale, softcap);
+      mask && mask->type == DType::f16, k->type == DType::f16, v->type == DType::f16, scale, softcap,
+      sinks ? static_cast<const float*>(sinks->data) : nullptr);
   LOOM_CUDA_CHECK_LAUNCH("flash_attn_kernel");
   return {};
 }

@@ -12,7 +12,8 @@
 // 8 output elements per row) over the keys j = its slot mod (4 warps x keys per warp). The streams
 // are merged through shuffles and shared memory in a fixed order; with several splits each writes
 // (m, l, acc) to scratch and a second kernel merges the splits in order: deterministic, no atomics.
-// Scores, softmax and accumulation in float.
+// Scores, softmax and accumulation in float. A head's sink logit (src[4], optional) joins the
+// denominator where the row's result is final: the single split's write, or the merge.
 // Bytes model per layer: n_kv x n_head_kv x d x 2 (K and V, f16) once, plus masks; at depth 4096
 // on an 8B layer that is 16 MB, ~4 us at the H200's 4,350 GB/s.
 //
@@ -50,6 +51,7 @@ struct DecodeArgs {
   int64_t keys_per_split;
   int n_splits;
   float* partial;        ///< [split][row][d + 2] when n_splits > 1
+  const float* sinks;    ///< per query head, a logit joining the denominator (null: none)
   // Gathered K/V only: k and v then hold the stores' data and row stride (nb[1]) with the gathered
   // shape (ne), and key j of KV head hk of sequence i3 is row idx[j + n_kv * (hk + n_head_kv * i3)].
   const int32_t* k_idx;
@@ -256,8 +258,10 @@ __global__ void __launch_bounds__(kDecThreads) flash_decode_kernel(const __grid_
     int64_t h, iq;
     row_at(a, hk, rr, h, iq);
     if (a.n_splits == 1) {
-      // output [dv, n_head, n_q]; no visible key gives zeros, as the exact kernel does
-      reinterpret_cast<float*>(row_ptr(a.dst, h, iq, i3))[e] = lt > 0.0f ? at / lt : 0.0f;
+      // output [dv, n_head, n_q]; no visible key gives zeros, as the exact kernel does; the sink
+      // joins the denominator relative to the same maximum
+      const float denom = a.sinks && mt != -INFINITY ? lt + __expf(a.sinks[h] - mt) : lt;
+      reinterpret_cast<float*>(row_ptr(a.dst, h, iq, i3))[e] = lt > 0.0f ? at / denom : 0.0f;
     } else {
       const int64_t row = (i3 * n_kv_heads + hk) * a.n_rows + rr;
       const int64_t rows = a.k.ne[3] * n_kv_heads * a.n_rows;
@@ -282,6 +286,9 @@ __global__ void flash_decode_merge_kernel(const __grid_constant__ DecodeArgs a) 
   const int64_t rows = a.k.ne[3] * n_kv_heads * a.n_rows;
   const int64_t row = blockIdx.x, e = threadIdx.x;
   const int n = a.n_splits;
+  const int64_t rr = row % a.n_rows, hk = (row / a.n_rows) % n_kv_heads, i3 = row / (a.n_rows * n_kv_heads);
+  int64_t h, iq;
+  row_at(a, hk, rr, h, iq);
   if (e < n) {
     const float* p = a.partial + (e * rows + row) * (d + 2);
     sh_w[e] = p[0];
@@ -296,14 +303,13 @@ __global__ void flash_decode_merge_kernel(const __grid_constant__ DecodeArgs a) 
       sh_w[s] = sh_w[s] == -INFINITY ? 0.0f : __expf(sh_w[s] - big);  // a split with no visible key adds nothing
       total += sh_l[s] * sh_w[s];
     }
+    // the head's sink, a key without a value
+    if (a.sinks && big != -INFINITY) total += __expf(a.sinks[h] - big);
     sh_total = total;
   }
   __syncthreads();
   float out = 0.0f;
   for (int s = 0; s < n; ++s) out += a.partial[(s * rows + row) * (d + 2) + 2 + e] * sh_w[s];
-  const int64_t rr = row % a.n_rows, hk = (row / a.n_rows) % n_kv_heads, i3 = row / (a.n_rows * n_kv_heads);
-  int64_t h, iq;
-  row_at(a, hk, rr, h, iq);
   reinterpret_cast<float*>(row_ptr(a.dst, h, iq, i3))[e] = sh_total > 0.0f ? out / sh_total : 0.0f;
 }
 
@@ -414,6 +420,7 @@ CudaError launch_flash_attn_decode(const LaunchContext& ctx, const Tensor* dst, 
   }
   a.has_mask = mask != nullptr;
   a.mask = mask ? desc_of(mask) : TensorDesc{};
+  a.sinks = dst->src[4] ? static_cast<const float*>(dst->src[4]->data) : nullptr;
   a.mask_f16 = mask && mask->type == DType::f16;
   a.scale = scale;
   a.softcap = softcap;

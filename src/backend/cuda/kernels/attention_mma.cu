@@ -5,7 +5,8 @@
 // S = Q K^T (mma.sync m16n8k16, f16 in, f32 accumulators), softcap and mask in f32, an online
 // softmax on the accumulator registers (base-2 exponentials), P rounded to f16 in registers (the
 // S accumulator layout is the A operand layout of the next mma) and O += P V. O, the running max
-// and the running sum stay in registers; the output is O / l in f32. Deterministic: one block owns
+// and the running sum stay in registers; the output is O / l in f32 (l with the head's sink term
+// when src[4] gives sinks). Deterministic: one block owns
 // each output row, no atomics, no split over the keys.
 //
 // Masked keys: the mask is an input, so the keys a block's queries can see are found by scanning
@@ -153,7 +154,8 @@ struct MmaArgs {
   float scale, softcap;
   /// flash_attn_tile_class_kernel's output, or null: each block scans the mask for its extent
   const uint8_t* tile_class;
-  int64_t k_tiles;  ///< key tiles per query tile in tile_class
+  int64_t k_tiles;     ///< key tiles per query tile in tile_class
+  const float* sinks;  ///< per head, a logit joining the softmax denominator (null: none)
 };
 
 /// Halves per shared-memory row of a D-wide tile: 16 bytes of padding put the 8 rows an ldmatrix
@@ -402,7 +404,10 @@ __global__ void __launch_bounds__(kThreads) flash_attn_mma_kernel(const MmaArgs 
     float l = l_run[r];
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    const bool seen = l > 0.0f;
+    // the head's sink: one more term of the denominator at the row's maximum (log2 units)
+    if (a.sinks && m_run[r] != -INFINITY) l += exp2_approx(a.sinks[h] * kLog2e - m_run[r]);
+    const float inv = seen ? 1.0f / l : 0.0f;
     const int64_t iq = q0 + warp * 16 + g + 8 * r;
     if (iq >= n_q) continue;
     // output [dv, n_head, n_q]: a query's heads are adjacent rows
@@ -440,7 +445,8 @@ CudaError launch_mma(const LaunchContext& ctx, const Tensor* dst, float scale, f
                scale,
                softcap,
                nullptr,
-               0};
+               0,
+               dst->src[4] ? static_cast<const float*>(dst->src[4]->data) : nullptr};
   if (mask) {
     args.mask = desc_of(mask);
     if (ctx.scratch && ctx.scratch_size >= flash_attn_mma_scratch_bytes(dst)) {

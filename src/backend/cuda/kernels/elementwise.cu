@@ -7,6 +7,7 @@
 #include "activation.cuh"
 #include "common.cuh"
 #include "elementwise.cuh"
+#include "loom/graph.h"
 
 namespace loom::cuda {
 
@@ -94,6 +95,15 @@ __global__ void gated4_kernel(TensorDesc dst, TensorDesc gate, TensorDesc up, bo
   }
 }
 
+// The expert activations of a MoE layer ([n_ff_exp, n_used, n_tokens], 2 x 360 KB for a 512-token
+// gpt-oss-20b chunk): one element per thread is enough.
+__global__ void swiglu_oai_kernel(TensorDesc dst, TensorDesc gate, TensorDesc up, float alpha, float limit) {
+  pdl_wait();
+  for_each_element(dst, [&](const int64_t* i) {
+    f32_at(dst, i) = swiglu_oai_f(f32_at(gate, i), f32_at(up, i), alpha, limit);
+  });
+}
+
 bool float4_rows(const Tensor* t) {
   if (t->type != DType::f32 || t->nb[0] != sizeof(float) || t->ne[0] % 4 != 0 ||
       reinterpret_cast<uintptr_t>(t->data) % 16 != 0)
@@ -135,6 +145,16 @@ CudaError launch_gated(const LaunchContext& ctx, const Tensor* dst) {
   gated_kernel<<<grid_for(n, kThreads), kThreads, 0, ctx.stream>>>(
       desc_of(dst), desc_of(dst->src[0]), desc_of(dst->src[1]), dst->op == OpKind::swiglu);
   LOOM_CUDA_CHECK_LAUNCH("gated_kernel");
+  return {};
+}
+
+CudaError launch_swiglu_oai(const LaunchContext& ctx, const Tensor* dst) {
+  const int64_t n = dst->nelements();
+  if (n == 0) return {};
+  const auto p = dst->get_params<SwigluOaiParams>();
+  swiglu_oai_kernel<<<grid_for(n, kThreads), kThreads, 0, ctx.stream>>>(
+      desc_of(dst), desc_of(dst->src[0]), desc_of(dst->src[1]), p.alpha, p.limit);
+  LOOM_CUDA_CHECK_LAUNCH("swiglu_oai_kernel");
   return {};
 }
 
