@@ -14,7 +14,7 @@ cd "$root"
 # Which layer owns each public header.
 declare -A owner=(
   [loom/status.h]=core [loom/dtype.h]=core [loom/tensor.h]=core [loom/graph.h]=core
-  [loom/backend.h]=core [loom/planner.h]=core [loom/quant.h]=core
+  [loom/backend.h]=core [loom/planner.h]=core [loom/comm.h]=core [loom/quant.h]=core
   [loom/exec.h]=exec [loom/exec_plan.h]=exec [loom/exec_graph_cache.h]=exec
   [loom/gguf.h]=gguf
   [loom/cpu.h]=backend_cpu [loom/cuda.h]=backend_cuda
