@@ -139,7 +139,8 @@ int split_dim(const std::string& name) {
       {"ffn_gate.weight", 1},      {"ffn_up.weight", 1},        {"ffn_gate_exps.weight", 1},
       {"ffn_up_exps.weight", 1},   {"ffn_gate_exps.bias", 0},   {"ffn_up_exps.bias", 0},
       {"attn_sinks.weight", 0},    {"attn_sinks", 0},           {"attn_output.weight", 0},
-      {"ffn_down.weight", 0},      {"ffn_down_exps.weight", 0},
+      {"ffn_down.weight", 0},      {"ffn_down_exps.weight", 0}, {"attn_qkv.weight", 1},
+      {"attn_qkv.bias", 0},
   };
   if (name == "output.weight") return 1;
   if (layer_of(name) < 0) return -1;
@@ -149,12 +150,13 @@ int split_dim(const std::string& name) {
   return -1;
 }
 
-// Where one rank's part of a file tensor lies: elements [begin, begin + ne[dim]) along `dim`.
+// Where one rank's part of a file tensor lies: ranges of indices along `dim`, one after the other
+// (one range; several for a fused projection, whose parts are split each on its own).
 struct Slice {
   Tensor* t = nullptr;  // the rank's tensor (its shape is the slice's)
   const GgufTensorInfo* info = nullptr;
   int dim = -1;  // -1: the whole tensor
-  int64_t begin = 0;
+  std::vector<std::pair<int64_t, int64_t>> ranges;  // (begin, count) along dim
 };
 
 // Rank `rank` of `n_ranks` along a dimension of `size` elements: chunks of ceil(size / n_ranks).
@@ -168,8 +170,8 @@ std::pair<int64_t, int64_t> rank_range(int64_t size, int rank, int n_ranks) {
 // over a scratch graph) and makes a tensor of the rank's slice.
 class ShardTensorLoader final : public TensorLoader {
  public:
-  ShardTensorLoader(const GgufFile& file, Graph& tensors, int rank, int n_ranks)
-      : file_(file), checker_(file, scratch_), tensors_(tensors), rank_(rank), n_ranks_(n_ranks) {}
+  ShardTensorLoader(const GgufFile& file, const HParams& hp, Graph& tensors, int rank, int n_ranks)
+      : file_(file), hp_(hp), checker_(file, scratch_), tensors_(tensors), rank_(rank), n_ranks_(n_ranks) {}
 
   Tensor* require(const std::string& name, const Shape& ne, WeightKind kind) override {
     return slice(checker_.require(name, ne, kind), name);
@@ -196,32 +198,50 @@ class ShardTensorLoader final : public TensorLoader {
 
   Tensor* slice(Tensor* whole, const std::string& name) {
     if (!whole) return nullptr;
-    return make(checker_.loaded().back().second, name, split_dim(name));
+    return make(checker_.loaded().back().second, name, split_dim(name), fused_parts(name, whole->ne));
   }
 
-  Tensor* make(const GgufTensorInfo* info, const std::string& name, int dim) {
+  // The parts of a fused projection, each split on its own (phi3's attn_qkv: queries, keys, values;
+  // its ffn_up: gate rows, then up rows); empty for the others.
+  std::vector<int64_t> fused_parts(const std::string& name, const Shape& ne) const {
+    const std::string_view what = std::string_view(name).substr(name.find('.', 4) + 1);
+    const int64_t q = static_cast<int64_t>(hp_.head_dim_k) * hp_.n_head, k = hp_.n_embd_k_gqa(),
+                  v = hp_.n_embd_v_gqa();
+    if (what == "attn_qkv.weight" || what == "attn_qkv.bias") return {q, k, v};
+    if (what == "ffn_up.weight" && ne[1] == 2 * static_cast<int64_t>(hp_.n_ff)) return {hp_.n_ff, hp_.n_ff};
+    return {};
+  }
+
+  Tensor* make(const GgufTensorInfo* info, const std::string& name, int dim, std::vector<int64_t> parts = {}) {
     if (!status_.ok()) return nullptr;
     auto dtype = file_.dtype_of(*info);
     if (!dtype) return fail(dtype.status());
     Shape ne = info->ne;
-    int64_t begin = 0;
+    std::vector<std::pair<int64_t, int64_t>> ranges;
     if (dim >= 0) {
-      const auto [b, n] = rank_range(ne[dim], rank_, n_ranks_);
+      if (parts.empty()) parts = {ne[dim]};
       const int64_t block = dtype_block_size(*dtype);
-      if (n <= 0 || (dim == 0 && (b % block != 0 || n % block != 0)))
-        return fail(make_error(StatusCode::unsupported,
-                               "{}: tensor '{}' ({} {}) cannot be split {} ways along dimension {}{}", file_.name(),
-                               name, dtype_name(*dtype), shape_string(info->ne), n_ranks_, dim,
-                               dim == 0 ? fmt::format(" on whole blocks of {}", block) : std::string()));
-      ne[dim] = n;
-      begin = b;
+      int64_t part_begin = 0, total = 0;
+      for (int64_t part : parts) {
+        const auto [b, n] = rank_range(part, rank_, n_ranks_);
+        if (n <= 0 || (dim == 0 && (b % block != 0 || n % block != 0)))
+          return fail(make_error(StatusCode::unsupported,
+                                 "{}: tensor '{}' ({} {}) cannot be split {} ways along dimension {}{}", file_.name(),
+                                 name, dtype_name(*dtype), shape_string(info->ne), n_ranks_, dim,
+                                 dim == 0 ? fmt::format(" on whole blocks of {}", block) : std::string()));
+        ranges.emplace_back(part_begin + b, n);
+        part_begin += part;
+        total += n;
+      }
+      ne[dim] = total;
     }
     Tensor* t = tensors_.weight(*dtype, ne, fmt::format("{} (rank {})", name, rank_));
-    slices_.push_back(Slice{t, info, dim, begin});
+    slices_.push_back(Slice{t, info, dim, std::move(ranges)});
     return t;
   }
 
   const GgufFile& file_;
+  const HParams& hp_;
   Graph scratch_;
   FileTensorLoader checker_;
   Graph& tensors_;
@@ -254,19 +274,37 @@ Status upload_slices(const GgufFile& file, Backend& backend, const std::vector<S
     }
     const std::array<size_t, kMaxDims> nb = contiguous_strides(s.t->type, s.info->ne);
     const Shape& ne = s.t->ne;
-    const size_t row = s.t->row_size();
+    // The file index of each of the slice's indices along the split dimension (identity elsewhere);
+    // along dim 0, runs of whole blocks: (first byte in the file's row, bytes).
+    std::array<std::vector<int64_t>, kMaxDims> index;
+    for (int d = 1; d < kMaxDims; ++d)
+      for (int64_t i = 0; i < ne[d]; ++i) index[static_cast<size_t>(d)].push_back(i);
+    std::vector<std::pair<size_t, size_t>> runs;
+    const size_t block_bytes = dtype_type_size(s.t->type);
+    const int64_t block = dtype_block_size(s.t->type);
+    if (s.dim == 0) {
+      for (const auto& [b, n] : s.ranges)
+        runs.emplace_back(static_cast<size_t>(b / block) * block_bytes, static_cast<size_t>(n / block) * block_bytes);
+    } else {
+      runs.emplace_back(0, s.t->row_size());
+      std::vector<int64_t>& at = index[static_cast<size_t>(s.dim)];
+      at.clear();
+      for (const auto& [b, n] : s.ranges)
+        for (int64_t i = 0; i < n; ++i) at.push_back(b + i);
+    }
     packed.resize(s.t->nbytes());
     uint8_t* dst = packed.data();
-    std::array<int64_t, kMaxDims> first{};
-    first[static_cast<size_t>(s.dim)] = s.begin;
-    const size_t col0 = static_cast<size_t>(first[0] / dtype_block_size(s.t->type)) * dtype_type_size(s.t->type);
-    for (int64_t i3 = 0; i3 < ne[3]; ++i3)
-      for (int64_t i2 = 0; i2 < ne[2]; ++i2)
-        for (int64_t i1 = 0; i1 < ne[1]; ++i1, dst += row)
-          std::memcpy(dst,
-                      s.info->data + col0 + static_cast<size_t>(i1 + first[1]) * nb[1] +
-                          static_cast<size_t>(i2 + first[2]) * nb[2] + static_cast<size_t>(i3 + first[3]) * nb[3],
-                      row);
+    for (int64_t i3 : index[3])
+      for (int64_t i2 : index[2])
+        for (int64_t i1 : index[1]) {
+          const uint8_t* src = s.info->data + static_cast<size_t>(i1) * nb[1] + static_cast<size_t>(i2) * nb[2] +
+                               static_cast<size_t>(i3) * nb[3];
+          for (const auto& [off, n] : runs) {
+            std::memcpy(dst, src + off, n);
+            dst += n;
+          }
+        }
+    LOOM_ASSERT(dst == packed.data() + packed.size());
     LOOM_TRY(tensor_write(s.t, packed.data(), 0, packed.size()));
   }
   return backend.synchronize();
@@ -294,11 +332,6 @@ Result<HParams> shard_hparams(const std::string& path, const HParams& hp, int n_
 // Loads rank by rank: each rank's weights go straight to its backend.
 Status load_shards(ModelImpl& m, std::span<Backend* const> backends, bool progress) {
   const int n = static_cast<int>(backends.size());
-  for (const LayerWeights& l : m.w.layers)
-    if (l.wqkv || l.ffn_gate_up)
-      return make_error(StatusCode::unsupported,
-                        "{}: tensor parallelism cannot split {}'s fused projections (attn_qkv, gate+up in ffn_up) yet",
-                        m.file.name(), arch_name(m.hp.arch));
   auto comms = make_communicators(backends);
   if (!comms) return make_error(comms.status().code(), "{}: tensor parallelism: {}", m.file.name(), comms.status().message());
   m.comms = std::move(comms.value());
@@ -307,7 +340,7 @@ Status load_shards(ModelImpl& m, std::span<Backend* const> backends, bool progre
     Shard s;
     s.backend = backends[static_cast<size_t>(r)];
     s.comm = m.comms[static_cast<size_t>(r)].get();
-    ShardTensorLoader tl(m.file, m.weight_tensors, r, n);
+    ShardTensorLoader tl(m.file, m.hp, m.weight_tensors, r, n);
     m.arch->declare_weights(tl, m.hp, s.w);
     if (s.w.output == s.w.tok_embd) s.w.output = tl.slice_rows(s.w.tok_embd, "output.weight (tied)");
     LOOM_TRY(tl.status());
