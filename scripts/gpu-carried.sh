@@ -17,6 +17,7 @@
 #   prefilltrace  a Chrome trace of one 512-token prompt chunk (the second) on LOOM_MODELS, summarized
 #   tp       -tp 2 (and 4 on 4 GPUs) against -tp 1 on LOOM_MODELS: prompt logits and greedy tokens in both
 #            numerics, then loom bench -p 512 -n 128 at each rank count
+#   tp70b    synthetic llama3-70b F16 (141 GB: more than one GPU holds) with -tp 2 and -tp 4 (x4 disk)
 #   batchcheck  loom-exec-equivalence on the built-in model and LOOM_MODELS, both numerics (includes
 #            16 sequences decoded together against alone)
 set -uo pipefail
@@ -44,6 +45,13 @@ model() {  # model SHAPE:TYPE -> path of a generated model (made if missing)
   echo "$f"
 }
 models=${LOOM_MODELS:-llama3-1b:q4_0 llama3-8b:q4_0}
+find_nccl() {  # NCCL for -tp: the toolkit's, else PyTorch's copy
+  if [[ ! -e /usr/local/cuda/lib64/libnccl.so.2 ]] && ! ldconfig -p 2>/dev/null | grep -q libnccl.so.2; then
+    local nccl
+    nccl=$(find /usr /opt /root -name libnccl.so.2 2>/dev/null | head -1)
+    [[ -n $nccl ]] && export LD_LIBRARY_PATH="$(dirname "$nccl"):$LD_LIBRARY_PATH" && echo "NCCL: $nccl"
+  fi
+}
 for step in "$@"; do
   stamp "$step"
   case $step in
@@ -122,12 +130,8 @@ for step in "$@"; do
         LOOM_NUMERICS=$mode timeout 300 "$bin/loom-exec-equivalence" --steps 16 --runs 2 "${fs[@]}" 2>&1 |
           grep -E "FAIL|together|failures" ; done ;;
     tp)  # tensor parallelism: -tp N (LOOM_TP, default 2 and 4 when there are GPUs for them) against -tp 1
-      ngpu=$(nvidia-smi -L | wc -l)
-      if [[ ! -e /usr/local/cuda/lib64/libnccl.so.2 ]] && ! ldconfig -p 2>/dev/null | grep -q libnccl.so.2; then
-        nccl=$(find /usr /opt /root -name libnccl.so.2 2>/dev/null | head -1)  # PyTorch's copy
-        [[ -n $nccl ]] && export LD_LIBRARY_PATH="$(dirname "$nccl"):$LD_LIBRARY_PATH" && echo "NCCL: $nccl"
-      fi
-      tps=${LOOM_TP:-$( ((ngpu >= 4)) && echo "2 4" || echo 2)}
+      find_nccl
+      tps=${LOOM_TP:-$( (($(nvidia-smi -L | wc -l) >= 4)) && echo "2 4" || echo 2)}
       p="The quick brown fox jumps over the lazy dog and then"
       tlim=${LOOM_TP_TIMEOUT:-90}
       for m in $models; do
@@ -151,6 +155,15 @@ for step in "$@"; do
           echo "-- $m -tp $n: rc=$? in $(($(date +%s) - t0)) s"
           grep -E "^\|" "$out/tpbench$n.out" | grep -v -- "---" || tail -3 "$out/tpbench$n.err"
         done
+      done ;;
+    tp70b)  # a model no GPU holds alone: synthetic llama3-70b F16 (141 GB of file; needs the disk of a x4)
+      find_nccl
+      t0=$(date +%s)
+      f=$(model llama3-70b:f16) || { echo "gen-model llama3-70b f16 failed"; continue; }
+      echo "generated in $(($(date +%s) - t0)) s: $(du -h "$f" | cut -f1)"
+      for n in ${LOOM_TP:-2 4}; do
+        timeout -k 5 600 "$bin/loom" bench -m "$f" -p 512 -n 32 -r 1 -tp $n >"$out/tp70b-$n.out" 2>"$out/tp70b-$n.err"
+        echo "-- 70B F16 -tp $n: rc=$?"; grep -E "^\|" "$out/tp70b-$n.out" | grep -v -- "---" || tail -3 "$out/tp70b-$n.err"
       done ;;
     *) echo "unknown step $step" ;;
   esac

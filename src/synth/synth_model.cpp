@@ -28,6 +28,9 @@ constexpr SynthShape kShapes[] = {
      false, 32.0f, 0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false, 0, false},
     {"llama3-8b", Arch::llama, 128256, 4096, 32, 32, 8, 128, 14336, 131072, 500000.0f, 1e-5f, false, false,
      false, 8.0f, 0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false, 0, false},
+    // Llama 3.x 70B's shape: 141 GB in F16, more than one GPU holds (tensor parallelism's test case).
+    {"llama3-70b", Arch::llama, 128256, 8192, 80, 64, 8, 128, 28672, 131072, 500000.0f, 1e-5f, false, false,
+     false, 8.0f, 0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false, 0, false},
     {"small", Arch::llama, 2048, 256, 4, 8, 4, 32, 768, 1024, 10000.0f, 1e-5f, false, false, false, 0.0f, 0, 0,
      0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, false, 0, false},
     {"tiny", Arch::llama, 512, 128, 2, 4, 2, 32, 384, 512, 10000.0f, 1e-5f, false, false, false, 0.0f, 0, 0, 0,
