@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What a new user runs into with the `loom` command: non-regular model files, --version, sampler
-# values out of range, a prompt file that is not UTF-8, chat and perplexity without -m; --swa-full.
+# values out of range, a prompt file that is not UTF-8, chat and perplexity without -m; --swa-full;
+# -tp on the CPU.
 #   usage: cli_checks.sh LOOM_BINARY PROJECT_VERSION SOURCE_DIR
 set -u
 loom=$1
@@ -116,4 +117,11 @@ grep -q "KV cache 273.5 KiB" "$dir/swa-ring.err" || fail "gemma3: the local laye
 grep -q "KV cache 1.5 MiB" "$dir/swa-full.err" || fail "gemma3 --swa-full: not the whole context"
 cmp -s "$dir/ring.bin" "$dir/full.bin" || fail "gemma3: the ring's logits differ from the full cache's"
 cmp -s "$dir/swa-ring.out" "$dir/swa-full.out" || fail "gemma3: the ring's tokens differ from the full cache's"
+# ---- tensor parallelism on the CPU: -tp 2 gives -tp 1's greedy text; what cannot split is refused ----
+run tp1 run -t 1 --backend cpu -p "$p" -n 16 --temp 0 || fail "run -tp 1"
+run tp2 run -t 1 --backend cpu -p "$p" -n 16 --temp 0 -tp 2 || fail "run -tp 2"
+grep -q "split over 2 cpu ranks" "$dir/tp2.err" || fail "-tp 2: no split in the model summary"
+cmp -s "$dir/tp1.out" "$dir/tp2.out" || fail "-tp 2: the built-in model's greedy text differs from -tp 1's"
+refused tp4-heads "needs the attention heads (6) to divide by 4" run -t 1 --backend cpu -n 1 -tp 4
+refused tp0 "--tensor-parallel: Value 0 not in range" run -t 1 --backend cpu -n 1 -tp 0
 echo "cli checks: ok"
