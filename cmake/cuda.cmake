@@ -26,6 +26,7 @@ add_library(loom_backend_cuda SHARED
   src/backend/cuda/kernels/attention_mma.cu
   src/backend/cuda/kernels/attention_decode.cu
   src/backend/cuda/kernels/fused.cu
+  src/backend/cuda/kernels/allreduce.cu
 )
 # include/ is public for programs that link loom_backend_cuda to call include/loom/cuda.h directly.
 target_include_directories(loom_backend_cuda PUBLIC ${PROJECT_SOURCE_DIR}/include PRIVATE ${PROJECT_SOURCE_DIR}/src/backend/cuda)

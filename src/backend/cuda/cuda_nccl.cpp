@@ -2,6 +2,7 @@
 #include "cuda_nccl.h"
 
 #include "cuda_error.h"
+#include "kernels/allreduce.cuh"
 
 #include <dlfcn.h>
 #include <fmt/format.h>
@@ -9,6 +10,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <string>
+#include <string_view>
 
 namespace loom::cuda {
 
@@ -57,6 +59,24 @@ const NcclApi& nccl() {
   return api;
 }
 
+// One rank's buffers of the one-shot all-reduce (kernels/allreduce.cuh), on its device.
+struct OneShotBuffers {
+  int device = -1;
+  float* recv = nullptr;
+  uint32_t* flags = nullptr;
+  uint32_t* epoch = nullptr;
+  ~OneShotBuffers() {
+    if (device < 0) return;
+    (void)cudaSetDevice(device);
+    for (void* p : {static_cast<void*>(recv), static_cast<void*>(flags), static_cast<void*>(epoch)})
+      if (p) (void)cudaFree(p);
+  }
+};
+
+// Floats the one-shot all-reduce takes (a decode step's hidden state of up to 16 tokens of 4096);
+// larger tensors go through NCCL.
+constexpr int64_t kOneShotMaxElems = 64 * 1024;
+
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(ncclComm_t comm, int rank, int size) : comm_(comm), rank_(rank), size_(size) {}
@@ -68,10 +88,62 @@ class NcclCommunicator final : public Communicator {
   const char* kind() const override { return "nccl"; }
   void* native() override { return comm_; }
 
+  // The one-shot path, when the group set it up (LOOM_TP_ALLREDUCE=oneshot).
+  std::unique_ptr<OneShotBuffers> oneshot_buffers;
+  OneShotGroup oneshot;
+
  private:
   ncclComm_t comm_;
   const int rank_, size_;
 };
+
+// Peer access between every pair of devices and each rank's buffers; false (nothing set up) when a
+// pair cannot reach each other or an allocation fails.
+bool setup_oneshot(std::span<const int> devices, std::vector<std::unique_ptr<Communicator>>& comms) {
+  const int n = static_cast<int>(devices.size());
+  if (n > kOneShotMaxRanks) return false;
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < n; ++j) {
+      if (i == j) continue;
+      int ok = 0;
+      if (cudaDeviceCanAccessPeer(&ok, devices[i], devices[j]) != cudaSuccess || !ok) return false;
+      if (cudaSetDevice(devices[i]) != cudaSuccess) return false;
+      const cudaError_t e = cudaDeviceEnablePeerAccess(devices[j], 0);
+      if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) return false;
+      (void)cudaGetLastError();
+    }
+  std::vector<std::unique_ptr<OneShotBuffers>> bufs;
+  for (int i = 0; i < n; ++i) {
+    auto b = std::make_unique<OneShotBuffers>();
+    b->device = devices[i];
+    if (cudaSetDevice(devices[i]) != cudaSuccess) return false;
+    const size_t recv_bytes = sizeof(float) * 2 * static_cast<size_t>(n) * kOneShotMaxElems;
+    const size_t flag_bytes = sizeof(uint32_t) * static_cast<size_t>(n) * kOneShotMaxBlocks;
+    const size_t epoch_bytes = sizeof(uint32_t) * kOneShotMaxBlocks;
+    if (cudaMalloc(&b->recv, recv_bytes) != cudaSuccess || cudaMalloc(&b->flags, flag_bytes) != cudaSuccess ||
+        cudaMalloc(&b->epoch, epoch_bytes) != cudaSuccess || cudaMemset(b->flags, 0, flag_bytes) != cudaSuccess ||
+        cudaMemset(b->epoch, 0, epoch_bytes) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    bufs.push_back(std::move(b));
+  }
+  for (int i = 0; i < n; ++i) {
+    auto& c = static_cast<NcclCommunicator&>(*comms[static_cast<size_t>(i)]);
+    OneShotGroup& g = c.oneshot;
+    g.rank = i;
+    g.n_ranks = n;
+    g.max_elems = kOneShotMaxElems;
+    for (int q = 0; q < n; ++q) {
+      g.recv[q] = bufs[static_cast<size_t>(q)]->recv;
+      g.flags[q] = bufs[static_cast<size_t>(q)]->flags;
+    }
+    g.epoch = bufs[static_cast<size_t>(i)]->epoch;
+  }
+  for (int i = 0; i < n; ++i)
+    static_cast<NcclCommunicator&>(*comms[static_cast<size_t>(i)]).oneshot_buffers = std::move(bufs[static_cast<size_t>(i)]);
+  return true;
+}
 
 }  // namespace
 
@@ -125,6 +197,11 @@ Result<std::vector<std::unique_ptr<Communicator>>> make_nccl_communicators(std::
   std::vector<std::unique_ptr<Communicator>> out;
   for (size_t i = 0; i < comms.size(); ++i)
     out.push_back(std::make_unique<NcclCommunicator>(comms[i], static_cast<int>(i), static_cast<int>(comms.size())));
+  // LOOM_TP_ALLREDUCE=oneshot: small all-reduces by the one-shot kernel over peer access (off by
+  // default until measured; NCCL otherwise and for larger tensors).
+  if (const char* mode = std::getenv("LOOM_TP_ALLREDUCE"); mode && std::string_view(mode) == "oneshot")
+    if (!setup_oneshot(devices, out))
+      fmt::print(stderr, "loom: LOOM_TP_ALLREDUCE=oneshot: no peer access between the GPUs; NCCL only\n");
   return out;
 }
 
@@ -132,6 +209,9 @@ CudaError nccl_all_reduce(Communicator& comm, const float* src, float* dst, size
   const NcclApi& api = nccl();
   if (std::string_view(comm.kind()) != "nccl" || !api.all_reduce)
     return CudaError::runtime(cudaErrorInvalidValue, "all_reduce: not an NCCL communicator", __FILE__, __LINE__);
+  auto& nc = static_cast<NcclCommunicator&>(comm);  // kind "nccl": made by make_nccl_communicators
+  if (nc.oneshot_buffers && static_cast<int64_t>(n) <= nc.oneshot.max_elems)
+    return launch_oneshot_all_reduce(nc.oneshot, src, dst, static_cast<int64_t>(n), stream);
   const ncclResult_t r =
       api.all_reduce(src, dst, n, ncclFloat32, ncclSum, static_cast<ncclComm_t>(comm.native()), stream);
   if (r != ncclSuccess)
