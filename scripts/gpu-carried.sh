@@ -16,7 +16,8 @@
 #            LOOM_SERVE_FLAGS adds flags to loom serve; LOOM_SERVE_ONLY=1 skips the engine's figures)
 #   prefilltrace  a Chrome trace of one 512-token prompt chunk (the second) on LOOM_MODELS, summarized
 #   tp       -tp 2 (and 4 on 4 GPUs) against -tp 1 on LOOM_MODELS: prompt logits and greedy tokens in both
-#            numerics, then loom bench -p 512 -n 128 at each rank count
+#            numerics, then loom bench -p 512 -n 128 at each rank count (LOOM_TP_ALLREDUCE=oneshot: the
+#            one-shot all-reduce for small tensors instead of NCCL's; LOOM_TP_TIMEOUT per command, 90 s)
 #   tp70b    synthetic llama3-70b F16 (141 GB: more than one GPU holds) with -tp 2 and -tp 4 (x4 disk)
 #   batchcheck  loom-exec-equivalence on the built-in model and LOOM_MODELS, both numerics (includes
 #            16 sequences decoded together against alone)
