@@ -126,13 +126,13 @@ struct ModelLoadOptions {
   int n_offload_layers = 0;
   /// Tensor parallelism: the model split over these backends, one rank each, the first being the
   /// backend given to Model::load. Attention heads (and their KV cache), the FFN's columns and the
-  /// output vocabulary are divided among the ranks (Q/K/V, gate/up and the output by rows; the
-  /// attention output and FFN down by columns, on block boundaries), each rank's weights loaded
-  /// straight into its backend's memory; the token embeddings and norms are copied to every rank.
-  /// A pass runs on every rank at once (a thread each) and sums the row-split products with one
-  /// all-reduce after the attention output and one after the FFN (NCCL on CUDA, a host group on the
-  /// CPU). The head counts and FFN widths must divide by the rank count. Empty or one backend: no
-  /// split. Not with layer offload.
+  /// vocabulary are divided among the ranks (Q/K/V, gate/up, the token embeddings and the output by
+  /// rows; the attention output and FFN down by columns, on block boundaries), each rank's weights
+  /// loaded straight into its backend's memory; the norms are copied to every rank. A pass runs on
+  /// every rank at once (a thread each) and sums the row-split products with one all-reduce after the
+  /// attention output and one after the FFN, and the embeddings with one more at the start (NCCL on
+  /// CUDA, a host group on the CPU). The head counts and FFN widths must divide by the rank count.
+  /// Empty or one backend: no split. Not with layer offload.
   std::vector<Backend*> tensor_parallel;
 };
 

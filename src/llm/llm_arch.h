@@ -107,6 +107,10 @@ struct StepInputs {
   Tensor* kq_mask_chunk = nullptr;
   Tensor* kq_mask_swa_chunk = nullptr;
   Tensor* kv_gather_chunk = nullptr;
+  // Tensor parallelism splits the token embeddings by vocabulary: `tokens` holds each token's row in
+  // the rank's slice (0 when the token is another rank's), and this f32 [1, n_tokens] is 1 where the
+  // token is the rank's, 0 elsewhere, so the ranks' masked rows all-reduce to the token's embedding.
+  Tensor* embd_mask = nullptr;
 };
 
 /// Shape of one forward pass.

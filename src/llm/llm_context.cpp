@@ -284,7 +284,7 @@ struct ContextImpl {
     for (const Tensor* t : s.step.graph->leafs()) n_inputs += t->buffer == s.inputs.get();
     for (const Tensor* t : {in.tokens, in.hidden, in.positions, in.kv_cells, in.kq_mask, in.kq_mask_swa,
                             in.kv_gather, in.kv_cells_swa, in.kq_mask_chunk, in.kq_mask_swa_chunk,
-                            in.kv_gather_chunk})
+                            in.kv_gather_chunk, in.embd_mask})
       n_expected += t != nullptr;
     // The block is written whole: a leaf in it that is not a step input would get stale bytes.
     LOOM_ASSERT(n_inputs == n_expected);
@@ -293,7 +293,18 @@ struct ContextImpl {
     s.staging.resize(used / sizeof(float));
     auto* base = reinterpret_cast<uint8_t*>(s.staging.data());
     const size_t n_bytes = b.tokens.size() * sizeof(int32_t);
-    if (in.tokens) std::memcpy(base + input_offset(s, in.tokens), b.tokens.data(), n_bytes);
+    if (in.tokens && !in.embd_mask) std::memcpy(base + input_offset(s, in.tokens), b.tokens.data(), n_bytes);
+    if (in.tokens && in.embd_mask) {  // a rank's vocabulary slice of the embeddings (StepInputs::embd_mask)
+      auto* rows = reinterpret_cast<int32_t*>(base + input_offset(s, in.tokens));
+      float* mask = s.staging.data() + input_offset(s, in.embd_mask) / sizeof(float);
+      const int64_t first = s.vocab_begin, n_rows = s.hp->n_vocab;
+      for (size_t i = 0; i < b.tokens.size(); ++i) {
+        const int64_t row = b.tokens[i] - first;
+        const bool mine = row >= 0 && row < n_rows;
+        rows[i] = mine ? static_cast<int32_t>(row) : 0;
+        mask[i] = mine ? 1.0f : 0.0f;
+      }
+    }
     if (in.positions) std::memcpy(base + input_offset(s, in.positions), b.positions.data(), n_bytes);
     if (in.kv_cells) std::memcpy(base + input_offset(s, in.kv_cells), b.cells.data(), n_bytes);
     if (in.kv_cells_swa) {

@@ -30,8 +30,10 @@ StepBuilder::StepBuilder(Graph& g, const HParams& hp, const ModelWeights& w, KvC
   // The one-token group of a mixed pass uses the inputs of a decode step over its sequences.
   const int64_t n_q = mixed ? 1 : t / shape.n_seqs;
   const int64_t n_group = shape.n_decode();
-  if (layer_begin_ == 0)
+  if (layer_begin_ == 0) {
     in_.tokens = g.input(DType::i32, {t, 1, 1, 1}, "inp_tokens");
+    if (split_.comm) in_.embd_mask = g.input(DType::f32, {1, t, 1, 1}, "inp_embd_mask");
+  }
   else
     in_.hidden = g.input(DType::f32, {hp.n_embd, t, 1, 1}, "inp_hidden");
   if (layer_begin_ < layer_end_) {
@@ -99,7 +101,12 @@ Tensor* name_inner(Tensor* t, const Tensor* outer) {
 
 }  // namespace
 
-Tensor* StepBuilder::embed() { return name(get_rows(g_, w_.tok_embd, in_.tokens), "inp_embd"); }
+Tensor* StepBuilder::embed() {
+  Tensor* rows = get_rows(g_, w_.tok_embd, in_.tokens);
+  if (!split_.comm) return name(rows, "inp_embd");
+  // each rank's rows of the tokens in its vocabulary slice, zeros for the others': their sum
+  return reduce(name(mul(g_, rows, in_.embd_mask), "inp_embd_masked"), "inp_embd");
+}
 
 Tensor* StepBuilder::stream_in(float embed_scale) {
   if (layer_begin_ > 0) return in_.hidden;

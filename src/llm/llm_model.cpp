@@ -131,7 +131,8 @@ int layer_of(const std::string& name);
 // The dimension along which the ranks split a tensor (by its llama.cpp name), -1 when every rank
 // holds it whole. Rows (dim 1 of a matrix, dim 0 of a bias) of the products whose outputs are per
 // head or per FFN column; columns (dim 0) of those that sum over them, whose partial products the
-// all-reduce adds up; the output projection's rows (the vocabulary).
+// all-reduce adds up; the token embeddings' and the output projection's rows (the vocabulary; a
+// file that ties them gets one slice serving both).
 int split_dim(const std::string& name) {
   static const std::pair<std::string_view, int> kRules[] = {
       {"attn_q.weight", 1},        {"attn_k.weight", 1},        {"attn_v.weight", 1},
@@ -142,7 +143,7 @@ int split_dim(const std::string& name) {
       {"ffn_down.weight", 0},      {"ffn_down_exps.weight", 0}, {"attn_qkv.weight", 1},
       {"attn_qkv.bias", 0},
   };
-  if (name == "output.weight") return 1;
+  if (name == "output.weight" || name == "token_embd.weight") return 1;  // the vocabulary
   if (layer_of(name) < 0) return -1;
   const std::string_view what = std::string_view(name).substr(name.find('.', 4) + 1);
   for (const auto& [suffix, dim] : kRules)
@@ -179,14 +180,6 @@ class ShardTensorLoader final : public TensorLoader {
   Tensor* optional(const std::string& name, const Shape& ne, WeightKind kind) override {
     return slice(checker_.optional(name, ne, kind), name);
   }
-  /// The rank's rows of `whole` (a tensor this loader made whole) as a tensor named `name`: the
-  /// output projection when the file ties it to the token embeddings.
-  Tensor* slice_rows(const Tensor* whole, const std::string& name) {
-    for (const Slice& s : slices_)
-      if (s.t == whole) return make(s.info, name, 1);
-    return fail(make_error(StatusCode::internal, "{}: no tensor to slice for '{}'", file_.name(), name));
-  }
-
   Status status() const { return status_.ok() ? checker_.status() : status_; }
   const std::vector<Slice>& slices() const { return slices_; }
 
@@ -342,7 +335,6 @@ Status load_shards(ModelImpl& m, std::span<Backend* const> backends, bool progre
     s.comm = m.comms[static_cast<size_t>(r)].get();
     ShardTensorLoader tl(m.file, m.hp, m.weight_tensors, r, n);
     m.arch->declare_weights(tl, m.hp, s.w);
-    if (s.w.output == s.w.tok_embd) s.w.output = tl.slice_rows(s.w.tok_embd, "output.weight (tied)");
     LOOM_TRY(tl.status());
     s.vocab_begin = rank_range(m.w.output->ne[1], r, n).first;
     auto hp = shard_hparams(m.file.name(), m.hp, n, s.w.output->ne[1]);
