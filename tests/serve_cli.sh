@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `loom serve` as a program: --port 0 prints the port, /health turns 200 once loaded, a completion
 # answers, SIGTERM stops it cleanly; --chat-template-file and --chat-template errors come before
-# loading. HTTP through bash's /dev/tcp, so the test needs nothing installed.
+# loading; -tp 2 answers as one rank does. HTTP through bash's /dev/tcp, so the test needs nothing
+# installed.
 #   usage: tests/serve_cli.sh LOOM_BINARY
 set -euo pipefail
 loom=${1:?usage: serve_cli.sh LOOM_BINARY}
@@ -32,6 +33,7 @@ http GET /health | head -1 | grep -q " 200 " || fail "/health never said 200"
 reply=$(http POST /v1/completions '{"prompt": "ROMEO:", "max_tokens": 4, "temperature": 0}')
 grep -q '"completion_tokens":4' <<<"$reply" || fail "completion: $reply"
 grep -q '"object":"text_completion"' <<<"$reply" || fail "completion: $reply"
+text_tp1=$(grep -o '"text":"[^"]*"' <<<"$reply")
 reply=$(http POST /v1/chat/completions '{"messages": "nope"}')
 head -1 <<<"$reply" | grep -q " 400 " || fail "bad request: $reply"
 kill -TERM "$pid"
@@ -58,4 +60,19 @@ grep -q "chat format jinja (.*chatml.jinja)" "$dir/err" || fail "--chat-template
 port=$(head -1 "$dir/out")
 reply=$(http POST /apply-template '{"messages": [{"role": "user", "content": "hi"}]}')
 grep -q '"prompt":"<|im_start|>user\\nhi<|im_end|>\\n<|im_start|>assistant\\n"' <<<"$reply" || fail "apply-template: $reply"
+kill -TERM "$pid"; wait "$pid" || fail "exit status $? after SIGTERM (jinja server)"
+pid=""
+
+# -tp 2 (two CPU ranks here): the same greedy completion as one rank
+"$loom" serve --port 0 -t 1 --backend cpu -tp 2 >"$dir/out" 2>"$dir/err" &
+pid=$!
+for _ in $(seq 100); do [[ -s $dir/out ]] && break; sleep 0.1; done
+port=$(head -1 "$dir/out")
+for _ in $(seq 200); do
+  http GET /health 2>/dev/null | head -1 | grep -q " 200 " && break
+  sleep 0.05
+done
+grep -q "split over 2 cpu ranks" "$dir/err" || fail "-tp 2: the model is not split"
+reply=$(http POST /v1/completions '{"prompt": "ROMEO:", "max_tokens": 4, "temperature": 0}')
+[[ $(grep -o '"text":"[^"]*"' <<<"$reply") == "$text_tp1" ]] || fail "-tp 2 answered $reply, -tp 1 $text_tp1"
 echo "serve_cli: ok"
