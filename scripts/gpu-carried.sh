@@ -150,6 +150,11 @@ for step in "$@"; do
               { echo "$m $mode -tp $n: greedy text differs"; head -c 300 "$work/tp1.txt"; echo; head -c 300 "$work/tp$n.txt"; echo; }
           done
         done
+        for n in $tps; do  # rank 0's trace of a decode step: the all-reduces' share (they wait for the peers)
+          timeout -k 5 $tlim "$bin/loom" run -m "$f" -p "$p" -n 8 --temp 0 -tp $n --trace "$out/tp$n-${m/:/-}.json" \
+            >/dev/null 2>&1 && python3 tools/trace_summary.py "$out/tp$n-${m/:/-}.json" | grep -E "dispatch|all_reduce" |
+            sed "s/^/-tp $n trace: /"
+        done
         for n in 1 $tps; do
           t0=$(date +%s)
           timeout -k 5 $tlim "$bin/loom" bench -m "$f" ${LOOM_TP_BENCH:--p 512 -n 128 -r 3} -tp $n >"$out/tpbench$n.out" 2>"$out/tpbench$n.err"
