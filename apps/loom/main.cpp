@@ -11,9 +11,17 @@ namespace {
 // llama.cpp's multi-letter single-dash flags, which CLI11 does not accept as names, spelled long.
 const char* long_spelling(const char* arg) {
   static const std::pair<const char*, const char*> kAliases[] = {
-      {"-ub", "--ubatch-size"}, {"-ngl", "--n-gpu-layers"}, {"-fa", "--flash-attn"},
-      {"-pg", "--pp-tg"},       {"-nkvo", "--no-kv-offload"}, {"-sys", "--system-prompt"},
-      {"-np", "--parallel"},    {"-tp", "--tensor-parallel"},    {"-npp", "--npp"},  {"-ntg", "--ntg"},  {"-npl", "--npl"},
+      {"-ub", "--ubatch-size"},
+      {"-ngl", "--n-gpu-layers"},
+      {"-fa", "--flash-attn"},
+      {"-pg", "--pp-tg"},
+      {"-nkvo", "--no-kv-offload"},
+      {"-sys", "--system-prompt"},
+      {"-np", "--parallel"},
+      {"-tp", "--tensor-parallel"},
+      {"-npp", "--npp"},
+      {"-ntg", "--ntg"},
+      {"-npl", "--npl"},
   };
   for (const auto& [short_name, long_name] : kAliases)
     if (std::strcmp(arg, short_name) == 0) return long_name;

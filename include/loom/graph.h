@@ -97,11 +97,16 @@ struct SoftMaxParams { float scale; };
 struct FlashAttnParams { float scale; float softcap; };  ///< softcap 0 disables
 struct SoftcapParams { float cap; };
 /// gpt-oss's gated activation (see swiglu_oai()).
-struct SwigluOaiParams { float alpha; float limit; };
+struct SwigluOaiParams {
+  float alpha;
+  float limit;
+};
 struct TopKParams { int32_t k; };
 struct ConcatParams { int32_t dim; };
 class Communicator;
-struct AllReduceParams { Communicator* comm; };
+struct AllReduceParams {
+  Communicator* comm;
+};
 
 // ---- views -----------------------------------------------------------------------------------------
 

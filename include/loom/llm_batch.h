@@ -74,9 +74,9 @@ class BatchGenerator {
   /// One forward pass for every sequence (several when there are more than n_batch of them): each
   /// takes its last sampled token and samples the next; the same pass computes one prompt chunk of
   /// the oldest enqueued sequence (a mixed pass; the chunk is cut to what the pass has room for),
-  /// or, when mixed steps are off or the sequences need several passes, a pass of its own first. Returns one token per sequence that has one (not those still prefilling),
-  /// in increasing id order, valid until the next call. On error (e.g. a sequence out of cache room,
-  /// named in the message) no sequence advances.
+  /// or, when mixed steps are off or the sequences need several passes, a pass of its own first. Returns one
+  /// token per sequence that has one (not those still prefilling), in increasing id order, valid until the
+  /// next call. On error (e.g. a sequence out of cache room, named in the message) no sequence advances.
   Result<std::span<const GeneratedToken>> step();
 
   /// Whether a step's prompt chunk rides in the running sequences' pass (on, the default: no pass

@@ -77,7 +77,8 @@ class HostCommunicator final : public Communicator {
 
  private:
   Status aborted() const {
-    return make_error(StatusCode::aborted, "all-reduce (rank {} of {}): another rank failed", rank_, group_->n);
+    return make_error(StatusCode::aborted, "all-reduce (rank {} of {}): another rank failed", rank_,
+                      group_->n);
   }
   std::shared_ptr<HostGroup> group_;
   const int rank_;

@@ -141,7 +141,8 @@ Tensor* all_reduce(Graph& g, Tensor* a, Communicator* comm) {
   if (!comm) return g.fail(make_error(StatusCode::invalid_argument, "all_reduce: no communicator"));
   if (a->type != DType::f32) return type_error(g, "all_reduce", *a, "f32");
   if (!a->is_contiguous())
-    return g.fail(make_error(StatusCode::invalid_argument, "all_reduce: tensor {} must be contiguous", describe(*a)));
+    return g.fail(
+        make_error(StatusCode::invalid_argument, "all_reduce: tensor {} must be contiguous", describe(*a)));
   Tensor* t = g.add_node(OpKind::all_reduce, DType::f32, a->ne, {a});
   if (t) t->set_params(AllReduceParams{comm});
   return t;

@@ -26,7 +26,8 @@ const char* op_name(OpKind op) {
     case OpKind::gelu_erf: return "gelu_erf";
     case OpKind::swiglu: return "swiglu";
     case OpKind::geglu: return "geglu";
-    case OpKind::swiglu_oai: return "swiglu_oai";
+    case OpKind::swiglu_oai:
+      return "swiglu_oai";
     case OpKind::softcap: return "softcap";
     case OpKind::argmax: return "argmax";
     case OpKind::top_k: return "top_k";
@@ -34,7 +35,8 @@ const char* op_name(OpKind op) {
     case OpKind::cpy: return "cpy";
     case OpKind::concat: return "concat";
     case OpKind::sum_rows: return "sum_rows";
-    case OpKind::all_reduce: return "all_reduce";
+    case OpKind::all_reduce:
+      return "all_reduce";
     case OpKind::count_: break;
   }
   return "unknown";

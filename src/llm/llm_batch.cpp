@@ -111,7 +111,7 @@ struct BatchGenerator::Impl {
   std::vector<float> logits, pf_logits;
   std::vector<int32_t> next;
   std::vector<Status> sample_status;
-  bool mixed = true;  // prompt chunks ride in the running sequences' pass
+  bool mixed = true;                           // prompt chunks ride in the running sequences' pass
   std::unique_ptr<ForkJoin> sampling_threads;  // null: sampling on the caller's thread
 
   int lowest_free_id() const {
@@ -360,7 +360,8 @@ Result<std::span<const GeneratedToken>> BatchGenerator::step() {
     if (one_pass)
       rows = got_rows;
     else
-      std::copy(got_rows, got_rows + n * n_vocab, logits.begin() + static_cast<std::ptrdiff_t>(done * n_vocab));
+      std::copy(got_rows, got_rows + n * n_vocab,
+                logits.begin() + static_cast<std::ptrdiff_t>(done * n_vocab));
     done += n;
     ++g.last.n_passes;
   }

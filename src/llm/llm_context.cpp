@@ -138,7 +138,7 @@ struct Segment {
   const HParams* hp = nullptr;
   const ModelWeights* w = nullptr;
   TensorSplit split;
-  int64_t vocab_begin = 0;  // a rank's first logits row
+  int64_t vocab_begin = 0;         // a rank's first logits row
   std::unique_ptr<Buffer> arena;   // activations, reused across passes
   std::unique_ptr<Buffer> inputs;  // input leafs, reused across passes
   size_t inputs_used = 0;          // bytes of `inputs` the last allocated graph's leafs span
@@ -282,9 +282,9 @@ struct ContextImpl {
     const StepInputs& in = s.step.in;
     int n_inputs = 0, n_expected = 0;
     for (const Tensor* t : s.step.graph->leafs()) n_inputs += t->buffer == s.inputs.get();
-    for (const Tensor* t : {in.tokens, in.hidden, in.positions, in.kv_cells, in.kq_mask, in.kq_mask_swa,
-                            in.kv_gather, in.kv_cells_swa, in.kq_mask_chunk, in.kq_mask_swa_chunk,
-                            in.kv_gather_chunk, in.embd_mask})
+    for (const Tensor* t :
+         {in.tokens, in.hidden, in.positions, in.kv_cells, in.kq_mask, in.kq_mask_swa, in.kv_gather,
+          in.kv_cells_swa, in.kq_mask_chunk, in.kq_mask_swa_chunk, in.kv_gather_chunk, in.embd_mask})
       n_expected += t != nullptr;
     // The block is written whole: a leaf in it that is not a step input would get stale bytes.
     LOOM_ASSERT(n_inputs == n_expected);
@@ -320,12 +320,14 @@ struct ContextImpl {
       const int n_kv = shape.n_kv, n_kv_chunk = shape.n_kv_chunk;
       auto rows_at = [&](const Tensor* t) { return reinterpret_cast<int32_t*>(base + input_offset(s, t)); };
       if (in.kq_mask) fill_gathered_mask(b, first, n_seqs, tok0, n_q, n_kv, mask_at(in.kq_mask), 0);
-      if (in.kq_mask_swa) fill_gathered_mask(b, first, n_seqs, tok0, n_q, n_kv, mask_at(in.kq_mask_swa), n_swa);
+      if (in.kq_mask_swa)
+        fill_gathered_mask(b, first, n_seqs, tok0, n_q, n_kv, mask_at(in.kq_mask_swa), n_swa);
       if (in.kv_gather) fill_gather_rows(first, n_seqs, n_kv, s.hp->n_head_kv, rows_at(in.kv_gather));
       if (in.kq_mask_chunk) fill_gathered_mask(b, 0, 1, 0, tok0, n_kv_chunk, mask_at(in.kq_mask_chunk), 0);
       if (in.kq_mask_swa_chunk)
         fill_gathered_mask(b, 0, 1, 0, tok0, n_kv_chunk, mask_at(in.kq_mask_swa_chunk), n_swa);
-      if (in.kv_gather_chunk) fill_gather_rows(0, 1, n_kv_chunk, s.hp->n_head_kv, rows_at(in.kv_gather_chunk));
+      if (in.kv_gather_chunk)
+        fill_gather_rows(0, 1, n_kv_chunk, s.hp->n_head_kv, rows_at(in.kv_gather_chunk));
     } else {
       const int seq = b.seqs[0];
       if (in.kq_mask) kv->fill_mask(b.positions, seq, shape.n_kv, mask_at(in.kq_mask));
@@ -365,7 +367,8 @@ struct ContextImpl {
   // Gather rows [n_kv, n_head_kv, seq_end - seq_begin] of the step's sequences [seq_begin, seq_end)
   // into the cache viewed as [head_dim, n_cells * n_head_kv]. Padding slots read the sequence's
   // first cell: finite data the mask gives no weight. n_head_kv: the segment's (a rank's share).
-  void fill_gather_rows(size_t seq_begin, size_t seq_end, int n_kv_slots, int64_t n_head_kv, int32_t* rows) const {
+  void fill_gather_rows(size_t seq_begin, size_t seq_end, int n_kv_slots, int64_t n_head_kv,
+                        int32_t* rows) const {
     const int64_t n_cells = kv->n_cells(), n_kv = n_kv_slots;
     for (size_t si = seq_begin; si < seq_end; ++si) {
       const std::vector<int32_t>& cells = seq_cells[si];
@@ -475,7 +478,8 @@ struct ContextImpl {
         got.resize(static_cast<size_t>(t->nelements()));
         LOOM_TRY(tensor_read(t, got.data(), 0, got.size() * sizeof(float)));
         for (int64_t j = 0; j < n_out; ++j)
-          std::memcpy(dst + j * n_vocab + s.vocab_begin, got.data() + j * rows, static_cast<size_t>(rows) * sizeof(float));
+          std::memcpy(dst + j * n_vocab + s.vocab_begin, got.data() + j * rows,
+                      static_cast<size_t>(rows) * sizeof(float));
         return {};
       }));
     }
@@ -561,7 +565,8 @@ Result<std::unique_ptr<Context>> Context::create(const Model& model, const Conte
   for (size_t r = 1; r < shards.size(); ++r) {
     auto storage = detail::KvStorage::create(shards[r].hp, c.kv->n_cells(), shards[r].backend->buffer_type(),
                                              nullptr, -1, c.kv->windowed() ? c.kv->n_window_cells() : 0);
-    if (!storage) return make_error(storage.status().code(), "context: rank {}: {}", r, storage.status().message());
+    if (!storage)
+      return make_error(storage.status().code(), "context: rank {}: {}", r, storage.status().message());
     c.kv->add_rank_storage(std::move(storage.value()));
   }
 
@@ -711,8 +716,9 @@ Result<std::span<const float>> Context::decode_batch(std::span<const SeqTokens> 
     n_tokens += st.tokens.size();
   }
   if (n_tokens > static_cast<size_t>(c.n_batch))
-    return make_error(StatusCode::invalid_argument, "decode_batch: {} tokens of {} sequences exceed the batch size {}",
-                      n_tokens, seqs.size(), c.n_batch);
+    return make_error(StatusCode::invalid_argument,
+                      "decode_batch: {} tokens of {} sequences exceed the batch size {}", n_tokens,
+                      seqs.size(), c.n_batch);
   std::vector<int32_t> tokens, positions;
   std::vector<int> ids;
   auto take = [&](size_t i) -> Status {
@@ -724,10 +730,11 @@ Result<std::span<const float>> Context::decode_batch(std::span<const SeqTokens> 
     for (int32_t t : st.tokens)
       if (t < 0 || t >= n_vocab)
         return make_error(StatusCode::invalid_argument,
-                          "decode_batch: token {} of sequence {} is outside the vocabulary [0, {})", t, st.seq_id,
-                          n_vocab);
+                          "decode_batch: token {} of sequence {} is outside the vocabulary [0, {})", t,
+                          st.seq_id, n_vocab);
     const int last = c.kv->seq_pos_max(st.seq_id);
-    if (st.pos <= last || st.pos < 0 || static_cast<int64_t>(st.pos) + static_cast<int64_t>(st.tokens.size()) > (1 << 30))
+    if (st.pos <= last || st.pos < 0 ||
+        static_cast<int64_t>(st.pos) + static_cast<int64_t>(st.tokens.size()) > (1 << 30))
       return make_error(
           StatusCode::invalid_argument,
           "decode_batch: sequence {} holds positions up to {}; position {} must come after them", st.seq_id,
@@ -836,13 +843,15 @@ Result<Session> open_session(const SessionParams& p) {
                       p.n_tensor_parallel);
   if (p.n_tensor_parallel > 1) {
     if (!p.offload_backend.empty() && p.n_offload_layers > 0)
-      return make_error(StatusCode::invalid_argument, "tensor parallelism and layer offload do not go together");
+      return make_error(StatusCode::invalid_argument,
+                        "tensor parallelism and layer offload do not go together");
     mo.tensor_parallel.push_back(s.backend.get());
     for (int r = 1; r < p.n_tensor_parallel; ++r) {
       BackendOptions rank_options = bo;
       rank_options.device = p.device + r;
       auto rank = create_backend(p.backend, rank_options);
-      if (!rank) return make_error(rank.status().code(), "tensor-parallel rank {}: {}", r, rank.status().message());
+      if (!rank)
+        return make_error(rank.status().code(), "tensor-parallel rank {}: {}", r, rank.status().message());
       s.tp_backends.push_back(std::move(rank.value()));
       mo.tensor_parallel.push_back(s.tp_backends.back().get());
     }
@@ -863,8 +872,8 @@ Result<Session> open_session(const SessionParams& p) {
                s.context->n_ctx(), s.context->n_batch(), detail::format_bytes(s.context->kv_cache_bytes()),
                detail::format_bytes(s.context->stats().arena_bytes), s.backend->name(),
                s.model->offload_backend() ? fmt::format(" + {}", s.model->offload_backend()->name())
-               : s.tp_backends.empty()     ? std::string()
-                                           : fmt::format(" x {} (tensor parallel)", s.tp_backends.size() + 1));
+               : s.tp_backends.empty()    ? std::string()
+                                          : fmt::format(" x {} (tensor parallel)", s.tp_backends.size() + 1));
   return s;
 }
 

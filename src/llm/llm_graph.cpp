@@ -33,8 +33,7 @@ StepBuilder::StepBuilder(Graph& g, const HParams& hp, const ModelWeights& w, KvC
   if (layer_begin_ == 0) {
     in_.tokens = g.input(DType::i32, {t, 1, 1, 1}, "inp_tokens");
     if (split_.comm) in_.embd_mask = g.input(DType::f32, {1, t, 1, 1}, "inp_embd_mask");
-  }
-  else
+  } else
     in_.hidden = g.input(DType::f32, {hp.n_embd, t, 1, 1}, "inp_hidden");
   if (layer_begin_ < layer_end_) {
     in_.positions = g.input(DType::i32, {t, 1, 1, 1}, "inp_pos");
@@ -45,8 +44,8 @@ StepBuilder::StepBuilder(Graph& g, const HParams& hp, const ModelWeights& w, KvC
   LOOM_ASSERT(shape.n_kv_swa == 0 || !shape.gather);
   if (any_local) {
     const bool windowed = shape.n_kv_swa > 0;
-    in_.kq_mask_swa = g.input(DType::f32, {windowed ? shape.n_kv_swa : shape.n_kv, n_q, 1, n_group},
-                              "inp_kq_mask_swa");
+    in_.kq_mask_swa =
+        g.input(DType::f32, {windowed ? shape.n_kv_swa : shape.n_kv, n_q, 1, n_group}, "inp_kq_mask_swa");
     if (windowed && layer_begin_ < layer_end_)
       in_.kv_cells_swa = g.input(DType::i32, {t, 1, 1, 1}, "inp_kv_cells_swa");
   }
@@ -60,8 +59,9 @@ StepBuilder::StepBuilder(Graph& g, const HParams& hp, const ModelWeights& w, KvC
       in_.kq_mask_swa_chunk =
           g.input(DType::f32, {shape.n_kv_chunk, shape.n_chunk, 1, 1}, "inp_kq_mask_swa_chunk");
     if (layer_begin_ < layer_end_)
-      in_.kv_gather_chunk = g.input(
-          DType::i32, {static_cast<int64_t>(shape.n_kv_chunk) * hp.n_head_kv, 1, 1, 1}, "inp_kv_gather_chunk");
+      in_.kv_gather_chunk =
+          g.input(DType::i32, {static_cast<int64_t>(shape.n_kv_chunk) * hp.n_head_kv, 1, 1, 1},
+                  "inp_kv_gather_chunk");
   }
 
   rope_ = RopeParams{};
@@ -201,8 +201,9 @@ Tensor* StepBuilder::attention(int il, Tensor* q, Tensor* k, Tensor* v) {
   const int64_t n_chunk = shape_.n_chunk, n_dec = shape_.n_decode();
   Tensor* q_chunk = view(g_, q, {q->ne[0], q->ne[1], n_chunk, 1}, q->nb, 0);
   Tensor* q_dec = view(g_, q, {q->ne[0], q->ne[1], n_dec, 1}, q->nb, static_cast<size_t>(n_chunk) * q->nb[2]);
-  Tensor* out_chunk = attend(il, q_chunk, k_stored, v_stored, local ? in_.kq_mask_swa_chunk : in_.kq_mask_chunk,
-                             in_.kv_gather_chunk, shape_.n_kv_chunk, n_chunk, 1);
+  Tensor* out_chunk =
+      attend(il, q_chunk, k_stored, v_stored, local ? in_.kq_mask_swa_chunk : in_.kq_mask_chunk,
+             in_.kv_gather_chunk, shape_.n_kv_chunk, n_chunk, 1);
   Tensor* out_dec = attend(il, q_dec, k_stored, v_stored, mask, in_.kv_gather, n_kv, 1, n_dec);
   return name(concat(g_, out_chunk, out_dec, 1), "kqv_out_mixed", il);
 }
@@ -323,9 +324,10 @@ Tensor* StepBuilder::ffn_moe(const LayerWeights& l, Tensor* x, int il) {
 
 Tensor* StepBuilder::select_outputs(Tensor* x) {
   if (!x || shape_.all_outputs || x->ne[1] == 1) return x;
-  if (shape_.n_chunk > 0) {  // the chunk's last row, then the one-token sequences' rows
+  if (shape_.n_chunk > 0) {                     // the chunk's last row, then the one-token sequences' rows
     if (x->ne[1] != shape_.n_tokens) return x;  // selected already
-    return view(g_, x, {x->ne[0], shape_.n_seqs, 1, 1}, x->nb, x->nb[1] * static_cast<size_t>(shape_.n_chunk - 1));
+    return view(g_, x, {x->ne[0], shape_.n_seqs, 1, 1}, x->nb,
+                x->nb[1] * static_cast<size_t>(shape_.n_chunk - 1));
   }
   if (shape_.n_seqs > 1) return x;
   return view(g_, x, {x->ne[0], 1, 1, 1}, x->nb, x->nb[1] * static_cast<size_t>(x->ne[1] - 1));

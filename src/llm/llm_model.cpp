@@ -135,12 +135,12 @@ int layer_of(const std::string& name);
 // file that ties them gets one slice serving both).
 int split_dim(const std::string& name) {
   static const std::pair<std::string_view, int> kRules[] = {
-      {"attn_q.weight", 1},        {"attn_k.weight", 1},        {"attn_v.weight", 1},
-      {"attn_q.bias", 0},          {"attn_k.bias", 0},          {"attn_v.bias", 0},
-      {"ffn_gate.weight", 1},      {"ffn_up.weight", 1},        {"ffn_gate_exps.weight", 1},
-      {"ffn_up_exps.weight", 1},   {"ffn_gate_exps.bias", 0},   {"ffn_up_exps.bias", 0},
-      {"attn_sinks.weight", 0},    {"attn_sinks", 0},           {"attn_output.weight", 0},
-      {"ffn_down.weight", 0},      {"ffn_down_exps.weight", 0}, {"attn_qkv.weight", 1},
+      {"attn_q.weight", 1},      {"attn_k.weight", 1},        {"attn_v.weight", 1},
+      {"attn_q.bias", 0},        {"attn_k.bias", 0},          {"attn_v.bias", 0},
+      {"ffn_gate.weight", 1},    {"ffn_up.weight", 1},        {"ffn_gate_exps.weight", 1},
+      {"ffn_up_exps.weight", 1}, {"ffn_gate_exps.bias", 0},   {"ffn_up_exps.bias", 0},
+      {"attn_sinks.weight", 0},  {"attn_sinks", 0},           {"attn_output.weight", 0},
+      {"ffn_down.weight", 0},    {"ffn_down_exps.weight", 0}, {"attn_qkv.weight", 1},
       {"attn_qkv.bias", 0},
   };
   if (name == "output.weight" || name == "token_embd.weight") return 1;  // the vocabulary
@@ -156,7 +156,7 @@ int split_dim(const std::string& name) {
 struct Slice {
   Tensor* t = nullptr;  // the rank's tensor (its shape is the slice's)
   const GgufTensorInfo* info = nullptr;
-  int dim = -1;  // -1: the whole tensor
+  int dim = -1;                                     // -1: the whole tensor
   std::vector<std::pair<int64_t, int64_t>> ranges;  // (begin, count) along dim
 };
 
@@ -205,7 +205,8 @@ class ShardTensorLoader final : public TensorLoader {
     return {};
   }
 
-  Tensor* make(const GgufTensorInfo* info, const std::string& name, int dim, std::vector<int64_t> parts = {}) {
+  Tensor* make(const GgufTensorInfo* info, const std::string& name, int dim,
+               std::vector<int64_t> parts = {}) {
     if (!status_.ok()) return nullptr;
     auto dtype = file_.dtype_of(*info);
     if (!dtype) return fail(dtype.status());
@@ -218,10 +219,10 @@ class ShardTensorLoader final : public TensorLoader {
       for (int64_t part : parts) {
         const auto [b, n] = rank_range(part, rank_, n_ranks_);
         if (n <= 0 || (dim == 0 && (b % block != 0 || n % block != 0)))
-          return fail(make_error(StatusCode::unsupported,
-                                 "{}: tensor '{}' ({} {}) cannot be split {} ways along dimension {}{}", file_.name(),
-                                 name, dtype_name(*dtype), shape_string(info->ne), n_ranks_, dim,
-                                 dim == 0 ? fmt::format(" on whole blocks of {}", block) : std::string()));
+          return fail(make_error(
+              StatusCode::unsupported, "{}: tensor '{}' ({} {}) cannot be split {} ways along dimension {}{}",
+              file_.name(), name, dtype_name(*dtype), shape_string(info->ne), n_ranks_, dim,
+              dim == 0 ? fmt::format(" on whole blocks of {}", block) : std::string()));
         ranges.emplace_back(part_begin + b, n);
         part_begin += part;
         total += n;
@@ -277,7 +278,8 @@ Status upload_slices(const GgufFile& file, Backend& backend, const std::vector<S
     const int64_t block = dtype_block_size(s.t->type);
     if (s.dim == 0) {
       for (const auto& [b, n] : s.ranges)
-        runs.emplace_back(static_cast<size_t>(b / block) * block_bytes, static_cast<size_t>(n / block) * block_bytes);
+        runs.emplace_back(static_cast<size_t>(b / block) * block_bytes,
+                          static_cast<size_t>(n / block) * block_bytes);
     } else {
       runs.emplace_back(0, s.t->row_size());
       std::vector<int64_t>& at = index[static_cast<size_t>(s.dim)];
@@ -290,8 +292,8 @@ Status upload_slices(const GgufFile& file, Backend& backend, const std::vector<S
     for (int64_t i3 : index[3])
       for (int64_t i2 : index[2])
         for (int64_t i1 : index[1]) {
-          const uint8_t* src = s.info->data + static_cast<size_t>(i1) * nb[1] + static_cast<size_t>(i2) * nb[2] +
-                               static_cast<size_t>(i3) * nb[3];
+          const uint8_t* src = s.info->data + static_cast<size_t>(i1) * nb[1] +
+                               static_cast<size_t>(i2) * nb[2] + static_cast<size_t>(i3) * nb[3];
           for (const auto& [off, n] : runs) {
             std::memcpy(dst, src + off, n);
             dst += n;
@@ -311,8 +313,9 @@ Result<HParams> shard_hparams(const std::string& path, const HParams& hp, int n_
                                                      {"expert FFN width", hp.n_ff_exp}};
   for (const auto& [what, n] : counts)
     if (n % static_cast<uint32_t>(n_ranks) != 0)
-      return make_error(StatusCode::unsupported, "{}: tensor parallelism over {} ranks needs the {} ({}) to divide by {}",
-                        path, n_ranks, what, n, n_ranks);
+      return make_error(StatusCode::unsupported,
+                        "{}: tensor parallelism over {} ranks needs the {} ({}) to divide by {}", path,
+                        n_ranks, what, n, n_ranks);
   HParams s = hp;
   s.n_head /= n_ranks;
   s.n_head_kv /= n_ranks;
@@ -326,7 +329,9 @@ Result<HParams> shard_hparams(const std::string& path, const HParams& hp, int n_
 Status load_shards(ModelImpl& m, std::span<Backend* const> backends, bool progress) {
   const int n = static_cast<int>(backends.size());
   auto comms = make_communicators(backends);
-  if (!comms) return make_error(comms.status().code(), "{}: tensor parallelism: {}", m.file.name(), comms.status().message());
+  if (!comms)
+    return make_error(comms.status().code(), "{}: tensor parallelism: {}", m.file.name(),
+                      comms.status().message());
   m.comms = std::move(comms.value());
   ProgressLine line(progress, fmt::format("loom: loading {} over {} ranks", base_name(m.file.name()), n));
   for (int r = 0; r < n; ++r) {
@@ -461,7 +466,9 @@ const GgufFile& Model::gguf() const { return impl_->file; }
 Backend& Model::backend() const { return *impl_->backend; }
 Backend* Model::offload_backend() const { return impl_->offload_backend; }
 int Model::n_offload_layers() const { return impl_->n_offload; }
-int Model::n_tensor_parallel() const { return impl_->shards.empty() ? 1 : static_cast<int>(impl_->shards.size()); }
+int Model::n_tensor_parallel() const {
+  return impl_->shards.empty() ? 1 : static_cast<int>(impl_->shards.size());
+}
 uint64_t Model::n_params() const { return impl_->n_params; }
 uint64_t Model::n_bytes() const { return impl_->n_bytes; }
 
@@ -536,8 +543,8 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& path, Backend& bac
       return make_error(StatusCode::invalid_argument,
                         "{}: the first tensor-parallel backend must be the model's backend", path);
     if (m.n_offload > 0)
-      return make_error(StatusCode::invalid_argument, "{}: tensor parallelism and layer offload do not go together",
-                        path);
+      return make_error(StatusCode::invalid_argument,
+                        "{}: tensor parallelism and layer offload do not go together", path);
     LOOM_TRY(detail::load_shards(m, options.tensor_parallel, options.progress));
     std::unique_ptr<Model> model(new Model(std::move(impl)));
     if (options.print_summary) fmt::print(stderr, "loom: model {}\n", model->summary());

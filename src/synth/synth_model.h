@@ -51,8 +51,8 @@ struct SynthShape {
   bool experts_mxfp4;        ///< expert weights in MXFP4 whatever the file type (gpt-oss as released)
 };
 
-/// llama3-1b, llama3-8b, llama3-70b, small, tiny, llama31-tiny, qwen2-tiny, qwen2-yarn-tiny, qwen3-tiny, qwen3moe-tiny,
-/// gemma2-tiny, gemma3-tiny, phi3-tiny, phi3-longrope-tiny, gptoss-tiny, gptoss-mxfp4-tiny.
+/// llama3-1b, llama3-8b, llama3-70b, small, tiny, llama31-tiny, qwen2-tiny, qwen2-yarn-tiny, qwen3-tiny,
+/// qwen3moe-tiny, gemma2-tiny, gemma3-tiny, phi3-tiny, phi3-longrope-tiny, gptoss-tiny, gptoss-mxfp4-tiny.
 /// The gemma shapes have a window of 4 positions so that short prompts reach past it.
 std::span<const SynthShape> synth_shapes();
 const SynthShape* find_synth_shape(std::string_view name);

@@ -635,8 +635,9 @@ TEST(Serve, PromptChunksRideInTheDecodePass) {
     TestServer s(o, /*n_ctx=*/512);
     Streamed first;
     std::thread runner([&] {
-      first = stream(s, "/v1/completions",
-                     json{{"prompt", "ROMEO:"}, {"max_tokens", 120}, {"temperature", 0}, {"ignore_eos", true}});
+      first =
+          stream(s, "/v1/completions",
+                 json{{"prompt", "ROMEO:"}, {"max_tokens", 120}, {"temperature", 0}, {"ignore_eos", true}});
     });
     while (s.server().stats().active_slots == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     std::vector<int> prompt;  // 60 token ids: 8 chunks of at most 8 while ROMEO decodes
@@ -647,7 +648,8 @@ TEST(Serve, PromptChunksRideInTheDecodePass) {
     ASSERT_EQ(first.status, 200) << first.error;
     texts[mixed ? 0 : 1] = second.body["choices"][0]["text"];
     const std::string m = get(s, "/metrics").raw;
-    const double steps = metric_value(m, "loom_steps_total"), passes = metric_value(m, "loom_forward_passes_total");
+    const double steps = metric_value(m, "loom_steps_total"),
+                 passes = metric_value(m, "loom_forward_passes_total");
     const double chunks = metric_value(m, "loom_prompt_chunk_steps_total");
     const double mixed_steps = metric_value(m, "loom_mixed_steps_total");
     ASSERT_GT(steps, 0) << m;

@@ -360,7 +360,8 @@ TEST_F(LlmBatch, MixedPassEqualsAlone) {
       l.ctx->kv_cache_clear();
       int pos = 0;
       for (int n : chunks) {
-        auto r = l.ctx->decode(std::span(long_prompt).subspan(static_cast<size_t>(pos), static_cast<size_t>(n)), pos);
+        auto r = l.ctx->decode(
+            std::span(long_prompt).subspan(static_cast<size_t>(pos), static_cast<size_t>(n)), pos);
         ASSERT_TRUE(r.ok()) << r.status().to_string();
         chunk_alone.emplace_back(r->begin(), r->end());
         pos += n;
@@ -390,8 +391,8 @@ TEST_F(LlmBatch, MixedPassEqualsAlone) {
           if (i != 3 || s != 1)  // a sequence sits out a step
             batch.push_back(
                 SeqTokens{10 + s, static_cast<int>(prompts[s].size()) + i - 1, std::span(&last[s], 1)});
-        const SeqTokens chunk{chunk_seq, pos,
-                              std::span(long_prompt).subspan(static_cast<size_t>(pos), static_cast<size_t>(n))};
+        const SeqTokens chunk{
+            chunk_seq, pos, std::span(long_prompt).subspan(static_cast<size_t>(pos), static_cast<size_t>(n))};
         const size_t at = static_cast<size_t>(i - 1) % 3 == 0 ? 0 : (i % 2 ? batch.size() : 1);
         batch.insert(batch.begin() + static_cast<std::ptrdiff_t>(at), chunk);
         auto r = l.ctx->decode_batch(batch);

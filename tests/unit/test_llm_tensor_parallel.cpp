@@ -8,8 +8,8 @@
 #include <thread>
 
 #include "llm/llm_kv_cache.h"
-#include "loom/comm.h"
 #include "llm/llm_model_impl.h"
+#include "loom/comm.h"
 #include "test_llm_common.h"
 
 namespace loom::llm::testing {
@@ -98,18 +98,18 @@ TEST_F(LlmTensorParallel, TwoRanksMatchTheUnsplitModel) {
   // windows with a ring and soft-caps (gemma2/3), sinks and biased experts (gpt-oss), fused Q/K/V and
   // gate/up whose parts split each on its own (phi3), and q8_0 blocks
   // split along their rows' columns
-  for (const auto& [shape, type] : std::vector<std::pair<const char*, const char*>>{
-           {"tiny", "f32"},
-           {"llama31-tiny", "f32"},
-           {"qwen2-tiny", "f32"},
-           {"qwen3-tiny", "f32"},
-           {"qwen3moe-tiny", "f32"},
-           {"gemma2-tiny", "f32"},
-           {"gemma3-tiny", "f32"},
-           {"gptoss-tiny", "f32"},
-           {"phi3-tiny", "f32"},
-           {"phi3-longrope-tiny", "f32"},
-           {"tiny", "q8_0"}}) {
+  for (const auto& [shape, type] :
+       std::vector<std::pair<const char*, const char*>>{{"tiny", "f32"},
+                                                        {"llama31-tiny", "f32"},
+                                                        {"qwen2-tiny", "f32"},
+                                                        {"qwen3-tiny", "f32"},
+                                                        {"qwen3moe-tiny", "f32"},
+                                                        {"gemma2-tiny", "f32"},
+                                                        {"gemma3-tiny", "f32"},
+                                                        {"gptoss-tiny", "f32"},
+                                                        {"phi3-tiny", "f32"},
+                                                        {"phi3-longrope-tiny", "f32"},
+                                                        {"tiny", "q8_0"}}) {
     SCOPED_TRACE(std::string(shape) + " " + type);
     const std::string file = model(shape, type);
     auto ref = open_tp(file, 1);
@@ -146,7 +146,8 @@ TEST_F(LlmTensorParallel, BatchedStepsOverAPagedCache) {
   for (int step = 0; step < 3; ++step) {
     std::vector<SeqTokens> seqs;
     for (int seq = 0; seq < 3; ++seq)
-      seqs.push_back({seq, 3 + seq + step, std::span(tokens).subspan(static_cast<size_t>(6 + seq + step), 1)});
+      seqs.push_back(
+          {seq, 3 + seq + step, std::span(tokens).subspan(static_cast<size_t>(6 + seq + step), 1)});
     auto want = ref->ctx->decode_batch(seqs);
     ASSERT_TRUE(want.ok()) << want.status().to_string();
     const std::vector<float> w(want->begin(), want->end());
@@ -209,14 +210,17 @@ TEST_F(LlmTensorParallel, RefusesWhatCannotBeSplit) {
   {
     auto tp = open_tp(model("tiny", "f32"), 4);  // 2 KV heads
     ASSERT_FALSE(tp.ok());
-    EXPECT_NE(tp.status().message().find("KV heads (2) to divide by 4"), std::string::npos) << tp.status().to_string();
+    EXPECT_NE(tp.status().message().find("KV heads (2) to divide by 4"), std::string::npos)
+        << tp.status().to_string();
   }
   {
     // q4_K blocks of 256 columns: the attention output's 256 columns cannot be halved on block boundaries
     auto tp = open_tp(model("small", "q4_K_M"), 2);
     ASSERT_FALSE(tp.ok());
-    EXPECT_NE(tp.status().message().find("blk.0.attn_output.weight"), std::string::npos) << tp.status().to_string();
-    EXPECT_NE(tp.status().message().find("whole blocks of 256"), std::string::npos) << tp.status().to_string();
+    EXPECT_NE(tp.status().message().find("blk.0.attn_output.weight"), std::string::npos)
+        << tp.status().to_string();
+    EXPECT_NE(tp.status().message().find("whole blocks of 256"), std::string::npos)
+        << tp.status().to_string();
   }
 }
 

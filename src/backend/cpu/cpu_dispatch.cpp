@@ -76,7 +76,9 @@ void compute_node(const KernelContext& ctx, Tensor* node) {
     case OpKind::softcap: op_unary(ctx, node); return;
     case OpKind::swiglu:
     case OpKind::geglu: op_gated(ctx, node); return;
-    case OpKind::swiglu_oai: op_swiglu_oai(ctx, node); return;
+    case OpKind::swiglu_oai:
+      op_swiglu_oai(ctx, node);
+      return;
     case OpKind::rms_norm: op_rms_norm(ctx, node); return;
     case OpKind::norm: op_norm(ctx, node); return;
     case OpKind::soft_max: op_soft_max(ctx, node); return;
@@ -91,7 +93,9 @@ void compute_node(const KernelContext& ctx, Tensor* node) {
     case OpKind::mul_mat_id: op_mul_mat_id(ctx, node); return;
     case OpKind::rope: op_rope(ctx, node); return;
     case OpKind::flash_attn: op_flash_attn(ctx, node); return;
-    case OpKind::all_reduce: op_all_reduce(ctx, node); return;
+    case OpKind::all_reduce:
+      op_all_reduce(ctx, node);
+      return;
     case OpKind::count_: break;
   }
   LOOM_ASSERT(false && "unknown op");

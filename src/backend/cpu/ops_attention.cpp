@@ -5,9 +5,9 @@
 //
 // Work units are runs of query heads that share one KV head (GQA), for one (query, ne3), so each
 // K/V row is loaded (and converted from f16) once per run instead of once per head; the runs
-// depend on the shape only, so results do not depend on the thread count. Keys go in blocks of kKeyBlock: scores for the block,
-// one rescale of the accumulators if the max grew, then the weighted V sum with the accumulators
-// held in registers across the block. Keys every head of a run masks out (-inf) are skipped
+// depend on the shape only, so results do not depend on the thread count. Keys go in blocks of kKeyBlock:
+// scores for the block, one rescale of the accumulators if the max grew, then the weighted V sum with the
+// accumulators held in registers across the block. Keys every head of a run masks out (-inf) are skipped
 // before K/V are touched, which halves the work of a causal prefill.
 //
 // Cost per (head, key): 2*D + 2*Dv FLOPs (in double) and one exp; K/V bytes are read once per run.

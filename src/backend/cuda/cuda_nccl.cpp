@@ -39,9 +39,10 @@ const NcclApi& nccl() {
     if (!lib) lib = dlopen("libnccl.so", RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
       const char* why = dlerror();
-      api.error = fmt::format("NCCL is needed for several GPUs but libnccl.so.2 cannot be loaded ({}); install "
-                              "NCCL (Debian: libnccl2) or add its directory to LD_LIBRARY_PATH",
-                              why ? why : "not found");
+      api.error = fmt::format(
+          "NCCL is needed for several GPUs but libnccl.so.2 cannot be loaded ({}); install "
+          "NCCL (Debian: libnccl2) or add its directory to LD_LIBRARY_PATH",
+          why ? why : "not found");
       return;
     }
     auto sym = [&](auto& fn, const char* name) {
@@ -121,7 +122,8 @@ bool setup_oneshot(std::span<const int> devices, std::vector<std::unique_ptr<Com
     const size_t flag_bytes = sizeof(uint32_t) * static_cast<size_t>(n) * kOneShotMaxBlocks;
     const size_t epoch_bytes = sizeof(uint32_t) * kOneShotMaxBlocks;
     if (cudaMalloc(&b->recv, recv_bytes) != cudaSuccess || cudaMalloc(&b->flags, flag_bytes) != cudaSuccess ||
-        cudaMalloc(&b->epoch, epoch_bytes) != cudaSuccess || cudaMemset(b->flags, 0, flag_bytes) != cudaSuccess ||
+        cudaMalloc(&b->epoch, epoch_bytes) != cudaSuccess ||
+        cudaMemset(b->flags, 0, flag_bytes) != cudaSuccess ||
         cudaMemset(b->epoch, 0, epoch_bytes) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) {
       (void)cudaGetLastError();
       return false;
@@ -141,7 +143,8 @@ bool setup_oneshot(std::span<const int> devices, std::vector<std::unique_ptr<Com
     g.epoch = bufs[static_cast<size_t>(i)]->epoch;
   }
   for (int i = 0; i < n; ++i)
-    static_cast<NcclCommunicator&>(*comms[static_cast<size_t>(i)]).oneshot_buffers = std::move(bufs[static_cast<size_t>(i)]);
+    static_cast<NcclCommunicator&>(*comms[static_cast<size_t>(i)]).oneshot_buffers =
+        std::move(bufs[static_cast<size_t>(i)]);
   return true;
 }
 
@@ -196,7 +199,8 @@ Result<std::vector<std::unique_ptr<Communicator>>> make_nccl_communicators(std::
   }
   std::vector<std::unique_ptr<Communicator>> out;
   for (size_t i = 0; i < comms.size(); ++i)
-    out.push_back(std::make_unique<NcclCommunicator>(comms[i], static_cast<int>(i), static_cast<int>(comms.size())));
+    out.push_back(
+        std::make_unique<NcclCommunicator>(comms[i], static_cast<int>(i), static_cast<int>(comms.size())));
   // LOOM_TP_ALLREDUCE=oneshot: small all-reduces by the one-shot kernel over peer access (off by
   // default until measured; NCCL otherwise and for larger tensors).
   if (const char* mode = std::getenv("LOOM_TP_ALLREDUCE"); mode && std::string_view(mode) == "oneshot")
@@ -208,14 +212,16 @@ Result<std::vector<std::unique_ptr<Communicator>>> make_nccl_communicators(std::
 CudaError nccl_all_reduce(Communicator& comm, const float* src, float* dst, size_t n, cudaStream_t stream) {
   const NcclApi& api = nccl();
   if (std::string_view(comm.kind()) != "nccl" || !api.all_reduce)
-    return CudaError::runtime(cudaErrorInvalidValue, "all_reduce: not an NCCL communicator", __FILE__, __LINE__);
+    return CudaError::runtime(cudaErrorInvalidValue, "all_reduce: not an NCCL communicator", __FILE__,
+                              __LINE__);
   auto& nc = static_cast<NcclCommunicator&>(comm);  // kind "nccl": made by make_nccl_communicators
   if (nc.oneshot_buffers && static_cast<int64_t>(n) <= nc.oneshot.max_elems)
     return launch_oneshot_all_reduce(nc.oneshot, src, dst, static_cast<int64_t>(n), stream);
   const ncclResult_t r =
       api.all_reduce(src, dst, n, ncclFloat32, ncclSum, static_cast<ncclComm_t>(comm.native()), stream);
   if (r != ncclSuccess)
-    return CudaError::runtime(cudaErrorUnknown, api.error_string(r), __FILE__, __LINE__);  // NCCL's static text
+    return CudaError::runtime(cudaErrorUnknown, api.error_string(r), __FILE__,
+                              __LINE__);  // NCCL's static text
   return {};
 }
 

@@ -9,8 +9,8 @@
 #include <span>
 #include <vector>
 
-#include "loom/comm.h"
 #include "kernels/launch.h"
+#include "loom/comm.h"
 
 namespace loom::cuda {
 

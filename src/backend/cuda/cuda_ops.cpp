@@ -126,8 +126,9 @@ CudaError run_node(const LaunchContext& ctx, const Tensor* t) {
       return launch_flash_attn(ctx, t, p.scale, p.softcap);
     }
     case OpKind::all_reduce:
-      return nccl_all_reduce(*t->get_params<AllReduceParams>().comm, static_cast<const float*>(t->src[0]->data),
-                             static_cast<float*>(t->data), static_cast<size_t>(t->nelements()), ctx.stream);
+      return nccl_all_reduce(*t->get_params<AllReduceParams>().comm,
+                             static_cast<const float*>(t->src[0]->data), static_cast<float*>(t->data),
+                             static_cast<size_t>(t->nelements()), ctx.stream);
     case OpKind::none:
     case OpKind::view:
     case OpKind::count_:

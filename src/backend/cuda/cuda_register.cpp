@@ -53,7 +53,8 @@ class CudaBackend final : public Backend, public exec::ExecutorControl, public C
     std::vector<int> devices;
     for (Backend* b : backends) {
       if (std::string_view(b->name()) != "cuda" || !b->extension<Collectives>())
-        return make_error(StatusCode::invalid_argument, "cuda collectives: backend {} is not a CUDA backend", b->name());
+        return make_error(StatusCode::invalid_argument, "cuda collectives: backend {} is not a CUDA backend",
+                          b->name());
       const int ordinal = static_cast<CudaBackend*>(b->extension<Collectives>())->dev_.ordinal();
       for (int d : devices)
         if (d == ordinal)

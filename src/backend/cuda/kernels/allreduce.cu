@@ -27,8 +27,8 @@ __device__ __forceinline__ uint32_t load_acquire_sys(const uint32_t* p) {
   return v;
 }
 
-__global__ void __launch_bounds__(kThreads) oneshot_all_reduce_kernel(OneShotGroup g, const float* src, float* dst,
-                                                                      int64_t n, int64_t chunk) {
+__global__ void __launch_bounds__(kThreads)
+    oneshot_all_reduce_kernel(OneShotGroup g, const float* src, float* dst, int64_t n, int64_t chunk) {
   pdl_wait();
   __shared__ uint32_t epoch_s;
   const int b = blockIdx.x;

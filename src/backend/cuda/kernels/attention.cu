@@ -31,9 +31,10 @@ __device__ __forceinline__ double load_kv(const char* row, int64_t i, bool f16) 
 // registers of q and the accumulator match the head: 64- and 128-wide heads need 2 and 4 per lane
 // rather than kFlashAttnMaxHead's 16, which leaves room for more blocks per SM.
 template <int kPerLane>
-__global__ void __launch_bounds__(kSplit * kWarpSize) flash_attn_kernel(TensorDesc dst, TensorDesc q, TensorDesc k, TensorDesc v, TensorDesc mask,
-                                  bool has_mask, bool mask_f16, bool k_f16, bool v_f16, float scale,
-                                  float softcap, const float* sinks) {
+__global__ void __launch_bounds__(kSplit* kWarpSize)
+    flash_attn_kernel(TensorDesc dst, TensorDesc q, TensorDesc k, TensorDesc v, TensorDesc mask,
+                      bool has_mask, bool mask_f16, bool k_f16, bool v_f16, float scale, float softcap,
+                      const float* sinks) {
   pdl_wait();
   constexpr int kHalf = kSplit / 2;  // the merge goes through shared memory half the warps at a time
   __shared__ double sh_m[kSplit], sh_l[kSplit], sh_factor[kSplit];
