@@ -21,6 +21,7 @@ struct NcclApi {
   decltype(&ncclGetVersion) get_version = nullptr;
   decltype(&ncclCommInitAll) comm_init_all = nullptr;
   decltype(&ncclCommDestroy) comm_destroy = nullptr;
+  decltype(&ncclCommAbort) comm_abort = nullptr;
   decltype(&ncclAllReduce) all_reduce = nullptr;
   decltype(&ncclGetErrorString) error_string = nullptr;
   decltype(&ncclGroupStart) group_start = nullptr;
@@ -52,6 +53,7 @@ const NcclApi& nccl() {
     sym(api.get_version, "ncclGetVersion");
     sym(api.comm_init_all, "ncclCommInitAll");
     sym(api.comm_destroy, "ncclCommDestroy");
+    sym(api.comm_abort, "ncclCommAbort");
     sym(api.all_reduce, "ncclAllReduce");
     sym(api.error_string, "ncclGetErrorString");
     sym(api.group_start, "ncclGroupStart");
@@ -78,16 +80,38 @@ struct OneShotBuffers {
 // larger tensors go through NCCL.
 constexpr int64_t kOneShotMaxElems = 64 * 1024;
 
+// What the ranks of one group share: their communicators, for an abort that reaches them all.
+struct NcclGroup {
+  std::mutex mutex;
+  std::vector<ncclComm_t> comms;
+  bool aborted = false;
+};
+
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(ncclComm_t comm, int rank, int size) : comm_(comm), rank_(rank), size_(size) {}
+  NcclCommunicator(ncclComm_t comm, int rank, int size, std::shared_ptr<NcclGroup> group)
+      : comm_(comm), rank_(rank), size_(size), group_(std::move(group)) {}
+  // Not under the group's lock: the ranks' destroys may wait for each other (ModelImpl destroys them
+  // on a thread each).
   ~NcclCommunicator() override {
-    if (comm_) (void)nccl().comm_destroy(comm_);
+    if (comm_ && !aborted()) (void)nccl().comm_destroy(comm_);  // an abort freed them all
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const char* kind() const override { return "nccl"; }
   void* native() override { return comm_; }
+  // A rank that failed before its collectives: every rank's communicator is aborted, which ends the
+  // collectives the others wait in (ncclCommAbort); the group is unusable afterwards.
+  void abort() override {
+    std::lock_guard lock(group_->mutex);
+    if (group_->aborted) return;
+    group_->aborted = true;
+    for (ncclComm_t c : group_->comms) (void)nccl().comm_abort(c);
+  }
+  bool aborted() {
+    std::lock_guard lock(group_->mutex);
+    return group_->aborted;
+  }
 
   // The one-shot path, when the group set it up (LOOM_TP_ALLREDUCE=oneshot).
   std::unique_ptr<OneShotBuffers> oneshot_buffers;
@@ -96,6 +120,7 @@ class NcclCommunicator final : public Communicator {
  private:
   ncclComm_t comm_;
   const int rank_, size_;
+  std::shared_ptr<NcclGroup> group_;
 };
 
 // Peer access between every pair of devices and each rank's buffers; false (nothing set up) when a
@@ -197,10 +222,12 @@ Result<std::vector<std::unique_ptr<Communicator>>> make_nccl_communicators(std::
     return make_error(StatusCode::device_error, "first all-reduce over {} GPUs: {}", devices.size(),
                       ce != cudaSuccess ? cudaGetErrorString(ce) : api.error_string(wr));
   }
+  auto group = std::make_shared<NcclGroup>();
+  group->comms = comms;
   std::vector<std::unique_ptr<Communicator>> out;
   for (size_t i = 0; i < comms.size(); ++i)
     out.push_back(
-        std::make_unique<NcclCommunicator>(comms[i], static_cast<int>(i), static_cast<int>(comms.size())));
+        std::make_unique<NcclCommunicator>(comms[i], static_cast<int>(i), static_cast<int>(comms.size()), group));
   // LOOM_TP_ALLREDUCE=oneshot: small all-reduces by the one-shot kernel over peer access (off by
   // default until measured; NCCL otherwise and for larger tensors).
   if (const char* mode = std::getenv("LOOM_TP_ALLREDUCE"); mode && std::string_view(mode) == "oneshot")
@@ -215,6 +242,9 @@ CudaError nccl_all_reduce(Communicator& comm, const float* src, float* dst, size
     return CudaError::runtime(cudaErrorInvalidValue, "all_reduce: not an NCCL communicator", __FILE__,
                               __LINE__);
   auto& nc = static_cast<NcclCommunicator&>(comm);  // kind "nccl": made by make_nccl_communicators
+  if (nc.aborted())
+    return CudaError::runtime(cudaErrorUnknown, "all_reduce: the NCCL group was aborted after a rank failed",
+                              __FILE__, __LINE__);
   if (nc.oneshot_buffers && static_cast<int64_t>(n) <= nc.oneshot.max_elems)
     return launch_oneshot_all_reduce(nc.oneshot, src, dst, static_cast<int64_t>(n), stream);
   const ncclResult_t r =
