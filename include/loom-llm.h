@@ -32,6 +32,8 @@ typedef struct loom_model_params {
   const char* backend; /**< "cpu", "cuda", or NULL: the GPU when one is usable, else the CPU */
   int n_threads;       /**< CPU threads (0: all cores) */
   int numerics;        /**< -1: the backend's default; else a loom_numerics value of loom-cuda.h */
+  /** Tensor parallelism: the model split over this many backends (GPUs 0..n-1); 1 (or 0): none */
+  int n_tensor_parallel;
 } loom_model_params;
 
 LOOM_API loom_model_params loom_model_default_params(void);

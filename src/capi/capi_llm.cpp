@@ -49,6 +49,7 @@ loom::Result<loom::llm::Session> open(const std::string& path, const loom_model_
   sp.print_summary = false;
   if (p.numerics == LOOM_NUMERICS_EXACT) sp.numerics = loom::Numerics::exact;
   if (p.numerics == LOOM_NUMERICS_FAST) sp.numerics = loom::Numerics::fast;
+  sp.n_tensor_parallel = std::max(p.n_tensor_parallel, 1);
   return loom::llm::open_session(sp);
 }
 
@@ -68,6 +69,7 @@ LOOM_API loom_model_params loom_model_default_params(void) {
   p.backend = nullptr;
   p.n_threads = 0;
   p.numerics = -1;
+  p.n_tensor_parallel = 1;
   return p;
 }
 

@@ -76,6 +76,21 @@ int main(int argc, char** argv) {
     n_alone[i] = generate_alone(m, prompts[i], n_prompt[i], &greedy, alone[i]);
     CHECK(n_alone[i] == kSteps + 1);
   }
+  /* the same greedy tokens from the model split over two CPU ranks; a split that cannot be is refused */
+  {
+    loom_model_params tp = mp;
+    tp.n_tensor_parallel = 2;
+    loom_model* m2 = loom_model_load(argv[1], &tp);
+    CHECK(m2 != NULL);
+    if (m2) {
+      int32_t got[kMaxTokens];
+      CHECK(generate_alone(m2, prompts[0], n_prompt[0], &greedy, got) == n_alone[0]);
+      CHECK(memcmp(got, alone[0], (size_t)n_alone[0] * sizeof(int32_t)) == 0);
+      loom_model_free(m2);
+    }
+    tp.n_tensor_parallel = 4;
+    CHECK(loom_model_load(argv[1], &tp) == NULL && strstr(loom_last_error(), "divide by 4") != NULL);
+  }
   loom_batch* b = loom_batch_create(m, 512, kSeqs);
   CHECK(b != NULL);
   if (!b) return 1;
