@@ -231,6 +231,9 @@ Result<llm::Session> open_generate_session(const GenerateOptions& o, std::string
       backend_name = "cuda+cpu";
     }
   }
+  // bench tables and logs tell a split model apart: "cuda-tp2"
+  const std::string tp_suffix = o.n_tensor_parallel > 1 ? fmt::format("-tp{}", o.n_tensor_parallel) : "";
+  backend_name += tp_suffix;
   auto session = llm::open_session(sp);
   if (session || !gpu_unusable(session.status()) || !o.backend.empty()) return session;
   // No usable GPU: the CPU, when the GPU was only wished for (no -ngl) or asked for by -ngl (with a
@@ -240,7 +243,8 @@ Result<llm::Session> open_generate_session(const GenerateOptions& o, std::string
                session.status().message());
   else if (!o.gpu_if_usable)
     return session;
-  sp.backend = backend_name = "cpu";
+  sp.backend = "cpu";
+  backend_name = "cpu" + tp_suffix;
   sp.offload_backend.clear();
   sp.n_offload_layers = 0;
   return llm::open_session(sp);
