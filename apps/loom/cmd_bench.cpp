@@ -90,7 +90,7 @@ struct BenchOptions {
   std::vector<int> n_depth = {0};
   int repetitions = 5;
   int n_gpu_layers = 99;
-  int n_tensor_parallel = 1;
+  std::vector<int> n_tensor_parallel = {1};  // -tp 1,2,4: each model at each rank count
   int n_threads = 0;
   int n_batch = 512;
   std::string output = "md";
@@ -141,7 +141,8 @@ Result<std::vector<BenchTest>> collect_tests(const BenchOptions& o) {
 
 // The session every bench mode opens on a model: -ngl > 0 takes the GPU when one is usable (below
 // the layer count: the last -ngl layers), else the CPU (the backend column says which ran).
-GenerateOptions session_options(const BenchOptions& o, const std::string& path, int n_ctx, int n_batch) {
+GenerateOptions session_options(const BenchOptions& o, const std::string& path, int n_tp, int n_ctx,
+                                int n_batch) {
   GenerateOptions g;
   g.model_path = path;
   g.n_threads = o.n_threads;
@@ -150,9 +151,17 @@ GenerateOptions session_options(const BenchOptions& o, const std::string& path, 
   g.backend = o.backend;
   g.numerics = o.numerics;
   g.n_gpu_layers = o.n_gpu_layers;
-  g.n_tensor_parallel = o.n_tensor_parallel;
+  g.n_tensor_parallel = n_tp;
   g.gpu_if_usable = o.backend.empty() && o.n_gpu_layers > 0;
   return g;
+}
+
+// Every model at every -tp rank count, models outermost.
+std::vector<std::pair<std::string, int>> model_runs(const BenchOptions& o) {
+  std::vector<std::pair<std::string, int>> runs;
+  for (const std::string& path : o.models)
+    for (int tp : o.n_tensor_parallel) runs.emplace_back(path, tp);
+  return runs;
 }
 
 // llama-batched-bench: every (npp, ntg, npl) in that nesting, one table per model, over a paged
@@ -170,9 +179,9 @@ int run_batched_bench(const BenchOptions& o) {
       }
   const BenchFormat format = o.output == "json" ? BenchFormat::json : BenchFormat::md;
   if (o.output == "csv") fmt::print(stderr, "loom: bench: batched mode prints md or json; md it is\n");
-  for (const std::string& path : o.models) {
+  for (const auto& [path, n_tp] : model_runs(o)) {
     // one pass per decode step, however many sequences
-    GenerateOptions g = session_options(o, path, n_ctx, std::max(o.n_batch, max_pl));
+    GenerateOptions g = session_options(o, path, n_tp, n_ctx, std::max(o.n_batch, max_pl));
     g.kv_cache = llm::KvCacheKind::paged;
     std::string backend_name;
     auto session = open_generate_session(g, backend_name);
@@ -228,8 +237,8 @@ int run_bench(const BenchOptions& o) {
   run.repetitions = o.repetitions;
   run.warmup = !o.no_warmup;
   std::vector<BenchResult> results;
-  for (const std::string& path : o.models) {
-    GenerateOptions g = session_options(o, path, n_ctx, o.n_batch);
+  for (const auto& [path, n_tp] : model_runs(o)) {
+    GenerateOptions g = session_options(o, path, n_tp, n_ctx, o.n_batch);
     std::string backend_name;
     auto session = open_generate_session(g, backend_name);
     if (!session) return fail(session.status());  // without a usable GPU it noted the CPU fallback
@@ -309,7 +318,10 @@ void add_bench_command(CLI::App& app, std::vector<Command>& out) {
   cmd->add_option("--flash-attn", o->flash_attn, "-fa: accepted for llama-bench compatibility (always on)")
       ->check(CLI::IsMember({"0", "1", "on", "off", "auto"}));
   cmd->add_option("--backend", o->backend, "Backend by name (cpu, cuda); overrides -ngl");
-  add_tensor_parallel_flag(*cmd, o->n_tensor_parallel);
+  cmd->add_option("--tensor-parallel", o->n_tensor_parallel,
+                  "Split each model over N GPUs (-tp), comma-separated: -tp 1,2,4 runs every test at each")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 64));
   add_numerics_flag(*cmd, o->numerics);
   cmd->add_option(
       "--exec", o->exec,
