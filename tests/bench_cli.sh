@@ -115,5 +115,10 @@ grep -Eq '^loom: stats: generation: [0-9]+ one-token steps' "$dir/run.err" || fa
 "$loom" run -m "$dir/tiny.gguf" -p "hello there" -n 4 --temp 0 -t 2 >"$dir/nostats.out" 2>"$dir/nostats.err" ||
   fail "loom run"
 grep -q 'stats:' "$dir/nostats.err" && fail "stats printed without --stats"
+# -tp 1,2: every test at each rank count, one table (two CPU ranks here)
+"$loom" bench -m "$dir/tiny.gguf" -p 8 -n 2 -r 1 -t 1 --backend cpu -tp 1,2 >"$dir/tp.out" 2>"$dir/tp.err" ||
+  fail "bench -tp 1,2"
+[[ $(grep -Ec '^\| .*\| CPU +\|' "$dir/tp.out") == 2 ]] || fail "bench -tp 1,2: not two unsplit rows"
+[[ $(grep -Ec '^\| .*\| CPU-TP2 +\|' "$dir/tp.out") == 2 ]] || fail "bench -tp 1,2: not two rows split in two"
 echo "bench: ok"
 exit 0
