@@ -86,6 +86,9 @@ Result<std::unique_ptr<Engine>> Engine::create(llm::Session session, const Token
   cp.n_batch = std::max(n_batch, n_parallel);  // one pass per step, however many requests run
   cp.kv_cache = llm::KvCacheKind::paged;
   cp.kv_block_size = kv_block_size;
+  // Sliding-window layers (gemma, gpt-oss) keep each sequence's window only: n_parallel running
+  // requests and at most n_parallel parked ones hold windows at once.
+  cp.n_seq_max = 2 * n_parallel;
   auto ctx = llm::Context::create(*session.model, cp);
   if (!ctx)
     return make_error(ctx.status().code(), "serve: a paged KV cache of {} sequences x {} cells: {}",
