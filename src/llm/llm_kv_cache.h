@@ -150,7 +150,7 @@ class KvCache {
   virtual Result<std::vector<int32_t>> claim_window(std::span<const int32_t> positions, int seq);
   /// Frees window cells (a failed step).
   virtual void release_window(std::span<const int32_t> /*cells*/) {}
-  /// One past the highest used window cell.
+  /// One past the highest used window cell (reads_prefix kinds; a gathering kind: its window cells).
   virtual int n_kv_window() const { return 0; }
   /// As fill_mask with the window, over window cells [0, n_kv).
   virtual void fill_mask_window(std::span<const int32_t> positions, int seq, int n_kv, float* mask) const;
