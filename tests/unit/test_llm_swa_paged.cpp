@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "llm/llm_kv_cache.h"
+#include "loom/llm_batch.h"
 
 namespace loom::llm::testing {
 namespace {
@@ -357,6 +358,59 @@ TEST_F(LlmSwaPaged, TooManySequencesFailCleanly) {
   auto refused = Context::create(*l.model, bad);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("n_seq_max"), std::string::npos);
+}
+
+// BatchGenerator (what `loom serve` drives) over the ring: sequences added together generate their
+// tokens alone over every cell; a parked one lends the next turn its prefix up to its last block
+// boundary (enqueued: a prompt computed in mixed passes), which then generates its tokens alone.
+TEST_F(LlmSwaPaged, GeneratorOverTheRingKeepsTokensAndLendsTheNextTurn) {
+  const std::string file = model("gemma3-tiny", "q8_0");
+  ContextParams full_params = ring_params(512, 16, 0);
+  full_params.swa_full = true;
+  auto full = open_cpu_model(file, 2, full_params);
+  auto ring = open_cpu_model(file, 2, ring_params(512, 16, 4));
+  ASSERT_TRUE(full.ctx && ring.ctx);
+  const int n_vocab = ring.ctx->n_vocab();
+  auto greedy_alone = [&](const std::vector<int32_t>& prompt, int n) {
+    const Alone a = decode_alone(*full.ctx, prompt, n);
+    std::vector<int32_t> out(a.tokens.begin() + static_cast<std::ptrdiff_t>(prompt.size()), a.tokens.end());
+    if (!a.logits.empty()) out.push_back(argmax_of(a.logits.back()));
+    return out;
+  };
+  SamplerParams greedy;
+  greedy.temperature = 0.0f;
+  greedy.seed = 1;
+  BatchGenerator gen(*ring.ctx);
+  const std::vector<std::vector<int32_t>> prompts = {test_tokens(21, n_vocab, 1), test_tokens(9, n_vocab, 2),
+                                                     test_tokens(30, n_vocab, 3)};
+  std::vector<int> ids;
+  for (const auto& p : prompts) {
+    auto id = gen.add(p, greedy);
+    ASSERT_TRUE(id.ok()) << id.status().to_string();
+    ids.push_back(*id);
+  }
+  for (int i = 1; i < 8; ++i) ASSERT_TRUE(gen.step().ok());
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    const auto got = gen.generated(ids[s]);
+    EXPECT_EQ(std::vector<int32_t>(got.begin(), got.end()), greedy_alone(prompts[s], 8)) << s;
+  }
+  const auto a_tokens = gen.generated(ids[0]);
+  std::vector<int32_t> next_turn(prompts[0]);
+  next_turn.insert(next_turn.end(), a_tokens.begin(), a_tokens.end());
+  for (int32_t t : test_tokens(5, n_vocab, 33)) next_turn.push_back(t);
+  ASSERT_TRUE(gen.park(ids[0]).ok());
+  auto c = gen.enqueue(next_turn, greedy);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  // The parked sequence holds its prompt and all but its newest token: 28 positions, 7 blocks of 4.
+  EXPECT_EQ(gen.shared_prompt_tokens(*c), static_cast<int>(prompts[0].size() + a_tokens.size() - 1) / 4 * 4);
+  for (int i = 0; i < 40 && gen.generated(*c).size() < 6; ++i) ASSERT_TRUE(gen.step().ok());
+  const auto got = gen.generated(*c);
+  ASSERT_GE(got.size(), 6u);
+  EXPECT_EQ(std::vector<int32_t>(got.begin(), got.begin() + 6), greedy_alone(next_turn, 6));
+  for (int id : {ids[0], ids[1], ids[2], *c}) ASSERT_TRUE(gen.remove(id).ok());
+  const detail::PagedKvCache& kv = paged_of(*ring.ctx);
+  EXPECT_EQ(kv.n_free_window_blocks(), kv.n_window_blocks());
+  EXPECT_EQ(ring.ctx->kv_cache_used(), 0);
 }
 
 }  // namespace
