@@ -336,6 +336,7 @@ struct SessionParams {
   int n_batch = 512;            ///< see ContextParams (-ub)
   KvCacheKind kv_cache = KvCacheKind::contiguous;  ///< see ContextParams
   bool swa_full = false;        ///< see ContextParams (--swa-full)
+  int n_seq_max = 0;            ///< see ContextParams (the paged cache's sliding-window ring)
   /// Rounding mode of the backends (unset: LOOM_NUMERICS, else each backend's default).
   std::optional<Numerics> numerics;
   bool progress = true;

@@ -918,6 +918,7 @@ Result<Session> open_session(const SessionParams& p) {
   cp.n_batch = p.n_batch;
   cp.kv_cache = p.kv_cache;
   cp.swa_full = p.swa_full;
+  cp.n_seq_max = p.n_seq_max;
   auto ctx = Context::create(*s.model, cp);
   if (!ctx) return ctx.status();
   s.context = std::move(ctx.value());
