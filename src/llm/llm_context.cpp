@@ -505,9 +505,11 @@ struct ContextImpl {
           s.split.comm->abort();  // ranks waiting for this one in a collective give up
           return st;
         }
-        if (!dst) return s.backend->synchronize();
+        if (!dst) return {};
         const Tensor* t = s.step.out;
         const int64_t rows = t->ne[0];
+        // one output row (a decode step): the slice lands in place
+        if (n_out == 1) return tensor_read(t, dst + s.vocab_begin, 0, static_cast<size_t>(rows) * sizeof(float));
         std::vector<float>& got = rank_logits[static_cast<size_t>(r)];
         got.resize(static_cast<size_t>(t->nelements()));
         LOOM_TRY(tensor_read(t, got.data(), 0, got.size() * sizeof(float)));
