@@ -19,6 +19,9 @@
 #            numerics, then loom bench -p 512 -n 128 at each rank count (LOOM_TP_ALLREDUCE=oneshot: the
 #            one-shot all-reduce for small tensors instead of NCCL's; LOOM_TP_TIMEOUT per command, 90 s)
 #   tp70b    synthetic llama3-70b F16 (141 GB: more than one GPU holds) with -tp 2 and -tp 4 (x4 disk)
+#   decodetrace  a Chrome trace of one decode step (the third) on LOOM_MODELS with --stats, summarized
+#   mvperf   ncu of the fast mat-vec on LOOM_MV_CASES (';'-separated op-test descriptions) under each of
+#            LOOM_MV_MODES (space-separated VAR=VALUE settings, "-" for none)
 #   batchcheck  loom-exec-equivalence on the built-in model and LOOM_MODELS, both numerics (includes
 #            16 sequences decoded together against alone)
 set -uo pipefail
@@ -123,6 +126,27 @@ for step in "$@"; do
         timeout 120 "$bin/loom" run -m "$f" -f "$work/prompt.txt" -n 1 -c 4096 --trace-prompt "$out/prefill-${m/:/-}.json" \
           >/dev/null 2>"$out/prefill-${m/:/-}.err" || tail -2 "$out/prefill-${m/:/-}.err"
         python3 tools/trace_summary.py "$out/prefill-${m/:/-}.json" --by-shape 2>&1 | head -${LOOM_TRACE_LINES:-24}
+      done ;;
+    decodetrace)
+      for m in $models; do
+        f=$(model "$m") || continue
+        timeout 120 "$bin/loom" run -m "$f" -p "The quick brown fox" -n 8 --stats --trace "$out/decode-${m/:/-}.json" \
+          >/dev/null 2>"$out/decode-${m/:/-}.err" || tail -2 "$out/decode-${m/:/-}.err"
+        grep -iE "kernels|per token|host" "$out/decode-${m/:/-}.err" | head -6
+        python3 tools/trace_summary.py "$out/decode-${m/:/-}.json" --by-shape 2>&1 | head -${LOOM_TRACE_LINES:-24}
+      done ;;
+    mvperf)
+      # ncu (caches flushed) of the fast mat-vec on LOOM_MV_CASES (op-test descriptions), once per
+      # LOOM_MV_MODES entry (VAR=VALUE environment settings; "-" for none)
+      IFS=';' read -ra cases <<<"${LOOM_MV_CASES:-q4_K[4096, 14336] b=f32[4096];q4_K[14336, 4096] b=f32[14336]}"
+      for c in "${cases[@]}"; do
+        for mode in ${LOOM_MV_MODES:--}; do
+          r=$(env ${mode/#-/} timeout 60 /usr/local/cuda/bin/ncu --clock-control none -k regex:"mat_vec" -c 3 \
+            --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__inst_executed.sum \
+            "$bin/loom-test-ops" --backend cuda --numerics fast perf --op mul_mat --filter "$c" 2>&1 |
+            grep -E "duration|throughput|inst_exec" | tail -3 | awk '{print $NF, $(NF-1)}' | tr '\n' ' ')
+          echo "mvperf [$c] $mode: $r"
+        done
       done ;;
     batchcheck)
       fs=(models/loom-shakespeare-f16.gguf)
