@@ -5,7 +5,7 @@
 # the named steps. Meant to be sourced-free: one device call is `bash scripts/gpu-carried.sh STEPS...`.
 #   ops      every op, CUDA against the CPU, exact and fast numerics
 #   hf       each of LOOM_HF_SHAPES (default llama31-tiny:f32; e.g. "llama31-tiny:f32 gptoss-tiny:f32
-#            gptoss-mxfp4-tiny:f32") in exact numerics against transformers (tools/hf_reference.py)
+#            gptoss-mxfp4-tiny:f32@2e-3") in exact numerics against transformers (tools/hf_reference.py)
 #   prefill  loom bench -p 512,4096 on LOOM_MODELS (default llama3-1b:q4_0 llama3-8b:q4_0)
 #   decode   loom bench -n 128 on LOOM_MODELS
 #   batched  loom bench -npl 1,8,32,64 (-npp 128 -ntg 32) with a trace of one step at each npl
@@ -65,11 +65,18 @@ for step in "$@"; do
         echo "ops $mode rc=$?"; grep -E "FAIL|passed|failed" "$out/ops-$mode.log" | tail -n 6
       done ;;
     hf)
-      for m in ${LOOM_HF_SHAPES:-llama31-tiny:f32}; do
+      # SHAPE:TYPE[@THRESHOLD]: 1e-4 unless given. A file with block-quantized weights (gptoss-mxfp4-tiny's
+      # experts) needs its own: Loom, as llama.cpp, quantizes the activations of those products to 8 bits
+      # and the reference does not (measured on that 4-layer random model: NMSE 3e-4 on the CPU, 1e-3 on
+      # CUDA, whose float products round differently at 1e-14 and flip activation codes); its f32 twin
+      # (gptoss-tiny:f32) is the strict check of the graph.
+      for spec in ${LOOM_HF_SHAPES:-llama31-tiny:f32}; do
+        m=${spec%@*} thr=1e-4
+        [[ $spec == *@* ]] && thr=${spec#*@}
         f=$(model "$m") || { echo "hf: cannot make $m"; continue; }
         "$bin/loom" run -m "$f" --backend cuda --numerics exact -p "The quick brown fox jumps over the lazy dog" \
           -n 16 --temp 0 --dump-logits "$work/hf-${m/:/-}.bin" >/dev/null 2>&1
-        python3 tools/hf_reference.py --model "$f" --loom-logits "$work/hf-${m/:/-}.bin" --threshold 1e-4
+        python3 tools/hf_reference.py --model "$f" --loom-logits "$work/hf-${m/:/-}.bin" --threshold "$thr"
       done ;;
     prefill)
       for m in $models; do f=$(model "$m") && timeout 200 "$bin/loom" bench -m "$f" -p 512,4096 -n 0 -r 3 2>/dev/null | grep -E "^\|" | grep -v -- "---"; done ;;
