@@ -21,7 +21,7 @@
 #   tp70b    synthetic llama3-70b F16 (141 GB: more than one GPU holds) with -tp 2 and -tp 4 (x4 disk)
 #   decodetrace  a Chrome trace of one decode step (the third) on LOOM_MODELS with --stats, summarized
 #   mvperf   ncu of the fast mat-vec on LOOM_MV_CASES (';'-separated op-test descriptions) under each of
-#            LOOM_MV_MODES (space-separated VAR=VALUE settings, "-" for none)
+#            LOOM_MV_MODES (space-separated modes, each ','-separated VAR=VALUE settings or "-" for none)
 #   batchcheck  loom-exec-equivalence on the built-in model and LOOM_MODELS, both numerics (includes
 #            16 sequences decoded together against alone)
 set -uo pipefail
@@ -148,7 +148,7 @@ for step in "$@"; do
       IFS=';' read -ra cases <<<"${LOOM_MV_CASES:-q4_K[4096, 14336] b=f32[4096];q4_K[14336, 4096] b=f32[14336]}"
       for c in "${cases[@]}"; do
         for mode in ${LOOM_MV_MODES:--}; do
-          r=$(env ${mode/#-/} timeout 60 /usr/local/cuda/bin/ncu --clock-control none -k regex:"mat_vec" -c 3 \
+          r=$(env $(tr "," " " <<<"${mode/#-/}") timeout 60 /usr/local/cuda/bin/ncu --clock-control none -k regex:"mat_vec" -c 3 \
             --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__inst_executed.sum \
             "$bin/loom-test-ops" --backend cuda --numerics fast perf --op mul_mat --filter "$c" 2>&1 |
             grep -E "duration|throughput|inst_exec" | tail -3 | awk '{print $NF, $(NF-1)}' | tr '\n' ' ')

@@ -582,11 +582,10 @@ __device__ __forceinline__ void q4k_pair_scales(uint32_t s0, uint32_t s1, uint32
 // block reduction (41%); L2 bulk prefetches of the next tiles (36-38%); per-lane cp.async into
 // shared memory two steps deep (30%: every 32-byte sector is then requested by two copies, one per
 // 16-byte half, both to L2).
-template <int kCols, bool kGlu>
+template <int kCols, bool kGlu, int kRows>
 __global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<kCols>())
     mat_vec_direct_q4k_kernel(const __grid_constant__ FastArgs args, ActFastLayout<FastQ4_K> act, int64_t k,
                               int ncols) {
-  constexpr int kRows = fast_rows<kGlu>();
   constexpr int kLoad = kGlu ? 2 * kRows : kRows;
   constexpr int kLanesPerBlock = 4, kBlocksPerStep = kWarpSize / kLanesPerBlock;
   const int lane = threadIdx.x % kWarpSize;
@@ -682,11 +681,10 @@ struct DirectQ8_0 {
 // scale is the high half of word kBytes / 4 and its codes are the aligned words after it. Per block:
 // d dx (isum - 8 xsum) for q4_0 (xsum from dp4a with ones, once for the tile's rows), d dx isum for
 // q8_0. As mat_vec_direct_q4k_kernel otherwise.
-template <class F, int kCols, bool kGlu>
+template <class F, int kCols, bool kGlu, int kRows>
 __global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<kCols>())
     mat_vec_direct_a2_kernel(const __grid_constant__ FastArgs args, ActFastLayout<typename F::Fast> act, int64_t k,
                              int ncols) {
-  constexpr int kRows = fast_rows<kGlu>();
   constexpr int kLoad = kGlu ? 2 * kRows : kRows;
   constexpr int kLanesPerGroup = 4, kGroupsPerStep = kWarpSize / kLanesPerGroup;
   constexpr int kGroupBytes = 8 * F::kBytes;                 // 144 / 272: a multiple of 16
@@ -860,6 +858,27 @@ CudaError launch_float_cols(const LaunchContext& ctx, const FastLaunch& l) {
   return {};
 }
 
+/// A direct kernel's launch: a warp per tile of kRows output rows (glu: kRows of gate and of up).
+template <class Q, int kCols, bool kGlu, int kRows>
+CudaError launch_direct(const LaunchContext& ctx, const FastLaunch& l, const ActFastLayout<Q>& act) {
+  const FastArgs args = args_of(l, kRows);
+  const Tensor* b = l.mms[0]->src[1];
+  const int64_t blocks = (args.tiles + kWarps - 1) / kWarps;
+  if (blocks > int64_t{1} << 31)
+    return CudaError::runtime(cudaErrorInvalidValue, "mat_vec_fast: too many rows", __FILE__, __LINE__);
+  if constexpr (std::is_same_v<Q, FastQ4_K>) {
+    mat_vec_direct_q4k_kernel<kCols, kGlu, kRows><<<static_cast<unsigned>(blocks), kThreads, 0, ctx.stream>>>(
+        args, act, b->ne[0], static_cast<int>(b->ne[1]));
+    LOOM_CUDA_CHECK_LAUNCH("mat_vec_direct_q4k_kernel");
+  } else {
+    using F = std::conditional_t<std::is_same_v<Q, FastQ4_0>, DirectQ4_0, DirectQ8_0>;
+    mat_vec_direct_a2_kernel<F, kCols, kGlu, kRows><<<static_cast<unsigned>(blocks), kThreads, 0, ctx.stream>>>(
+        args, act, b->ne[0], static_cast<int>(b->ne[1]));
+    LOOM_CUDA_CHECK_LAUNCH("mat_vec_direct_a2_kernel");
+  }
+  return {};
+}
+
 template <class Q, int kCols, bool kGlu>
 CudaError launch_q_cols(const LaunchContext& ctx, const FastLaunch& l) {
   constexpr int kRows = fast_rows<kGlu>();
@@ -869,26 +888,14 @@ CudaError launch_q_cols(const LaunchContext& ctx, const FastLaunch& l) {
   const auto act = ActFastLayout<Q>::at(ctx.scratch, b->nrows(), b->ne[0]);
   // the direct kernels at 1-2 columns; at 4 and 8 the pipeline was faster (ncu, q4_0 4 columns: 43% of
   // DRAM peak against 41%; q4_K 8 columns: 23% against 20%)
-  if constexpr ((std::is_same_v<Q, FastQ4_0> || std::is_same_v<Q, FastQ8_0>) && kCols <= 2) {
-    if (direct_a2_enabled()) {  // a warp per tile
-      using F = std::conditional_t<std::is_same_v<Q, FastQ4_0>, DirectQ4_0, DirectQ8_0>;
-      const int64_t blocks = (args.tiles + kWarps - 1) / kWarps;
-      if (blocks > int64_t{1} << 31)
-        return CudaError::runtime(cudaErrorInvalidValue, "mat_vec_fast: too many rows", __FILE__, __LINE__);
-      mat_vec_direct_a2_kernel<F, kCols, kGlu><<<static_cast<unsigned>(blocks), kThreads, 0, ctx.stream>>>(
-          args, act, b->ne[0], static_cast<int>(b->ne[1]));
-      LOOM_CUDA_CHECK_LAUNCH("mat_vec_direct_a2_kernel");
-      return {};
-    }
-  }
-  if constexpr (std::is_same_v<Q, FastQ4_K> && kCols <= 2) {
-    if (direct_q4k_enabled()) {  // a warp per tile
-      const int64_t blocks = (args.tiles + kWarps - 1) / kWarps;
-      if (blocks > int64_t{1} << 31) return CudaError::runtime(cudaErrorInvalidValue, "mat_vec_fast: too many rows", __FILE__, __LINE__);
-      mat_vec_direct_q4k_kernel<kCols, kGlu><<<static_cast<unsigned>(blocks), kThreads, 0, ctx.stream>>>(
-          args, act, b->ne[0], static_cast<int>(b->ne[1]));
-      LOOM_CUDA_CHECK_LAUNCH("mat_vec_direct_q4k_kernel");
-      return {};
+  if constexpr ((std::is_same_v<Q, FastQ4_0> || std::is_same_v<Q, FastQ8_0> || std::is_same_v<Q, FastQ4_K>) &&
+                kCols <= 2) {
+    if (std::is_same_v<Q, FastQ4_K> ? direct_q4k_enabled() : direct_a2_enabled()) {
+      // half-height tiles where full ones would give the SMs fewer than 16 warps (the 4096-row products:
+      // the 14336-wide FFN down projection ran at 42% of DRAM peak on 7.75 warps per SM)
+      const int64_t min_warps = 16 * static_cast<int64_t>(std::max(ctx.sm_count, 1));
+      return args.tiles < min_warps ? launch_direct<Q, kCols, kGlu, kRows / 2>(ctx, l, act)
+                                    : launch_direct<Q, kCols, kGlu, kRows>(ctx, l, act);
     }
   }
   // about one wave: every block walks tiles with its copies in flight across them
