@@ -63,7 +63,11 @@ for step in "$@"; do
       for mode in exact fast; do
         timeout 200 "$bin/loom-test-ops" --backend cuda,cpu --numerics $mode -t 16 >"$out/ops-$mode.log" 2>&1
         echo "ops $mode rc=$?"; grep -E "FAIL|passed|failed" "$out/ops-$mode.log" | tail -n 6
-      done ;;
+      done
+      # the op test's small products take the direct mat-vec's 2-row tiles; its 4-row ones too
+      LOOM_MV_TILE_ROWS=4 timeout 100 "$bin/loom-test-ops" --backend cuda,cpu --numerics fast \
+        --op mul_mat,mat_vec_multi,glu_mat_vec,mat_vec_bias >"$out/ops-fast-rows4.log" 2>&1
+      echo "ops fast, 4-row mat-vec tiles rc=$?"; grep -E "FAIL|passed|failed" "$out/ops-fast-rows4.log" | tail -n 6 ;;
     hf)
       # SHAPE:TYPE[@THRESHOLD]: 1e-4 unless given. A file with block-quantized weights (gptoss-mxfp4-tiny's
       # experts) needs its own: Loom, as llama.cpp, quantizes the activations of those products to 8 bits

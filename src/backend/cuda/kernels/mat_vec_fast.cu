@@ -784,6 +784,17 @@ __global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<kCols>())
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+/// LOOM_MV_TILE_ROWS: the direct kernels' tile height (4 or 2 rows; gated products half of it) instead
+/// of the one chosen by the grid's size; 0 when unset.
+int forced_tile_rows() {
+  static const int rows = [] {
+    const char* v = std::getenv("LOOM_MV_TILE_ROWS");
+    const int r = v ? std::atoi(v) : 0;
+    return r == 4 || r == 2 ? r : 0;
+  }();
+  return rows;
+}
+
 /// The direct q4_0 / q8_0 kernel, unless LOOM_MV_A2=smem asks for the shared-memory pipeline.
 bool direct_a2_enabled() {
   static const bool on = [] {
@@ -891,11 +902,15 @@ CudaError launch_q_cols(const LaunchContext& ctx, const FastLaunch& l) {
   if constexpr ((std::is_same_v<Q, FastQ4_0> || std::is_same_v<Q, FastQ8_0> || std::is_same_v<Q, FastQ4_K>) &&
                 kCols <= 2) {
     if (std::is_same_v<Q, FastQ4_K> ? direct_q4k_enabled() : direct_a2_enabled()) {
-      // half-height tiles where full ones would give the SMs fewer than 16 warps (the 4096-row products:
-      // the 14336-wide FFN down projection ran at 42% of DRAM peak on 7.75 warps per SM)
+      // half-height tiles where full ones would give the SMs fewer than 16 warps (the 4096-row products of
+      // an 8B model: its FFN down projection ran at 42% of DRAM peak on 7.75 warps per SM). Single rows
+      // were no faster (q4_0 4096x4096, H100: 4 / 2 / 1 rows 35 / 39 / 36% of DRAM peak; 1B decode the
+      // same). LOOM_MV_TILE_ROWS=4 or 2 forces the height, for tests and comparisons.
       const int64_t min_warps = 16 * static_cast<int64_t>(std::max(ctx.sm_count, 1));
-      return args.tiles < min_warps ? launch_direct<Q, kCols, kGlu, kRows / 2>(ctx, l, act)
-                                    : launch_direct<Q, kCols, kGlu, kRows>(ctx, l, act);
+      const int forced = forced_tile_rows();
+      const bool full = forced ? forced == 4 : args.tiles >= min_warps;
+      return full ? launch_direct<Q, kCols, kGlu, kRows>(ctx, l, act)
+                  : launch_direct<Q, kCols, kGlu, kRows / 2>(ctx, l, act);
     }
   }
   // about one wave: every block walks tiles with its copies in flight across them
