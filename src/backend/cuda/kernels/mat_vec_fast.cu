@@ -586,6 +586,7 @@ template <int kCols, bool kGlu, int kRows>
 __global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<kCols>())
     mat_vec_direct_q4k_kernel(const __grid_constant__ FastArgs args, ActFastLayout<FastQ4_K> act, int64_t k,
                               int ncols) {
+  // pdl_wait later: the first step's weight loads (no earlier kernel's output) go out before it
   constexpr int kLoad = kGlu ? 2 * kRows : kRows;
   constexpr int kLanesPerBlock = 4, kBlocksPerStep = kWarpSize / kLanesPerBlock;
   const int lane = threadIdx.x % kWarpSize;
@@ -685,6 +686,7 @@ template <class F, int kCols, bool kGlu, int kRows>
 __global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<kCols>())
     mat_vec_direct_a2_kernel(const __grid_constant__ FastArgs args, ActFastLayout<typename F::Fast> act, int64_t k,
                              int ncols) {
+  // pdl_wait later: the first step's weight loads (no earlier kernel's output) go out before it
   constexpr int kLoad = kGlu ? 2 * kRows : kRows;
   constexpr int kLanesPerGroup = 4, kGroupsPerStep = kWarpSize / kLanesPerGroup;
   constexpr int kGroupBytes = 8 * F::kBytes;                 // 144 / 272: a multiple of 16
