@@ -510,6 +510,17 @@ __global__ void __launch_bounds__(kThreads, quant_blocks_per_sm<Q, kCols>())
   }
 }
 
+/// A direct kernel's warp tile t (blockIdx.x * kWarps + warp; a warp past the last tile reads the last
+/// tile's rows and writes nothing) and the weight rows it reads.
+template <int kRows, bool kGlu, int kLoad>
+__device__ __forceinline__ TileAt warp_tile(const FastArgs& args, int64_t& t, const uint8_t* (&rows)[kLoad]) {
+  t = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / kWarpSize;
+  const TileAt at = tile_at<kRows>(args, t < args.tiles ? t : args.tiles - 1);
+#pragma unroll
+  for (int l = 0; l < kLoad; ++l) rows[l] = reinterpret_cast<const uint8_t*>(tile_row<kRows, kGlu>(args, at, l));
+  return at;
+}
+
 /// A warp's tile (t) done: sums each of its kLoad x kCols accumulators over the warp and writes the
 /// tile's outputs as reduce_and_store does (+ bias, or the gated product of gate and up rows).
 template <int kRows, int kCols, bool kGlu, int kLoad>
@@ -591,12 +602,10 @@ __global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<kCols>())
   constexpr int kLanesPerBlock = 4, kBlocksPerStep = kWarpSize / kLanesPerBlock;
   const int lane = threadIdx.x % kWarpSize;
   const int p = lane % kLanesPerBlock;  // the lane's 64-weight group of each block
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / kWarpSize;
   const int64_t n_blocks = k / 256;
-  const TileAt at = tile_at<kRows>(args, t < args.tiles ? t : args.tiles - 1);
+  int64_t t;
   const uint8_t* rows[kLoad];
-#pragma unroll
-  for (int l = 0; l < kLoad; ++l) rows[l] = reinterpret_cast<const uint8_t*>(tile_row<kRows, kGlu>(args, at, l));
+  const TileAt at = warp_tile<kRows, kGlu>(args, t, rows);
   bool waited = false;  // the weights are no earlier kernel's output: the first loads go out before the wait
   float acc[kLoad][kCols] = {};
 #pragma unroll 1
@@ -697,14 +706,12 @@ __global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<kCols>())
   static_assert(kGroupBytes % 16 == 0 && kChunks * 4 >= kWords + 3, "chunks cover the lane's words");
   const int lane = threadIdx.x % kWarpSize;
   const int p = lane % kLanesPerGroup;
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / kWarpSize;
   const int64_t n_groups = k / 256;
   const int64_t n_scales = k / 32;
   const int first_chunk = 2 * F::kBytes * p / 16;
-  const TileAt at = tile_at<kRows>(args, t < args.tiles ? t : args.tiles - 1);
+  int64_t t;
   const uint8_t* rows[kLoad];
-#pragma unroll
-  for (int l = 0; l < kLoad; ++l) rows[l] = reinterpret_cast<const uint8_t*>(tile_row<kRows, kGlu>(args, at, l));
+  const TileAt at = warp_tile<kRows, kGlu>(args, t, rows);
   bool waited = false;  // the weights are no earlier kernel's output: the first loads go out before the wait
   float acc[kLoad][kCols] = {};
 #pragma unroll 1
