@@ -22,6 +22,7 @@
 #   decodetrace  a Chrome trace of one decode step (the third) on LOOM_MODELS with --stats, summarized
 #   mvperf   ncu of the fast mat-vec on LOOM_MV_CASES (';'-separated op-test descriptions) under each of
 #            LOOM_MV_MODES (space-separated modes, each ','-separated VAR=VALUE settings or "-" for none)
+#   fastdiff  per-position logits: CUDA fast vs exact and CUDA vs CPU (exact) on LOOM_MODELS
 #   batchcheck  loom-exec-equivalence on the built-in model and LOOM_MODELS, both numerics (includes
 #            16 sequences decoded together against alone)
 set -uo pipefail
@@ -158,6 +159,22 @@ for step in "$@"; do
             grep -E "duration|throughput|inst_exec" | tail -3 | awk '{print $NF, $(NF-1)}' | tr '\n' ' ')
           echo "mvperf [$c] $mode: $r"
         done
+      done ;;
+    fastdiff)
+      # fast against exact on CUDA, and CUDA exact against the CPU, per prompt position, on LOOM_MODELS
+      # (e.g. "gptoss-tiny:q8_0 qwen3moe-tiny:q8_0 llama31-tiny:q8_0"; the vocabulary is read from the file)
+      for m in $models; do
+        f=$(model "$m") || continue
+        vocab=$("$bin/loom" info -m "$f" 2>/dev/null | awk '/vocab_size/ {print $NF; exit}')
+        for cfg in "cuda exact" "cuda fast" "cpu exact"; do
+          set -- $cfg
+          "$bin/loom" run -m "$f" --backend "$1" --numerics "$2" -p "The quick brown fox jumps over the lazy dog" \
+            -n 16 --temp 0 --dump-logits "$work/fd-$1-$2.bin" >/dev/null 2>&1
+        done
+        python3 tools/compare_logits.py "$work/fd-cuda-fast.bin" "$work/fd-cuda-exact.bin" --threshold 1 \
+          --vocab "${vocab:-0}" --label "$m fast vs exact"
+        python3 tools/compare_logits.py "$work/fd-cuda-exact.bin" "$work/fd-cpu-exact.bin" --threshold 1 \
+          --vocab "${vocab:-0}" --label "$m cuda vs cpu (exact)"
       done ;;
     batchcheck)
       fs=(models/loom-shakespeare-f16.gguf)
