@@ -32,6 +32,11 @@ refused() {  # name text args...
   grep -qF -- "$text" "$dir/$name.err" || fail "$name: 'loom $*': no '$text' in the error"
 }
 "$loom" gen-model --shape tiny --type f32 -o "$dir/tiny.gguf" 2>"$dir/gen.err" || fail "gen-model"
+# an unknown weight type is refused with every type it takes (the file-type table's names)
+refused gen-model-type "unknown type 'q9_9' (f32, f16, bf16, q8_0, q4_0, q4_K, q6_K, q4_K_M" \
+  gen-model --shape tiny --type q9_9 -o "$dir/never.gguf"
+grep -qF "MXFP4_MOE)" "$dir/gen-model-type.err" || fail "gen-model-type: MXFP4_MOE not listed"
+[[ -e $dir/never.gguf ]] && fail "gen-model-type: a file was written"
 
 # ---- model files that are not regular files fail at once -------------------------------------------
 mkfifo "$dir/fifo.gguf"
