@@ -12,14 +12,6 @@
 
 namespace {
 
-/// Every file type's name, comma-separated, from the one table (loom/quant_mixture.h).
-std::string file_type_names() {
-  std::string names;
-  for (loom::llm::FileType t : loom::llm::all_file_types())
-    names += fmt::format("{}{}", names.empty() ? "" : ", ", loom::llm::file_type_name(t));
-  return names;
-}
-
 struct GenModelOptions {
   std::string shape;
   std::string type = "f16";
@@ -39,7 +31,7 @@ int gen_model(const GenModelOptions& o) {
   }
   auto type = loom::llm::file_type_from_name(o.type);
   if (!type) {
-    fmt::print(stderr, "loom: gen-model: unknown type '{}' ({})\n", o.type, file_type_names());
+    fmt::print(stderr, "loom: gen-model: unknown type '{}' ({})\n", o.type, loom::llm::file_type_names());
     return 1;
   }
   loom::llm::SynthOptions so;
@@ -68,7 +60,7 @@ void add_gen_model_command(CLI::App& app, std::vector<Command>& out) {
   auto* cmd =
       app.add_subcommand("gen-model", "Write a synthetic GGUF model (random weights) of a named shape");
   cmd->add_option("--shape", opts->shape, "Shape: " + shapes)->required();
-  cmd->add_option("--type", opts->type, "Weight type (default f16): " + file_type_names());
+  cmd->add_option("--type", opts->type, "Weight type (default f16): " + loom::llm::file_type_names());
   cmd->add_option("-o,--output", opts->output, "Output file")->required();
   cmd->add_option("--seed", opts->seed, "Weight seed (default 1)");
   cmd->add_option("-t,--threads", opts->n_threads, "Quantization threads (0: all cores)")

@@ -30,15 +30,6 @@ const char* ggml_name(uint32_t id) {
   return t ? t->name : "?";
 }
 
-// The file types `loom quantize` writes: the quantized ones.
-std::string valid_types() {
-  std::string s;
-  for (llm::FileType f : llm::all_file_types())
-    if (llm::file_type_is_quantized(f))
-      s += fmt::format("{}{}", s.empty() ? "" : ", ", llm::file_type_name(f));
-  return s;
-}
-
 int fail(const Status& s) {
   std::fprintf(stderr, "loom: %s\n", s.to_string().c_str());
   return 1;
@@ -55,12 +46,12 @@ int run_quantize(const QuantizeCliOptions& o) {
   const auto ftype = llm::file_type_from_name(o.type);
   if (!ftype)
     return fail(make_error(StatusCode::invalid_argument, "quantize: unknown type '{}'; expected one of {}",
-                           o.type, valid_types()));
+                           o.type, llm::file_type_names(true)));
   if (!llm::file_type_is_quantized(*ftype))
     return fail(make_error(StatusCode::invalid_argument,
                            "quantize: '{}' is not a quantized type; expected one of {} (loom gen-model "
                            "writes float models)",
-                           o.type, valid_types()));
+                           o.type, llm::file_type_names(true)));
   if (o.dry_run) {
     auto in = GgufFile::open(o.input);
     if (!in) return fail(in.status());
@@ -118,9 +109,8 @@ void add_quantize_command(CLI::App& app, std::vector<Command>& out) {
   cmd->add_option("input", opts->input, "Input GGUF file")->required();
   cmd->add_option("output", opts->output, "Output GGUF file (written atomically)")->required();
   cmd->add_option("type", opts->type,
-                  "q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q6_K, or llama.cpp's mixtures q2_K, q3_K_S, q3_K_M, "
-                  "q3_K_L, q4_K_S, q4_K_M, q5_K_S, q5_K_M, iq4_nl, iq4_xs, MXFP4_MOE (MoE experts mxfp4, the "
-                  "rest q8_0)")
+                  "One of " + llm::file_type_names(true) +
+                      " (the K-quant mixtures and MXFP4_MOE follow llama.cpp's per-tensor rules)")
       ->required();
   cmd->add_option("-t,--threads", opts->n_threads, "Threads (0: all hardware threads)")
       ->check(CLI::Range(0, 1024));

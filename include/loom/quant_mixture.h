@@ -47,6 +47,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -97,6 +98,9 @@ DType file_type_base(FileType t);
 bool file_type_is_quantized(FileType t);
 /// Every file type, in enum order (for lists of valid names).
 std::span<const FileType> all_file_types();
+/// Every file type's name, comma-separated, in all_file_types() order; only the quantized ones with
+/// `quantized_only` (what `loom quantize` writes).
+std::string file_type_names(bool quantized_only = false);
 
 /// Facts about the whole model some rules need.
 struct MixtureModelInfo {

@@ -42,18 +42,18 @@ constexpr std::array<FileTypeInfo, 21> kFileTypes = {{
     {FileType::mxfp4_moe, "MXFP4_MOE", 38, DType::mxfp4},
 }};
 
-constexpr std::array<FileType, 21> kAllFileTypes = {
-    FileType::f32,    FileType::f16,    FileType::bf16,   FileType::q8_0,   FileType::q4_0,
-    FileType::q4_k,   FileType::q6_k,   FileType::q4_k_m, FileType::q4_1,   FileType::q5_0,
-    FileType::q5_1,   FileType::q2_k,   FileType::q3_k_s, FileType::q3_k_m, FileType::q3_k_l,
-    FileType::q4_k_s, FileType::q5_k_s, FileType::q5_k_m, FileType::iq4_nl, FileType::iq4_xs,
-    FileType::mxfp4_moe};
-
 static_assert([] {
   for (size_t i = 0; i < kFileTypes.size(); ++i)
-    if (static_cast<size_t>(kFileTypes[i].type) != i || kAllFileTypes[i] != kFileTypes[i].type) return false;
-  return kFileTypes.size() == kAllFileTypes.size();
-}(), "kFileTypes and kAllFileTypes list every FileType in enum order");
+    if (static_cast<size_t>(kFileTypes[i].type) != i) return false;
+  return true;
+}(), "kFileTypes lists every FileType in enum order");
+
+// The types alone, for all_file_types().
+constexpr auto kAllFileTypes = [] {
+  std::array<FileType, kFileTypes.size()> all{};
+  for (size_t i = 0; i < kFileTypes.size(); ++i) all[i] = kFileTypes[i].type;
+  return all;
+}();
 
 const FileTypeInfo& info_of(FileType t) { return kFileTypes[static_cast<size_t>(t)]; }
 
@@ -82,6 +82,16 @@ uint32_t file_type_gguf_id(FileType t) { return info_of(t).gguf_id; }
 DType file_type_base(FileType t) { return info_of(t).base; }
 bool file_type_is_quantized(FileType t) { return dtype_is_quantized(file_type_base(t)); }
 std::span<const FileType> all_file_types() { return kAllFileTypes; }
+
+std::string file_type_names(bool quantized_only) {
+  std::string names;
+  for (const FileTypeInfo& f : kFileTypes) {
+    if (quantized_only && !dtype_is_quantized(f.base)) continue;
+    if (!names.empty()) names += ", ";
+    names += f.name;
+  }
+  return names;
+}
 
 std::optional<FileType> file_type_from_name(std::string_view name) {
   for (const FileTypeInfo& f : kFileTypes)

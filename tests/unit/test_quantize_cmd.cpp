@@ -461,7 +461,9 @@ TEST(QuantMixture, Mxfp4MoeRule) {
     SCOPED_TRACE(cases[i].first.name);
     const bool kept = cases[i].second == DType::f32;
     EXPECT_EQ(choices[i].quantizable, !kept);
-    if (!kept) EXPECT_EQ(dtype_name(choices[i].type), std::string(dtype_name(cases[i].second)));
+    if (!kept) {
+      EXPECT_EQ(dtype_name(choices[i].type), std::string(dtype_name(cases[i].second)));
+    }
   }
   EXPECT_EQ(choices[12].wanted, DType::mxfp4) << "the fallback, not the rule, makes it f16";
   EXPECT_EQ(choices[13].wanted, DType::q8_0);
@@ -471,8 +473,9 @@ TEST(QuantMixture, Mxfp4MoeRule) {
   for (size_t i = 0; i < cases.size(); ++i) {
     SCOPED_TRACE(cases[i].first.name);
     EXPECT_EQ(pure[i].quantizable, choices[i].quantizable);
-    if (pure[i].quantizable)
+    if (pure[i].quantizable) {
       EXPECT_EQ(pure[i].type, cases[i].first.ne[0] % 32 == 0 ? DType::mxfp4 : DType::f16);
+    }
   }
 }
 
@@ -597,7 +600,9 @@ TEST_F(QuantizeCmd, Mxfp4MoeGptOssEndToEnd) {
     const DType want = name.ends_with("_exps.weight")                                        ? DType::mxfp4
                        : matrix && name.find("ffn_gate_inp") == std::string::npos ? DType::q8_0
                                                                                             : DType::f32;
-    if (name.ends_with("_exps.weight")) EXPECT_GT(a.ne[2], 1) << "experts stacked on the third dimension";
+    if (name.ends_with("_exps.weight")) {
+      EXPECT_GT(a.ne[2], 1) << "experts stacked on the third dimension";
+    }
     EXPECT_EQ(dtype_name(*b.dtype), std::string(dtype_name(want)));
     ++counts[*b.dtype];
     if (want == DType::f32) {
@@ -628,9 +633,12 @@ TEST_F(QuantizeCmd, Mxfp4MoeGptOssEndToEnd) {
 
   // Both files on the CPU: the quantized one greedy from a prompt, the f32 one fed the same tokens.
   auto backend = make_cpu_backend(2);
-  auto mq = llm::Model::load(out, *backend, {.progress = false, .print_summary = false});
+  llm::ModelLoadOptions quiet;
+  quiet.progress = false;
+  quiet.print_summary = false;
+  auto mq = llm::Model::load(out, *backend, quiet);
   ASSERT_TRUE(mq.ok()) << mq.status().to_string();
-  auto mf = llm::Model::load(in, *backend, {.progress = false, .print_summary = false});
+  auto mf = llm::Model::load(in, *backend, quiet);
   ASSERT_TRUE(mf.ok()) << mf.status().to_string();
   EXPECT_EQ((*mq)->hparams().arch, llm::Arch::gpt_oss);
   const int n_vocab = static_cast<int>((*mq)->hparams().n_vocab);
