@@ -40,7 +40,7 @@
 // per 32 weights). A load-time repacking into aligned code and scale arrays is the next step.
 //
 // At 1-2 columns q4_K, q4_0 and q8_0 take direct kernels instead (mat_vec_direct_q4k_kernel,
-// mat_vec_direct_a2_kernel; LOOM_MV_Q4K=smem / LOOM_MV_A2=smem select the pipeline, to compare): a warp
+// mat_vec_direct_a2_kernel; LOOM_MV_DIRECT=0 selects the pipeline, to compare): a warp
 // per 4-row tile loads its weights straight into registers (q4_K's 144-byte blocks are 16-byte
 // aligned; 8 blocks of q4_0 or q8_0 are too), with half the pipeline's instructions and no barrier:
 // 4-8% faster decode on the llama3 files (docs/PERFORMANCE.md).
@@ -552,7 +552,6 @@ __device__ __forceinline__ void warp_reduce_store(float (&acc)[kLoad][kCols], co
   *reinterpret_cast<float*>(element_ptr(dst, i, c, at.i2, at.i3)) = sum;
 }
 
-
 // ---- q4_K straight from global memory ---------------------------------------------------------------
 
 /// Blocks per SM for the direct kernels (1-2 columns; ptxas -v: q4_K ~150 registers at 1 column
@@ -587,7 +586,7 @@ __device__ __forceinline__ void q4k_pair_scales(uint32_t s0, uint32_t s1, uint32
 // loaded once for the tile's rows.
 //
 // Measured (ncu, H200, caches flushed, q4_K 4096x14336 at 1 column): 14.6 us, 47% of DRAM peak, 3.2M
-// instructions, against the shared-memory pipeline's (mat_vec_fast_q_kernel, LOOM_MV_Q4K=smem) 15.5
+// instructions, against the shared-memory pipeline's (mat_vec_fast_q_kernel, LOOM_MV_DIRECT=0) 15.5
 // us, 44%, 6.2M. Both are latency-bound (~1.9 instructions per cycle per SM, no unit busy): while a
 // warp computes a step it has no load in flight. Tried and slower: one block per 4-row tile with a
 // block reduction (41%); L2 bulk prefetches of the next tiles (36-38%); per-lane cp.async into
@@ -804,20 +803,12 @@ int forced_tile_rows() {
   return rows;
 }
 
-/// The direct q4_0 / q8_0 kernel, unless LOOM_MV_A2=smem asks for the shared-memory pipeline.
-bool direct_a2_enabled() {
+/// The direct kernels (q4_K, q4_0, q8_0 at 1-2 columns), unless LOOM_MV_DIRECT=0 asks for the
+/// shared-memory pipeline instead (to compare).
+bool direct_mat_vec_enabled() {
   static const bool on = [] {
-    const char* v = std::getenv("LOOM_MV_A2");
-    return !(v && std::string_view(v) == "smem");
-  }();
-  return on;
-}
-
-/// The direct q4_K kernel, unless LOOM_MV_Q4K=smem asks for the shared-memory pipeline (to compare).
-bool direct_q4k_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("LOOM_MV_Q4K");
-    return !(v && std::string_view(v) == "smem");
+    const char* v = std::getenv("LOOM_MV_DIRECT");
+    return !(v && std::string_view(v) == "0");
   }();
   return on;
 }
@@ -910,7 +901,7 @@ CudaError launch_q_cols(const LaunchContext& ctx, const FastLaunch& l) {
   // DRAM peak against 41%; q4_K 8 columns: 23% against 20%)
   if constexpr ((std::is_same_v<Q, FastQ4_0> || std::is_same_v<Q, FastQ8_0> || std::is_same_v<Q, FastQ4_K>) &&
                 kCols <= 2) {
-    if (std::is_same_v<Q, FastQ4_K> ? direct_q4k_enabled() : direct_a2_enabled()) {
+    if (direct_mat_vec_enabled()) {
       // half-height tiles where full ones would give the SMs fewer than 16 warps (the 4096-row products of
       // an 8B model: its FFN down projection ran at 42% of DRAM peak on 7.75 warps per SM). Single rows
       // were no faster (q4_0 4096x4096, H100: 4 / 2 / 1 rows 35 / 39 / 36% of DRAM peak; 1B decode the
