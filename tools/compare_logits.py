@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """NMSE between two float32 logits files (e.g. `loom run --dump-logits` on CUDA and on the CPU).
 
-    python3 tools/compare_logits.py A.bin B.bin [--threshold 1e-4]   # B is the reference
+    python3 tools/compare_logits.py A.bin B.bin [--threshold 1e-4] [--vocab N]   # B is the reference
+
+With --vocab N (the rows' length) it also prints each position's NMSE and the share of positions whose
+argmax agrees, to tell a drift from a jump at one position (a flipped MoE route, a flipped code).
 
 Exit code 0 when sum((a-b)^2)/sum(b^2) <= threshold and A is finite.
 """
@@ -15,6 +18,7 @@ ap.add_argument("a")
 ap.add_argument("b")
 ap.add_argument("--threshold", type=float, default=1e-4)
 ap.add_argument("--label", default="")
+ap.add_argument("--vocab", type=int, default=0, help="row length: print per-position NMSE and argmax agreement")
 args = ap.parse_args()
 a = np.fromfile(args.a, dtype=np.float32).astype(np.float64)
 b = np.fromfile(args.b, dtype=np.float32).astype(np.float64)
@@ -22,5 +26,11 @@ if a.size != b.size or a.size == 0:
     sys.exit(f"compare_logits: sizes differ ({a.size} vs {b.size})")
 nmse = float(((a - b) ** 2).sum() / (b ** 2).sum())
 ok = nmse <= args.threshold and bool(np.isfinite(a).all())
+if args.vocab > 0 and a.size % args.vocab == 0:
+    ra, rb = a.reshape(-1, args.vocab), b.reshape(-1, args.vocab)
+    per = ((ra - rb) ** 2).sum(axis=1) / np.maximum((rb ** 2).sum(axis=1), 1e-300)
+    agree = float((ra.argmax(axis=1) == rb.argmax(axis=1)).mean())
+    print(f"compare_logits: {args.label} per position: " + " ".join(f"{v:.1e}" for v in per) +
+          f"; argmax agreement {agree:.3f}")
 print(f"compare_logits: {args.label} NMSE={nmse:.3e} (threshold {args.threshold:.0e}) -> {'OK' if ok else 'FAIL'}")
 sys.exit(0 if ok else 1)

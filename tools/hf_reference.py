@@ -70,7 +70,8 @@ def gpt_oss_expert_layout(model):
     import inspect
 
     experts = model.model.layers[0].mlp.experts
-    src = inspect.getsource(type(experts).forward)
+    # the whole class: transformers 5 moved the split into a helper (_apply_gate)
+    src = inspect.getsource(type(experts))
     if "::2" in src:
         return "interleaved"
     if "chunk(2" in src:

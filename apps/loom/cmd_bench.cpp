@@ -183,6 +183,7 @@ int run_batched_bench(const BenchOptions& o) {
     // one pass per decode step, however many sequences
     GenerateOptions g = session_options(o, path, n_tp, n_ctx, std::max(o.n_batch, max_pl));
     g.kv_cache = llm::KvCacheKind::paged;
+    g.n_seq_max = max_pl;  // sliding-window layers keep a ring for that many sequences, as a server's would
     std::string backend_name;
     auto session = open_generate_session(g, backend_name);
     if (!session) return fail(session.status());

@@ -213,6 +213,7 @@ Result<llm::Session> open_generate_session(const GenerateOptions& o, std::string
   sp.n_batch = o.n_batch;
   sp.kv_cache = o.kv_cache;
   sp.swa_full = o.swa_full;
+  sp.n_seq_max = o.n_seq_max;
   sp.n_tensor_parallel = o.n_tensor_parallel;
   if (!o.numerics.empty()) {
     auto n = parse_numerics(o.numerics, "--numerics");

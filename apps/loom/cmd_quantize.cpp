@@ -119,7 +119,8 @@ void add_quantize_command(CLI::App& app, std::vector<Command>& out) {
   cmd->add_option("output", opts->output, "Output GGUF file (written atomically)")->required();
   cmd->add_option("type", opts->type,
                   "q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q6_K, or llama.cpp's mixtures q2_K, q3_K_S, q3_K_M, "
-                  "q3_K_L, q4_K_S, q4_K_M, q5_K_S, q5_K_M, iq4_nl, iq4_xs")
+                  "q3_K_L, q4_K_S, q4_K_M, q5_K_S, q5_K_M, iq4_nl, iq4_xs, MXFP4_MOE (MoE experts mxfp4, the "
+                  "rest q8_0)")
       ->required();
   cmd->add_option("-t,--threads", opts->n_threads, "Threads (0: all hardware threads)")
       ->check(CLI::Range(0, 1024));

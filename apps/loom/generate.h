@@ -27,6 +27,7 @@ struct GenerateOptions {
   int n_batch = 512;                        ///< -ub
   llm::KvCacheKind kv_cache = llm::KvCacheKind::contiguous;  ///< paged for batched work
   bool swa_full = false;                    ///< --swa-full
+  int n_seq_max = 0;                        ///< sequences alive at once (sizes a paged cache's window ring)
   float temperature = 0.8f;                 ///< --temp
   int top_k = 40;                           ///< --top-k
   float top_p = 0.95f;                      ///< --top-p

@@ -198,11 +198,21 @@ struct ContextParams {
   int n_kv_bucket = 256;
   KvCacheKind kv_cache = KvCacheKind::contiguous;
   int kv_block_size = 16;  ///< cells per block of a paged cache (n_ctx is rounded up to whole blocks)
-  /// Sliding-window layers (gemma2, gemma3, phi3) keep every cell like the global ones, instead of a
-  /// ring of window + n_batch - 1 cells. More memory, and any rewind works (kv_cache_seq_rm refuses
-  /// to rewind a windowed cache behind what its ring still holds). Only a contiguous cache has the
-  /// ring, and it holds one sequence's window: decode_batch over several sequences needs swa_full
-  /// there (it refuses otherwise). A paged cache always keeps every cell (as if swa_full).
+  /// Sequences a paged cache serves at once (`loom serve -np`; parked ones count while they keep
+  /// their cells). It sizes the paged cache's sliding-window ring: (n_seq_max - 1) * S(1) +
+  /// S(n_batch) blocks, where S(n) = ceil((n_swa - 1) / kv_block_size) + ceil((n - 1) /
+  /// kv_block_size) + 1 is the most a sequence holds in a step of n tokens (its window before the
+  /// step's first block, and the step's tokens): every sequence decoding and one prompt chunk.
+  /// More sequences than that fail to get window blocks (out_of_memory) like any sequence without
+  /// room. 0: unknown, and a paged cache keeps every cell in its sliding-window layers (as swa_full).
+  int n_seq_max = 0;
+  /// Sliding-window layers (gemma2, gemma3, phi3, gpt-oss) keep every cell like the global ones,
+  /// instead of a ring. More memory, and any rewind works (kv_cache_seq_rm refuses to rewind a
+  /// windowed cache behind what its ring still holds, and a paged cache shares no prefix whose
+  /// window its source has given back). A contiguous cache's ring holds one sequence's window
+  /// (window + n_batch - 1 cells): decode_batch over several sequences needs swa_full there (it
+  /// refuses otherwise). A paged cache has a ring only with n_seq_max (above), and gathers each
+  /// sequence's window from it in batched passes.
   bool swa_full = false;
 };
 
@@ -358,6 +368,7 @@ struct SessionParams {
   int n_batch = 512;            ///< see ContextParams (-ub)
   KvCacheKind kv_cache = KvCacheKind::contiguous;  ///< see ContextParams
   bool swa_full = false;        ///< see ContextParams (--swa-full)
+  int n_seq_max = 0;            ///< see ContextParams (the paged cache's sliding-window ring)
   /// Rounding mode of the backends (unset: LOOM_NUMERICS, else each backend's default).
   std::optional<Numerics> numerics;
   bool progress = true;

@@ -22,6 +22,12 @@
 //       q2_K:   attn_v q4_K where n_gqa >= 4, else q3_K; ffn_down and attn_output q3_K.
 //       iq4_nl, iq4_xs: attn_v q5_K where n_gqa >= 4; ffn_down q5_K for the first n/8.
 //       q3_K_S, q5_K_S, q4_0, q4_1, q5_0, q5_1, q8_0, q4_K, q6_K: the base type (and output q6_K).
+//       MXFP4_MOE (gpt-oss): every quantizable tensor with a third dimension (ne[2] > 1: the stacked
+//               MoE experts ffn_gate_exps, ffn_up_exps, ffn_down_exps, fused ffn_gate_up_exps) gets
+//               mxfp4; every other one q8_0, output.weight and token_embd.weight included (tied or
+//               not). None of the rules above apply to it. llama.cpp keys it on the shape, not the
+//               name (its one exception, BailingMoE3's 3-D MLA projections, is an architecture
+//               Loom does not load).
 //     As in llama.cpp, i and n are counters: an attn_v-like tensor's rank among them in file order
 //     and their count; an ffn_down tensor's rank among ffn_down tensors (its block index in MoE
 //     models, whose expert tensors need not come in block order) and the block count.
@@ -34,6 +40,8 @@
 //     tensor_type_fallback does: q2_K, q3_K to q4_0; q5_K to q5_1; q6_K to q8_0; iq4_xs to
 //     iq4_nl; and anything whose ne0 is not a multiple of 32 to f16. Except q4_K, which falls back
 //     to q8_0 rather than llama.cpp's q5_0 (chosen while CUDA had no q5_0 kernels; it has now).
+//     mxfp4 and q8_0 (MXFP4_MOE's types) go to f16 there too, where llama.cpp has no fallback for
+//     them and refuses the file.
 #pragma once
 
 #include <cstdint>
@@ -69,18 +77,21 @@ enum class FileType {
   q5_k_m,
   iq4_nl,
   iq4_xs,
+  mxfp4_moe,
 };
 
-/// The canonical spelling: "f32", ..., "q4_K", "q6_K", "q4_K_M", "q3_K_S", "iq4_xs".
+/// The canonical spelling: "f32", ..., "q4_K", "q6_K", "q4_K_M", "q3_K_S", "iq4_xs", "MXFP4_MOE"
+/// (llama.cpp's spelling).
 const char* file_type_name(FileType t);
 /// Case-insensitive ("Q4_K_M", "q6_k"); nullopt for other names.
 std::optional<FileType> file_type_from_name(std::string_view name);
 /// The value of general.file_type, in llama.cpp's llama_ftype numbering (f32 0, f16 1, bf16 32,
 /// q8_0 7, q4_0 2, q6_K 18, q4_K_M 15, q2_K 10, q3_K_S/M/L 11-13, q4_K_S 14, q5_K_S/M 16-17,
-/// iq4_nl 25, iq4_xs 30); plain q4_K is not a llama.cpp file type and is written as 14 (Q4_K_S,
+/// iq4_nl 25, iq4_xs 30, MXFP4_MOE 38); plain q4_K is not a llama.cpp file type and is written as 14 (Q4_K_S,
 /// "mostly q4_K"), like q4_K_S, which differs from it by a few q5_K tensors.
 uint32_t file_type_gguf_id(FileType t);
-/// The type most tensors get.
+/// The type most tensors get (MXFP4_MOE: mxfp4, the experts' type, as llama.cpp's default type;
+/// `--pure` puts every quantizable tensor in it).
 DType file_type_base(FileType t);
 /// False for f32, f16 and bf16.
 bool file_type_is_quantized(FileType t);
@@ -112,9 +123,10 @@ bool use_more_bits(int layer, int n_layers);
 
 /// The type of a quantizable tensor, before the shape fallback. `layer` and `n_layers` are
 /// llama.cpp's counters (see the top of this file); for a dense model both are the block index and
-/// the block count. Other tensors ignore them.
+/// the block count. Other tensors ignore them. `ne` is the tensor's shape; only MXFP4_MOE reads it
+/// (ne[2] > 1 marks the stacked expert matrices).
 DType choose_quant_type(std::string_view name, int layer, int n_layers, FileType ft,
-                        const MixtureModelInfo& info = {});
+                        const MixtureModelInfo& info = {}, const Shape& ne = Shape{1, 1, 1, 1});
 
 /// `t` when its block divides ne0, else the documented fallback (q8_0, then f16).
 DType fallback_quant_type(DType t, int64_t ne0);

@@ -94,9 +94,13 @@ struct StepInputs {
   // (reading the cache prefix) or the j-th cell of the query's sequence (gathering).
   Tensor* kq_mask = nullptr;
   // As kq_mask, also -inf beyond the sliding window; only with local layers. Over the window cells
-  // ([n_kv_swa, n_q, 1, 1]) when the cache has a ring for them.
+  // ([n_kv_swa, n_q, 1, n_seqs]) when the cache has a ring for them.
   Tensor* kq_mask_swa = nullptr;
   Tensor* kv_cells_swa = nullptr;  // i32 [n_tokens]: window cell of each token (local layers, windowed cache)
+  // i32 [n_kv_swa * n_head_kv * n_seqs]: as kv_gather over the window cells (rows h * n_window_cells +
+  // cell), when a gathering pass's cache has a ring; kv_gather_swa_chunk likewise for a mixed pass's chunk.
+  Tensor* kv_gather_swa = nullptr;
+  Tensor* kv_gather_swa_chunk = nullptr;
   // i32 [n_kv * n_head_kv * n_seqs] when gathering: for slot j of kv head h of sequence s, the row
   // h * n_cells + cell of the cache viewed as [head_dim, n_cells * n_head_kv] (K and V alike).
   Tensor* kv_gather = nullptr;
@@ -120,14 +124,16 @@ struct StepShape {
   bool all_outputs = false;  // logits for every token, else only the last of each sequence
   int n_seqs = 1;            // sequences of the step; more than one only with one token each
   bool gather = false;       // each sequence's cells gathered (kv_gather), not the cache prefix read
-  // Window cells local layers read, [0, n_kv_swa), when the cache keeps a ring for them (never
-  // with gather); 0: they read like the global layers.
+  // Window slots local layers read when the cache keeps a ring for them: cells [0, n_kv_swa), or
+  // with gather each sequence's window cells (n_kv_swa_chunk for a mixed pass's chunk); 0: they
+  // read like the global layers.
   int n_kv_swa = 0;
   // A mixed pass: the first sequence brings n_chunk > 1 tokens (a prompt chunk), each of the other
   // n_seqs - 1 one token (decode steps); gather only. The chunk reads n_kv_chunk slots, the others
   // n_kv. 0: every sequence brings n_tokens / n_seqs.
   int n_chunk = 0;
   int n_kv_chunk = 0;
+  int n_kv_swa_chunk = 0;
   // > 0: the last segment samples each output row on the device from its sample_k best logits
   // (ContextImpl appends top_k and sample_tokens after the model's graph).
   int sample_k = 0;

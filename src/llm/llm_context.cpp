@@ -206,8 +206,10 @@ struct ContextImpl {
   std::vector<int32_t> sample_words;
   std::vector<int32_t> sampled;         // per output row
   std::vector<int32_t> sampled_tokens;  // per entry
-  // A gathering pass's view of each of its sequences: cells and positions in position order.
+  // A gathering pass's view of each of its sequences: cells and positions in position order, and
+  // those of its window cells (a windowed paged cache's sliding-window layers).
   std::vector<std::vector<int32_t>> seq_cells, seq_positions;
+  std::vector<std::vector<int32_t>> seq_window_cells, seq_window_positions;
 
   // Gives every tensor of `g` memory: input leafs in the segment's `inputs`, activations in its
   // `arena` (both reallocated only when too small), views resolved to their source. Input offsets
@@ -293,7 +295,8 @@ struct ContextImpl {
     for (const Tensor* t : s.step.graph->leafs()) n_inputs += t->buffer == s.inputs.get();
     for (const Tensor* t :
          {in.tokens, in.hidden, in.positions, in.kv_cells, in.kq_mask, in.kq_mask_swa, in.kv_gather,
-          in.kv_cells_swa, in.kq_mask_chunk, in.kq_mask_swa_chunk, in.kv_gather_chunk, in.embd_mask})
+          in.kv_cells_swa, in.kq_mask_chunk, in.kq_mask_swa_chunk, in.kv_gather_chunk, in.embd_mask,
+          in.kv_gather_swa, in.kv_gather_swa_chunk})
       n_expected += t != nullptr;
     n_expected += s.step.sample_params != nullptr;
     // The block is written whole: a leaf in it that is not a step input would get stale bytes.
@@ -333,16 +336,31 @@ struct ContextImpl {
       const size_t tok0 = static_cast<size_t>(shape.n_chunk), n_q = first ? 1 : b.tokens.size() / n_seqs;
       const int n_swa = static_cast<int>(m->hp.n_swa);
       const int n_kv = shape.n_kv, n_kv_chunk = shape.n_kv_chunk;
+      const int64_t n_head_kv = s.hp->n_head_kv, n_cells = kv->n_cells();
+      // Local layers read the window cells when the cache has a ring (their own slots and rows).
+      const bool windowed = shape.n_kv_swa > 0;
+      const auto& swa_pos = windowed ? seq_window_positions : seq_positions;
+      const int n_kv_swa = windowed ? shape.n_kv_swa : n_kv;
+      const int n_kv_swa_chunk = windowed ? shape.n_kv_swa_chunk : n_kv_chunk;
       auto rows_at = [&](const Tensor* t) { return reinterpret_cast<int32_t*>(base + input_offset(s, t)); };
-      if (in.kq_mask) fill_gathered_mask(b, first, n_seqs, tok0, n_q, n_kv, mask_at(in.kq_mask), 0);
+      if (in.kq_mask)
+        fill_gathered_mask(b, seq_positions, first, n_seqs, tok0, n_q, n_kv, mask_at(in.kq_mask), 0);
       if (in.kq_mask_swa)
-        fill_gathered_mask(b, first, n_seqs, tok0, n_q, n_kv, mask_at(in.kq_mask_swa), n_swa);
-      if (in.kv_gather) fill_gather_rows(first, n_seqs, n_kv, s.hp->n_head_kv, rows_at(in.kv_gather));
-      if (in.kq_mask_chunk) fill_gathered_mask(b, 0, 1, 0, tok0, n_kv_chunk, mask_at(in.kq_mask_chunk), 0);
+        fill_gathered_mask(b, swa_pos, first, n_seqs, tok0, n_q, n_kv_swa, mask_at(in.kq_mask_swa), n_swa);
+      if (in.kv_gather)
+        fill_gather_rows(seq_cells, n_cells, first, n_seqs, n_kv, n_head_kv, rows_at(in.kv_gather));
+      if (in.kv_gather_swa)
+        fill_gather_rows(seq_window_cells, kv->n_window_cells(), first, n_seqs, n_kv_swa, n_head_kv,
+                         rows_at(in.kv_gather_swa));
+      if (in.kq_mask_chunk)
+        fill_gathered_mask(b, seq_positions, 0, 1, 0, tok0, n_kv_chunk, mask_at(in.kq_mask_chunk), 0);
       if (in.kq_mask_swa_chunk)
-        fill_gathered_mask(b, 0, 1, 0, tok0, n_kv_chunk, mask_at(in.kq_mask_swa_chunk), n_swa);
+        fill_gathered_mask(b, swa_pos, 0, 1, 0, tok0, n_kv_swa_chunk, mask_at(in.kq_mask_swa_chunk), n_swa);
       if (in.kv_gather_chunk)
-        fill_gather_rows(0, 1, n_kv_chunk, s.hp->n_head_kv, rows_at(in.kv_gather_chunk));
+        fill_gather_rows(seq_cells, n_cells, 0, 1, n_kv_chunk, n_head_kv, rows_at(in.kv_gather_chunk));
+      if (in.kv_gather_swa_chunk)
+        fill_gather_rows(seq_window_cells, kv->n_window_cells(), 0, 1, n_kv_swa_chunk, n_head_kv,
+                         rows_at(in.kv_gather_swa_chunk));
     } else {
       const int seq = b.seqs[0];
       if (in.kq_mask) kv->fill_mask(b.positions, seq, shape.n_kv, mask_at(in.kq_mask));
@@ -362,13 +380,15 @@ struct ContextImpl {
 
   // Gathering mask [n_kv, n_q, 1, seq_end - seq_begin] of the step's sequences [seq_begin, seq_end),
   // whose n_q tokens each start at token tok0: slot j of a sequence is its j-th cell in position
-  // order; slots past its cells (the bucket's padding) are -inf.
-  void fill_gathered_mask(const StepBatch& b, size_t seq_begin, size_t seq_end, size_t tok0, size_t n_q,
-                          int n_kv_slots, float* mask, int n_swa) const {
+  // order (`positions`: each sequence's cells' positions); slots past its cells (the bucket's
+  // padding) are -inf.
+  static void fill_gathered_mask(const StepBatch& b, const std::vector<std::vector<int32_t>>& positions,
+                                 size_t seq_begin, size_t seq_end, size_t tok0, size_t n_q, int n_kv_slots,
+                                 float* mask, int n_swa) {
     const float neg_inf = -std::numeric_limits<float>::infinity();
     const size_t n_kv = static_cast<size_t>(n_kv_slots);
     for (size_t si = seq_begin; si < seq_end; ++si) {
-      const std::vector<int32_t>& pos = seq_positions[si];
+      const std::vector<int32_t>& pos = positions[si];
       const size_t g = si - seq_begin;
       for (size_t i = 0; i < n_q; ++i) {
         const int32_t qp = b.positions[tok0 + g * n_q + i];
@@ -380,13 +400,15 @@ struct ContextImpl {
   }
 
   // Gather rows [n_kv, n_head_kv, seq_end - seq_begin] of the step's sequences [seq_begin, seq_end)
-  // into the cache viewed as [head_dim, n_cells * n_head_kv]. Padding slots read the sequence's
-  // first cell: finite data the mask gives no weight. n_head_kv: the segment's (a rank's share).
-  void fill_gather_rows(size_t seq_begin, size_t seq_end, int n_kv_slots, int64_t n_head_kv,
-                        int32_t* rows) const {
-    const int64_t n_cells = kv->n_cells(), n_kv = n_kv_slots;
+  // into a store of `n_cells` cells (`cells`: each sequence's) viewed as [head_dim, n_cells *
+  // n_head_kv]. Padding slots read the sequence's first cell: finite data the mask gives no weight.
+  // n_head_kv: the segment's (a rank's share).
+  static void fill_gather_rows(const std::vector<std::vector<int32_t>>& seq_cells_of, int64_t n_cells,
+                               size_t seq_begin, size_t seq_end, int n_kv_slots, int64_t n_head_kv,
+                               int32_t* rows) {
+    const int64_t n_kv = n_kv_slots;
     for (size_t si = seq_begin; si < seq_end; ++si) {
-      const std::vector<int32_t>& cells = seq_cells[si];
+      const std::vector<int32_t>& cells = seq_cells_of[si];
       LOOM_ASSERT(!cells.empty() && cells.size() <= static_cast<size_t>(n_kv));
       for (int64_t h = 0; h < n_head_kv; ++h) {
         int32_t* out = rows + n_kv * (h + n_head_kv * static_cast<int64_t>(si - seq_begin));
@@ -411,20 +433,31 @@ struct ContextImpl {
   Status run_step(const StepBatch& b, bool all_outputs, LogitsBuffer* out) {
     const int n_seqs = static_cast<int>(b.seqs.size());
     const bool gather = n_seqs > 1 || !kv->reads_prefix();
-    // The sliding-window ring serves one sequence reading the prefix (decode_batch refuses more).
-    LOOM_ASSERT(!gather || !kv->windowed());
+    // The contiguous ring serves one sequence reading the prefix (decode_batch refuses more); a
+    // paged cache's ring is gathered per sequence.
+    const bool windowed = kv->windowed();
+    LOOM_ASSERT(!gather || !windowed || !kv->reads_prefix());
     LOOM_ASSERT(b.n_chunk == 0 || (gather && n_seqs >= 2));
     int extent = 0, extent_chunk = 0;  // a mixed pass: the one-token sequences', the chunk's
+    int extent_swa = 0, extent_swa_chunk = 0;
     if (gather) {
       seq_cells.resize(b.seqs.size());
       seq_positions.resize(b.seqs.size());
+      seq_window_cells.resize(b.seqs.size());
+      seq_window_positions.resize(b.seqs.size());
       for (size_t si = 0; si < b.seqs.size(); ++si) {
         kv->seq_cells(b.seqs[si], seq_cells[si], seq_positions[si]);
-        int& e = b.n_chunk > 0 && si == 0 ? extent_chunk : extent;
+        const bool chunk = b.n_chunk > 0 && si == 0;
+        int& e = chunk ? extent_chunk : extent;
         e = std::max(e, static_cast<int>(seq_cells[si].size()));
+        if (!windowed) continue;
+        kv->seq_window_cells(b.seqs[si], seq_window_cells[si], seq_window_positions[si]);
+        int& w = chunk ? extent_swa_chunk : extent_swa;
+        w = std::max(w, static_cast<int>(seq_window_cells[si].size()));
       }
     } else {
       extent = kv->n_kv();
+      extent_swa = windowed ? kv->n_kv_window() : 0;
     }
     // n_kv never exceeds the cache's cells: a single sequence's pass never needs more than
     // Context::create reserved the arenas and the inputs for (n_batch tokens over the whole cache).
@@ -435,9 +468,10 @@ struct ContextImpl {
         all_outputs,
         n_seqs,
         gather,
-        kv->windowed() ? bucketed_n_kv(kv->n_kv_window(), n_kv_bucket, kv->n_window_cells()) : 0,
+        windowed ? bucketed_n_kv(extent_swa, n_kv_bucket, kv->n_window_cells()) : 0,
         b.n_chunk,
         b.n_chunk > 0 ? bucketed_n_kv(extent_chunk, n_kv_bucket, kv->n_cells()) : 0,
+        b.n_chunk > 0 && windowed ? bucketed_n_kv(extent_swa_chunk, n_kv_bucket, kv->n_window_cells()) : 0,
         tensor_parallel ? 0 : sample_k};
     const Tensor* carried = nullptr;  // the previous segment's hidden state
     bool built = false;
@@ -496,9 +530,11 @@ struct ContextImpl {
           s.split.comm->abort();  // ranks waiting for this one in a collective give up
           return st;
         }
-        if (!dst) return s.backend->synchronize();
+        if (!dst) return {};
         const Tensor* t = s.step.out;
         const int64_t rows = t->ne[0];
+        // one output row (a decode step): the slice lands in place
+        if (n_out == 1) return tensor_read(t, dst + s.vocab_begin, 0, static_cast<size_t>(rows) * sizeof(float));
         std::vector<float>& got = rank_logits[static_cast<size_t>(r)];
         got.resize(static_cast<size_t>(t->nelements()));
         LOOM_TRY(tensor_read(t, got.data(), 0, got.size() * sizeof(float)));
@@ -544,11 +580,12 @@ Result<std::unique_ptr<Context>> Context::create(const Model& model, const Conte
   detail::ContextImpl& c = *impl;
   c.model = &model;
   c.m = &model.impl();
-  if (params.n_ctx < 0 || params.n_batch < 1 || params.n_kv_bucket < 1 || params.kv_block_size < 1)
-    return make_error(
-        StatusCode::invalid_argument,
-        "context: n_ctx {} must be >= 0, n_batch {} >= 1, n_kv_bucket {} >= 1 and kv_block_size {} >= 1",
-        params.n_ctx, params.n_batch, params.n_kv_bucket, params.kv_block_size);
+  if (params.n_ctx < 0 || params.n_batch < 1 || params.n_kv_bucket < 1 || params.kv_block_size < 1 ||
+      params.n_seq_max < 0)
+    return make_error(StatusCode::invalid_argument,
+                      "context: n_ctx {} must be >= 0, n_batch {} >= 1, n_kv_bucket {} >= 1, kv_block_size {} "
+                      ">= 1 and n_seq_max {} >= 0",
+                      params.n_ctx, params.n_batch, params.n_kv_bucket, params.kv_block_size, params.n_seq_max);
   c.n_ctx = params.n_ctx > 0 ? params.n_ctx
                              : static_cast<int>(std::min<uint32_t>(hp.n_ctx_train, detail::kDefaultMaxCtx));
   if (params.kv_cache == KvCacheKind::paged)  // whole blocks
@@ -564,13 +601,19 @@ Result<std::unique_ptr<Context>> Context::create(const Model& model, const Conte
   Backend* offload = c.m->n_offload > 0 ? c.m->offload_backend : nullptr;
   BufferType& type = model.backend().buffer_type();
   BufferType* offload_type = offload ? &offload->buffer_type() : nullptr;
-  // Sliding-window layers keep a ring of window + n_batch - 1 cells: a step's tokens land in it
-  // without overwriting a position that the step's first query still sees. Only the contiguous
-  // cache has the ring, for single-sequence passes; the paged cache (the batched path) keeps every
-  // cell in those layers, as with swa_full, and decode_batch refuses several sequences on a ring.
-  const int64_t ring = static_cast<int64_t>(hp.n_swa) + c.n_batch - 1;
+  // Sliding-window layers keep a ring (llm_kv_cache.h). A contiguous cache's holds one sequence:
+  // window + n_batch - 1 cells, so a step's tokens land in it without overwriting a position that
+  // the step's first query still sees (decode_batch refuses several sequences on it). A paged
+  // cache's is a pool of blocks sized for n_seq_max sequences (PagedKvCache::window_blocks_needed);
+  // without n_seq_max it keeps every cell, as with swa_full.
+  const bool paged = params.kv_cache == KvCacheKind::paged;
+  const int64_t ring =
+      paged ? detail::PagedKvCache::window_blocks_needed(static_cast<int>(hp.n_swa), params.kv_block_size,
+                                                         params.n_seq_max, c.n_batch) *
+                  params.kv_block_size
+            : static_cast<int64_t>(hp.n_swa) + c.n_batch - 1;
   const int n_window_cells =
-      params.kv_cache == KvCacheKind::contiguous && !params.swa_full && hp.has_swa() && ring < c.n_ctx
+      !params.swa_full && hp.has_swa() && (!paged || params.n_seq_max > 0) && ring < c.n_ctx
           ? static_cast<int>(ring)
           : 0;
   const uint64_t host_need =
@@ -707,6 +750,7 @@ Result<std::span<const float>> Context::decode(std::span<const int32_t> tokens, 
       c.kv->release_window(window);
       return s;
     }
+    c.kv->commit_window(seqs);
     if (options.on_chunk) options.on_chunk(begin + n, tokens.size());
   }
   return c.logits.view();
@@ -719,10 +763,11 @@ namespace {
 // of the chunk (seqs.size() when none); on error nothing is stored.
 Result<size_t> run_batch_step(detail::ContextImpl& c, std::span<const SeqTokens> seqs, bool read_logits) {
   const int n_vocab = static_cast<int>(c.m->hp.n_vocab);
-  // The sliding-window ring holds one sequence's window (window + n_batch - 1 cells), and a step
-  // over several sequences gathers full-cache cells: such a context must keep every cell in its
-  // sliding-window layers, which a paged cache or swa_full does. Refused rather than mixed up.
-  if (c.kv->windowed())
+  // The contiguous cache's ring holds one sequence's window (window + n_batch - 1 cells), and its
+  // steps over several sequences gather full-cache cells: such a context must keep every cell in its
+  // sliding-window layers (swa_full), or be a paged cache, whose ring holds each sequence's window.
+  // Refused rather than mixed up.
+  if (c.kv->windowed() && c.kv->reads_prefix())
     return make_error(StatusCode::invalid_argument,
                       "decode_batch: {} sequences in one step need every cell of the sliding-window layers, "
                       "but this context keeps only a ring of {} cells for them; create it with swa_full "
@@ -782,28 +827,39 @@ Result<size_t> run_batch_step(detail::ContextImpl& c, std::span<const SeqTokens>
     if (i != chunk_at) LOOM_TRY(take(i));
   // Cells for every sequence, or for none: a sequence the cache cannot hold fails the step without
   // touching the others' cells.
-  std::vector<int32_t> cells;
+  std::vector<int32_t> cells, window;
   size_t tok = 0;
   for (size_t i = 0; i < ids.size(); ++i) {
     const size_t n = i == 0 && chunk_at < seqs.size() ? seqs[chunk_at].tokens.size() : 1;
-    auto got = c.kv->claim(std::span<const int32_t>(positions).subspan(tok, n), ids[i]);
-    if (!got) {
+    const auto pos = std::span<const int32_t>(positions).subspan(tok, n);
+    auto got = c.kv->claim(pos, ids[i]);
+    Result<std::vector<int32_t>> got_window = std::vector<int32_t>{};
+    if (got && c.kv->windowed()) {
+      got_window = c.kv->claim_window(pos, ids[i]);
+      if (!got_window) c.kv->release(*got);
+    }
+    if (!got || !got_window) {
       c.kv->release(cells);
-      return make_error(got.status().code(), "decode_batch: sequence {}: {}", ids[i], got.status().message());
+      c.kv->release_window(window);
+      const Status& e = got ? got_window.status() : got.status();
+      return make_error(e.code(), "decode_batch: sequence {}: {}", ids[i], e.message());
     }
     cells.insert(cells.end(), got->begin(), got->end());
+    window.insert(window.end(), got_window->begin(), got_window->end());
     tok += n;
   }
   c.begin_call();
   // A single sequence's several tokens are a plain pass (as decode), not a mixed one.
   const int n_chunk =
       chunk_at < seqs.size() && seqs.size() > 1 ? static_cast<int>(seqs[chunk_at].tokens.size()) : 0;
-  Status s = c.run_step(detail::StepBatch{tokens, positions, cells, ids, {}, n_chunk}, false,
+  Status s = c.run_step(detail::StepBatch{tokens, positions, cells, ids, window, n_chunk}, false,
                         read_logits ? &c.logits : nullptr);
   if (!s.ok()) {
     c.kv->release(cells);
+    c.kv->release_window(window);
     return s;
   }
+  c.kv->commit_window(ids);
   return chunk_at;
 }
 
@@ -1010,6 +1066,7 @@ Result<Session> open_session(const SessionParams& p) {
   cp.n_batch = p.n_batch;
   cp.kv_cache = p.kv_cache;
   cp.swa_full = p.swa_full;
+  cp.n_seq_max = p.n_seq_max;
   auto ctx = Context::create(*s.model, cp);
   if (!ctx) return ctx.status();
   s.context = std::move(ctx.value());

@@ -40,14 +40,19 @@ StepBuilder::StepBuilder(Graph& g, const HParams& hp, const ModelWeights& w, KvC
     in_.kv_cells = g.input(DType::i32, {t, 1, 1, 1}, "inp_kv_cells");
   }
   if (any_global) in_.kq_mask = g.input(DType::f32, {shape.n_kv, n_q, 1, n_group}, "inp_kq_mask");
-  // A windowed cache (single-sequence passes only) gives local layers their own ring of cells.
-  LOOM_ASSERT(shape.n_kv_swa == 0 || !shape.gather);
+  // A windowed cache gives local layers their own ring of cells (gathered per sequence by a
+  // gathering pass, like the global layers' cells).
+  const bool windowed = shape.n_kv_swa > 0;
+  LOOM_ASSERT(!windowed || !mixed || shape.n_kv_swa_chunk >= 1);
   if (any_local) {
-    const bool windowed = shape.n_kv_swa > 0;
     in_.kq_mask_swa =
         g.input(DType::f32, {windowed ? shape.n_kv_swa : shape.n_kv, n_q, 1, n_group}, "inp_kq_mask_swa");
     if (windowed && layer_begin_ < layer_end_)
       in_.kv_cells_swa = g.input(DType::i32, {t, 1, 1, 1}, "inp_kv_cells_swa");
+    if (windowed && shape.gather && layer_begin_ < layer_end_)
+      in_.kv_gather_swa =
+          g.input(DType::i32, {static_cast<int64_t>(shape.n_kv_swa) * hp.n_head_kv * n_group, 1, 1, 1},
+                  "inp_kv_gather_swa");
   }
   if (shape.gather && layer_begin_ < layer_end_)
     in_.kv_gather = g.input(DType::i32, {static_cast<int64_t>(shape.n_kv) * hp.n_head_kv * n_group, 1, 1, 1},
@@ -56,12 +61,17 @@ StepBuilder::StepBuilder(Graph& g, const HParams& hp, const ModelWeights& w, KvC
     if (any_global)
       in_.kq_mask_chunk = g.input(DType::f32, {shape.n_kv_chunk, shape.n_chunk, 1, 1}, "inp_kq_mask_chunk");
     if (any_local)
-      in_.kq_mask_swa_chunk =
-          g.input(DType::f32, {shape.n_kv_chunk, shape.n_chunk, 1, 1}, "inp_kq_mask_swa_chunk");
+      in_.kq_mask_swa_chunk = g.input(
+          DType::f32, {windowed ? shape.n_kv_swa_chunk : shape.n_kv_chunk, shape.n_chunk, 1, 1},
+          "inp_kq_mask_swa_chunk");
     if (layer_begin_ < layer_end_)
       in_.kv_gather_chunk =
           g.input(DType::i32, {static_cast<int64_t>(shape.n_kv_chunk) * hp.n_head_kv, 1, 1, 1},
                   "inp_kv_gather_chunk");
+    if (any_local && windowed && layer_begin_ < layer_end_)
+      in_.kv_gather_swa_chunk =
+          g.input(DType::i32, {static_cast<int64_t>(shape.n_kv_swa_chunk) * hp.n_head_kv, 1, 1, 1},
+                  "inp_kv_gather_swa_chunk");
   }
 
   rope_ = RopeParams{};
@@ -180,10 +190,11 @@ Tensor* StepBuilder::rope(Tensor* x, int il, const char* what) {
 Tensor* StepBuilder::attention(int il, Tensor* q, Tensor* k, Tensor* v) {
   if (!q || !k || !v) return nullptr;
   const bool local = hp_.is_swa(static_cast<uint32_t>(il));
-  // Local layers of a windowed cache have their own ring of cells (never with gather).
+  // Local layers of a windowed cache have their own ring of cells, their own gather rows.
   const bool window_cells = local && shape_.n_kv_swa > 0;
   const int64_t n_kv = window_cells ? shape_.n_kv_swa : shape_.n_kv;
   Tensor* cells = window_cells ? in_.kv_cells_swa : in_.kv_cells;
+  Tensor* gather_rows = window_cells ? in_.kv_gather_swa : in_.kv_gather;
   Tensor* cache_k = kv_.k(il, split_.rank);
   Tensor* cache_v = kv_.v(il, split_.rank);
   // Rows go into the cache as [head_dim, n_tokens, n_head_kv], one row per (token, head).
@@ -193,7 +204,7 @@ Tensor* StepBuilder::attention(int il, Tensor* q, Tensor* k, Tensor* v) {
   Tensor* mask = local ? in_.kq_mask_swa : in_.kq_mask;
   if (shape_.n_chunk == 0) {
     const int64_t n_seqs = shape_.n_seqs;
-    return attend(il, q, k_stored, v_stored, mask, in_.kv_gather, n_kv, shape_.n_tokens / n_seqs, n_seqs);
+    return attend(il, q, k_stored, v_stored, mask, gather_rows, n_kv, shape_.n_tokens / n_seqs, n_seqs);
   }
   // Mixed pass: the chunk's queries (the first n_chunk columns) and the one-token sequences' (the
   // rest) attend separately, each group exactly as a pass of its own would, after every token's K
@@ -203,8 +214,9 @@ Tensor* StepBuilder::attention(int il, Tensor* q, Tensor* k, Tensor* v) {
   Tensor* q_dec = view(g_, q, {q->ne[0], q->ne[1], n_dec, 1}, q->nb, static_cast<size_t>(n_chunk) * q->nb[2]);
   Tensor* out_chunk =
       attend(il, q_chunk, k_stored, v_stored, local ? in_.kq_mask_swa_chunk : in_.kq_mask_chunk,
-             in_.kv_gather_chunk, shape_.n_kv_chunk, n_chunk, 1);
-  Tensor* out_dec = attend(il, q_dec, k_stored, v_stored, mask, in_.kv_gather, n_kv, 1, n_dec);
+             window_cells ? in_.kv_gather_swa_chunk : in_.kv_gather_chunk,
+             window_cells ? shape_.n_kv_swa_chunk : shape_.n_kv_chunk, n_chunk, 1);
+  Tensor* out_dec = attend(il, q_dec, k_stored, v_stored, mask, gather_rows, n_kv, 1, n_dec);
   return name(concat(g_, out_chunk, out_dec, 1), "kqv_out_mixed", il);
 }
 

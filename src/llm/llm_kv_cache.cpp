@@ -79,13 +79,13 @@ Result<std::unique_ptr<KvCache>> make_kv_cache(KvCacheKind kind, const HParams& 
                                                BufferType& type, BufferType* offload_type,
                                                int first_offload_layer, int n_window_cells) {
   if (kind == KvCacheKind::paged) {
-    // The paged cache keeps every cell in the sliding-window layers (the swa_full layout): its
-    // batched passes gather each sequence's cells, and a ring shared by several sequences would
-    // have to hold each one's window. Asking it for a ring is a caller's mistake, never ignored.
-    if (n_window_cells > 0)
+    // The paged ring is a pool of whole blocks (PagedKvCache::window_blocks_needed sizes it).
+    if (n_window_cells > 0 && block_size > 0 && n_window_cells % block_size != 0)
       return make_error(StatusCode::invalid_argument,
-                        "kv cache: a paged cache keeps no sliding-window ring (use swa_full)");
-    auto kv = PagedKvCache::create(hp, n_ctx, block_size, type, offload_type, first_offload_layer);
+                        "kv cache: {} sliding-window cells are not whole blocks of {}", n_window_cells,
+                        block_size);
+    auto kv = PagedKvCache::create(hp, n_ctx, block_size, type, offload_type, first_offload_layer,
+                                   block_size > 0 ? n_window_cells / block_size : 0);
     if (!kv) return kv.status();
     return std::unique_ptr<KvCache>(std::move(kv.value()));
   }

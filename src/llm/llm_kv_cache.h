@@ -16,14 +16,29 @@
 // Any kind can list a sequence's cells in position order (seq_cells); a step over several sequences
 // gathers each sequence's keys and values through those lists (StepBuilder::attention).
 //
-// Sliding-window layers (gemma2, gemma3, phi3) may instead keep a ring of window + n_batch - 1 cells
-// with bookkeeping of its own ("window cells"): a token's K/V go to a free ring cell or over one
-// whose position no later query can see, so their memory is bounded by the window whatever n_ctx. A
-// rewind (seq_rm) behind what the ring still holds is refused; clearing the sequence always works.
-// Only ContiguousKvCache has the ring, and it serves single-sequence passes (reading the prefix):
-// a ring of window + n_batch - 1 cells holds one sequence's window, not several. PagedKvCache keeps
-// every cell in the sliding-window layers too (the swa_full layout), and Context::decode_batch
-// refuses several sequences on a windowed cache (ContextParams::swa_full or a paged cache instead).
+// Sliding-window layers (gemma2, gemma3, phi3, gpt-oss) may instead keep far fewer cells than the
+// context ("window cells", their own K/V tensors), with bookkeeping of their own, so their memory is
+// bounded by the window whatever n_ctx. A rewind (seq_rm) behind what they still hold is refused
+// (seq_rewind_min); clearing the sequence always works.
+//
+// - ContiguousKvCache: a ring of window + n_batch - 1 cells for one sequence: a token's K/V go to a
+//   free ring cell or over one whose position no later query can see. It serves single-sequence
+//   passes (reading the prefix), so Context::decode_batch refuses several sequences on it.
+// - PagedKvCache: a second pool of blocks (of block_size cells) for those layers. Each sequence has
+//   a window table beside its block table: the window blocks of its logical blocks whose positions
+//   a query at or after the sequence's next position can still see. A claim_window takes blocks for
+//   the step's tokens after dropping those no query of the step sees; commit_window (after a step
+//   has run) drops those no later query sees; both go back to the pool. A sequence keeps the window
+//   of its current block's first position (so a prefix up to its last block boundary can be lent):
+//   window_blocks_needed() bounds what a step holds and sizes the pool for n_seq_max sequences
+//   decoding together plus one prompt chunk of n_batch. Several sequences' passes gather each one's
+//   window cells (their own gather rows and masks), like the global layers gather their cells.
+//   Prefix sharing shares the window blocks too, when the source still holds the window before the
+//   shared prefix's end (else nothing is shared); a sequence that cannot get a window block fails
+//   with out_of_memory.
+//
+// Without a ring (ContextParams::swa_full, or a paged cache not told how many sequences it serves)
+// the sliding-window layers keep every cell like the global ones.
 #pragma once
 
 #include <map>
@@ -135,13 +150,22 @@ class KvCache {
   virtual Result<std::vector<int32_t>> claim_window(std::span<const int32_t> positions, int seq);
   /// Frees window cells (a failed step).
   virtual void release_window(std::span<const int32_t> /*cells*/) {}
-  /// One past the highest used window cell.
+  /// One past the highest used window cell (reads_prefix kinds; a gathering kind: its window cells).
   virtual int n_kv_window() const { return 0; }
   /// As fill_mask with the window, over window cells [0, n_kv).
   virtual void fill_mask_window(std::span<const int32_t> positions, int seq, int n_kv, float* mask) const;
   /// The lowest p0 from which seq_rm(seq, p0) leaves a sequence that can be continued: 0 unless the
   /// ring has dropped positions of `seq` (then the oldest position whose window it still holds whole).
   virtual int seq_rewind_min(int /*seq*/) const { return 0; }
+  /// Kinds that gather (reads_prefix() false): the window cells of `seq` in increasing position
+  /// order, and those positions (positions no query can see any more may be among them, masked).
+  virtual void seq_window_cells(int /*seq*/, std::vector<int32_t>& cells, std::vector<int32_t>& positions) const {
+    cells.clear();
+    positions.clear();
+  }
+  /// The step whose window cells were claimed for `seqs` has run: window cells no later query of
+  /// theirs can see may go back to the ring (a failed step calls release_window instead).
+  virtual void commit_window(std::span<const int> /*seqs*/) {}
 
  protected:
   explicit KvCache(KvStorage storage) : storage_(std::move(storage)) {}
@@ -210,10 +234,16 @@ class ContiguousKvCache final : public KvCache {
 /// cutting a sequence inside a block it shares is refused (cut at a block boundary instead).
 class PagedKvCache final : public KvCache {
  public:
-  /// n_ctx cells rounded up to whole blocks of `block_size`.
+  /// n_ctx cells rounded up to whole blocks of `block_size`. With `n_window_blocks` > 0 (and fewer
+  /// cells than the context), the sliding-window layers get a pool of that many blocks (see the
+  /// file comment; window_blocks_needed sizes it).
   static Result<std::unique_ptr<PagedKvCache>> create(const HParams& hp, int n_ctx, int block_size,
                                                       BufferType& type, BufferType* offload_type = nullptr,
-                                                      int first_offload_layer = -1);
+                                                      int first_offload_layer = -1, int n_window_blocks = 0);
+  /// Window blocks that `n_seq_max` sequences decoding together need, one of them bringing a prompt
+  /// chunk of up to `n_batch` tokens: a step of n tokens holds at most ceil((n_swa - 1) / block_size)
+  /// + ceil((n - 1) / block_size) + 1 blocks (the window before the step's first block, its tokens).
+  static int64_t window_blocks_needed(int n_swa, int block_size, int n_seq_max, int n_batch);
   KvCacheKind kind() const override { return KvCacheKind::paged; }
   Result<std::vector<int32_t>> claim(std::span<const int32_t> positions, int seq) override;
   void release(std::span<const int32_t> cells) override;
@@ -239,15 +269,41 @@ class PagedKvCache final : public KvCache {
   /// The block table of `seq` (empty when it holds nothing).
   std::span<const int32_t> block_table(int seq) const;
 
+  bool windowed() const override { return !window_refs_.empty(); }
+  int n_window_cells() const override { return static_cast<int>(window_refs_.size()) * block_size_; }
+  /// Positions must be those claim() just took for `seq` (its window grows with its blocks).
+  Result<std::vector<int32_t>> claim_window(std::span<const int32_t> positions, int seq) override;
+  void release_window(std::span<const int32_t> cells) override;
+  int n_kv_window() const override { return n_window_cells(); }
+  int seq_rewind_min(int seq) const override;
+  void seq_window_cells(int seq, std::vector<int32_t>& cells, std::vector<int32_t>& positions) const override;
+  void commit_window(std::span<const int> seqs) override;
+  int n_window_blocks() const { return static_cast<int>(window_refs_.size()); }
+  int n_free_window_blocks() const { return static_cast<int>(free_window_.size()); }
+  /// Window tables holding window block `b` (0: free).
+  int window_refs(int b) const { return window_refs_[b]; }
+
  private:
   struct Sequence {
     std::vector<int32_t> blocks;  // block table: position p lives in blocks[p / block_size]
     int32_t length = 0;           // positions [0, length) are held
+    // Window table (windowed caches): the window block of logical block i, -1 for the leading
+    // w_dropped ones the ring gave back; positions [0, w_length) were written.
+    std::vector<int32_t> window;
+    int32_t w_length = 0;
+    int32_t w_dropped = 0;
   };
-  PagedKvCache(KvStorage storage, int block_size);
+  PagedKvCache(KvStorage storage, int block_size, int n_window_blocks, int n_swa);
   Sequence* find(int seq);
   const Sequence* find(int seq) const;
   void truncate(int seq, int length);
+  // Window blocks: cut the window table to `length` positions; give back the leading blocks no
+  // query at `first_query` or later sees; blocks such a drop would free.
+  void truncate_window(Sequence& s, int length);
+  void drop_window(Sequence& s, int first_query);
+  int droppable_window(const Sequence& s, int first_query) const;
+  int window_drop_point(int first_query) const;
+  void unref_window(int32_t b);
 
   int block_size_ = 0;
   std::vector<int32_t> block_refs_;   // block tables holding each block, 0: free
@@ -255,10 +311,13 @@ class PagedKvCache final : public KvCache {
   std::vector<int32_t> free_blocks_;  // kept sorted in decreasing order: the lowest free block is taken first
   std::vector<std::pair<int, Sequence>> seqs_;  // by sequence id, few enough for a linear search
   int n_used_ = 0;
+  int n_swa_ = 0;
+  std::vector<int32_t> window_refs_;  // window tables holding each window block (empty: no ring)
+  std::vector<int32_t> free_window_;  // decreasing order, like free_blocks_
 };
 
-/// A cache of `kind` for a context (`block_size` only for paged caches; `n_window_cells`, the
-/// sliding-window ring, only for contiguous ones: a paged cache refuses a ring).
+/// A cache of `kind` for a context (`block_size` only for paged caches). `n_window_cells`: the
+/// sliding-window layers' cells (0: every cell), for a paged cache a multiple of block_size.
 Result<std::unique_ptr<KvCache>> make_kv_cache(KvCacheKind kind, const HParams& hp, int n_ctx, int block_size,
                                                BufferType& type, BufferType* offload_type = nullptr,
                                                int first_offload_layer = -1, int n_window_cells = 0);

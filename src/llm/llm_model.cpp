@@ -124,6 +124,15 @@ class FileTensorLoader final : public TensorLoader {
 
 size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
+// Every layer reads the model's RoPE frequency factors (LayerWeights::rope_freqs: a layer on another
+// backend gets a copy of its own instead, assign_weights).
+void give_layers_rope_factors(ModelWeights& w) {
+  for (LayerWeights& l : w.layers) {
+    l.rope_freqs = w.rope_freqs;
+    l.rope_freqs_long = w.rope_freqs_long;
+  }
+}
+
 // ---- tensor parallelism ----------------------------------------------------------------------------
 
 int layer_of(const std::string& name);
@@ -244,24 +253,26 @@ class ShardTensorLoader final : public TensorLoader {
   std::vector<Slice> slices_;
 };
 
-// Copies a rank's slices into one buffer of its backend: whole tensors straight from the mapping,
-// split ones packed row by row on the host first.
+// Copies tensors (whole, or a rank's slices) into one buffer of the backend (device backends, and
+// offload backends of any kind): whole tensors straight from the mapping, split ones packed row by
+// row on the host first. `line` (may be null) shows the progress.
 Status upload_slices(const GgufFile& file, Backend& backend, const std::vector<Slice>& slices,
-                     std::unique_ptr<Buffer>& out) {
+                     std::unique_ptr<Buffer>& out, ProgressLine* line = nullptr) {
   BufferType& type = backend.buffer_type();
   const size_t align = type.alignment();
   size_t total = 0;
   for (const Slice& s : slices) total += align_up(s.t->nbytes(), align);
   auto buf = type.allocate(total);
   if (!buf)
-    return make_error(buf.status().code(), "{}: cannot allocate {} of {} memory for a rank's weights: {}",
-                      file.name(), format_bytes(total), type.name(), buf.status().message());
+    return make_error(buf.status().code(), "{}: cannot allocate {} of {} memory for the weights: {}", file.name(),
+                      format_bytes(total), type.name(), buf.status().message());
   out = std::move(buf.value());
   size_t off = 0;
   std::vector<uint8_t> packed;
   for (const Slice& s : slices) {
     LOOM_TRY(tensor_bind(s.t, out.get(), off));
     off += align_up(s.t->nbytes(), align);
+    if (line) line->update(total ? static_cast<double>(off) / total : 1.0);
     if (s.dim < 0) {
       LOOM_TRY(tensor_write(s.t, s.info->data, 0, s.info->size));
       continue;
@@ -345,10 +356,7 @@ Status load_shards(ModelImpl& m, std::span<Backend* const> backends, bool progre
     auto hp = shard_hparams(m.file.name(), m.hp, n, s.w.output->ne[1]);
     if (!hp) return hp.status();
     s.hp = *hp;
-    for (LayerWeights& l : s.w.layers) {
-      l.rope_freqs = s.w.rope_freqs;
-      l.rope_freqs_long = s.w.rope_freqs_long;
-    }
+    give_layers_rope_factors(s.w);
     LOOM_TRY(upload_slices(m.file, *s.backend, tl.slices(), s.buffer));
     m.shards.push_back(std::move(s));
     line.update(static_cast<double>(r + 1) / n);
@@ -378,29 +386,14 @@ Status bind_host(ModelImpl& m, const WeightList& weights, bool progress) {
   return {};
 }
 
-// Device backends (and offload backends of any kind): one buffer for `weights`, filled tensor by
-// tensor from the mapping.
+// Device backends (and offload backends of any kind): one buffer for `weights`, whole tensors.
 Status upload(const ModelImpl& m, Backend& backend, const WeightList& weights, std::unique_ptr<Buffer>& out,
               bool progress) {
-  BufferType& type = backend.buffer_type();
-  const size_t align = type.alignment();
-  size_t total = 0;
-  for (const auto& [t, info] : weights) total += align_up(t->nbytes(), align);
-  auto buf = type.allocate(total);
-  if (!buf)
-    return make_error(buf.status().code(), "{}: cannot allocate {} of {} memory for the weights: {}",
-                      m.file.name(), format_bytes(total), type.name(), buf.status().message());
-  out = std::move(buf.value());
-  ProgressLine line(progress, fmt::format("loom: loading {} to {}", base_name(m.file.name()), type.name()));
-  size_t off = 0, done = 0;
-  for (const auto& [t, info] : weights) {
-    LOOM_TRY(tensor_bind(t, out.get(), off));
-    LOOM_TRY(tensor_write(t, info->data, 0, info->size));
-    off += align_up(t->nbytes(), align);
-    done += info->size;
-    line.update(total ? static_cast<double>(done) / total : 1.0);
-  }
-  return backend.synchronize();
+  std::vector<Slice> whole;
+  for (const auto& [t, info] : weights) whole.push_back(Slice{t, info, -1, {}});
+  ProgressLine line(progress,
+                    fmt::format("loom: loading {} to {}", base_name(m.file.name()), backend.buffer_type().name()));
+  return upload_slices(m.file, backend, whole, out, &line);
 }
 
 // The layer of a "blk.N.*" tensor, -1 for the others.
@@ -420,10 +413,7 @@ int layer_of(const std::string& name) {
 // backend's memory, so a tensor both sides use gets a second copy there: the output projection
 // when it is tied to the embeddings, and the RoPE frequency factors (rope_freqs, Phi-3's long ones).
 void assign_weights(ModelImpl& m, const WeightList& loaded, WeightList& main, WeightList& offload) {
-  for (LayerWeights& l : m.w.layers) {
-    l.rope_freqs = m.w.rope_freqs;
-    l.rope_freqs_long = m.w.rope_freqs_long;
-  }
+  give_layers_rope_factors(m.w);
   if (m.n_offload == 0) {
     main = loaded;
     return;

@@ -18,7 +18,7 @@ struct FileTypeInfo {
 };
 
 // In enum order: info_of indexes it.
-constexpr std::array<FileTypeInfo, 20> kFileTypes = {{
+constexpr std::array<FileTypeInfo, 21> kFileTypes = {{
     {FileType::f32, "f32", 0, DType::f32},
     {FileType::f16, "f16", 1, DType::f16},
     {FileType::bf16, "bf16", 32, DType::bf16},
@@ -39,13 +39,21 @@ constexpr std::array<FileTypeInfo, 20> kFileTypes = {{
     {FileType::q5_k_m, "q5_K_M", 17, DType::q5_k},
     {FileType::iq4_nl, "iq4_nl", 25, DType::iq4_nl},
     {FileType::iq4_xs, "iq4_xs", 30, DType::iq4_xs},
+    {FileType::mxfp4_moe, "MXFP4_MOE", 38, DType::mxfp4},
 }};
 
-constexpr std::array<FileType, 20> kAllFileTypes = {
+constexpr std::array<FileType, 21> kAllFileTypes = {
     FileType::f32,    FileType::f16,    FileType::bf16,   FileType::q8_0,   FileType::q4_0,
     FileType::q4_k,   FileType::q6_k,   FileType::q4_k_m, FileType::q4_1,   FileType::q5_0,
     FileType::q5_1,   FileType::q2_k,   FileType::q3_k_s, FileType::q3_k_m, FileType::q3_k_l,
-    FileType::q4_k_s, FileType::q5_k_s, FileType::q5_k_m, FileType::iq4_nl, FileType::iq4_xs};
+    FileType::q4_k_s, FileType::q5_k_s, FileType::q5_k_m, FileType::iq4_nl, FileType::iq4_xs,
+    FileType::mxfp4_moe};
+
+static_assert([] {
+  for (size_t i = 0; i < kFileTypes.size(); ++i)
+    if (static_cast<size_t>(kFileTypes[i].type) != i || kAllFileTypes[i] != kFileTypes[i].type) return false;
+  return kFileTypes.size() == kAllFileTypes.size();
+}(), "kFileTypes and kAllFileTypes list every FileType in enum order");
 
 const FileTypeInfo& info_of(FileType t) { return kFileTypes[static_cast<size_t>(t)]; }
 
@@ -124,10 +132,14 @@ bool use_more_bits(int layer, int n_layers) {
 bool is_attn_output(std::string_view name) { return contains(name, "attn_output.weight"); }
 
 DType choose_quant_type(std::string_view name, int layer, int n_layers, FileType ft,
-                        const MixtureModelInfo& info) {
+                        const MixtureModelInfo& info, const Shape& ne) {
   const DType base = file_type_base(ft);
   // llama.cpp applies its rules only when the target is a quantized type.
   if (!file_type_is_quantized(ft)) return base;
+  // MXFP4_MOE: the stacked expert matrices (3-D) in mxfp4, everything else in q8_0. llama.cpp gives
+  // the output (and tied embeddings) q8_0 first, then decides by ne[2] alone: the same answer, as
+  // those are 2-D.
+  if (ft == FileType::mxfp4_moe) return ne[2] > 1 ? DType::mxfp4 : DType::q8_0;
   // The output matrix (or the embedding standing in for it) is the most sensitive tensor.
   if (is_output(name) || (info.tied_embeddings && is_token_embd(name)))
     return base == DType::q8_0 ? DType::q8_0 : DType::q6_k;
@@ -219,7 +231,7 @@ std::vector<TensorTypeChoice> choose_tensor_types(FileType ft, std::span<const M
         layer = info.n_expert > 1 ? std::max(0, tensor_block_index(t.name)) : i_ffn_down;
         ++i_ffn_down;
       }
-      c.wanted = pure ? file_type_base(ft) : choose_quant_type(t.name, layer, n_layers, ft, info);
+      c.wanted = pure ? file_type_base(ft) : choose_quant_type(t.name, layer, n_layers, ft, info, t.ne);
       c.type = fallback_quant_type(c.wanted, t.ne[0]);
     }
     out.push_back(c);

@@ -73,6 +73,7 @@ Result<std::unique_ptr<Engine>> Engine::create(llm::Session session, const Token
     return make_error(StatusCode::invalid_argument, "serve: KV block size {} (at least 1)", kv_block_size);
   const int n_ctx = session.context->n_ctx();
   const int n_batch = session.context->n_batch();
+  const bool swa_full = session.context->swa_full();  // --swa-full, or a window covering the context
   // Each request may hold n_ctx positions in whole blocks; the pool has that for every one of the
   // n_parallel requests, so running requests never run out of cells (finished requests kept for
   // reuse give theirs back first). The session's context goes before the new one is made.
@@ -86,6 +87,11 @@ Result<std::unique_ptr<Engine>> Engine::create(llm::Session session, const Token
   cp.n_batch = std::max(n_batch, n_parallel);  // one pass per step, however many requests run
   cp.kv_cache = llm::KvCacheKind::paged;
   cp.kv_block_size = kv_block_size;
+  // Sliding-window layers (gemma, gpt-oss) keep each sequence's window only: n_parallel running
+  // requests and at most n_parallel parked ones hold windows at once. --swa-full (the session's
+  // context keeps every cell) keeps every cell here too.
+  cp.n_seq_max = 2 * n_parallel;
+  cp.swa_full = swa_full;
   auto ctx = llm::Context::create(*session.model, cp);
   if (!ctx)
     return make_error(ctx.status().code(), "serve: a paged KV cache of {} sequences x {} cells: {}",

@@ -53,14 +53,14 @@ SamplerParams config(int s) {
 
 bool on_device(int s) { return s % 8 != 5 && s % 8 != 6; }
 
-struct Run {
+struct Generated {
   std::vector<std::vector<int32_t>> tokens;
   int n_device = 0, n_host = 0;
   uint64_t logits_bytes = 0;
 };
 
 // `which` sequences (configs and prompts by index), the last one enqueued when `enqueue_last`.
-Run generate(Context& ctx, const std::vector<int>& which, bool device, int n_steps,
+Generated generate(Context& ctx, const std::vector<int>& which, bool device, int n_steps,
              bool enqueue_last = false) {
   BatchGenerator gen(ctx);
   gen.set_device_sampling(device);
@@ -74,7 +74,7 @@ Run generate(Context& ctx, const std::vector<int>& which, bool device, int n_ste
     EXPECT_TRUE(id.ok()) << id.status().to_string();
     ids.push_back(*id);
   }
-  Run r;
+  Generated r;
   for (int i = 0; i < n_steps; ++i) {
     auto step = gen.step();
     EXPECT_TRUE(step.ok()) << step.status().to_string();
@@ -96,8 +96,8 @@ TEST_F(LlmBatchDeviceSampling, TokensEqualTheHostSampler) {
   std::vector<int> all;
   for (int s = 0; s < 16; ++s) all.push_back(s);
   const int n_steps = 12;
-  const Run host = generate(*l.ctx, all, false, n_steps);
-  const Run dev = generate(*l.ctx, all, true, n_steps);
+  const Generated host = generate(*l.ctx, all, false, n_steps);
+  const Generated dev = generate(*l.ctx, all, true, n_steps);
   EXPECT_EQ(dev.tokens, host.tokens);
   EXPECT_EQ(host.n_device, 0);
   EXPECT_EQ(dev.n_device, 12 * n_steps);  // 12 of the 16 configs run on the device

@@ -184,7 +184,8 @@ TEST_F(LlmSwaCache, BatchedStepsNeedEveryCell) {
   EXPECT_EQ(r.ctx->kv_cache_seq_pos_max(2), 4);
   EXPECT_TRUE(r.ctx->decode_batch(std::span(step).first(1)).ok());  // one sequence: the ring's own pass
 
-  // A paged cache keeps every cell of every layer, whatever swa_full says.
+  // A paged cache not told how many sequences it serves (n_seq_max, LlmSwaPaged) keeps every cell
+  // of every layer, whatever swa_full says.
   ContextParams p{128, 8, 0};
   p.kv_cache = KvCacheKind::paged;
   auto paged = Context::create(*r.model, p);

@@ -24,7 +24,8 @@ struct TpModel {
 };
 
 // n_ranks CPU backends; contexts of 64 cells, -ub 5 and buckets of 4 cells as the offload tests use.
-Result<TpModel> open_tp(const std::string& file, int n_ranks, KvCacheKind kind = KvCacheKind::contiguous) {
+Result<TpModel> open_tp(const std::string& file, int n_ranks, KvCacheKind kind = KvCacheKind::contiguous,
+                        int n_seq_max = 0) {
   TpModel s;
   ModelLoadOptions lo = quiet_load();
   for (int r = 0; r < n_ranks; ++r) {
@@ -39,10 +40,11 @@ Result<TpModel> open_tp(const std::string& file, int n_ranks, KvCacheKind kind =
   if (!m) return m.status();
   s.model = std::move(m.value());
   ContextParams cp;
-  cp.n_ctx = 64;
+  cp.n_ctx = n_seq_max > 0 ? 512 : 64;  // room for a ring smaller than the cache
   cp.n_batch = 5;
   cp.n_kv_bucket = 4;
   cp.kv_cache = kind;
+  cp.n_seq_max = n_seq_max;
   auto c = Context::create(*s.model, cp);
   if (!c) return c.status();
   s.ctx = std::move(c.value());
@@ -132,41 +134,47 @@ TEST_F(LlmTensorParallel, TwoRanksMatchTheUnsplitModel) {
 // Several sequences in one step over a paged cache, then a mixed pass (one sequence's prompt chunk
 // with the others' decode tokens): each sequence's logits as the unsplit model's.
 TEST_F(LlmTensorParallel, BatchedStepsOverAPagedCache) {
-  const std::string file = model("qwen2-tiny", "f32");
-  auto ref = open_tp(file, 1, KvCacheKind::paged);
-  auto tp = open_tp(file, 2, KvCacheKind::paged);
-  ASSERT_TRUE(ref.ok() && tp.ok());
-  const auto tokens = test_tokens(12, ref->ctx->n_vocab(), 3);
-  for (Context* ctx : {ref->ctx.get(), tp->ctx.get()})
-    for (int seq = 0; seq < 3; ++seq) {
-      DecodeOptions o;
-      o.seq_id = seq;
-      ASSERT_TRUE(ctx->decode(std::span(tokens).subspan(static_cast<size_t>(seq), 3 + seq), 0, o).ok());
+  // qwen2: every layer global; gemma3: local layers on the paged cache's sliding-window ring
+  for (const auto& [shape, n_seq_max] :
+       std::vector<std::pair<const char*, int>>{{"qwen2-tiny", 0}, {"gemma3-tiny", 4}}) {
+    SCOPED_TRACE(shape);
+    const std::string file = model(shape, "f32");
+    auto ref = open_tp(file, 1, KvCacheKind::paged, n_seq_max);
+    auto tp = open_tp(file, 2, KvCacheKind::paged, n_seq_max);
+    ASSERT_TRUE(ref.ok() && tp.ok());
+    EXPECT_EQ(tp->ctx->swa_full(), n_seq_max == 0);
+    const auto tokens = test_tokens(12, ref->ctx->n_vocab(), 3);
+    for (Context* ctx : {ref->ctx.get(), tp->ctx.get()})
+      for (int seq = 0; seq < 3; ++seq) {
+        DecodeOptions o;
+        o.seq_id = seq;
+        ASSERT_TRUE(ctx->decode(std::span(tokens).subspan(static_cast<size_t>(seq), 3 + seq), 0, o).ok());
+      }
+    for (int step = 0; step < 3; ++step) {
+      std::vector<SeqTokens> seqs;
+      for (int seq = 0; seq < 3; ++seq)
+        seqs.push_back(
+            {seq, 3 + seq + step, std::span(tokens).subspan(static_cast<size_t>(6 + seq + step), 1)});
+      auto want = ref->ctx->decode_batch(seqs);
+      ASSERT_TRUE(want.ok()) << want.status().to_string();
+      const std::vector<float> w(want->begin(), want->end());
+      auto got = tp->ctx->decode_batch(seqs);
+      ASSERT_TRUE(got.ok()) << got.status().to_string();
+      expect_close(std::vector<float>(got->begin(), got->end()), w, static_cast<size_t>(ref->ctx->n_vocab()));
     }
-  for (int step = 0; step < 3; ++step) {
-    std::vector<SeqTokens> seqs;
+    // a mixed pass: a new sequence's 2-token prompt chunk beside the others' decode tokens (5 in all: -ub)
+    std::vector<SeqTokens> mixed;
     for (int seq = 0; seq < 3; ++seq)
-      seqs.push_back(
-          {seq, 3 + seq + step, std::span(tokens).subspan(static_cast<size_t>(6 + seq + step), 1)});
-    auto want = ref->ctx->decode_batch(seqs);
+      mixed.push_back({seq, 6 + seq, std::span(tokens).subspan(static_cast<size_t>(9 + seq), 1)});
+    mixed.push_back({3, 0, std::span(tokens).first(2)});
+    auto want = ref->ctx->decode_batch(mixed);
     ASSERT_TRUE(want.ok()) << want.status().to_string();
     const std::vector<float> w(want->begin(), want->end());
-    auto got = tp->ctx->decode_batch(seqs);
+    auto got = tp->ctx->decode_batch(mixed);
     ASSERT_TRUE(got.ok()) << got.status().to_string();
+    EXPECT_EQ(w.size(), 4u * static_cast<size_t>(ref->ctx->n_vocab()));
     expect_close(std::vector<float>(got->begin(), got->end()), w, static_cast<size_t>(ref->ctx->n_vocab()));
   }
-  // a mixed pass: a new sequence's 2-token prompt chunk beside the others' decode tokens (5 in all: -ub)
-  std::vector<SeqTokens> mixed;
-  for (int seq = 0; seq < 3; ++seq)
-    mixed.push_back({seq, 6 + seq, std::span(tokens).subspan(static_cast<size_t>(9 + seq), 1)});
-  mixed.push_back({3, 0, std::span(tokens).first(2)});
-  auto want = ref->ctx->decode_batch(mixed);
-  ASSERT_TRUE(want.ok()) << want.status().to_string();
-  const std::vector<float> w(want->begin(), want->end());
-  auto got = tp->ctx->decode_batch(mixed);
-  ASSERT_TRUE(got.ok()) << got.status().to_string();
-  EXPECT_EQ(w.size(), 4u * static_cast<size_t>(ref->ctx->n_vocab()));
-  expect_close(std::vector<float>(got->begin(), got->end()), w, static_cast<size_t>(ref->ctx->n_vocab()));
 }
 
 // Each rank's shard: its share of the heads and columns, its slice of the vocabulary, its own

@@ -14,10 +14,12 @@
 #include <set>
 
 #include "gguf_info.h"
+#include "loom/cpu.h"
 #include "loom/gguf.h"
 #include "loom/llm.h"
 #include "loom/quant_mixture.h"
 #include "quantize_model.h"
+#include "synth_model.h"
 
 namespace loom::app {
 namespace {
@@ -33,12 +35,20 @@ using llm::file_type_name;
 using llm::FileType;
 using llm::tensor_is_quantizable;
 using llm::use_more_bits;
+using llm::all_file_types;
+using llm::choose_tensor_types;
+using llm::MixtureModelInfo;
+using llm::MixtureTensor;
 
 constexpr int kLayers = 8;
 constexpr int64_t kEmbd = 256;
 constexpr int64_t kKv = 64;
 constexpr int64_t kFf = 256;
 constexpr int64_t kVocab = 48;
+// Largest logit NMSE of gptoss-tiny quantized to MXFP4_MOE against its f32 original, per step of
+// Mxfp4MoeGptOssEndToEnd: 0.055-0.10 measured (mxfp4's ~11 % weight error on every expert, routers
+// that pick other experts for some tokens), where unrelated weights give about 1 or more.
+constexpr double kMxfp4MoeNmseBound = 0.25;
 
 // The tensors of the test model with their original values (after rounding to the stored type).
 struct TestModel {
@@ -191,6 +201,8 @@ double error_bound(DType t) {
     case DType::iq4_nl:
     case DType::iq4_xs:
       return 0.08;
+    case DType::mxfp4:
+      return 0.14;  // 0.112 on Gaussian data (docs/QUANTIZATION.md)
     default:
       return 0.0;
   }
@@ -371,6 +383,97 @@ TEST(QuantMixture, FtypeNames) {
   EXPECT_EQ(file_type_gguf_id(FileType::q8_0), 7u);
   EXPECT_EQ(file_type_gguf_id(FileType::q4_0), 2u);
   EXPECT_EQ(file_type_gguf_id(FileType::q6_k), 18u);
+  EXPECT_EQ(file_type_from_name("MXFP4_MOE"), FileType::mxfp4_moe);
+  EXPECT_EQ(file_type_from_name("mxfp4_moe"), FileType::mxfp4_moe);
+  EXPECT_EQ(file_type_from_name("Mxfp4_MoE"), FileType::mxfp4_moe);
+  EXPECT_FALSE(file_type_from_name("mxfp4").has_value()) << "a tensor type, not a file type";
+  EXPECT_EQ(std::string(file_type_name(FileType::mxfp4_moe)), "MXFP4_MOE");
+  EXPECT_EQ(file_type_gguf_id(FileType::mxfp4_moe), 38u) << "llama.cpp's LLAMA_FTYPE_MOSTLY_MXFP4_MOE";
+  EXPECT_EQ(file_type_base(FileType::mxfp4_moe), DType::mxfp4);
+  EXPECT_TRUE(file_type_is_quantized(FileType::mxfp4_moe)) << "loom quantize takes it";
+}
+
+// Every file type's canonical name, in any case, parses back to it; the list holds each once.
+TEST(QuantMixture, FtypeNamesRoundTrip) {
+  std::set<std::string> names;
+  for (FileType f : all_file_types()) {
+    std::string name = file_type_name(f);
+    EXPECT_EQ(file_type_from_name(name), f) << name;
+    std::string upper = name, lower = name;
+    for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    EXPECT_EQ(file_type_from_name(upper), f) << upper;
+    EXPECT_EQ(file_type_from_name(lower), f) << lower;
+    EXPECT_TRUE(names.insert(lower).second) << name << " listed twice";
+  }
+  EXPECT_EQ(names.size(), 21u);
+  EXPECT_TRUE(names.count("mxfp4_moe"));
+}
+
+// MXFP4_MOE, as llama.cpp's llama_tensor_get_type has it: the 3-D (stacked expert) weights in mxfp4,
+// every other quantizable tensor in q8_0, output and token embeddings included; 1-D tensors, biases,
+// norms, sinks and the router kept; rows that 32 does not divide in f16.
+TEST(QuantMixture, Mxfp4MoeRule) {
+  const FileType f = FileType::mxfp4_moe;
+  const MixtureModelInfo moe{.n_layer = 2, .tied_embeddings = false, .n_expert = 8, .n_gqa = 4};
+  const Shape exps{2880, 2880, 32, 1}, mat{2880, 4096, 1, 1};
+  EXPECT_EQ(choose_quant_type("blk.0.ffn_gate_exps.weight", 0, 2, f, moe, exps), DType::mxfp4);
+  EXPECT_EQ(choose_quant_type("blk.1.ffn_up_exps.weight", 1, 2, f, moe, exps), DType::mxfp4);
+  EXPECT_EQ(choose_quant_type("blk.1.ffn_down_exps.weight", 1, 2, f, moe, exps), DType::mxfp4);
+  EXPECT_EQ(choose_quant_type("blk.1.ffn_gate_up_exps.weight", 1, 2, f, moe, exps), DType::mxfp4);
+  EXPECT_EQ(choose_quant_type("blk.0.attn_q.weight", 0, 2, f, moe, mat), DType::q8_0);
+  EXPECT_EQ(choose_quant_type("blk.0.attn_v.weight", 0, 2, f, moe, mat), DType::q8_0) << "no attn_v bump";
+  EXPECT_EQ(choose_quant_type("blk.0.attn_output.weight", 0, 2, f, moe, mat), DType::q8_0);
+  EXPECT_EQ(choose_quant_type("blk.0.ffn_down.weight", 0, 2, f, moe, mat), DType::q8_0) << "dense FFN";
+  EXPECT_EQ(choose_quant_type("blk.0.ffn_down_shexp.weight", 0, 2, f, moe, mat), DType::q8_0) << "shared";
+  EXPECT_EQ(choose_quant_type("output.weight", 0, 2, f, moe, mat), DType::q8_0) << "not q6_K";
+  EXPECT_EQ(choose_quant_type("token_embd.weight", 0, 2, f, moe, mat), DType::q8_0);
+  EXPECT_EQ(choose_quant_type("token_embd.weight", 0, 2, f, {.n_layer = 2, .tied_embeddings = true}, mat),
+            DType::q8_0);
+  EXPECT_EQ(choose_quant_type("blk.0.ffn_up_exps.weight", 0, 2, f, moe), DType::q8_0)
+      << "the shape decides, not the name: a 2-D tensor is not a stack of experts";
+
+  // The whole rule over a gpt-oss-like list, with the fallback and the tensors it keeps.
+  const std::vector<std::pair<MixtureTensor, DType>> cases = {
+      {{"token_embd.weight", {160, 512, 1, 1}}, DType::q8_0},
+      {{"blk.0.attn_norm.weight", {160, 1, 1, 1}}, DType::f32},  // kept (f32 reads as "no choice")
+      {{"blk.0.attn_q.weight", {160, 512, 1, 1}}, DType::q8_0},
+      {{"blk.0.attn_q.bias", {512, 1, 1, 1}}, DType::f32},
+      {{"blk.0.attn_v.weight", {160, 128, 1, 1}}, DType::q8_0},
+      {{"blk.0.attn_sinks.weight", {8, 1, 1, 1}}, DType::f32},
+      {{"blk.0.attn_output.weight", {512, 160, 1, 1}}, DType::q8_0},
+      {{"blk.0.ffn_gate_inp.weight", {160, 8, 1, 1}}, DType::f32},  // the router
+      {{"blk.0.ffn_gate_exps.weight", {160, 64, 8, 1}}, DType::mxfp4},
+      {{"blk.0.ffn_gate_exps.bias", {64, 8, 1, 1}}, DType::f32},
+      {{"blk.0.ffn_up_exps.weight", {160, 64, 8, 1}}, DType::mxfp4},
+      {{"blk.0.ffn_down_exps.weight", {64, 160, 8, 1}}, DType::mxfp4},
+      {{"blk.1.ffn_down_exps.weight", {100, 160, 8, 1}}, DType::f16},  // 100 % 32 != 0
+      {{"blk.1.attn_k.weight", {40, 128, 1, 1}}, DType::f16},          // 40 % 32 != 0
+      {{"blk.1.ffn_gate_exps.weight", {96, 64, 8, 1}}, DType::mxfp4},  // 96 = 3 x 32
+      {{"output_norm.weight", {160, 1, 1, 1}}, DType::f32},
+      {{"output.weight", {160, 512, 1, 1}}, DType::q8_0},
+  };
+  std::vector<MixtureTensor> tensors;
+  for (const auto& c : cases) tensors.push_back(c.first);
+  const auto choices = choose_tensor_types(f, tensors, moe);
+  ASSERT_EQ(choices.size(), cases.size());
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(cases[i].first.name);
+    const bool kept = cases[i].second == DType::f32;
+    EXPECT_EQ(choices[i].quantizable, !kept);
+    if (!kept) EXPECT_EQ(dtype_name(choices[i].type), std::string(dtype_name(cases[i].second)));
+  }
+  EXPECT_EQ(choices[12].wanted, DType::mxfp4) << "the fallback, not the rule, makes it f16";
+  EXPECT_EQ(choices[13].wanted, DType::q8_0);
+
+  // --pure: every quantizable tensor in mxfp4, then the fallback.
+  const auto pure = choose_tensor_types(f, tensors, moe, /*pure=*/true);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(cases[i].first.name);
+    EXPECT_EQ(pure[i].quantizable, choices[i].quantizable);
+    if (pure[i].quantizable)
+      EXPECT_EQ(pure[i].type, cases[i].first.ne[0] % 32 == 0 ? DType::mxfp4 : DType::f16);
+  }
 }
 
 // ---- whole files --------------------------------------------------------------------------------------
@@ -456,6 +559,120 @@ TEST_F(QuantizeCmd, ThreadCountDoesNotChangeBytes) {
   const auto a = read(path("a.gguf")), b = read(path("b.gguf"));
   EXPECT_GT(a.size(), 100000u);
   EXPECT_TRUE(a == b);
+}
+
+// `loom gen-model --shape gptoss-tiny --type f32` (the same writer) quantized to MXFP4_MOE: each
+// tensor's type worked out by hand (expert matrices mxfp4, other 2-D weights but the router q8_0, the
+// rest copied), values within each type's bound, general.file_type 38; then the file runs on the
+// CPU: a prompt and greedy steps, logits finite and near the f32 model's for the same tokens.
+TEST_F(QuantizeCmd, Mxfp4MoeGptOssEndToEnd) {
+  const llm::SynthShape* shape = llm::find_synth_shape("gptoss-tiny");
+  ASSERT_NE(shape, nullptr);
+  const std::string in = path("gptoss-tiny-f32.gguf"), out = path("gptoss-tiny-mxfp4_moe.gguf");
+  llm::SynthOptions so;
+  so.n_threads = 2;
+  so.progress = false;
+  ASSERT_TRUE(llm::write_synth_model(in, *shape, FileType::f32, so).ok());
+  auto r = quantize_gguf(in, out, *file_type_from_name("MXFP4_MOE"), {.n_threads = 2, .on_tensor = {}});
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_LT(r->bytes_out, r->bytes_in / 3) << "f32 -> 4.25 (experts) and 8.5 bits per weight";
+
+  auto src = GgufFile::open(in);
+  auto q = GgufFile::open(out);
+  ASSERT_TRUE(src.ok() && q.ok());
+  EXPECT_EQ(*q->get_u32("general.file_type"), 38u);
+  EXPECT_EQ(*q->get_u32("general.quantization_version"), 2u);
+  ASSERT_EQ(q->tensors().size(), src->tensors().size());
+  std::map<DType, int> counts;
+  for (size_t i = 0; i < src->tensors().size(); ++i) {
+    const GgufTensorInfo& a = src->tensors()[i];
+    const GgufTensorInfo& b = q->tensors()[i];
+    const std::string name(a.name);
+    SCOPED_TRACE(name);
+    ASSERT_EQ(b.name, a.name);
+    EXPECT_EQ(b.ne, a.ne);
+    ASSERT_TRUE(a.dtype.has_value() && b.dtype.has_value());
+    ASSERT_EQ(*a.dtype, DType::f32) << "gen-model --type f32 writes every tensor in f32";
+    const bool matrix = llm::significant_dims(a.ne) >= 2 && name.ends_with(".weight");
+    const DType want = name.ends_with("_exps.weight")                                        ? DType::mxfp4
+                       : matrix && name.find("ffn_gate_inp") == std::string::npos ? DType::q8_0
+                                                                                            : DType::f32;
+    if (name.ends_with("_exps.weight")) EXPECT_GT(a.ne[2], 1) << "experts stacked on the third dimension";
+    EXPECT_EQ(dtype_name(*b.dtype), std::string(dtype_name(want)));
+    ++counts[*b.dtype];
+    if (want == DType::f32) {
+      ASSERT_EQ(b.size, a.size);
+      EXPECT_EQ(std::memcmp(b.data, a.data, a.size), 0) << "copied unchanged";
+      continue;
+    }
+    const int64_t ne0 = a.ne[0], rows = a.nelements() / ne0;
+    const float* x = reinterpret_cast<const float*>(a.data);
+    std::vector<float> y(static_cast<size_t>(ne0));
+    double err = 0.0, ref = 0.0;
+    for (int64_t row = 0; row < rows; ++row) {
+      dequantize_row(*b.dtype, b.data + static_cast<size_t>(row) * dtype_row_size(*b.dtype, ne0), y.data(), ne0);
+      for (int64_t j = 0; j < ne0; ++j) {
+        const double v = x[row * ne0 + j];
+        err += (y[static_cast<size_t>(j)] - v) * (y[static_cast<size_t>(j)] - v);
+        ref += v * v;
+      }
+    }
+    const double rel = std::sqrt(err / ref);
+    EXPECT_LE(rel, error_bound(want));
+    EXPECT_GT(rel, 0.0);
+  }
+  EXPECT_EQ(counts[DType::mxfp4], 3 * shape->n_layer) << "gate, up and down experts of every layer";
+  // token_embd, output, and q, k, v, output of every layer
+  EXPECT_EQ(counts[DType::q8_0], 2 + 4 * shape->n_layer);
+  EXPECT_GT(counts[DType::f32], 0);
+
+  // Both files on the CPU: the quantized one greedy from a prompt, the f32 one fed the same tokens.
+  auto backend = make_cpu_backend(2);
+  auto mq = llm::Model::load(out, *backend, {.progress = false, .print_summary = false});
+  ASSERT_TRUE(mq.ok()) << mq.status().to_string();
+  auto mf = llm::Model::load(in, *backend, {.progress = false, .print_summary = false});
+  ASSERT_TRUE(mf.ok()) << mf.status().to_string();
+  EXPECT_EQ((*mq)->hparams().arch, llm::Arch::gpt_oss);
+  const int n_vocab = static_cast<int>((*mq)->hparams().n_vocab);
+  ASSERT_GT(n_vocab, 1);
+  llm::ContextParams cp;
+  cp.n_ctx = 32;
+  cp.n_batch = 8;
+  auto cq = llm::Context::create(**mq, cp);
+  auto cf = llm::Context::create(**mf, cp);
+  ASSERT_TRUE(cq.ok() && cf.ok());
+  std::vector<int32_t> tokens = {3, 141, 59, 265, 35, 89};
+  const size_t n_prompt = tokens.size();
+  constexpr int kSteps = 6;
+  for (int step = 0; step <= kSteps; ++step) {
+    SCOPED_TRACE(step);
+    const size_t first = step == 0 ? 0 : tokens.size() - 1;
+    const std::span<const int32_t> feed = std::span<const int32_t>(tokens).subspan(first);
+    auto lq = (*cq)->decode(feed, static_cast<int>(first));
+    ASSERT_TRUE(lq.ok()) << lq.status().to_string();
+    const std::vector<float> got(lq->begin(), lq->end());
+    auto lf = (*cf)->decode(feed, static_cast<int>(first));
+    ASSERT_TRUE(lf.ok()) << lf.status().to_string();
+    ASSERT_EQ(got.size(), static_cast<size_t>(n_vocab));
+    ASSERT_EQ(lf->size(), got.size());
+    double num = 0.0, den = 0.0;
+    for (size_t j = 0; j < got.size(); ++j) {
+      ASSERT_TRUE(std::isfinite(got[j])) << "logit " << j;
+      num += (got[j] - (*lf)[j]) * (got[j] - (*lf)[j]);
+      den += static_cast<double>((*lf)[j]) * (*lf)[j];
+    }
+    const double nmse = num / den;
+    std::printf("[ mxfp4_moe ] step %d NMSE vs f32 %.3g\n", step, nmse);
+    EXPECT_LT(nmse, kMxfp4MoeNmseBound) << "the quantized model computes the f32 model's function";
+    EXPECT_GT(nmse, 0.0) << "the quantized weights are the ones that ran";
+    if (step < kSteps) {
+      int best = 0;
+      for (int j = 1; j < n_vocab; ++j)
+        if (got[static_cast<size_t>(j)] > got[static_cast<size_t>(best)]) best = j;
+      tokens.push_back(best);
+    }
+  }
+  EXPECT_EQ(tokens.size(), n_prompt + kSteps);
 }
 
 TEST_F(QuantizeCmd, PureTurnsTheMixtureOff) {

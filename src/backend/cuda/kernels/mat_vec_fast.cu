@@ -38,8 +38,16 @@
 // of 2-byte aligned blocks from shared memory: funnel shifts, nibble unpacking), not bytes; one
 // block per 1-row tile with per-thread 16-byte cp.async ran q4_K at 22% (issue ~310 instructions
 // per 32 weights). A load-time repacking into aligned code and scale arrays is the next step.
+//
+// At 1-2 columns q4_K, q4_0 and q8_0 take direct kernels instead (mat_vec_direct_q4k_kernel,
+// mat_vec_direct_a2_kernel; LOOM_MV_Q4K=smem / LOOM_MV_A2=smem select the pipeline, to compare): a warp
+// per 4-row tile loads its weights straight into registers (q4_K's 144-byte blocks are 16-byte
+// aligned; 8 blocks of q4_0 or q8_0 are too), with half the pipeline's instructions and no barrier:
+// 4-8% faster decode on the llama3 files (docs/PERFORMANCE.md).
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 #include <type_traits>
 
 #include "activation.cuh"
@@ -502,9 +510,317 @@ __global__ void __launch_bounds__(kThreads, quant_blocks_per_sm<Q, kCols>())
   }
 }
 
+/// A direct kernel's warp tile t (blockIdx.x * kWarps + warp; a warp past the last tile reads the last
+/// tile's rows and writes nothing) and the weight rows it reads.
+template <int kRows, bool kGlu, int kLoad>
+__device__ __forceinline__ TileAt warp_tile(const FastArgs& args, int64_t& t, const uint8_t* (&rows)[kLoad]) {
+  t = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / kWarpSize;
+  const TileAt at = tile_at<kRows>(args, t < args.tiles ? t : args.tiles - 1);
+#pragma unroll
+  for (int l = 0; l < kLoad; ++l) rows[l] = reinterpret_cast<const uint8_t*>(tile_row<kRows, kGlu>(args, at, l));
+  return at;
+}
+
+/// A warp's tile (t) done: sums each of its kLoad x kCols accumulators over the warp and writes the
+/// tile's outputs as reduce_and_store does (+ bias, or the gated product of gate and up rows).
+template <int kRows, int kCols, bool kGlu, int kLoad>
+__device__ __forceinline__ void warp_reduce_store(float (&acc)[kLoad][kCols], const FastArgs& args, const TileAt& at,
+                                                  int64_t t, int lane, int ncols) {
+  // the warp's kLoad x kCols sums: value v ends on lanes v * (32 / V) ..
+  constexpr int V = kLoad * kCols, kLanesPerValue = kWarpSize / V;
+  static_assert(V <= kWarpSize, "at most 32 sums per warp");
+  float v[V];
+#pragma unroll
+  for (int l = 0; l < kLoad; ++l)
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) v[l * kCols + c] = acc[l][c];
+  const float total = warp_sum_many(v, lane);
+  const int idx = lane / kLanesPerValue;
+  float up = 0.0f;
+  if constexpr (kGlu) up = __shfl_sync(0xffffffffu, total, ((idx + kRows * kCols) % V) * kLanesPerValue);
+  if (t >= args.tiles || lane % kLanesPerValue != 0 || idx >= kRows * kCols) return;
+  const int r = idx / kCols, c = idx % kCols;
+  const TensorDesc& dst = args.part[at.part].dst;
+  const int64_t i = at.i0 + r;
+  if (c >= ncols || i >= dst.ne[0]) return;
+  float sum = total;
+  if constexpr (kGlu) {
+    sum = gated_f(sum, up, args.swiglu);
+  } else if (args.bias) {
+    sum += args.bias[i];
+  }
+  *reinterpret_cast<float*>(element_ptr(dst, i, c, at.i2, at.i3)) = sum;
+}
+
+
+// ---- q4_K straight from global memory ---------------------------------------------------------------
+
+/// Blocks per SM for the direct kernels (1-2 columns; ptxas -v: q4_K ~150 registers at 1 column
+/// unconstrained, 122 under 4 blocks, 158 at 2 columns; q4_0 100 / 138, q8_0 128 / 142; no spills).
+template <int kCols>
+__host__ __device__ constexpr int direct_blocks_per_sm() {
+  return kCols <= 1 ? 4 : 3;
+}
+
+/// The two 6-bit scales and mins of q4_K sub-blocks 2 pair and 2 pair + 1 from the block's scale
+/// words s0 = scales[0..3], s1 = scales[4..7], s2 = scales[8..11]: each as bytes (lo, hi) of a
+/// 16-bit value. Branch-free: the lanes of a warp hold different pairs.
+__device__ __forceinline__ void q4k_pair_scales(uint32_t s0, uint32_t s1, uint32_t s2, int pair, uint32_t& sc,
+                                                uint32_t& m) {
+  const unsigned sh = 16u * static_cast<unsigned>(pair & 1);
+  const uint32_t a = s0 >> sh, b = s1 >> sh, c = s2 >> sh;
+  const uint32_t sc_lo = a & 0x3f3fu, m_lo = b & 0x3f3fu;                              // sub-blocks 0..3
+  const uint32_t sc_hi = (c & 0x0f0fu) | ((a >> 2) & 0x3030u);                          // 4..7
+  const uint32_t m_hi = ((c >> 4) & 0x0f0fu) | ((b >> 2) & 0x3030u);
+  sc = pair < 2 ? sc_lo : sc_hi;
+  m = pair < 2 ? m_lo : m_hi;
+}
+
+// Tiles of kRows output rows (glu: 2 gate + 2 up), one per warp, with q4_K weights read from global
+// memory straight into registers: a q4_K block is 144 bytes, so on 16-byte aligned rows
+// (mat_vec_fast_supports) its 16-byte header (d, dmin, 12 scale bytes) and its 32-byte groups of
+// nibbles are 16-byte aligned. Lane 4 j + p takes group p of blocks j, j + 8, ... of each row: the low
+// nibbles are sub-block 2 p (elements 64 p + 0..31), the high ones sub-block 2 p + 1 (64 p + 32..63);
+// the 4 lanes of a block share its header load. A warp owns its tile: no shared memory and no block
+// barrier; its sums are reduced with shuffles. Per 64 weights of a row a lane issues two 16-byte
+// loads, 16 dp4a and ~30 other instructions; the activations' codes, scale and sub-block sums are
+// loaded once for the tile's rows.
+//
+// Measured (ncu, H200, caches flushed, q4_K 4096x14336 at 1 column): 14.6 us, 47% of DRAM peak, 3.2M
+// instructions, against the shared-memory pipeline's (mat_vec_fast_q_kernel, LOOM_MV_Q4K=smem) 15.5
+// us, 44%, 6.2M. Both are latency-bound (~1.9 instructions per cycle per SM, no unit busy): while a
+// warp computes a step it has no load in flight. Tried and slower: one block per 4-row tile with a
+// block reduction (41%); L2 bulk prefetches of the next tiles (36-38%); per-lane cp.async into
+// shared memory two steps deep (30%: every 32-byte sector is then requested by two copies, one per
+// 16-byte half, both to L2).
+template <int kCols, bool kGlu, int kRows>
+__global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<kCols>())
+    mat_vec_direct_q4k_kernel(const __grid_constant__ FastArgs args, ActFastLayout<FastQ4_K> act, int64_t k,
+                              int ncols) {
+  // pdl_wait later: the first step's weight loads (no earlier kernel's output) go out before it
+  constexpr int kLoad = kGlu ? 2 * kRows : kRows;
+  constexpr int kLanesPerBlock = 4, kBlocksPerStep = kWarpSize / kLanesPerBlock;
+  const int lane = threadIdx.x % kWarpSize;
+  const int p = lane % kLanesPerBlock;  // the lane's 64-weight group of each block
+  const int64_t n_blocks = k / 256;
+  int64_t t;
+  const uint8_t* rows[kLoad];
+  const TileAt at = warp_tile<kRows, kGlu>(args, t, rows);
+  bool waited = false;  // the weights are no earlier kernel's output: the first loads go out before the wait
+  float acc[kLoad][kCols] = {};
+#pragma unroll 1
+  for (int64_t b = lane / kLanesPerBlock; b < n_blocks; b += kBlocksPerStep) {
+    uint4 q0[kLoad], q1[kLoad], h[kLoad];
+#pragma unroll
+    for (int l = 0; l < kLoad; ++l) {
+      const auto* blk = reinterpret_cast<const uint4*>(rows[l] + b * 144);
+      h[l] = __ldg(blk);
+      q0[l] = __ldg(blk + 1 + 2 * p);
+      q1[l] = __ldg(blk + 2 + 2 * p);
+    }
+    if (!waited) {
+      pdl_wait();
+      waited = true;
+    }
+    float d[kLoad], dmin[kLoad];
+    int sc0[kLoad], sc1[kLoad], m0[kLoad], m1[kLoad];
+#pragma unroll
+    for (int l = 0; l < kLoad; ++l) {
+      const float2 dd = __half22float2(*reinterpret_cast<const __half2*>(&h[l].x));
+      d[l] = dd.x;
+      dmin[l] = dd.y;
+      uint32_t sc, m;
+      q4k_pair_scales(h[l].y, h[l].z, h[l].w, p, sc, m);
+      sc0[l] = static_cast<int>(sc & 0xffu);
+      sc1[l] = static_cast<int>(sc >> 8);
+      m0[l] = static_cast<int>(m & 0xffu);
+      m1[l] = static_cast<int>(m >> 8);
+    }
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+      if (c >= ncols) break;
+      const int64_t col = c + ncols * at.z;
+      const auto* xc = reinterpret_cast<const int4*>(act.codes + col * k + b * 256 + 64 * p);
+      const int4 xa = __ldg(xc), xb = __ldg(xc + 1), xc2 = __ldg(xc + 2), xd = __ldg(xc + 3);
+      const float dx = __ldg(act.scales + col * n_blocks + b);
+      // the two sub-blocks' activation code sums (int16 pairs, 4-byte aligned: 8 b + 2 p is even)
+      const uint32_t sums =
+          __ldg(reinterpret_cast<const uint32_t*>(act.sums + col * (k / kFastUnit) + 8 * b + 2 * p));
+      const int s0 = static_cast<int16_t>(sums & 0xffffu), s1 = static_cast<int16_t>(sums >> 16);
+      const int x_lo[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+      const int x_hi[8] = {xc2.x, xc2.y, xc2.z, xc2.w, xd.x, xd.y, xd.z, xd.w};
+#pragma unroll
+      for (int l = 0; l < kLoad; ++l) {
+        const uint32_t w[8] = {q0[l].x, q0[l].y, q0[l].z, q0[l].w, q1[l].x, q1[l].y, q1[l].z, q1[l].w};
+        int i0 = 0, i1 = 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          i0 = dot4(static_cast<int>(w[i] & 0x0f0f0f0fu), x_lo[i], i0);
+          i1 = dot4(static_cast<int>((w[i] >> 4) & 0x0f0f0f0fu), x_hi[i], i1);
+        }
+        const float dsum = static_cast<float>(sc0[l] * i0 + sc1[l] * i1);
+        const float msum = static_cast<float>(m0[l] * s0 + m1[l] * s1);
+        acc[l][c] += dx * (d[l] * dsum - dmin[l] * msum);
+      }
+    }
+  }
+  if (!waited) pdl_wait();
+  warp_reduce_store<kRows, kCols, kGlu>(acc, args, at, t, lane, ncols);
+}
+
+// ---- q4_0 and q8_0 straight from global memory -------------------------------------------------------
+
+/// The 32-weight formats with a 2-byte scale before the codes (18-byte q4_0, 34-byte q8_0 blocks, only
+/// 2-byte aligned): 8 blocks are a multiple of 16 bytes, so on 16-byte aligned rows every 8th block
+/// starts 16-byte aligned.
+struct DirectQ4_0 {
+  using Fast = FastQ4_0;
+  static constexpr int kBytes = 18, kCodeWords = 4;
+};
+struct DirectQ8_0 {
+  using Fast = FastQ8_0;
+  static constexpr int kBytes = 34, kCodeWords = 8;
+};
+
+// Tiles of kRows output rows (glu: 2 gate + 2 up), one per warp, with q4_0 / q8_0 weights loaded
+// straight into registers. Lane 4 j + p takes blocks 2 p and 2 p + 1 of each 8-block group j, j + 8,
+// ... of a row (64 weights): their 2 x kBytes bytes start at byte 2 p kBytes of the 16-byte aligned
+// group, which is word p of its 16-byte chunk (both formats), so the lane loads the chunks covering
+// them (3 for q4_0, 5 for q8_0) and takes the words from word p on (two selects per word). The first
+// block's scale is the low half of word 0 and its codes start 2 bytes in (funnel shifts); the second's
+// scale is the high half of word kBytes / 4 and its codes are the aligned words after it. Per block:
+// d dx (isum - 8 xsum) for q4_0 (xsum from dp4a with ones, once for the tile's rows), d dx isum for
+// q8_0. As mat_vec_direct_q4k_kernel otherwise.
+template <class F, int kCols, bool kGlu, int kRows>
+__global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<kCols>())
+    mat_vec_direct_a2_kernel(const __grid_constant__ FastArgs args, ActFastLayout<typename F::Fast> act, int64_t k,
+                             int ncols) {
+  // pdl_wait later: the first step's weight loads (no earlier kernel's output) go out before it
+  constexpr int kLoad = kGlu ? 2 * kRows : kRows;
+  constexpr int kLanesPerGroup = 4, kGroupsPerStep = kWarpSize / kLanesPerGroup;
+  constexpr int kGroupBytes = 8 * F::kBytes;                 // 144 / 272: a multiple of 16
+  constexpr int kWords = 2 * F::kBytes / 4;                  // 9 / 17 words from word p on
+  constexpr int kChunks = (2 * F::kBytes + 12 + 15) / 16;    // 3 / 5 16-byte loads cover words p .. p + kWords - 1
+  constexpr int kHi = F::kBytes / 4;                         // the word holding block 1's scale (high half)
+  constexpr bool kNibbles = F::kCodeWords == 4;
+  static_assert(kGroupBytes % 16 == 0 && kChunks * 4 >= kWords + 3, "chunks cover the lane's words");
+  const int lane = threadIdx.x % kWarpSize;
+  const int p = lane % kLanesPerGroup;
+  const int64_t n_groups = k / 256;
+  const int64_t n_scales = k / 32;
+  const int first_chunk = 2 * F::kBytes * p / 16;
+  int64_t t;
+  const uint8_t* rows[kLoad];
+  const TileAt at = warp_tile<kRows, kGlu>(args, t, rows);
+  bool waited = false;  // the weights are no earlier kernel's output: the first loads go out before the wait
+  float acc[kLoad][kCols] = {};
+#pragma unroll 1
+  for (int64_t g = lane / kLanesPerGroup; g < n_groups; g += kGroupsPerStep) {
+    uint32_t w[kLoad][kWords];
+#pragma unroll
+    for (int l = 0; l < kLoad; ++l) {
+      const auto* chunk = reinterpret_cast<const uint4*>(rows[l] + g * kGroupBytes) + first_chunk;
+      uint32_t raw[kChunks * 4];
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        const uint4 v = __ldg(chunk + c);
+        raw[4 * c] = v.x, raw[4 * c + 1] = v.y, raw[4 * c + 2] = v.z, raw[4 * c + 3] = v.w;
+      }
+      uint32_t half[kWords + 2];
+#pragma unroll
+      for (int i = 0; i < kWords + 2; ++i) half[i] = (p & 1) ? raw[i + 1] : raw[i];
+#pragma unroll
+      for (int i = 0; i < kWords; ++i) w[l][i] = (p & 2) ? half[i + 2] : half[i];
+    }
+    if (!waited) {
+      pdl_wait();
+      waited = true;
+    }
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+      if (c >= ncols) break;
+      const int64_t col = c + ncols * at.z;
+      const auto* xc = reinterpret_cast<const int4*>(act.codes + col * k + g * 256 + 64 * p);
+      const int4 x0 = __ldg(xc), x1 = __ldg(xc + 1), x2 = __ldg(xc + 2), x3 = __ldg(xc + 3);
+      const float2 dx = __ldg(reinterpret_cast<const float2*>(act.scales + col * n_scales + 8 * g + 2 * p));
+      const int xa[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};  // block 2 p's codes
+      const int xb[8] = {x2.x, x2.y, x2.z, x2.w, x3.x, x3.y, x3.z, x3.w};  // block 2 p + 1's
+      int sa = 0, sb = 0;
+      if constexpr (kNibbles) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          sa = dot4(xa[i], 0x01010101, sa);
+          sb = dot4(xb[i], 0x01010101, sb);
+        }
+      }
+#pragma unroll
+      for (int l = 0; l < kLoad; ++l) {
+        uint32_t qa[F::kCodeWords], qb[F::kCodeWords];
+#pragma unroll
+        for (int i = 0; i < F::kCodeWords; ++i) {
+          qa[i] = __funnelshift_r(w[l][i], w[l][i + 1], 16);
+          qb[i] = w[l][kHi + 1 + i];
+        }
+        int ia = 0, ib = 0;
+        if constexpr (kNibbles) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            ia = dot4(static_cast<int>(qa[i] & 0x0f0f0f0fu), xa[i], ia);
+            ia = dot4(static_cast<int>((qa[i] >> 4) & 0x0f0f0f0fu), xa[4 + i], ia);
+            ib = dot4(static_cast<int>(qb[i] & 0x0f0f0f0fu), xb[i], ib);
+            ib = dot4(static_cast<int>((qb[i] >> 4) & 0x0f0f0f0fu), xb[4 + i], ib);
+          }
+          ia -= 8 * sa;
+          ib -= 8 * sb;
+        } else {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            ia = dot4(static_cast<int>(qa[i]), xa[i], ia);
+            ib = dot4(static_cast<int>(qb[i]), xb[i], ib);
+          }
+        }
+        const float da = __half2float(__ushort_as_half(static_cast<unsigned short>(w[l][0] & 0xffffu)));
+        const float db = __half2float(__ushort_as_half(static_cast<unsigned short>(w[l][kHi] >> 16)));
+        acc[l][c] += da * dx.x * static_cast<float>(ia) + db * dx.y * static_cast<float>(ib);
+      }
+    }
+  }
+  if (!waited) pdl_wait();
+  warp_reduce_store<kRows, kCols, kGlu>(acc, args, at, t, lane, ncols);
+}
+
 // ---- launchers -------------------------------------------------------------------------------------
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+/// LOOM_MV_TILE_ROWS: the direct kernels' tile height (4 or 2 rows; gated products half of it) instead
+/// of the one chosen by the grid's size; 0 when unset.
+int forced_tile_rows() {
+  static const int rows = [] {
+    const char* v = std::getenv("LOOM_MV_TILE_ROWS");
+    const int r = v ? std::atoi(v) : 0;
+    return r == 4 || r == 2 ? r : 0;
+  }();
+  return rows;
+}
+
+/// The direct q4_0 / q8_0 kernel, unless LOOM_MV_A2=smem asks for the shared-memory pipeline.
+bool direct_a2_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("LOOM_MV_A2");
+    return !(v && std::string_view(v) == "smem");
+  }();
+  return on;
+}
+
+/// The direct q4_K kernel, unless LOOM_MV_Q4K=smem asks for the shared-memory pipeline (to compare).
+bool direct_q4k_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("LOOM_MV_Q4K");
+    return !(v && std::string_view(v) == "smem");
+  }();
+  return on;
+}
 
 // A launch's products: `mms` (1-3 mul_mats of one activation; with glu the gate and up products) and
 // where the single product's output goes (dst: mul_mat or the fused add; glu: the glu node).
@@ -562,6 +878,27 @@ CudaError launch_float_cols(const LaunchContext& ctx, const FastLaunch& l) {
   return {};
 }
 
+/// A direct kernel's launch: a warp per tile of kRows output rows (glu: kRows of gate and of up).
+template <class Q, int kCols, bool kGlu, int kRows>
+CudaError launch_direct(const LaunchContext& ctx, const FastLaunch& l, const ActFastLayout<Q>& act) {
+  const FastArgs args = args_of(l, kRows);
+  const Tensor* b = l.mms[0]->src[1];
+  const int64_t blocks = (args.tiles + kWarps - 1) / kWarps;
+  if (blocks > int64_t{1} << 31)
+    return CudaError::runtime(cudaErrorInvalidValue, "mat_vec_fast: too many rows", __FILE__, __LINE__);
+  if constexpr (std::is_same_v<Q, FastQ4_K>) {
+    mat_vec_direct_q4k_kernel<kCols, kGlu, kRows><<<static_cast<unsigned>(blocks), kThreads, 0, ctx.stream>>>(
+        args, act, b->ne[0], static_cast<int>(b->ne[1]));
+    LOOM_CUDA_CHECK_LAUNCH("mat_vec_direct_q4k_kernel");
+  } else {
+    using F = std::conditional_t<std::is_same_v<Q, FastQ4_0>, DirectQ4_0, DirectQ8_0>;
+    mat_vec_direct_a2_kernel<F, kCols, kGlu, kRows><<<static_cast<unsigned>(blocks), kThreads, 0, ctx.stream>>>(
+        args, act, b->ne[0], static_cast<int>(b->ne[1]));
+    LOOM_CUDA_CHECK_LAUNCH("mat_vec_direct_a2_kernel");
+  }
+  return {};
+}
+
 template <class Q, int kCols, bool kGlu>
 CudaError launch_q_cols(const LaunchContext& ctx, const FastLaunch& l) {
   constexpr int kRows = fast_rows<kGlu>();
@@ -569,6 +906,22 @@ CudaError launch_q_cols(const LaunchContext& ctx, const FastLaunch& l) {
   if (args.tiles == 0) return {};
   const Tensor* b = l.mms[0]->src[1];
   const auto act = ActFastLayout<Q>::at(ctx.scratch, b->nrows(), b->ne[0]);
+  // the direct kernels at 1-2 columns; at 4 and 8 the pipeline was faster (ncu, q4_0 4 columns: 43% of
+  // DRAM peak against 41%; q4_K 8 columns: 23% against 20%)
+  if constexpr ((std::is_same_v<Q, FastQ4_0> || std::is_same_v<Q, FastQ8_0> || std::is_same_v<Q, FastQ4_K>) &&
+                kCols <= 2) {
+    if (std::is_same_v<Q, FastQ4_K> ? direct_q4k_enabled() : direct_a2_enabled()) {
+      // half-height tiles where full ones would give the SMs fewer than 16 warps (the 4096-row products of
+      // an 8B model: its FFN down projection ran at 42% of DRAM peak on 7.75 warps per SM). Single rows
+      // were no faster (q4_0 4096x4096, H100: 4 / 2 / 1 rows 35 / 39 / 36% of DRAM peak; 1B decode the
+      // same). LOOM_MV_TILE_ROWS=4 or 2 forces the height, for tests and comparisons.
+      const int64_t min_warps = 16 * static_cast<int64_t>(std::max(ctx.sm_count, 1));
+      const int forced = forced_tile_rows();
+      const bool full = forced ? forced == 4 : args.tiles >= min_warps;
+      return full ? launch_direct<Q, kCols, kGlu, kRows>(ctx, l, act)
+                  : launch_direct<Q, kCols, kGlu, kRows / 2>(ctx, l, act);
+    }
+  }
   // about one wave: every block walks tiles with its copies in flight across them
   const int64_t wave = static_cast<int64_t>(std::max(ctx.sm_count, 1)) * quant_blocks_per_sm<Q, kCols>();
   const auto grid = static_cast<unsigned>(std::min<int64_t>(args.tiles, wave));
