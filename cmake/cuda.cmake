@@ -17,6 +17,7 @@ add_library(loom_backend_cuda SHARED
   src/backend/cuda/kernels/norm.cu
   src/backend/cuda/kernels/softmax.cu
   src/backend/cuda/kernels/reduce.cu
+  src/backend/cuda/kernels/sample.cu
   src/backend/cuda/kernels/copy.cu
   src/backend/cuda/kernels/matmul.cu
   src/backend/cuda/kernels/gemm_q.cu

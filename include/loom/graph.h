@@ -102,6 +102,19 @@ struct SwigluOaiParams {
   float limit;
 };
 struct TopKParams { int32_t k; };
+/// One row's settings for sample_tokens(): kSampleParamWords i32 words per row (floats and the
+/// double stored as their bits, so the host's values arrive exactly).
+enum SampleParamWord : int32_t {
+  kSampleTopK = 0,         ///< the row's top-k (1..candidates); its first top_k candidates are used
+  kSampleTemperature = 1,  ///< float; <= 0: greedy (the best candidate)
+  kSampleTopP = 2,         ///< float; >= 1: off
+  kSampleMinP = 3,         ///< float; <= 0: off
+  kSampleLogMinP = 4,      ///< float: std::log(min_p), computed by the host as its sampler does
+  kSampleMinKeep = 5,      ///< top-p and min-p keep at least max(1, min_keep) tokens
+  kSampleUniformLo = 6,    ///< low word of the double in [0, 1) that picks the token
+  kSampleUniformHi = 7,    ///< high word
+  kSampleParamWords = 8,
+};
 struct ConcatParams { int32_t dim; };
 class Communicator;
 struct AllReduceParams {
@@ -173,6 +186,12 @@ Tensor* softcap(Graph& g, Tensor* a, float cap);
 Tensor* argmax(Graph& g, Tensor* a);
 /// Indices of the k largest elements of each row, largest first -> i32 [k, ne1, ne2, ne3].
 Tensor* top_k(Graph& g, Tensor* a, int k);
+/// Samples one token per row of `logits` (f32 [n_vocab, n_rows]) exactly as loom::Sampler's chain
+/// does after penalties (top-k -> top-p -> min-p -> temperature -> draw, sample.h), from
+/// `candidates` (i32 [K, n_rows]: top_k(logits, K), best first, lower id first on ties) and `params`
+/// (i32 [kSampleParamWords, n_rows], SampleParamWord) -> i32 [n_rows]: the token, or -1 when the row
+/// holds a NaN or +inf logit or no finite candidate (the host sampler then reports why).
+Tensor* sample_tokens(Graph& g, Tensor* logits, Tensor* candidates, Tensor* params);
 /// Writes rows of src (f32 [n, r, s2, s3]) into dst (any type, [n, R, s2, s3]) at rows idx
 /// (i32 [r, i2, i3], broadcast over dims 2-3). Returns a view of dst that carries the write.
 Tensor* set_rows(Graph& g, Tensor* dst, Tensor* src, Tensor* idx);

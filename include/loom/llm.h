@@ -256,6 +256,29 @@ struct DecodeStats {
   uint64_t host_build_ns = 0;   ///< building the graphs
   uint64_t host_alloc_ns = 0;   ///< planning the arena, binding tensors, fingerprinting the graph
   uint64_t host_inputs_ns = 0;  ///< filling the masks and writing the inputs
+  /// Bytes of logits read back to the host by the last decode (n_vocab floats per row read).
+  uint64_t logits_bytes_read = 0;
+};
+
+/// One sequence's sampling in Context::decode_batch_sampled: the settings of loom::Sampler's chain
+/// after penalties, and the uniform its random generator drew for this token.
+struct DeviceSampling {
+  bool on_device = false;  ///< false: the row's logits come back for the host's sampler instead
+  int32_t top_k = 40;      ///< 1..n_vocab-1 unless greedy (temperature <= 0)
+  float temperature = 0.0f;
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  int32_t min_keep = 0;
+  double uniform = 0.0;  ///< SampleRng::uniform() for this token; unused when greedy
+};
+
+/// What Context::decode_batch_sampled gives back, valid until the next decode.
+struct SampledStep {
+  /// Per entry: the token the device sampled, or -1 (an entry not on the device, or a row the
+  /// device could not sample: NaN/+inf logits, for the host sampler to report).
+  std::span<const int32_t> tokens;
+  /// n_vocab floats for each entry whose token is -1, in entry order; nothing else is read back.
+  std::span<const float> host_logits;
 };
 
 /// A KV cache and the machinery to run forward passes of a model. Not thread-safe.
@@ -286,6 +309,15 @@ class Context {
   /// the CPU bit for bit: every op computes a token's column the same whatever the other columns).
   /// On error (e.g. the cache has no room for a sequence) nothing is stored for any of them.
   Result<std::span<const float>> decode_batch(std::span<const SeqTokens> seqs);
+  /// decode_batch, with the tokens of the entries `sampling` marks on_device sampled in the same
+  /// graph (top_k and sample_tokens after the logits, loom/graph.h): only their ids come back, and
+  /// the logits of the other entries. sampling.size() must equal seqs.size(). Refused where
+  /// supports_device_sampling() is false.
+  Result<SampledStep> decode_batch_sampled(std::span<const SeqTokens> seqs,
+                                           std::span<const DeviceSampling> sampling);
+  /// Whether decode_batch_sampled can run here (not with a tensor-parallel model, whose logits
+  /// are split over the ranks).
+  bool supports_device_sampling() const;
 
   /// Empties the cache.
   void kv_cache_clear();

@@ -34,6 +34,9 @@ struct BatchStepStats {
   int n_passes = 0;          ///< forward passes of the step, the prompt chunk's included
   int n_prefill_tokens = 0;  ///< prompt tokens of the enqueued sequence's chunk
   bool mixed = false;        ///< the chunk rode in the running sequences' pass (else a pass of its own)
+  int n_device_sampled = 0;  ///< tokens sampled in the pass's graph (set_device_sampling)
+  int n_host_sampled = 0;    ///< tokens sampled on the host from logits read back
+  uint64_t logits_bytes_read = 0;  ///< logits the step's passes read back to the host
 };
 
 /// Sequences of one context generated together. A sequence's tokens do not depend on the others
@@ -88,6 +91,16 @@ class BatchGenerator {
   /// are the same either way (each sequence has its own sampler); what changes is the host time of a
   /// step with many sequences and a large vocabulary.
   void set_sampling_threads(int n_threads);
+  /// Samples the running sequences' tokens in the step's graph (Context::decode_batch_sampled): only
+  /// token ids come back. Off by default. The tokens are the host sampler's (each sequence's own
+  /// generator draws the uniform; on the CPU backend bit for bit, see sample_tokens in graph.h for
+  /// the GPU's exp). Per sequence and step, the host samples instead, from its logits read back,
+  /// when the chain cannot run there exactly: penalties active over a non-empty history, top-k off
+  /// or >= n_vocab with temperature > 0, a row with NaN/+inf logits (the host reports it); the
+  /// whole step when the context cannot (Context::supports_device_sampling). Prompts finished by
+  /// add() or by a pass of their own are sampled on the host. logits(seq_id) is empty for a
+  /// sequence sampled on the device.
+  void set_device_sampling(bool on);
   /// What the last step() computed (zeros before the first).
   const BatchStepStats& last_step() const;
   /// The logits (n_vocab floats, as the model gave them: before any penalty or temperature) from

@@ -129,6 +129,18 @@ class Sampler {
   uint32_t seed() const { return rng_.seed(); }
   /// Restarts the random sequence from `seed`.
   void reseed(uint32_t seed) { rng_ = SampleRng(seed); }
+  /// The uniform sample() would draw for its next token, for the same chain run elsewhere (the
+  /// device: sample_tokens in loom/graph.h); advances the generator as sample() would.
+  double draw_uniform() { return rng_.uniform(); }
+  /// The random state, to be put back (set_rng) when a drawn token is not taken.
+  const SampleRng& rng() const { return rng_; }
+  void set_rng(const SampleRng& rng) { rng_ = rng; }
+  /// Whether the next token can be sampled outside this class exactly (sample_tokens): greedy, or
+  /// top-k in [1, n_vocab) with no active penalty over a non-empty history.
+  bool device_samplable(int64_t n_vocab, std::span<const int32_t> history) const {
+    if (params_.penalties.active() && !history.empty()) return false;
+    return params_.temperature <= 0.0f || (params_.top_k >= 1 && params_.top_k < n_vocab);
+  }
 
  private:
   Sampler(const SamplerParams& params, uint32_t seed) : params_(params), rng_(seed) {}

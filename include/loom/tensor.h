@@ -44,6 +44,7 @@ enum class OpKind : uint8_t {
   softcap,
   argmax,
   top_k,
+  sample_tokens,
   set_rows,
   cpy,
   concat,

@@ -165,6 +165,23 @@ Tensor* top_k(Graph& g, Tensor* a, int k) {
   return t;
 }
 
+Tensor* sample_tokens(Graph& g, Tensor* logits, Tensor* candidates, Tensor* params) {
+  if (!logits || !candidates || !params) return nullptr;
+  if (logits->type != DType::f32) return type_error(g, "sample_tokens", *logits, "f32");
+  if (candidates->type != DType::i32) return type_error(g, "sample_tokens", *candidates, "i32");
+  if (params->type != DType::i32) return type_error(g, "sample_tokens", *params, "i32");
+  const int64_t n_rows = logits->ne[1];
+  if (logits->ne[2] != 1 || logits->ne[3] != 1 || !candidates->is_contiguous() || !params->is_contiguous() ||
+      candidates->ne[1] != n_rows || candidates->ne[2] != 1 || candidates->ne[3] != 1 ||
+      candidates->ne[0] > logits->ne[0] || params->ne[0] != kSampleParamWords || params->ne[1] != n_rows ||
+      params->ne[2] != 1 || params->ne[3] != 1)
+    return g.fail(make_error(StatusCode::invalid_argument,
+                             "sample_tokens: logits {}, candidates {} and params {} must be [n_vocab, n], "
+                             "contiguous [K <= n_vocab, n] and contiguous [{}, n]",
+                             describe(*logits), describe(*candidates), describe(*params), kSampleParamWords));
+  return g.add_node(OpKind::sample_tokens, DType::i32, {n_rows, 1, 1, 1}, {logits, candidates, params});
+}
+
 Tensor* get_rows(Graph& g, Tensor* a, Tensor* idx) {
   if (!a || !idx) return nullptr;
   if (idx->type != DType::i32) return type_error(g, "get_rows", *idx, "i32");

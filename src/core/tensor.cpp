@@ -31,6 +31,8 @@ const char* op_name(OpKind op) {
     case OpKind::softcap: return "softcap";
     case OpKind::argmax: return "argmax";
     case OpKind::top_k: return "top_k";
+    case OpKind::sample_tokens:
+      return "sample_tokens";
     case OpKind::set_rows: return "set_rows";
     case OpKind::cpy: return "cpy";
     case OpKind::concat: return "concat";

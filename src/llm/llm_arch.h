@@ -134,6 +134,9 @@ struct StepShape {
   int n_chunk = 0;
   int n_kv_chunk = 0;
   int n_kv_swa_chunk = 0;
+  // > 0: the last segment samples each output row on the device from its sample_k best logits
+  // (ContextImpl appends top_k and sample_tokens after the model's graph).
+  int sample_k = 0;
 
   bool operator==(const StepShape&) const = default;
   /// Sequences that bring one token each in a mixed pass (the decode group).

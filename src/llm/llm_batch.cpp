@@ -112,6 +112,13 @@ struct BatchGenerator::Impl {
   std::vector<int32_t> next;
   std::vector<Status> sample_status;
   bool mixed = true;                           // prompt chunks ride in the running sequences' pass
+  bool device_sampling = false;                // set_device_sampling
+  // device sampling's per-step buffers: a pass's settings, each running sequence's device token
+  // (-1: sampled on the host) or host row, and the generators a step drew from (put back on error)
+  std::vector<DeviceSampling> dev;
+  std::vector<int32_t> dev_token;
+  std::vector<const float*> host_row;
+  std::vector<std::pair<Sequence*, SampleRng>> rng_saved;
   std::unique_ptr<ForkJoin> sampling_threads;  // null: sampling on the caller's thread
 
   int lowest_free_id() const {
@@ -128,6 +135,26 @@ BatchGenerator::BatchGenerator(Context& ctx) : impl_(std::make_unique<Impl>()) {
 BatchGenerator::~BatchGenerator() = default;
 
 namespace {
+
+// `s`'s next token as the device samples it (DeviceSampling), drawing the uniform from its own
+// generator (saved in `saved` first), or on_device = false where only the host chain is exact.
+DeviceSampling device_settings(Sequence& s, int64_t n_vocab,
+                               std::vector<std::pair<Sequence*, SampleRng>>& saved) {
+  DeviceSampling d;
+  if (!s.sampler.device_samplable(n_vocab, s.history)) return d;
+  const SamplerParams& p = s.sampler.params();
+  d.on_device = true;
+  d.top_k = p.top_k;
+  d.temperature = p.temperature;
+  d.top_p = p.top_p;
+  d.min_p = p.min_p;
+  d.min_keep = static_cast<int32_t>(std::min<size_t>(p.min_keep, 1u << 30));
+  if (p.temperature > 0.0f) {
+    saved.emplace_back(&s, s.sampler.rng());
+    d.uniform = s.sampler.draw_uniform();
+  }
+  return d;
+}
 
 // A new sequence of `g`: its sampler, the lowest free id, and the prompt's longest common prefix with
 // a sequence already there shared from that one's cache. Nothing is computed yet.
@@ -246,6 +273,8 @@ const BatchStepStats& BatchGenerator::last_step() const { return impl_->last; }
 
 void BatchGenerator::set_mixed_steps(bool on) { impl_->mixed = on; }
 
+void BatchGenerator::set_device_sampling(bool on) { impl_->device_sampling = on; }
+
 void BatchGenerator::set_sampling_threads(int n_threads) {
   impl_->sampling_threads.reset();
   if (n_threads > 1) impl_->sampling_threads = std::make_unique<ForkJoin>(n_threads);
@@ -304,6 +333,7 @@ Result<std::span<const GeneratedToken>> BatchGenerator::step() {
       return make_error(got.status().code(), "batch: sequence {}: {}", pf->id, got.status().message());
     }
     ++g.last.n_passes;
+    g.last.logits_bytes_read += g.ctx->stats().logits_bytes_read;
     pf->n_computed += pf_n;
     if (!pf->pending()) {
       pf_logits.assign(got->begin(), got->end());  // the running sequences' pass comes next
@@ -328,7 +358,15 @@ Result<std::span<const GeneratedToken>> BatchGenerator::step() {
   const float* rows = nullptr;
   if (!one_pass) logits.resize(run.size() * n_vocab);
   // Takes back the positions the first n running sequences stored this step, and the prompt chunk.
+  const bool device = g.device_sampling && g.ctx->supports_device_sampling();
+  g.rng_saved.clear();
+  if (device) {
+    g.dev_token.assign(run.size(), -1);
+    g.host_row.assign(run.size(), nullptr);
+  }
+  int32_t pf_device_token = -1;  // the enqueued sequence's first token, when the device sampled it
   auto undo = [&](size_t n) {
+    for (auto& [seq, rng] : g.rng_saved) seq->sampler.set_rng(rng);
     for (size_t i = 0; i < n; ++i)
       (void)g.ctx->kv_cache_seq_rm(run[i]->id, static_cast<int>(run[i]->history.size()) - 1);
     undo_prefill();
@@ -346,11 +384,60 @@ Result<std::span<const GeneratedToken>> BatchGenerator::step() {
       batch.push_back(SeqTokens{s.id, static_cast<int>(s.history.size()) - 1,
                                 std::span<const int32_t>(&s.history.back(), 1)});
     }
+    if (device) {
+      // Only token ids come back, and the rows of sequences the host samples (copied out: the
+      // next pass reuses the context's buffer).
+      g.dev.clear();
+      if (with_chunk) {
+        DeviceSampling d;
+        d.on_device = true;  // an unfinished chunk's row: a greedy pick nobody reads, no logits back
+        if (pf->n_computed + pf_n >= pf->n_prompt)
+          d = device_settings(*pf, static_cast<int64_t>(n_vocab), g.rng_saved);
+        g.dev.push_back(d);
+      }
+      for (size_t i = done; i < done + n; ++i)
+        g.dev.push_back(device_settings(*run[i], static_cast<int64_t>(n_vocab), g.rng_saved));
+      auto got = g.ctx->decode_batch_sampled(batch, g.dev);
+      if (!got) {
+        undo(done);
+        return got.status();
+      }
+      g.last.logits_bytes_read += g.ctx->stats().logits_bytes_read;
+      const float* host = got->host_logits.data();
+      size_t e = 0;
+      if (with_chunk) {
+        pf->n_computed += pf_n;
+        if (!pf->pending()) {
+          pf_device_token = got->tokens[0];
+          if (pf_device_token < 0) {
+            pf_logits.assign(host, host + n_vocab);
+            pf_row = pf_logits.data();
+            host += n_vocab;
+          }
+        } else if (got->tokens[0] < 0) {
+          host += n_vocab;
+        }
+        e = 1;
+      }
+      for (size_t i = done; i < done + n; ++i, ++e) {
+        g.dev_token[i] = got->tokens[e];
+        if (g.dev_token[i] >= 0) continue;
+        if (logits.size() < run.size() * n_vocab) logits.resize(run.size() * n_vocab);
+        float* row = logits.data() + i * n_vocab;
+        std::copy(host, host + n_vocab, row);
+        g.host_row[i] = row;
+        host += n_vocab;
+      }
+      done += n;
+      ++g.last.n_passes;
+      continue;
+    }
     auto got = g.ctx->decode_batch(batch);
     if (!got) {
       undo(done);
       return got.status();
     }
+    g.last.logits_bytes_read += g.ctx->stats().logits_bytes_read;
     const float* got_rows = got->data();
     if (with_chunk) {
       pf->n_computed += pf_n;
@@ -366,7 +453,7 @@ Result<std::span<const GeneratedToken>> BatchGenerator::step() {
     ++g.last.n_passes;
   }
   g.last.n_decoded = static_cast<int>(run.size());
-  if (!one_pass) rows = logits.data();
+  if (!one_pass && !device) rows = logits.data();
 
   // 3. Sampling: the running sequences' next tokens (over the sampling threads when there are
   //    enough sequences to share) and, when its prompt is done, the enqueued sequence's first.
@@ -376,7 +463,12 @@ Result<std::span<const GeneratedToken>> BatchGenerator::step() {
   status.assign(run.size(), Status{});
   const std::function<void(size_t)> sample_one = [&](size_t i) {
     Sequence& s = *run[i];
-    auto token = s.sampler.sample(std::span<const float>(rows + i * n_vocab, n_vocab), s.history);
+    if (device && g.dev_token[i] >= 0) {
+      next[i] = g.dev_token[i];
+      return;
+    }
+    const float* row = device ? g.host_row[i] : rows + i * n_vocab;
+    auto token = s.sampler.sample(std::span<const float>(row, n_vocab), s.history);
     if (token)
       next[i] = *token;
     else
@@ -392,7 +484,7 @@ Result<std::span<const GeneratedToken>> BatchGenerator::step() {
       undo(run.size());
       return make_error(status[i].code(), "batch: sequence {}: {}", run[i]->id, status[i].message());
     }
-  int32_t first = 0;
+  int32_t first = pf_device_token;
   if (pf_row) {
     auto token = pf->sampler.sample(std::span<const float>(pf_row, n_vocab), pf->history);
     if (!token) {
@@ -403,11 +495,14 @@ Result<std::span<const GeneratedToken>> BatchGenerator::step() {
   }
   for (size_t i = 0; i < run.size(); ++i) {
     run[i]->history.push_back(next[i]);
-    run[i]->logits = rows + i * n_vocab;
+    run[i]->logits = device ? g.host_row[i] : rows + i * n_vocab;
+    const bool on_device = device && g.dev_token[i] >= 0;
+    ++(on_device ? g.last.n_device_sampled : g.last.n_host_sampled);
   }
-  if (pf_row) {
+  if (pf_row || pf_device_token >= 0) {
     pf->history.push_back(first);
     pf->logits = pf_row;
+    ++(pf_row ? g.last.n_host_sampled : g.last.n_device_sampled);
   }
   // every sequence not prefilling or parked now ran this step or finished its prompt in it
   // (increasing id)

@@ -16,6 +16,7 @@
 // (one more when the prompt pushes the last token past a bucket boundary), not 1,001.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <functional>
@@ -162,6 +163,8 @@ struct Segment {
     const Buffer* inputs = nullptr;
     size_t inputs_used = 0;
     uint64_t fingerprint = 0;
+    Tensor* sample_params = nullptr;  // shape.sample_k > 0, last segment: the rows' settings (input)
+    Tensor* sampled = nullptr;        // and their tokens
 
     bool reusable(const StepShape& s, const Buffer* arena_now, const Buffer* inputs_now) const {
       return graph && s == shape && arena == arena_now && inputs == inputs_now;
@@ -197,6 +200,12 @@ struct ContextImpl {
   };
   LogitsBuffer logits;
   DecodeStats stats;
+  // decode_batch_sampled: the next run_step's top-k width (0: no sampling in the graph), its rows'
+  // SampleParamWord words, and what it sampled.
+  int sample_k = 0;
+  std::vector<int32_t> sample_words;
+  std::vector<int32_t> sampled;         // per output row
+  std::vector<int32_t> sampled_tokens;  // per entry
   // A gathering pass's view of each of its sequences: cells and positions in position order, and
   // those of its window cells (a windowed paged cache's sliding-window layers).
   std::vector<std::vector<int32_t>> seq_cells, seq_positions;
@@ -289,6 +298,7 @@ struct ContextImpl {
           in.kv_cells_swa, in.kq_mask_chunk, in.kq_mask_swa_chunk, in.kv_gather_chunk, in.embd_mask,
           in.kv_gather_swa, in.kv_gather_swa_chunk})
       n_expected += t != nullptr;
+    n_expected += s.step.sample_params != nullptr;
     // The block is written whole: a leaf in it that is not a step input would get stale bytes.
     LOOM_ASSERT(n_inputs == n_expected);
     const size_t used = s.step.inputs_used;
@@ -307,6 +317,11 @@ struct ContextImpl {
         rows[i] = mine ? static_cast<int32_t>(row) : 0;
         mask[i] = mine ? 1.0f : 0.0f;
       }
+    }
+    if (s.step.sample_params) {
+      LOOM_ASSERT(sample_words.size() * sizeof(int32_t) == s.step.sample_params->nbytes());
+      std::memcpy(base + input_offset(s, s.step.sample_params), sample_words.data(),
+                  sample_words.size() * sizeof(int32_t));
     }
     if (in.positions) std::memcpy(base + input_offset(s, in.positions), b.positions.data(), n_bytes);
     if (in.kv_cells) std::memcpy(base + input_offset(s, in.kv_cells), b.cells.data(), n_bytes);
@@ -410,6 +425,7 @@ struct ContextImpl {
     stats.n_input_writes = 0;
     stats.n_graph_builds = 0;
     stats.host_build_ns = stats.host_alloc_ns = stats.host_inputs_ns = 0;
+    stats.logits_bytes_read = 0;
   }
 
   // One forward pass over tokens already given cache cells, segment after segment; appends the
@@ -455,7 +471,8 @@ struct ContextImpl {
         windowed ? bucketed_n_kv(extent_swa, n_kv_bucket, kv->n_window_cells()) : 0,
         b.n_chunk,
         b.n_chunk > 0 ? bucketed_n_kv(extent_chunk, n_kv_bucket, kv->n_cells()) : 0,
-        b.n_chunk > 0 && windowed ? bucketed_n_kv(extent_swa_chunk, n_kv_bucket, kv->n_window_cells()) : 0};
+        b.n_chunk > 0 && windowed ? bucketed_n_kv(extent_swa_chunk, n_kv_bucket, kv->n_window_cells()) : 0,
+        tensor_parallel ? 0 : sample_k};
     const Tensor* carried = nullptr;  // the previous segment's hidden state
     bool built = false;
     uint64_t fingerprint = 0;
@@ -468,6 +485,14 @@ struct ContextImpl {
         auto g = std::make_unique<Graph>();
         StepInputs in;
         Tensor* out_t = build(s, *g, shape, in);
+        Tensor *sample_params = nullptr, *sampled_t = nullptr;
+        if (shape.sample_k > 0 && i + 1 == segments.size() && out_t) {
+          // After the logits: each row's sample_k best, then its token (sample_tokens' definition
+          // is the host sampler's chain after penalties, so the tokens are the host's).
+          sample_params = g->input(DType::i32, {kSampleParamWords, out_t->ne[1], 1, 1}, "sample_params");
+          sampled_t = sample_tokens(*g, out_t, top_k(*g, out_t, shape.sample_k), sample_params);
+          if (sampled_t) g->mark_output(sampled_t);
+        }
         LOOM_TRY(g->status());
         t1 = Clock::now();
         LOOM_TRY(allocate(s, *g));
@@ -478,8 +503,8 @@ struct ContextImpl {
         t2 = Clock::now();
         const Buffer* arena_now = s.arena.get();
         const Buffer* inputs_now = s.inputs.get();
-        s.step =
-            Segment::CachedStep{std::move(g), shape, in, out_t, arena_now, inputs_now, s.inputs_used, fp};
+        s.step = Segment::CachedStep{std::move(g), shape,         in, out_t,         arena_now,
+                                     inputs_now,   s.inputs_used, fp, sample_params, sampled_t};
         built = true;
       }
       LOOM_TRY(write_inputs(s, b, shape, carried));
@@ -513,6 +538,7 @@ struct ContextImpl {
         std::vector<float>& got = rank_logits[static_cast<size_t>(r)];
         got.resize(static_cast<size_t>(t->nelements()));
         LOOM_TRY(tensor_read(t, got.data(), 0, got.size() * sizeof(float)));
+        stats.logits_bytes_read += got.size() * sizeof(float);
         for (int64_t j = 0; j < n_out; ++j)
           std::memcpy(dst + j * n_vocab + s.vocab_begin, got.data() + j * rows,
                       static_cast<size_t>(rows) * sizeof(float));
@@ -529,6 +555,13 @@ struct ContextImpl {
     if (out && !tensor_parallel) {
       const size_t count = static_cast<size_t>(carried->nelements());
       LOOM_TRY(tensor_read(carried, out->append(count), 0, count * sizeof(float)));
+      stats.logits_bytes_read += count * sizeof(float);
+    }
+    if (shape.sample_k > 0) {
+      const Tensor* t = segments.back().step.sampled;
+      LOOM_ASSERT(t != nullptr);
+      sampled.resize(static_cast<size_t>(t->nelements()));
+      LOOM_TRY(tensor_read(t, sampled.data(), 0, sampled.size() * sizeof(int32_t)));
     }
     return {};
   }
@@ -723,14 +756,12 @@ Result<std::span<const float>> Context::decode(std::span<const int32_t> tokens, 
   return c.logits.view();
 }
 
-Result<std::span<const float>> Context::decode_batch(std::span<const SeqTokens> seqs) {
-  detail::ContextImpl& c = *impl_;
-  if (seqs.empty()) return make_error(StatusCode::invalid_argument, "decode_batch: no sequences");
-  if (seqs.size() == 1) {
-    DecodeOptions o;
-    o.seq_id = seqs[0].seq_id;
-    return decode(seqs[0].tokens, seqs[0].pos, o);
-  }
+namespace {
+
+// decode_batch's pass: checks the entries, claims their cells and runs one step (the chunk's
+// sequence first); the logits are read back into c.logits when `read_logits`. Returns the entry
+// of the chunk (seqs.size() when none); on error nothing is stored.
+Result<size_t> run_batch_step(detail::ContextImpl& c, std::span<const SeqTokens> seqs, bool read_logits) {
   const int n_vocab = static_cast<int>(c.m->hp.n_vocab);
   // The contiguous cache's ring holds one sequence's window (window + n_batch - 1 cells), and its
   // steps over several sequences gather full-cache cells: such a context must keep every cell in its
@@ -818,14 +849,34 @@ Result<std::span<const float>> Context::decode_batch(std::span<const SeqTokens> 
     tok += n;
   }
   c.begin_call();
-  const int n_chunk = chunk_at < seqs.size() ? static_cast<int>(seqs[chunk_at].tokens.size()) : 0;
-  Status s = c.run_step(detail::StepBatch{tokens, positions, cells, ids, window, n_chunk}, false, &c.logits);
+  // A single sequence's several tokens are a plain pass (as decode), not a mixed one.
+  const int n_chunk =
+      chunk_at < seqs.size() && seqs.size() > 1 ? static_cast<int>(seqs[chunk_at].tokens.size()) : 0;
+  Status s = c.run_step(detail::StepBatch{tokens, positions, cells, ids, window, n_chunk}, false,
+                        read_logits ? &c.logits : nullptr);
   if (!s.ok()) {
     c.kv->release(cells);
     c.kv->release_window(window);
     return s;
   }
   c.kv->commit_window(ids);
+  return chunk_at;
+}
+
+}  // namespace
+
+Result<std::span<const float>> Context::decode_batch(std::span<const SeqTokens> seqs) {
+  detail::ContextImpl& c = *impl_;
+  if (seqs.empty()) return make_error(StatusCode::invalid_argument, "decode_batch: no sequences");
+  if (seqs.size() == 1) {
+    DecodeOptions o;
+    o.seq_id = seqs[0].seq_id;
+    return decode(seqs[0].tokens, seqs[0].pos, o);
+  }
+  auto chunk = run_batch_step(c, seqs, true);
+  if (!chunk) return chunk.status();
+  const size_t chunk_at = *chunk;
+  const int n_vocab = static_cast<int>(c.m->hp.n_vocab);
   // The pass's rows are the chunk's, then the others' in the order given: the chunk's row moves to
   // its entry (nothing moves when the caller put it first, as BatchGenerator does).
   if (chunk_at > 0 && chunk_at < seqs.size()) {
@@ -833,6 +884,101 @@ Result<std::span<const float>> Context::decode_batch(std::span<const SeqTokens> 
     std::rotate(rows, rows + n_vocab, rows + (chunk_at + 1) * static_cast<size_t>(n_vocab));
   }
   return c.logits.view();
+}
+
+bool Context::supports_device_sampling() const { return !impl_->tensor_parallel && !impl_->kv->windowed(); }
+
+Result<SampledStep> Context::decode_batch_sampled(std::span<const SeqTokens> seqs,
+                                                  std::span<const DeviceSampling> sampling) {
+  detail::ContextImpl& c = *impl_;
+  if (seqs.empty()) return make_error(StatusCode::invalid_argument, "decode_batch_sampled: no sequences");
+  if (sampling.size() != seqs.size())
+    return make_error(StatusCode::invalid_argument,
+                      "decode_batch_sampled: {} sampling settings for {} sequences", sampling.size(),
+                      seqs.size());
+  if (!supports_device_sampling())
+    return make_error(
+        StatusCode::unsupported,
+        "decode_batch_sampled: not with a tensor-parallel model or a sliding-window ring cache");
+  const int64_t n_vocab = c.m->hp.n_vocab;
+  // The top-k width: the widest on-device setting, rounded up to a power of two so that the graph
+  // (cached per shape) changes rarely; greedy needs 1.
+  int64_t widest = 0;
+  for (size_t i = 0; i < sampling.size(); ++i) {
+    const DeviceSampling& d = sampling[i];
+    if (!d.on_device) continue;
+    const bool greedy = d.temperature <= 0.0f;
+    if (!greedy && (d.top_k < 1 || d.top_k >= n_vocab || !(d.uniform >= 0.0 && d.uniform < 1.0)))
+      return make_error(
+          StatusCode::invalid_argument,
+          "decode_batch_sampled: entry {}: top_k {} must be in [1, {}) and uniform {} in [0, 1)", i, d.top_k,
+          n_vocab, d.uniform);
+    widest = std::max<int64_t>(widest, greedy ? 1 : d.top_k);
+  }
+  int64_t k = 0;
+  if (widest > 0) {
+    k = 1;
+    while (k < widest) k *= 2;
+    k = std::min(k, n_vocab);
+  }
+  // The rows come out chunk first, then the others in entry order.
+  size_t chunk_at = seqs.size();
+  for (size_t i = 0; i < seqs.size(); ++i)
+    if (seqs[i].tokens.size() > 1) chunk_at = i;
+  std::vector<size_t> row_entry;
+  if (chunk_at < seqs.size()) row_entry.push_back(chunk_at);
+  for (size_t i = 0; i < seqs.size(); ++i)
+    if (i != chunk_at) row_entry.push_back(i);
+  c.sample_words.assign(seqs.size() * kSampleParamWords, 0);
+  auto bits = [](float f) {
+    int32_t w;
+    std::memcpy(&w, &f, sizeof w);
+    return w;
+  };
+  for (size_t r = 0; r < row_entry.size(); ++r) {
+    const DeviceSampling& d = sampling[row_entry[r]];
+    int32_t* w = c.sample_words.data() + r * kSampleParamWords;
+    if (!d.on_device) {
+      w[kSampleTemperature] = bits(0.0f);  // a cheap greedy pick nobody reads
+      continue;
+    }
+    w[kSampleTopK] = d.temperature <= 0.0f ? 1 : d.top_k;
+    w[kSampleTemperature] = bits(d.temperature);
+    w[kSampleTopP] = bits(d.top_p);
+    w[kSampleMinP] = bits(d.min_p);
+    // the host sampler's threshold term, computed by the same function (apply_min_p)
+    w[kSampleLogMinP] = bits(d.min_p > 0.0f ? std::log(d.min_p) : 0.0f);
+    w[kSampleMinKeep] = d.min_keep;
+    uint64_t u;
+    std::memcpy(&u, &d.uniform, sizeof u);
+    w[kSampleUniformLo] = static_cast<int32_t>(static_cast<uint32_t>(u));
+    w[kSampleUniformHi] = static_cast<int32_t>(static_cast<uint32_t>(u >> 32));
+  }
+  c.sample_k = static_cast<int>(k);
+  auto ran = run_batch_step(c, seqs, k == 0);
+  c.sample_k = 0;
+  if (!ran) return ran.status();
+  c.sampled_tokens.assign(seqs.size(), -1);
+  if (k == 0) {  // nothing on the device: every row came back, as decode_batch gives them
+    if (chunk_at > 0 && chunk_at < seqs.size()) {
+      float* rows = c.logits.data.data();
+      std::rotate(rows, rows + n_vocab, rows + (chunk_at + 1) * static_cast<size_t>(n_vocab));
+    }
+    return SampledStep{c.sampled_tokens, c.logits.view()};
+  }
+  // Tokens to their entries; the rows the host samples are read back, and only those.
+  for (size_t r = 0; r < row_entry.size(); ++r)
+    if (sampling[row_entry[r]].on_device) c.sampled_tokens[row_entry[r]] = c.sampled[r];
+  const Tensor* logits_t = c.segments.back().step.out;
+  const size_t row_bytes = static_cast<size_t>(n_vocab) * sizeof(float);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    if (c.sampled_tokens[i] >= 0) continue;
+    const size_t r =
+        static_cast<size_t>(std::find(row_entry.begin(), row_entry.end(), i) - row_entry.begin());
+    LOOM_TRY(tensor_read(logits_t, c.logits.append(static_cast<size_t>(n_vocab)), r * row_bytes, row_bytes));
+    c.stats.logits_bytes_read += row_bytes;
+  }
+  return SampledStep{c.sampled_tokens, c.logits.view()};
 }
 
 void Context::kv_cache_clear() { impl_->kv->clear(); }

@@ -226,6 +226,12 @@ void add_row_cases(CaseList& cases, CaseSet set) {
   add_top_k(cases, {10, 3, 1, 1}, 3, false);
   add_top_k(cases, {257, 4, 1, 1}, 8, false);
   add_top_k(cases, {32000, 1, 1, 1}, 40, false);
+  // rows of 4096 and more take CUDA's radix select: k = 1 (its one-pass path), several rows, the
+  // largest k it holds (2048), a k that is not a power of two
+  add_top_k(cases, {128256, 2, 1, 1}, 1, false);
+  add_top_k(cases, {128256, 3, 1, 1}, 64, false);
+  add_top_k(cases, {8192, 2, 1, 1}, 2048, false);
+  add_top_k(cases, {5000, 2, 2, 1}, 37, false);
   add_top_k(cases, {6, 2, 2, 1}, 6, false);  // a full sort
   add_top_k(cases, {100, 5, 1, 1}, 1, false);
   add_top_k(cases, {31, 12, 1, 1}, 4, true);

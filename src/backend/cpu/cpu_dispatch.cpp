@@ -29,6 +29,7 @@ bool supports(const Tensor& node) {
     case OpKind::sum_rows:
     case OpKind::argmax:
     case OpKind::top_k:
+    case OpKind::sample_tokens:
     case OpKind::get_rows:
     case OpKind::set_rows:
     case OpKind::cpy:
@@ -85,6 +86,9 @@ void compute_node(const KernelContext& ctx, Tensor* node) {
     case OpKind::sum_rows: op_sum_rows(ctx, node); return;
     case OpKind::argmax: op_argmax(ctx, node); return;
     case OpKind::top_k: op_top_k(ctx, node); return;
+    case OpKind::sample_tokens:
+      op_sample_tokens(ctx, node);
+      return;
     case OpKind::get_rows: op_get_rows(ctx, node); return;
     case OpKind::set_rows: op_set_rows(ctx, node); return;
     case OpKind::cpy: op_cpy(ctx, node); return;

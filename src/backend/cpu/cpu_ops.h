@@ -49,6 +49,7 @@ void op_sum_rows(const KernelContext& ctx, Tensor* dst);
 void op_all_reduce(const KernelContext& ctx, Tensor* dst);
 void op_argmax(const KernelContext& ctx, Tensor* dst);
 void op_top_k(const KernelContext& ctx, Tensor* dst);
+void op_sample_tokens(const KernelContext& ctx, Tensor* dst);
 void op_get_rows(const KernelContext& ctx, Tensor* dst);
 void op_set_rows(const KernelContext& ctx, Tensor* dst);
 void op_cpy(const KernelContext& ctx, Tensor* dst);

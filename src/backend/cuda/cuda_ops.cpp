@@ -17,6 +17,7 @@
 #include "kernels/norm.cuh"
 #include "kernels/reduce.cuh"
 #include "kernels/rope.cuh"
+#include "kernels/sample.cuh"
 #include "kernels/softmax.cuh"
 #include "loom/graph.h"
 
@@ -102,6 +103,8 @@ CudaError run_node(const LaunchContext& ctx, const Tensor* t) {
       return launch_argmax(ctx, t);
     case OpKind::top_k:
       return launch_top_k(ctx, t, t->get_params<TopKParams>().k);
+    case OpKind::sample_tokens:
+      return launch_sample_tokens(ctx, t);
     case OpKind::get_rows:
       return launch_get_rows(ctx, t);
     case OpKind::set_rows:
@@ -208,6 +211,7 @@ bool supports_op_impl(const Tensor& node) {
     case OpKind::softcap:
     case OpKind::argmax:
     case OpKind::top_k:
+    case OpKind::sample_tokens:
     case OpKind::sum_rows:
       return true;
     case OpKind::all_reduce:  // with an NCCL communicator

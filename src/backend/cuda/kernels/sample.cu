@@ -1,0 +1,113 @@
+// sample_tokens: the host sampler's chain (src/sample/sample_ops.cpp, and its CPU port
+// src/backend/cpu/ops_sample.cpp) over each row's top-k candidates. One block per row: its threads
+// check the whole row for NaN/+inf (n_vocab floats, the only part that grows with the vocabulary),
+// then thread 0 walks the candidates in the host's order, because the host's float/double sums
+// are sequential and the token must be the one the host would pick. The walk is O(top_k) (40 by
+// default) per row; not measured.
+//
+// Where the result can differ from the host: exp. The host calls glibc's expf (< 1 ulp, not
+// always correctly rounded), CUDA's expf is within 2 ulp; here each exp is computed in double and
+// rounded once to float, which is the correctly rounded value except in ~2^-28 of cases. A weight
+// 1 ulp apart moves a cumulative boundary by ~1e-7 relative, so a token differs only when the
+// uniform falls that close to a boundary. Greedy rows (argmax) and every comparison, division and
+// sum are exact (IEEE, no contraction: __fadd_rn/__dmul_rn keep nvcc from fusing).
+#include "common.cuh"
+#include "loom/graph.h"
+#include "sample.cuh"
+
+namespace loom::cuda {
+
+namespace {
+
+constexpr int kSampleThreads = 256;
+
+__device__ __forceinline__ float exp_f(float x) { return static_cast<float>(exp(static_cast<double>(x))); }
+
+__device__ int32_t sample_row(const char* row, int64_t stride, int64_t n_vocab, const int32_t* cand,
+                              int64_t n_cand, const int32_t* w) {
+  auto logit = [&](int64_t i) { return *reinterpret_cast<const float*>(row + i * stride); };
+  const int64_t k = min(static_cast<int64_t>(max(w[kSampleTopK], 1)), n_cand);
+  for (int64_t i = 0; i < k; ++i)
+    if (cand[i] < 0 || cand[i] >= n_vocab) return -1;
+  int64_t n = 0;
+  while (n < k && logit(cand[n]) > -INFINITY) ++n;
+  if (n == 0) return -1;
+  const float temperature = __int_as_float(w[kSampleTemperature]);
+  if (temperature <= 0.0f) return cand[0];
+  const int64_t min_keep = max(w[kSampleMinKeep], 1);
+  const float top_p = __int_as_float(w[kSampleTopP]);
+  if (top_p < 1.0f) {
+    const float max_logit = logit(cand[0]);
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; ++i) sum = __dadd_rn(sum, exp_f(__fsub_rn(logit(cand[i]), max_logit)));
+    const double inv = __drcp_rn(sum);
+    int64_t cut = n;
+    double cum = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      const float p = exp_f(__fsub_rn(logit(cand[i]), max_logit));
+      cum = __dadd_rn(cum, static_cast<float>(__dmul_rn(p, inv)));
+      if (cum >= top_p) {
+        cut = i + 1;
+        break;
+      }
+    }
+    n = max(cut, min(min_keep, n));
+  }
+  if (__int_as_float(w[kSampleMinP]) > 0.0f) {
+    const float threshold = __fadd_rn(logit(cand[0]), __int_as_float(w[kSampleLogMinP]));
+    int64_t cut = 0;
+    while (cut < n && logit(cand[cut]) >= threshold) ++cut;
+    n = max(cut, min(min_keep, n));
+  }
+  const float max_logit = __fdiv_rn(logit(cand[0]), temperature);
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i)
+    sum = __dadd_rn(sum, exp_f(__fsub_rn(__fdiv_rn(logit(cand[i]), temperature), max_logit)));
+  const double u = __hiloint2double(w[kSampleUniformHi], w[kSampleUniformLo]);
+  const double target = __dmul_rn(u, sum);
+  double cum = 0.0;
+  int32_t last_possible = cand[0];
+  for (int64_t i = 0; i < n; ++i) {
+    const float p = exp_f(__fsub_rn(__fdiv_rn(logit(cand[i]), temperature), max_logit));
+    if (p <= 0.0f) continue;
+    cum = __dadd_rn(cum, p);
+    last_possible = cand[i];
+    if (target < cum) return cand[i];
+  }
+  return last_possible;
+}
+
+__global__ void sample_tokens_kernel(TensorDesc dst, TensorDesc logits, TensorDesc cand, TensorDesc params) {
+  pdl_wait();
+  __shared__ int bad;
+  for (int64_t r = blockIdx.x; r < dst.ne[0]; r += gridDim.x) {
+    if (threadIdx.x == 0) bad = 0;
+    __syncthreads();
+    const char* row = logits.data + r * logits.nb[1];
+    int mine = 0;
+    for (int64_t i = threadIdx.x; i < logits.ne[0]; i += blockDim.x)
+      mine |= !(*reinterpret_cast<const float*>(row + i * logits.nb[0]) < INFINITY);
+    if (mine) atomicOr(&bad, 1);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const auto* c = reinterpret_cast<const int32_t*>(cand.data + r * cand.nb[1]);
+      const auto* w = reinterpret_cast<const int32_t*>(params.data + r * params.nb[1]);
+      reinterpret_cast<int32_t*>(dst.data)[r] =
+          bad ? -1 : sample_row(row, logits.nb[0], logits.ne[0], c, cand.ne[0], w);
+    }
+    __syncthreads();
+  }
+}
+
+}  // namespace
+
+CudaError launch_sample_tokens(const LaunchContext& ctx, const Tensor* dst) {
+  const int64_t rows = dst->ne[0];
+  if (rows == 0) return {};
+  sample_tokens_kernel<<<static_cast<unsigned>(rows < 65535 ? rows : 65535), kSampleThreads, 0, ctx.stream>>>(
+      desc_of(dst), desc_of(dst->src[0]), desc_of(dst->src[1]), desc_of(dst->src[2]));
+  LOOM_CUDA_CHECK_LAUNCH("sample_tokens_kernel");
+  return {};
+}
+
+}  // namespace loom::cuda
