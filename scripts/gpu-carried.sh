@@ -9,7 +9,7 @@
 #   prefill  loom bench -p 512,4096 on LOOM_MODELS (default llama3-1b:q4_0 llama3-8b:q4_0)
 #   decode   loom bench -n 128 on LOOM_MODELS
 #   batched  loom bench -npl 1,8,32,64 (-npp 128 -ntg 32) with a trace of one step at each npl
-#   perf     op-test perf of mul_mat at LOOM_PERF_FILTER's cases
+#   perf     op-test perf of LOOM_PERF_OP (default mul_mat; e.g. argmax,top_k) at LOOM_PERF_FILTER's cases
 #   serve    loom serve -np 64 on each of LOOM_MODELS: 64 streams of 256-token prompts and 256 generated
 #            tokens (tools/serve_load.py), one stream, and the engine's figures beside them
 #            (LOOM_SOAK=S adds S seconds of them back to back with the server's memory sampled;
@@ -24,7 +24,7 @@
 #            LOOM_MV_MODES (space-separated modes, each ','-separated VAR=VALUE settings or "-" for none)
 #   fastdiff  per-position logits: CUDA fast vs exact and CUDA vs CPU (exact) on LOOM_MODELS
 #   batchcheck  loom-exec-equivalence on the built-in model and LOOM_MODELS, both numerics (includes
-#            16 sequences decoded together against alone)
+#            16 sequences decoded together against alone, and sampled in the graph against the host)
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -96,7 +96,7 @@ for step in "$@"; do
         done
       done ;;
     perf)
-      timeout 300 "$bin/loom-test-ops" --backend cuda --numerics fast perf --op mul_mat ${LOOM_PERF_FILTER:-} >"$out/perf.log" 2>&1
+      timeout 300 "$bin/loom-test-ops" --backend cuda --numerics fast perf --op ${LOOM_PERF_OP:-mul_mat} ${LOOM_PERF_FILTER:-} >"$out/perf.log" 2>&1
       grep -E "us|GB/s|TFLOP" "$out/perf.log" | head -80 ;;
     serve)
       for m in $models; do
@@ -181,7 +181,7 @@ for step in "$@"; do
       for m in $models; do f=$(model "$m") && fs+=("$f"); done
       for mode in exact fast; do
         LOOM_NUMERICS=$mode timeout 300 "$bin/loom-exec-equivalence" --steps 16 --runs 2 "${fs[@]}" 2>&1 |
-          grep -E "FAIL|together|failures" ; done ;;
+          grep -E "FAIL|together|sampled|failures" ; done ;;
     tp)  # tensor parallelism: -tp N (LOOM_TP, default 2 and 4 when there are GPUs for them) against -tp 1
       find_nccl
       tps=${LOOM_TP:-$( (($(nvidia-smi -L | wc -l) >= 4)) && echo "2 4" || echo 2)}

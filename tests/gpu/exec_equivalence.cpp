@@ -136,6 +136,76 @@ Result<double> batched_agreement(const Model& model, int n_gen) {
   return static_cast<double>(same) / n_seqs;
 }
 
+// 16 sequences (prompt lengths 3..40) decoded together over a paged cache for `n_gen` tokens, once
+// sampled on the host from logits read back and once in the step's graph (top_k + sample_tokens,
+// BatchGenerator::set_device_sampling): greedy, llama.cpp's default chain and stronger top-k / top-p /
+// min-p / temperature settings with fixed seeds, plus one sequence with a repetition penalty (which
+// the host samples in both runs). The forward passes are the same in both, so the tokens must be the
+// same: the device's exp is rounded from double, the host's is glibc's, and a draw would have to land
+// within an ulp of a cumulative-probability edge to part them. Returns the fraction that agree and the
+// tokens sampled on the device.
+struct DeviceSamplingResult {
+  double agree = 0;
+  int n_device = 0, n_host = 0;
+  uint64_t logits_bytes_device = 0, logits_bytes_host = 0;
+};
+Result<DeviceSamplingResult> device_sampling_agreement(const Model& model, int n_gen) {
+  const int n_seqs = 16;
+  const int n_vocab = static_cast<int>(model.hparams().n_vocab);
+  std::mt19937 rng(7);
+  std::vector<std::vector<int32_t>> prompts(n_seqs);
+  for (int s = 0; s < n_seqs; ++s) {
+    prompts[s].resize(static_cast<size_t>(3 + (s * 7) % 38));
+    for (int32_t& t : prompts[s]) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(n_vocab));
+  }
+  auto params = [](int s) {
+    SamplerParams sp;  // llama.cpp's defaults: top-k 40, top-p 0.95, min-p 0.05, temperature 0.8
+    sp.seed = 2000 + static_cast<uint32_t>(s);
+    switch (s % 6) {
+      case 0: sp.temperature = 0.0f; break;
+      case 1: break;
+      case 2: sp.top_k = 5, sp.temperature = 1.5f, sp.top_p = 1.0f, sp.min_p = 0.0f; break;
+      case 3: sp.top_k = 200, sp.temperature = 2.0f, sp.top_p = 0.5f, sp.min_p = 0.0f; break;
+      case 4: sp.top_k = 1000, sp.temperature = 3.0f, sp.top_p = 0.9f; break;
+      case 5: sp.top_k = 64, sp.temperature = 1.2f, sp.min_p = 0.2f, sp.min_keep = 3; break;
+    }
+    if (s == 13) sp.penalties.repeat = 1.3f;  // the host samples this one
+    return sp;
+  };
+  ContextParams cp;
+  cp.n_ctx = n_seqs * 128;
+  cp.n_batch = 64;
+  cp.kv_cache = KvCacheKind::paged;
+  auto ctx = Context::create(model, cp);
+  if (!ctx) return ctx.status();
+  DeviceSamplingResult r;
+  std::vector<std::vector<int32_t>> got[2];
+  for (int device = 0; device < 2; ++device) {
+    (*ctx)->kv_cache_clear();
+    BatchGenerator gen(**ctx);
+    gen.set_device_sampling(device == 1);
+    std::vector<int> ids;
+    for (int s = 0; s < n_seqs; ++s) {
+      auto id = gen.add(prompts[static_cast<size_t>(s)], params(s));
+      if (!id) return id.status();
+      ids.push_back(*id);
+    }
+    for (int i = 1; i < n_gen; ++i) {
+      if (auto st = gen.step(); !st) return st.status();
+      (device ? r.logits_bytes_device : r.logits_bytes_host) += gen.last_step().logits_bytes_read;
+      if (device) r.n_device += gen.last_step().n_device_sampled, r.n_host += gen.last_step().n_host_sampled;
+    }
+    for (int id : ids) {
+      const auto g = gen.generated(id);
+      got[device].emplace_back(g.begin(), g.end());
+    }
+  }
+  int same = 0;
+  for (int s = 0; s < n_seqs; ++s) same += got[0][static_cast<size_t>(s)] == got[1][static_cast<size_t>(s)];
+  r.agree = static_cast<double>(same) / n_seqs;
+  return r;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -267,6 +337,19 @@ int main(int argc, char** argv) {
       else
         fmt::print("exec-equivalence: {}: 16 sequences together vs alone, same 24 greedy tokens (fast "
                    "numerics, not required): {:.0f}%\n", short_name, 100 * *agree);
+    }
+    {
+      auto ds = device_sampling_agreement(**model, 24);
+      if (!ds) {
+        check(false, fmt::format("{}: device sampling: {}", short_name, ds.status().message()));
+      } else {
+        const int want_device = 15 * 23;  // 15 of 16 sequences, 23 steps (the first token comes from add)
+        check(ds->agree == 1.0 && ds->n_device == want_device && ds->n_host == 23,
+              fmt::format("{}: 16 sequences sampled in the step's graph give the host sampler's tokens: {:.0f}% "
+                          "(device-sampled {} of {}, host {}); logits read back {} -> {} bytes",
+                          short_name, 100 * ds->agree, ds->n_device, want_device, ds->n_host,
+                          ds->logits_bytes_host, ds->logits_bytes_device));
+      }
     }
     for (const char* cfg : {"graph", "concurrency", "fusion", "reorder", "all"}) {
       const ExecOptions o = named(cfg);
