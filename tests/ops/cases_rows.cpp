@@ -142,11 +142,11 @@ void add_sum_rows(CaseList& cases, const Shape& ne, bool transposed) {
                    kNmseElementwise, build, ref, 0.0});
 }
 
-// Indices of the row sorted by value, largest first (inputs have no ties).
+// Indices of the row sorted by value, largest first, the lower index first among equal values.
 std::vector<double> ranking(const double* x, int64_t n, int64_t k) {
   std::vector<int64_t> idx(static_cast<size_t>(n));
   std::iota(idx.begin(), idx.end(), 0);
-  std::sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) { return x[a] > x[b]; });
+  std::sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) { return x[a] > x[b] || (x[a] == x[b] && a < b); });
   return std::vector<double>(idx.begin(), idx.begin() + k);
 }
 
@@ -163,8 +163,14 @@ void add_argmax(CaseList& cases, const Shape& ne, bool transposed) {
                    0.0, build, ref, 0.0});
 }
 
-void add_top_k(CaseList& cases, const Shape& ne, int k, bool transposed) {
+// `ties`: the values are a few integers (most of a row ties with others; the lower index wins), in
+// a packed row.
+void add_top_k(CaseList& cases, const Shape& ne, int k, bool transposed, bool ties = false) {
   auto build = [=](Graph& g, CaseInputs& in) {
+    if (ties)
+      return top_k(g, in.custom(DType::f32, ne, [](Rng& rng, const Shape&, std::vector<float>& v) {
+        for (float& x : v) x = std::floor(rng.uniform(0.0f, 8.0f));
+      }), k);
     return top_k(g, reduction_source(g, in, ne, transposed, true), k);
   };
   auto ref = [=](const std::vector<RefTensor>& in) {
@@ -172,7 +178,9 @@ void add_top_k(CaseList& cases, const Shape& ne, int k, bool transposed) {
                    [&](const double* x, int64_t) { return ranking(x, ne[0], k); });
   };
   cases.push_back({"top_k",
-                   fmt::format("{} k={}{}", shape_string(ne), k, transposed ? " (transposed view)" : ""), 0.0,
+                   fmt::format("{} k={}{}{}", shape_string(ne), k, transposed ? " (transposed view)" : "",
+                               ties ? " (ties)" : ""),
+                   0.0,
                    build, ref, 0.0});
 }
 
@@ -186,6 +194,9 @@ void add_row_cases(CaseList& cases, CaseSet set) {
     add_sum_rows(cases, {4096, 512, 1, 1}, false);
     add_argmax(cases, {128256, 4, 1, 1}, false);
     add_top_k(cases, {128256, 1, 1, 1}, 40, false);
+    add_top_k(cases, {128256, 1, 1, 1}, 1, false);     // greedy sampling's top_k
+    add_top_k(cases, {128256, 64, 1, 1}, 64, false);   // a 64-sequence step's sampling
+    add_top_k(cases, {128256, 1, 1, 1}, 1024, false);  // one block per row (k > 128)
     return;
   }
 
@@ -232,6 +243,15 @@ void add_row_cases(CaseList& cases, CaseSet set) {
   add_top_k(cases, {128256, 3, 1, 1}, 64, false);
   add_top_k(cases, {8192, 2, 1, 1}, 2048, false);
   add_top_k(cases, {5000, 2, 2, 1}, 37, false);
+  // CUDA splits rows of 4096 and more with k <= 128 over blocks and merges their best: ties across
+  // chunks (k = 1 and 100), chunks of unequal length (8193 = 4 x 1639 + 1637), the largest k it
+  // splits for, strided rows
+  add_top_k(cases, {20000, 3, 1, 1}, 100, false, true);
+  add_top_k(cases, {20000, 2, 1, 1}, 1, false, true);
+  add_top_k(cases, {8193, 2, 1, 1}, 100, false);
+  add_top_k(cases, {8193, 1, 1, 1}, 128, false, true);
+  add_top_k(cases, {9000, 3, 1, 1}, 16, true);
+  add_top_k(cases, {128256, 4, 1, 1}, 128, false);
   add_top_k(cases, {6, 2, 2, 1}, 6, false);  // a full sort
   add_top_k(cases, {100, 5, 1, 1}, 1, false);
   add_top_k(cases, {31, 12, 1, 1}, 4, true);

@@ -1,5 +1,7 @@
 // Row reductions. Sources may have any element stride (sum_rows, argmax and top_k accept
 // non-contiguous rows), so elements are addressed through nb[0].
+#include <algorithm>
+
 #include "common.cuh"
 #include "reduce.cuh"
 
@@ -109,8 +111,15 @@ __global__ void top_k_kernel(TensorDesc dst, TensorDesc a, int k) {
 // ---- top_k over long rows (a vocabulary): radix select, then a sort of the k chosen ----------------
 
 constexpr int kSelectThreads = 1024;
-constexpr int kSelectMaxK = 2048;   ///< k chosen rows hold in shared memory (pairs of key and index)
+constexpr int kSelectMaxK = 2048;      ///< k chosen rows hold in shared memory (pairs of key and index)
 constexpr int64_t kSelectMinN = 4096;  ///< shorter rows keep the ranking kernel (MoE routing)
+// The split path (a row over many blocks, then a merge): k <= kSplitMaxK, chunks of at most
+// kChunkMax elements (held in shared memory), at most kMergeMax candidates for the merge.
+constexpr int kSplitThreads = 256;
+constexpr int kSplitMaxK = 128;
+constexpr int kChunkMin = 2048;
+constexpr int kChunkMax = 8192;
+constexpr int kMergeMax = 4096;
 
 /// A float's order as an unsigned key: larger float, larger key; -0 keyed as +0, so that equal values
 /// tie by index as on the CPU (a NaN ranks above +inf: the sampler checks rows for NaN itself).
@@ -124,132 +133,223 @@ __device__ __forceinline__ bool ranks_before(uint32_t ka, int32_t ia, uint32_t k
   return ka > kb || (ka == kb && ia < ib);
 }
 
-// One block per row. k == 1: one pass, the best (key, index) by shuffles. Otherwise the k-th largest
-// key T by a radix select (4 passes of 8 bits, a shared histogram each, the bin holding the k-th
-// chosen by thread 0), then every key > T is collected (atomic slots: any order) and the lowest-index
-// keys == T that complete k (tiles in index order, a ballot scan: deterministic), and the k pairs are
-// bitonic-sorted in shared memory. Same result as the ranking kernel and the CPU's partial_sort.
-__global__ void __launch_bounds__(kSelectThreads) top_k_select_kernel(TensorDesc dst, TensorDesc a, int k) {
-  pdl_wait();
-  __shared__ unsigned hist[256];
-  __shared__ uint32_t s_prefix, s_mask;
-  __shared__ int s_need, s_gt;
-  __shared__ uint32_t keys[kSelectMaxK];
-  __shared__ int32_t idxs[kSelectMaxK];
-  __shared__ int warp_count[kSelectThreads / kWarpSize];
-  __shared__ uint32_t warp_key[kSelectThreads / kWarpSize];
-  __shared__ int32_t warp_idx[kSelectThreads / kWarpSize];
+struct SelectShared {
+  unsigned hist[256];
+  uint32_t prefix, mask;
+  int need, gt;
+  int warp_count[32];
+  uint32_t warp_key[32];
+  int32_t warp_idx[32];
+};
+
+/// The k (key, index) pairs of n that rank first (larger key, then lower index), sorted, into
+/// out_key/out_idx (room for k rounded up to a power of two); the whole block calls it and leaves it
+/// synchronized. key_at(i) gives element i's key, index_at(i) its index; equal keys must come in
+/// increasing index order along i (the ballot scan below takes the first ones). k == 1: one pass of
+/// shuffles. Otherwise the k-th key T by a radix select (4 passes of 8 bits over a shared histogram,
+/// lanes of a warp with the same bin adding once; warp 0 finds the bin holding the k-th), every key
+/// > T (atomic slots: any order) and the first keys == T that complete k (a ballot scan, in order),
+/// then a bitonic sort.
+template <class KeyAt, class IndexAt>
+__device__ void select_top_k(int64_t n, int k, KeyAt key_at, IndexAt index_at, SelectShared& s, uint32_t* out_key,
+                             int32_t* out_idx) {
   const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
   const int n_warps = blockDim.x / kWarpSize;
-  const int64_t n = a.ne[0];
+  if (k == 1) {
+    uint32_t best_k = 0;
+    int32_t best_i = INT32_MAX;
+    for (int64_t i = tid; i < n; i += blockDim.x) {
+      const uint32_t key = key_at(i);
+      const int32_t idx = index_at(i);
+      if (ranks_before(key, idx, best_k, best_i)) best_k = key, best_i = idx;
+    }
+    for (int o = kWarpSize / 2; o > 0; o /= 2) {
+      const uint32_t ok = __shfl_xor_sync(0xffffffffu, best_k, o);
+      const int32_t oi = __shfl_xor_sync(0xffffffffu, best_i, o);
+      if (ranks_before(ok, oi, best_k, best_i)) best_k = ok, best_i = oi;
+    }
+    if (lane == 0) s.warp_key[warp] = best_k, s.warp_idx[warp] = best_i;
+    __syncthreads();
+    if (tid == 0) {
+      for (int w = 1; w < n_warps; ++w)
+        if (ranks_before(s.warp_key[w], s.warp_idx[w], best_k, best_i)) best_k = s.warp_key[w], best_i = s.warp_idx[w];
+      out_key[0] = best_k;
+      out_idx[0] = best_i;
+    }
+    __syncthreads();
+    return;
+  }
+  if (tid == 0) s.prefix = 0, s.mask = 0, s.need = k, s.gt = 0;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int b = tid; b < 256; b += blockDim.x) s.hist[b] = 0;
+    __syncthreads();
+    const uint32_t prefix = s.prefix, mask = s.mask;
+    for (int64_t base = 0; base < n; base += blockDim.x) {  // every lane of a warp goes round together
+      const int64_t i = base + tid;
+      uint32_t key = 0;
+      bool in = false;
+      if (i < n) key = key_at(i), in = (key & mask) == prefix;
+      const unsigned bin = in ? (key >> shift) & 255u : 256u;
+      const unsigned peers = __match_any_sync(0xffffffffu, bin);
+      if (in && lane == __ffs(peers) - 1) atomicAdd(&s.hist[bin], static_cast<unsigned>(__popc(peers)));
+    }
+    __syncthreads();
+    if (warp == 0) {  // lane l holds bins 255 - 8l down to 248 - 8l; the first lane whose sum reaches need
+      const int need = s.need;
+      int mine = 0;
+      for (int j = 0; j < 8; ++j) mine += static_cast<int>(s.hist[255 - 8 * lane - j]);
+      int incl = mine;
+      for (int o = 1; o < kWarpSize; o *= 2) {
+        const int up = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += up;
+      }
+      const unsigned reach = __ballot_sync(0xffffffffu, incl >= need);
+      if (lane == __ffs(reach) - 1) {
+        int left = need - (incl - mine);
+        int bin = 255 - 8 * lane;
+        for (int j = 0; j < 7 && static_cast<int>(s.hist[bin]) < left; ++j) left -= static_cast<int>(s.hist[bin--]);
+        s.prefix = prefix | (static_cast<uint32_t>(bin) << shift);
+        s.mask = mask | (255u << shift);
+        s.need = left;
+      }
+    }
+    __syncthreads();
+  }
+  const uint32_t threshold = s.prefix;
+  const int need_eq = s.need;  // keys equal to the threshold to take; the k - need_eq larger ones all go
+  for (int64_t i = tid; i < n; i += blockDim.x) {
+    const uint32_t key = key_at(i);
+    if (key > threshold) {
+      const int slot = atomicAdd(&s.gt, 1);
+      out_key[slot] = key;
+      out_idx[slot] = index_at(i);
+    }
+  }
+  // the first need_eq equal keys in order: a tile of blockDim.x elements at a time
+  int taken = 0;
+  for (int64_t t0 = 0; t0 < n && taken < need_eq; t0 += blockDim.x) {
+    const int64_t i = t0 + tid;
+    const bool eq = i < n && key_at(i) == threshold;
+    const unsigned ballot = __ballot_sync(0xffffffffu, eq);
+    if (lane == 0) s.warp_count[warp] = __popc(ballot);
+    __syncthreads();
+    int before = 0, total = 0;
+    for (int w = 0; w < n_warps; ++w) {
+      before += w < warp ? s.warp_count[w] : 0;
+      total += s.warp_count[w];
+    }
+    const int pos = taken + before + __popc(ballot & ((1u << lane) - 1u));
+    if (eq && pos < need_eq) {
+      out_key[k - need_eq + pos] = threshold;
+      out_idx[k - need_eq + pos] = index_at(i);
+    }
+    taken += total;
+    __syncthreads();  // warp_count is rewritten by the next tile
+  }
+  // sort the k pairs (padded to a power of two with pairs that rank last)
+  int p2 = 1;
+  while (p2 < k) p2 *= 2;
+  for (int i = k + tid; i < p2; i += blockDim.x) out_key[i] = 0, out_idx[i] = INT32_MAX;
+  __syncthreads();
+  for (int size = 2; size <= p2; size *= 2) {
+    for (int stride = size / 2; stride > 0; stride /= 2) {
+      for (int i = tid; i < p2; i += blockDim.x) {
+        const int j = i ^ stride;
+        if (j > i) {
+          const bool ascending = (i & size) == 0;  // "ascending": in ranking order
+          const bool j_first = ranks_before(out_key[j], out_idx[j], out_key[i], out_idx[i]);
+          if (ascending == j_first) {
+            const uint32_t tk = out_key[i];
+            const int32_t ti = out_idx[i];
+            out_key[i] = out_key[j], out_idx[i] = out_idx[j];
+            out_key[j] = tk, out_idx[j] = ti;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
+// One block per row (rows too long for the split path, or k > kSplitMaxK): select_top_k over the row
+// in global memory. Same result as the ranking kernel and the CPU's partial_sort.
+__global__ void __launch_bounds__(kSelectThreads) top_k_select_kernel(TensorDesc dst, TensorDesc a, int k) {
+  pdl_wait();
+  __shared__ SelectShared s;
+  __shared__ uint32_t keys[kSelectMaxK];
+  __shared__ int32_t idxs[kSelectMaxK];
   for (int64_t r = blockIdx.x; r < nrows(a); r += gridDim.x) {
     int64_t i1, i2, i3;
     split_row(r, a.ne[1], a.ne[2], i1, i2, i3);
     const char* row = row_ptr(a, i1, i2, i3);
+    const int64_t nb0 = a.nb[0];
+    select_top_k(
+        a.ne[0], k, [=](int64_t i) { return order_key(load_f32(row, i, nb0)); },
+        [](int64_t i) { return static_cast<int32_t>(i); }, s, keys, idxs);
     int32_t* out = reinterpret_cast<int32_t*>(element_ptr(dst, 0, i1, i2, i3));
-    if (k == 1) {
-      uint32_t best_k = 0;
-      int32_t best_i = INT32_MAX;
-      for (int64_t i = tid; i < n; i += blockDim.x) {
-        const uint32_t key = order_key(load_f32(row, i, a.nb[0]));
-        if (ranks_before(key, static_cast<int32_t>(i), best_k, best_i)) best_k = key, best_i = static_cast<int32_t>(i);
-      }
-      for (int o = kWarpSize / 2; o > 0; o /= 2) {
-        const uint32_t ok = __shfl_xor_sync(0xffffffffu, best_k, o);
-        const int32_t oi = __shfl_xor_sync(0xffffffffu, best_i, o);
-        if (ranks_before(ok, oi, best_k, best_i)) best_k = ok, best_i = oi;
-      }
-      if (lane == 0) warp_key[warp] = best_k, warp_idx[warp] = best_i;
-      __syncthreads();
-      if (tid == 0) {
-        for (int w = 1; w < n_warps; ++w)
-          if (ranks_before(warp_key[w], warp_idx[w], best_k, best_i)) best_k = warp_key[w], best_i = warp_idx[w];
-        out[0] = best_i;
-      }
-      __syncthreads();
-      continue;
-    }
-    // the k-th largest key, 8 bits at a time
-    if (tid == 0) s_prefix = 0, s_mask = 0, s_need = k;
-    for (int shift = 24; shift >= 0; shift -= 8) {
-      for (int b = tid; b < 256; b += blockDim.x) hist[b] = 0;
-      __syncthreads();
-      const uint32_t prefix = s_prefix, mask = s_mask;
-      for (int64_t i = tid; i < n; i += blockDim.x) {
-        const uint32_t key = order_key(load_f32(row, i, a.nb[0]));
-        if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
-      }
-      __syncthreads();
-      if (tid == 0) {
-        int need = s_need, bin = 255;
-        for (; bin > 0; --bin) {
-          if (static_cast<int>(hist[bin]) >= need) break;
-          need -= static_cast<int>(hist[bin]);
-        }
-        s_prefix = prefix | (static_cast<uint32_t>(bin) << shift);
-        s_mask = mask | (255u << shift);
-        s_need = need;
-        s_gt = 0;
-      }
-      __syncthreads();
-    }
-    const uint32_t threshold = s_prefix;
-    const int need_eq = s_need;  // keys equal to the threshold to take; the k - need_eq larger ones all go
-    for (int64_t i = tid; i < n; i += blockDim.x) {
-      const uint32_t key = order_key(load_f32(row, i, a.nb[0]));
-      if (key > threshold) {
-        const int slot = atomicAdd(&s_gt, 1);
-        keys[slot] = key;
-        idxs[slot] = static_cast<int32_t>(i);
-      }
-    }
-    // the first need_eq equal keys in index order: a tile of blockDim.x indices at a time
-    int taken = 0;
-    for (int64_t t0 = 0; t0 < n && taken < need_eq; t0 += blockDim.x) {
-      const int64_t i = t0 + tid;
-      const bool eq = i < n && order_key(load_f32(row, i, a.nb[0])) == threshold;
-      const unsigned ballot = __ballot_sync(0xffffffffu, eq);
-      if (lane == 0) warp_count[warp] = __popc(ballot);
-      __syncthreads();
-      int before = 0, total = 0;
-      for (int w = 0; w < n_warps; ++w) {
-        before += w < warp ? warp_count[w] : 0;
-        total += warp_count[w];
-      }
-      const int pos = taken + before + __popc(ballot & ((1u << lane) - 1u));
-      if (eq && pos < need_eq) {
-        keys[k - need_eq + pos] = threshold;
-        idxs[k - need_eq + pos] = static_cast<int32_t>(i);
-      }
-      taken += total;
-      __syncthreads();  // warp_count is rewritten by the next tile
-    }
-    // sort the k pairs (padded to a power of two with pairs that rank last)
-    int p2 = 1;
-    while (p2 < k) p2 *= 2;
-    for (int i = k + tid; i < p2; i += blockDim.x) keys[i] = 0, idxs[i] = INT32_MAX;
-    __syncthreads();
-    for (int size = 2; size <= p2; size *= 2) {
-      for (int stride = size / 2; stride > 0; stride /= 2) {
-        for (int i = tid; i < p2; i += blockDim.x) {
-          const int j = i ^ stride;
-          if (j > i) {
-            const bool ascending = (i & size) == 0;  // "ascending": in ranking order
-            const bool j_first = ranks_before(keys[j], idxs[j], keys[i], idxs[i]);
-            if (ascending == j_first) {
-              const uint32_t tk = keys[i];
-              const int32_t ti = idxs[i];
-              keys[i] = keys[j], idxs[i] = idxs[j];
-              keys[j] = tk, idxs[j] = ti;
-            }
-          }
-        }
-        __syncthreads();
-      }
-    }
-    for (int i = tid; i < k; i += blockDim.x) out[i] = idxs[i];
+    for (int i = threadIdx.x; i < k; i += blockDim.x) out[i] = idxs[i];
     __syncthreads();
   }
+}
+
+struct SplitArgs {
+  TensorDesc dst, a;
+  int k;
+  int n_chunks;
+  int64_t chunk;    ///< elements per chunk (the last may have fewer)
+  uint32_t* keys;   ///< scratch: [rows][n_chunks][k] keys, each chunk's best first
+  int32_t* idxs;    ///< the same for indices
+};
+
+// The split path, step 1: block (c, r) takes chunk c of row r into shared memory and writes its
+// best min(k, chunk) pairs, sorted, to the scratch (only the last chunk may be shorter than k).
+__global__ void __launch_bounds__(kSplitThreads) top_k_chunk_kernel(SplitArgs p) {
+  pdl_wait();
+  __shared__ SelectShared s;
+  __shared__ uint32_t chunk_keys[kChunkMax];
+  __shared__ uint32_t best_key[kSplitMaxK];
+  __shared__ int32_t best_idx[kSplitMaxK];
+  const int64_t r = blockIdx.y;
+  int64_t i1, i2, i3;
+  split_row(r, p.a.ne[1], p.a.ne[2], i1, i2, i3);
+  const char* row = row_ptr(p.a, i1, i2, i3);
+  const int64_t begin = blockIdx.x * p.chunk;
+  const int64_t len = p.a.ne[0] - begin < p.chunk ? p.a.ne[0] - begin : p.chunk;
+  for (int64_t i = threadIdx.x; i < len; i += blockDim.x) chunk_keys[i] = order_key(load_f32(row, begin + i, p.a.nb[0]));
+  __syncthreads();
+  const int kk = static_cast<int>(min(static_cast<int64_t>(p.k), len));
+  select_top_k(
+      len, kk, [&](int64_t i) { return chunk_keys[i]; }, [=](int64_t i) { return static_cast<int32_t>(begin + i); },
+      s, best_key, best_idx);
+  const int64_t at = (r * p.n_chunks + blockIdx.x) * p.k;
+  for (int i = threadIdx.x; i < kk; i += blockDim.x) p.keys[at + i] = best_key[i], p.idxs[at + i] = best_idx[i];
+}
+
+// The split path, step 2: block r selects row r's k among its chunks' n_chunks * k candidates. Equal
+// keys come in increasing index order along the candidates (chunks in order, each sorted), as
+// select_top_k needs.
+__global__ void __launch_bounds__(kSplitThreads) top_k_merge_kernel(SplitArgs p) {
+  pdl_wait();
+  __shared__ SelectShared s;
+  __shared__ uint32_t cand_key[kMergeMax];
+  __shared__ int32_t cand_idx[kMergeMax];
+  __shared__ uint32_t best_key[kSplitMaxK];
+  __shared__ int32_t best_idx[kSplitMaxK];
+  const int64_t r = blockIdx.x;
+  const int64_t last = p.a.ne[0] - (p.n_chunks - 1) * p.chunk;  // the last chunk's elements
+  const int n = (p.n_chunks - 1) * p.k + static_cast<int>(last < p.k ? last : p.k);
+  const int64_t at = r * p.n_chunks * p.k;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    cand_key[i] = p.keys[at + i];
+    cand_idx[i] = p.idxs[at + i];
+  }
+  __syncthreads();
+  select_top_k(
+      n, p.k, [&](int64_t i) { return cand_key[i]; }, [&](int64_t i) { return cand_idx[i]; }, s, best_key, best_idx);
+  int64_t i1, i2, i3;
+  split_row(r, p.a.ne[1], p.a.ne[2], i1, i2, i3);
+  int32_t* out = reinterpret_cast<int32_t*>(element_ptr(p.dst, 0, i1, i2, i3));
+  for (int i = threadIdx.x; i < p.k; i += blockDim.x) out[i] = best_idx[i];
 }
 
 }  // namespace
@@ -272,9 +372,50 @@ CudaError launch_argmax(const LaunchContext& ctx, const Tensor* dst) {
   return {};
 }
 
+namespace {
+
+// The split path's chunking of a row of n for k, or n_chunks = 0 where it does not apply: chunks of
+// at least kChunkMin (enough work per block), as many as the merge's kMergeMax candidates allow.
+SplitArgs split_plan(const Tensor* dst, int k) {
+  const Tensor* a = dst->src[0];
+  SplitArgs p{};
+  const int64_t n = a->ne[0];
+  if (n < kSelectMinN || k > kSplitMaxK || dst->nb[0] != sizeof(int32_t) || a->nrows() > 65535) return p;
+  const int64_t want = std::min<int64_t>((n + kChunkMin - 1) / kChunkMin, kMergeMax / k);
+  const int64_t chunk = (n + want - 1) / want;
+  if (chunk > kChunkMax) return p;
+  p.k = k;
+  p.chunk = chunk;
+  p.n_chunks = static_cast<int>((n + chunk - 1) / chunk);
+  return p;
+}
+
+}  // namespace
+
+size_t top_k_scratch_bytes(const Tensor* dst, int k) {
+  const SplitArgs p = split_plan(dst, k);
+  return static_cast<size_t>(dst->src[0]->nrows()) * static_cast<size_t>(p.n_chunks) * static_cast<size_t>(k) *
+         (sizeof(uint32_t) + sizeof(int32_t));
+}
+
 CudaError launch_top_k(const LaunchContext& ctx, const Tensor* dst, int k) {
   const Tensor* a = dst->src[0];
   if (a->nrows() == 0 || a->ne[0] == 0) return {};
+  SplitArgs p = split_plan(dst, k);
+  const size_t scratch = top_k_scratch_bytes(dst, k);
+  if (p.n_chunks > 0 && ctx.scratch && ctx.scratch_size >= scratch) {
+    const int64_t rows = a->nrows();
+    p.dst = desc_of(dst);
+    p.a = desc_of(a);
+    p.keys = static_cast<uint32_t*>(ctx.scratch);
+    p.idxs = reinterpret_cast<int32_t*>(p.keys + rows * p.n_chunks * k);
+    top_k_chunk_kernel<<<dim3(static_cast<unsigned>(p.n_chunks), static_cast<unsigned>(rows)), kSplitThreads, 0,
+                         ctx.stream>>>(p);
+    LOOM_CUDA_CHECK_LAUNCH("top_k_chunk_kernel");
+    top_k_merge_kernel<<<static_cast<unsigned>(rows), kSplitThreads, 0, ctx.stream>>>(p);
+    LOOM_CUDA_CHECK_LAUNCH("top_k_merge_kernel");
+    return {};
+  }
   if (a->ne[0] >= kSelectMinN && k <= kSelectMaxK && dst->nb[0] == sizeof(int32_t)) {
     const int64_t rows = a->nrows();
     top_k_select_kernel<<<static_cast<unsigned>(rows < 65535 ? rows : 65535), kSelectThreads, 0, ctx.stream>>>(
