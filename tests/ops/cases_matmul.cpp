@@ -199,6 +199,14 @@ void add_matmul_cases(CaseList& cases, CaseSet set) {
     // the output layer (2.1 GB in f32: left to the types models ship it in)
     for (DType wt : {DType::f16, DType::q8_0, DType::q4_0, DType::q4_k, DType::q6_k})
       for (int64_t n : {1, 2, 4, 8}) add_mul_mat(cases, {wt, 128256, n, 4096, {1, 1}, {1, 1}}, true);
+    // Batched decode (gemm_q at 32 and 64 columns): the 8B FFN and K/V products.
+    for (DType wt : {DType::q8_0, DType::q4_0, DType::q4_k, DType::q6_k})
+      for (int64_t n : {32, 64}) {
+        add_mul_mat(cases, {wt, 14336, n, 4096, {1, 1}, {1, 1}}, true);
+        add_mul_mat(cases, {wt, 4096, n, 14336, {1, 1}, {1, 1}}, true);
+        add_mul_mat(cases, {wt, 1024, n, 4096, {1, 1}, {1, 1}}, true);
+        add_mul_mat(cases, {wt, 6144, n, 4096, {1, 1}, {1, 1}}, true);
+      }
     for (DType wt : kAllWeightTypes) add_mul_mat(cases, {wt, 4096, 512, 4096, {1, 1}, {1, 1}}, true);
     for (DType wt : kNewerWeightTypes) add_mul_mat(cases, {wt, 4096, 512, 4096, {1, 1}, {1, 1}}, true);
     // Prefill (the fast mode's tensor-core GEMMs): the 8B shapes at prompt chunks of M tokens.
