@@ -9,7 +9,7 @@
 #   prefill  loom bench -p 512,4096 on LOOM_MODELS (default llama3-1b:q4_0 llama3-8b:q4_0)
 #   decode   loom bench -n 128 on LOOM_MODELS
 #   batched  loom bench -npl 1,8,32,64 (-npp 128 -ntg 32) with a trace of one step at each npl (and
-#            the baseline build's figures when build-carry/bins-base.tar.xz is carried)
+#            again under LOOM_BATCHED_BASE's VAR=VALUE settings, ','-separated, when given)
 #   perf     op-test perf of LOOM_PERF_OP (default mul_mat; e.g. argmax,top_k) at LOOM_PERF_FILTER's cases
 #   serve    loom serve -np 64 on each of LOOM_MODELS: 64 streams of 256-token prompts and 256 generated
 #            tokens (tools/serve_load.py), one stream, and the engine's figures beside them
@@ -23,8 +23,8 @@
 #   decodetrace  a Chrome trace of one decode step (the third) on LOOM_MODELS with --stats, summarized
 #   mvperf   ncu of the fast mat-vec on LOOM_MV_CASES (';'-separated op-test descriptions) under each of
 #            LOOM_MV_MODES (space-separated modes, each ','-separated VAR=VALUE settings or "-" for none)
-#   kperf    ncu kernel times of op-test perf cases (LOOM_K_CASES: ';'-separated OP|FILTER), and of
-#            the baseline build's beside them when build-carry/bins-base.tar.xz is carried
+#   kperf    ncu kernel times of op-test perf cases (LOOM_K_CASES: ';'-separated OP|FILTER) under each
+#            of LOOM_K_MODES (space-separated, each ','-separated VAR=VALUE settings or "-" for none)
 #   fastdiff  per-position logits: CUDA fast vs exact and CUDA vs CPU (exact) on LOOM_MODELS
 #   batchcheck  loom-exec-equivalence on the built-in model and LOOM_MODELS, both numerics (includes
 #            16 sequences decoded together against alone, and sampled in the graph against the host)
@@ -34,10 +34,6 @@ cd "$root"
 out=${OUT:-/tmp/loom-out}
 mkdir -p "$out"
 mkdir -p build-carry/bin && tar xJf build-carry/bins.tar.xz -C build-carry/bin
-# a baseline build to time beside this one (kperf), when carried: build-carry/bins-base.tar.xz
-if [[ -s build-carry/bins-base.tar.xz ]]; then
-  mkdir -p build-carry/bin-base && tar xJf build-carry/bins-base.tar.xz -C build-carry/bin-base
-fi
 prefix=/tmp/loom-deps
 if [[ ! -d $prefix/usr ]]; then
   mkdir -p "$prefix"
@@ -45,7 +41,6 @@ if [[ ! -d $prefix/usr ]]; then
 fi
 export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu:$root/build-carry/bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 bin=$root/build-carry/bin
-base_bin=$([[ -d $root/build-carry/bin-base ]] && echo "$root/build-carry/bin-base")
 work=/tmp/loom-work
 mkdir -p "$work"
 t0=$(date +%s)
@@ -99,9 +94,9 @@ for step in "$@"; do
       for m in $models; do
         f=$(model "$m") || continue
         timeout 240 "$bin/loom" bench -m "$f" -npp 128 -ntg 32 -npl ${LOOM_NPL:-1,8,32,64} --trace "$out/batched-${m/:/-}" 2>/dev/null | grep -E "^\|"
-        if [[ -n $base_bin ]]; then
-          echo "-- the baseline build (build-carry/bins-base.tar.xz):"
-          LD_LIBRARY_PATH="$base_bin:$LD_LIBRARY_PATH" timeout 240 "$base_bin/loom" bench -m "$f" -npp 128 -ntg 32 \
+        if [[ -n ${LOOM_BATCHED_BASE:-} ]]; then  # VAR=VALUE settings (','-separated) to time beside
+          echo "-- with ${LOOM_BATCHED_BASE}:"
+          env $(tr "," " " <<<"$LOOM_BATCHED_BASE") timeout 240 "$bin/loom" bench -m "$f" -npp 128 -ntg 32 \
             -npl ${LOOM_NPL:-1,8,32,64} 2>/dev/null | grep -E "^\|" | grep -v -- "---"
         fi
         for t in "$out"/batched-${m/:/-}-pl*.json; do
@@ -165,10 +160,10 @@ for step in "$@"; do
       # LOOM_K_CASES (';'-separated OP|FILTER), every kernel the case runs, averaged per kernel name
       IFS=';' read -ra cases <<<"${LOOM_K_CASES:-top_k|[128256] k=1;top_k|[128256] k=40;top_k|[128256, 64] k=64}"
       for c in "${cases[@]}"; do
-       for b in "$bin" ${base_bin:+"$base_bin"}; do
-        LD_LIBRARY_PATH="$b:$LD_LIBRARY_PATH" timeout 120 /usr/local/cuda/bin/ncu --cache-control none \
+       for mode in ${LOOM_K_MODES:--}; do
+        env $(tr "," " " <<<"${mode/#-/}") timeout 120 /usr/local/cuda/bin/ncu --cache-control none \
           --clock-control none -c 40 --csv --page raw \
-          --metrics gpu__time_duration.sum "$b/loom-test-ops" --backend cuda --numerics fast perf \
+          --metrics gpu__time_duration.sum "$bin/loom-test-ops" --backend cuda --numerics fast perf \
           --op "${c%%|*}" --filter "${c#*|}" 2>/dev/null | python3 -c '
 import csv, sys, collections
 rows = [r for r in csv.reader(l for l in sys.stdin if l.startswith("\""))]
@@ -176,7 +171,7 @@ head, t = rows[0], collections.defaultdict(list)
 for r in rows[2:]:
     t[r[head.index("Kernel Name")].split("(")[0]].append(float(r[head.index("gpu__time_duration.sum")]))
 print("; ".join(f"{k} {sum(v) / len(v) / 1000:.2f} us (x{len(v)})" for k, v in t.items()))' |
-          sed "s|^|kperf$([[ $b == "$bin" ]] || echo " (base)") [$c]: |"
+          sed "s|^|kperf [$c] $mode: |"
        done
       done ;;
     mvperf)

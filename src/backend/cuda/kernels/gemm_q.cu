@@ -27,6 +27,7 @@
 // weights (2 us at 4.8 TB/s), 2.1 GFLOP.
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 
@@ -323,6 +324,18 @@ GemmQShape shape_of(const Tensor* dst) {
   // the splits up to fill one wave overshot it (14336 rows at 64 columns: 56 tiles x 3 splits = 168
   // blocks, two waves of 6 chunks, where 2 splits make one wave of 8).
   const int64_t chunks = s.k / kChunk, tiles = s.col_tiles * s.row_tiles;
+  // LOOM_CUDA_GEMM_Q_SPLIT=fill: the earlier rule (splits rounded up to fill a wave), for comparisons
+  static const bool fill = [] {
+    const char* e = std::getenv("LOOM_CUDA_GEMM_Q_SPLIT");
+    return e && std::strcmp(e, "fill") == 0;
+  }();
+  if (fill) {
+    const int64_t want = std::clamp<int64_t>((kTargetBlocks + tiles - 1) / tiles, 1, kMaxSplits);
+    const int64_t per = (chunks + want - 1) / want;
+    s.k_split = per * kChunk;
+    s.splits = static_cast<int>((chunks + per - 1) / per);
+    return s;
+  }
   int64_t best_cost = INT64_MAX, per_split = chunks;
   for (int64_t splits = 1; splits <= std::min<int64_t>(kMaxSplits, chunks); ++splits) {
     const int64_t per = (chunks + splits - 1) / splits;
