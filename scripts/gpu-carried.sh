@@ -25,6 +25,8 @@
 #            LOOM_MV_MODES (space-separated modes, each ','-separated VAR=VALUE settings or "-" for none)
 #   kperf    ncu kernel times of op-test perf cases (LOOM_K_CASES: ';'-separated OP|FILTER) under each
 #            of LOOM_K_MODES (space-separated, each ','-separated VAR=VALUE settings or "-" for none)
+#   kprof    ncu sections and top SASS stall lines of one kernel (LOOM_KPROF_KERNEL) of one perf case
+#            (LOOM_KPROF_CASE, OP|FILTER)
 #   fastdiff  per-position logits: CUDA fast vs exact and CUDA vs CPU (exact) on LOOM_MODELS
 #   batchcheck  loom-exec-equivalence on the built-in model and LOOM_MODELS, both numerics (includes
 #            16 sequences decoded together against alone, and sampled in the graph against the host)
@@ -169,11 +171,24 @@ import csv, sys, collections
 rows = [r for r in csv.reader(l for l in sys.stdin if l.startswith("\""))]
 head, t = rows[0], collections.defaultdict(list)
 for r in rows[2:]:
-    t[r[head.index("Kernel Name")].split("(")[0]].append(float(r[head.index("gpu__time_duration.sum")]))
+    t[r[head.index("Kernel Name")].split("(")[0]].append(float(r[head.index("gpu__time_duration.sum")].replace(",", "")))
 print("; ".join(f"{k} {sum(v) / len(v) / 1000:.2f} us (x{len(v)})" for k, v in t.items()))' |
-          sed "s|^|kperf [$c] $mode: |"
+          awk -v tag="kperf [$c] $mode: " '{ print tag $0 }'
        done
       done ;;
+    kprof)
+      # one kernel (LOOM_KPROF_KERNEL, a regex) of one op-test perf case (LOOM_KPROF_CASE, OP|FILTER) under
+      # ncu's speed-of-light, occupancy, launch and warp-state sections, and its top stall lines (SASS)
+      c=${LOOM_KPROF_CASE:-mul_mat|a=q4_K[4096, 14336] b=f32[4096, 64]}
+      args=(--backend cuda --numerics fast perf --op "${c%%|*}" --filter "${c#*|}")
+      timeout 200 /usr/local/cuda/bin/ncu --clock-control none -k "regex:${LOOM_KPROF_KERNEL:-gemm_q_kernel}" -s 2 -c 1 \
+        --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+        --section MemoryWorkloadAnalysis "$bin/loom-test-ops" "${args[@]}" 2>&1 | grep -vE "^==PROF==|^  *-+$" |
+        grep -E "Duration|Throughput|Occupancy|Registers|Shared Memory|Block Size|Grid Size|Waves|Stall|Warp Cycles|Issued|Eligible|Active Warps|L1|L2|DRAM|Bank" | head -60
+      timeout 200 /usr/local/cuda/bin/ncu --clock-control none -k "regex:${LOOM_KPROF_KERNEL:-gemm_q_kernel}" -s 2 -c 1 \
+        --section SourceCounters --page source --print-source sass --csv "$bin/loom-test-ops" "${args[@]}" \
+        >"$out/kprof-source.csv" 2>/dev/null
+      python3 tools/ncu_source_stalls.py "$out/kprof-source.csv" 24 ;;
     mvperf)
       # ncu (caches flushed) of the fast mat-vec on LOOM_MV_CASES (op-test descriptions), once per
       # LOOM_MV_MODES entry (VAR=VALUE environment settings; "-" for none)

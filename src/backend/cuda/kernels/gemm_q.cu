@@ -27,7 +27,6 @@
 // weights (2 us at 4.8 TB/s), 2.1 GFLOP.
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 
@@ -66,8 +65,8 @@ struct Staging {
   static constexpr size_t kSmemBytes = 2 * (kWStageBytes + kXStageBytes);
 };
 
-// Blocks per wave the split over k plans for: one per SM of a 132-SM H100/H200 (a function of the
-// shape only, so the scratch size and the result do not depend on the device).
+// Blocks the split over k aims for: one per SM of a 132-SM H100/H200 (a function of the shape only,
+// so the scratch size and the result do not depend on the device).
 constexpr int64_t kTargetBlocks = 132;
 constexpr int kMaxSplits = 16;
 
@@ -318,30 +317,9 @@ GemmQShape shape_of(const Tensor* dst) {
   GemmQShape s{a->ne[1], b->ne[1] * b->ne[2] * b->ne[3], a->ne[0], 0, 0, 1, 0};
   s.col_tiles = (s.n + kBN - 1) / kBN;
   s.row_tiles = (s.m + kBM - 1) / kBM;
-  // The split count with the least time per SM: waves of kTargetBlocks blocks (one per SM) times
-  // chunks per split, plus about a chunk's worth for a split's partial sums (a block's 64 KB of them
-  // against its 36-68 KB of weights and activations per chunk); the fewer splits on a tie. Rounding
-  // the splits up to fill one wave overshot it (14336 rows at 64 columns: 56 tiles x 3 splits = 168
-  // blocks, two waves of 6 chunks, where 2 splits make one wave of 8).
-  const int64_t chunks = s.k / kChunk, tiles = s.col_tiles * s.row_tiles;
-  // LOOM_CUDA_GEMM_Q_SPLIT=fill: the earlier rule (splits rounded up to fill a wave), for comparisons
-  static const bool fill = [] {
-    const char* e = std::getenv("LOOM_CUDA_GEMM_Q_SPLIT");
-    return e && std::strcmp(e, "fill") == 0;
-  }();
-  if (fill) {
-    const int64_t want = std::clamp<int64_t>((kTargetBlocks + tiles - 1) / tiles, 1, kMaxSplits);
-    const int64_t per = (chunks + want - 1) / want;
-    s.k_split = per * kChunk;
-    s.splits = static_cast<int>((chunks + per - 1) / per);
-    return s;
-  }
-  int64_t best_cost = INT64_MAX, per_split = chunks;
-  for (int64_t splits = 1; splits <= std::min<int64_t>(kMaxSplits, chunks); ++splits) {
-    const int64_t per = (chunks + splits - 1) / splits;
-    const int64_t cost = (tiles * splits + kTargetBlocks - 1) / kTargetBlocks * (per + (splits > 1 ? 1 : 0));
-    if (cost < best_cost) best_cost = cost, per_split = per;
-  }
+  const int64_t chunks = s.k / kChunk;
+  const int64_t want = (kTargetBlocks + s.col_tiles * s.row_tiles - 1) / (s.col_tiles * s.row_tiles);
+  const int64_t per_split = (chunks + std::clamp<int64_t>(want, 1, kMaxSplits) - 1) / std::clamp<int64_t>(want, 1, kMaxSplits);
   s.k_split = per_split * kChunk;
   s.splits = static_cast<int>((chunks + per_split - 1) / per_split);
   return s;
