@@ -71,7 +71,7 @@ Tensor* strided_view(Graph& g, Tensor* a, const Shape& ne, const ElemStrides& st
 
 Tensor* CaseInputs::custom(DType type, const Shape& ne, Generator gen) {
   Tensor* t = g_.input(type, ne, fmt::format("in{}", specs_.size()));
-  if (t) specs_.push_back({t, std::move(gen), false});
+  if (t) specs_.push_back({t, std::move(gen), {}, false});
   return t;
 }
 
@@ -87,17 +87,26 @@ Tensor* CaseInputs::signed_magnitude(const Shape& ne, float lo, float hi) {
   });
 }
 
+void distinct_values(Rng& rng, std::vector<float>& v) {
+  // A shuffled ladder over the whole tensor with jitter below half a step: no two values are
+  // equal, whichever dimension a view later makes the row.
+  const int64_t n = static_cast<int64_t>(v.size());
+  std::vector<int64_t> perm(static_cast<size_t>(n));
+  std::iota(perm.begin(), perm.end(), 0);
+  for (int64_t i = n - 1; i > 0; --i) std::swap(perm[i], perm[rng.below(i + 1)]);
+  for (int64_t i = 0; i < n; ++i)
+    v[i] = static_cast<float>((perm[i] + 0.4 * rng.unit()) / static_cast<double>(n) * 2.0 - 1.0);
+}
+
 Tensor* CaseInputs::distinct(const Shape& ne) {
-  return custom(DType::f32, ne, [](Rng& rng, const Shape&, std::vector<float>& v) {
-    // A shuffled ladder over the whole tensor with jitter below half a step: no two values are
-    // equal, whichever dimension a view later makes the row.
-    const int64_t n = static_cast<int64_t>(v.size());
-    std::vector<int64_t> perm(static_cast<size_t>(n));
-    std::iota(perm.begin(), perm.end(), 0);
-    for (int64_t i = n - 1; i > 0; --i) std::swap(perm[i], perm[rng.below(i + 1)]);
-    for (int64_t i = 0; i < n; ++i)
-      v[i] = static_cast<float>((perm[i] + 0.4 * rng.unit()) / static_cast<double>(n) * 2.0 - 1.0);
-  });
+  return custom(DType::f32, ne,
+                [](Rng& rng, const Shape&, std::vector<float>& v) { distinct_values(rng, v); });
+}
+
+Tensor* CaseInputs::words(const Shape& ne, WordGenerator gen) {
+  Tensor* t = g_.input(DType::i32, ne, fmt::format("in{}", specs_.size()));
+  if (t) specs_.push_back({t, {}, std::move(gen), false});
+  return t;
 }
 
 Tensor* CaseInputs::indices(const Shape& ne, int64_t n, bool unique) {
@@ -139,7 +148,7 @@ Tensor* CaseInputs::mask(DType type, const Shape& ne, double p_inf, bool causal,
 
 Tensor* CaseInputs::poisoned(DType type, const Shape& ne) {
   Tensor* t = g_.input(type, ne, fmt::format("in{}", specs_.size()));
-  if (t) specs_.push_back({t, {}, true});
+  if (t) specs_.push_back({t, {}, {}, true});
   return t;
 }
 

@@ -84,16 +84,23 @@ class Rng {
 
 /// Writes the packed float values of one input (nelements of them) from its shape.
 using Generator = std::function<void(Rng& rng, const Shape& ne, std::vector<float>& values)>;
+/// Writes the packed words of one i32 input exactly (values a float cannot hold: bit patterns).
+using WordGenerator = std::function<void(Rng& rng, const Shape& ne, std::vector<int32_t>& words)>;
 
 /// One leaf of a case: how it is filled.
 struct InputSpec {
   Tensor* tensor = nullptr;
-  Generator generate;   ///< empty when poisoned
+  Generator generate;   ///< empty when poisoned or filled by `words`
+  WordGenerator words;  ///< set instead of `generate` for an i32 leaf written word for word
   bool poison = false;  ///< every byte 0xFF (NaN in every float type): a destination to be overwritten
 };
 
-/// Creates a case's leafs and remembers how to fill them. Leafs are numbered in creation order;
-/// the reference receives their dequantized values in that order.
+/// The values CaseInputs::distinct stores: a shuffled ladder over all of `v` in [-1, 1), no ties.
+void distinct_values(Rng& rng, std::vector<float>& v);
+
+/// Creates a case's leafs and remembers how to fill them. Leafs are numbered in creation order and
+/// filled in that order from one Rng; the reference receives their dequantized values (i32: the
+/// stored integers, exactly) in that order.
 class CaseInputs {
  public:
   explicit CaseInputs(Graph& g) : g_(g) {}
@@ -105,6 +112,8 @@ class CaseInputs {
   Tensor* signed_magnitude(const Shape& ne, float lo, float hi);
   /// f32 values without ties anywhere in the tensor (argmax/top_k have one answer).
   Tensor* distinct(const Shape& ne);
+  /// i32 words from `gen`, stored as they are (the reference receives each as an exact double).
+  Tensor* words(const Shape& ne, WordGenerator gen);
   /// i32 values in [0, n); with `unique`, no value repeats inside a row (needs ne[0] <= n).
   Tensor* indices(const Shape& ne, int64_t n, bool unique);
   /// Attention-style mask: values in [-1, 0], a fraction `p_inf` of -inf, at least one finite

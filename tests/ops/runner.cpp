@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <set>
 
@@ -58,6 +59,12 @@ InputBytes generate_inputs(const CaseInputs& in, uint64_t seed) {
       std::fill(b.begin(), b.end(), 0xFF);
       continue;
     }
+    if (s.words) {
+      std::vector<int32_t> words(static_cast<size_t>(t->nelements()));
+      s.words(rng, t->ne, words);
+      std::memcpy(b.data(), words.data(), b.size());
+      continue;
+    }
     std::vector<float> values(static_cast<size_t>(t->nelements()));
     s.generate(rng, t->ne, values);
     const int64_t n0 = t->ne[0];
@@ -68,12 +75,19 @@ InputBytes generate_inputs(const CaseInputs& in, uint64_t seed) {
   return bytes;
 }
 
-// What the op sees: the stored inputs, dequantized.
+// What the op sees: the stored inputs, dequantized (i32: the stored integers, which a double holds
+// exactly where a float would round those above 2^24).
 std::vector<RefTensor> reference_inputs(const CaseInputs& in, const InputBytes& bytes) {
   std::vector<RefTensor> refs;
   for (size_t i = 0; i < in.specs().size(); ++i) {
     const Tensor* t = in.specs()[i].tensor;
     RefTensor& r = refs.emplace_back(t->ne);
+    if (t->type == DType::i32) {
+      std::vector<int32_t> words(static_cast<size_t>(t->nelements()));
+      std::memcpy(words.data(), bytes[i].data(), bytes[i].size());
+      std::copy(words.begin(), words.end(), r.v.begin());
+      continue;
+    }
     const int64_t n0 = t->ne[0];
     std::vector<float> row(static_cast<size_t>(n0));
     for (int64_t k = 0; k < t->nrows(); ++k) {
