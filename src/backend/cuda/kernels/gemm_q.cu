@@ -27,6 +27,7 @@
 // weights (2 us at 4.8 TB/s), 2.1 GFLOP.
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 
@@ -62,7 +63,10 @@ struct Staging {
   static constexpr int kRawPieces = (kSegBytes + 15) / 16 + 1;
   static constexpr int kRawStride = 16 * kRawPieces;
   static constexpr size_t kWStageBytes = size_t{kBM} * kRawStride;
-  static constexpr size_t kSmemBytes = 2 * (kWStageBytes + kXStageBytes);
+  /// q4_K: the chunk's sub-block scale and negated bias of each row as f16 pairs (PreScales).
+  static constexpr bool kPreScales = std::is_same_v<D, Dequant8Q4_K>;
+  static constexpr size_t kScaleBytes = kPreScales ? size_t{kBM} * (kChunk / 32) * sizeof(uint32_t) : 0;
+  static constexpr size_t kSmemBytes = 2 * (kWStageBytes + kXStageBytes) + kScaleBytes;
 };
 
 // Blocks the split over k aims for: one per SM of a 132-SM H100/H200 (a function of the shape only,
@@ -78,6 +82,7 @@ struct GemmQArgs {
   int64_t m, n, k;
   int64_t k_split;  // k per split, a multiple of kChunk
   const char* a_end;  // one past the weights' last byte
+  bool pre_scales;    // q4_K: decode the scales once per chunk (LOOM_CUDA_GEMM_Q_PRESCALES=0: per dequant8)
 };
 
 __device__ __forceinline__ void load_x(const GemmQArgs& p, int64_t col0, int64_t k0, __half* s_x) {
@@ -205,6 +210,47 @@ __device__ __forceinline__ void dequant8(const unsigned char* raw, int k, uint32
   }
 }
 
+// q4_K with the scales decoded once per chunk (kChunk = one block of each row): every thread takes
+// one row (kBM == kThreads) and writes its 8 sub-blocks' d * sc (low half) and -(dmin * m) (high half)
+// as f16; where one of them is beyond f16, the whole chunk takes the float path (returns true), for
+// every thread alike. Before, each of the 4 threads sharing a row's 8 weights decoded them again at
+// every dequant8 call (the 6-bit unpacking, two conversions, a range check).
+__device__ __forceinline__ bool q4k_pre_scales(const unsigned char* row_block, uint32_t* s_sc) {
+  static_assert(kBM == kThreads, "one row per thread");
+  const uint8_t* b = row_block;
+  const float d = f16_to_float(load_u16_even(b)), dmin = f16_to_float(load_u16_even(b + 2));
+  bool wide = false;
+#pragma unroll
+  for (int sb = 0; sb < kChunk / 32; ++sb) {
+    int sc, m;
+    q4k_scale_min(sb, b + 4, sc, m);
+    const float scale = fmul_rn(d, static_cast<float>(sc)), bias = fmul_rn(dmin, static_cast<float>(m));
+    wide = wide || !(fabsf(scale) <= 65504.0f && fabsf(bias) <= 65504.0f);
+    s_sc[sb * kBM + threadIdx.x] = pack_half2(scale, -bias);
+  }
+  return __syncthreads_or(wide) != 0;
+}
+
+// dequant8 for q4_K from a pre-decoded sub-block scale pair (q4k_pre_scales): the same f16 values.
+__device__ __forceinline__ void dequant8_q4k_pre(const unsigned char* raw, int k, uint32_t sc_pair, uint32_t (&w)[4]) {
+  const uint32_t scale2 = __byte_perm(sc_pair, 0, 0x1010), nbias2 = __byte_perm(sc_pair, 0, 0x3232);
+  const uint8_t* q = raw + 16 + (k / 64) * 32 + (k % 32);
+  const int shift = ((k / 32) & 1) ? 4 : 0;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const uint32_t v = (load_u16_even(q + 2 * e) >> shift) & 0x0f0fu;
+    const uint32_t h = __byte_perm(v, 0x64646464u, 0x5140);  // 1024 + code
+    __half2 x, c1024, sc, nb;
+    const uint32_t k1024 = 0x64006400u;
+    memcpy(&x, &h, 4);
+    memcpy(&c1024, &k1024, 4);
+    memcpy(&sc, &scale2, 4);
+    memcpy(&nb, &nbias2, 4);
+    const __half2 r = __hfma2(__hsub2(x, c1024), sc, nb);
+    memcpy(&w[e], &r, 4);
+  }
+}
+
 template <class D>
 __global__ void __launch_bounds__(kThreads, 1) gemm_q_kernel(GemmQArgs p) {
   // pdl_wait later: the first weight chunk is requested first (no kernel writes weights)
@@ -212,6 +258,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_q_kernel(GemmQArgs p) {
   using S = Staging<D>;
   unsigned char* s_w = smem_raw;                                           // [2][kBM][kRawStride]
   auto* s_x = reinterpret_cast<__half*>(smem_raw + 2 * S::kWStageBytes);   // [2][kBN][kChunk], swizzled
+  auto* s_sc = reinterpret_cast<uint32_t*>(smem_raw + 2 * (S::kWStageBytes + kXStageBytes));  // [8][kBM]
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize, lane = static_cast<int>(threadIdx.x) % kWarpSize;
   const int g = lane / 4, c = lane % 4;
   const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kBN, row0 = static_cast<int64_t>(blockIdx.y) * kBM;
@@ -253,6 +300,11 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_q_kernel(GemmQArgs p) {
         const int r = row_of(mt, hf);
         w_rows[mt][hf] = s_w + stage * S::kWStageBytes + r * S::kRawStride + misalign(r, k0);
       }
+    bool pre = false;  // q4_K: scales decoded once for the chunk
+    if constexpr (S::kPreScales) if (p.pre_scales) {
+      const int r = static_cast<int>(threadIdx.x);
+      pre = !q4k_pre_scales(s_w + stage * S::kWStageBytes + r * S::kRawStride + misalign(r, k0), s_sc);
+    }
     // column g of each n8 tile (g's parity, hence the swizzle, is the same in every tile)
     const __half* xs = s_x + stage * kBN * kChunk + g * kChunk + 8 * c;
     const int sw = (g & 1) << 2;
@@ -262,8 +314,13 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_q_kernel(GemmQArgs p) {
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
         uint32_t wl[4], wh[4];
-        dequant8<D>(w_rows[mt][0], 32 * j + 8 * c, wl);
-        dequant8<D>(w_rows[mt][1], 32 * j + 8 * c, wh);
+        if (pre) {
+          dequant8_q4k_pre(w_rows[mt][0], 32 * j + 8 * c, s_sc[j * kBM + row_of(mt, 0)], wl);
+          dequant8_q4k_pre(w_rows[mt][1], 32 * j + 8 * c, s_sc[j * kBM + row_of(mt, 1)], wh);
+        } else {
+          dequant8<D>(w_rows[mt][0], 32 * j + 8 * c, wl);
+          dequant8<D>(w_rows[mt][1], 32 * j + 8 * c, wh);
+        }
         a0[mt][0] = wl[0], a0[mt][1] = wh[0], a0[mt][2] = wl[1], a0[mt][3] = wh[1];
         a1[mt][0] = wl[2], a1[mt][1] = wh[2], a1[mt][2] = wl[3], a1[mt][3] = wh[3];
       }
@@ -303,6 +360,14 @@ __global__ void gemm_q_reduce_kernel(float* dst, const float* part, int64_t coun
     for (int j = 1; j < splits; ++j) s += part[j * count + i];
     dst[i] = s;
   }
+}
+
+bool pre_scales_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("LOOM_CUDA_GEMM_Q_PRESCALES");
+    return !(e && std::strcmp(e, "0") == 0);
+  }();
+  return on;
 }
 
 struct GemmQShape {
@@ -349,7 +414,8 @@ CudaError launch_gemm_q(const LaunchContext& ctx, const Tensor* dst, const __hal
   GemmQArgs p{s.splits > 1 ? partial : static_cast<float*>(dst->data), static_cast<const char*>(a->data),
               static_cast<int64_t>(a->nb[1]), x16, s.m, s.n, s.k, s.k_split,
               static_cast<const char*>(a->data) + (s.m - 1) * static_cast<int64_t>(a->nb[1]) +
-                  static_cast<int64_t>(a->ne[0] / dtype_block_size(a->type) * dtype_type_size(a->type))};
+                  static_cast<int64_t>(a->ne[0] / dtype_block_size(a->type) * dtype_type_size(a->type)),
+              pre_scales_enabled()};
   const dim3 grid(static_cast<unsigned>(s.col_tiles), static_cast<unsigned>(s.row_tiles),
                   static_cast<unsigned>(s.splits));
   const CudaError e = visit_quant_type(
