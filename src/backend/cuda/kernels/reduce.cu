@@ -315,7 +315,22 @@ __global__ void __launch_bounds__(kSplitThreads) top_k_chunk_kernel(SplitArgs p)
   const char* row = row_ptr(p.a, i1, i2, i3);
   const int64_t begin = blockIdx.x * p.chunk;
   const int64_t len = p.a.ne[0] - begin < p.chunk ? p.a.ne[0] - begin : p.chunk;
-  for (int64_t i = threadIdx.x; i < len; i += blockDim.x) chunk_keys[i] = order_key(load_f32(row, begin + i, p.a.nb[0]));
+  // kLoadBatch loads in flight per thread before the first is used (a loop of load-then-store waited
+  // out each load's latency in turn: 19.7 us for a 128256-row's 63 chunks at k = 40, ncu on the H200)
+  constexpr int kLoadBatch = 8;
+  for (int64_t base = 0; base < len; base += kLoadBatch * kSplitThreads) {
+    float v[kLoadBatch];
+#pragma unroll
+    for (int j = 0; j < kLoadBatch; ++j) {
+      const int64_t i = base + j * kSplitThreads + threadIdx.x;
+      v[j] = i < len ? load_f32(row, begin + i, p.a.nb[0]) : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < kLoadBatch; ++j) {
+      const int64_t i = base + j * kSplitThreads + threadIdx.x;
+      if (i < len) chunk_keys[i] = order_key(v[j]);
+    }
+  }
   __syncthreads();
   const int kk = static_cast<int>(min(static_cast<int64_t>(p.k), len));
   select_top_k(
@@ -339,9 +354,21 @@ __global__ void __launch_bounds__(kSplitThreads) top_k_merge_kernel(SplitArgs p)
   const int64_t last = p.a.ne[0] - (p.n_chunks - 1) * p.chunk;  // the last chunk's elements
   const int n = (p.n_chunks - 1) * p.k + static_cast<int>(last < p.k ? last : p.k);
   const int64_t at = r * p.n_chunks * p.k;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    cand_key[i] = p.keys[at + i];
-    cand_idx[i] = p.idxs[at + i];
+  constexpr int kLoadBatch = 8;  // loads in flight per thread, as in top_k_chunk_kernel
+  for (int base = 0; base < n; base += kLoadBatch * kSplitThreads) {
+    uint32_t kv[kLoadBatch];
+    int32_t iv[kLoadBatch];
+#pragma unroll
+    for (int j = 0; j < kLoadBatch; ++j) {
+      const int i = base + j * kSplitThreads + static_cast<int>(threadIdx.x);
+      kv[j] = i < n ? p.keys[at + i] : 0u;
+      iv[j] = i < n ? p.idxs[at + i] : 0;
+    }
+#pragma unroll
+    for (int j = 0; j < kLoadBatch; ++j) {
+      const int i = base + j * kSplitThreads + static_cast<int>(threadIdx.x);
+      if (i < n) cand_key[i] = kv[j], cand_idx[i] = iv[j];
+    }
   }
   __syncthreads();
   select_top_k(
