@@ -85,15 +85,21 @@ ExecOptions named(const std::string& name) { return *exec_options_named(name); }
 
 // Greedy tokens of 16 prompts (lengths 3..40) decoded alone and together; returns the fraction of
 // sequences whose tokens agree and checks nothing itself.
+// n_seqs random prompts of lengths 3..40 from `seed`.
+std::vector<std::vector<int32_t>> random_prompts(const Model& model, int n_seqs, uint32_t seed) {
+  const int n_vocab = static_cast<int>(model.hparams().n_vocab);
+  std::mt19937 rng(seed);
+  std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(n_seqs));
+  for (int s = 0; s < n_seqs; ++s) {
+    prompts[static_cast<size_t>(s)].resize(static_cast<size_t>(3 + (s * 7) % 38));
+    for (int32_t& t : prompts[static_cast<size_t>(s)]) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(n_vocab));
+  }
+  return prompts;
+}
+
 Result<double> batched_agreement(const Model& model, int n_gen) {
   const int n_seqs = 16;
-  const int n_vocab = static_cast<int>(model.hparams().n_vocab);
-  std::mt19937 rng(99);
-  std::vector<std::vector<int32_t>> prompts(n_seqs);
-  for (int s = 0; s < n_seqs; ++s) {
-    prompts[s].resize(static_cast<size_t>(3 + (s * 7) % 38));
-    for (int32_t& t : prompts[s]) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(n_vocab));
-  }
+  const auto prompts = random_prompts(model, n_seqs, 99);
   SamplerParams greedy;
   greedy.temperature = 0.0f;
   greedy.seed = 1;
@@ -151,13 +157,7 @@ struct DeviceSamplingResult {
 };
 Result<DeviceSamplingResult> device_sampling_agreement(const Model& model, int n_gen) {
   const int n_seqs = 16;
-  const int n_vocab = static_cast<int>(model.hparams().n_vocab);
-  std::mt19937 rng(7);
-  std::vector<std::vector<int32_t>> prompts(n_seqs);
-  for (int s = 0; s < n_seqs; ++s) {
-    prompts[s].resize(static_cast<size_t>(3 + (s * 7) % 38));
-    for (int32_t& t : prompts[s]) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(n_vocab));
-  }
+  const auto prompts = random_prompts(model, n_seqs, 7);
   auto params = [](int s) {
     SamplerParams sp;  // llama.cpp's defaults: top-k 40, top-p 0.95, min-p 0.05, temperature 0.8
     sp.seed = 2000 + static_cast<uint32_t>(s);
