@@ -41,15 +41,13 @@ namespace loom::cuda {
 
 namespace {
 
-constexpr int kBM = 256;          // weight rows per block
-// kMT m16 tiles per warp (each activation load feeds 2 x kMT mma) and as many warps as cover kBM.
-template <int kMT>
-struct Tiling {
-  static constexpr int kMTiles = kMT, kWarps = kBM / (16 * kMT), kThreads = kWarps * kWarpSize;
-};
+constexpr int kWarps = 8, kThreads = kWarps * kWarpSize;
+constexpr int kMTiles = 2;            // m16 tiles per warp: each activation load feeds 2 x 2 mma
+constexpr int kBM = 16 * kMTiles * kWarps;  // weight rows per block
 constexpr int kBN = 64;           // columns per block
 constexpr int kNTiles = kBN / 8;  // n8 tiles per warp
 constexpr int kChunk = 256;       // k per shared-memory stage (a whole block of every format)
+constexpr int kXCopies = kBN * kChunk / 8 / kThreads;  // 16-byte cp.async per thread per stage
 // Activations per stage: kBN columns of kChunk halves (512 bytes), the 16-byte pieces of odd columns
 // swizzled (piece ^ 4), so that the two columns one 8-lane phase of a 16-byte load reads fall on
 // different banks.
@@ -87,9 +85,7 @@ struct GemmQArgs {
   bool pre_scales;    // q4_K: decode the scales once per chunk (LOOM_CUDA_GEMM_Q_PRESCALES=0: per dequant8)
 };
 
-template <int kThreads>
 __device__ __forceinline__ void load_x(const GemmQArgs& p, int64_t col0, int64_t k0, __half* s_x) {
-  constexpr int kXCopies = kBN * kChunk / 8 / kThreads;  // 16-byte cp.async per thread per stage
 #pragma unroll
   for (int i = 0; i < kXCopies; ++i) {
     const int c = static_cast<int>(threadIdx.x) + i * kThreads;
@@ -102,7 +98,7 @@ __device__ __forceinline__ void load_x(const GemmQArgs& p, int64_t col0, int64_t
 
 // cp.async of the raw weight segments of chunk k0 for the block's kBM rows: each row's segment from
 // its 16-byte-aligned start (rows past m and bytes past the weights are zero-filled).
-template <class D, int kThreads>
+template <class D>
 __device__ __forceinline__ void load_w(const GemmQArgs& p, int64_t row0, int64_t k0, unsigned char* s_w) {
   using S = Staging<D>;
   for (int i = static_cast<int>(threadIdx.x); i < kBM * S::kRawPieces; i += kThreads) {
@@ -219,10 +215,8 @@ __device__ __forceinline__ void dequant8(const unsigned char* raw, int k, uint32
 // as f16; where one of them is beyond f16, the whole chunk takes the float path (returns true), for
 // every thread alike. Before, each of the 4 threads sharing a row's 8 weights decoded them again at
 // every dequant8 call (the 6-bit unpacking, two conversions, a range check).
-template <int kThreads>
 __device__ __forceinline__ bool q4k_pre_scales(const unsigned char* row_block, uint32_t* s_sc) {
-  static_assert(kBM <= kThreads, "one row per thread");
-  if (threadIdx.x >= kBM) return __syncthreads_or(false) != 0;
+  static_assert(kBM == kThreads, "one row per thread");
   const uint8_t* b = row_block;
   const float d = f16_to_float(load_u16_even(b)), dmin = f16_to_float(load_u16_even(b + 2));
   bool wide = false;
@@ -257,9 +251,8 @@ __device__ __forceinline__ void dequant8_q4k_pre(const unsigned char* raw, int k
   }
 }
 
-template <class D, class T>
-__global__ void __launch_bounds__(T::kThreads, 1) gemm_q_kernel(GemmQArgs p) {
-  constexpr int kMTiles = T::kMTiles, kThreads = T::kThreads;
+template <class D>
+__global__ void __launch_bounds__(kThreads, 1) gemm_q_kernel(GemmQArgs p) {
   // pdl_wait later: the first weight chunk is requested first (no kernel writes weights)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   using S = Staging<D>;
@@ -279,9 +272,9 @@ __global__ void __launch_bounds__(T::kThreads, 1) gemm_q_kernel(GemmQArgs p) {
     return static_cast<int>(reinterpret_cast<uintptr_t>(p.a + row * p.a_nb1 + (k0 / D::kBlock) * D::kBytes) & 15);
   };
 
-  load_w<D, kThreads>(p, row0, k_begin, s_w);
+  load_w<D>(p, row0, k_begin, s_w);
   pdl_wait();
-  load_x<kThreads>(p, col0, k_begin, s_x);
+  load_x(p, col0, k_begin, s_x);
   cp_async_commit();
 
   float acc[kMTiles][kNTiles][4];
@@ -293,8 +286,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) gemm_q_kernel(GemmQArgs p) {
   int stage = 0;
   for (int64_t k0 = k_begin; k0 < k_end; k0 += kChunk, stage ^= 1) {
     if (k0 + kChunk < k_end) {
-      load_w<D, kThreads>(p, row0, k0 + kChunk, s_w + (stage ^ 1) * S::kWStageBytes);
-      load_x<kThreads>(p, col0, k0 + kChunk, s_x + (stage ^ 1) * kBN * kChunk);
+      load_w<D>(p, row0, k0 + kChunk, s_w + (stage ^ 1) * S::kWStageBytes);
+      load_x(p, col0, k0 + kChunk, s_x + (stage ^ 1) * kBN * kChunk);
     }
     cp_async_commit();
     cp_async_wait<1>();  // this stage's bytes (the next stage's may still be in flight)
@@ -309,8 +302,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) gemm_q_kernel(GemmQArgs p) {
       }
     bool pre = false;  // q4_K: scales decoded once for the chunk
     if constexpr (S::kPreScales) if (p.pre_scales) {
-      const int r = static_cast<int>(threadIdx.x) < kBM ? static_cast<int>(threadIdx.x) : 0;
-      pre = !q4k_pre_scales<kThreads>(s_w + stage * S::kWStageBytes + r * S::kRawStride + misalign(r, k0), s_sc);
+      const int r = static_cast<int>(threadIdx.x);
+      pre = !q4k_pre_scales(s_w + stage * S::kWStageBytes + r * S::kRawStride + misalign(r, k0), s_sc);
     }
     // column g of each n8 tile (g's parity, hence the swizzle, is the same in every tile)
     const __half* xs = s_x + stage * kBN * kChunk + g * kChunk + 8 * c;
@@ -367,16 +360,6 @@ __global__ void gemm_q_reduce_kernel(float* dst, const float* part, int64_t coun
     for (int j = 1; j < splits; ++j) s += part[j * count + i];
     dst[i] = s;
   }
-}
-
-// LOOM_CUDA_GEMM_Q_MTILES=2: 8 warps of two m16 tiles each (the earlier kernel); default 1: 16 warps
-// of one (for comparisons)
-int m_tiles_per_warp() {
-  static const int n = [] {
-    const char* e = std::getenv("LOOM_CUDA_GEMM_Q_MTILES");
-    return e && std::strcmp(e, "2") == 0 ? 2 : 1;
-  }();
-  return n;
 }
 
 bool pre_scales_enabled() {
@@ -438,18 +421,12 @@ CudaError launch_gemm_q(const LaunchContext& ctx, const Tensor* dst, const __hal
   const CudaError e = visit_quant_type(
       a->type, CudaError::runtime(cudaErrorInvalidValue, "mul_mat: not a quantized weight", __FILE__, __LINE__),
       [&](auto q) -> CudaError {
-        using D = typename decltype(q)::Dequant8;
-        constexpr size_t smem = Staging<D>::kSmemBytes;
+        auto* kernel = gemm_q_kernel<typename decltype(q)::Dequant8>;
+        constexpr size_t smem = Staging<typename decltype(q)::Dequant8>::kSmemBytes;
         static_assert(smem <= 227 * 1024);
-        auto launch = [&](auto* kernel, int threads) -> CudaError {
-          LOOM_CUDA_CHECK(
-              cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-          kernel<<<grid, threads, smem, ctx.stream>>>(p);
-          return {};
-        };
-        const CudaError le = m_tiles_per_warp() == 2 ? launch(gemm_q_kernel<D, Tiling<2>>, Tiling<2>::kThreads)
-                                                     : launch(gemm_q_kernel<D, Tiling<1>>, Tiling<1>::kThreads);
-        if (!le.ok()) return le;
+        LOOM_CUDA_CHECK(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+        kernel<<<grid, kThreads, smem, ctx.stream>>>(p);
         LOOM_CUDA_CHECK_LAUNCH("gemm_q_kernel");
         return {};
       });
