@@ -572,6 +572,13 @@ void add_fused_cases(CaseList& cases, CaseSet set) {
       add_glu_mat_vec(cases, wt, 45, n, true);
       add_mat_vec_multi(cases, wt, {64, 32, 32}, n, 256);
     }
+  // q6_K on the fast mode's direct mat-vec (rows of whole 8-block groups: k a multiple of 2048).
+  for (int64_t n : {1, 2}) {
+    add_mat_vec_bias(cases, DType::q6_k, 37, n, 2048);
+    add_glu_mat_vec(cases, DType::q6_k, 45, n, true, 2048);
+    add_mat_vec_multi(cases, DType::q6_k, {64, 32, 32}, n, 2048);
+  }
+  add_glu_mat_vec(cases, DType::q6_k, 203, 1, false, 4096);
   add_mat_vec_multi(cases, DType::f32, {37, 13, 6}, 8, 75);
   add_mat_vec_multi(cases, DType::bf16, {21, 10}, 1, 75);
   add_mat_vec_multi(cases, DType::q4_0, {24, 8, 8}, 3, 128, 2, {1, 2, 1});

@@ -284,6 +284,21 @@ void add_matmul_cases(CaseList& cases, CaseSet set) {
   add_mul_mat(cases, {DType::q8_0, 200, 3, 4096, {1, 1}, {1, 1}}, false);
   add_mul_mat(cases, {DType::q4_k, 130, 33, 1024, {1, 1}, {1, 1}}, false);
   add_mul_mat(cases, {DType::q6_k, 67, 96, 768, {1, 1}, {1, 1}}, false);
+  // The fast mode's direct q6_K mat-vec (1-2 columns; rows of whole 8-block groups, k a multiple of 2048,
+  // else the pipeline or the exact kernels): the llama-3-8B shapes at k 4096 (attention, 4096 rows; K/V,
+  // 1024), the down projection's k 14336 (seven groups), a row count whose last 2-row (or, under
+  // LOOM_MV_TILE_ROWS=4, 4-row) tile is partial, one group, broadcast batches, and an output layer's
+  // shape cut to 8451 rows: 2113 4-row tiles, enough for 4-row tiles on 132 SMs, the last one partial
+  // (one column: at 3.5 s on the CPU the largest case here).
+  for (int64_t n : {1, 2}) {
+    add_mul_mat(cases, {DType::q6_k, 4096, n, 4096, {1, 1}, {1, 1}}, false);
+    add_mul_mat(cases, {DType::q6_k, 1024, n, 4096, {1, 1}, {1, 1}}, false);
+    add_mul_mat(cases, {DType::q6_k, 203, n, 14336, {1, 1}, {1, 1}}, false);
+    add_mul_mat(cases, {DType::q6_k, 1001, n, 4096, {1, 1}, {1, 1}}, false);
+    add_mul_mat(cases, {DType::q6_k, 37, n, 2048, {1, 1}, {1, 1}}, false);
+    add_mul_mat(cases, {DType::q6_k, 5, n, 2048, {2, 1}, {4, 2}}, false);
+  }
+  add_mul_mat(cases, {DType::q6_k, 8451, 1, 4096, {1, 1}, {1, 1}}, false);
   // Prefill-sized products of every quantized type (the fast mode's dequantized GEMM; a weight of
   // k 8192 spans two dequantization chunks of 2048 rows).
   add_mul_mat(cases, {DType::q4_0, 2100, 16, 8192, {1, 1}, {1, 1}}, false);

@@ -258,5 +258,81 @@ TEST(CudaFastFormats, IQ4_XSUnitsMatchTheCpuDequantizer) {
 }
 TEST(CudaFastFormats, MXFP4UnitsMatchTheCpuDequantizer) { check_fast_units<cuda::FastMXFP4>(DType::mxfp4); }
 
+// ---- the direct q6_K mat-vec's lane parts (DirectQ6_K) -------------------------------------------------
+// Every part u of every block of a row, read as mat_vec_direct_q6k_kernel reads it -- the 16-byte chunks
+// of its 8-block group that hold its runs, at the block's place j in the group -- gives 4 times the
+// pipeline's integer sums (FastQ6_K's units: scale times isum of each 16 codes) exactly, and the row's
+// terms sum to the float64 dot of the CPU dequantizer's weights within float rounding. Random bytes
+// give every code and scale pattern (their sums only: d may be no number); quantizer output the dots.
+TEST(CudaFastFormats, DirectQ6_KPartsMatchThePipelineAndTheCpuDequantizer) {
+  using D = cuda::DirectQ6_K;
+  using Q = cuda::FastQ6_K;
+  std::mt19937 rng(13);
+  std::normal_distribution<float> normal;
+  std::uniform_int_distribution<int> byte(0, 255), code(-127, 127);
+  constexpr int64_t k = 2 * D::kGroupBlocks * 256, n_blocks = k / 256;
+  auto words = [](const uint8_t* p, uint32_t* w, int n) { std::memcpy(w, p, 4 * static_cast<size_t>(n)); };
+  for (int r = 0; r < 40; ++r) {
+    const bool random_bytes = r % 2 == 1;
+    std::vector<uint8_t> wq(dtype_row_size(DType::q6_k, k));
+    ASSERT_EQ(wq.size() % 16, 0u);
+    std::vector<float> ref(k);
+    if (random_bytes) {
+      for (uint8_t& b : wq) b = static_cast<uint8_t>(byte(rng));
+    } else {
+      std::vector<float> w(k);
+      for (float& v : w) v = normal(rng) * (r % 3 == 0 ? 1e-3f : 0.05f) + (r % 4 == 0 ? 0.02f : 0.0f);
+      quantize_row(DType::q6_k, w.data(), wq.data(), k);
+      dequantize_row(DType::q6_k, wq.data(), ref.data(), k);
+    }
+    std::vector<int8_t> x(k);
+    for (int8_t& v : x) v = static_cast<int8_t>(code(rng));
+    std::vector<float> dx(n_blocks);
+    for (float& v : dx) v = 0.01f + 0.001f * static_cast<float>(byte(rng));
+    double want = 0.0, scale = 0.0;
+    for (int64_t e = 0; e < k && !random_bytes; ++e) {
+      const double term = static_cast<double>(ref[e]) * x[e] * dx[e / 256];
+      want += term;
+      scale += std::fabs(term);
+    }
+    float got = 0.0f;
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      const int j = static_cast<int>(b % D::kGroupBlocks);
+      const uint8_t* group = wq.data() + (b / D::kGroupBlocks) * D::kGroupBytes;
+      const uint8_t* block = wq.data() + b * Q::kBytes;
+      for (int u = 0; u < D::kParts; ++u) {
+        const int h = u >> 1, s = u & 1;
+        uint32_t ql[16], qh[8];
+        int sc[4];
+        words(group + 16 * D::ql_chunk(j, u), ql, 16);
+        words(group + 16 * D::qh_chunk(j, u), qh, 8);
+        for (int c = 0; c < 4; ++c) sc[c] = static_cast<int8_t>(group[D::scale_byte(j, u, c)]);
+        const D::Part p = D::decode(ql, qh, sc, cuda::load_u16_a2(group + D::d_byte(j)), j >> 1, j & 1);
+        int xw[4][4];
+        int pipeline = 0;
+        for (int c = 0; c < 4; ++c) {
+          // the pipeline's unit 4 h + c, its half s (16 codes, scale sc0 or sc1)
+          const auto unit = Q::decode(block, 4 * h + c);
+          int isum = 0;
+          for (int i = 0; i < 4; ++i) {
+            std::memcpy(&xw[c][i], &x[b * 256 + 128 * h + 32 * c + 16 * s + 4 * i], 4);
+            isum = cuda::dot4(static_cast<int>(unit.q[4 * s + i]), xw[c][i], isum);
+          }
+          pipeline += (s == 0 ? unit.sc0 : unit.sc1) * isum;
+        }
+        const int direct = D::isum(p, xw);
+        ASSERT_EQ(direct, 4 * pipeline) << "row " << r << " block " << b << " part " << u;
+        if (!random_bytes) {
+          ASSERT_EQ(p.d4, cuda::half_to_float(cuda::load_u16_a2(block + 208)) * 0.25f);
+          got += p.d4 * dx[b] * static_cast<float>(direct);
+        }
+      }
+    }
+    if (!random_bytes) {
+      ASSERT_NEAR(got, want, 1e-5 * scale + 1e-12) << "row " << r;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace loom

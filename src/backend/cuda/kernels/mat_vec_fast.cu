@@ -39,11 +39,15 @@
 // block per 1-row tile with per-thread 16-byte cp.async ran q4_K at 22% (issue ~310 instructions
 // per 32 weights). A load-time repacking into aligned code and scale arrays is the next step.
 //
-// At 1-2 columns q4_K, q4_0 and q8_0 take direct kernels instead (mat_vec_direct_q4k_kernel,
-// mat_vec_direct_a2_kernel; LOOM_MV_DIRECT=0 selects the pipeline, to compare): a warp
-// per 4-row tile loads its weights straight into registers (q4_K's 144-byte blocks are 16-byte
-// aligned; 8 blocks of q4_0 or q8_0 are too), with half the pipeline's instructions and no barrier:
-// 4-8% faster decode on the llama3 files (docs/PERFORMANCE.md).
+// At 1-2 columns q4_K, q4_0, q8_0 and q6_K take direct kernels instead (mat_vec_direct_q4k_kernel,
+// mat_vec_direct_a2_kernel, mat_vec_direct_q6k_kernel; LOOM_MV_DIRECT=0 selects the pipeline, to
+// compare): a warp per 4-row tile (2-row where 4 would give the SMs fewer than 16 warps) loads its
+// weights straight into registers (q4_K's 144-byte blocks are 16-byte aligned; 8 blocks of q4_0 or
+// q8_0 are too, and 8 of q6_K, 1680 bytes), with half the pipeline's instructions and no barrier:
+// 4-8% faster decode on the llama3 files for the first three (docs/PERFORMANCE.md). The q6_K one
+// (the output layer and half the FFN down projections of Q4_K_M files) is compiled (no spills) and
+// checked on the host (loom-cuda-host-tests: its lanes' parts against the pipeline's integer sums),
+// not yet measured on a GPU.
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -511,11 +515,17 @@ __global__ void __launch_bounds__(kThreads, quant_blocks_per_sm<Q, kCols>())
 }
 
 /// A direct kernel's warp tile t (blockIdx.x * kWarps + warp; a warp past the last tile reads the last
-/// tile's rows and writes nothing) and the weight rows it reads.
+/// tile's rows and writes nothing).
+template <int kRows>
+__device__ __forceinline__ TileAt warp_tile(const FastArgs& args, int64_t& t) {
+  t = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / kWarpSize;
+  return tile_at<kRows>(args, t < args.tiles ? t : args.tiles - 1);
+}
+
+/// warp_tile and the weight rows the tile reads.
 template <int kRows, bool kGlu, int kLoad>
 __device__ __forceinline__ TileAt warp_tile(const FastArgs& args, int64_t& t, const uint8_t* (&rows)[kLoad]) {
-  t = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / kWarpSize;
-  const TileAt at = tile_at<kRows>(args, t < args.tiles ? t : args.tiles - 1);
+  const TileAt at = warp_tile<kRows>(args, t);
 #pragma unroll
   for (int l = 0; l < kLoad; ++l) rows[l] = reinterpret_cast<const uint8_t*>(tile_row<kRows, kGlu>(args, at, l));
   return at;
@@ -555,7 +565,8 @@ __device__ __forceinline__ void warp_reduce_store(float (&acc)[kLoad][kCols], co
 // ---- q4_K straight from global memory ---------------------------------------------------------------
 
 /// Blocks per SM for the direct kernels (1-2 columns; ptxas -v: q4_K ~150 registers at 1 column
-/// unconstrained, 122 under 4 blocks, 158 at 2 columns; q4_0 100 / 138, q8_0 128 / 142; no spills).
+/// unconstrained, 122 under 4 blocks, 158 at 2 columns; q4_0 100 / 138, q8_0 128 / 142; q6_K 99-108 /
+/// 112-147; no spills).
 template <int kCols>
 __host__ __device__ constexpr int direct_blocks_per_sm() {
   return kCols <= 1 ? 4 : 3;
@@ -788,6 +799,106 @@ __global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<kCols>())
   warp_reduce_store<kRows, kCols, kGlu>(acc, args, at, t, lane, ncols);
 }
 
+// ---- q6_K straight from global memory -----------------------------------------------------------------
+
+// Tiles of kRows output rows (glu: 2 gate + 2 up), one per warp, with q6_K weights loaded straight into
+// registers (DirectQ6_K, mat_vec_fast_formats.cuh: block j of a 16-byte aligned group of 8 starts 2 j
+// bytes into a 16-byte chunk, so each of a part's three 16-byte runs is cut out of the two chunks that
+// hold it). Unlike the other direct kernels a lane works on one row of the tile: lane (r, jo, u) takes
+// part u (64 weights) of blocks j = jj kPhases + jo, jj = 0, 1, .., of every group of row r; the
+// tile's rows' lanes load the same activation codes (the same L1 lines). A lane's j is thus known at
+// compile time up to jo: with 8 lanes per row (4-row tiles, 2 + 2 gated) the runs come out of their
+// chunks by register renaming and one funnel shift by 0 or 16 bits; with 16 (2-row tiles, 1 + 1) one
+// level of selects too. (Lanes over 8 blocks of one row, as the other direct kernels, would need two
+// levels of selects on a per-lane j; lanes over groups would idle at k 2048.) Per 64 weights of a row
+// a lane issues six 16-byte weight loads, four 8-bit ones (its scales, sign-extended by the load) and
+// a 16-bit one (d); 12 funnel shifts (4-row tiles; 2-row: and 15 selects) cut out its runs, ~52
+// shifts and logic ops make the 64 codes (DirectQ6_K::decode) and 16 dp4a take their sums; per column
+// four 16-byte activation loads and one of their scale. kSteps blocks' loads go out before the first
+// is decoded. A lane's sums are of its row alone: warp_reduce_store adds them up with zeros for the
+// tile's other rows.
+template <int kCols, bool kGlu, int kRows>
+__global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<kCols>())
+    mat_vec_direct_q6k_kernel(const __grid_constant__ FastArgs args, ActFastLayout<FastQ6_K> act, int64_t k,
+                              int ncols) {
+  // pdl_wait later: the first step's weight loads (no earlier kernel's output) go out before it
+  using D = DirectQ6_K;
+  constexpr int kLoad = kGlu ? 2 * kRows : kRows;
+  constexpr int kLanesPerRow = kWarpSize / kLoad;       // 8 (4-row tiles), 16 (2-row)
+  constexpr int kPhases = kLanesPerRow / D::kParts;     // 2, 4
+  constexpr int kPerGroup = D::kGroupBlocks / kPhases;  // a lane's blocks of a group: 4, 2
+  constexpr int kSteps = 2;                             // blocks loaded together
+  static_assert(kPhases * D::kParts * kLoad == kWarpSize && kPerGroup % kSteps == 0, "lanes cover the tile");
+  const int lane = threadIdx.x % kWarpSize;
+  const int u = lane % D::kParts, jo = lane / D::kParts % kPhases, my_row = lane / kLanesPerRow;
+  const int h = u >> 1, s = u & 1;
+  const int64_t n_groups = k / (D::kGroupBlocks * 256), n_blocks = k / 256;
+  int64_t t;
+  const TileAt at = warp_tile<kRows>(args, t);
+  const uint8_t* row = reinterpret_cast<const uint8_t*>(tile_row<kRows, kGlu>(args, at, my_row));
+  bool waited = false;  // the weights are no earlier kernel's output: the first loads go out before the wait
+  float acc[kCols] = {};
+#pragma unroll 1
+  for (int64_t g = 0; g < n_groups; ++g) {
+    const uint8_t* group = row + g * D::kGroupBytes;
+    const auto* chunks = reinterpret_cast<const uint4*>(group);
+#pragma unroll
+    for (int j0 = 0; j0 < kPerGroup; j0 += kSteps) {
+      uint32_t ql[kSteps][16], qh[kSteps][8], d_bits[kSteps];
+      int sc[kSteps][4];
+#pragma unroll
+      for (int st = 0; st < kSteps; ++st) {
+        const int j = (j0 + st) * kPhases + jo;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const uint4 v = __ldg(chunks + D::ql_chunk(j, u) + i);
+          ql[st][4 * i] = v.x, ql[st][4 * i + 1] = v.y, ql[st][4 * i + 2] = v.z, ql[st][4 * i + 3] = v.w;
+        }
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const uint4 v = __ldg(chunks + D::qh_chunk(j, u) + i);
+          qh[st][4 * i] = v.x, qh[st][4 * i + 1] = v.y, qh[st][4 * i + 2] = v.z, qh[st][4 * i + 3] = v.w;
+        }
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+          sc[st][c] = __ldg(reinterpret_cast<const signed char*>(group + D::scale_byte(j, u, c)));
+        d_bits[st] = __ldg(reinterpret_cast<const unsigned short*>(group + D::d_byte(j)));
+      }
+      if (!waited) {
+        pdl_wait();
+        waited = true;
+      }
+#pragma unroll
+      for (int st = 0; st < kSteps; ++st) {
+        const int j = (j0 + st) * kPhases + jo;
+        const D::Part p = D::decode(ql[st], qh[st], sc[st], d_bits[st], j >> 1, j & 1);
+        const int64_t b = g * D::kGroupBlocks + j;
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) {
+          if (c >= ncols) break;
+          const int64_t col = c + ncols * at.z;
+          const auto* xc = reinterpret_cast<const int4*>(act.codes + col * k + b * 256 + 128 * h + 16 * s);
+          int x[4][4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {  // unit e's 16 codes, 32 apart
+            const int4 v = __ldg(xc + 2 * e);
+            x[e][0] = v.x, x[e][1] = v.y, x[e][2] = v.z, x[e][3] = v.w;
+          }
+          const float dx = __ldg(act.scales + col * n_blocks + b);
+          acc[c] += p.d4 * dx * static_cast<float>(D::isum(p, x));
+        }
+      }
+    }
+  }
+  if (!waited) pdl_wait();
+  float sums[kLoad][kCols];  // this lane's row, zeros for the others
+#pragma unroll
+  for (int l = 0; l < kLoad; ++l)
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) sums[l][c] = l == my_row ? acc[c] : 0.0f;
+  warp_reduce_store<kRows, kCols, kGlu>(sums, args, at, t, lane, ncols);
+}
+
 // ---- launchers -------------------------------------------------------------------------------------
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -803,7 +914,19 @@ int forced_tile_rows() {
   return rows;
 }
 
-/// The direct kernels (q4_K, q4_0, q8_0 at 1-2 columns), unless LOOM_MV_DIRECT=0 asks for the
+/// The formats with a direct kernel and the multiple of it their rows' lengths must be: whole 8-block
+/// groups of q4_0 and q8_0 (256) and of q6_K (2048), whole blocks of q4_K (256); 0: none. Rows that
+/// mat_vec_fast_supports takes always are (their bytes a multiple of 16: 18 n, 34 n and 210 n only for
+/// n a multiple of 8, 144 n for any n); a row that is not would take the pipeline.
+template <class Q>
+constexpr int64_t direct_row_multiple() {
+  if constexpr (std::is_same_v<Q, FastQ4_K>) return 256;
+  if constexpr (std::is_same_v<Q, FastQ4_0> || std::is_same_v<Q, FastQ8_0>) return 8 * 32;
+  if constexpr (std::is_same_v<Q, FastQ6_K>) return DirectQ6_K::kGroupBlocks * 256;
+  return 0;
+}
+
+/// The direct kernels (q4_K, q4_0, q8_0, q6_K at 1-2 columns), unless LOOM_MV_DIRECT=0 asks for the
 /// shared-memory pipeline instead (to compare).
 bool direct_mat_vec_enabled() {
   static const bool on = [] {
@@ -881,6 +1004,10 @@ CudaError launch_direct(const LaunchContext& ctx, const FastLaunch& l, const Act
     mat_vec_direct_q4k_kernel<kCols, kGlu, kRows><<<static_cast<unsigned>(blocks), kThreads, 0, ctx.stream>>>(
         args, act, b->ne[0], static_cast<int>(b->ne[1]));
     LOOM_CUDA_CHECK_LAUNCH("mat_vec_direct_q4k_kernel");
+  } else if constexpr (std::is_same_v<Q, FastQ6_K>) {
+    mat_vec_direct_q6k_kernel<kCols, kGlu, kRows><<<static_cast<unsigned>(blocks), kThreads, 0, ctx.stream>>>(
+        args, act, b->ne[0], static_cast<int>(b->ne[1]));
+    LOOM_CUDA_CHECK_LAUNCH("mat_vec_direct_q6k_kernel");
   } else {
     using F = std::conditional_t<std::is_same_v<Q, FastQ4_0>, DirectQ4_0, DirectQ8_0>;
     mat_vec_direct_a2_kernel<F, kCols, kGlu, kRows><<<static_cast<unsigned>(blocks), kThreads, 0, ctx.stream>>>(
@@ -899,9 +1026,8 @@ CudaError launch_q_cols(const LaunchContext& ctx, const FastLaunch& l) {
   const auto act = ActFastLayout<Q>::at(ctx.scratch, b->nrows(), b->ne[0]);
   // the direct kernels at 1-2 columns; at 4 and 8 the pipeline was faster (ncu, q4_0 4 columns: 43% of
   // DRAM peak against 41%; q4_K 8 columns: 23% against 20%)
-  if constexpr ((std::is_same_v<Q, FastQ4_0> || std::is_same_v<Q, FastQ8_0> || std::is_same_v<Q, FastQ4_K>) &&
-                kCols <= 2) {
-    if (direct_mat_vec_enabled()) {
+  if constexpr (direct_row_multiple<Q>() > 0 && kCols <= 2) {
+    if (direct_mat_vec_enabled() && b->ne[0] % direct_row_multiple<Q>() == 0) {
       // half-height tiles where full ones would give the SMs fewer than 16 warps (the 4096-row products of
       // an 8B model: its FFN down projection ran at 42% of DRAM peak on 7.75 warps per SM). Single rows
       // were no faster (q4_0 4096x4096, H100: 4 / 2 / 1 rows 35 / 39 / 36% of DRAM peak; 1B decode the

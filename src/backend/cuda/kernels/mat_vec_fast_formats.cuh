@@ -200,6 +200,92 @@ struct FastQ6_K {
   }
 };
 
+/// The 32 bits at bit s (0..31) of the 64-bit hi:lo (the device's funnel shift).
+LOOM_HD uint32_t funnel_r(uint32_t lo, uint32_t hi, unsigned s) {
+#if defined(__CUDA_ARCH__)
+  return __funnelshift_r(lo, hi, s);
+#else
+  return static_cast<uint32_t>(((static_cast<uint64_t>(hi) << 32) | lo) >> (s & 31u));
+#endif
+}
+
+/// q6_K read from global memory straight into registers (mat_vec_direct_q6k_kernel). A group of 8
+/// blocks is 1680 bytes, 105 16-byte chunks, so on 16-byte aligned rows (mat_vec_fast_supports: 210 n
+/// bytes are a multiple of 16 only for n a multiple of 8) every group starts 16-byte aligned and block
+/// j of a group (0..7) starts 2 j bytes into chunk 13 j. Part u = 2 h + s (0..3) of a block is its 64
+/// weights 128 h + 32 c + 16 s + (0..15), c = 0..3: the low (c = 0, 1) or high (c = 2, 3) nibbles of
+/// ql bytes 64 h + 32 (c & 1) + 16 s + (0..15), bits 2 c of qh bytes 32 h + 16 s + (0..15), scale byte
+/// 8 h + 2 c + s: three 16-byte runs (ql, ql + 32, qh) at the block's offset 2 j, read as the chunk
+/// pairs holding them (four consecutive chunks of ql, two of qh), plus four scale bytes and d.
+///
+/// Codes are built as 4 (q - 32) in int8: the 4 ql bits at bits 2..5 and the 2 qh bits at 6..7 with
+/// the top one flipped, byte 4 q ^ 0x80 = 4 q - 128 as signed (no per-code subtraction and no sums of
+/// activation codes): two LOP3 per qh word and a shift and a LOP3 per code word. The term of part u of
+/// block b against the activations' codes x (per unit c: four words of the 16 codes at 128 h + 32 c +
+/// 16 s) is d / 4 * dx * sum_c sc_c isum_c: the pipeline's (FastQ6_K) integer sums, scaled in float.
+struct DirectQ6_K {
+  static constexpr int kGroupBlocks = 8, kGroupBytes = kGroupBlocks * FastQ6_K::kBytes;
+  static constexpr int kParts = 4;  ///< lanes per block
+  static_assert(kGroupBytes % 16 == 0 && FastQ6_K::kBytes % 16 == 2, "block j of a group at 16 (13 j) + 2 j");
+
+  /// Chunks (of the group) that hold part u's ql runs (4, from this one) and qh run (2) of block j.
+  LOOM_HD static int ql_chunk(int j, int u) { return 13 * j + 4 * (u >> 1) + (u & 1); }
+  LOOM_HD static int qh_chunk(int j, int u) { return 13 * j + 8 + 2 * (u >> 1) + (u & 1); }
+  /// Byte (of the group) of part u's scale of unit c, of d.
+  LOOM_HD static int scale_byte(int j, int u, int c) {
+    return 210 * j + 192 + 8 * (u >> 1) + 2 * c + (u & 1);
+  }
+  LOOM_HD static int d_byte(int j) { return 210 * j + 208; }
+
+  /// The 16 bytes at byte 4 w0 + 2 hw of 8 words (two chunks): block j's run, w0 = j / 2, hw = j % 2.
+  /// Two levels of selects and a funnel shift; the kernel's lanes take j with compile-time w0 bits
+  /// where they can (then only the funnel shift, or nothing, remains).
+  LOOM_HD static void window(const uint32_t* raw, int w0, int hw, uint32_t (&out)[4]) {
+    uint32_t t[6], v[5];
+    for (int i = 0; i < 6; ++i) t[i] = (w0 & 2) ? raw[i + 2] : raw[i];
+    for (int i = 0; i < 5; ++i) v[i] = (w0 & 1) ? t[i + 1] : t[i];
+    for (int i = 0; i < 4; ++i) out[i] = funnel_r(v[i], v[i + 1], 16u * static_cast<unsigned>(hw));
+  }
+
+  struct Part {
+    uint32_t q[4][4];  ///< unit c's 16 codes 4 (q - 32), element order
+    int sc[4];         ///< unit c's scale
+    float d4;          ///< d / 4
+  };
+  /// A part of a block from its chunks: ql[16] (ql_chunk on), qh[8] (qh_chunk on), its scales (read as
+  /// int8) and d's bits, at the block's w0 = j / 2, hw = j % 2.
+  LOOM_HD static Part decode(const uint32_t (&ql)[16], const uint32_t (&qh)[8], const int (&sc)[4],
+                             uint32_t d_bits, int w0, int hw) {
+    uint32_t lo[4], hi[4], h[4];
+    window(ql, w0, hw, lo);      // ql bytes 64 h + 16 s ..: units 0 (low nibbles) and 2 (high)
+    window(ql + 8, w0, hw, hi);  // ql bytes 64 h + 32 + 16 s ..: units 1 and 3
+    window(qh, w0, hw, h);
+    constexpr uint32_t kMid = 0x3c3c3c3cu;  // bits 2..5 of each byte: the ql nibble
+    Part p;
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t t0 = (h[i] & 0x33333333u) ^ 0x22222222u;  // qh bits of units 0 (0..1) and 2 (4..5)
+      const uint32_t t1 = (h[i] & 0xccccccccu) ^ 0x88888888u;  // units 1 (2..3) and 3 (6..7)
+      p.q[0][i] = ((lo[i] << 2) & kMid) | ((t0 << 6) & ~kMid);
+      p.q[1][i] = ((hi[i] << 2) & kMid) | ((t1 << 4) & ~kMid);
+      p.q[2][i] = ((lo[i] >> 2) & kMid) | ((t0 << 2) & ~kMid);
+      p.q[3][i] = ((hi[i] >> 2) & kMid) | (t1 & ~kMid);
+    }
+    for (int c = 0; c < 4; ++c) p.sc[c] = sc[c];
+    p.d4 = half_to_float(static_cast<uint16_t>(d_bits)) * 0.25f;
+    return p;
+  }
+  /// 4 sum_c sc_c isum_c against x[c] (unit c's 16 activation codes).
+  LOOM_HD static int isum(const Part& p, const int (&x)[4][4]) {
+    int total = 0;
+    for (int c = 0; c < 4; ++c) {
+      int s = 0;
+      for (int i = 0; i < 4; ++i) s = dot4(static_cast<int>(p.q[c][i]), x[c][i], s);
+      total += p.sc[c] * s;
+    }
+    return total;
+  }
+};
+
 // ---- the newer formats --------------------------------------------------------------------------------
 // Same unit of 32 weights. The 32-element formats with an offset (q4_1, q5_1) sum their unit's 32
 // activation codes by dp4a in the dot rather than through the layout's sums: a sum per 32 codes
