@@ -45,9 +45,9 @@
 // weights straight into registers (q4_K's 144-byte blocks are 16-byte aligned; 8 blocks of q4_0 or
 // q8_0 are too, and 8 of q6_K, 1680 bytes), with half the pipeline's instructions and no barrier:
 // 4-8% faster decode on the llama3 files for the first three (docs/PERFORMANCE.md). The q6_K one
-// (the output layer and half the FFN down projections of Q4_K_M files) is compiled (no spills) and
-// checked on the host (loom-cuda-host-tests: its lanes' parts against the pipeline's integer sums),
-// not yet measured on a GPU.
+// (the output layer and half the FFN down projections of Q4_K_M files) only helps small products at
+// one column, so it takes those alone (launch_q_cols: 4096x4096 9.5 us against the pipeline's 10.1;
+// the 128256-row output layer 169.5 against 149.5, two columns 11.7 against 10.1; H200, ncu).
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -1026,8 +1026,14 @@ CudaError launch_q_cols(const LaunchContext& ctx, const FastLaunch& l) {
   const auto act = ActFastLayout<Q>::at(ctx.scratch, b->nrows(), b->ne[0]);
   // the direct kernels at 1-2 columns; at 4 and 8 the pipeline was faster (ncu, q4_0 4 columns: 43% of
   // DRAM peak against 41%; q4_K 8 columns: 23% against 20%)
-  if constexpr (direct_row_multiple<Q>() > 0 && kCols <= 2) {
-    if (direct_mat_vec_enabled() && b->ne[0] % direct_row_multiple<Q>() == 0) {
+  // q6_K's direct kernel only at one column and up to kQ6DirectMaxRows rows (ncu, H200, direct against
+  // the pipeline: 4096x4096 9.5 / 10.1 us, 4096 rows of 14336 21.3 / 21.4, but the 128256-row output
+  // layer 169.5 / 149.5 and two columns 11.7 / 10.1)
+  constexpr bool kQ6 = std::is_same_v<Q, FastQ6_K>;
+  constexpr int64_t kQ6DirectMaxRows = 16384;
+  if constexpr (direct_row_multiple<Q>() > 0 && kCols <= (kQ6 ? 1 : 2)) {
+    if (direct_mat_vec_enabled() && b->ne[0] % direct_row_multiple<Q>() == 0 &&
+        (!kQ6 || args.tiles * kRows <= kQ6DirectMaxRows)) {
       // half-height tiles where full ones would give the SMs fewer than 16 warps (the 4096-row products of
       // an 8B model: its FFN down projection ran at 42% of DRAM peak on 7.75 warps per SM). Single rows
       // were no faster (q4_0 4096x4096, H100: 4 / 2 / 1 rows 35 / 39 / 36% of DRAM peak; 1B decode the
