@@ -588,7 +588,9 @@ TEST_F(LlmBatch, EnqueuedPromptsInterleaveWithDecodes) {
     for (const auto& t : *out) running += t.seq_id < 4;
     EXPECT_EQ(running, 4u) << "step " << step;
     // b's prompt waits for a's
-    if (a_pending) EXPECT_TRUE(gen.prefilling(*b)) << "the second prompt went before the first";
+    if (a_pending) {
+      EXPECT_TRUE(gen.prefilling(*b)) << "the second prompt went before the first";
+    }
     if (gen.generated(*a).size() >= static_cast<size_t>(n_gen) &&
         gen.generated(*b).size() >= static_cast<size_t>(n_gen))
       break;
