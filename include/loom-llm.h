@@ -69,9 +69,15 @@ typedef struct loom_sampling {
 LOOM_API loom_sampling loom_sampling_default(void);
 
 /** A context of n_ctx KV cells (a paged cache shared by every sequence) for up to max_sequences
- * sequences per step. NULL on failure. */
+ * sequences per step, sampling in the forward pass's graph (loom_batch_set_device_sampling). NULL
+ * on failure. */
 LOOM_API loom_batch* loom_batch_create(loom_model* model, int n_ctx, int max_sequences);
 LOOM_API void loom_batch_free(loom_batch* batch);
+/** Whether loom_batch_step samples the sequences' tokens in the forward pass's graph, so that only
+ * token ids come back (on by default), or on the host from logits read back (off). The tokens are
+ * the same either way; sequences whose sampling cannot run there exactly (an active repeat penalty,
+ * top_k <= 0 with temperature > 0) are sampled on the host regardless. */
+LOOM_API loom_status loom_batch_set_device_sampling(loom_batch* batch, bool on);
 /** Adds a sequence: prefills its prompt and samples its first token (loom_batch_generated).
  * Returns its id (>= 0), or -1 on error (nothing stays behind). sampling may be NULL (defaults). */
 LOOM_API int loom_batch_add(loom_batch* batch, const int32_t* prompt, int n_prompt, const loom_sampling* sampling);

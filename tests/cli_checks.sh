@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What a new user runs into with the `loom` command: non-regular model files, --version, sampler
 # values out of range, a prompt file that is not UTF-8, chat and perplexity without -m; --swa-full;
-# -tp on the CPU.
+# -tp on the CPU; run and chat sampling in the graph or (--host-sampling) on the host, the same text.
 #   usage: cli_checks.sh LOOM_BINARY PROJECT_VERSION SOURCE_DIR
 set -u
 loom=$1
@@ -129,4 +129,37 @@ grep -q "split over 2 cpu ranks" "$dir/tp2.err" || fail "-tp 2: no split in the 
 cmp -s "$dir/tp1.out" "$dir/tp2.out" || fail "-tp 2: the built-in model's greedy text differs from -tp 1's"
 refused tp4-heads "needs the attention heads (6) to divide by 4" run -t 1 --backend cpu -n 1 -tp 4
 refused tp0 "--tensor-parallel: Value 0 not in range" run -t 1 --backend cpu -n 1 -tp 0
+# ---- sampling in the forward pass's graph (the default) or with --host-sampling: the same text -------
+for cmd in run chat; do  # serve: serve_cli.sh (builds without cpp-httplib have no serve)
+  run "help-$cmd" "$cmd" --help || fail "loom $cmd --help"
+  grep -q -- "--host-sampling" "$dir/help-$cmd.out" || fail "loom $cmd --help: no --host-sampling"
+done
+same_text() {  # name args... (of loom run): the default and --host-sampling print the same text
+  local name=$1
+  shift
+  run "$name-dev" run "$@" || fail "$name: loom run $*"
+  run "$name-host" run "$@" --host-sampling || fail "$name: loom run $* --host-sampling"
+  cmp -s "$dir/$name-dev.out" "$dir/$name-host.out" || fail "$name: the text differs with --host-sampling"
+  grep -q "sampling host\$" "$dir/$name-host.err" || fail "$name: --host-sampling: no 'sampling host'"
+}
+same_text sample-default -m "$builtin" --backend cpu -t 2 -s 7 -n 48
+grep -q "sampling device\$" "$dir/sample-default-dev.err" || fail "sample-default: not sampled on the device"
+same_text sample-wide -m "$builtin" --backend cpu -t 2 -s 3 -n 48 --temp 1.3 --top-k 100 --top-p 0.9 --min-p 0.02
+grep -q "sampling device\$" "$dir/sample-wide-dev.err" || fail "sample-wide: not sampled on the device"
+same_text sample-greedy -m "$builtin" --backend cpu -t 2 -n 32 --temp 0
+# penalties over the history only run on the host
+same_text sample-penalty -m "$builtin" --backend cpu -t 2 -s 3 -n 32 --repeat-penalty 1.2
+grep -q "sampling host\$" "$dir/sample-penalty-dev.err" || fail "sample-penalty: penalties were not left to the host"
+# one sequence on the sliding-window ring
+same_text sample-ring -m "$dir/gemma3.gguf" -t 2 --ubatch-size 4 -p "$p" -s 5 -n 12
+grep -q "sampling device\$" "$dir/sample-ring-dev.err" || fail "sample-ring: not sampled on the device"
+for how in dev host; do
+  flag=()
+  [[ $how == host ]] && flag=(--host-sampling)
+  printf 'ROMEO:\nAnd then?\n' | timeout 120 "$loom" chat -m "$builtin" --backend cpu -n 24 -s 11 -t 2 "${flag[@]}" \
+    >"$dir/chat-$how.out" 2>"$dir/chat-$how.err" || fail "loom chat ${flag[*]}"
+done
+cmp -s "$dir/chat-dev.out" "$dir/chat-host.out" || fail "chat: the replies differ with --host-sampling"
+grep -q "^loom: turn 2:.*sampling device$" "$dir/chat-dev.err" || fail "chat: not sampled on the device"
+grep -q "^loom: turn 2:.*sampling host$" "$dir/chat-host.err" || fail "chat --host-sampling: not on the host"
 echo "cli checks: ok"

@@ -19,7 +19,7 @@ declare -A owner=(
   [loom/gguf.h]=gguf
   [loom/cpu.h]=backend_cpu [loom/cuda.h]=backend_cuda
   [loom/text.h]=text [loom/chat.h]=text [loom/jinja.h]=text [loom/text_stream.h]=text
-  [loom/llm.h]=llm [loom/llm_batch.h]=llm [loom/quant_mixture.h]=llm [loom/progress.h]=llm
+  [loom/llm.h]=llm [loom/llm_batch.h]=llm [loom/llm_sampling.h]=llm [loom/quant_mixture.h]=llm [loom/progress.h]=llm
   [loom/sample.h]=sample
   [loom/serve.h]=serve
   [loom.h]=capi [loom-llm.h]=capi [loom-cuda.h]=capi_cuda

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `loom serve` as a program: --port 0 prints the port, /health turns 200 once loaded, a completion
 # answers, SIGTERM stops it cleanly; --chat-template-file and --chat-template errors come before
-# loading; -tp 2 answers as one rank does. HTTP through bash's /dev/tcp, so the test needs nothing
+# loading; -tp 2 answers as one rank does; --host-sampling answers as the default (sampling in the
+# forward pass's graph) does. HTTP through bash's /dev/tcp, so the test needs nothing
 # installed.
 #   usage: tests/serve_cli.sh LOOM_BINARY
 set -euo pipefail
@@ -34,6 +35,9 @@ reply=$(http POST /v1/completions '{"prompt": "ROMEO:", "max_tokens": 4, "temper
 grep -q '"completion_tokens":4' <<<"$reply" || fail "completion: $reply"
 grep -q '"object":"text_completion"' <<<"$reply" || fail "completion: $reply"
 text_tp1=$(grep -o '"text":"[^"]*"' <<<"$reply")
+sampled='{"prompt": "ROMEO:", "max_tokens": 12, "temperature": 0.9, "seed": 3}'
+text_device=$(http POST /v1/completions "$sampled" | grep -o '"text":"[^"]*"')
+[[ -n $text_device ]] || fail "no sampled completion"
 reply=$(http POST /v1/chat/completions '{"messages": "nope"}')
 head -1 <<<"$reply" | grep -q " 400 " || fail "bad request: $reply"
 kill -TERM "$pid"
@@ -64,6 +68,7 @@ kill -TERM "$pid"; wait "$pid" || fail "exit status $? after SIGTERM (jinja serv
 pid=""
 
 # -tp 2 (two CPU ranks here): the same greedy completion as one rank
+rm -f "$dir/out"  # the background server truncates it later: the old port must not be read meanwhile
 "$loom" serve --port 0 -t 1 --backend cpu -tp 2 >"$dir/out" 2>"$dir/err" &
 pid=$!
 for _ in $(seq 100); do [[ -s $dir/out ]] && break; sleep 0.1; done
@@ -75,4 +80,22 @@ done
 grep -q "split over 2 cpu ranks" "$dir/err" || fail "-tp 2: the model is not split"
 reply=$(http POST /v1/completions '{"prompt": "ROMEO:", "max_tokens": 4, "temperature": 0}')
 [[ $(grep -o '"text":"[^"]*"' <<<"$reply") == "$text_tp1" ]] || fail "-tp 2 answered $reply, -tp 1 $text_tp1"
+kill -TERM "$pid"; wait "$pid" || fail "exit status $? after SIGTERM (-tp 2 server)"
+pid=""
+
+# --host-sampling (listed in --help): every token sampled on the host, the same sampled text
+"$loom" serve --help | grep -q -- "--host-sampling" || fail "serve --help: no --host-sampling"
+rm -f "$dir/out"
+"$loom" serve --port 0 -t 1 --host-sampling >"$dir/out" 2>"$dir/err" &
+pid=$!
+for _ in $(seq 100); do [[ -s $dir/out ]] && break; sleep 0.1; done
+port=$(head -1 "$dir/out")
+for _ in $(seq 200); do
+  http GET /health 2>/dev/null | head -1 | grep -q " 200 " && break
+  sleep 0.05
+done
+reply=$(http POST /v1/completions "$sampled")
+[[ $(grep -o '"text":"[^"]*"' <<<"$reply") == "$text_device" ]] ||
+  fail "--host-sampling answered $reply, the default $text_device"
+http GET /metrics | grep -q "^loom_tokens_sampled_device_total 0" || fail "--host-sampling: tokens sampled on the device"
 echo "serve_cli: ok"

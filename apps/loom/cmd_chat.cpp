@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -25,6 +26,7 @@
 #include "generate.h"
 #include "loom/chat.h"
 #include "loom/llm.h"
+#include "loom/llm_sampling.h"
 #include "loom/sample.h"
 #include "loom/text.h"
 #include "loom/text_stream.h"
@@ -75,6 +77,7 @@ class Chat {
  public:
   Chat(const ChatOptions& o, llm::Context& ctx, const Tokenizer& tok, const ChatFormat& tmpl, Sampler& sampler)
       : o_(o), ctx_(ctx), tok_(tok), tmpl_(tmpl), sampler_(sampler) {
+    step_options_.device = !o.gen.host_sampling;
     const SpecialTokens& sp = tok.special();
     // The model's own BOS/EOS spellings, so that the tokenizer matches them as special tokens.
     if (sp.bos != kNoToken) render_.bos_token = std::string(tok.token_text(sp.bos));
@@ -127,8 +130,11 @@ class Chat {
     });
     const auto t1 = std::chrono::steady_clock::now();
     int n_gen = 0;
+    int n_steps = 0, n_device_steps = 0;  // decode steps, and those whose token the graph sampled
     const char* why = "end of turn";
-    std::span<const float> last = *logits;
+    // The first token comes from the prompt's logits; each step after that samples in the pass's
+    // graph where the chain can run there (decode_and_sample).
+    std::optional<int32_t> next;
     while (true) {
       if (o_.n_predict >= 0 && n_gen >= o_.n_predict) {
         why = "-n";
@@ -138,23 +144,42 @@ class Chat {
         why = "context full";
         break;
       }
-      auto next = sampler_.sample(last, cached_);
-      if (!next) return next.status();
-      if (stop_ids_.count(*next)) break;
+      if (!next) {
+        auto first = sampler_.sample(*logits, cached_);
+        if (!first) return first.status();
+        next = *first;
+      }
+      const int32_t token = *next;
+      if (stop_ids_.count(token)) break;
       ++n_gen;
-      auto piece = tok_.token_to_piece(*next);
+      auto piece = tok_.token_to_piece(token);
       if (!piece) return piece.status();
       const bool stopped = out.add(*piece);
       // The token is decoded even when it completes the stop string, so the cache holds everything
       // the model wrote; the next turn's prompt re-synchronizes from the first difference anyway.
-      auto step = ctx_.decode(std::span<const int32_t>(&*next, 1), static_cast<int>(cached_.size()));
+      // A reply's last token is decoded without sampling a next one, so the sampler draws what it
+      // drew before decode_and_sample (a fixed seed gives the same conversation).
+      cached_.push_back(token);
+      const std::span<const int32_t> step_tokens(&cached_.back(), 1);
+      const int pos = static_cast<int>(cached_.size()) - 1;
+      const bool last = stopped || (o_.n_predict >= 0 && n_gen >= o_.n_predict) ||
+                        cached_.size() >= static_cast<size_t>(ctx_.n_ctx());
+      if (last) {
+        if (auto step = ctx_.decode(step_tokens, pos); !step) {
+          invalidate_cache();
+          return step.status();
+        }
+        if (stopped) break;
+        continue;  // the loop's checks say why it ends
+      }
+      auto step = llm::decode_and_sample(ctx_, sampler_, step_tokens, pos, cached_, step_options_);
       if (!step) {
         invalidate_cache();
         return step.status();
       }
-      cached_.push_back(*next);
-      last = *step;
-      if (stopped) break;
+      ++n_steps;
+      n_device_steps += step->on_device ? 1 : 0;
+      next = step->token;
     }
     out.finish();
     fmt::print("\n");
@@ -164,9 +189,9 @@ class Chat {
     fmt::print(
         stderr,
         "loom: turn {}: prompt {} tokens ({} from the cache, {} decoded in {:.1f} ms); reply {} tokens in "
-        "{:.1f} ms ({:.1f} tokens/s), stopped by {}\n",
+        "{:.1f} ms ({:.1f} tokens/s), stopped by {}, sampling {}\n",
         n_turns_, prompt->size(), reused, n_new, prompt_s * 1000.0, n_gen, gen_s * 1000.0,
-        n_gen > 0 && gen_s > 0.0 ? n_gen / gen_s : 0.0, why);
+        n_gen > 0 && gen_s > 0.0 ? n_gen / gen_s : 0.0, why, sampling_where(n_device_steps, n_steps));
     return {};
   }
 
@@ -221,6 +246,7 @@ class Chat {
   const Tokenizer& tok_;
   const ChatFormat& tmpl_;
   Sampler& sampler_;
+  llm::DecodeSampleOptions step_options_;  // --host-sampling turns the graph's sampling off
   ChatRenderOptions render_;
   std::string end_of_turn_;
   std::set<TokenId> stop_ids_;

@@ -21,6 +21,7 @@
 #include "loom/exec.h"
 #include "loom/gguf.h"
 #include "loom/llm.h"
+#include "loom/llm_sampling.h"
 #include "loom/sample.h"
 #include "loom/text.h"
 
@@ -82,6 +83,12 @@ void print_stats(int n_prompt, const llm::DecodeStats& prompt, const ExecCounter
 }
 
 }  // namespace
+
+std::string sampling_where(int n_device_steps, int n_steps) {
+  if (n_device_steps == 0) return "host";
+  if (n_device_steps == n_steps) return "device";
+  return fmt::format("device ({} of {} steps)", n_device_steps, n_steps);
+}
 
 namespace {
 
@@ -201,6 +208,9 @@ void add_sampling_flags(CLI::App& cmd, GenerateOptions& o) {
   cmd.add_option("--repeat-penalty", o.repeat_penalty, "Repetition penalty (1: off)")
       ->check(number_in(0.0, kInf, /*lo_open=*/true));
   cmd.add_option("-s,--seed", o.seed, "Sampling seed (default: random)");
+  cmd.add_flag("--host-sampling", o.host_sampling,
+               "Sample on the host from logits read back, not in the forward pass's graph (the same "
+               "tokens; for comparisons)");
 }
 
 Result<llm::Session> open_generate_session(const GenerateOptions& o, std::string& backend_name) {
@@ -353,16 +363,25 @@ int run_generate(const GenerateOptions& o) {
   const llm::DecodeStats prompt_stats = ctx.stats();
   reset_exec_counters(backend);
 
+  // The first token comes from the prompt's logits (read back by its pass); each step after that
+  // samples its token in the pass's graph where the chain can run there (decode_and_sample).
   const auto& special = tok->special();
+  llm::DecodeSampleOptions step_options;
+  step_options.device = !o.host_sampling;
   int n_gen = 0;
   int n_steps = 0;
+  int n_device_steps = 0;  // steps whose token was sampled in the graph
   auto t1 = std::chrono::steady_clock::now();
+  int32_t next = -1;
+  if (o.n_predict > 0) {
+    auto first = sampler->sample(last, tokens);
+    if (!first) return fail(first.status());
+    next = *first;
+  }
   for (; n_gen < o.n_predict; ++n_gen) {
-    auto next = sampler->sample(last, tokens);
-    if (!next) return fail(next.status());
-    if (*next == special.eos || *next == special.eot) break;
-    tokens.push_back(*next);
-    auto piece = tok->token_to_piece(*next);
+    if (next == special.eos || next == special.eot) break;
+    tokens.push_back(next);
+    auto piece = tok->token_to_piece(next);
     if (!piece) return fail(piece.status());
     std::fwrite(piece->data(), 1, piece->size(), stdout);
     std::fflush(stdout);
@@ -373,13 +392,15 @@ int run_generate(const GenerateOptions& o) {
     if (!o.trace_path.empty() && n_steps == 2) {  // a replayed step: trace the third one
       if (Status s = capture_next_compute(backend, o.trace_path); !s.ok()) return fail(s);
     }
-    auto step = ctx.decode(std::span<const int32_t>(&tokens.back(), 1), static_cast<int>(tokens.size()) - 1);
+    auto step = llm::decode_and_sample(ctx, *sampler, std::span<const int32_t>(&tokens.back(), 1),
+                                       static_cast<int>(tokens.size()) - 1, tokens, step_options);
     if (!step) return fail(step.status());
     if (!o.trace_path.empty() && n_steps == 2)
       fmt::print(stderr, "loom: trace of decode step 3 written to {} (plan: {}.dot)\n", o.trace_path,
                  o.trace_path);
     ++n_steps;
-    last = *step;
+    n_device_steps += step->on_device ? 1 : 0;
+    next = step->token;
   }
   const double gen_ms = ms_since(t1);
   fmt::print("\n");
@@ -387,9 +408,10 @@ int run_generate(const GenerateOptions& o) {
   fmt::print(stderr,
              "loom: prompt {} tokens in {:.1f} ms ({:.1f} tokens/s); generated {} tokens in {:.1f} ms "
              "({:.1f} tokens/s); "
-             "backend {}, seed {}\n",
+             "backend {}, seed {}, sampling {}\n",
              n_prompt, prompt_ms, n_prompt / (prompt_ms / 1000.0), n_gen, gen_ms,
-             n_gen > 0 ? n_gen / (gen_ms / 1000.0) : 0.0, backend_name, sampler->seed());
+             n_gen > 0 ? n_gen / (gen_ms / 1000.0) : 0.0, backend_name, sampler->seed(),
+             sampling_where(n_device_steps, n_steps));
   if (o.stats)
     print_stats(n_prompt, prompt_stats, prompt_counters, ctx.stats(), exec_counters(backend), n_steps, ctx);
   return 0;

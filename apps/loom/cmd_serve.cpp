@@ -147,6 +147,7 @@ void add_serve_command(CLI::App& app, std::vector<Command>& out) {
                    if (!sampler) return fail(sampler.status());
                    opts.server.sampling = sampler->params();
                    opts.server.sampling.seed = opts.gen.seed;
+                   opts.server.device_sampling = !opts.gen.host_sampling;
                    if (opts.gen.model_path.empty() && !use_builtin_model(*cmd, opts.gen)) return 1;
                    return run_serve(std::move(opts));
                  }});

@@ -41,6 +41,7 @@ struct GenerateOptions {
   bool gpu_if_usable = false;  ///< the GPU when one is usable, else the CPU (no --backend)
   std::string dump_logits;     ///< --dump-logits: all prompt logits (f32) to this file, ids to FILE.tokens
   bool stats = false;          ///< --stats: decode and graph-executor statistics on stderr at the end
+  bool host_sampling = false;  ///< --host-sampling: tokens sampled on the host, never in the graph
   std::string trace_path;      ///< --trace: Chrome trace of the third decode step (CUDA)
   std::string trace_prompt_path;  ///< --trace-prompt: Chrome trace of the prompt's second chunk (CUDA)
 };
@@ -67,7 +68,8 @@ void add_numerics_flag(CLI::App& cmd, std::string& numerics);
 /// A CLI11 check: a finite number in [lo, hi], or (lo, hi] with `lo_open`; hi may be infinity.
 /// Unlike CLI::Range it refuses NaN (which compares false with both bounds).
 CLI::Validator number_in(double lo, double hi, bool lo_open = false);
-/// Registers --temp, --top-k, --top-p, --min-p, --repeat-penalty and -s on `cmd`, writing into `o`.
+/// Registers --temp, --top-k, --top-p, --min-p, --repeat-penalty, -s and --host-sampling on `cmd`,
+/// writing into `o`.
 void add_sampling_flags(CLI::App& cmd, GenerateOptions& o);
 /// Opens the backend `o` asks for (its name in `backend_name`), the model and a context. Without
 /// --backend, -ngl N below the layer count splits the model: the last N layers and the output head
@@ -85,5 +87,8 @@ Status check_utf8(std::string_view text, std::string_view source);
 Result<std::string> read_file(const std::string& path);
 /// The sampler chain of `o`'s sampling flags.
 Result<Sampler> make_sampler(const GenerateOptions& o);
+/// Where the stats line says the generation steps' tokens were sampled: "device" (in the forward
+/// pass's graph), "host", or "device (N of M steps)" when both.
+std::string sampling_where(int n_device_steps, int n_steps);
 
 }  // namespace loom::app

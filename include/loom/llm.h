@@ -312,7 +312,8 @@ class Context {
   /// decode_batch, with the tokens of the entries `sampling` marks on_device sampled in the same
   /// graph (top_k and sample_tokens after the logits, loom/graph.h): only their ids come back, and
   /// the logits of the other entries. sampling.size() must equal seqs.size(). Refused where
-  /// supports_device_sampling() is false.
+  /// supports_device_sampling() is false. As decode_batch, a contiguous cache with a
+  /// sliding-window ring (no swa_full) takes one sequence per call.
   Result<SampledStep> decode_batch_sampled(std::span<const SeqTokens> seqs,
                                            std::span<const DeviceSampling> sampling);
   /// Whether decode_batch_sampled can run here (not with a tensor-parallel model, whose logits

@@ -96,16 +96,23 @@ class BatchGenerator {
   /// generator draws the uniform; on the CPU backend bit for bit, see sample_tokens in graph.h for
   /// the GPU's exp). Per sequence and step, the host samples instead, from its logits read back,
   /// when the chain cannot run there exactly: penalties active over a non-empty history, top-k off
-  /// or >= n_vocab with temperature > 0, a row with NaN/+inf logits (the host reports it); the
-  /// whole step when the context cannot (Context::supports_device_sampling). Prompts finished by
-  /// add() or by a pass of their own are sampled on the host. logits(seq_id) is empty for a
-  /// sequence sampled on the device.
+  /// or >= n_vocab with temperature > 0, a sequence kept there by set_host_sampling, a row with
+  /// NaN/+inf logits (the host samples it with the generator put back as before the device's draw,
+  /// and reports it); the whole step when the context cannot (Context::supports_device_sampling).
+  /// Prompts finished by add() or by a pass of their own are sampled on the host. logits(seq_id) is
+  /// empty for a sequence sampled on the device.
   void set_device_sampling(bool on);
+  /// Keeps `seq_id` on the host sampler while set_device_sampling samples the others in the graph:
+  /// its logits are read back every step, so logits(seq_id) has the row each of its tokens was
+  /// sampled from (a request that asks for log-probabilities). Off for a new sequence; the tokens
+  /// are the same either way. Error for an unknown id.
+  Status set_host_sampling(int seq_id, bool on);
   /// What the last step() computed (zeros before the first).
   const BatchStepStats& last_step() const;
   /// The logits (n_vocab floats, as the model gave them: before any penalty or temperature) from
   /// which `seq_id`'s newest token was sampled, for log-probabilities; empty when the last add or
-  /// step gave it no token. Valid until the next add, enqueue, step or remove.
+  /// step gave it no token or sampled it on the device (set_device_sampling). Valid until the next
+  /// add, enqueue, step or remove.
   std::span<const float> logits(int seq_id) const;
 
   /// Ids of the sequences, increasing (parked ones included).

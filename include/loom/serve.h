@@ -76,6 +76,11 @@ struct ServerOptions {
   /// A step's prompt chunk rides in the running requests' forward pass (a mixed pass); false: a
   /// pass of its own before theirs (the decode cadence then stalls by that pass).
   bool mixed_steps = true;
+  /// Tokens are sampled in the forward pass's graph where the request's chain can run there exactly
+  /// (llm::BatchGenerator::set_device_sampling: only token ids come back, the same tokens as the
+  /// host's); a request asking for log-probabilities is sampled on the host (its logits are read
+  /// back). false: every token on the host (`--host-sampling`).
+  bool device_sampling = true;
   int queue_size = 64;                ///< requests that may wait for a slot; more get 429
   std::string api_key;                ///< "": no authentication; else `Authorization: Bearer KEY` is required
   std::chrono::seconds timeout{600};  ///< per request, queue wait included

@@ -163,11 +163,21 @@ LOOM_API loom_batch* loom_batch_create(loom_model* model, int n_ctx, int max_seq
     b->model = model;
     b->context = std::move(*ctx);
     b->generator = std::make_unique<loom::llm::BatchGenerator>(*b->context);
+    b->generator->set_device_sampling(true);  // nothing here reads logits back
     return b;
   });
 }
 
 LOOM_API void loom_batch_free(loom_batch* batch) { delete batch; }
+
+LOOM_API loom_status loom_batch_set_device_sampling(loom_batch* batch, bool on) {
+  return loom::capi::guard_status("loom_batch_set_device_sampling", [&]() -> Status {
+    if (!batch)
+      return make_error(StatusCode::invalid_argument, "loom_batch_set_device_sampling: batch is NULL");
+    batch->generator->set_device_sampling(on);
+    return {};
+  });
+}
 
 namespace {
 

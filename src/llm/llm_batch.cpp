@@ -6,7 +6,10 @@
 #include <condition_variable>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <thread>
+
+#include "loom/llm_sampling.h"
 
 namespace loom::llm {
 
@@ -93,6 +96,7 @@ struct Sequence {
   int chunk = 0;                  // enqueued: prompt tokens per step
   uint64_t order = 0;             // enqueued: prompts are computed in this order
   bool parked = false;            // keeps its cells for prefix sharing, generates nothing
+  bool host_sampling = false;     // set_host_sampling: never sampled on the device
   const float* logits = nullptr;  // what the newest token was sampled from (until the next call)
   bool pending() const { return n_computed < n_prompt; }
 };
@@ -136,24 +140,26 @@ BatchGenerator::~BatchGenerator() = default;
 
 namespace {
 
-// `s`'s next token as the device samples it (DeviceSampling), drawing the uniform from its own
-// generator (saved in `saved` first), or on_device = false where only the host chain is exact.
+// `s`'s next token as the device samples it (device_sampling_settings, its generator's state saved
+// in `saved` when drawn), or on_device = false where only the host chain is exact or `s` is kept on
+// the host (set_host_sampling).
 DeviceSampling device_settings(Sequence& s, int64_t n_vocab,
                                std::vector<std::pair<Sequence*, SampleRng>>& saved) {
-  DeviceSampling d;
-  if (!s.sampler.device_samplable(n_vocab, s.history)) return d;
-  const SamplerParams& p = s.sampler.params();
-  d.on_device = true;
-  d.top_k = p.top_k;
-  d.temperature = p.temperature;
-  d.top_p = p.top_p;
-  d.min_p = p.min_p;
-  d.min_keep = static_cast<int32_t>(std::min<size_t>(p.min_keep, 1u << 30));
-  if (p.temperature > 0.0f) {
-    saved.emplace_back(&s, s.sampler.rng());
-    d.uniform = s.sampler.draw_uniform();
-  }
+  if (s.host_sampling) return DeviceSampling{};
+  std::optional<SampleRng> before;
+  DeviceSampling d = device_sampling_settings(s.sampler, n_vocab, s.history, before);
+  if (before) saved.emplace_back(&s, *before);
   return d;
+}
+
+// Puts back `s`'s generator as it was before this step's draw (if it drew): the device gave no
+// token for it, and the host samples as if the device had never drawn.
+void restore_rng(Sequence& s, const std::vector<std::pair<Sequence*, SampleRng>>& saved) {
+  for (const auto& [seq, rng] : saved)
+    if (seq == &s) {
+      s.sampler.set_rng(rng);
+      return;
+    }
 }
 
 // A new sequence of `g`: its sampler, the lowest free id, and the prompt's longest common prefix with
@@ -274,6 +280,15 @@ const BatchStepStats& BatchGenerator::last_step() const { return impl_->last; }
 void BatchGenerator::set_mixed_steps(bool on) { impl_->mixed = on; }
 
 void BatchGenerator::set_device_sampling(bool on) { impl_->device_sampling = on; }
+
+Status BatchGenerator::set_host_sampling(int seq_id, bool on) {
+  for (Sequence& s : impl_->seqs)
+    if (s.id == seq_id) {
+      s.host_sampling = on;
+      return {};
+    }
+  return make_error(StatusCode::invalid_argument, "batch: no sequence {} to sample on the host", seq_id);
+}
 
 void BatchGenerator::set_sampling_threads(int n_threads) {
   impl_->sampling_threads.reset();
@@ -410,6 +425,7 @@ Result<std::span<const GeneratedToken>> BatchGenerator::step() {
         if (!pf->pending()) {
           pf_device_token = got->tokens[0];
           if (pf_device_token < 0) {
+            restore_rng(*pf, g.rng_saved);
             pf_logits.assign(host, host + n_vocab);
             pf_row = pf_logits.data();
             host += n_vocab;
@@ -422,6 +438,7 @@ Result<std::span<const GeneratedToken>> BatchGenerator::step() {
       for (size_t i = done; i < done + n; ++i, ++e) {
         g.dev_token[i] = got->tokens[e];
         if (g.dev_token[i] >= 0) continue;
+        restore_rng(*run[i], g.rng_saved);
         if (logits.size() < run.size() * n_vocab) logits.resize(run.size() * n_vocab);
         float* row = logits.data() + i * n_vocab;
         std::copy(host, host + n_vocab, row);

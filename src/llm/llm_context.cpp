@@ -766,8 +766,9 @@ Result<size_t> run_batch_step(detail::ContextImpl& c, std::span<const SeqTokens>
   // The contiguous cache's ring holds one sequence's window (window + n_batch - 1 cells), and its
   // steps over several sequences gather full-cache cells: such a context must keep every cell in its
   // sliding-window layers (swa_full), or be a paged cache, whose ring holds each sequence's window.
-  // Refused rather than mixed up.
-  if (c.kv->windowed() && c.kv->reads_prefix())
+  // Refused rather than mixed up. A single sequence reads the ring in place, as decode does
+  // (decode_batch_sampled of one sequence: `loom run`'s steps on a gemma or gpt-oss model).
+  if (seqs.size() > 1 && c.kv->windowed() && c.kv->reads_prefix())
     return make_error(StatusCode::invalid_argument,
                       "decode_batch: {} sequences in one step need every cell of the sliding-window layers, "
                       "but this context keeps only a ring of {} cells for them; create it with swa_full "
@@ -886,7 +887,7 @@ Result<std::span<const float>> Context::decode_batch(std::span<const SeqTokens> 
   return c.logits.view();
 }
 
-bool Context::supports_device_sampling() const { return !impl_->tensor_parallel && !impl_->kv->windowed(); }
+bool Context::supports_device_sampling() const { return !impl_->tensor_parallel; }
 
 Result<SampledStep> Context::decode_batch_sampled(std::span<const SeqTokens> seqs,
                                                   std::span<const DeviceSampling> sampling) {
@@ -899,7 +900,7 @@ Result<SampledStep> Context::decode_batch_sampled(std::span<const SeqTokens> seq
   if (!supports_device_sampling())
     return make_error(
         StatusCode::unsupported,
-        "decode_batch_sampled: not with a tensor-parallel model or a sliding-window ring cache");
+        "decode_batch_sampled: not with a tensor-parallel model (its logits are split over the ranks)");
   const int64_t n_vocab = c.m->hp.n_vocab;
   // The top-k width: the widest on-device setting, rounded up to a power of two so that the graph
   // (cached per shape) changes rarely; greedy needs 1.

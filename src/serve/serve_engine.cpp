@@ -112,6 +112,7 @@ Result<std::unique_ptr<Engine>> Engine::create(llm::Session session, const Token
   e->prefill_chunk_ = std::clamp(options.prefill_chunk > 0 ? options.prefill_chunk : kDefaultPrefillChunk, 1,
                                  std::max(1, n_batch));
   e->gen_->set_mixed_steps(options.mixed_steps);
+  e->gen_->set_device_sampling(options.device_sampling);
   e->kv_block_size_ = kv_block_size;
   e->worker_ = std::thread([p = e.get()] { p->run(); });
   return e;
@@ -254,6 +255,10 @@ void Engine::start(std::shared_ptr<Task> task) {
     if (!seq) return finish(run, FinishReason::error, seq.status().to_string());
     run.seq = *seq;
     run.n_cached = gen_->shared_prompt_tokens(run.seq);
+    // Log-probabilities come from the logits each token was sampled from: read back every step.
+    if (req.top_logprobs >= 0)
+      if (Status s = gen_->set_host_sampling(run.seq, true); !s.ok())
+        return finish(run, FinishReason::error, s.to_string());
   } catch (const std::exception& e) {
     finish(run, FinishReason::error, fmt::format("internal error: {}", e.what()));
   }
@@ -313,6 +318,8 @@ void Engine::step_all() {
   metrics_.forward_passes.fetch_add(static_cast<uint64_t>(st.n_passes));
   if (st.n_prefill_tokens > 0) metrics_.prompt_chunk_steps.fetch_add(1);
   if (st.mixed) metrics_.mixed_steps.fetch_add(1);
+  metrics_.device_sampled.fetch_add(static_cast<uint64_t>(st.n_device_sampled));
+  metrics_.host_sampled.fetch_add(static_cast<uint64_t>(st.n_host_sampled));
   // running_ is small (n_parallel at most): a linear search per token is cheap next to the step
   for (const llm::GeneratedToken& t : *got) {
     const auto it =
@@ -360,7 +367,12 @@ void Engine::deliver(Running& r, int32_t token) {
   if (!req.ignore_eos && stop_ids_.count(token)) return finish(r, FinishReason::stop);
   ++r.n_generated;
   StreamEvent ev;
-  if (req.top_logprobs >= 0) ev.logprob = logprobs_of(gen_->logits(r.seq), token, req.top_logprobs);
+  if (req.top_logprobs >= 0) {
+    const std::span<const float> logits = gen_->logits(r.seq);  // start() kept it on the host
+    if (logits.empty())
+      return finish(r, FinishReason::error, "internal error: no logits for the log-probabilities");
+    ev.logprob = logprobs_of(logits, token, req.top_logprobs);
+  }
   auto piece = tok_.token_to_piece(token);
   if (!piece) return finish(r, FinishReason::error, piece.status().to_string());
   const bool stopped = r.stop_filter->add(*piece);

@@ -41,6 +41,8 @@ struct Metrics {
   std::atomic<uint64_t> forward_passes{0};      ///< their forward passes (a chunk alone is one more)
   std::atomic<uint64_t> prompt_chunk_steps{0};  ///< steps that computed a prompt chunk
   std::atomic<uint64_t> mixed_steps{0};         ///< of which in the running requests' pass
+  std::atomic<uint64_t> device_sampled{0};      ///< tokens sampled in a forward pass's graph
+  std::atomic<uint64_t> host_sampled{0};        ///< tokens sampled on the host from logits read back
   Histogram time_to_first_token{{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}};
   Histogram inter_token{{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5}};
   Histogram request_duration{{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300}};

@@ -382,6 +382,12 @@ std::string ServerImpl::metrics_text() const {
   counter("loom_mixed_steps_total",
           "Steps whose prompt chunk rode in the running requests' forward pass (a mixed pass).",
           metrics.mixed_steps.load());
+  counter("loom_tokens_sampled_device_total",
+          "Tokens sampled in the forward pass's graph (only their ids read back).",
+          metrics.device_sampled.load());
+  counter("loom_tokens_sampled_host_total",
+          "Tokens sampled on the host from logits read back (log-probabilities, penalties, --host-sampling).",
+          metrics.host_sampled.load());
   if (ready.load()) {
     const ServerStats s = engine->stats();
     const auto [used, total] = engine->kv_cells();

@@ -1,7 +1,8 @@
 /* Test of Loom's C ABI for models (loom-llm.h), compiled as C11: load the built-in model, tokenize and
  * detokenize, generate several sequences at once with loom_batch_* and check that each sequence's
- * greedy tokens equal the same sequence generated alone (also after one leaves mid-way), seeds, and
- * the error paths (a NULL handle or -1 with a message, never an abort).
+ * greedy tokens equal the same sequence generated alone (also after one leaves mid-way), seeds,
+ * sampling in the graph (the default) against the host, and the error paths (a NULL handle or -1
+ * with a message, never an abort).
  *   usage: loom-test-capi-llm MODEL.gguf
  */
 #include <stdint.h>
@@ -16,10 +17,16 @@ enum { kSeqs = 3, kSteps = 12, kMaxTokens = 64 };
 
 static const char* const kPrompts[kSeqs] = {"ROMEO:", "First Citizen:\nBefore we proceed", "KING HENRY:\nOnce more"};
 
-/* Greedy tokens of one prompt generated alone: the first (from add) and kSteps more. */
-static int generate_alone(loom_model* m, const int32_t* prompt, int n, const loom_sampling* s, int32_t* out) {
+/* The tokens of one prompt generated alone: the first (from add) and kSteps more, sampled in the
+ * forward pass's graph or (device false) on the host. */
+static int generate_on(loom_model* m, const int32_t* prompt, int n, const loom_sampling* s, int32_t* out,
+                       bool device) {
   loom_batch* b = loom_batch_create(m, 256, 1);
   if (!b) return -1;
+  if (loom_batch_set_device_sampling(b, device) != LOOM_STATUS_OK) {
+    loom_batch_free(b);
+    return -1;
+  }
   int seq = loom_batch_add(b, prompt, n, s);
   int32_t ids[1], toks[1];
   for (int i = 0; i < kSteps && seq >= 0; ++i)
@@ -27,6 +34,10 @@ static int generate_alone(loom_model* m, const int32_t* prompt, int n, const loo
   int count = seq >= 0 ? loom_batch_generated(b, seq, out, kMaxTokens) : -1;
   loom_batch_free(b);
   return count;
+}
+
+static int generate_alone(loom_model* m, const int32_t* prompt, int n, const loom_sampling* s, int32_t* out) {
+  return generate_on(m, prompt, n, s, out, true);
 }
 
 int main(int argc, char** argv) {
@@ -146,6 +157,13 @@ int main(int argc, char** argv) {
   CHECK(generate_alone(m, prompts[2], n_prompt[2], &sampled, a1) == kSteps + 1);
   CHECK(generate_alone(m, prompts[2], n_prompt[2], &sampled, a2) == kSteps + 1);
   CHECK(memcmp(a1, a2, sizeof(int32_t) * (kSteps + 1)) == 0);
+  /* on the host (loom_batch_set_device_sampling off): the same tokens, greedy and sampled */
+  CHECK(generate_on(m, prompts[2], n_prompt[2], &sampled, a2, false) == kSteps + 1);
+  CHECK(memcmp(a1, a2, sizeof(int32_t) * (kSteps + 1)) == 0);
+  CHECK(generate_on(m, prompts[0], n_prompt[0], &greedy, a2, false) == n_alone[0]);
+  CHECK(memcmp(alone[0], a2, (size_t)n_alone[0] * sizeof(int32_t)) == 0);
+  CHECK(loom_batch_set_device_sampling(NULL, true) != LOOM_STATUS_OK &&
+        strstr(loom_last_error(), "NULL") != NULL);
   sampled.temperature = -1.0f / 0.0f * 0.0f; /* NaN: refused by the sampler */
   CHECK(loom_batch_add(b, prompts[0], n_prompt[0], &sampled) == -1);
 

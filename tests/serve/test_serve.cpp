@@ -591,6 +591,39 @@ double metric_value(const std::string& text, const std::string& name) {
   return at == std::string::npos ? -1.0 : std::stod(text.substr(at + key.size()));
 }
 
+// Tokens are sampled in the forward pass's graph by default (the /metrics counters say where),
+// with the text of a server sampling on the host (ServerOptions::device_sampling off, `loom serve
+// --host-sampling`); a request asking for log-probabilities is sampled on the host, since they come
+// from its logits, and gets the same tokens.
+TEST(Serve, DeviceSamplingAndLogprobs) {
+  const json sampled = {{"prompt", "JULIET:"}, {"max_tokens", 12}, {"temperature", 0.9}, {"seed", 5}};
+  json with_logprobs = sampled;
+  with_logprobs["logprobs"] = 3;
+  std::string texts[2];
+  for (bool device : {false, true}) {
+    ServerOptions o;
+    o.device_sampling = device;
+    TestServer s(o);
+    auto a = post(s, "/v1/completions", sampled);
+    ASSERT_EQ(a.status, 200) << a.raw;
+    std::string m = get(s, "/metrics").raw;
+    const double on_device = metric_value(m, "loom_tokens_sampled_device_total");
+    const double on_host = metric_value(m, "loom_tokens_sampled_host_total");
+    EXPECT_GE(on_device + on_host, a.body["usage"]["completion_tokens"].get<double>()) << m;
+    EXPECT_EQ(on_device > 0, device) << m;
+    auto b = post(s, "/v1/completions", with_logprobs);
+    ASSERT_EQ(b.status, 200) << b.raw;
+    EXPECT_EQ(b.body["choices"][0]["text"], a.body["choices"][0]["text"]) << device;
+    EXPECT_EQ(b.body["choices"][0]["logprobs"]["tokens"].size(),
+              b.body["usage"]["completion_tokens"].get<size_t>());
+    m = get(s, "/metrics").raw;
+    EXPECT_EQ(metric_value(m, "loom_tokens_sampled_device_total"), on_device) << m;
+    EXPECT_GT(metric_value(m, "loom_tokens_sampled_host_total"), on_host) << m;
+    texts[device ? 1 : 0] = a.body["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_EQ(texts[1], texts[0]);
+}
+
 // Concurrent requests are decoded together: one forward pass per step advances all of them, which
 // the histogram of sequences per step shows.
 TEST(Serve, ConcurrentRequestsShareForwardPasses) {
