@@ -25,6 +25,8 @@
 #            LOOM_MV_MODES (space-separated modes, each ','-separated VAR=VALUE settings or "-" for none)
 #   kperf    ncu kernel times of op-test perf cases (LOOM_K_CASES: ';'-separated OP|FILTER) under each
 #            of LOOM_K_MODES (space-separated, each ','-separated VAR=VALUE settings or "-" for none)
+#   devsample  loom run/chat text sampled in the graph against --host-sampling on CUDA (same seeds),
+#            and their speed on LOOM_MODELS
 #   kprof    ncu sections and top SASS stall lines of one kernel (LOOM_KPROF_KERNEL) of one perf case
 #            (LOOM_KPROF_CASE, OP|FILTER)
 #   fastdiff  per-position logits: CUDA fast vs exact and CUDA vs CPU (exact) on LOOM_MODELS
@@ -175,6 +177,42 @@ for r in rows[2:]:
 print("; ".join(f"{k} {sum(v) / len(v) / 1000:.2f} us (x{len(v)})" for k, v in t.items()))' |
           awk -v tag="kperf [$c] $mode: " '{ print tag $0 }'
        done
+      done ;;
+    devsample)
+      # sampling in the graph against the host sampler on CUDA: loom run's text with and without
+      # --host-sampling (same seed) over sampler settings and both numerics, loom chat, a sliding-window
+      # model, the 1B file's speed both ways
+      cmp_run() {  # label model args...
+        local label=$1 m=$2; shift 2
+        timeout 120 "$bin/loom" run -m "$m" --backend cuda "$@" >"$work/d.txt" 2>"$work/d.err"
+        timeout 120 "$bin/loom" run -m "$m" --backend cuda "$@" --host-sampling >"$work/h.txt" 2>"$work/h.err"
+        local r="DIFFERS"
+        cmp -s "$work/d.txt" "$work/h.txt" && r="same text"
+        echo "$label [$*]: $r ($(wc -c <"$work/d.txt") bytes) | device: $(tail -1 "$work/d.err" | grep -o 'generated.*') | host: $(tail -1 "$work/h.err" | grep -o 'generated.*')"
+      }
+      q8=models/loom-shakespeare-q8_0.gguf
+      for num in exact fast; do
+        cmp_run "q8 $num" $q8 --numerics $num -s 7 -n 300
+        cmp_run "q8 $num" $q8 --numerics $num -s 3 -n 300 --temp 1.3 --top-k 100 --top-p 0.9 --min-p 0.02
+        cmp_run "q8 $num" $q8 --numerics $num -n 300 --temp 0
+        cmp_run "q8 $num" $q8 --numerics $num -s 11 -n 300 --top-k 1000 --temp 1.0 --top-p 1 --min-p 0
+        cmp_run "q8 $num" $q8 --numerics $num -s 5 -n 100 --repeat-penalty 1.2
+      done
+      if g3=$(model gemma3-tiny:f16); then
+        for num in exact fast; do
+          cmp_run "gemma3 ring $num" "$g3" --numerics $num --ubatch-size 4 -s 5 -n 100 -p "The quick brown fox"
+        done
+      fi
+      for how in device host; do
+        f=()
+        [[ $how == host ]] && f=(--host-sampling)
+        printf 'ROMEO:\nAnd then?\n' | timeout 120 "$bin/loom" chat -m $q8 --backend cuda -n 40 -s 11 "${f[@]}" \
+          >"$work/c-$how.txt" 2>"$work/c-$how.err"
+      done
+      cmp -s "$work/c-device.txt" "$work/c-host.txt" && echo "chat: same replies" || echo "chat: DIFFERS"
+      for m in $models; do
+        f=$(model "$m") || continue
+        for num in exact fast; do cmp_run "$m $num" "$f" --numerics $num -s 9 -n 256 -p "Once upon a time"; done
       done ;;
     kprof)
       # one kernel (LOOM_KPROF_KERNEL, a regex) of one op-test perf case (LOOM_KPROF_CASE, OP|FILTER) under

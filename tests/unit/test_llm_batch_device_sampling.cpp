@@ -107,8 +107,11 @@ TEST_F(LlmBatchDeviceSampling, TokensEqualTheHostSampler) {
   const Generated dev = generate(*l.ctx, all, true, n_steps);
   EXPECT_EQ(dev.tokens, host.tokens);
   EXPECT_EQ(host.n_device, 0);
-  EXPECT_EQ(dev.n_device, 12 * n_steps);  // 12 of the 16 configs run on the device
-  EXPECT_EQ(dev.n_host, 4 * n_steps);
+  int n_on_device = 0;
+  for (int s : all) n_on_device += on_device(s);
+  EXPECT_EQ(n_on_device, 12);  // configs 5 and 6 of each 8 go to the host
+  EXPECT_EQ(dev.n_device, n_on_device * n_steps);
+  EXPECT_EQ(dev.n_host, (16 - n_on_device) * n_steps);
   // Only the host-sampled sequences' rows come back.
   const uint64_t row = static_cast<uint64_t>(l.ctx->n_vocab()) * sizeof(float);
   EXPECT_EQ(host.logits_bytes, 16 * n_steps * row);
