@@ -192,10 +192,10 @@ print("; ".join(f"{k} {sum(v) / len(v) / 1000:.2f} us (x{len(v)})" for k, v in t
       }
       q8=models/loom-shakespeare-q8_0.gguf
       for num in exact fast; do
-        cmp_run "q8 $num" $q8 --numerics $num -s 7 -n 300
-        cmp_run "q8 $num" $q8 --numerics $num -s 3 -n 300 --temp 1.3 --top-k 100 --top-p 0.9 --min-p 0.02
-        cmp_run "q8 $num" $q8 --numerics $num -n 300 --temp 0
-        cmp_run "q8 $num" $q8 --numerics $num -s 11 -n 300 --top-k 1000 --temp 1.0 --top-p 1 --min-p 0
+        cmp_run "q8 $num" $q8 --numerics $num -s 7 -n 200
+        cmp_run "q8 $num" $q8 --numerics $num -s 3 -n 200 --temp 1.3 --top-k 100 --top-p 0.9 --min-p 0.02
+        cmp_run "q8 $num" $q8 --numerics $num -n 200 --temp 0
+        cmp_run "q8 $num" $q8 --numerics $num -s 11 -n 200 --top-k 1000 --temp 1.0 --top-p 1 --min-p 0
         cmp_run "q8 $num" $q8 --numerics $num -s 5 -n 100 --repeat-penalty 1.2
       done
       if g3=$(model gemma3-tiny:f16); then
