@@ -185,9 +185,11 @@ print("; ".join(f"{k} {sum(v) / len(v) / 1000:.2f} us (x{len(v)})" for k, v in t
       cmp_run() {  # label model args...
         local label=$1 m=$2; shift 2
         timeout 120 "$bin/loom" run -m "$m" --backend cuda "$@" >"$work/d.txt" 2>"$work/d.err"
+        local rd=$?
         timeout 120 "$bin/loom" run -m "$m" --backend cuda "$@" --host-sampling >"$work/h.txt" 2>"$work/h.err"
-        local r="DIFFERS"
+        local rh=$? r="DIFFERS"
         cmp -s "$work/d.txt" "$work/h.txt" && r="same text"
+        ((rd == 0 && rh == 0)) || r="FAILED (rc $rd / $rh: $(tail -1 "$work/d.err"))"
         echo "$label [$*]: $r ($(wc -c <"$work/d.txt") bytes) | device: $(tail -1 "$work/d.err" | grep -o 'generated.*') | host: $(tail -1 "$work/h.err" | grep -o 'generated.*')"
       }
       q8=models/loom-shakespeare-q8_0.gguf
