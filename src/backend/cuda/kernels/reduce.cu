@@ -115,7 +115,8 @@ constexpr int kSelectMaxK = 2048;      ///< k chosen rows hold in shared memory 
 constexpr int64_t kSelectMinN = 4096;  ///< shorter rows keep the ranking kernel (MoE routing)
 // The split path (a row over many blocks, then a merge): k <= kSplitMaxK, chunks of at most
 // kChunkMax elements (held in shared memory), at most kMergeMax candidates for the merge.
-constexpr int kSplitThreads = 256;
+constexpr int kSplitThreads = 512;   ///< per chunk block (its select's passes: 4 keys per thread)
+constexpr int kMergeThreads = 1024;  ///< per merge block (up to kMergeMax candidates: 4 per thread)
 constexpr int kSplitMaxK = 128;
 constexpr int kChunkMin = 2048;
 constexpr int kChunkMax = 8192;
@@ -343,7 +344,7 @@ __global__ void __launch_bounds__(kSplitThreads) top_k_chunk_kernel(SplitArgs p)
 // The split path, step 2: block r selects row r's k among its chunks' n_chunks * k candidates. Equal
 // keys come in increasing index order along the candidates (chunks in order, each sorted), as
 // select_top_k needs.
-__global__ void __launch_bounds__(kSplitThreads) top_k_merge_kernel(SplitArgs p) {
+__global__ void __launch_bounds__(kMergeThreads) top_k_merge_kernel(SplitArgs p) {
   pdl_wait();
   __shared__ SelectShared s;
   __shared__ uint32_t cand_key[kMergeMax];
@@ -355,18 +356,18 @@ __global__ void __launch_bounds__(kSplitThreads) top_k_merge_kernel(SplitArgs p)
   const int n = (p.n_chunks - 1) * p.k + static_cast<int>(last < p.k ? last : p.k);
   const int64_t at = r * p.n_chunks * p.k;
   constexpr int kLoadBatch = 8;  // loads in flight per thread, as in top_k_chunk_kernel
-  for (int base = 0; base < n; base += kLoadBatch * kSplitThreads) {
+  for (int base = 0; base < n; base += kLoadBatch * kMergeThreads) {
     uint32_t kv[kLoadBatch];
     int32_t iv[kLoadBatch];
 #pragma unroll
     for (int j = 0; j < kLoadBatch; ++j) {
-      const int i = base + j * kSplitThreads + static_cast<int>(threadIdx.x);
+      const int i = base + j * kMergeThreads + static_cast<int>(threadIdx.x);
       kv[j] = i < n ? p.keys[at + i] : 0u;
       iv[j] = i < n ? p.idxs[at + i] : 0;
     }
 #pragma unroll
     for (int j = 0; j < kLoadBatch; ++j) {
-      const int i = base + j * kSplitThreads + static_cast<int>(threadIdx.x);
+      const int i = base + j * kMergeThreads + static_cast<int>(threadIdx.x);
       if (i < n) cand_key[i] = kv[j], cand_idx[i] = iv[j];
     }
   }
@@ -439,7 +440,7 @@ CudaError launch_top_k(const LaunchContext& ctx, const Tensor* dst, int k) {
     top_k_chunk_kernel<<<dim3(static_cast<unsigned>(p.n_chunks), static_cast<unsigned>(rows)), kSplitThreads, 0,
                          ctx.stream>>>(p);
     LOOM_CUDA_CHECK_LAUNCH("top_k_chunk_kernel");
-    top_k_merge_kernel<<<static_cast<unsigned>(rows), kSplitThreads, 0, ctx.stream>>>(p);
+    top_k_merge_kernel<<<static_cast<unsigned>(rows), kMergeThreads, 0, ctx.stream>>>(p);
     LOOM_CUDA_CHECK_LAUNCH("top_k_merge_kernel");
     return {};
   }
