@@ -146,6 +146,7 @@ size_t scratch_bytes(const Tensor& t, bool fast) {
   if (use_flash_attn_decode(t, fast)) return flash_attn_decode_scratch_bytes(&t);  // the splits' partials
   if (t.op == OpKind::mul_mat_id) return mul_mat_id_scratch_bytes(&t);
   if (t.op == OpKind::top_k) return top_k_scratch_bytes(&t, t.get_params<TopKParams>().k);
+  if (t.op == OpKind::sample_tokens) return sample_tokens_scratch_bytes(&t);
   return 0;
 }
 

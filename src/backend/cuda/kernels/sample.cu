@@ -1,7 +1,8 @@
 // sample_tokens: the host sampler's chain (src/sample/sample_ops.cpp, and its CPU port
-// src/backend/cpu/ops_sample.cpp) over each row's top-k candidates. One block per row: its threads
-// check the whole row for NaN/+inf (n_vocab floats, the only part that grows with the vocabulary; 1024
-// threads, 16-byte loads),
+// src/backend/cpu/ops_sample.cpp) over each row's top-k candidates. The row is checked for NaN/+inf
+// (n_vocab floats, the only part that grows with the vocabulary) by a block per 4096 floats
+// (sample_scan_kernel; one block scanning a 128256-float row took 34 us on an H100 even with 1024
+// threads and 16-byte loads), then one block per row:
 // then thread 0 walks the candidates in the host's order, because the host's float/double sums
 // are sequential and the token must be the one the host would pick. The walk is O(top_k) (40 by
 // default) per row; not measured.
@@ -78,39 +79,61 @@ __device__ int32_t sample_row(const char* row, int64_t stride, int64_t n_vocab, 
   return last_possible;
 }
 
-__global__ void sample_tokens_kernel(TensorDesc dst, TensorDesc logits, TensorDesc cand, TensorDesc params) {
+// Step 1 (rows of kScanMin floats and more, with the scratch): block (c, r) checks chunk c
+// (kScanChunk floats) of row r for NaN/+inf and writes one flag byte; step 2 reads a row's flags.
+constexpr int kScanThreads = 256;
+constexpr int64_t kScanChunk = 4096;  // 16-byte loads, 4 per thread, all in flight before any test
+constexpr int64_t kScanMin = 2 * kScanChunk;
+
+__device__ __forceinline__ int nonfinite_in(const char* row, int64_t stride, int64_t begin, int64_t end,
+                                            int tid, int threads) {
+  int bad = 0;
+  if (stride == sizeof(float) && (reinterpret_cast<uintptr_t>(row) + begin * 4) % 16 == 0) {
+    constexpr int kBatch = 4;
+    const auto* v4 = reinterpret_cast<const float4*>(row + begin * 4);
+    const int64_t n4 = (end - begin) / 4;
+    for (int64_t base = 0; base < n4; base += kBatch * threads) {
+      float4 v[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int64_t i = base + j * threads + tid;
+        v[j] = i < n4 ? v4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j)
+        bad |= !(v[j].x < INFINITY) | !(v[j].y < INFINITY) | !(v[j].z < INFINITY) | !(v[j].w < INFINITY);
+    }
+    begin += 4 * n4;
+  }
+  for (int64_t i = begin + tid; i < end; i += threads)
+    bad |= !(*reinterpret_cast<const float*>(row + i * stride) < INFINITY);
+  return bad;
+}
+
+__global__ void __launch_bounds__(kScanThreads) sample_scan_kernel(TensorDesc logits, uint8_t* flags, int n_chunks) {
+  pdl_wait();
+  __shared__ int bad;
+  if (threadIdx.x == 0) bad = 0;
+  __syncthreads();
+  const int64_t r = blockIdx.y, begin = blockIdx.x * kScanChunk;
+  const int64_t end = begin + kScanChunk < logits.ne[0] ? begin + kScanChunk : logits.ne[0];
+  if (nonfinite_in(logits.data + r * logits.nb[1], logits.nb[0], begin, end, threadIdx.x, blockDim.x))
+    atomicOr(&bad, 1);
+  __syncthreads();
+  if (threadIdx.x == 0) flags[r * n_chunks + blockIdx.x] = static_cast<uint8_t>(bad);
+}
+
+// flags: step 1's n_chunks bytes per row, or null: the block scans the row itself.
+__global__ void sample_tokens_kernel(TensorDesc dst, TensorDesc logits, TensorDesc cand, TensorDesc params,
+                                     const uint8_t* flags, int n_chunks) {
   pdl_wait();
   __shared__ int bad;
   for (int64_t r = blockIdx.x; r < dst.ne[0]; r += gridDim.x) {
     if (threadIdx.x == 0) bad = 0;
     __syncthreads();
     const char* row = logits.data + r * logits.nb[1];
-    int mine = 0;
-    const int64_t n = logits.ne[0];
-    if (logits.nb[0] == sizeof(float) && reinterpret_cast<uintptr_t>(row) % 16 == 0) {
-      // 16-byte loads, kBatch in flight per thread before any is tested (one load waited out per
-      // element made this scan ~100 us of a 128256-float row: the op test's sample_tokens at 155.7 us
-      // per run against top_k's 45, H200)
-      constexpr int kBatch = 4;
-      const auto* v4 = reinterpret_cast<const float4*>(row);
-      const int64_t n4 = n / 4;
-      for (int64_t base = 0; base < n4; base += kBatch * blockDim.x) {
-        float4 v[kBatch];
-#pragma unroll
-        for (int j = 0; j < kBatch; ++j) {
-          const int64_t i = base + j * blockDim.x + threadIdx.x;
-          v[j] = i < n4 ? v4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
-#pragma unroll
-        for (int j = 0; j < kBatch; ++j)
-          mine |= !(v[j].x < INFINITY) | !(v[j].y < INFINITY) | !(v[j].z < INFINITY) | !(v[j].w < INFINITY);
-      }
-      for (int64_t i = 4 * n4 + threadIdx.x; i < n; i += blockDim.x)
-        mine |= !(reinterpret_cast<const float*>(row)[i] < INFINITY);
-    } else {
-      for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
-        mine |= !(*reinterpret_cast<const float*>(row + i * logits.nb[0]) < INFINITY);
-    }
+    const int mine = flags ? (static_cast<int>(threadIdx.x) < n_chunks && flags[r * n_chunks + threadIdx.x])
+                           : nonfinite_in(row, logits.nb[0], 0, logits.ne[0], threadIdx.x, blockDim.x);
     if (mine) atomicOr(&bad, 1);
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -123,13 +146,30 @@ __global__ void sample_tokens_kernel(TensorDesc dst, TensorDesc logits, TensorDe
   }
 }
 
+int scan_chunks(const Tensor* dst) {
+  const int64_t n = dst->src[0]->ne[0];
+  return n >= kScanMin && dst->ne[0] <= 65535 ? static_cast<int>((n + kScanChunk - 1) / kScanChunk) : 0;
+}
+
 }  // namespace
+
+size_t sample_tokens_scratch_bytes(const Tensor* dst) {
+  return static_cast<size_t>(scan_chunks(dst)) * static_cast<size_t>(dst->ne[0]);
+}
 
 CudaError launch_sample_tokens(const LaunchContext& ctx, const Tensor* dst) {
   const int64_t rows = dst->ne[0];
   if (rows == 0) return {};
+  const int chunks = scan_chunks(dst);
+  uint8_t* flags = nullptr;
+  if (chunks > 0 && chunks <= kSampleThreads && ctx.scratch && ctx.scratch_size >= sample_tokens_scratch_bytes(dst)) {
+    flags = static_cast<uint8_t*>(ctx.scratch);
+    sample_scan_kernel<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(rows)), kScanThreads, 0,
+                         ctx.stream>>>(desc_of(dst->src[0]), flags, chunks);
+    LOOM_CUDA_CHECK_LAUNCH("sample_scan_kernel");
+  }
   sample_tokens_kernel<<<static_cast<unsigned>(rows < 65535 ? rows : 65535), kSampleThreads, 0, ctx.stream>>>(
-      desc_of(dst), desc_of(dst->src[0]), desc_of(dst->src[1]), desc_of(dst->src[2]));
+      desc_of(dst), desc_of(dst->src[0]), desc_of(dst->src[1]), desc_of(dst->src[2]), flags, flags ? chunks : 0);
   LOOM_CUDA_CHECK_LAUNCH("sample_tokens_kernel");
   return {};
 }
