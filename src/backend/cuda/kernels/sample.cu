@@ -25,29 +25,27 @@ constexpr int kSampleThreads = 1024;
 
 __device__ __forceinline__ float exp_f(float x) { return static_cast<float>(exp(static_cast<double>(x))); }
 
-__device__ int32_t sample_row(const char* row, int64_t stride, int64_t n_vocab, const int32_t* cand,
-                              int64_t n_cand, const int32_t* w) {
-  auto logit = [&](int64_t i) { return *reinterpret_cast<const float*>(row + i * stride); };
-  const int64_t k = min(static_cast<int64_t>(max(w[kSampleTopK], 1)), n_cand);
-  for (int64_t i = 0; i < k; ++i)
-    if (cand[i] < 0 || cand[i] >= n_vocab) return -1;
+// The chain over one row's first k candidates: cand(i) is candidate i's token, logit(i) its logit,
+// p_top(i) = exp_f(logit(i) - logit(0)) (top-p's weights) and p_temp(i) = exp_f(logit(i) / t - logit(0) / t)
+// (the draw's), each computed the same way whether read from shared memory or formed here; the sums
+// run in the host's order.
+template <class Cand, class Logit, class PTop, class PTemp>
+__device__ int32_t sample_row(int64_t k, const int32_t* w, Cand cand, Logit logit, PTop p_top, PTemp p_temp) {
   int64_t n = 0;
-  while (n < k && logit(cand[n]) > -INFINITY) ++n;
+  while (n < k && logit(n) > -INFINITY) ++n;
   if (n == 0) return -1;
   const float temperature = __int_as_float(w[kSampleTemperature]);
-  if (temperature <= 0.0f) return cand[0];
+  if (temperature <= 0.0f) return cand(0);
   const int64_t min_keep = max(w[kSampleMinKeep], 1);
   const float top_p = __int_as_float(w[kSampleTopP]);
   if (top_p < 1.0f) {
-    const float max_logit = logit(cand[0]);
     double sum = 0.0;
-    for (int64_t i = 0; i < n; ++i) sum = __dadd_rn(sum, exp_f(__fsub_rn(logit(cand[i]), max_logit)));
+    for (int64_t i = 0; i < n; ++i) sum = __dadd_rn(sum, p_top(i));
     const double inv = __drcp_rn(sum);
     int64_t cut = n;
     double cum = 0.0;
     for (int64_t i = 0; i < n; ++i) {
-      const float p = exp_f(__fsub_rn(logit(cand[i]), max_logit));
-      cum = __dadd_rn(cum, static_cast<float>(__dmul_rn(p, inv)));
+      cum = __dadd_rn(cum, static_cast<float>(__dmul_rn(p_top(i), inv)));
       if (cum >= top_p) {
         cut = i + 1;
         break;
@@ -56,28 +54,33 @@ __device__ int32_t sample_row(const char* row, int64_t stride, int64_t n_vocab, 
     n = max(cut, min(min_keep, n));
   }
   if (__int_as_float(w[kSampleMinP]) > 0.0f) {
-    const float threshold = __fadd_rn(logit(cand[0]), __int_as_float(w[kSampleLogMinP]));
+    const float threshold = __fadd_rn(logit(0), __int_as_float(w[kSampleLogMinP]));
     int64_t cut = 0;
-    while (cut < n && logit(cand[cut]) >= threshold) ++cut;
+    while (cut < n && logit(cut) >= threshold) ++cut;
     n = max(cut, min(min_keep, n));
   }
-  const float max_logit = __fdiv_rn(logit(cand[0]), temperature);
   double sum = 0.0;
-  for (int64_t i = 0; i < n; ++i)
-    sum = __dadd_rn(sum, exp_f(__fsub_rn(__fdiv_rn(logit(cand[i]), temperature), max_logit)));
+  for (int64_t i = 0; i < n; ++i) sum = __dadd_rn(sum, p_temp(i));
   const double u = __hiloint2double(w[kSampleUniformHi], w[kSampleUniformLo]);
   const double target = __dmul_rn(u, sum);
   double cum = 0.0;
-  int32_t last_possible = cand[0];
+  int32_t last_possible = cand(0);
   for (int64_t i = 0; i < n; ++i) {
-    const float p = exp_f(__fsub_rn(__fdiv_rn(logit(cand[i]), temperature), max_logit));
+    const float p = p_temp(i);
     if (p <= 0.0f) continue;
     cum = __dadd_rn(cum, p);
-    last_possible = cand[i];
-    if (target < cum) return cand[i];
+    last_possible = cand(i);
+    if (target < cum) return cand(i);
   }
   return last_possible;
 }
+
+__device__ __forceinline__ float p_top_of(float l, float l0) { return exp_f(__fsub_rn(l, l0)); }
+__device__ __forceinline__ float p_temp_of(float l, float l0, float t) {
+  return exp_f(__fsub_rn(__fdiv_rn(l, t), __fdiv_rn(l0, t)));
+}
+
+constexpr int kStaged = 2048;  ///< candidates whose logits and weights are formed in parallel first
 
 // Step 1 (rows of kScanMin floats and more, with the scratch): block (c, r) checks chunk c
 // (kScanChunk floats) of row r for NaN/+inf and writes one flag byte; step 2 reads a row's flags.
@@ -128,6 +131,7 @@ __global__ void sample_tokens_kernel(TensorDesc dst, TensorDesc logits, TensorDe
                                      const uint8_t* flags, int n_chunks) {
   pdl_wait();
   __shared__ int bad;
+  __shared__ float s_logit[kStaged], s_top[kStaged], s_temp[kStaged];
   for (int64_t r = blockIdx.x; r < dst.ne[0]; r += gridDim.x) {
     if (threadIdx.x == 0) bad = 0;
     __syncthreads();
@@ -136,11 +140,42 @@ __global__ void sample_tokens_kernel(TensorDesc dst, TensorDesc logits, TensorDe
                            : nonfinite_in(row, logits.nb[0], 0, logits.ne[0], threadIdx.x, blockDim.x);
     if (mine) atomicOr(&bad, 1);
     __syncthreads();
+    const auto* c = reinterpret_cast<const int32_t*>(cand.data + r * cand.nb[1]);
+    const auto* w = reinterpret_cast<const int32_t*>(params.data + r * params.nb[1]);
+    const int64_t k = min(static_cast<int64_t>(max(w[kSampleTopK], 1)), cand.ne[0]);
+    const int64_t n_vocab = logits.ne[0], stride = logits.nb[0];
+    auto global_logit = [&](int64_t i) { return *reinterpret_cast<const float*>(row + c[i] * stride); };
+    // the candidates' logits and both weights by every thread (thread 0 alone walked them through
+    // dependent global loads and a double exp each: 32 us per row at k = 40 on an H100)
+    const bool staged = k <= kStaged;
+    const float temperature = __int_as_float(w[kSampleTemperature]);
+    for (int64_t i = threadIdx.x; i < k; i += blockDim.x)
+      if (c[i] < 0 || c[i] >= n_vocab) atomicOr(&bad, 1);
+    __syncthreads();
+    if (staged && !bad) {
+      for (int64_t i = threadIdx.x; i < k; i += blockDim.x) s_logit[i] = global_logit(i);
+      __syncthreads();
+      if (temperature > 0.0f)
+        for (int64_t i = threadIdx.x; i < k; i += blockDim.x) {
+          s_top[i] = p_top_of(s_logit[i], s_logit[0]);
+          s_temp[i] = p_temp_of(s_logit[i], s_logit[0], temperature);
+        }
+      __syncthreads();
+    }
     if (threadIdx.x == 0) {
-      const auto* c = reinterpret_cast<const int32_t*>(cand.data + r * cand.nb[1]);
-      const auto* w = reinterpret_cast<const int32_t*>(params.data + r * params.nb[1]);
-      reinterpret_cast<int32_t*>(dst.data)[r] =
-          bad ? -1 : sample_row(row, logits.nb[0], logits.ne[0], c, cand.ne[0], w);
+      auto cand_at = [&](int64_t i) { return c[i]; };
+      int32_t token = -1;
+      if (bad)
+        token = -1;
+      else if (staged)
+        token = sample_row(
+            k, w, cand_at, [&](int64_t i) { return s_logit[i]; }, [&](int64_t i) { return s_top[i]; },
+            [&](int64_t i) { return s_temp[i]; });
+      else
+        token = sample_row(
+            k, w, cand_at, global_logit, [&](int64_t i) { return p_top_of(global_logit(i), global_logit(0)); },
+            [&](int64_t i) { return p_temp_of(global_logit(i), global_logit(0), temperature); });
+      reinterpret_cast<int32_t*>(dst.data)[r] = token;
     }
     __syncthreads();
   }
