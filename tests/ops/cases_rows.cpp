@@ -526,6 +526,7 @@ void add_row_cases(CaseList& cases, CaseSet set) {
   add_top_k(cases, {8193, 1, 1, 1}, 128, false, true);
   add_top_k(cases, {9000, 3, 1, 1}, 16, true);
   add_top_k(cases, {128256, 4, 1, 1}, 128, false);
+  add_top_k(cases, {32000, 40, 1, 1}, 40, false);  // many rows: fewer, longer chunks
   add_top_k(cases, {6, 2, 2, 1}, 6, false);  // a full sort
   add_top_k(cases, {100, 5, 1, 1}, 1, false);
   add_top_k(cases, {31, 12, 1, 1}, 4, true);

@@ -121,6 +121,7 @@ constexpr int kSplitMaxK = 128;
 constexpr int kChunkMin = 2048;
 constexpr int kChunkMax = 8192;
 constexpr int kMergeMax = 4096;
+constexpr int64_t kSplitWave = 132 * 4;  ///< chunk blocks resident at once on a 132-SM H100/H200 (4 per SM)
 
 /// A float's order as an unsigned key: larger float, larger key; -0 keyed as +0, so that equal values
 /// tie by index as on the CPU (a NaN ranks above +inf: the sampler checks rows for NaN itself).
@@ -409,12 +410,20 @@ SplitArgs split_plan(const Tensor* dst, int k) {
   SplitArgs p{};
   const int64_t n = a->ne[0];
   if (n < kSelectMinN || k > kSplitMaxK || dst->nb[0] != sizeof(int32_t) || a->nrows() > 65535) return p;
-  const int64_t want = std::min<int64_t>((n + kChunkMin - 1) / kChunkMin, kMergeMax / k);
+  // With many rows (a batched step's sampling) fewer, longer chunks: about kSplitWave blocks in all are
+  // enough to fill the GPU, and each block's time is mostly latency (64 rows of 128256 at k = 64: 63
+  // chunks each, 4,032 blocks in ~8 waves, took 154 us on an H100).
+  const int64_t rows = a->nrows();
+  const int64_t for_waves = std::max<int64_t>(1, (kSplitWave + rows - 1) / rows);
+  const int64_t want = std::max<int64_t>(
+      std::min({(n + kChunkMin - 1) / kChunkMin, kMergeMax / static_cast<int64_t>(k), for_waves}),
+      (n + kChunkMax - 1) / kChunkMax);
   const int64_t chunk = (n + want - 1) / want;
-  if (chunk > kChunkMax) return p;
+  const int64_t n_chunks = (n + chunk - 1) / chunk;
+  if (chunk > kChunkMax || n_chunks * k > kMergeMax) return p;
   p.k = k;
   p.chunk = chunk;
-  p.n_chunks = static_cast<int>((n + chunk - 1) / chunk);
+  p.n_chunks = static_cast<int>(n_chunks);
   return p;
 }
 
