@@ -21,15 +21,20 @@ http() {  # METHOD PATH [BODY]: the whole response, headers included
   exec 3>&-
 }
 
-"$loom" serve --port 0 -t 1 >"$dir/out" 2>"$dir/err" &
-pid=$!
-for _ in $(seq 100); do [[ -s $dir/out ]] && break; sleep 0.1; done
-port=$(head -1 "$dir/out")
-[[ $port =~ ^[0-9]+$ ]] || fail "no port on stdout: '$port'"
-for _ in $(seq 200); do
-  http GET /health 2>/dev/null | head -1 | grep -q " 200 " && break
-  sleep 0.05
-done
+start_server() {  # FLAGS...: loom serve on a free port in the background; sets pid and port, waits for /health
+  rm -f "$dir/out"  # the background server truncates it later: an old port must not be read meanwhile
+  "$loom" serve --port 0 -t 1 "$@" >"$dir/out" 2>"$dir/err" &
+  pid=$!
+  for _ in $(seq 100); do [[ -s $dir/out ]] && break; sleep 0.1; done
+  port=$(head -1 "$dir/out")
+  [[ $port =~ ^[0-9]+$ ]] || fail "no port on stdout: '$port'"
+  for _ in $(seq 200); do
+    http GET /health 2>/dev/null | head -1 | grep -q " 200 " && break
+    sleep 0.05
+  done
+}
+
+start_server
 http GET /health | head -1 | grep -q " 200 " || fail "/health never said 200"
 reply=$(http POST /v1/completions '{"prompt": "ROMEO:", "max_tokens": 4, "temperature": 0}')
 grep -q '"completion_tokens":4' <<<"$reply" || fail "completion: $reply"
@@ -57,26 +62,15 @@ grep -q "bad.jinja" "$dir/err" || fail "the error for a broken Jinja template do
 if timeout 60 "$loom" serve --port 0 --chat-template nosuch >"$dir/out" 2>"$dir/err"; then
   fail "--chat-template nosuch was accepted"
 fi
-"$loom" serve --port 0 -t 1 --chat-template-file "$dir/chatml.jinja" >"$dir/out" 2>"$dir/err" &
-pid=$!
-for _ in $(seq 100); do grep -q "serving on" "$dir/err" 2>/dev/null && break; sleep 0.1; done
+start_server --chat-template-file "$dir/chatml.jinja"
 grep -q "chat format jinja (.*chatml.jinja)" "$dir/err" || fail "--chat-template-file chatml.jinja: not served as Jinja"
-port=$(head -1 "$dir/out")
 reply=$(http POST /apply-template '{"messages": [{"role": "user", "content": "hi"}]}')
 grep -q '"prompt":"<|im_start|>user\\nhi<|im_end|>\\n<|im_start|>assistant\\n"' <<<"$reply" || fail "apply-template: $reply"
 kill -TERM "$pid"; wait "$pid" || fail "exit status $? after SIGTERM (jinja server)"
 pid=""
 
 # -tp 2 (two CPU ranks here): the same greedy completion as one rank
-rm -f "$dir/out"  # the background server truncates it later: the old port must not be read meanwhile
-"$loom" serve --port 0 -t 1 --backend cpu -tp 2 >"$dir/out" 2>"$dir/err" &
-pid=$!
-for _ in $(seq 100); do [[ -s $dir/out ]] && break; sleep 0.1; done
-port=$(head -1 "$dir/out")
-for _ in $(seq 200); do
-  http GET /health 2>/dev/null | head -1 | grep -q " 200 " && break
-  sleep 0.05
-done
+start_server --backend cpu -tp 2
 grep -q "split over 2 cpu ranks" "$dir/err" || fail "-tp 2: the model is not split"
 reply=$(http POST /v1/completions '{"prompt": "ROMEO:", "max_tokens": 4, "temperature": 0}')
 [[ $(grep -o '"text":"[^"]*"' <<<"$reply") == "$text_tp1" ]] || fail "-tp 2 answered $reply, -tp 1 $text_tp1"
@@ -85,15 +79,7 @@ pid=""
 
 # --host-sampling (listed in --help): every token sampled on the host, the same sampled text
 "$loom" serve --help | grep -q -- "--host-sampling" || fail "serve --help: no --host-sampling"
-rm -f "$dir/out"
-"$loom" serve --port 0 -t 1 --host-sampling >"$dir/out" 2>"$dir/err" &
-pid=$!
-for _ in $(seq 100); do [[ -s $dir/out ]] && break; sleep 0.1; done
-port=$(head -1 "$dir/out")
-for _ in $(seq 200); do
-  http GET /health 2>/dev/null | head -1 | grep -q " 200 " && break
-  sleep 0.05
-done
+start_server --host-sampling
 reply=$(http POST /v1/completions "$sampled")
 [[ $(grep -o '"text":"[^"]*"' <<<"$reply") == "$text_device" ]] ||
   fail "--host-sampling answered $reply, the default $text_device"

@@ -97,6 +97,15 @@ std::vector<std::vector<int32_t>> random_prompts(const Model& model, int n_seqs,
   return prompts;
 }
 
+// A paged cache of 128 cells per sequence for n_seqs sequences, passes of up to 64 tokens.
+Result<std::unique_ptr<Context>> paged_context(const Model& model, int n_seqs) {
+  ContextParams cp;
+  cp.n_ctx = n_seqs * 128;
+  cp.n_batch = 64;
+  cp.kv_cache = KvCacheKind::paged;
+  return Context::create(model, cp);
+}
+
 Result<double> batched_agreement(const Model& model, int n_gen) {
   const int n_seqs = 16;
   const auto prompts = random_prompts(model, n_seqs, 99);
@@ -119,11 +128,7 @@ Result<double> batched_agreement(const Model& model, int n_gen) {
     const auto got = one.generated(*id);
     want.emplace_back(got.begin(), got.end());
   }
-  ContextParams many_p;
-  many_p.n_ctx = n_seqs * 128;
-  many_p.n_batch = 64;
-  many_p.kv_cache = KvCacheKind::paged;
-  auto many = Context::create(model, many_p);
+  auto many = paged_context(model, n_seqs);
   if (!many) return many.status();
   BatchGenerator gen(**many);
   std::vector<int> ids;
@@ -172,11 +177,7 @@ Result<DeviceSamplingResult> device_sampling_agreement(const Model& model, int n
     if (s == 13) sp.penalties.repeat = 1.3f;  // the host samples this one
     return sp;
   };
-  ContextParams cp;
-  cp.n_ctx = n_seqs * 128;
-  cp.n_batch = 64;
-  cp.kv_cache = KvCacheKind::paged;
-  auto ctx = Context::create(model, cp);
+  auto ctx = paged_context(model, n_seqs);
   if (!ctx) return ctx.status();
   DeviceSamplingResult r;
   std::vector<std::vector<int32_t>> got[2];
