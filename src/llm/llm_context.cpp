@@ -864,6 +864,15 @@ Result<size_t> run_batch_step(detail::ContextImpl& c, std::span<const SeqTokens>
   return chunk_at;
 }
 
+// A step's rows come out the chunk's first, then the others' in the order given: the chunk's row
+// moves to its entry `chunk_at` (nothing moves when the caller put it first, as BatchGenerator does).
+void rows_in_entry_order(detail::ContextImpl& c, size_t chunk_at, size_t n_entries) {
+  if (chunk_at == 0 || chunk_at >= n_entries) return;
+  const size_t n_vocab = static_cast<size_t>(c.m->hp.n_vocab);
+  float* rows = c.logits.data.data();
+  std::rotate(rows, rows + n_vocab, rows + (chunk_at + 1) * n_vocab);
+}
+
 }  // namespace
 
 Result<std::span<const float>> Context::decode_batch(std::span<const SeqTokens> seqs) {
@@ -876,14 +885,7 @@ Result<std::span<const float>> Context::decode_batch(std::span<const SeqTokens> 
   }
   auto chunk = run_batch_step(c, seqs, true);
   if (!chunk) return chunk.status();
-  const size_t chunk_at = *chunk;
-  const int n_vocab = static_cast<int>(c.m->hp.n_vocab);
-  // The pass's rows are the chunk's, then the others' in the order given: the chunk's row moves to
-  // its entry (nothing moves when the caller put it first, as BatchGenerator does).
-  if (chunk_at > 0 && chunk_at < seqs.size()) {
-    float* rows = c.logits.data.data();
-    std::rotate(rows, rows + n_vocab, rows + (chunk_at + 1) * static_cast<size_t>(n_vocab));
-  }
+  rows_in_entry_order(c, *chunk, seqs.size());
   return c.logits.view();
 }
 
@@ -961,10 +963,7 @@ Result<SampledStep> Context::decode_batch_sampled(std::span<const SeqTokens> seq
   if (!ran) return ran.status();
   c.sampled_tokens.assign(seqs.size(), -1);
   if (k == 0) {  // nothing on the device: every row came back, as decode_batch gives them
-    if (chunk_at > 0 && chunk_at < seqs.size()) {
-      float* rows = c.logits.data.data();
-      std::rotate(rows, rows + n_vocab, rows + (chunk_at + 1) * static_cast<size_t>(n_vocab));
-    }
+    rows_in_entry_order(c, chunk_at, seqs.size());
     return SampledStep{c.sampled_tokens, c.logits.view()};
   }
   // Tokens to their entries; the rows the host samples are read back, and only those.
