@@ -7,7 +7,7 @@
 #   hf       each of LOOM_HF_SHAPES (default llama31-tiny:f32; e.g. "llama31-tiny:f32 gptoss-tiny:f32
 #            gptoss-mxfp4-tiny:f32@2e-3") in exact numerics against transformers (tools/hf_reference.py)
 #   prefill  loom bench -p 512,4096 on LOOM_MODELS (default llama3-1b:q4_0 llama3-8b:q4_0)
-#   decode   loom bench -n 128 on LOOM_MODELS
+#   decode   loom bench -n 128 on LOOM_MODELS (under each of LOOM_DECODE_MODES, LOOM_DECODE_FLAGS added)
 #   batched  loom bench -npl 1,8,32,64 (-npp 128 -ntg 32) with a trace of one step at each npl (and
 #            again under LOOM_BATCHED_BASE's VAR=VALUE settings, ','-separated, when given)
 #   perf     op-test perf of LOOM_PERF_OP (default mul_mat; e.g. argmax,top_k) at LOOM_PERF_FILTER's cases
@@ -93,7 +93,15 @@ for step in "$@"; do
     prefill)
       for m in $models; do f=$(model "$m") && timeout 200 "$bin/loom" bench -m "$f" -p 512,4096 -n 0 -r 3 2>/dev/null | grep -E "^\|" | grep -v -- "---"; done ;;
     decode)
-      for m in $models; do f=$(model "$m") && timeout 120 "$bin/loom" bench -m "$f" -p 0 -n 128 -r 3 2>/dev/null | grep -E "^\|" | grep -v -- "---"; done ;;
+      # LOOM_DECODE_MODES: space-separated, each ','-separated VAR=VALUE settings or "-" for none, run
+      # alternately in one process order per model (e.g. "- LOOM_EXEC_PDL=0")
+      for m in $models; do
+        f=$(model "$m") || continue
+        for mode in ${LOOM_DECODE_MODES:--}; do
+          env $(tr "," " " <<<"${mode/#-/}") timeout 120 "$bin/loom" bench -m "$f" -p 0 -n 128 -r 3 ${LOOM_DECODE_FLAGS:-} 2>/dev/null |
+            grep -E "^\|" | grep -v -- "---" | awk -v tag="$mode" '{ print $0 " " tag }'
+        done
+      done ;;
     batched)
       for m in $models; do
         f=$(model "$m") || continue

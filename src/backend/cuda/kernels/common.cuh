@@ -22,10 +22,19 @@ constexpr unsigned kMaxGridYZ = 65535;
 // calls pdl_wait() first, in all threads, so that any launch may be made programmatic. Without the
 // attribute (and below sm_90, where it compiles to nothing) it returns at once.
 
-/// Waits for the grids this one depends on programmatically; first statement of every kernel.
+// After the wait each kernel also lets its own dependents launch (griddepcontrol.launch_dependents):
+// a programmatic dependent is then scheduled once every block of this grid has passed its wait,
+// instead of when the last block exits, so its launch and its loads that need no earlier output
+// (the mat-vecs' first weights) overlap this kernel's work. Its own pdl_wait still waits for this
+// grid's completion and memory flush, so where the trigger sits never changes what it reads.
+// LOOM_EXEC_PDL=0 records no programmatic edges: the trigger is then a no-op.
+
+/// Waits for the grids this one depends on programmatically, then triggers its dependents; first
+/// statement of every kernel.
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" :::);
 #endif
 }
 
