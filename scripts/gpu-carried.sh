@@ -23,6 +23,8 @@
 #   decodetrace  a Chrome trace of one decode step (the third) on LOOM_MODELS with --stats, summarized
 #   mvperf   ncu of the fast mat-vec on LOOM_MV_CASES (';'-separated op-test descriptions) under each of
 #            LOOM_MV_MODES (space-separated modes, each ','-separated VAR=VALUE settings or "-" for none)
+#   normquant  greedy logits with the norms' quantized-activation hand-off against LOOM_CUDA_NORM_QUANT=0
+#   decodencu  every kernel of one decode step under ncu, grouped, against the step's measured time
 #   kperf    ncu kernel times of op-test perf cases (LOOM_K_CASES: ';'-separated OP|FILTER) under each
 #            of LOOM_K_MODES (space-separated, each ','-separated VAR=VALUE settings or "-" for none)
 #   devsample  loom run/chat text sampled in the graph against --host-sampling on CUDA (same seeds),
@@ -166,6 +168,34 @@ for step in "$@"; do
           >/dev/null 2>"$out/decode-${m/:/-}.err" || tail -2 "$out/decode-${m/:/-}.err"
         grep -iE "kernels|per token|host" "$out/decode-${m/:/-}.err" | head -6
         python3 tools/trace_summary.py "$out/decode-${m/:/-}.json" --by-shape 2>&1 | head -${LOOM_TRACE_LINES:-24}
+      done ;;
+    normquant)
+      # the norms' quantized-activation hand-off against LOOM_CUDA_NORM_QUANT=0 (f32 norm outputs and a
+      # quantize kernel per mat-vec): logits of a greedy run bit-identical, and the dispatches marked
+      for m in $models; do
+        f=$(model "$m") || continue
+        for nq in 1 0; do
+          LOOM_CUDA_NORM_QUANT=$nq LOOM_EXEC_DUMP="$work/nq$nq" timeout 120 "$bin/loom" run -m "$f" --numerics fast \
+            -p "Once upon a time" -n 48 --temp 0 --dump-logits "$work/nq$nq.bin" >"$work/nq$nq.txt" 2>"$work/nq$nq.err" ||
+            tail -2 "$work/nq$nq.err"
+        done
+        r="DIFFER"
+        cmp -s "$work/nq1.bin" "$work/nq0.bin" && cmp -s "$work/nq1.txt" "$work/nq0.txt" && r="bit-identical"
+        echo "normquant $m: logits and text $r ($(stat -c %s "$work/nq1.bin") bytes of logits);" \
+          "norms writing activations in the last plan: $(ls "$work"/nq1-*.txt | grep -v graph | sort -V | tail -1 | xargs grep -c "writes activations"), mat-vecs reading them: $(ls "$work"/nq1-*.txt | grep -v graph | sort -V | tail -1 | xargs grep -c "activations quantized)")"
+        rm -f "$work"/nq[01]-*
+      done ;;
+    decodencu)
+      # every kernel of one decode step under ncu (kernel time, DRAM bytes; caches not flushed, so what a
+      # replayed graph sees up to ncu serializing the kernels), grouped by kernel and grid (tools/ncu_step.py)
+      for m in $models; do
+        f=$(model "$m") || continue
+        us=$(timeout 120 "$bin/loom" bench -m "$f" -p 0 -n 128 -r 2 2>/dev/null | grep -E "tg128" | awk -F'|' '{ split($(NF-1), a, " "); printf "%.1f", 1e6 / a[1] }')
+        timeout 400 /usr/local/cuda/bin/ncu --graph-profiling node --cache-control none --clock-control none --csv --page raw \
+          --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+          "$bin/loom" run -m "$f" -p "Hi" -n 3 --temp 0 >"$out/ncu-step-${m/:/-}.csv" 2>/dev/null
+        echo "-- $m (tg128 step $us us)"
+        python3 tools/ncu_step.py "$out/ncu-step-${m/:/-}.csv" "${LOOM_PEAK_GBS:-3350}" "$us" | head -${LOOM_TRACE_LINES:-40}
       done ;;
     kperf)
       # ncu kernel times (caches not flushed: what a replayed graph sees) of the op-test perf cases in

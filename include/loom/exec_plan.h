@@ -65,6 +65,11 @@ struct Dispatch {
   size_t scratch_bytes = 0;   ///< device scratch the kernels need (set by the backend)
   ByteRange scratch;          ///< where (assign_scratch); counted among writes
   int depth = 0;              ///< longest path from a root in the dependency DAG
+  /// Set by the backend (CUDA, fast numerics): a norm dispatch writes its output as the mat-vec's
+  /// quantized activations of this block size instead of f32 (0: f32), and the mat-vec dispatches
+  /// that alone read it (act_in) take them as they are, without quantizing.
+  int act_out_block = 0;
+  bool act_in = false;
 
   Tensor* node() const { return nodes[0]; }
   /// The node that names the dispatch: the last non-null role.

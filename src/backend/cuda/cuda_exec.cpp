@@ -11,10 +11,14 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
 
 #include "cuda_common.h"
 #include "cuda_ops.h"
 #include "kernels/fused.cuh"
+#include "kernels/mat_vec_fast.cuh"
 #include "kernels/matmul.cuh"
 
 namespace loom::cuda {
@@ -58,6 +62,8 @@ CudaError launch_dispatch(const LaunchContext& base, const exec::Dispatch& d) {
     ctx.scratch = reinterpret_cast<void*>(d.scratch.begin);
     ctx.scratch_size = d.scratch_bytes;
   }
+  ctx.act_out_block = d.act_out_block;
+  ctx.act_in = d.act_in;
   const auto& n = d.nodes;
   switch (d.kind) {
     case FusedKind::none:
@@ -84,6 +90,75 @@ CudaError launch_dispatch(const LaunchContext& base, const exec::Dispatch& d) {
       break;
   }
   return CudaError::runtime(cudaErrorInvalidValue, "unknown fused dispatch kind", __FILE__, __LINE__);
+}
+
+// The node whose result `t` shows: through views.
+const Tensor* producer_of(const Tensor* t) {
+  while (t && t->op == OpKind::view) t = t->view_src;
+  return t;
+}
+
+// LOOM_CUDA_NORM_QUANT=0 (read once) keeps every norm's output in f32, for comparisons.
+bool norm_quant_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("LOOM_CUDA_NORM_QUANT");
+    return !(v && std::string_view(v) == "0");
+  }();
+  return on;
+}
+
+// The fast mode's hand-off of quantized activations from a norm to its mat-vecs: a fused
+// rms_norm_mul / add_rms_norm_mul whose output nothing reads but fast quantized mat-vecs of one
+// activation block (the Q/K/V or gate/up products after a layer's norm), and which is no graph
+// output, writes that output as their quantized activations (ActFast layout, in its own bytes) and
+// the mat-vecs skip their quantize kernel: a launch less per norm. The byte ranges do not change
+// (the layout lies within the f32 output's bytes), so ordering is untouched; the values equal the
+// unfused path's bit for bit (the same floats quantized by the same arithmetic).
+void mark_act_handoffs(exec::Plan& p, const Graph& g) {
+  std::unordered_map<const Tensor*, std::vector<const Tensor*>> readers;  // node -> nodes reading it
+  for (const Tensor* t : g.nodes()) {
+    if (t->op == OpKind::view) {
+      if (t->flags & kTensorOutput) readers[producer_of(t)].push_back(t);  // read after compute
+      continue;
+    }
+    for (const Tensor* s : t->src)
+      if (s) readers[producer_of(s)].push_back(t);
+  }
+  std::unordered_map<const Tensor*, size_t> at;  // node -> its dispatch
+  for (size_t i = 0; i < p.dispatches.size(); ++i)
+    for (const Tensor* n : p.dispatches[i].nodes)
+      if (n) at[n] = i;
+  for (exec::Dispatch& d : p.dispatches) {
+    if (d.kind != FusedKind::rms_norm_mul && d.kind != FusedKind::add_rms_norm_mul) continue;
+    const Tensor* y = d.anchor();
+    auto r = readers.find(y);
+    if ((y->flags & kTensorOutput) || r == readers.end()) continue;
+    int block = 0;
+    std::vector<size_t> consumers;
+    for (const Tensor* u : r->second) {
+      auto c = at.find(u);
+      if (u->op != OpKind::mul_mat || u->src[1] != y || u->src[0] == y || c == at.end()) {
+        block = 0;
+        break;
+      }
+      const exec::Dispatch& cd = p.dispatches[c->second];
+      // where the product's output goes, as the consumer's launcher passes it to the mat-vec
+      const Tensor* dst = cd.kind == FusedKind::none || cd.kind == FusedKind::mat_vec_multi ? u
+                          : cd.kind == FusedKind::mat_vec_bias                              ? cd.nodes[1]
+                          : cd.kind == FusedKind::glu_mat_vec                               ? cd.nodes[2]
+                                                                                            : nullptr;
+      const int b = dst ? mat_vec_fast_act_block(u, dst) : 0;
+      if (b == 0 || (block && b != block)) {
+        block = 0;
+        break;
+      }
+      block = b;
+      consumers.push_back(c->second);
+    }
+    if (block == 0 || !norm_act_out_supported(d.kind, d.nodes.data(), block)) continue;
+    d.act_out_block = block;
+    for (size_t c : consumers) p.dispatches[c].act_in = true;
+  }
 }
 
 // LOOM_CUDA_INJECT_FAULT=N makes the Nth dispatch launched by a compute that plans (not a replay)
@@ -213,6 +288,7 @@ Status Executor::ensure_scratch(size_t slot_bytes, int n_slots) {
 Result<exec::Plan> Executor::make_plan(const Graph& g, const ExecOptions& o) {
   exec::Plan p = exec::build_plan(g);
   if (o.fusion) exec::fuse(p, g, CudaFusion{numerics_ == Numerics::fast});
+  if (o.fusion && numerics_ == Numerics::fast && norm_quant_enabled()) mark_act_handoffs(p, g);
   const auto ws = reinterpret_cast<uintptr_t>(dev_.cublas_workspace());
   size_t max_scratch = 0;
   for (exec::Dispatch& d : p.dispatches) {

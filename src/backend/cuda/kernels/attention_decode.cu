@@ -25,6 +25,7 @@
 // group, issued with the mask loads of the unrolled keys so that it adds no step to the chain of
 // dependent loads before a key's K/V.
 #include <algorithm>
+#include <cstdlib>
 
 #include "attention.cuh"
 #include "common.cuh"
@@ -36,7 +37,7 @@ namespace {
 constexpr int kDecThreads = 128;
 constexpr int kDecWarps = kDecThreads / kWarpSize;
 constexpr int kRows = 4;             ///< query rows per block
-constexpr int kMinKeysPerSplit = 64;  ///< keys per split at least (below that the merge dominates)
+constexpr int kMinKeysPerSplit = 16;  ///< keys per split at least (below that the merge dominates)
 constexpr int kMaxSplits = 32;
 constexpr int kUnroll = 2;            ///< keys per lane group loaded before the first is used
 static_assert(kMaxSplits <= 64, "the merge gives a split to each of its >= 64 threads");
@@ -321,10 +322,19 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 // a batched step of 64 sequences already has 512 blocks and takes one (measured on the H200, 64
 // sequences x 256 cells x 8 KV heads, d 128: 4 splits 75 us + 7 us merge). A function of the shape
 // only, so the scratch size is known before launch.
+// LOOM_FLASH_DECODE_MIN_KEYS (8-4096, read once) replaces kMinKeysPerSplit, for comparisons.
 constexpr int64_t kTargetBlocks = 512;
+int64_t min_keys_per_split() {
+  static const int64_t keys = [] {
+    const char* v = std::getenv("LOOM_FLASH_DECODE_MIN_KEYS");
+    const long n = v ? std::atol(v) : 0;
+    return n >= 8 && n <= 4096 ? static_cast<int64_t>(n) : int64_t{kMinKeysPerSplit};
+  }();
+  return keys;
+}
 int splits_for(const Tensor* q, const Tensor* k) {
   const int64_t base = q->ne[3] * k->ne[2] * ((q->ne[2] / k->ne[2] * q->ne[1] + kRows - 1) / kRows);
-  const int64_t by_keys = (k->ne[1] + kMinKeysPerSplit - 1) / kMinKeysPerSplit;
+  const int64_t by_keys = (k->ne[1] + min_keys_per_split() - 1) / min_keys_per_split();
   const int64_t by_blocks = (kTargetBlocks + base - 1) / std::max<int64_t>(base, 1);
   return static_cast<int>(std::clamp<int64_t>(std::min(by_keys, by_blocks), 1, kMaxSplits));
 }

@@ -32,6 +32,7 @@
 #include "common.cuh"
 #include "fused.cuh"
 #include "mat_vec_fast.cuh"
+#include "mat_vec_fast_formats.cuh"
 #include "loom/graph.h"
 #include "mat_vec.cuh"
 #include "matmul.cuh"
@@ -94,28 +95,40 @@ __global__ void rms_norm_mul_kernel(TensorDesc y, TensorDesc a, TensorDesc b, Te
 // (a model's hidden state): each of 256 threads keeps its kPer elements in registers from the one
 // read to the write, the sum of squares in float, one barrier. The exact kernel above reads the row
 // twice through strided, broadcasting accesses and sums in double: ~7.6 us per 2048-wide row on the
-// H200 (ncu), 251 us of a 1B decode step's 1,382.
+// H200 (ncu), 251 us of a 1B decode step's 1,382. The weights are loaded with the row, before the
+// barrier (after it they were a second memory latency on the kernel's path).
+//
+// With act_block (32 or 256) the output is written as the fast mat-vec's quantized activations
+// (ActFast layout, in y's own bytes) instead of f32: the same floats quantized as
+// quantize_act_fast_kernel does, so the mat-vecs that read them give the same results as after that
+// kernel, and one launch (and one round trip of the row) less. A 32-block is 8 threads' float4s, a
+// 256-block 64 (two warps: their maxima meet in shared memory).
 constexpr int kNormFastThreads = 256;
+constexpr int kNormFastWarps = kNormFastThreads / kWarpSize;
 
 template <int kPer>
 __global__ void __launch_bounds__(kNormFastThreads) rms_norm_mul_fast_kernel(TensorDesc y, TensorDesc a, TensorDesc b,
                                                                              TensorDesc sum, bool has_add,
-                                                                             const float* w, float eps) {
+                                                                             const float* w, float eps,
+                                                                             ActFastRaw act, int act_block) {
   pdl_wait();
   constexpr int kVec = kPer / 4;
-  __shared__ float partial[kNormFastThreads / kWarpSize];
+  __shared__ float partial[kNormFastWarps];
+  __shared__ float warp_max[kVec][kNormFastWarps];
   const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
   const int64_t n4 = y.ne[0] / 4;
+  const auto* w4 = reinterpret_cast<const float4*>(w);
   for (int64_t r = blockIdx.x; r < nrows(y); r += gridDim.x) {
     int64_t i1, i2, i3;
     split_row(r, y.ne[1], y.ne[2], i1, i2, i3);
     const auto* xa = reinterpret_cast<const float4*>(row_ptr(a, i1, i2, i3));
-    float4 x[kVec];
+    float4 x[kVec], wv[kVec];
     float ss = 0.0f;
 #pragma unroll
     for (int v = 0; v < kVec; ++v) {
       const int64_t i = tid + static_cast<int64_t>(v) * kNormFastThreads;
       x[v] = i < n4 ? xa[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      wv[v] = i < n4 ? w4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       if (has_add && i < n4) {
         const float4 bb = reinterpret_cast<const float4*>(row_ptr(b, i1, i2, i3))[i];
         x[v] = make_float4(x[v].x + bb.x, x[v].y + bb.y, x[v].z + bb.z, x[v].w + bb.w);
@@ -129,18 +142,59 @@ __global__ void __launch_bounds__(kNormFastThreads) rms_norm_mul_fast_kernel(Ten
     __syncthreads();
     float total = 0.0f;
 #pragma unroll
-    for (int i = 0; i < kNormFastThreads / kWarpSize; ++i) total += partial[i];  // fixed order
+    for (int i = 0; i < kNormFastWarps; ++i) total += partial[i];  // fixed order
     const float s = rsqrtf(total / static_cast<float>(y.ne[0]) + eps);
-    auto* yr = reinterpret_cast<float4*>(row_ptr(y, i1, i2, i3));
-    const auto* w4 = reinterpret_cast<const float4*>(w);
 #pragma unroll
-    for (int v = 0; v < kVec; ++v) {
-      const int64_t i = tid + static_cast<int64_t>(v) * kNormFastThreads;
-      if (i >= n4) break;
-      const float4 wv = w4[i];
-      yr[i] = make_float4(x[v].x * s * wv.x, x[v].y * s * wv.y, x[v].z * s * wv.z, x[v].w * s * wv.w);
+    for (int v = 0; v < kVec; ++v)
+      x[v] = make_float4(x[v].x * s * wv[v].x, x[v].y * s * wv[v].y, x[v].z * s * wv[v].z, x[v].w * s * wv[v].w);
+    if (act_block == 0) {
+      auto* yr = reinterpret_cast<float4*>(row_ptr(y, i1, i2, i3));
+#pragma unroll
+      for (int v = 0; v < kVec; ++v) {
+        const int64_t i = tid + static_cast<int64_t>(v) * kNormFastThreads;
+        if (i < n4) yr[i] = x[v];
+      }
+    } else {
+      // block maxima: 8 threads (32 elements), then the warp and its partner (256)
+      float amax[kVec];
+#pragma unroll
+      for (int v = 0; v < kVec; ++v) {
+        amax[v] = fmaxf(fmaxf(fabsf(x[v].x), fabsf(x[v].y)), fmaxf(fabsf(x[v].z), fabsf(x[v].w)));
+#pragma unroll
+        for (int o = 1; o < 8; o *= 2) amax[v] = fmaxf(amax[v], __shfl_xor_sync(0xffffffffu, amax[v], o));
+      }
+      if (act_block == 256) {
+#pragma unroll
+        for (int v = 0; v < kVec; ++v) {
+#pragma unroll
+          for (int o = 8; o < kWarpSize; o *= 2) amax[v] = fmaxf(amax[v], __shfl_xor_sync(0xffffffffu, amax[v], o));
+          if (lane == 0) warp_max[v][warp] = amax[v];
+        }
+        __syncthreads();
+#pragma unroll
+        for (int v = 0; v < kVec; ++v) amax[v] = fmaxf(warp_max[v][warp], warp_max[v][warp ^ 1]);
+      }
+      const int64_t k = y.ne[0];
+#pragma unroll
+      for (int v = 0; v < kVec; ++v) {
+        const int64_t i = tid + static_cast<int64_t>(v) * kNormFastThreads;  // float4 of the row
+        const float inv = act_fast_inverse(amax[v]);
+        const int c0 = act_fast_code(x[v].x, inv), c1 = act_fast_code(x[v].y, inv);
+        const int c2 = act_fast_code(x[v].z, inv), c3 = act_fast_code(x[v].w, inv);
+        int csum = c0 + c1 + c2 + c3;
+#pragma unroll
+        for (int o = 1; o < 8; o *= 2) csum += __shfl_xor_sync(0xffffffffu, csum, o);
+        if (i >= n4) continue;
+        const int64_t e = r * k + 4 * i;  // element of the layout's rows
+        *reinterpret_cast<uint32_t*>(act.codes + e) = (static_cast<uint32_t>(c0) & 0xffu) |
+                                                      ((static_cast<uint32_t>(c1) & 0xffu) << 8) |
+                                                      ((static_cast<uint32_t>(c2) & 0xffu) << 16) |
+                                                      (static_cast<uint32_t>(c3) << 24);
+        if (e % act_block == 0) act.scales[e / act_block] = act_fast_scale(amax[v]);
+        if (act_block == 256 && e % kFastUnit == 0) act.sums[e / kFastUnit] = static_cast<int16_t>(csum);
+      }
     }
-    __syncthreads();  // partial is rewritten by the next row
+    __syncthreads();  // partial and warp_max are rewritten by the next row
   }
 }
 
@@ -730,13 +784,27 @@ bool packed_rows16(const Tensor* t, int64_t n) {
 
 // The fast kernel for y = rms_norm(x = a (+ b)) * w: packed 16-byte aligned rows of at most 8192,
 // b of y's shape (no broadcast), w one packed vector. Returns false where the exact kernel must run.
+bool rms_norm_mul_fast_takes(const Tensor* y, const Tensor* a, const Tensor* b, const Tensor* sum, const Tensor* w) {
+  const int64_t n = y->ne[0];
+  if (n % 4 != 0 || n > 8192 || !packed_rows16(y, n) || !packed_rows16(a, n) || a->ne != y->ne ||
+      !packed_rows16(w, n) || w->ne[1] != 1 || w->ne[2] != 1 || w->ne[3] != 1)
+    return false;
+  return !b || (packed_rows16(b, n) && b->ne == y->ne && packed_rows16(sum, n) && sum->ne == y->ne);
+}
+
+// Whether the fast kernel can write y as quantized activations of `block`: whole blocks per row,
+// y contiguous and large enough for the layout (its f32 bytes always are).
+bool act_out_fits(const Tensor* y, int block) {
+  return (block == 32 || block == 256) && y->ne[0] % block == 0 && y->is_contiguous() &&
+         act_fast_size(y->nrows(), y->ne[0], block, block == 256) <= y->nbytes();
+}
+
 bool rms_norm_mul_fast(const LaunchContext& ctx, const Tensor* y, const Tensor* a, const Tensor* b,
                        const Tensor* sum, const Tensor* w, float eps) {
   const int64_t n = y->ne[0];
-  if (!ctx.fast || n % 4 != 0 || n > 8192 || !packed_rows16(y, n) || !packed_rows16(a, n) || a->ne != y->ne ||
-      !packed_rows16(w, n) || w->ne[1] != 1 || w->ne[2] != 1 || w->ne[3] != 1)
-    return false;
-  if (b && (!packed_rows16(b, n) || b->ne != y->ne || !packed_rows16(sum, n) || sum->ne != y->ne)) return false;
+  if (!ctx.fast || !rms_norm_mul_fast_takes(y, a, b, sum, w)) return false;
+  if (ctx.act_out_block && !act_out_fits(y, ctx.act_out_block)) return false;
+  const ActFastRaw act = ctx.act_out_block ? act_fast_at(y->data, y->nrows(), n, ctx.act_out_block) : ActFastRaw{};
   const TensorDesc none{};
   auto kernel = n <= 1024   ? rms_norm_mul_fast_kernel<4>
                 : n <= 2048 ? rms_norm_mul_fast_kernel<8>
@@ -744,11 +812,33 @@ bool rms_norm_mul_fast(const LaunchContext& ctx, const Tensor* y, const Tensor* 
                             : rms_norm_mul_fast_kernel<32>;
   kernel<<<row_grid(y->nrows()), kNormFastThreads, 0, ctx.stream>>>(
       desc_of(y), desc_of(a), b ? desc_of(b) : none, b ? desc_of(sum) : none, b != nullptr,
-      static_cast<const float*>(w->data), eps);
+      static_cast<const float*>(w->data), eps, act, ctx.act_out_block);
   return true;
 }
 
+// A norm asked for quantized activations that the fast kernel did not write: the mat-vecs reading
+// them would read f32 as codes.
+CudaError act_out_missed() {
+  return CudaError::runtime(cudaErrorInvalidValue,
+                            "rms_norm_mul: quantized activations asked for, but the fast norm kernel does not take "
+                            "these operands",
+                            __FILE__, __LINE__);
+}
 }  // namespace
+
+bool norm_act_out_supported(FusedKind kind, const Tensor* const* nodes, int block) {
+  if (kind == FusedKind::rms_norm_mul) {
+    const Tensor* norm = nodes[0];
+    const Tensor* mul = nodes[1];
+    return rms_norm_mul_fast_takes(mul, norm->src[0], nullptr, nullptr, mul->src[1]) && act_out_fits(mul, block);
+  }
+  if (kind == FusedKind::add_rms_norm_mul) {
+    const Tensor* add = nodes[0];
+    const Tensor* mul = nodes[2];
+    return rms_norm_mul_fast_takes(mul, add->src[0], add->src[1], add, mul->src[1]) && act_out_fits(mul, block);
+  }
+  return false;
+}
 
 CudaError launch_rms_norm_mul(const LaunchContext& ctx, const Tensor* norm, const Tensor* mul) {
   const int64_t rows = mul->nrows();
@@ -758,6 +848,7 @@ CudaError launch_rms_norm_mul(const LaunchContext& ctx, const Tensor* norm, cons
     LOOM_CUDA_CHECK_LAUNCH("rms_norm_mul_fast_kernel");
     return {};
   }
+  if (ctx.act_out_block) return act_out_missed();
   const TensorDesc none{};
   rms_norm_mul_kernel<<<row_grid(rows), row_block_threads(mul->ne[0]), 0, ctx.stream>>>(
       desc_of(mul), desc_of(norm->src[0]), none, none, false, desc_of(mul->src[1]), eps);
@@ -774,6 +865,7 @@ CudaError launch_add_rms_norm_mul(const LaunchContext& ctx, const Tensor* add, c
     LOOM_CUDA_CHECK_LAUNCH("rms_norm_mul_fast_kernel");
     return {};
   }
+  if (ctx.act_out_block) return act_out_missed();
   rms_norm_mul_kernel<<<row_grid(rows), row_block_threads(mul->ne[0]), 0, ctx.stream>>>(
       desc_of(mul), desc_of(add->src[0]), desc_of(add->src[1]), desc_of(add), true, desc_of(mul->src[1]), eps);
   LOOM_CUDA_CHECK_LAUNCH("rms_norm_mul_kernel");
@@ -789,6 +881,7 @@ CudaError launch_glu_mat_vec(const LaunchContext& ctx, const Tensor* mm_gate, co
   if (glu->nelements() == 0) return {};
   const Tensor* mms[2] = {mm_gate, mm_up};
   if (ctx.fast && mat_vec_fast_supports_multi(ctx, mms, 2)) return launch_mat_vec_fast_glu(ctx, mm_gate, mm_up, glu);
+  if (ctx.act_in) return act_in_missed();
   const CudaError none = CudaError::runtime(
       cudaErrorInvalidValue, "glu_mat_vec: no kernel for this weight type", __FILE__, __LINE__);
   return visit_weight_type(
@@ -803,6 +896,7 @@ CudaError launch_mat_vec_multi(const LaunchContext& ctx, const Tensor* mm0, cons
   const Tensor* x = mm0->src[1];
   if (x->nelements() == 0) return {};
   if (ctx.fast && mat_vec_fast_supports_multi(ctx, mms, count)) return launch_mat_vec_fast_multi(ctx, mms, count);
+  if (ctx.act_in) return act_in_missed();
   const CudaError none = CudaError::runtime(
       cudaErrorInvalidValue, "mat_vec_multi: no kernel for this weight type", __FILE__, __LINE__);
   return visit_weight_type(

@@ -11,6 +11,9 @@ namespace loom::cuda {
 
 /// mul = rms_norm(norm->src[0]) * mul->src[1]  (weight broadcast over rows like the binary kernel).
 CudaError launch_rms_norm_mul(const LaunchContext& ctx, const Tensor* norm, const Tensor* mul);
+/// Whether a fused rms_norm_mul / add_rms_norm_mul dispatch (its nodes) runs the fast kernel with its
+/// output written as the fast mat-vec's quantized activations of `block` (ctx.act_out_block).
+bool norm_act_out_supported(FusedKind kind, const Tensor* const* nodes, int block);
 /// add = add->src[0] + add->src[1] (written: it is the residual); mul = rms_norm(add) * mul->src[1].
 CudaError launch_add_rms_norm_mul(const LaunchContext& ctx, const Tensor* add, const Tensor* norm,
                                   const Tensor* mul);

@@ -374,13 +374,13 @@ __global__ void quantize_act_fast_kernel(ActFastLayout<Q> out, TensorDesc b) {
       amax = fmaxf(amax, fabsf(x[e]));
     }
     amax = warp_reduce(amax, MaxOp{});
-    const float d = amax / 127.0f;
-    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    const float d = act_fast_scale(amax);
+    const float id = act_fast_inverse(amax);
     int codes[kPerLane];
     int sum = 0;
 #pragma unroll
     for (int e = 0; e < kPerLane; ++e) {
-      codes[e] = max(-127, min(127, __float2int_rn(x[e] * id)));
+      codes[e] = act_fast_code(x[e], id);
       sum += codes[e];
     }
     int8_t* dst = out.codes + row * k + e0;
@@ -1023,7 +1023,8 @@ CudaError launch_q_cols(const LaunchContext& ctx, const FastLaunch& l) {
   const FastArgs args = args_of(l, kRows);
   if (args.tiles == 0) return {};
   const Tensor* b = l.mms[0]->src[1];
-  const auto act = ActFastLayout<Q>::at(ctx.scratch, b->nrows(), b->ne[0]);
+  // quantized by the norm that produced b (ctx.act_in: b's own bytes hold them), else by quant_mat_vec
+  const auto act = ActFastLayout<Q>::at(ctx.act_in ? b->data : ctx.scratch, b->nrows(), b->ne[0]);
   // the direct kernels at 1-2 columns; at 4 and 8 the pipeline was faster (ncu, q4_0 4 columns: 43% of
   // DRAM peak against 41%; q4_K 8 columns: 23% against 20%)
   // q6_K's direct kernel only at one column and up to kQ6DirectMaxRows rows (ncu, H200, direct against
@@ -1092,7 +1093,7 @@ template <class Q>
 CudaError quant_mat_vec(const LaunchContext& ctx, const FastLaunch& l) {
   const Tensor* b = l.mms[0]->src[1];
   const int64_t blocks = b->nrows() * (b->ne[0] / Q::kActScaleBlock);
-  if (blocks > 0) {  // the shared activation, quantized once for every product
+  if (blocks > 0 && !ctx.act_in) {  // the shared activation, quantized once for every product
     constexpr int kQuantThreads = 256;
     quantize_act_fast_kernel<Q><<<grid_for(blocks * kWarpSize, kQuantThreads), kQuantThreads, 0, ctx.stream>>>(
         ActFastLayout<Q>::at(ctx.scratch, b->nrows(), b->ne[0]), desc_of(b));
@@ -1118,6 +1119,19 @@ size_t act_fast_bytes(DType weight, const Tensor* b) {
 
 }  // namespace
 
+int mat_vec_fast_act_block(const Tensor* mm, const Tensor* dst) {
+  const Tensor* a = mm->src[0];
+  if (dst->ne[1] > kMatVecMaxCols || dst->ne[1] < 1 || !dtype_is_quantized(a->type)) return 0;
+  // rows are bulk-copied: 16-byte aligned, a multiple of 16 bytes (k a multiple of 256 for every
+  // format: all the usual shapes; others, such as an mxfp4 row of an odd number of blocks, take
+  // the exact kernels)
+  // (k = 0 has no stage to write its outputs from: the exact kernels write the zeros)
+  if (!(a->ne[0] > 0 && aligned16(a->data) && a->nb[1] % 16 == 0 && a->nb[2] % 16 == 0 && a->nb[3] % 16 == 0 &&
+        dtype_row_size(a->type, a->ne[0]) % 16 == 0))
+    return 0;
+  return visit_quant_type(a->type, 0, [&](auto q) { return decltype(q)::Fast::kActScaleBlock; });
+}
+
 bool mat_vec_fast_supports(const LaunchContext& ctx, const Tensor* mm, const Tensor* dst) {
   const Tensor* a = mm->src[0];
   const Tensor* b = mm->src[1];
@@ -1135,15 +1149,10 @@ bool mat_vec_fast_supports(const LaunchContext& ctx, const Tensor* mm, const Ten
       return rows_aligned && cols_aligned;
     }
     default:
-      if (!dtype_is_quantized(a->type)) return false;
-      // rows are bulk-copied: 16-byte aligned, a multiple of 16 bytes (k a multiple of 256 for every
-      // format: all the usual shapes; others, such as an mxfp4 row of an odd number of blocks, take
-      // the exact kernels); the scratch is reserved for the exact mode's blocks, which the fast
-      // layout never outgrows
-      // (k = 0 has no stage to write its outputs from: the exact kernels write the zeros)
-      return a->ne[0] > 0 && aligned16(a->data) && a->nb[1] % 16 == 0 && a->nb[2] % 16 == 0 && a->nb[3] % 16 == 0 &&
-             dtype_row_size(a->type, a->ne[0]) % 16 == 0 && aligned16(ctx.scratch) &&
-             ctx.scratch_size >= act_fast_bytes(a->type, b);
+      // the scratch is reserved for the exact mode's blocks, which the fast layout never outgrows;
+      // activations a norm quantized (ctx.act_in) need none
+      return mat_vec_fast_act_block(mm, dst) > 0 &&
+             (ctx.act_in || (aligned16(ctx.scratch) && ctx.scratch_size >= act_fast_bytes(a->type, b)));
   }
 }
 

@@ -13,6 +13,21 @@ namespace loom::cuda {
 /// stay on the exact kernels, which take any layout.
 bool mat_vec_fast_supports(const LaunchContext& ctx, const Tensor* mm, const Tensor* dst);
 
+/// The activation block (32 or 256, mat_vec_fast_formats.cuh's ActFast layout) in which the fast
+/// quantized mat-vec reads mm's activations when it takes mm (output dst), whatever the scratch;
+/// 0 when it does not (float weights, too many columns, unaligned rows). With ctx.act_in it reads
+/// them from mm->src[1]'s own bytes, quantized by the norm that produced them, and quantizes nothing.
+int mat_vec_fast_act_block(const Tensor* mm, const Tensor* dst);
+
+/// The error of a mat-vec whose activations a norm quantized (ctx.act_in) that the fast kernels
+/// do not take: the plan and the launch disagree; nothing is computed from codes read as f32.
+inline CudaError act_in_missed() {
+  return CudaError::runtime(cudaErrorInvalidValue,
+                            "mat-vec: activations quantized by their norm, but the fast mat-vec does not take the "
+                            "product",
+                            __FILE__, __LINE__);
+}
+
 /// dst = mm->src[0] x mm->src[1] (+ bias[i] on row i when bias is not null), dst of mm's shape.
 /// Quantized weights first quantize the activations into ctx.scratch (mat_vec_fast_formats.cuh).
 CudaError launch_mat_vec_fast(const LaunchContext& ctx, const Tensor* mm, const Tensor* dst, const float* bias);

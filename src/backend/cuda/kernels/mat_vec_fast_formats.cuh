@@ -572,24 +572,43 @@ struct FastIQ4_XS {
 };
 
 /// Where a column's quantized activations lie in the scratch (rows in (j, i2, i3) order, k each):
-/// codes[rows * k], then scales[rows * k / kActScaleBlock] (float), then for kActSums the int16 sum of
-/// each 32 codes [rows * k / 32].
+/// codes[rows * k], then scales[rows * k / block] (float), then, where the format reads them (q4_K,
+/// q5_K), the int16 sum of each 32 codes [rows * k / 32]. A layout of 256-blocks with the sums serves
+/// every 256-block format (the others read the same codes and scales, not the sums); every 32-block
+/// format reads the same layout. The norm that writes it in place of its f32 output (fused.cu) and
+/// the quantize kernel (mat_vec_fast.cu) share act_fast_at, act_fast_scale and act_fast_code.
+struct ActFastRaw {
+  int8_t* codes;
+  float* scales;
+  int16_t* sums;
+};
+LOOM_HD ActFastRaw act_fast_at(void* base, int64_t rows, int64_t k, int block) {
+  auto* p = static_cast<char*>(base);
+  return {reinterpret_cast<int8_t*>(p), reinterpret_cast<float*>(p + rows * k),
+          reinterpret_cast<int16_t*>(p + rows * k + rows * (k / block) * static_cast<int64_t>(sizeof(float)))};
+}
+LOOM_HD size_t act_fast_size(int64_t rows, int64_t k, int block, bool sums) {
+  return static_cast<size_t>(rows * k) + static_cast<size_t>(rows * (k / block)) * sizeof(float) +
+         (sums ? static_cast<size_t>(rows * (k / kFastUnit)) * sizeof(int16_t) : 0);
+}
+/// A block's scale from its largest magnitude, and the factor its codes are formed with.
+LOOM_HD float act_fast_scale(float amax) { return amax / 127.0f; }
+LOOM_HD float act_fast_inverse(float amax) { return amax > 0.0f ? 127.0f / amax : 0.0f; }
+#ifdef __CUDACC__
+__device__ __forceinline__ int act_fast_code(float x, float inverse) {
+  return max(-127, min(127, __float2int_rn(x * inverse)));
+}
+#endif
+
 template <class Q>
 struct ActFastLayout {
   int8_t* codes;
   float* scales;
   int16_t* sums;
-  LOOM_HD static size_t bytes(int64_t rows, int64_t k) {
-    return static_cast<size_t>(rows * k) + static_cast<size_t>(rows * (k / Q::kActScaleBlock)) * sizeof(float) +
-           (Q::kActSums ? static_cast<size_t>(rows * (k / kFastUnit)) * sizeof(int16_t) : 0);
-  }
+  LOOM_HD static size_t bytes(int64_t rows, int64_t k) { return act_fast_size(rows, k, Q::kActScaleBlock, Q::kActSums); }
   LOOM_HD static ActFastLayout at(void* base, int64_t rows, int64_t k) {
-    auto* p = static_cast<char*>(base);
-    ActFastLayout l;
-    l.codes = reinterpret_cast<int8_t*>(p);
-    l.scales = reinterpret_cast<float*>(p + rows * k);
-    l.sums = reinterpret_cast<int16_t*>(p + rows * k + rows * (k / Q::kActScaleBlock) * static_cast<int64_t>(sizeof(float)));
-    return l;
+    const ActFastRaw r = act_fast_at(base, rows, k, Q::kActScaleBlock);
+    return {r.codes, r.scales, r.sums};
   }
 };
 

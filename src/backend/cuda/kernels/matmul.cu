@@ -351,6 +351,7 @@ CudaError mat_vec_any(const LaunchContext& ctx, const Tensor* mm, const Tensor* 
   // the fast numerics mode's kernels (mat_vec_fast.cu); the exact ones below serve exact mode, more
   // columns, and layouts the fast ones leave out
   if (ctx.fast && mat_vec_fast_supports(ctx, mm, dst)) return launch_mat_vec_fast(ctx, mm, dst, bias);
+  if (ctx.act_in) return act_in_missed();
   const CudaError none = CudaError::runtime(cudaErrorInvalidValue, "mul_mat: no kernel for this weight type",
                                             __FILE__, __LINE__);
   return visit_weight_type(
