@@ -598,6 +598,13 @@ void add_fused_cases(CaseList& cases, CaseSet set) {
       {64, 4, 2, 1, 8, DType::f16, rope_params(M::neox, 64, 10000.0f), false, true, true, true},
       {128, 8, 2, 3, 6, DType::f16, rope_params(M::neox, 128, 500000.0f), true, true, true, true},
       {64, 4, 2, 4, 7, DType::f32, rope_params(M::neox, 64, 10000.0f), false, true, true, true},
+      // one token each (CUDA's decode kernel: an element a thread, its loads before its angle)
+      {128, 32, 8, 1, 64, DType::f16, rope_params(M::neox, 128, 500000.0f), true, true, true, true},  // 8B
+      {80, 3, 1, 1, 9, DType::f16, rope_params(M::normal, 32, 10000.0f)},  // partial rotation
+      {64, 2, 2, 1, 5, DType::f16, rope_params(M::neox, 64, 10000.0f, 0.25f, 1.0f, 1.0f)},  // YaRN
+      {64, 4, 2, 1, 7, DType::f32, rope_params(M::neox, 64, 10000.0f), false, true, true, true},
+      {32, 2, 2, 1, 4, DType::f16, rope_params(M::normal, 32, 10000.0f), false, false},  // no Q
+      {64, 4, 2, 1, 8, DType::f16, rope_params(M::normal, 64, 10000.0f), false, true, false},  // Q after K
   };
   for (const RopeStoreCase& c : stores) add_rope_set_rows(cases, c);
 

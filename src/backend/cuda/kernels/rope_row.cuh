@@ -31,6 +31,19 @@ __device__ __forceinline__ void rope_angle(int i, int32_t position, const RopeAr
   s = static_cast<float>(sd * p.mscale);
 }
 
+/// The elements pair t (< n_dims / 2) rotates: normal mode (2t, 2t+1), neox (t, t + n_dims/2).
+__device__ __forceinline__ void rope_pair_of(int64_t t, const RopeArgs& p, int64_t& j0, int64_t& j1) {
+  j0 = p.neox ? t : 2 * t;
+  j1 = p.neox ? t + p.n_dims / 2 : 2 * t + 1;
+}
+// The rotated pair, in the CPU's float operations, kept from contracting into FMAs (docs/NUMERICS.md).
+__device__ __forceinline__ float rope_first(float x0, float x1, float c, float s) {
+  return __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+}
+__device__ __forceinline__ float rope_second(float x0, float x1, float c, float s) {
+  return __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+}
+
 /// Element t of the row x rotated with pair (c, s) (t < n_dims / 2 rotates pair t and stores both of
 /// its elements; n_dims / 2 <= t < n_dims stores nothing, its pair's owner does; t >= n_dims copies).
 template <class Store>
@@ -42,13 +55,11 @@ __device__ __forceinline__ void rope_element(const float* x, int64_t t, const Ro
     return;
   }
   if (t >= half) return;
-  // normal mode rotates (2i, 2i+1); neox rotates (i, i + n_dims/2)
-  const int64_t j0 = p.neox ? t : 2 * t;
-  const int64_t j1 = p.neox ? t + half : 2 * t + 1;
+  int64_t j0, j1;
+  rope_pair_of(t, p, j0, j1);
   const float x0 = x[j0], x1 = x[j1];
-  // the CPU's float operations, kept from contracting into FMAs (docs/NUMERICS.md)
-  store(j0, __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s)));
-  store(j1, __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c)));
+  store(j0, rope_first(x0, x1, c, s));
+  store(j1, rope_second(x0, x1, c, s));
 }
 
 /// Rotates the row x of ne0 elements at `position` and hands each result to store(j, value). The
