@@ -4,7 +4,9 @@
 # last two launches of the run's last kernel (the step's sampling), grouped by name and grid, with time,
 # DRAM bytes and bandwidth against PEAK_GBS:
 #   ncu_step.py FILE [PEAK_GBS] [STEP_US]
-import collections, csv, sys
+import collections, csv, signal, sys
+
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # output cut by head
 
 rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
 head, rows = rows[0], rows[2:]

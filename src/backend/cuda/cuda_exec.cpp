@@ -17,6 +17,7 @@
 
 #include "cuda_common.h"
 #include "cuda_ops.h"
+#include "kernels/attention.cuh"
 #include "kernels/fused.cuh"
 #include "kernels/mat_vec_fast.cuh"
 #include "kernels/matmul.cuh"
@@ -107,13 +108,41 @@ bool norm_quant_enabled() {
   return on;
 }
 
-// The fast mode's hand-off of quantized activations from a norm to its mat-vecs: a fused
-// rms_norm_mul / add_rms_norm_mul whose output nothing reads but fast quantized mat-vecs of one
-// activation block (the Q/K/V or gate/up products after a layer's norm), and which is no graph
-// output, writes that output as their quantized activations (ActFast layout, in its own bytes) and
-// the mat-vecs skip their quantize kernel: a launch less per norm. The byte ranges do not change
-// (the layout lies within the f32 output's bytes), so ordering is untouched; the values equal the
-// unfused path's bit for bit (the same floats quantized by the same arithmetic).
+// The fast mode's hand-off of quantized activations to the mat-vecs: a dispatch whose output nothing
+// reads but fast quantized mat-vecs of one activation block, and which is no graph output, writes
+// that output as their quantized activations (ActFast layout, in its own bytes), and the mat-vecs
+// skip their quantize kernel: a launch less per producer. The producers: a fused rms_norm_mul /
+// add_rms_norm_mul (the Q/K/V and gate/up products after a layer's norm) and flash-decoding with
+// split keys, whose merge writes the attention output projection's activations. The byte ranges do
+// not change (the layout lies within the f32 output's bytes), so ordering is untouched; the values
+// equal the unfused path's bit for bit (the same floats quantized by the same arithmetic).
+// Whether `b` (a mat-vec's activation) shows all of y's bytes as they lie: y, or a contiguous reshape.
+bool whole_view_of(const Tensor* b, const Tensor* y) {
+  if (b == y) return true;
+  return b->op == OpKind::view && producer_of(b) == y && b->data == y->data && b->is_contiguous() &&
+         y->is_contiguous() && b->nelements() == y->nelements();
+}
+
+// Whether dispatch d can write its output as activations of `block`.
+bool writes_act(const exec::Dispatch& d, int block) {
+  switch (d.kind) {
+    case FusedKind::rms_norm_mul:
+    case FusedKind::add_rms_norm_mul:
+      return norm_act_out_supported(d.kind, d.nodes.data(), block);
+    case FusedKind::none: {
+      const Tensor* t = d.node();
+      return t->op == OpKind::flash_attn && t->src[0]->ne[1] < kFlashAttnMmaMinQueries &&
+             flash_attn_decode_writes_act(t, nullptr, block);
+    }
+    case FusedKind::gather_flash_attn: {
+      const FlashAttnRows rows{d.nodes[0]->src[0], d.nodes[0]->src[1], d.nodes[1]->src[0], d.nodes[1]->src[1]};
+      return flash_attn_decode_writes_act(d.nodes[2], &rows, block);
+    }
+    default:
+      return false;
+  }
+}
+
 void mark_act_handoffs(exec::Plan& p, const Graph& g) {
   std::unordered_map<const Tensor*, std::vector<const Tensor*>> readers;  // node -> nodes reading it
   for (const Tensor* t : g.nodes()) {
@@ -129,7 +158,10 @@ void mark_act_handoffs(exec::Plan& p, const Graph& g) {
     for (const Tensor* n : p.dispatches[i].nodes)
       if (n) at[n] = i;
   for (exec::Dispatch& d : p.dispatches) {
-    if (d.kind != FusedKind::rms_norm_mul && d.kind != FusedKind::add_rms_norm_mul) continue;
+    const bool candidate = d.kind == FusedKind::rms_norm_mul || d.kind == FusedKind::add_rms_norm_mul ||
+                           d.kind == FusedKind::gather_flash_attn ||
+                           (d.kind == FusedKind::none && d.node()->op == OpKind::flash_attn);
+    if (!candidate) continue;
     const Tensor* y = d.anchor();
     auto r = readers.find(y);
     if ((y->flags & kTensorOutput) || r == readers.end()) continue;
@@ -137,7 +169,8 @@ void mark_act_handoffs(exec::Plan& p, const Graph& g) {
     std::vector<size_t> consumers;
     for (const Tensor* u : r->second) {
       auto c = at.find(u);
-      if (u->op != OpKind::mul_mat || u->src[1] != y || u->src[0] == y || c == at.end()) {
+      if (u->op != OpKind::mul_mat || !u->src[1] || !whole_view_of(u->src[1], y) || u->src[0] == y ||
+          c == at.end()) {
         block = 0;
         break;
       }
@@ -155,7 +188,7 @@ void mark_act_handoffs(exec::Plan& p, const Graph& g) {
       block = b;
       consumers.push_back(c->second);
     }
-    if (block == 0 || !norm_act_out_supported(d.kind, d.nodes.data(), block)) continue;
+    if (block == 0 || !writes_act(d, block)) continue;
     d.act_out_block = block;
     for (size_t c : consumers) p.dispatches[c].act_in = true;
   }

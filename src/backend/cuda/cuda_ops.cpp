@@ -126,6 +126,10 @@ CudaError run_node(const LaunchContext& ctx, const Tensor* t) {
       // decode in the fast mode, where the planned scratch holds the splits (see scratch_bytes)
       if (use_flash_attn_decode(*t, ctx.fast) && ctx.scratch_size >= flash_attn_decode_scratch_bytes(t))
         return launch_flash_attn_decode(ctx, t, p.scale, p.softcap);
+      if (ctx.act_out_block)  // the plan has its mat-vecs read quantized activations: never f32 as codes
+        return CudaError::runtime(cudaErrorInvalidValue,
+                                  "flash_attn: quantized activations asked for, but the decode kernel does not run",
+                                  __FILE__, __LINE__);
       return launch_flash_attn(ctx, t, p.scale, p.softcap);
     }
     case OpKind::all_reduce:

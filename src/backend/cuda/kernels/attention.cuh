@@ -45,6 +45,10 @@ struct FlashAttnRows {
 /// `rows`, the same of the stores' rows, and i32 packed indices, one per key of every head and
 /// sequence. Checks the data pointers too when they are set, so call it at launch time.
 bool flash_attn_decode_supported(const Tensor* dst, const FlashAttnRows* rows = nullptr);
+/// Whether launch_flash_attn_decode, asked by ctx.act_out_block, writes its output as the fast
+/// mat-vec's quantized activations of act_block (32 or 256) for the output projection: when its keys
+/// are split (the merge writes them) and a merge block holds whole activation blocks of whole heads.
+bool flash_attn_decode_writes_act(const Tensor* dst, const FlashAttnRows* rows, int act_block);
 /// Device scratch launch_flash_attn_decode needs for its splits' partial results (0: one split).
 size_t flash_attn_decode_scratch_bytes(const Tensor* dst);
 /// flash_attn for few queries in the fast numerics mode (flash-decoding: the keys split over blocks,

@@ -29,6 +29,7 @@
 
 #include "attention.cuh"
 #include "common.cuh"
+#include "mat_vec_fast_formats.cuh"
 
 namespace loom::cuda {
 
@@ -40,6 +41,8 @@ constexpr int kRows = 4;             ///< query rows per block
 constexpr int kMinKeysPerSplit = 16;  ///< keys per split at least (below that the merge dominates)
 constexpr int kMaxSplits = 32;
 constexpr int kUnroll = 2;            ///< keys per lane group loaded before the first is used
+constexpr int kMaxHeadsPerMergeBlock = 4;  ///< the activations' merge: heads of one block (64 x 4 = 256)
+constexpr int kMaxMergeWarps = 8;          ///< and its threads, 256 at most
 static_assert(kMaxSplits <= 64, "the merge gives a split to each of its >= 64 threads");
 
 struct DecodeArgs {
@@ -402,6 +405,86 @@ bool flash_attn_decode_supported(const Tensor* dst, const FlashAttnRows* rows) {
   return true;
 }
 
+// The merge writing the fast mat-vec's quantized activations (ctx.act_out_block) instead of f32: a
+// block of kHpb heads x d threads per (query, group of kHpb heads), each thread one element merged as
+// flash_decode_merge_kernel merges it, then quantized as quantize_act_fast_kernel quantizes the f32
+// output (its maxima per act_block over the block's warps): the attention output projection's
+// quantize launch is not needed. The layout's rows are the queries (iq + n_q i3), each n_head d long.
+__global__ void flash_decode_merge_act_kernel(const __grid_constant__ DecodeArgs a, ActFastRaw act, int act_block,
+                                              int heads_per_block) {
+  pdl_wait();
+  __shared__ float sh_w[kMaxHeadsPerMergeBlock][kMaxSplits], sh_l[kMaxHeadsPerMergeBlock][kMaxSplits];
+  __shared__ float sh_total[kMaxHeadsPerMergeBlock];
+  __shared__ float sh_max[kMaxMergeWarps];
+  const int64_t d = a.v.ne[0], n_kv_heads = a.k.ne[2], n_head = a.q.ne[2], n_q = a.q.ne[1];  // q: [d, n_q, n_head]
+  const int64_t rows = a.k.ne[3] * n_kv_heads * a.n_rows;
+  const int64_t groups = n_head / heads_per_block;
+  const int64_t hg = blockIdx.x % groups, qrow = blockIdx.x / groups;  // qrow = iq + n_q i3
+  const int64_t iq = qrow % n_q, i3 = qrow / n_q;
+  const int slot = static_cast<int>(threadIdx.x / d);
+  const int64_t e = threadIdx.x % d, h = hg * heads_per_block + slot;
+  const int64_t hk = h / a.group;
+  const int64_t rr = iq * a.group + (h - hk * a.group);  // row_at's inverse
+  const int64_t row = (i3 * n_kv_heads + hk) * a.n_rows + rr;
+  const int n = a.n_splits;
+  if (e < n) {
+    const float* p = a.partial + (e * rows + row) * (d + 2);
+    sh_w[slot][e] = p[0];
+    sh_l[slot][e] = p[1];
+  }
+  __syncthreads();
+  if (e == 0) {
+    float big = -INFINITY;
+    for (int s = 0; s < n; ++s) big = fmaxf(big, sh_w[slot][s]);
+    float total = 0.0f;
+    for (int s = 0; s < n; ++s) {
+      sh_w[slot][s] = sh_w[slot][s] == -INFINITY ? 0.0f : __expf(sh_w[slot][s] - big);
+      total += sh_l[slot][s] * sh_w[slot][s];
+    }
+    if (a.sinks && big != -INFINITY) total += __expf(a.sinks[h] - big);
+    sh_total[slot] = total;
+  }
+  __syncthreads();
+  float out = 0.0f;
+  for (int s = 0; s < n; ++s) out += a.partial[(s * rows + row) * (d + 2) + 2 + e] * sh_w[slot][s];
+  const float value = sh_total[slot] > 0.0f ? out / sh_total[slot] : 0.0f;
+  // the block maxima: a warp (32 elements), then act_block / 32 warps together
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  float amax = warp_reduce(fabsf(value), MaxOp{});
+  if (act_block > kWarpSize) {
+    if (lane == 0) sh_max[warp] = amax;
+    __syncthreads();
+    const int per = act_block / kWarpSize, first = warp / per * per;
+    amax = sh_max[first];
+    for (int w = first + 1; w < first + per; ++w) amax = fmaxf(amax, sh_max[w]);
+  }
+  const int code = act_fast_code(value, act_fast_inverse(amax));
+  const int64_t k = n_head * d, at = qrow * k + h * d + e;
+  act.codes[at] = static_cast<int8_t>(code);
+  if (at % act_block == 0) act.scales[at / act_block] = act_fast_scale(amax);
+  if (act_block == 256) {
+    const int sum = warp_reduce(code, SumOp{});
+    if (lane == 0) act.sums[at / kFastUnit] = static_cast<int16_t>(sum);
+  }
+}
+
+// Heads per block of the activations' merge for head size d and act_block, or 0 when it cannot run
+// (a block must hold whole activation blocks of whole heads).
+int merge_heads_per_block(int64_t d, int64_t n_head, int act_block) {
+  const int64_t hpb = act_block % d == 0 ? act_block / d : (d % act_block == 0 ? 1 : 0);
+  if (hpb == 0 || hpb > kMaxHeadsPerMergeBlock || hpb * d > kMaxMergeWarps * kWarpSize || n_head % hpb != 0) return 0;
+  return static_cast<int>(hpb);
+}
+
+bool flash_attn_decode_writes_act(const Tensor* dst, const FlashAttnRows* rows, int act_block) {
+  const Tensor* q = dst->src[0];
+  const Tensor* k = dst->src[1];
+  return (act_block == 32 || act_block == 256) && flash_attn_decode_supported(dst, rows) && splits_for(q, k) > 1 &&
+         dst->is_contiguous() && dst->ne[0] == q->ne[0] && dst->ne[1] == q->ne[2] && dst->ne[2] == q->ne[1] &&
+         merge_heads_per_block(q->ne[0], q->ne[2], act_block) > 0 &&
+         act_fast_size(q->ne[1] * q->ne[3], q->ne[0] * q->ne[2], act_block, act_block == 256) <= dst->nbytes();
+}
+
 size_t flash_attn_decode_scratch_bytes(const Tensor* dst) {
   const Tensor* q = dst->src[0];
   const Tensor* k = dst->src[1];
@@ -454,6 +537,18 @@ CudaError launch_flash_attn_decode(const LaunchContext& ctx, const Tensor* dst, 
   auto kernel = rows ? decode_kernel_for<true>(d) : decode_kernel_for<false>(d);
   kernel<<<grid, kDecThreads, 0, ctx.stream>>>(a);
   LOOM_CUDA_CHECK_LAUNCH("flash_decode_kernel");
+  if (ctx.act_out_block) {  // the output projection's activations, quantized by the merge
+    const int hpb = merge_heads_per_block(d, q->ne[2], ctx.act_out_block);  // q: [d, n_q, n_head, n_seqs]
+    if (a.n_splits < 2 || hpb == 0 || !flash_attn_decode_writes_act(dst, rows, ctx.act_out_block))
+      return CudaError::runtime(cudaErrorInvalidValue,
+                                "flash_attn decode: quantized activations asked for, but the merge cannot write them",
+                                __FILE__, __LINE__);
+    const ActFastRaw act = act_fast_at(dst->data, q->ne[1] * q->ne[3], d * q->ne[2], ctx.act_out_block);
+    flash_decode_merge_act_kernel<<<static_cast<unsigned>(q->ne[1] * q->ne[3] * (q->ne[2] / hpb)),
+                                    static_cast<unsigned>(hpb * d), 0, ctx.stream>>>(a, act, ctx.act_out_block, hpb);
+    LOOM_CUDA_CHECK_LAUNCH("flash_decode_merge_act_kernel");
+    return {};
+  }
   if (a.n_splits > 1) {
     const int64_t rows = q->ne[3] * k->ne[2] * a.n_rows;
     flash_decode_merge_kernel<<<static_cast<unsigned>(rows), static_cast<unsigned>(d), 0, ctx.stream>>>(a);
