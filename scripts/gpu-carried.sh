@@ -24,6 +24,7 @@
 #   mvperf   ncu of the fast mat-vec on LOOM_MV_CASES (';'-separated op-test descriptions) under each of
 #            LOOM_MV_MODES (space-separated modes, each ','-separated VAR=VALUE settings or "-" for none)
 #   normquant  greedy logits with the norms' quantized-activation hand-off against LOOM_CUDA_NORM_QUANT=0
+#            (or LOOM_NQ_BASE's ','-separated VAR=VALUE settings)
 #   decodencu  every kernel of one decode step under ncu, grouped, against the step's measured time
 #   kperf    ncu kernel times of op-test perf cases (LOOM_K_CASES: ';'-separated OP|FILTER) under each
 #            of LOOM_K_MODES (space-separated, each ','-separated VAR=VALUE settings or "-" for none)
@@ -175,13 +176,15 @@ for step in "$@"; do
       for m in $models; do
         f=$(model "$m") || continue
         for nq in 1 0; do
-          LOOM_CUDA_NORM_QUANT=$nq LOOM_EXEC_DUMP="$work/nq$nq" timeout 120 "$bin/loom" run -m "$f" --numerics fast \
+          base=""
+          [[ $nq == 0 ]] && base=$(tr "," " " <<<"${LOOM_NQ_BASE:-LOOM_CUDA_NORM_QUANT=0}")
+          env $base LOOM_EXEC_DUMP="$work/nq$nq" timeout 120 "$bin/loom" run -m "$f" --numerics fast \
             -p "Once upon a time" -n 48 --temp 0 --dump-logits "$work/nq$nq.bin" >"$work/nq$nq.txt" 2>"$work/nq$nq.err" ||
             tail -2 "$work/nq$nq.err"
         done
         r="DIFFER"
         cmp -s "$work/nq1.bin" "$work/nq0.bin" && cmp -s "$work/nq1.txt" "$work/nq0.txt" && r="bit-identical"
-        echo "normquant $m: logits and text $r ($(stat -c %s "$work/nq1.bin") bytes of logits);" \
+        echo "normquant $m against ${LOOM_NQ_BASE:-LOOM_CUDA_NORM_QUANT=0}: logits and text $r ($(stat -c %s "$work/nq1.bin") bytes of logits);" \
           "norms writing activations in the last plan: $(ls "$work"/nq1-*.txt | grep -v graph | sort -V | tail -1 | xargs grep -c "writes activations"), mat-vecs reading them: $(ls "$work"/nq1-*.txt | grep -v graph | sort -V | tail -1 | xargs grep -c "activations quantized)")"
         rm -f "$work"/nq[01]-*
       done ;;
