@@ -138,6 +138,8 @@ struct FlashCase {
   int64_t window = 0;       // > 0: a sliding-window causal mask, each query sees its last `window` keys
   bool pure_causal = false;  // no random -inf entries: a model's prompt mask (zeros and the causal -inf)
   bool sinks = false;        // a per-head sink logit joins every softmax denominator (gpt-oss)
+  int64_t nan_pad = 0;       // > 0: the last nan_pad keys are masked for every query and their K/V hold
+                             // NaN (unwritten cache cells past the sequence, as a bucketed extent shows)
 };
 
 constexpr int64_t kCacheExtra = 24;
@@ -176,12 +178,27 @@ void add_flash_attn(CaseList& cases, const FlashCase& c, bool perf) {
       Tensor* vc = in.uniform(c.vt, {c.dv, n_ctx, c.n_head_kv, c.ne3});
       k = strided_view(g, kc, {c.d, c.n_kv, c.n_head_kv, c.ne3}, packed_strides(kc->ne), 0);
       v = strided_view(g, vc, {c.dv, c.n_kv, c.n_head_kv, c.ne3}, packed_strides(vc->ne), 0);
+    } else if (c.nan_pad > 0) {
+      auto nan_tail = [c](Rng& rng, const Shape& s, std::vector<float>& v) {
+        for (size_t i = 0; i < v.size(); ++i) {
+          const auto j = static_cast<int64_t>(i / static_cast<size_t>(s[0])) % s[1];  // the key
+          v[i] = j >= c.n_kv - c.nan_pad ? NAN : rng.uniform(-1.0f, 1.0f);
+        }
+      };
+      k = in.custom(c.kt, {c.d, c.n_kv, c.n_head_kv, c.ne3}, nan_tail);
+      v = in.custom(c.vt, {c.dv, c.n_kv, c.n_head_kv, c.ne3}, nan_tail);
     } else {
       k = in.uniform(c.kt, {c.d, c.n_kv, c.n_head_kv, c.ne3});
       v = in.uniform(c.vt, {c.dv, c.n_kv, c.n_head_kv, c.ne3});
     }
     Tensor* mask = nullptr;
-    if (c.has_mask && c.window > 0)
+    if (c.has_mask && c.nan_pad > 0)
+      mask = in.custom(c.mask_type, {c.n_kv, c.mask_rows, 1, 1}, [c](Rng& rng, const Shape& s, std::vector<float>& v) {
+        for (int64_t r = 0; r < s[1]; ++r)
+          for (int64_t j = 0; j < s[0]; ++j)
+            v[static_cast<size_t>(r * s[0] + j)] = j < c.n_kv - c.nan_pad ? rng.uniform(-1.0f, 0.0f) : -INFINITY;
+      });
+    else if (c.has_mask && c.window > 0)
       mask = in.custom(
           c.mask_type, {c.n_kv, c.mask_rows, 1, 1}, [c](Rng& rng, const Shape& s, std::vector<float>& v) {
             for (int64_t r = 0; r < s[1]; ++r)
@@ -225,6 +242,10 @@ void add_flash_attn(CaseList& cases, const FlashCase& c, bool perf) {
             const int64_t hk = h / group;
             double mx = -INFINITY;
             for (int64_t j = 0; j < c.n_kv; ++j) {
+              if (mask && (*mask)(j, iq) == -INFINITY) {  // hidden: whatever its K/V hold
+                w[j] = -INFINITY;
+                continue;
+              }
               double s = 0.0;
               for (int64_t t = 0; t < c.d; ++t) s += q(t, iq, h, i3) * k(t, j, hk, i3);
               s *= scale;
@@ -238,7 +259,8 @@ void add_flash_attn(CaseList& cases, const FlashCase& c, bool perf) {
             if (sinks) sum += std::exp((*sinks)(h)-mx);  // a key without a value
             for (int64_t t = 0; t < c.dv; ++t) {
               double acc = 0.0;
-              for (int64_t j = 0; j < c.n_kv; ++j) acc += w[j] * v(t, j, hk, i3);
+              for (int64_t j = 0; j < c.n_kv; ++j)
+                if (w[j] != 0.0) acc += w[j] * v(t, j, hk, i3);
               out(t, h, iq, i3) = acc / sum;
             }
           }
@@ -257,6 +279,7 @@ void add_flash_attn(CaseList& cases, const FlashCase& c, bool perf) {
   if (c.cache_view) desc += " (cache view)";
   if (c.q_permuted) desc += " (permuted q)";
   if (c.sinks) desc += " sinks";
+  if (c.nan_pad > 0) desc += fmt::format(" (last {} keys masked, NaN K/V)", c.nan_pad);
   // 2 (d + dv) per visible (query, key, head): Q K^T and P V
   const double flops = 2.0 * visible_pairs(c) * (c.d + c.dv) * c.n_head * c.ne3;
   cases.push_back({"flash_attn", desc, kNmseFlashAttn, build, ref, flops});
@@ -333,6 +356,10 @@ void add_attention_cases(CaseList& cases, CaseSet set) {
       {112, 112, 1, 129, 3, 1, 1, f32, f32, true, f32, 1, false, 0.0f, true},
       {128, 128, 8, 1000, 8, 2, 1, f16, f16, true, f16, 8, true, 0.0f, false},  // long context
       {64, 64, 1, 2048, 4, 1, 1, f16, f16, true, f16, 1, false, 0.0f, false},
+      // decode over a bucketed extent: the cells past the sequence masked, their K/V NaN
+      {128, 128, 1, 256, 32, 8, 1, f16, f16, true, f16, 1, false, 0.0f, false, false, 0, false, false, 100},
+      {64, 64, 1, 2048, 8, 2, 1, f16, f16, true, f16, 1, false, 0.0f, false, false, 0, false, false, 300},
+      {128, 128, 3, 512, 8, 2, 1, f16, f16, true, f32, 3, false, 0.0f, false, false, 0, false, true, 37},
       // Prefill shapes of the tensor-core kernel (attention_mma.cu: d in {64, 128, 256}, f16 K/V,
       // 64-query tiles, 64- or 32-key tiles): partial query and key tiles, prompts appended to a
       // cache (n_kv > n_q), GQA 8/2, f16 and f32 masks, a permuted q as the models build it.
