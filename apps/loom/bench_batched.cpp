@@ -38,10 +38,22 @@ Status run_batched_bench_test(llm::Context& ctx, const BatchedBenchTest& test, b
   auto once = [&](BatchedBenchResult& r, bool trace) -> Status {
     ctx.kv_cache_clear();
     const auto t0 = clock::now();
-    for (size_t s = 0; s < n_pl; ++s) {
-      llm::DecodeOptions o;
-      o.seq_id = static_cast<int>(s);
-      auto x = ctx.decode(prompts[s], 0, o);
+    // The prompts packed as llama-batched-bench packs them: as many whole prompts a pass as the
+    // batch holds (one weight read for all), each alone when one fills it.
+    const size_t per_pack = std::max<size_t>(1, per_pass / static_cast<size_t>(test.n_pp));
+    std::vector<llm::SeqTokens> pack;
+    for (size_t s0 = 0; s0 < n_pl; s0 += per_pack) {
+      const size_t s1 = std::min(n_pl, s0 + per_pack);
+      if (s1 - s0 == 1) {
+        llm::DecodeOptions o;
+        o.seq_id = static_cast<int>(s0);
+        auto x = ctx.decode(prompts[s0], 0, o);
+        if (!x) return x.status();
+        continue;
+      }
+      pack.clear();
+      for (size_t s = s0; s < s1; ++s) pack.push_back(llm::SeqTokens{static_cast<int>(s), 0, prompts[s]});
+      auto x = ctx.decode_batch(pack);
       if (!x) return x.status();
     }
     const auto t1 = clock::now();

@@ -302,7 +302,9 @@ class Context {
   /// token columns together (one weight read serves them all), attention reads each sequence's own
   /// cells. Every sequence brings one token (a decode step), except that one of them may bring
   /// several (a prompt chunk: a mixed pass, whose chunk attends in a flash_attn of its own, the
-  /// others in one together); a single sequence may bring any number (as decode). At most n_batch
+  /// others in one together); or every sequence brings the same number of tokens (a packed pass:
+  /// prompts of one length prefilled together, one weight read for all); a single sequence may
+  /// bring any number (as decode). At most n_batch
   /// tokens in all, each sequence at most once. Returns the logits of each sequence's last token,
   /// n_seqs * n_vocab floats in the order given (the chunk's sequence first saves moving its row),
   /// valid until the next decode. A sequence's results do not depend on the others in the step (on

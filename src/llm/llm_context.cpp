@@ -775,22 +775,29 @@ Result<size_t> run_batch_step(detail::ContextImpl& c, std::span<const SeqTokens>
                       "(--swa-full) or a paged KV cache",
                       seqs.size(), c.kv->n_window_cells());
   // A mixed pass: at most one sequence brings several tokens (a prompt chunk); it goes first in the
-  // pass (its last row and the others' rows are then one contiguous block of outputs).
-  size_t chunk_at = seqs.size(), n_tokens = 0;
+  // pass (its last row and the others' rows are then one contiguous block of outputs). A packed pass:
+  // every sequence brings the same number of tokens (prompts of one length), in the order given.
+  size_t chunk_at = seqs.size(), n_tokens = 0, n_several = 0;
   for (size_t i = 0; i < seqs.size(); ++i) {
     const SeqTokens& st = seqs[i];
     if (st.tokens.empty())
       return make_error(StatusCode::invalid_argument, "decode_batch: sequence {} (entry {}) brings no tokens",
                         st.seq_id, i);
     if (st.tokens.size() > 1) {
-      if (chunk_at < seqs.size())
-        return make_error(StatusCode::invalid_argument,
-                          "decode_batch: sequences {} and {} both bring several tokens; a step over several "
-                          "sequences takes one token each, and at most one of them may bring more",
-                          seqs[chunk_at].seq_id, st.seq_id);
-      chunk_at = i;
+      if (n_several++ == 0) chunk_at = i;
     }
     n_tokens += st.tokens.size();
+  }
+  const bool packed = n_several > 1;
+  if (packed) {
+    for (const SeqTokens& st : seqs)
+      if (st.tokens.size() != seqs[0].tokens.size())
+        return make_error(StatusCode::invalid_argument,
+                          "decode_batch: sequences {} and {} bring {} and {} tokens; a step over several "
+                          "sequences takes one token each, at most one of them more, or the same number from "
+                          "every one",
+                          seqs[0].seq_id, st.seq_id, seqs[0].tokens.size(), st.tokens.size());
+    chunk_at = seqs.size();  // no chunk: equal runs, in the order given
   }
   if (n_tokens > static_cast<size_t>(c.n_batch))
     return make_error(StatusCode::invalid_argument,
@@ -831,7 +838,9 @@ Result<size_t> run_batch_step(detail::ContextImpl& c, std::span<const SeqTokens>
   std::vector<int32_t> cells, window;
   size_t tok = 0;
   for (size_t i = 0; i < ids.size(); ++i) {
-    const size_t n = i == 0 && chunk_at < seqs.size() ? seqs[chunk_at].tokens.size() : 1;
+    const size_t n = packed                                 ? seqs[i].tokens.size()
+                     : i == 0 && chunk_at < seqs.size() ? seqs[chunk_at].tokens.size()
+                                                        : 1;
     const auto pos = std::span<const int32_t>(positions).subspan(tok, n);
     auto got = c.kv->claim(pos, ids[i]);
     Result<std::vector<int32_t>> got_window = std::vector<int32_t>{};

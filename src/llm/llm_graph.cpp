@@ -1,6 +1,7 @@
 // StepBuilder: the graph pieces every LLaMA-family architecture shares.
 #include <fmt/format.h>
 
+#include <array>
 #include <cmath>
 
 #include "llm_arch.h"
@@ -25,7 +26,7 @@ StepBuilder::StepBuilder(Graph& g, const HParams& hp, const ModelWeights& w, KvC
     LOOM_ASSERT(shape.gather && shape.n_chunk > 1 && shape.n_seqs >= 2 && shape.n_kv_chunk >= 1 &&
                 t == shape.n_chunk + shape.n_seqs - 1);
   else
-    LOOM_ASSERT(shape.n_seqs >= 1 && t % shape.n_seqs == 0 && (shape.n_seqs == 1 || t == shape.n_seqs));
+    LOOM_ASSERT(shape.n_seqs >= 1 && t % shape.n_seqs == 0);
   LOOM_ASSERT(shape.gather || shape.n_seqs == 1);
   // The one-token group of a mixed pass uses the inputs of a decode step over its sequences.
   const int64_t n_q = mixed ? 1 : t / shape.n_seqs;
@@ -341,7 +342,15 @@ Tensor* StepBuilder::select_outputs(Tensor* x) {
     return view(g_, x, {x->ne[0], shape_.n_seqs, 1, 1}, x->nb,
                 x->nb[1] * static_cast<size_t>(shape_.n_chunk - 1));
   }
-  if (shape_.n_seqs > 1) return x;
+  if (shape_.n_seqs > 1) {
+    if (x->ne[1] != shape_.n_tokens || shape_.n_tokens == shape_.n_seqs) return x;  // one row each already
+    // several sequences' equal runs of tokens (packed prompts): the last row of each run
+    const auto n_q = static_cast<size_t>(shape_.n_tokens / shape_.n_seqs);
+    std::array<size_t, 4> nb = x->nb;
+    nb[1] = x->nb[1] * n_q;
+    nb[2] = nb[3] = nb[1] * static_cast<size_t>(shape_.n_seqs);
+    return cont(g_, view(g_, x, {x->ne[0], shape_.n_seqs, 1, 1}, nb, x->nb[1] * (n_q - 1)));
+  }
   return view(g_, x, {x->ne[0], 1, 1, 1}, x->nb, x->nb[1] * static_cast<size_t>(x->ne[1] - 1));
 }
 

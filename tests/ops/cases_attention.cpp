@@ -140,6 +140,7 @@ struct FlashCase {
   bool sinks = false;        // a per-head sink logit joins every softmax denominator (gpt-oss)
   int64_t nan_pad = 0;       // > 0: the last nan_pad keys are masked for every query and their K/V hold
                              // NaN (unwritten cache cells past the sequence, as a bucketed extent shows)
+  bool mask_per_seq = false;  // a mask of its own for each of the ne3 sequences (a packed pass's prompts)
 };
 
 constexpr int64_t kCacheExtra = 24;
@@ -215,7 +216,7 @@ void add_flash_attn(CaseList& cases, const FlashCase& c, bool perf) {
             v[static_cast<size_t>(r * s[0] + j)] = j <= r + c.n_kv - c.n_q ? 0.0f : -INFINITY;
       });
     else if (c.has_mask)
-      mask = in.mask(c.mask_type, {c.n_kv, c.mask_rows, 1, 1}, 0.1, c.causal, c.n_q);
+      mask = in.mask(c.mask_type, {c.n_kv, c.mask_rows, 1, c.mask_per_seq ? c.ne3 : 1}, 0.1, c.causal, c.n_q);
     // sinks around the scores' range (|q k| * scale <~ 1 here, mask entries in [-1, 0]): they take
     // a visible share of each row's weight, up to most of it
     Tensor* sinks = c.sinks ? in.uniform(DType::f32, {c.n_head, 1, 1, 1}, -1.0f, 3.0f) : nullptr;
@@ -242,7 +243,8 @@ void add_flash_attn(CaseList& cases, const FlashCase& c, bool perf) {
             const int64_t hk = h / group;
             double mx = -INFINITY;
             for (int64_t j = 0; j < c.n_kv; ++j) {
-              if (mask && (*mask)(j, iq) == -INFINITY) {  // hidden: whatever its K/V hold
+              const int64_t m3 = mask && mask->ne[3] > 1 ? i3 : 0;
+              if (mask && (*mask)(j, iq, 0, m3) == -INFINITY) {  // hidden: whatever its K/V hold
                 w[j] = -INFINITY;
                 continue;
               }
@@ -250,7 +252,7 @@ void add_flash_attn(CaseList& cases, const FlashCase& c, bool perf) {
               for (int64_t t = 0; t < c.d; ++t) s += q(t, iq, h, i3) * k(t, j, hk, i3);
               s *= scale;
               if (c.softcap > 0.0f) s = c.softcap * std::tanh(s / c.softcap);
-              if (mask) s += (*mask)(j, iq);
+              if (mask) s += (*mask)(j, iq, 0, m3);
               w[j] = s;
               mx = std::max(mx, s);
             }
@@ -280,6 +282,7 @@ void add_flash_attn(CaseList& cases, const FlashCase& c, bool perf) {
   if (c.q_permuted) desc += " (permuted q)";
   if (c.sinks) desc += " sinks";
   if (c.nan_pad > 0) desc += fmt::format(" (last {} keys masked, NaN K/V)", c.nan_pad);
+  if (c.mask_per_seq) desc += " (a mask per sequence)";
   // 2 (d + dv) per visible (query, key, head): Q K^T and P V
   const double flops = 2.0 * visible_pairs(c) * (c.d + c.dv) * c.n_head * c.ne3;
   cases.push_back({"flash_attn", desc, kNmseFlashAttn, build, ref, flops});
@@ -356,6 +359,11 @@ void add_attention_cases(CaseList& cases, CaseSet set) {
       {112, 112, 1, 129, 3, 1, 1, f32, f32, true, f32, 1, false, 0.0f, true},
       {128, 128, 8, 1000, 8, 2, 1, f16, f16, true, f16, 8, true, 0.0f, false},  // long context
       {64, 64, 1, 2048, 4, 1, 1, f16, f16, true, f16, 1, false, 0.0f, false},
+      // packed prompts: several sequences' queries, each sequence with its own causal mask; tensor-core
+      // shapes (n_q >= 16) and decode-kernel ones
+      {128, 128, 24, 64, 8, 2, 4, f16, f16, true, f16, 24, true, 0.0f, false, false, 0, false, false, 0, true},
+      {64, 64, 64, 96, 8, 2, 3, f16, f16, true, f32, 64, true, 0.0f, false, false, 0, false, false, 0, true},
+      {128, 128, 6, 64, 8, 2, 4, f16, f16, true, f16, 6, true, 0.0f, false, false, 0, false, false, 0, true},
       // decode over a bucketed extent: the cells past the sequence masked, their K/V NaN
       {128, 128, 1, 256, 32, 8, 1, f16, f16, true, f16, 1, false, 0.0f, false, false, 0, false, false, 100},
       {64, 64, 1, 2048, 8, 2, 1, f16, f16, true, f16, 1, false, 0.0f, false, false, 0, false, false, 300},

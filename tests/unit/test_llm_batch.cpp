@@ -328,6 +328,64 @@ TEST_F(LlmBatch, DecodeBatchEqualsAlone) {
 // steps alone, the chunk's last token that of the same chunk decoded alone, and the whole prompt's
 // last token that of the prompt in one pass. The chunk goes first, in the middle or last in the
 // entries (the logits come back in the order given); the cache fills across a bucket boundary (32).
+// Prompts of one length prefilled together (a packed pass: every sequence brings the same number of
+// tokens) give each sequence the logits it gets alone, bit for bit, and the decode steps after them
+// too; a pass packing prompts onto sequences that already hold tokens (a second chunk each) as well.
+TEST_F(LlmBatch, PackedPromptsEqualAlone) {
+  const std::pair<const char*, const char*> models[] = {
+      {"tiny", "f32"}, {"tiny", "q4_K_M"}, {"gemma2-tiny", "q8_0"}, {"qwen3moe-tiny", "q8_0"}};
+  for (const auto& [shape, type] : models) {
+    for (KvCacheKind kind : {KvCacheKind::paged, KvCacheKind::contiguous}) {
+      SCOPED_TRACE(std::string(shape) + " " + type + (kind == KvCacheKind::paged ? " paged" : " contiguous"));
+      ContextParams cp;
+      cp.n_ctx = 256;
+      cp.n_batch = 32;
+      cp.kv_cache = kind;
+      cp.kv_block_size = 16;
+      cp.swa_full = true;
+      cp.n_kv_bucket = 32;
+      auto l = open_cpu_model(model(shape, type), 2, cp);
+      ASSERT_TRUE(l.ctx);
+      const int n_vocab = l.ctx->n_vocab(), n_seqs = 3, n_steps = 4, n_prompt = 10;
+      std::vector<std::vector<int32_t>> prompts;
+      std::vector<Decoded> alone;
+      for (int s = 0; s < n_seqs; ++s) {
+        prompts.push_back(test_tokens(n_prompt, n_vocab, 71 + s));
+        alone.push_back(decode_alone(*l.ctx, prompts.back(), n_steps));
+      }
+      l.ctx->kv_cache_clear();
+      // the prompts in two packed passes of 6 and 4 tokens each
+      std::vector<int32_t> last(n_seqs);
+      for (const auto& [from, n] : {std::pair{0, 6}, std::pair{6, 4}}) {
+        std::vector<SeqTokens> pack;
+        for (int s = 0; s < n_seqs; ++s)
+          pack.push_back(SeqTokens{20 + s, from,
+                                   std::span(prompts[s]).subspan(static_cast<size_t>(from), static_cast<size_t>(n))});
+        auto r = l.ctx->decode_batch(pack);
+        ASSERT_TRUE(r.ok()) << r.status().to_string();
+        ASSERT_EQ(r->size(), static_cast<size_t>(n_seqs) * n_vocab);
+        if (from + n < n_prompt) continue;
+        for (int s = 0; s < n_seqs; ++s) {
+          const auto row = r->subspan(static_cast<size_t>(s) * n_vocab, n_vocab);
+          EXPECT_EQ(std::vector<float>(row.begin(), row.end()), alone[s].logits[0]) << "prompt of seq " << s;
+          last[s] = argmax_of(row);
+        }
+      }
+      for (int i = 1; i < n_steps; ++i) {
+        std::vector<SeqTokens> step;
+        for (int s = 0; s < n_seqs; ++s) step.push_back(SeqTokens{20 + s, n_prompt + i - 1, std::span(&last[s], 1)});
+        auto r = l.ctx->decode_batch(step);
+        ASSERT_TRUE(r.ok()) << r.status().to_string();
+        for (int s = 0; s < n_seqs; ++s) {
+          const auto row = r->subspan(static_cast<size_t>(s) * n_vocab, n_vocab);
+          EXPECT_EQ(std::vector<float>(row.begin(), row.end()), alone[s].logits[i]) << "seq " << s << " step " << i;
+          last[s] = argmax_of(row);
+        }
+      }
+    }
+  }
+}
+
 TEST_F(LlmBatch, MixedPassEqualsAlone) {
   const std::pair<const char*, const char*> models[] = {{"tiny", "f32"},
                                                         {"tiny", "q8_0"},
@@ -433,11 +491,14 @@ TEST_F(LlmBatch, DecodeBatchErrors) {
   o.seq_id = 2;
   ASSERT_TRUE(l.ctx->decode(std::span(prompt).first(16), 0, o).ok());  // block 1
   const int32_t t = 5;
-  // Duplicates, several tokens each, and positions that do not follow are refused.
+  // Duplicates, several tokens each but not the same number, and positions that do not follow are
+  // refused (the same number from each is a packed pass).
   std::vector<SeqTokens> dup{{1, 16, std::span(&t, 1)}, {1, 17, std::span(&t, 1)}};
   EXPECT_EQ(l.ctx->decode_batch(dup).status().code(), StatusCode::invalid_argument);
-  std::vector<SeqTokens> two{{1, 16, std::span(prompt).first(2)}, {2, 16, std::span(prompt).first(2)}};
-  EXPECT_EQ(l.ctx->decode_batch(two).status().code(), StatusCode::invalid_argument);
+  std::vector<SeqTokens> two{{1, 16, std::span(prompt).first(2)}, {2, 16, std::span(prompt).first(3)}};
+  auto uneven = l.ctx->decode_batch(two);
+  EXPECT_EQ(uneven.status().code(), StatusCode::invalid_argument);
+  EXPECT_NE(uneven.status().message().find("bring 2 and 3 tokens"), std::string::npos) << uneven.status().message();
   // A mixed pass past n_batch (8) tokens is refused.
   std::vector<SeqTokens> big{{1, 16, std::span(prompt).first(8)}, {2, 16, std::span(&t, 1)}};
   EXPECT_EQ(l.ctx->decode_batch(big).status().code(), StatusCode::invalid_argument);
