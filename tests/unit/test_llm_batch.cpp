@@ -323,11 +323,19 @@ TEST_F(LlmBatch, DecodeBatchEqualsAlone) {
   }
 }
 
-// A mixed pass (one sequence's prompt chunk and other sequences' decode tokens in one decode_batch)
-// gives every sequence the logits it gets alone, bit for bit: the decode tokens those of one-token
-// steps alone, the chunk's last token that of the same chunk decoded alone, and the whole prompt's
-// last token that of the prompt in one pass. The chunk goes first, in the middle or last in the
-// entries (the logits come back in the order given); the cache fills across a bucket boundary (32).
+// The contexts of the mixed and packed pass tests: 256 cells, passes of 32 tokens, 16-cell blocks,
+// every cell of sliding-window layers kept, attention extents in buckets of 32.
+ContextParams mixed_params(KvCacheKind kind) {
+  ContextParams cp;
+  cp.n_ctx = 256;
+  cp.n_batch = 32;
+  cp.kv_cache = kind;
+  cp.kv_block_size = 16;
+  cp.swa_full = true;
+  cp.n_kv_bucket = 32;
+  return cp;
+}
+
 // Prompts of one length prefilled together (a packed pass: every sequence brings the same number of
 // tokens) give each sequence the logits it gets alone, bit for bit, and the decode steps after them
 // too; a pass packing prompts onto sequences that already hold tokens (a second chunk each) as well.
@@ -337,14 +345,7 @@ TEST_F(LlmBatch, PackedPromptsEqualAlone) {
   for (const auto& [shape, type] : models) {
     for (KvCacheKind kind : {KvCacheKind::paged, KvCacheKind::contiguous}) {
       SCOPED_TRACE(std::string(shape) + " " + type + (kind == KvCacheKind::paged ? " paged" : " contiguous"));
-      ContextParams cp;
-      cp.n_ctx = 256;
-      cp.n_batch = 32;
-      cp.kv_cache = kind;
-      cp.kv_block_size = 16;
-      cp.swa_full = true;
-      cp.n_kv_bucket = 32;
-      auto l = open_cpu_model(model(shape, type), 2, cp);
+      auto l = open_cpu_model(model(shape, type), 2, mixed_params(kind));
       ASSERT_TRUE(l.ctx);
       const int n_vocab = l.ctx->n_vocab(), n_seqs = 3, n_steps = 4, n_prompt = 10;
       std::vector<std::vector<int32_t>> prompts;
@@ -386,6 +387,11 @@ TEST_F(LlmBatch, PackedPromptsEqualAlone) {
   }
 }
 
+// A mixed pass (one sequence's prompt chunk and other sequences' decode tokens in one decode_batch)
+// gives every sequence the logits it gets alone, bit for bit: the decode tokens those of one-token
+// steps alone, the chunk's last token that of the same chunk decoded alone, and the whole prompt's
+// last token that of the prompt in one pass. The chunk goes first, in the middle or last in the
+// entries (the logits come back in the order given); the cache fills across a bucket boundary (32).
 TEST_F(LlmBatch, MixedPassEqualsAlone) {
   const std::pair<const char*, const char*> models[] = {{"tiny", "f32"},
                                                         {"tiny", "q8_0"},
@@ -395,14 +401,7 @@ TEST_F(LlmBatch, MixedPassEqualsAlone) {
   for (const auto& [shape, type] : models) {
     for (KvCacheKind kind : {KvCacheKind::paged, KvCacheKind::contiguous}) {
       SCOPED_TRACE(std::string(shape) + " " + type + (kind == KvCacheKind::paged ? " paged" : " contiguous"));
-      ContextParams cp;
-      cp.n_ctx = 256;
-      cp.n_batch = 32;
-      cp.kv_cache = kind;
-      cp.kv_block_size = 16;
-      cp.swa_full = true;
-      cp.n_kv_bucket = 32;
-      auto l = open_cpu_model(model(shape, type), 2, cp);
+      auto l = open_cpu_model(model(shape, type), 2, mixed_params(kind));
       ASSERT_TRUE(l.ctx);
       const int n_vocab = l.ctx->n_vocab(), n_seqs = 4, n_steps = 5;
       const int chunks[n_steps - 1] = {9, 2, 13, 16};  // the chunked prompt's, one per mixed step
