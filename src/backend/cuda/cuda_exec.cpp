@@ -99,13 +99,11 @@ const Tensor* producer_of(const Tensor* t) {
   return t;
 }
 
-// LOOM_CUDA_NORM_QUANT=0 (read once) keeps every norm's output in f32, for comparisons.
-bool norm_quant_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("LOOM_CUDA_NORM_QUANT");
-    return !(v && std::string_view(v) == "0");
-  }();
-  return on;
+// LOOM_CUDA_NORM_QUANT=0 (read when an executor is made) turns the activation hand-offs off: every
+// norm's and attention's output stays f32, for comparisons (loom-exec-equivalence makes one of each).
+bool act_handoff_from_env() {
+  const char* v = std::getenv("LOOM_CUDA_NORM_QUANT");
+  return !(v && std::string_view(v) == "0");
 }
 
 // The fast mode's hand-off of quantized activations to the mat-vecs: a dispatch whose output nothing
@@ -225,7 +223,8 @@ Executor::Executor(DeviceContext& dev, Numerics numerics)
     : dev_(dev),
       numerics_(numerics),
       options_(exec_options_from_env()),
-      sync_each_node_(std::getenv("LOOM_CUDA_SYNC_EACH_NODE") != nullptr) {
+      sync_each_node_(std::getenv("LOOM_CUDA_SYNC_EACH_NODE") != nullptr),
+      act_handoff_(act_handoff_from_env()) {
   cache_.force_hash(forced_hash());
 }
 
@@ -321,7 +320,7 @@ Status Executor::ensure_scratch(size_t slot_bytes, int n_slots) {
 Result<exec::Plan> Executor::make_plan(const Graph& g, const ExecOptions& o) {
   exec::Plan p = exec::build_plan(g);
   if (o.fusion) exec::fuse(p, g, CudaFusion{numerics_ == Numerics::fast});
-  if (o.fusion && numerics_ == Numerics::fast && norm_quant_enabled()) mark_act_handoffs(p, g);
+  if (o.fusion && numerics_ == Numerics::fast && act_handoff_) mark_act_handoffs(p, g);
   const auto ws = reinterpret_cast<uintptr_t>(dev_.cublas_workspace());
   size_t max_scratch = 0;
   for (exec::Dispatch& d : p.dispatches) {

@@ -91,6 +91,7 @@ class Executor {
   ExecOptions options_;
   ExecCounters counters_;
   bool sync_each_node_ = false;
+  bool act_handoff_ = true;  ///< LOOM_CUDA_NORM_QUANT (read when the executor is made): activation hand-offs
   bool (*abort_fn_)(void*) = nullptr;
   void* abort_data_ = nullptr;
   std::string trace_path_;
