@@ -263,6 +263,50 @@ TEST_F(LlmSwaPaged, SequencesTogetherOverTheRingEqualAloneOverEveryCell) {
   }
 }
 
+// Prompts packed in passes of equal runs (decode_batch with every sequence bringing the same number
+// of tokens) over the rings of window blocks give each sequence's logits alone over every cell, bit for
+// bit, then the steps after: the window masks and gathers of a packed pass are each sequence's own.
+TEST_F(LlmSwaPaged, PackedPromptsOverTheRingEqualAlone) {
+  for (const char* shape : kShapes) {
+    for (const char* type : {"f32", "q8_0"}) {
+      SCOPED_TRACE(std::string(shape) + " " + type);
+      const std::string file = model(shape, type);
+      ContextParams full_params = ring_params(256, 16, 0);
+      full_params.swa_full = true;
+      auto full = open_cpu_model(file, 2, full_params);
+      auto ring = open_cpu_model(file, 2, ring_params(256, 16, 6));
+      ASSERT_TRUE(full.ctx && ring.ctx);
+      const int n_vocab = ring.ctx->n_vocab(), n_seqs = 4, n_prompt = 12, n_run = 4, n_steps = 4;
+      std::vector<Alone> alone;
+      for (int s = 0; s < n_seqs; ++s)
+        alone.push_back(decode_alone(*full.ctx, test_tokens(n_prompt, n_vocab, 41 + s), n_steps));
+      for (int from = 0; from < n_prompt; from += n_run) {  // passes of 4 sequences x 4 tokens
+        std::vector<SeqTokens> pack;
+        for (int s = 0; s < n_seqs; ++s)
+          pack.push_back(SeqTokens{s, from, std::span(alone[s].tokens).subspan(static_cast<size_t>(from), n_run)});
+        auto r = ring.ctx->decode_batch(pack);
+        ASSERT_TRUE(r.ok()) << r.status().to_string();
+        if (from + n_run < n_prompt) continue;
+        for (int s = 0; s < n_seqs; ++s) {
+          const auto row = r->subspan(static_cast<size_t>(s) * n_vocab, n_vocab);
+          EXPECT_EQ(std::vector<float>(row.begin(), row.end()), alone[s].logits[0]) << "prompt " << s;
+        }
+      }
+      for (int i = 1; i < n_steps; ++i) {
+        std::vector<SeqTokens> step;
+        for (int s = 0; s < n_seqs; ++s)
+          step.push_back(SeqTokens{s, n_prompt + i - 1, std::span(alone[s].tokens).subspan(n_prompt + i - 1, 1)});
+        auto r = ring.ctx->decode_batch(step);
+        ASSERT_TRUE(r.ok()) << r.status().to_string();
+        for (int s = 0; s < n_seqs; ++s) {
+          const auto row = r->subspan(static_cast<size_t>(s) * n_vocab, n_vocab);
+          EXPECT_EQ(std::vector<float>(row.begin(), row.end()), alone[s].logits[i]) << "seq " << s << " step " << i;
+        }
+      }
+    }
+  }
+}
+
 // Prefix sharing over the ring: a sharer continues as if alone when the source still holds the
 // window before the shared prefix's end; otherwise nothing is shared (it prefills it all again).
 // Removing a sequence gives its window blocks back; rewinds behind the ring are refused.
