@@ -29,6 +29,13 @@ ContextParams ring_params(int n_ctx, int n_batch, int n_seq_max, int block_size 
   return cp;
 }
 
+// The reference: a paged cache of the same sizes keeping every cell of the sliding-window layers.
+ContextParams every_cell_params() {
+  ContextParams cp = ring_params(256, 16, 0);
+  cp.swa_full = true;
+  return cp;
+}
+
 const detail::PagedKvCache& paged_of(const Context& ctx) {
   return dynamic_cast<const detail::PagedKvCache&>(detail::context_kv_cache(ctx));
 }
@@ -188,9 +195,7 @@ TEST_F(LlmSwaPaged, SequencesTogetherOverTheRingEqualAloneOverEveryCell) {
     for (const char* type : {"f32", "q8_0"}) {
       SCOPED_TRACE(std::string(shape) + " " + type);
       const std::string file = model(shape, type);
-      ContextParams full_params = ring_params(256, 16, 0);
-      full_params.swa_full = true;
-      auto full = open_cpu_model(file, 2, full_params);
+      auto full = open_cpu_model(file, 2, every_cell_params());
       auto ring = open_cpu_model(file, 2, ring_params(256, 16, 6));
       ASSERT_TRUE(full.ctx && ring.ctx);
       ASSERT_TRUE(detail::context_kv_cache(*ring.ctx).windowed());
@@ -271,9 +276,7 @@ TEST_F(LlmSwaPaged, PackedPromptsOverTheRingEqualAlone) {
     for (const char* type : {"f32", "q8_0"}) {
       SCOPED_TRACE(std::string(shape) + " " + type);
       const std::string file = model(shape, type);
-      ContextParams full_params = ring_params(256, 16, 0);
-      full_params.swa_full = true;
-      auto full = open_cpu_model(file, 2, full_params);
+      auto full = open_cpu_model(file, 2, every_cell_params());
       auto ring = open_cpu_model(file, 2, ring_params(256, 16, 6));
       ASSERT_TRUE(full.ctx && ring.ctx);
       const int n_vocab = ring.ctx->n_vocab(), n_seqs = 4, n_prompt = 12, n_run = 4, n_steps = 4;
