@@ -534,15 +534,15 @@ CudaError launch_flash_attn_decode(const LaunchContext& ctx, const Tensor* dst, 
     return CudaError::runtime(cudaErrorInvalidConfiguration, "flash_attn decode: too many blocks", __FILE__, __LINE__);
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(a.n_splits));
   const int64_t d = q->ne[0];
+  const int hpb = ctx.act_out_block ? merge_heads_per_block(d, q->ne[2], ctx.act_out_block) : 0;  // q: [d, n_q, n_head, n_seqs]
+  if (ctx.act_out_block && (a.n_splits < 2 || hpb == 0 || !flash_attn_decode_writes_act(dst, rows, ctx.act_out_block)))
+    return CudaError::runtime(cudaErrorInvalidValue,
+                              "flash_attn decode: quantized activations asked for, but the merge cannot write them",
+                              __FILE__, __LINE__);
   auto kernel = rows ? decode_kernel_for<true>(d) : decode_kernel_for<false>(d);
   kernel<<<grid, kDecThreads, 0, ctx.stream>>>(a);
   LOOM_CUDA_CHECK_LAUNCH("flash_decode_kernel");
   if (ctx.act_out_block) {  // the output projection's activations, quantized by the merge
-    const int hpb = merge_heads_per_block(d, q->ne[2], ctx.act_out_block);  // q: [d, n_q, n_head, n_seqs]
-    if (a.n_splits < 2 || hpb == 0 || !flash_attn_decode_writes_act(dst, rows, ctx.act_out_block))
-      return CudaError::runtime(cudaErrorInvalidValue,
-                                "flash_attn decode: quantized activations asked for, but the merge cannot write them",
-                                __FILE__, __LINE__);
     const ActFastRaw act = act_fast_at(dst->data, q->ne[1] * q->ne[3], d * q->ne[2], ctx.act_out_block);
     flash_decode_merge_act_kernel<<<static_cast<unsigned>(q->ne[1] * q->ne[3] * (q->ne[2] / hpb)),
                                     static_cast<unsigned>(hpb * d), 0, ctx.stream>>>(a, act, ctx.act_out_block, hpb);
