@@ -252,6 +252,7 @@ nlohmann::ordered_json result_json(const BenchResult& r) {
     fusions[fused_kind_name(static_cast<FusedKind>(k))] = c.fusions[k];
   j["fusions"] = fusions;
   j["reordered"] = c.reordered;
+  j["act_handoffs"] = c.act_handoffs;
   j["graph_builds"] = c.graph_builds;
   j["chunk_graphs"] = c.chunk_graphs;
   j["graph_updates"] = c.graph_updates;

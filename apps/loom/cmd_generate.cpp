@@ -76,10 +76,13 @@ void print_stats(int n_prompt, const llm::DecodeStats& prompt, const ExecCounter
              n_prompt, prompt.n_steps, prompt.n_nodes, indent(exec_counters_string(prompt_exec)));
   fmt::print(stderr, "loom: stats: generation: {} one-token steps, {} graph nodes in the last; executor:\n{}",
              n_steps, n_steps > 0 ? step.n_nodes : 0, indent(exec_counters_string(step_exec)));
-  if (n_steps > 0)
-    fmt::print(stderr, "loom: stats: generation: {:.1f} kernels/token, host {:.1f} us/token\n",
+  if (n_steps > 0) {
+    const uint32_t n_layer = std::max<uint32_t>(1, ctx.model().hparams().n_layer);
+    fmt::print(stderr, "loom: stats: generation: {:.1f} kernels/token ({:.1f} per layer), host {:.1f} us/token\n",
                static_cast<double>(step_exec.kernels) / n_steps,
+               static_cast<double>(step_exec.kernels) / n_steps / n_layer,
                static_cast<double>(step_exec.host_ns) / n_steps / 1e3);
+  }
 }
 
 }  // namespace

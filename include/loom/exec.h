@@ -75,6 +75,7 @@ struct ExecCounters {
   std::array<uint64_t, 9> group_hist{};  ///< groups of size 1, 2, 3-4, 5-8, 9-16, 17-32, 33-64, 65-128, >128
   std::array<uint64_t, kFusedKindCount> fusions{};  ///< fused dispatches by kind
   uint64_t reordered = 0;       ///< dispatches moved by the reorder pass
+  uint64_t act_handoffs = 0;    ///< dispatches writing the next mat-vecs' quantized activations (CUDA fast)
   uint64_t graph_builds = 0;    ///< executable graphs of whole passes instantiated (for replay)
   uint64_t chunk_graphs = 0;    ///< chunk graphs of a new structure's first run, launched as recorded
   uint64_t graph_updates = 0;   ///< executable graphs updated in place (cudaGraphExecUpdate)

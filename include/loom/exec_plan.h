@@ -87,6 +87,7 @@ struct PlanStats {
   uint64_t graph_nodes = 0;  ///< nodes with kernels
   std::array<uint64_t, kFusedKindCount> fusions{};
   uint64_t reordered = 0;
+  uint64_t act_handoffs = 0;  ///< dispatches with act_out_block set (the backend's hand-off pass)
   uint64_t edges = 0;
   uint64_t groups = 0;
   std::array<uint64_t, 9> group_hist{};

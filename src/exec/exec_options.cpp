@@ -112,6 +112,7 @@ std::string exec_counters_string(const ExecCounters& c) {
       any = true;
     }
   if (!any) s += " none";
+  if (c.act_handoffs) s += fmt::format("\nactivation hand-offs {:.1f}/compute", static_cast<double>(c.act_handoffs) * per);
   s += fmt::format(
       "\nreordered {}  graph builds {}  chunk graphs {}  updates {}  replays {}  hash collisions {}  host "
       "syncs {}  "

@@ -188,6 +188,7 @@ void mark_act_handoffs(exec::Plan& p, const Graph& g) {
     }
     if (block == 0 || !writes_act(d, block)) continue;
     d.act_out_block = block;
+    ++p.stats.act_handoffs;
     for (size_t c : consumers) p.dispatches[c].act_in = true;
   }
 }
@@ -369,6 +370,7 @@ void Executor::count_plan(const exec::PlanStats& stats, size_t n_dispatches) {
   counters_.edges += stats.edges;
   counters_.groups += stats.groups;
   counters_.reordered += stats.reordered;
+  counters_.act_handoffs += stats.act_handoffs;
   for (size_t i = 0; i < stats.group_hist.size(); ++i) counters_.group_hist[i] += stats.group_hist[i];
   for (size_t i = 0; i < stats.fusions.size(); ++i) counters_.fusions[i] += stats.fusions[i];
 }
