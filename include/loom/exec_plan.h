@@ -34,6 +34,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "loom/exec.h"
@@ -65,9 +66,9 @@ struct Dispatch {
   size_t scratch_bytes = 0;   ///< device scratch the kernels need (set by the backend)
   ByteRange scratch;          ///< where (assign_scratch); counted among writes
   int depth = 0;              ///< longest path from a root in the dependency DAG
-  /// Set by the backend (CUDA, fast numerics): a norm dispatch writes its output as the mat-vec's
-  /// quantized activations of this block size instead of f32 (0: f32), and the mat-vec dispatches
-  /// that alone read it (act_in) take them as they are, without quantizing.
+  /// Set by the backend (CUDA, fast numerics): a norm or flash-decoding dispatch writes its output as
+  /// the mat-vec's quantized activations of this block size instead of f32 (0: f32), and the mat-vec
+  /// dispatches that alone read it (act_in) take them as they are, without quantizing.
   int act_out_block = 0;
   bool act_in = false;
 
@@ -111,6 +112,13 @@ struct Plan {
 Plan build_plan(const Graph& g);
 /// Rewrites matching node groups into fused dispatches the backend supports.
 void fuse(Plan& plan, const Graph& g, const FusionSupport& support);
+/// The node whose result `t` shows: `t`, or through views (not set_rows/cpy, which write) the node
+/// they view.
+const Tensor* producer(const Tensor* t);
+/// For every node, the nodes that read it, directly or through views; a view marked as an output
+/// counts as a reader of what it shows (the caller reads it after compute). The fusion pass and the
+/// backends' passes after it ask it which outputs nothing else reads.
+std::unordered_map<const Tensor*, std::vector<Tensor*>> readers_of(const Graph& g);
 /// Gives each dispatch with scratch_bytes > 0 one of `n_slots` slots of `slot_bytes` at `base`,
 /// round robin, and adds the slot to its writes (so two users of a slot are ordered).
 void assign_scratch(Plan& plan, uintptr_t base, size_t slot_bytes, int n_slots);

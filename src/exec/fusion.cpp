@@ -10,28 +10,12 @@ namespace loom::exec {
 
 namespace {
 
-// The node that produced what `t` shows: follows pure views (not set_rows/cpy, which write).
-const Tensor* producer(const Tensor* t) {
-  while (t && t->op == OpKind::view) t = t->view_src;
-  return t;
-}
-
 class Matcher {
  public:
-  Matcher(Plan& plan, const Graph& g, const FusionSupport& support) : plan_(plan), support_(support) {
+  Matcher(Plan& plan, const Graph& g, const FusionSupport& support)
+      : plan_(plan), support_(support), users_(readers_of(g)) {
     for (size_t i = 0; i < plan.dispatches.size(); ++i) at_[plan.dispatches[i].node()] = i;
     dead_.assign(plan.dispatches.size(), false);
-    for (Tensor* t : g.nodes()) {
-      if (t->op == OpKind::view) {
-        // a view the caller reads after compute keeps what it shows alive
-        if (t->flags & kTensorOutput) users_[producer(t)].push_back(t);
-        continue;
-      }
-      for (const Tensor* s : t->src) {
-        const Tensor* p = producer(s);
-        if (p) users_[p].push_back(t);
-      }
-    }
   }
 
   void run() {
@@ -293,5 +277,26 @@ class Matcher {
 }  // namespace
 
 void fuse(Plan& plan, const Graph& g, const FusionSupport& support) { Matcher(plan, g, support).run(); }
+
+const Tensor* producer(const Tensor* t) {
+  while (t && t->op == OpKind::view) t = t->view_src;
+  return t;
+}
+
+std::unordered_map<const Tensor*, std::vector<Tensor*>> readers_of(const Graph& g) {
+  std::unordered_map<const Tensor*, std::vector<Tensor*>> readers;
+  for (Tensor* t : g.nodes()) {
+    if (t->op == OpKind::view) {
+      // a view the caller reads after compute keeps what it shows alive
+      if (t->flags & kTensorOutput) readers[producer(t)].push_back(t);
+      continue;
+    }
+    for (const Tensor* s : t->src) {
+      const Tensor* p = producer(s);
+      if (p) readers[p].push_back(t);
+    }
+  }
+  return readers;
+}
 
 }  // namespace loom::exec

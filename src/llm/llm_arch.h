@@ -122,7 +122,7 @@ struct StepShape {
   int n_tokens = 1;          // all sequences' tokens: n_seqs runs of n_tokens / n_seqs
   int n_kv = 1;              // key slots attention reads per sequence: cells [0, n_kv), or gathered
   bool all_outputs = false;  // logits for every token, else only the last of each sequence
-  int n_seqs = 1;            // sequences of the step; more than one only with one token each
+  int n_seqs = 1;            // sequences of the step, equal runs each (one token, or a packed pass's prompts)
   bool gather = false;       // each sequence's cells gathered (kv_gather), not the cache prefix read
   // Window slots local layers read when the cache keeps a ring for them: cells [0, n_kv_swa), or
   // with gather each sequence's window cells (n_kv_swa_chunk for a mixed pass's chunk); 0: they

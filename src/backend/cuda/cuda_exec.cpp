@@ -93,12 +93,6 @@ CudaError launch_dispatch(const LaunchContext& base, const exec::Dispatch& d) {
   return CudaError::runtime(cudaErrorInvalidValue, "unknown fused dispatch kind", __FILE__, __LINE__);
 }
 
-// The node whose result `t` shows: through views.
-const Tensor* producer_of(const Tensor* t) {
-  while (t && t->op == OpKind::view) t = t->view_src;
-  return t;
-}
-
 // LOOM_CUDA_NORM_QUANT=0 (read when an executor is made) turns the activation hand-offs off: every
 // norm's and attention's output stays f32, for comparisons (loom-exec-equivalence makes one of each).
 bool act_handoff_from_env() {
@@ -106,18 +100,10 @@ bool act_handoff_from_env() {
   return !(v && std::string_view(v) == "0");
 }
 
-// The fast mode's hand-off of quantized activations to the mat-vecs: a dispatch whose output nothing
-// reads but fast quantized mat-vecs of one activation block, and which is no graph output, writes
-// that output as their quantized activations (ActFast layout, in its own bytes), and the mat-vecs
-// skip their quantize kernel: a launch less per producer. The producers: a fused rms_norm_mul /
-// add_rms_norm_mul (the Q/K/V and gate/up products after a layer's norm) and flash-decoding with
-// split keys, whose merge writes the attention output projection's activations. The byte ranges do
-// not change (the layout lies within the f32 output's bytes), so ordering is untouched; the values
-// equal the unfused path's bit for bit (the same floats quantized by the same arithmetic).
 // Whether `b` (a mat-vec's activation) shows all of y's bytes as they lie: y, or a contiguous reshape.
 bool whole_view_of(const Tensor* b, const Tensor* y) {
   if (b == y) return true;
-  return b->op == OpKind::view && producer_of(b) == y && b->data == y->data && b->is_contiguous() &&
+  return b->op == OpKind::view && exec::producer(b) == y && b->data == y->data && b->is_contiguous() &&
          y->is_contiguous() && b->nelements() == y->nelements();
 }
 
@@ -141,16 +127,16 @@ bool writes_act(const exec::Dispatch& d, int block) {
   }
 }
 
+// The fast mode's hand-off of quantized activations to the mat-vecs: a dispatch whose output nothing
+// reads but fast quantized mat-vecs of one activation block, and which is no graph output, writes
+// that output as their quantized activations (ActFast layout, in its own bytes), and the mat-vecs
+// skip their quantize kernel: a launch less per producer. The producers: a fused rms_norm_mul /
+// add_rms_norm_mul (the Q/K/V and gate/up products after a layer's norm) and flash-decoding with
+// split keys, whose merge writes the attention output projection's activations. The byte ranges do
+// not change (the layout lies within the f32 output's bytes), so ordering is untouched; the values
+// equal the unfused path's bit for bit (the same floats quantized by the same arithmetic).
 void mark_act_handoffs(exec::Plan& p, const Graph& g) {
-  std::unordered_map<const Tensor*, std::vector<const Tensor*>> readers;  // node -> nodes reading it
-  for (const Tensor* t : g.nodes()) {
-    if (t->op == OpKind::view) {
-      if (t->flags & kTensorOutput) readers[producer_of(t)].push_back(t);  // read after compute
-      continue;
-    }
-    for (const Tensor* s : t->src)
-      if (s) readers[producer_of(s)].push_back(t);
-  }
+  const auto readers = exec::readers_of(g);
   std::unordered_map<const Tensor*, size_t> at;  // node -> its dispatch
   for (size_t i = 0; i < p.dispatches.size(); ++i)
     for (const Tensor* n : p.dispatches[i].nodes)

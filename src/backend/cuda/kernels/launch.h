@@ -23,10 +23,11 @@ struct LaunchContext {
   bool fast = false;
   /// The device's SMs (sizing grids of about one wave); 0: unknown.
   int sm_count = 0;
-  /// A norm dispatch writes its output as quantized activations of this block (32 or 256: the fast
-  /// mat-vec's ActFast layout) instead of f32, for the fast mat-vecs that alone read it; 0: f32.
+  /// A norm or flash-decoding dispatch writes its output as quantized activations of this block (32
+  /// or 256: the fast mat-vec's ActFast layout) instead of f32, for the fast mat-vecs that alone read
+  /// it; 0: f32.
   int act_out_block = 0;
-  /// A mat-vec dispatch whose activations the producing norm quantized (act_out_block): the fast
+  /// A mat-vec dispatch whose activations the producing dispatch quantized (act_out_block): the fast
   /// quantized mat-vec reads them from its activation tensor's bytes; it fails if it cannot.
   bool act_in = false;
 };

@@ -1023,7 +1023,7 @@ CudaError launch_q_cols(const LaunchContext& ctx, const FastLaunch& l) {
   const FastArgs args = args_of(l, kRows);
   if (args.tiles == 0) return {};
   const Tensor* b = l.mms[0]->src[1];
-  // quantized by the norm that produced b (ctx.act_in: b's own bytes hold them), else by quant_mat_vec
+  // quantized by the dispatch that produced b (ctx.act_in: b's own bytes hold them), else by quant_mat_vec
   const auto act = ActFastLayout<Q>::at(ctx.act_in ? b->data : ctx.scratch, b->nrows(), b->ne[0]);
   // the direct kernels at 1-2 columns; at 4 and 8 the pipeline was faster (ncu, q4_0 4 columns: 43% of
   // DRAM peak against 41%; q4_K 8 columns: 23% against 20%)
@@ -1150,7 +1150,7 @@ bool mat_vec_fast_supports(const LaunchContext& ctx, const Tensor* mm, const Ten
     }
     default:
       // the scratch is reserved for the exact mode's blocks, which the fast layout never outgrows;
-      // activations a norm quantized (ctx.act_in) need none
+      // activations their producer quantized (ctx.act_in) need none
       return mat_vec_fast_act_block(mm, dst) > 0 &&
              (ctx.act_in || (aligned16(ctx.scratch) && ctx.scratch_size >= act_fast_bytes(a->type, b)));
   }

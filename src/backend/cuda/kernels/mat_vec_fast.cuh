@@ -16,15 +16,16 @@ bool mat_vec_fast_supports(const LaunchContext& ctx, const Tensor* mm, const Ten
 /// The activation block (32 or 256, mat_vec_fast_formats.cuh's ActFast layout) in which the fast
 /// quantized mat-vec reads mm's activations when it takes mm (output dst), whatever the scratch;
 /// 0 when it does not (float weights, too many columns, unaligned rows). With ctx.act_in it reads
-/// them from mm->src[1]'s own bytes, quantized by the norm that produced them, and quantizes nothing.
+/// them from mm->src[1]'s own bytes, quantized by the dispatch that produced them (a norm, or
+/// flash-decoding's merge), and quantizes nothing.
 int mat_vec_fast_act_block(const Tensor* mm, const Tensor* dst);
 
-/// The error of a mat-vec whose activations a norm quantized (ctx.act_in) that the fast kernels
-/// do not take: the plan and the launch disagree; nothing is computed from codes read as f32.
+/// The error of a mat-vec whose activations their producer quantized (ctx.act_in) that the fast
+/// kernels do not take: the plan and the launch disagree; nothing reads codes as f32.
 inline CudaError act_in_missed() {
   return CudaError::runtime(cudaErrorInvalidValue,
-                            "mat-vec: activations quantized by their norm, but the fast mat-vec does not take the "
-                            "product",
+                            "mat-vec: activations quantized by their producer, but the fast mat-vec does not take "
+                            "the product",
                             __FILE__, __LINE__);
 }
 

@@ -575,8 +575,9 @@ struct FastIQ4_XS {
 /// codes[rows * k], then scales[rows * k / block] (float), then, where the format reads them (q4_K,
 /// q5_K), the int16 sum of each 32 codes [rows * k / 32]. A layout of 256-blocks with the sums serves
 /// every 256-block format (the others read the same codes and scales, not the sums); every 32-block
-/// format reads the same layout. The norm that writes it in place of its f32 output (fused.cu) and
-/// the quantize kernel (mat_vec_fast.cu) share act_fast_at, act_fast_scale and act_fast_code.
+/// format reads the same layout. The norm and flash-decoding's merge that write it in place of their
+/// f32 output (fused.cu, attention_decode.cu) and the quantize kernel (mat_vec_fast.cu) share
+/// act_fast_at, act_fast_scale, act_fast_inverse and act_fast_code.
 struct ActFastRaw {
   int8_t* codes;
   float* scales;
@@ -600,15 +601,12 @@ __device__ __forceinline__ int act_fast_code(float x, float inverse) {
 }
 #endif
 
+/// The layout for Q's weights: its activation block, and the sums where Q reads them.
 template <class Q>
-struct ActFastLayout {
-  int8_t* codes;
-  float* scales;
-  int16_t* sums;
+struct ActFastLayout : ActFastRaw {
   LOOM_HD static size_t bytes(int64_t rows, int64_t k) { return act_fast_size(rows, k, Q::kActScaleBlock, Q::kActSums); }
   LOOM_HD static ActFastLayout at(void* base, int64_t rows, int64_t k) {
-    const ActFastRaw r = act_fast_at(base, rows, k, Q::kActScaleBlock);
-    return {r.codes, r.scales, r.sums};
+    return {act_fast_at(base, rows, k, Q::kActScaleBlock)};
   }
 };
 
