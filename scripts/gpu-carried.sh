@@ -17,8 +17,8 @@
 #            LOOM_SERVE_FLAGS adds flags to loom serve; LOOM_SERVE_ONLY=1 skips the engine's figures)
 #   prefilltrace  a Chrome trace of one 512-token prompt chunk (the second) on LOOM_MODELS, summarized
 #   tp       -tp 2 (and 4 on 4 GPUs) against -tp 1 on LOOM_MODELS: prompt logits and greedy tokens in both
-#            numerics, then loom bench -p 512 -n 128 at each rank count (LOOM_TP_ALLREDUCE=oneshot: the
-#            one-shot all-reduce for small tensors instead of NCCL's; LOOM_TP_TIMEOUT per command, 90 s)
+#            numerics, then loom bench -p 512 -n 128 at each rank count, for each all-reduce path of
+#            LOOM_TP_AR (fused nccl ll: see the step); LOOM_TP_TIMEOUT per command, 90 s
 #   tp70b    synthetic llama3-70b F16 (141 GB: more than one GPU holds) with -tp 2 and -tp 4 (x4 disk)
 #   decodetrace  a Chrome trace of one decode step (the third) on LOOM_MODELS with --stats, summarized
 #   mvperf   ncu of the fast mat-vec on LOOM_MV_CASES (';'-separated op-test descriptions) under each of
@@ -310,32 +310,40 @@ print("; ".join(f"{k} {sum(v) / len(v) / 1000:.2f} us (x{len(v)})" for k, v in t
       tps=${LOOM_TP:-$( (($(nvidia-smi -L | wc -l) >= 4)) && echo "2 4" || echo 2)}
       p="The quick brown fox jumps over the lazy dog and then"
       tlim=${LOOM_TP_TIMEOUT:-90}
+      # all-reduce paths (LOOM_TP_AR): fused (the default: LL all-reduce folded into the next norm in
+      # decode steps, NCCL for the rest), nccl (LOOM_TP_LL=0: NCCL only), ll (every small one by the LL kernel)
+      ars=${LOOM_TP_AR:-fused nccl}
+      ar_env() { case $1 in nccl) echo LOOM_TP_LL=0 ;; ll) echo LOOM_TP_ALLREDUCE=ll ;; *) echo LOOM_TP_LL=1 ;; esac; }
       for m in $models; do
         f=$(model "$m") || continue
         for mode in ${LOOM_TP_MODES:-exact fast}; do
           timeout -k 5 $tlim "$bin/loom" run -m "$f" -p "$p" -n 24 --temp 0 --numerics $mode --dump-logits "$work/tp1.bin" \
             >"$work/tp1.txt" 2>"$out/tp1.err" || tail -3 "$out/tp1.err"
-          for n in $tps; do
+          for n in $tps; do for ar in $ars; do
             t0=$(date +%s)
-            timeout -k 5 $tlim "$bin/loom" run -m "$f" -p "$p" -n 24 --temp 0 --numerics $mode -tp $n \
-              --dump-logits "$work/tp$n.bin" >"$work/tp$n.txt" 2>"$out/tp$n-$mode.err"
-            echo "run -tp $n rc=$? in $(($(date +%s) - t0)) s"; tail -1 "$out/tp$n-$mode.err"
-            python3 tools/compare_logits.py "$work/tp$n.bin" "$work/tp1.bin" --threshold 1e-6 --label "$m $mode -tp $n prompt logits"
-            cmp -s "$work/tp$n.txt" "$work/tp1.txt" && echo "$m $mode -tp $n: same 24 greedy tokens" ||
-              { echo "$m $mode -tp $n: greedy text differs"; head -c 300 "$work/tp1.txt"; echo; head -c 300 "$work/tp$n.txt"; echo; }
-          done
+            env $(ar_env $ar) timeout -k 5 $tlim "$bin/loom" run -m "$f" -p "$p" -n 24 --temp 0 --numerics $mode -tp $n \
+              --dump-logits "$work/tp$n-$ar.bin" >"$work/tp$n-$ar.txt" 2>"$out/tp$n-$mode-$ar.err"
+            echo "run -tp $n ($ar) rc=$? in $(($(date +%s) - t0)) s"; tail -1 "$out/tp$n-$mode-$ar.err"
+            python3 tools/compare_logits.py "$work/tp$n-$ar.bin" "$work/tp1.bin" --threshold 1e-6 --label "$m $mode -tp $n $ar prompt logits"
+            cmp -s "$work/tp$n-$ar.txt" "$work/tp1.txt" && echo "$m $mode -tp $n $ar: same 24 greedy tokens" ||
+              { echo "$m $mode -tp $n $ar: greedy text differs"; head -c 300 "$work/tp1.txt"; echo; head -c 300 "$work/tp$n-$ar.txt"; echo; }
+            first=${ars%% *}
+            [[ $ar != "$first" ]] && { cmp -s "$work/tp$n-$ar.bin" "$work/tp$n-$first.bin" &&
+              echo "$m $mode -tp $n: $ar and $first logits bit-identical" || echo "$m $mode -tp $n: $ar and $first logits differ"; }
+          done; done
         done
-        for n in $tps; do  # rank 0's trace of a decode step: the all-reduces' share (they wait for the peers)
-          timeout -k 5 $tlim "$bin/loom" run -m "$f" -p "$p" -n 8 --temp 0 -tp $n --trace "$out/tp$n-${m/:/-}.json" \
-            >/dev/null 2>&1 && python3 tools/trace_summary.py "$out/tp$n-${m/:/-}.json" | grep -E "dispatch|all_reduce" |
-            sed "s/^/-tp $n trace: /"
-        done
-        for n in 1 $tps; do
+        for n in $tps; do for ar in $ars; do  # rank 0's trace of a decode step: the all-reduces' share (they wait for the peers)
+          env $(ar_env $ar) timeout -k 5 $tlim "$bin/loom" run -m "$f" -p "$p" -n 8 --temp 0 -tp $n --stats --trace "$out/tp$n-$ar-${m/:/-}.json" \
+            >/dev/null 2>"$out/tp$n-$ar-stats.err" && grep -E "fusions|kernels/token" "$out/tp$n-$ar-stats.err" | tail -2 && python3 tools/trace_summary.py "$out/tp$n-$ar-${m/:/-}.json" | grep -E "dispatch|all_reduce|total" |
+            sed "s/^/-tp $n $ar trace: /"
+        done; done
+        for n in 1 $tps; do for ar in $ars; do
+          [[ $n == 1 && $ar != ${ars%% *} ]] && continue
           t0=$(date +%s)
-          timeout -k 5 $tlim "$bin/loom" bench -m "$f" ${LOOM_TP_BENCH:--p 512 -n 128 -r 3} -tp $n >"$out/tpbench$n.out" 2>"$out/tpbench$n.err"
-          echo "-- $m -tp $n: rc=$? in $(($(date +%s) - t0)) s"
-          grep -E "^\|" "$out/tpbench$n.out" | grep -v -- "---" || tail -3 "$out/tpbench$n.err"
-        done
+          env $(ar_env $ar) timeout -k 5 $tlim "$bin/loom" bench -m "$f" ${LOOM_TP_BENCH:--p 512 -n 128 -r 3} -tp $n >"$out/tpbench$n-$ar.out" 2>"$out/tpbench$n-$ar.err"
+          echo "-- $m -tp $n ($ar): rc=$? in $(($(date +%s) - t0)) s"
+          grep -E "^\|" "$out/tpbench$n-$ar.out" | grep -v -- "---" || tail -3 "$out/tpbench$n-$ar.err"
+        done; done
       done ;;
     tp70b)  # a model no GPU holds alone: synthetic llama3-70b F16 (141 GB of file; needs the disk of a x4)
       find_nccl

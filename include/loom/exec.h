@@ -28,6 +28,7 @@ enum class FusedKind : uint8_t {
   moe_route,            ///< soft_max -> top_k -> gather weights (-> normalise): ids and weights
   mat_vec_multi,        ///< 2-3 mul_mats of one activation (Q, K, V): one quantization, one kernel
   gather_flash_attn,    ///< flash_attn over K/V rows gathered by get_rows: the rows read in place
+  all_reduce_add_rms_norm_mul,  ///< add_rms_norm_mul whose addend is an all_reduce's sum, exchanged in the kernel
   count_,
 };
 inline constexpr int kFusedKindCount = static_cast<int>(FusedKind::count_);

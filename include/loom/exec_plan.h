@@ -7,6 +7,9 @@
 // others are intermediates the fused kernel never stores):
 //   rms_norm_mul         {norm, mul}                          kept: mul.  mul = mul(norm, w) with w = mul->src[1]
 //   add_rms_norm_mul     {add, norm, mul}                     kept: add, mul (add is the residual)
+//   all_reduce_add_rms_norm_mul {all_reduce, add, norm, mul}  kept: add, mul. add reads the all_reduce
+//                                                             (its only reader) and the residual; the
+//                                                             kernel sums the ranks' partials itself
 //   mat_vec_bias         {mul_mat, add}                       kept: add.  add = add(mul_mat, bias), bias = add->src[1]
 //   glu_mat_vec          {mm_gate, mm_up, glu}                kept: glu.  glu = swiglu/geglu(mm_gate, mm_up), both
 //                                                             mul_mats read the same activations (src[1])

@@ -13,6 +13,7 @@ const char* fused_kind_name(FusedKind k) {
     case FusedKind::none: return "none";
     case FusedKind::rms_norm_mul: return "rms_norm_mul";
     case FusedKind::add_rms_norm_mul: return "add_rms_norm_mul";
+    case FusedKind::all_reduce_add_rms_norm_mul: return "all_reduce_add_rms_norm_mul";
     case FusedKind::mat_vec_bias: return "mat_vec_bias";
     case FusedKind::glu_mat_vec: return "glu_mat_vec";
     case FusedKind::rope_set_rows: return "rope_set_rows";

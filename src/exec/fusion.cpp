@@ -22,6 +22,7 @@ class Matcher {
     // Longer patterns first, so add_rms_norm_mul wins over the rms_norm_mul inside it.
     for (size_t i = 0; i < plan_.dispatches.size(); ++i) try_moe_route(i);
     for (size_t i = 0; i < plan_.dispatches.size(); ++i) try_gather_flash_attn(i);
+    for (size_t i = 0; i < plan_.dispatches.size(); ++i) try_all_reduce_add_rms_norm_mul(i);
     for (size_t i = 0; i < plan_.dispatches.size(); ++i) try_add_rms_norm_mul(i);
     for (size_t i = 0; i < plan_.dispatches.size(); ++i) try_rms_norm_mul(i);
     for (size_t i = 0; i < plan_.dispatches.size(); ++i) try_glu_mat_vec(i);
@@ -124,16 +125,31 @@ class Matcher {
     commit(FusedKind::rms_norm_mul, {norm, mul}, {false, true});
   }
 
+  // add -> rms_norm -> mul(norm, w), the norm one of the add's readers: {norm, mul}, or nulls
+  std::pair<Tensor*, Tensor*> norm_after(Tensor* add) const {
+    for (Tensor* u : users(add)) {
+      Tensor* mul = nullptr;
+      if (u->src[0] == add && rms_norm_mul_of(u, mul)) return {u, mul};
+    }
+    return {nullptr, nullptr};
+  }
+
   void try_add_rms_norm_mul(size_t i) {
     Tensor* add = node_at(i);
     if (!is(add, OpKind::add) || live(add) < 0) return;
-    for (Tensor* u : users(add)) {
-      Tensor* mul = nullptr;
-      if (u->src[0] == add && rms_norm_mul_of(u, mul)) {
-        commit(FusedKind::add_rms_norm_mul, {add, u, mul}, {true, false, true});
-        return;
-      }
-    }
+    if (auto [norm, mul] = norm_after(add); norm)
+      commit(FusedKind::add_rms_norm_mul, {add, norm, mul}, {true, false, true});
+  }
+
+  // all_reduce -> add (the residual's) -> rms_norm -> mul: tensor parallelism's attention output
+  // and FFN down sums, each followed by the next norm.
+  void try_all_reduce_add_rms_norm_mul(size_t i) {
+    Tensor* ar = node_at(i);
+    if (!is(ar, OpKind::all_reduce) || live(ar) < 0) return;
+    Tensor* add = const_cast<Tensor*>(sole_user(ar));
+    if (!is(add, OpKind::add) || add->src[0] == add->src[1] || (add->src[0] != ar && add->src[1] != ar)) return;
+    if (auto [norm, mul] = norm_after(add); norm)
+      commit(FusedKind::all_reduce_add_rms_norm_mul, {ar, add, norm, mul}, {false, true, false, true});
   }
 
   void try_mat_vec_bias(size_t i) {

@@ -2,9 +2,11 @@
 // reduction), reorder, fusion matching. No kernels run: plans only look at addresses.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <unordered_map>
 
+#include "loom/comm.h"
 #include "loom/exec_plan.h"
 #include "loom/cpu.h"
 #include "loom/planner.h"
@@ -123,12 +125,14 @@ class AcceptNone final : public exec::FusionSupport {
   bool supports_fused(const Dispatch&) const override { return false; }
 };
 
-// A LLaMA-like layer: norm*w, gate/up + swiglu, down, residual add, norm*w, projection + bias.
+// A LLaMA-like layer: norm*w, gate/up + swiglu, down, residual add, norm*w, projection + bias. With
+// `comm`, the down product is one rank's partial, summed by an all_reduce before the residual add
+// (tensor parallelism's layout); extra_reader_of_sum gives that sum a second reader.
 struct Layer {
   Graph g;
-  Tensor *x, *h, *glu, *y, *z, *out;
+  Tensor *x, *h, *glu, *down, *sum = nullptr, *y, *z, *out;
   GraphAllocation alloc;
-  explicit Layer(bool extra_reader_of_norm = false) {
+  explicit Layer(bool extra_reader_of_norm = false, Communicator* comm = nullptr, bool extra_reader_of_sum = false) {
     const int64_t n = 64, ff = 128;
     x = g.input(DType::f32, {n, 1, 1, 1}, "x");
     Tensor* w1 = g.weight(DType::f32, {n, 1, 1, 1}, "w1");
@@ -141,10 +145,13 @@ struct Layer {
     Tensor* norm = rms_norm(g, x, 1e-5f);
     h = mul(g, norm, w1);
     glu = swiglu(g, mul_mat(g, wg, h), mul_mat(g, wu, h));
-    y = add(g, x, mul_mat(g, wd, glu));
+    down = mul_mat(g, wd, glu);
+    if (comm) sum = all_reduce(g, down, comm);
+    y = add(g, x, comm ? sum : down);
     z = mul(g, rms_norm(g, y, 1e-5f), w2);
     out = add(g, mul_mat(g, wo, z), bias);
     if (extra_reader_of_norm) out = add(g, out, norm);  // the first norm is read twice now
+    if (extra_reader_of_sum) out = add(g, out, sum);
     g.mark_output(out);
     auto a = allocate_graph(g, cpu_buffer_type());
     EXPECT_TRUE(a.ok()) << a.status().message();
@@ -196,6 +203,43 @@ TEST(ExecPlan, FusionRespectsTheBackendAndExtraReaders) {
   EXPECT_EQ(q.stats.fusions[static_cast<int>(FusedKind::rms_norm_mul)], 0u);
   EXPECT_EQ(q.dispatches[0].kind, FusedKind::none);
   EXPECT_EQ(q.dispatches[0].node()->op, OpKind::rms_norm);
+}
+
+TEST(ExecPlan, FusionFoldsTheAllReduceIntoTheNextNorm) {
+  auto comms = make_host_communicators(2);
+  Layer l(false, comms[0].get());
+  ASSERT_TRUE(l.g.status().ok()) << l.g.status().to_string();
+  Plan p = exec::build_plan(l.g);
+  EXPECT_EQ(p.dispatches.size(), 12u);  // the 11 above and the all_reduce
+  exec::fuse(p, l.g, AcceptAll{});
+  using K = FusedKind;
+  EXPECT_EQ(p.stats.fusions[static_cast<int>(K::all_reduce_add_rms_norm_mul)], 1u);
+  EXPECT_EQ(p.stats.fusions[static_cast<int>(K::add_rms_norm_mul)], 0u);
+  ASSERT_EQ(p.dispatches.size(), 5u);  // norm*w, glu, down, all-reduce+add+norm*w, proj+bias
+  const Dispatch& d = p.dispatches[3];
+  EXPECT_EQ(d.kind, K::all_reduce_add_rms_norm_mul);
+  EXPECT_EQ(d.nodes[0], l.sum);
+  EXPECT_EQ(d.nodes[1], l.y);
+  EXPECT_EQ(d.anchor(), l.z);
+  EXPECT_TRUE(d.barrier);  // still a collective: every rank reaches it in the same order
+  // it reads the partial (not the sum, which nobody stores) and writes the residual and the norm
+  auto has = [](const std::vector<ByteRange>& v, const Tensor* t) {
+    const ByteRange tr = exec::tensor_range(*t);
+    return std::any_of(v.begin(), v.end(), [&](const ByteRange& b) { return b.begin == tr.begin && b.end == tr.end; });
+  };
+  EXPECT_TRUE(has(d.reads, l.down));
+  EXPECT_TRUE(has(d.reads, l.x));
+  EXPECT_EQ(d.writes.size(), 2u);
+  EXPECT_TRUE(has(d.writes, l.y));
+  EXPECT_TRUE(has(d.writes, l.z));
+  EXPECT_NE(p.dump().find("all_reduce_add_rms_norm_mul"), std::string::npos);
+
+  // a sum read elsewhere too stays an all_reduce of its own; the add and norm still fuse
+  Layer shared(false, comms[0].get(), /*extra_reader_of_sum=*/true);
+  Plan q = exec::build_plan(shared.g);
+  exec::fuse(q, shared.g, AcceptAll{});
+  EXPECT_EQ(q.stats.fusions[static_cast<int>(K::all_reduce_add_rms_norm_mul)], 0u);
+  EXPECT_EQ(q.stats.fusions[static_cast<int>(K::add_rms_norm_mul)], 1u);
 }
 
 TEST(ExecPlan, ScratchSlotsAreWrites) {

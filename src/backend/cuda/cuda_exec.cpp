@@ -73,6 +73,8 @@ CudaError launch_dispatch(const LaunchContext& base, const exec::Dispatch& d) {
       return launch_rms_norm_mul(ctx, n[0], n[1]);
     case FusedKind::add_rms_norm_mul:
       return launch_add_rms_norm_mul(ctx, n[0], n[1], n[2]);
+    case FusedKind::all_reduce_add_rms_norm_mul:
+      return launch_all_reduce_add_rms_norm_mul(ctx, n[0], n[1], n[2], n[3]);
     case FusedKind::mat_vec_bias:
       return launch_mat_vec_bias(ctx, n[0], n[1]);
     case FusedKind::glu_mat_vec:
@@ -112,6 +114,7 @@ bool writes_act(const exec::Dispatch& d, int block) {
   switch (d.kind) {
     case FusedKind::rms_norm_mul:
     case FusedKind::add_rms_norm_mul:
+    case FusedKind::all_reduce_add_rms_norm_mul:
       return norm_act_out_supported(d.kind, d.nodes.data(), block);
     case FusedKind::none: {
       const Tensor* t = d.node();
@@ -143,6 +146,7 @@ void mark_act_handoffs(exec::Plan& p, const Graph& g) {
       if (n) at[n] = i;
   for (exec::Dispatch& d : p.dispatches) {
     const bool candidate = d.kind == FusedKind::rms_norm_mul || d.kind == FusedKind::add_rms_norm_mul ||
+                           d.kind == FusedKind::all_reduce_add_rms_norm_mul ||
                            d.kind == FusedKind::gather_flash_attn ||
                            (d.kind == FusedKind::none && d.node()->op == OpKind::flash_attn);
     if (!candidate) continue;
@@ -525,8 +529,10 @@ Status Executor::record(const exec::Plan& p, size_t begin, size_t end, bool pdl,
     deps.erase(std::unique(deps.begin(), deps.end()), deps.end());
     cudaGraphEdgeData edge{};
     bool programmatic = false;
-    // A collective's kernels (NCCL) never wait on a programmatic edge: it gets a full dependency.
-    const bool collective = p.dispatches[i].node()->op == OpKind::all_reduce;
+    // A collective's kernels (NCCL) never wait on a programmatic edge: it gets a full dependency. (The
+    // fused all-reduce + norm is a kernel of ours that waits as every other does.)
+    const bool collective =
+        p.dispatches[i].kind == FusedKind::none && p.dispatches[i].node()->op == OpKind::all_reduce;
     if (pdl && !collective && deps.size() == 1 && p.deps[i].size() == 1) {
       cudaGraphNodeType type{};
       if (cudaGraphNodeGetType(deps[0], &type) == cudaSuccess && type == cudaGraphNodeTypeKernel) {

@@ -62,23 +62,18 @@ const NcclApi& nccl() {
   return api;
 }
 
-// One rank's buffers of the one-shot all-reduce (kernels/allreduce.cuh), on its device.
-struct OneShotBuffers {
+// One rank's buffers of the LL all-reduces (kernels/allreduce.cuh), on its device.
+struct LLBuffers {
   int device = -1;
-  float* recv = nullptr;
-  uint32_t* flags = nullptr;
+  uint64_t* recv = nullptr;
   uint32_t* epoch = nullptr;
-  ~OneShotBuffers() {
+  ~LLBuffers() {
     if (device < 0) return;
     (void)cudaSetDevice(device);
-    for (void* p : {static_cast<void*>(recv), static_cast<void*>(flags), static_cast<void*>(epoch)})
+    for (void* p : {static_cast<void*>(recv), static_cast<void*>(epoch)})
       if (p) (void)cudaFree(p);
   }
 };
-
-// Floats the one-shot all-reduce takes (a decode step's hidden state of up to 16 tokens of 4096);
-// larger tensors go through NCCL.
-constexpr int64_t kOneShotMaxElems = 64 * 1024;
 
 // What the ranks of one group share: their communicators, for an abort that reaches them all.
 struct NcclGroup {
@@ -113,9 +108,10 @@ class NcclCommunicator final : public Communicator {
     return group_->aborted;
   }
 
-  // The one-shot path, when the group set it up (LOOM_TP_ALLREDUCE=oneshot).
-  std::unique_ptr<OneShotBuffers> oneshot_buffers;
-  OneShotGroup oneshot;
+  // The LL path, when the group set it up (peer access between every pair of GPUs).
+  std::unique_ptr<LLBuffers> ll_buffers;
+  LLGroup ll;
+  bool ll_standalone = false;  // stand-alone all-reduces by the LL kernel too (LOOM_TP_ALLREDUCE=ll)
 
  private:
   ncclComm_t comm_;
@@ -123,11 +119,11 @@ class NcclCommunicator final : public Communicator {
   std::shared_ptr<NcclGroup> group_;
 };
 
-// Peer access between every pair of devices and each rank's buffers; false (nothing set up) when a
-// pair cannot reach each other or an allocation fails.
-bool setup_oneshot(std::span<const int> devices, std::vector<std::unique_ptr<Communicator>>& comms) {
+// Peer access between every pair of devices and each rank's LL buffers; false (nothing set up) when
+// a pair cannot reach each other or an allocation fails.
+bool setup_ll(std::span<const int> devices, std::vector<std::unique_ptr<Communicator>>& comms) {
   const int n = static_cast<int>(devices.size());
-  if (n > kOneShotMaxRanks) return false;
+  if (n > kLLMaxRanks) return false;
   for (int i = 0; i < n; ++i)
     for (int j = 0; j < n; ++j) {
       if (i == j) continue;
@@ -138,38 +134,31 @@ bool setup_oneshot(std::span<const int> devices, std::vector<std::unique_ptr<Com
       if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) return false;
       (void)cudaGetLastError();
     }
-  std::vector<std::unique_ptr<OneShotBuffers>> bufs;
+  std::vector<std::unique_ptr<LLBuffers>> bufs;
   for (int i = 0; i < n; ++i) {
-    auto b = std::make_unique<OneShotBuffers>();
+    auto b = std::make_unique<LLBuffers>();
     b->device = devices[i];
     if (cudaSetDevice(devices[i]) != cudaSuccess) return false;
-    const size_t recv_bytes = sizeof(float) * 2 * static_cast<size_t>(n) * kOneShotMaxElems;
-    const size_t flag_bytes = sizeof(uint32_t) * static_cast<size_t>(n) * kOneShotMaxBlocks;
-    const size_t epoch_bytes = sizeof(uint32_t) * kOneShotMaxBlocks;
-    if (cudaMalloc(&b->recv, recv_bytes) != cudaSuccess || cudaMalloc(&b->flags, flag_bytes) != cudaSuccess ||
-        cudaMalloc(&b->epoch, epoch_bytes) != cudaSuccess ||
-        cudaMemset(b->flags, 0, flag_bytes) != cudaSuccess ||
-        cudaMemset(b->epoch, 0, epoch_bytes) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) {
+    if (cudaMalloc(&b->recv, ll_recv_bytes(n)) != cudaSuccess || cudaMalloc(&b->epoch, ll_epoch_bytes()) != cudaSuccess ||
+        cudaMemset(b->recv, 0, ll_recv_bytes(n)) != cudaSuccess ||
+        cudaMemset(b->epoch, 0, ll_epoch_bytes()) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) {
       (void)cudaGetLastError();
       return false;
     }
     bufs.push_back(std::move(b));
   }
+  const char* mode = std::getenv("LOOM_TP_ALLREDUCE");
   for (int i = 0; i < n; ++i) {
     auto& c = static_cast<NcclCommunicator&>(*comms[static_cast<size_t>(i)]);
-    OneShotGroup& g = c.oneshot;
+    LLGroup& g = c.ll;
     g.rank = i;
     g.n_ranks = n;
-    g.max_elems = kOneShotMaxElems;
-    for (int q = 0; q < n; ++q) {
-      g.recv[q] = bufs[static_cast<size_t>(q)]->recv;
-      g.flags[q] = bufs[static_cast<size_t>(q)]->flags;
-    }
+    for (int q = 0; q < n; ++q) g.recv[q] = bufs[static_cast<size_t>(q)]->recv;
     g.epoch = bufs[static_cast<size_t>(i)]->epoch;
+    c.ll_standalone = mode && std::string_view(mode) == "ll";
   }
   for (int i = 0; i < n; ++i)
-    static_cast<NcclCommunicator&>(*comms[static_cast<size_t>(i)]).oneshot_buffers =
-        std::move(bufs[static_cast<size_t>(i)]);
+    static_cast<NcclCommunicator&>(*comms[static_cast<size_t>(i)]).ll_buffers = std::move(bufs[static_cast<size_t>(i)]);
   return true;
 }
 
@@ -228,11 +217,11 @@ Result<std::vector<std::unique_ptr<Communicator>>> make_nccl_communicators(std::
   for (size_t i = 0; i < comms.size(); ++i)
     out.push_back(
         std::make_unique<NcclCommunicator>(comms[i], static_cast<int>(i), static_cast<int>(comms.size()), group));
-  // LOOM_TP_ALLREDUCE=oneshot: small all-reduces by the one-shot kernel over peer access (off by
-  // default until measured; NCCL otherwise and for larger tensors).
-  if (const char* mode = std::getenv("LOOM_TP_ALLREDUCE"); mode && std::string_view(mode) == "oneshot")
-    if (!setup_oneshot(devices, out))
-      fmt::print(stderr, "loom: LOOM_TP_ALLREDUCE=oneshot: no peer access between the GPUs; NCCL only\n");
+  // The LL buffers over peer access (LOOM_TP_LL=0: none): the fused all-reduce + add + norm of decode
+  // steps, and with LOOM_TP_ALLREDUCE=ll the other small all-reduces too; NCCL for everything else.
+  if (const char* ll = std::getenv("LOOM_TP_LL"); !(ll && std::string_view(ll) == "0"))
+    if (!setup_ll(devices, out))
+      fmt::print(stderr, "loom: no peer access between the GPUs: every all-reduce goes through NCCL\n");
   return out;
 }
 
@@ -245,14 +234,21 @@ CudaError nccl_all_reduce(Communicator& comm, const float* src, float* dst, size
   if (nc.aborted())
     return CudaError::runtime(cudaErrorUnknown, "all_reduce: the NCCL group was aborted after a rank failed",
                               __FILE__, __LINE__);
-  if (nc.oneshot_buffers && static_cast<int64_t>(n) <= nc.oneshot.max_elems)
-    return launch_oneshot_all_reduce(nc.oneshot, src, dst, static_cast<int64_t>(n), stream);
+  if (nc.ll_standalone && static_cast<int64_t>(n) <= kLLAllReduceMaxElems && n % 4 == 0 &&
+      reinterpret_cast<uintptr_t>(src) % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0)
+    return launch_ll_all_reduce(nc.ll, src, dst, static_cast<int64_t>(n), stream);
   const ncclResult_t r =
       api.all_reduce(src, dst, n, ncclFloat32, ncclSum, static_cast<ncclComm_t>(comm.native()), stream);
   if (r != ncclSuccess)
     return CudaError::runtime(cudaErrorUnknown, api.error_string(r), __FILE__,
                               __LINE__);  // NCCL's static text
   return {};
+}
+
+const LLGroup* ll_group(Communicator& comm) {
+  if (std::string_view(comm.kind()) != "nccl") return nullptr;
+  auto& nc = static_cast<NcclCommunicator&>(comm);
+  return nc.ll_buffers && !nc.aborted() ? &nc.ll : nullptr;
 }
 
 }  // namespace loom::cuda

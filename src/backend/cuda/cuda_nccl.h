@@ -9,6 +9,7 @@
 #include <span>
 #include <vector>
 
+#include "kernels/allreduce.cuh"
 #include "kernels/launch.h"
 #include "loom/comm.h"
 

@@ -29,6 +29,7 @@
 #include <initializer_list>
 
 #include "activation.cuh"
+#include "allreduce.cuh"
 #include "attention.cuh"
 #include "common.cuh"
 #include "fused.cuh"
@@ -107,11 +108,16 @@ __global__ void rms_norm_mul_kernel(TensorDesc y, TensorDesc a, TensorDesc b, Te
 constexpr int kNormFastThreads = 256;
 constexpr int kNormFastWarps = kNormFastThreads / kWarpSize;
 
-template <int kPer>
+//
+// With kAllReduce (tensor parallelism's all_reduce -> add -> norm), a is this rank's partial: the
+// block exchanges its row with the peers by the LL protocol (allreduce.cuh; slot = row = block) and
+// adds the ranks' partials in rank order before the residual, as the all_reduce and add would.
+template <int kPer, bool kAllReduce>
 __global__ void __launch_bounds__(kNormFastThreads) rms_norm_mul_fast_kernel(TensorDesc y, TensorDesc a, TensorDesc b,
                                                                              TensorDesc sum, bool has_add,
                                                                              const float* w, float eps,
-                                                                             ActFastRaw act, int act_block) {
+                                                                             ActFastRaw act, int act_block,
+                                                                             LLGroup ll) {
   pdl_wait();
   constexpr int kVec = kPer / 4;
   __shared__ float partial[kNormFastWarps];
@@ -134,6 +140,21 @@ __global__ void __launch_bounds__(kNormFastThreads) rms_norm_mul_fast_kernel(Ten
       x[v] = i < n4 ? xa[i] : zero;
       wv[v] = i < n4 ? w4[i] : zero;
       bv[v] = has_add && i < n4 ? xb[i] : zero;
+    }
+    if constexpr (kAllReduce) {  // grid = rows: one slot per block
+      const int slot = static_cast<int>(blockIdx.x);
+      const uint32_t epoch = ll_begin(ll, slot);
+#pragma unroll
+      for (int v = 0; v < kVec; ++v) {
+        const int64_t i = tid + static_cast<int64_t>(v) * kNormFastThreads;
+        if (i < n4) ll_send4(ll, epoch, slot, 4 * i, x[v]);
+      }
+#pragma unroll
+      for (int v = 0; v < kVec; ++v) {
+        const int64_t i = tid + static_cast<int64_t>(v) * kNormFastThreads;
+        if (i < n4) x[v] = ll_sum4(ll, epoch, slot, 4 * i, x[v]);
+      }
+      ll_end(ll, slot, epoch);
     }
     float ss = 0.0f;
 #pragma unroll
@@ -877,21 +898,46 @@ bool act_out_fits(const Tensor* y, int block) {
          act_fast_size(y->nrows(), y->ne[0], block, block == 256) <= y->nbytes();
 }
 
+// With `ll`, a is this rank's partial of an all-reduce over ll's group (one block per row, rows <=
+// kLLSlots).
 bool rms_norm_mul_fast(const LaunchContext& ctx, const Tensor* y, const Tensor* a, const Tensor* b,
-                       const Tensor* sum, const Tensor* w, float eps) {
+                       const Tensor* sum, const Tensor* w, float eps, const LLGroup* ll = nullptr) {
   const int64_t n = y->ne[0];
   if (!ctx.fast || !rms_norm_mul_fast_takes(y, a, b, sum, w)) return false;
   if (ctx.act_out_block && !act_out_fits(y, ctx.act_out_block)) return false;
+  if (ll && y->nrows() > kLLSlots) return false;
   const ActFastRaw act = ctx.act_out_block ? act_fast_at(y->data, y->nrows(), n, ctx.act_out_block) : ActFastRaw{};
   const TensorDesc none{};
-  auto kernel = n <= 1024   ? rms_norm_mul_fast_kernel<4>
-                : n <= 2048 ? rms_norm_mul_fast_kernel<8>
-                : n <= 4096 ? rms_norm_mul_fast_kernel<16>
-                            : rms_norm_mul_fast_kernel<32>;
-  kernel<<<row_grid(y->nrows()), kNormFastThreads, 0, ctx.stream>>>(
-      desc_of(y), desc_of(a), b ? desc_of(b) : none, b ? desc_of(sum) : none, b != nullptr,
-      static_cast<const float*>(w->data), eps, act, ctx.act_out_block);
+  auto pick = [n](auto ar) {
+    constexpr bool kAr = decltype(ar)::value;
+    return n <= 1024   ? rms_norm_mul_fast_kernel<4, kAr>
+           : n <= 2048 ? rms_norm_mul_fast_kernel<8, kAr>
+           : n <= 4096 ? rms_norm_mul_fast_kernel<16, kAr>
+                       : rms_norm_mul_fast_kernel<32, kAr>;
+  };
+  auto kernel = ll ? pick(std::true_type{}) : pick(std::false_type{});
+  const unsigned grid = ll ? static_cast<unsigned>(y->nrows()) : row_grid(y->nrows());
+  kernel<<<grid, kNormFastThreads, 0, ctx.stream>>>(desc_of(y), desc_of(a), b ? desc_of(b) : none,
+                                                    b ? desc_of(sum) : none, b != nullptr,
+                                                    static_cast<const float*>(w->data), eps, act,
+                                                    ctx.act_out_block, ll ? *ll : LLGroup{});
   return true;
+}
+
+// The addend of `add` that is not the all-reduce's sum: the residual.
+const Tensor* residual_of(const Tensor* add, const Tensor* ar) { return add->src[0] == ar ? add->src[1] : add->src[0]; }
+
+// all_reduce -> add -> rms_norm -> mul in one kernel: the fast mode, a group with LL buffers, rows the
+// slots hold, and the fast norm's operands with the partial in place of the sum.
+bool all_reduce_rms_norm_mul_ok(const Tensor* const* nodes, bool fast) {
+  const Tensor *ar = nodes[0], *add = nodes[1], *norm = nodes[2], *mul = nodes[3];
+  if (!fast || !ar || ar->op != OpKind::all_reduce || !add || !rms_norm_mul_ok(add, norm, mul)) return false;
+  if (add->src[0] != ar && add->src[1] != ar) return false;
+  const Tensor* partial = ar->src[0];
+  if (!ll_group(*ar->get_params<AllReduceParams>().comm) || mul->nrows() > kLLSlots || !is_f32(partial) ||
+      partial->ne != add->ne || !may_write_over(add, partial) || !may_write_over(mul, partial))
+    return false;
+  return rms_norm_mul_fast_takes(mul, partial, residual_of(add, ar), add, mul->src[1]);
 }
 
 // A norm asked for quantized activations that the fast kernel did not write: the mat-vecs reading
@@ -915,7 +961,29 @@ bool norm_act_out_supported(FusedKind kind, const Tensor* const* nodes, int bloc
     const Tensor* mul = nodes[2];
     return rms_norm_mul_fast_takes(mul, add->src[0], add->src[1], add, mul->src[1]) && act_out_fits(mul, block);
   }
+  if (kind == FusedKind::all_reduce_add_rms_norm_mul) {
+    const Tensor* ar = nodes[0];
+    const Tensor* add = nodes[1];
+    const Tensor* mul = nodes[3];
+    return rms_norm_mul_fast_takes(mul, ar->src[0], residual_of(add, ar), add, mul->src[1]) && act_out_fits(mul, block);
+  }
   return false;
+}
+
+CudaError launch_all_reduce_add_rms_norm_mul(const LaunchContext& ctx, const Tensor* ar, const Tensor* add,
+                                             const Tensor* norm, const Tensor* mul) {
+  if (mul->nelements() == 0) return {};
+  const LLGroup* ll = ll_group(*ar->get_params<AllReduceParams>().comm);
+  if (!ll)
+    return CudaError::runtime(cudaErrorInvalidValue, "all_reduce_add_rms_norm_mul: the group has no LL buffers",
+                              __FILE__, __LINE__);
+  if (!rms_norm_mul_fast(ctx, mul, ar->src[0], residual_of(add, ar), add, mul->src[1],
+                         norm->get_params<NormParams>().eps, ll))
+    return CudaError::runtime(cudaErrorInvalidValue,
+                              "all_reduce_add_rms_norm_mul: the fast norm kernel does not take these operands",
+                              __FILE__, __LINE__);
+  LOOM_CUDA_CHECK_LAUNCH("rms_norm_mul_fast_kernel (all-reduce)");
+  return {};
 }
 
 CudaError launch_rms_norm_mul(const LaunchContext& ctx, const Tensor* norm, const Tensor* mul) {
@@ -1087,6 +1155,8 @@ bool fused_supported(FusedKind kind, const Tensor* const* nodes, bool fast) {
       return rms_norm_mul_ok(nullptr, nodes[0], nodes[1]);
     case FusedKind::add_rms_norm_mul:
       return nodes[0] && rms_norm_mul_ok(nodes[0], nodes[1], nodes[2]);
+    case FusedKind::all_reduce_add_rms_norm_mul:
+      return all_reduce_rms_norm_mul_ok(nodes, fast);
     case FusedKind::mat_vec_bias:
       return mat_vec_bias_ok(nodes[0], nodes[1]);
     case FusedKind::glu_mat_vec:

@@ -15,6 +15,10 @@ CudaError launch_rms_norm_mul(const LaunchContext& ctx, const Tensor* norm, cons
 /// output written as the fast mat-vec's quantized activations of `block` (ctx.act_out_block).
 bool norm_act_out_supported(FusedKind kind, const Tensor* const* nodes, int block);
 /// add = add->src[0] + add->src[1] (written: it is the residual); mul = rms_norm(add) * mul->src[1].
+/// all_reduce -> add -> rms_norm -> mul: the ranks' partials exchanged and summed in the norm's kernel
+/// (LL protocol, allreduce.cuh); fused_supported checks the operands.
+CudaError launch_all_reduce_add_rms_norm_mul(const LaunchContext& ctx, const Tensor* ar, const Tensor* add,
+                                             const Tensor* norm, const Tensor* mul);
 CudaError launch_add_rms_norm_mul(const LaunchContext& ctx, const Tensor* add, const Tensor* norm,
                                   const Tensor* mul);
 /// add = mul_mat(mm->src[0], mm->src[1]) + add->src[1]; any weight type mul_mat takes, n columns
