@@ -18,7 +18,8 @@
 #   prefilltrace  a Chrome trace of one 512-token prompt chunk (the second) on LOOM_MODELS, summarized
 #   tp       -tp 2 (and 4 on 4 GPUs) against -tp 1 on LOOM_MODELS: prompt logits and greedy tokens in both
 #            numerics, then loom bench -p 512 -n 128 at each rank count, for each all-reduce path of
-#            LOOM_TP_AR (fused nccl ll: see the step); LOOM_TP_TIMEOUT per command, 90 s
+#            LOOM_TP_AR (ll fused nccl: see the step); LOOM_TP_TIMEOUT per command, 90 s; then
+#            loom-exec-equivalence --tp N (fast): 16 sequences together, LL against NCCL alone
 #   tp70b    synthetic llama3-70b F16 (141 GB: more than one GPU holds) with -tp 2 and -tp 4 (x4 disk)
 #   decodetrace  a Chrome trace of one decode step (the third) on LOOM_MODELS with --stats, summarized
 #   mvperf   ncu of the fast mat-vec on LOOM_MV_CASES (';'-separated op-test descriptions) under each of
@@ -310,10 +311,11 @@ print("; ".join(f"{k} {sum(v) / len(v) / 1000:.2f} us (x{len(v)})" for k, v in t
       tps=${LOOM_TP:-$( (($(nvidia-smi -L | wc -l) >= 4)) && echo "2 4" || echo 2)}
       p="The quick brown fox jumps over the lazy dog and then"
       tlim=${LOOM_TP_TIMEOUT:-90}
-      # all-reduce paths (LOOM_TP_AR): fused (the default: LL all-reduce folded into the next norm in
-      # decode steps, NCCL for the rest), nccl (LOOM_TP_LL=0: NCCL only), ll (every small one by the LL kernel)
-      ars=${LOOM_TP_AR:-fused nccl}
-      ar_env() { case $1 in nccl) echo LOOM_TP_LL=0 ;; ll) echo LOOM_TP_ALLREDUCE=ll ;; *) echo LOOM_TP_LL=1 ;; esac; }
+      # all-reduce paths (LOOM_TP_AR): ll (the default: the LL all-reduce folded into the next norm in
+      # decode steps, the other small ones by the LL kernel, NCCL for prefill), fused (folded ones only:
+      # LOOM_TP_ALLREDUCE=nccl), nccl (LOOM_TP_LL=0: NCCL only)
+      ars=${LOOM_TP_AR:-ll nccl}
+      ar_env() { case $1 in nccl) echo LOOM_TP_LL=0 ;; fused) echo LOOM_TP_ALLREDUCE=nccl ;; *) echo LOOM_TP_LL=1 ;; esac; }
       for m in $models; do
         f=$(model "$m") || continue
         for mode in ${LOOM_TP_MODES:-exact fast}; do
@@ -344,6 +346,13 @@ print("; ".join(f"{k} {sum(v) / len(v) / 1000:.2f} us (x{len(v)})" for k, v in t
           echo "-- $m -tp $n ($ar): rc=$? in $(($(date +%s) - t0)) s"
           grep -E "^\|" "$out/tpbench$n-$ar.out" | grep -v -- "---" || tail -3 "$out/tpbench$n-$ar.err"
         done; done
+        for n in $tps; do
+          LOOM_NUMERICS=fast timeout -k 5 300 "$bin/loom-exec-equivalence" --tp $n "$f" 2>&1 | grep -E "exec-equivalence"
+          [[ -n ${LOOM_TP_NPL:-} ]] && for k in 1 $n; do  # batched decode, unsplit and split
+            timeout -k 5 240 "$bin/loom" bench -m "$f" -npp 128 -ntg 32 -npl $LOOM_TP_NPL -tp $k 2>/dev/null |
+              grep -E "^\|" | grep -v -- "---" | sed "s/^/-tp $k: /"
+          done
+        done
       done ;;
     tp70b)  # a model no GPU holds alone: synthetic llama3-70b F16 (141 GB of file; needs the disk of a x4)
       find_nccl

@@ -11,7 +11,13 @@
 // against each alone; in exact numerics (LOOM_NUMERICS=exact) the greedy tokens must be the same,
 // in fast numerics (other kernels at more columns, other attention splits) the agreement is printed.
 //
-//   loom-exec-equivalence [--steps 64] [--runs 3] MODEL.gguf...
+// With --tp N (N GPUs), tensor parallelism instead: 16 sequences decoded together on N ranks with the
+// fused LL all-reduce (the default) give the same greedy tokens as with NCCL alone (LOOM_TP_LL=0), bit
+// for bit at N = 2 (a sum of two partials is the same in any order), and the share agreeing at N > 2
+// (run it with LOOM_NUMERICS=fast: the fused kernel is the fast mode's). `loom run -tp N` against
+// `-tp 1` (scripts/gpu-carried.sh tp) compares the split model's logits with the unsplit one's.
+//
+//   loom-exec-equivalence [--steps 64] [--runs 3] [--tp N] MODEL.gguf...
 //
 // Exits 77 (skipped) when there is no CUDA backend or device.
 #include <fmt/format.h>
@@ -107,6 +113,32 @@ Result<std::unique_ptr<Context>> paged_context(const Model& model, int n_seqs) {
   return Context::create(model, cp);
 }
 
+// The greedy tokens of 16 random prompts decoded together over a paged cache, n_gen each.
+Result<std::vector<std::vector<int32_t>>> batched_tokens(const Model& model, int n_gen) {
+  const int n_seqs = 16;
+  const auto prompts = random_prompts(model, n_seqs, 99);
+  SamplerParams greedy;
+  greedy.temperature = 0.0f;
+  greedy.seed = 1;
+  auto many = paged_context(model, n_seqs);
+  if (!many) return many.status();
+  BatchGenerator gen(**many);
+  std::vector<int> ids;
+  for (const auto& p : prompts) {
+    auto id = gen.add(p, greedy);
+    if (!id) return id.status();
+    ids.push_back(*id);
+  }
+  for (int i = 1; i < n_gen; ++i)
+    if (auto st = gen.step(); !st) return st.status();
+  std::vector<std::vector<int32_t>> out;
+  for (int s = 0; s < n_seqs; ++s) {
+    const auto got = gen.generated(ids[s]);
+    out.emplace_back(got.begin(), got.end());
+  }
+  return out;
+}
+
 Result<double> batched_agreement(const Model& model, int n_gen) {
   const int n_seqs = 16;
   const auto prompts = random_prompts(model, n_seqs, 99);
@@ -129,23 +161,76 @@ Result<double> batched_agreement(const Model& model, int n_gen) {
     const auto got = one.generated(*id);
     want.emplace_back(got.begin(), got.end());
   }
-  auto many = paged_context(model, n_seqs);
-  if (!many) return many.status();
-  BatchGenerator gen(**many);
-  std::vector<int> ids;
-  for (const auto& p : prompts) {
-    auto id = gen.add(p, greedy);
-    if (!id) return id.status();
-    ids.push_back(*id);
-  }
-  for (int i = 1; i < n_gen; ++i)
-    if (auto st = gen.step(); !st) return st.status();
+  auto together = batched_tokens(model, n_gen);
+  if (!together) return together.status();
   int same = 0;
-  for (int s = 0; s < n_seqs; ++s) {
-    const auto got = gen.generated(ids[s]);
-    same += std::vector<int32_t>(got.begin(), got.end()) == want[s];
-  }
+  for (int s = 0; s < n_seqs; ++s) same += (*together)[static_cast<size_t>(s)] == want[static_cast<size_t>(s)];
   return static_cast<double>(same) / n_seqs;
+}
+
+// A model split over n_ranks CUDA devices (0..n_ranks-1), with its rank backends; LOOM_TP_LL as given
+// while its communicators are made ("0": NCCL alone).
+struct TpModel {
+  std::vector<std::unique_ptr<Backend>> ranks;
+  std::unique_ptr<Model> model;
+};
+Result<TpModel> load_tp(const std::string& path, int n_ranks, const BackendOptions& bo, const char* ll) {
+  TpModel m;
+  ModelLoadOptions lo;
+  lo.print_summary = false;
+  lo.progress = false;
+  for (int r = 0; r < n_ranks; ++r) {
+    BackendOptions o = bo;
+    o.device = r;
+    auto b = create_backend("cuda", o);
+    if (!b) return b.status();
+    m.ranks.push_back(std::move(b.value()));
+    lo.tensor_parallel.push_back(m.ranks.back().get());
+  }
+  setenv("LOOM_TP_LL", ll, 1);
+  auto model = Model::load(path, *m.ranks[0], lo);
+  unsetenv("LOOM_TP_LL");
+  if (!model) return model.status();
+  m.model = std::move(model.value());
+  return m;
+}
+
+// --tp: the fused LL all-reduce against NCCL alone, 16 sequences decoded together.
+int tp_checks(const std::vector<std::string>& models, int n_ranks, const BackendOptions& bo) {
+  int failures = 0;
+  auto check = [&](bool ok, const std::string& what) {
+    fmt::print("exec-equivalence: {} {}\n", what, ok ? "ok" : "FAIL");
+    failures += !ok;
+  };
+  for (const std::string& path : models) {
+    const std::string short_name = path.substr(path.find_last_of('/') + 1);
+    std::vector<std::vector<int32_t>> fused, nccl;
+    for (const char* ll : {"1", "0"}) {
+      auto m = load_tp(path, n_ranks, bo, ll);
+      if (!m) {
+        check(false, fmt::format("{}: -tp {} load: {}", short_name, n_ranks, m.status().message()));
+        break;
+      }
+      auto toks = batched_tokens(*m->model, 24);
+      if (!toks) {
+        check(false, fmt::format("{}: -tp {} batched decode: {}", short_name, n_ranks, toks.status().message()));
+        break;
+      }
+      (ll[0] == '1' ? fused : nccl) = std::move(toks.value());
+    }
+    if (fused.empty() || nccl.empty()) continue;
+    int same = 0;
+    for (size_t s = 0; s < fused.size(); ++s) same += fused[s] == nccl[s];
+    const double share = static_cast<double>(same) / static_cast<double>(fused.size());
+    if (n_ranks == 2)
+      check(share == 1.0, fmt::format("{}: -tp 2, 16 sequences together: fused LL all-reduce gives NCCL's tokens: "
+                                      "{:.0f}%", short_name, 100 * share));
+    else
+      fmt::print("exec-equivalence: {}: -tp {}, 16 sequences together: fused LL all-reduce vs NCCL, same 24 "
+                 "greedy tokens (other summation order, not required): {:.0f}%\n", short_name, n_ranks, 100 * share);
+  }
+  fmt::print("exec-equivalence: {} failures\n", failures);
+  return failures ? 1 : 0;
 }
 
 // 4 sequences (prompts of 3..40 tokens) decoded together for n_steps greedy steps over a paged cache:
@@ -286,15 +371,16 @@ Result<DeviceSamplingResult> device_sampling_agreement(const Model& model, int n
 }  // namespace
 
 int main(int argc, char** argv) {
-  int steps = 64, runs = 3;
+  int steps = 64, runs = 3, tp = 1;
   std::vector<std::string> models;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--tp") && i + 1 < argc) tp = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--runs") && i + 1 < argc) runs = std::atoi(argv[++i]);
     else models.emplace_back(argv[i]);
   }
   if (models.empty()) {
-    fmt::print(stderr, "usage: loom-exec-equivalence [--steps N] [--runs N] MODEL.gguf...\n");
+    fmt::print(stderr, "usage: loom-exec-equivalence [--steps N] [--runs N] [--tp N] MODEL.gguf...\n");
     return 2;
   }
   BackendOptions bo;
@@ -305,6 +391,10 @@ int main(int argc, char** argv) {
     return 77;
   }
   const bool exact = (*backend)->numerics() == Numerics::exact;
+  if (tp > 1) {
+    backend->reset();
+    return tp_checks(models, tp, bo);
+  }
   int failures = 0;
   auto check = [&](bool ok, const std::string& what) {
     fmt::print("exec-equivalence: {} {}\n", what, ok ? "ok" : "FAIL");
