@@ -20,7 +20,8 @@
 #            numerics, then loom bench -p 512 -n 128 at each rank count, for each all-reduce path of
 #            LOOM_TP_AR (ll fused nccl: see the step); LOOM_TP_TIMEOUT per command, 90 s; then
 #            loom-exec-equivalence --tp N (fast): 16 sequences together, LL against NCCL alone
-#   tp70b    synthetic llama3-70b F16 (141 GB: more than one GPU holds) with -tp 2 and -tp 4 (x4 disk)
+#   tp70b    synthetic llama3-70b F16 (141 GB: more than one GPU holds) with -tp 2 and -tp 4 (x4 disk, or
+#            LOOM_WORK=/dev/shm/loom on a x2)
 #   decodetrace  a Chrome trace of one decode step (the third) on LOOM_MODELS with --stats, summarized
 #   mvperf   ncu of the fast mat-vec on LOOM_MV_CASES (';'-separated op-test descriptions) under each of
 #            LOOM_MV_MODES (space-separated modes, each ','-separated VAR=VALUE settings or "-" for none)
@@ -49,7 +50,7 @@ if [[ ! -d $prefix/usr ]]; then
 fi
 export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu:$root/build-carry/bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 bin=$root/build-carry/bin
-work=/tmp/loom-work
+work=${LOOM_WORK:-/tmp/loom-work}  # generated models (LOOM_WORK=/dev/shm/loom: in memory, for ones the disk cannot hold)
 mkdir -p "$work"
 t0=$(date +%s)
 stamp() { echo "== [$(($(date +%s) - t0)) s] $*"; }
@@ -354,14 +355,15 @@ print("; ".join(f"{k} {sum(v) / len(v) / 1000:.2f} us (x{len(v)})" for k, v in t
           done
         done
       done ;;
-    tp70b)  # a model no GPU holds alone: synthetic llama3-70b F16 (141 GB of file; needs the disk of a x4)
+    tp70b)  # a model no GPU holds alone: synthetic llama3-70b F16 (141 GB of file: the disk of a x4, or LOOM_WORK=/dev/shm/loom)
       find_nccl
       t0=$(date +%s)
       f=$(model llama3-70b:f16) || { echo "gen-model llama3-70b f16 failed"; continue; }
       echo "generated in $(($(date +%s) - t0)) s: $(du -h "$f" | cut -f1)"
       for n in ${LOOM_TP:-2 4}; do
-        timeout -k 5 600 "$bin/loom" bench -m "$f" -p 512 -n 32 -r 1 -tp $n >"$out/tp70b-$n.out" 2>"$out/tp70b-$n.err"
-        echo "-- 70B F16 -tp $n: rc=$?"; grep -E "^\|" "$out/tp70b-$n.out" | grep -v -- "---" || tail -3 "$out/tp70b-$n.err"
+        t0=$(date +%s)
+        timeout -k 5 ${LOOM_TP_TIMEOUT:-600} "$bin/loom" bench -m "$f" -p 512 -n 32 -r 1 -tp $n >"$out/tp70b-$n.out" 2>"$out/tp70b-$n.err"
+        echo "-- 70B F16 -tp $n: rc=$? in $(($(date +%s) - t0)) s"; grep -iE "split over|GiB|error" "$out/tp70b-$n.err" | head -4; grep -E "^\|" "$out/tp70b-$n.out" | grep -v -- "---" || tail -3 "$out/tp70b-$n.err"
       done ;;
     *) echo "unknown step $step" ;;
   esac
