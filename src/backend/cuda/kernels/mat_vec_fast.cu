@@ -567,9 +567,11 @@ __device__ __forceinline__ void warp_reduce_store(float (&acc)[kLoad][kCols], co
 /// Blocks per SM for the direct kernels (1-2 columns; ptxas -v: q4_K ~150 registers at 1 column
 /// unconstrained, 122 under 4 blocks, 158 at 2 columns; q4_0 100 / 138, q8_0 128 / 142; q6_K 99-108 /
 /// 112-147; no spills).
-template <int kCols>
+template <int kCols, bool kPrefetch = false>
 __host__ __device__ constexpr int direct_blocks_per_sm() {
-  return kCols <= 1 ? 4 : 3;
+  // a prefetched step doubles the weight registers (q4_K 4-row tiles: 96): one block per SM fewer,
+  // where the budget above spilled 116-128 bytes
+  return (kCols <= 1 ? 4 : 3) - (kPrefetch ? 1 : 0);
 }
 
 /// The two 6-bit scales and mins of q4_K sub-blocks 2 pair and 2 pair + 1 from the block's scale
@@ -603,8 +605,15 @@ __device__ __forceinline__ void q4k_pair_scales(uint32_t s0, uint32_t s1, uint32
 // block reduction (41%); L2 bulk prefetches of the next tiles (36-38%); per-lane cp.async into
 // shared memory two steps deep (30%: every 32-byte sector is then requested by two copies, one per
 // 16-byte half, both to L2).
-template <int kCols, bool kGlu, int kRows>
-__global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<kCols>())
+//
+// kPrefetch: the next step's weights are loaded into a second set of registers before this step's
+// arithmetic, so a warp keeps a step of loads in flight while it computes (LOOM_MV_PREFETCH=0: not).
+// Tiles of 4 loaded rows then need one block per SM fewer (96 registers of weights), which costs more
+// than it gives where a warp has few steps: ncu, H100, 1 column, off -> on: 14336 rows of k = 4096
+// (2 steps, 4-row tiles) 16.5 -> 17.6 us; 4096 of k = 14336 (7 steps) 16.8 -> 15.2; 4096 of 4096 (2-row
+// tiles, same occupancy) 8.1 -> 7.5. So: always on 2-row tiles, on 4-row ones from k = 8192.
+template <int kCols, bool kGlu, int kRows, bool kPrefetch>
+__global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<kCols, (kPrefetch && (kGlu ? 2 * kRows : kRows) > 2)>())
     mat_vec_direct_q4k_kernel(const __grid_constant__ FastArgs args, ActFastLayout<FastQ4_K> act, int64_t k,
                               int ncols) {
   // pdl_wait later: the first step's weight loads (no earlier kernel's output) go out before it
@@ -618,15 +627,30 @@ __global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<kCols>())
   const TileAt at = warp_tile<kRows, kGlu>(args, t, rows);
   bool waited = false;  // the weights are no earlier kernel's output: the first loads go out before the wait
   float acc[kLoad][kCols] = {};
-#pragma unroll 1
-  for (int64_t b = lane / kLanesPerBlock; b < n_blocks; b += kBlocksPerStep) {
-    uint4 q0[kLoad], q1[kLoad], h[kLoad];
+  auto load = [&](int64_t b, uint4(&h)[kLoad], uint4(&q0)[kLoad], uint4(&q1)[kLoad]) {
 #pragma unroll
     for (int l = 0; l < kLoad; ++l) {
       const auto* blk = reinterpret_cast<const uint4*>(rows[l] + b * 144);
       h[l] = __ldg(blk);
       q0[l] = __ldg(blk + 1 + 2 * p);
       q1[l] = __ldg(blk + 2 + 2 * p);
+    }
+  };
+  uint4 nq0[kLoad], nq1[kLoad], nh[kLoad];  // the prefetched step (kPrefetch)
+  if (kPrefetch && lane / kLanesPerBlock < n_blocks) load(lane / kLanesPerBlock, nh, nq0, nq1);
+#pragma unroll 1
+  for (int64_t b = lane / kLanesPerBlock; b < n_blocks; b += kBlocksPerStep) {
+    uint4 q0[kLoad], q1[kLoad], h[kLoad];
+    if constexpr (kPrefetch) {
+#pragma unroll
+      for (int l = 0; l < kLoad; ++l) {
+        h[l] = nh[l];
+        q0[l] = nq0[l];
+        q1[l] = nq1[l];
+      }
+      if (b + kBlocksPerStep < n_blocks) load(b + kBlocksPerStep, nh, nq0, nq1);
+    } else {
+      load(b, h, q0, q1);
     }
     if (!waited) {
       pdl_wait();
@@ -936,6 +960,15 @@ bool direct_mat_vec_enabled() {
   return on;
 }
 
+/// Whether the direct q4_K kernel prefetches its next step into registers (LOOM_MV_PREFETCH=0: not).
+bool direct_prefetch_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("LOOM_MV_PREFETCH");
+    return !(v && std::string_view(v) == "0");
+  }();
+  return on;
+}
+
 // A launch's products: `mms` (1-3 mul_mats of one activation; with glu the gate and up products) and
 // where the single product's output goes (dst: mul_mat or the fused add; glu: the glu node).
 struct FastLaunch {
@@ -1001,8 +1034,12 @@ CudaError launch_direct(const LaunchContext& ctx, const FastLaunch& l, const Act
   if (blocks > int64_t{1} << 31)
     return CudaError::runtime(cudaErrorInvalidValue, "mat_vec_fast: too many rows", __FILE__, __LINE__);
   if constexpr (std::is_same_v<Q, FastQ4_K>) {
-    mat_vec_direct_q4k_kernel<kCols, kGlu, kRows><<<static_cast<unsigned>(blocks), kThreads, 0, ctx.stream>>>(
-        args, act, b->ne[0], static_cast<int>(b->ne[1]));
+    constexpr int kLoad = kGlu ? 2 * kRows : kRows;
+    const bool prefetch = direct_prefetch_enabled() && (kLoad <= 2 || b->ne[0] >= 8192);
+    auto kernel = prefetch ? mat_vec_direct_q4k_kernel<kCols, kGlu, kRows, true>
+                           : mat_vec_direct_q4k_kernel<kCols, kGlu, kRows, false>;
+    kernel<<<static_cast<unsigned>(blocks), kThreads, 0, ctx.stream>>>(args, act, b->ne[0],
+                                                                       static_cast<int>(b->ne[1]));
     LOOM_CUDA_CHECK_LAUNCH("mat_vec_direct_q4k_kernel");
   } else if constexpr (std::is_same_v<Q, FastQ6_K>) {
     mat_vec_direct_q6k_kernel<kCols, kGlu, kRows><<<static_cast<unsigned>(blocks), kThreads, 0, ctx.stream>>>(
