@@ -93,6 +93,29 @@ __device__ __forceinline__ uint4 kv_load(const TensorDesc& t, int32_t row, int64
   }
 }
 
+/// The splits' merge weights of one row: w[0..n) holds their maxima on entry and exp(m_s - M) on exit
+/// (0 for a split that saw no visible key); returns the denominator sum_s l_s w_s, with the head's
+/// sink logit (a key without a value) joining it. Split order: every merge gives the same bits.
+__device__ __forceinline__ float split_weights(float* w, const float* l, int n, const float* sinks, int64_t h) {
+  float big = -INFINITY;
+  for (int s = 0; s < n; ++s) big = fmaxf(big, w[s]);
+  float total = 0.0f;
+  for (int s = 0; s < n; ++s) {
+    w[s] = w[s] == -INFINITY ? 0.0f : __expf(w[s] - big);
+    total += l[s] * w[s];
+  }
+  if (sinks && big != -INFINITY) total += __expf(sinks[h] - big);
+  return total;
+}
+
+/// Element e of row `row` merged over the n splits' partial results (split order).
+__device__ __forceinline__ float merged_element(const DecodeArgs& a, int64_t rows, int64_t row, int64_t d, int64_t e,
+                                                const float* w, int n, float total) {
+  float out = 0.0f;
+  for (int s = 0; s < n; ++s) out += a.partial[(s * rows + row) * (d + 2) + 2 + e] * w[s];
+  return total > 0.0f ? out / total : 0.0f;
+}
+
 /// Merges stream (m2, l2, acc2) into (m, l, acc).
 __device__ __forceinline__ void merge(float& m, float& l, float (&acc)[8], float m2, float l2, const float (&acc2)[8]) {
   const float mn = fmaxf(m, m2);
@@ -299,22 +322,9 @@ __global__ void flash_decode_merge_kernel(const __grid_constant__ DecodeArgs a) 
     sh_l[e] = p[1];
   }
   __syncthreads();
-  if (e == 0) {
-    float big = -INFINITY;
-    for (int s = 0; s < n; ++s) big = fmaxf(big, sh_w[s]);
-    float total = 0.0f;
-    for (int s = 0; s < n; ++s) {
-      sh_w[s] = sh_w[s] == -INFINITY ? 0.0f : __expf(sh_w[s] - big);  // a split with no visible key adds nothing
-      total += sh_l[s] * sh_w[s];
-    }
-    // the head's sink, a key without a value
-    if (a.sinks && big != -INFINITY) total += __expf(a.sinks[h] - big);
-    sh_total = total;
-  }
+  if (e == 0) sh_total = split_weights(sh_w, sh_l, n, a.sinks, h);
   __syncthreads();
-  float out = 0.0f;
-  for (int s = 0; s < n; ++s) out += a.partial[(s * rows + row) * (d + 2) + 2 + e] * sh_w[s];
-  reinterpret_cast<float*>(row_ptr(a.dst, h, iq, i3))[e] = sh_total > 0.0f ? out / sh_total : 0.0f;
+  reinterpret_cast<float*>(row_ptr(a.dst, h, iq, i3))[e] = merged_element(a, rows, row, d, e, sh_w, n, sh_total);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -433,21 +443,9 @@ __global__ void flash_decode_merge_act_kernel(const __grid_constant__ DecodeArgs
     sh_l[slot][e] = p[1];
   }
   __syncthreads();
-  if (e == 0) {
-    float big = -INFINITY;
-    for (int s = 0; s < n; ++s) big = fmaxf(big, sh_w[slot][s]);
-    float total = 0.0f;
-    for (int s = 0; s < n; ++s) {
-      sh_w[slot][s] = sh_w[slot][s] == -INFINITY ? 0.0f : __expf(sh_w[slot][s] - big);
-      total += sh_l[slot][s] * sh_w[slot][s];
-    }
-    if (a.sinks && big != -INFINITY) total += __expf(a.sinks[h] - big);
-    sh_total[slot] = total;
-  }
+  if (e == 0) sh_total[slot] = split_weights(sh_w[slot], sh_l[slot], n, a.sinks, h);
   __syncthreads();
-  float out = 0.0f;
-  for (int s = 0; s < n; ++s) out += a.partial[(s * rows + row) * (d + 2) + 2 + e] * sh_w[slot][s];
-  const float value = sh_total[slot] > 0.0f ? out / sh_total[slot] : 0.0f;
+  const float value = merged_element(a, rows, row, d, e, sh_w[slot], n, sh_total[slot]);
   // the block maxima: a warp (32 elements), then act_block / 32 warps together
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   float amax = warp_reduce(fabsf(value), MaxOp{});
