@@ -32,7 +32,7 @@ struct GeneratedToken {
 struct BatchStepStats {
   int n_decoded = 0;         ///< running sequences that took one token each
   int n_passes = 0;          ///< forward passes of the step, the prompt chunk's included
-  int n_prefill_tokens = 0;  ///< prompt tokens of the enqueued sequence's chunk
+  int n_prefill_tokens = 0;  ///< prompt tokens of the enqueued sequences' chunks (several when packed)
   bool mixed = false;        ///< the chunk rode in the running sequences' pass (else a pass of its own)
   int n_device_sampled = 0;  ///< tokens sampled in the pass's graph (set_device_sampling)
   int n_host_sampled = 0;    ///< tokens sampled on the host from logits read back
@@ -86,6 +86,11 @@ class BatchGenerator {
   /// is decode-free while sequences run, Context::decode_batch's mixed pass) or runs as a pass of
   /// its own before it (off). The tokens are the same either way.
   void set_mixed_steps(bool on);
+  /// Whether a step with nothing decoding computes several waiting prompts together (on, the
+  /// default): chunks of one length (the oldest prompt's next chunk, up to n_batch) from as many
+  /// prompts as n_batch holds, in one packed pass. The tokens are the same either way in exact
+  /// numerics; off: one prompt per step.
+  void set_packed_prompts(bool on);
   /// Samples a step's sequences on `n_threads` threads (the caller's and n_threads - 1 kept by the
   /// generator) when there are several of them; 1 (the default): on the caller's thread. The tokens
   /// are the same either way (each sequence has its own sampler); what changes is the host time of a

@@ -116,6 +116,9 @@ struct BatchGenerator::Impl {
   std::vector<int32_t> next;
   std::vector<Status> sample_status;
   bool mixed = true;                           // prompt chunks ride in the running sequences' pass
+  bool pack = true;                            // set_packed_prompts
+  std::vector<Sequence*> packed;               // a packed prompt step's sequences
+  Result<std::span<const GeneratedToken>> packed_prompt_step(std::vector<Sequence*>& pack, size_t c);
   bool device_sampling = false;                // set_device_sampling
   // device sampling's per-step buffers: a pass's settings, each running sequence's device token
   // (-1: sampled on the host) or host row, and the generators a step drew from (put back on error)
@@ -278,6 +281,7 @@ bool BatchGenerator::parked(int seq_id) const {
 const BatchStepStats& BatchGenerator::last_step() const { return impl_->last; }
 
 void BatchGenerator::set_mixed_steps(bool on) { impl_->mixed = on; }
+void BatchGenerator::set_packed_prompts(bool on) { impl_->pack = on; }
 
 void BatchGenerator::set_device_sampling(bool on) { impl_->device_sampling = on; }
 
@@ -303,6 +307,55 @@ std::span<const float> BatchGenerator::logits(int seq_id) const {
   return {};
 }
 
+// One pass of c prompt tokens from each of `pack` (nothing decoding); the prompts it finishes get their
+// first token from the host sampler, as a prompt finished alone does.
+Result<std::span<const GeneratedToken>> BatchGenerator::Impl::packed_prompt_step(std::vector<Sequence*>& pack,
+                                                                                  size_t c) {
+  Impl& g = *this;
+  const size_t n_vocab = static_cast<size_t>(g.ctx->n_vocab());
+  std::vector<SeqTokens>& batch = g.batch;
+  batch.clear();
+  for (Sequence* s : pack)
+    batch.push_back(SeqTokens{s->id, static_cast<int>(s->n_computed),
+                              std::span<const int32_t>(s->history).subspan(s->n_computed, c)});
+  auto undo = [&] {
+    for (Sequence* s : pack) (void)g.ctx->kv_cache_seq_rm(s->id, static_cast<int>(s->n_computed));
+  };
+  auto got = g.ctx->decode_batch(batch);
+  if (!got) {
+    undo();
+    return make_error(got.status().code(), "batch: prompts of sequences {} ({} more): {}", pack[0]->id,
+                      pack.size() - 1, got.status().message());
+  }
+  g.last.n_passes = 1;
+  g.last.n_prefill_tokens = static_cast<int>(c * pack.size());
+  g.last.logits_bytes_read += g.ctx->stats().logits_bytes_read;
+  const float* rows = got->data();  // the last row of each sequence's chunk, in pack order
+  std::vector<int32_t>& next = g.next;
+  next.assign(pack.size(), -1);
+  for (size_t i = 0; i < pack.size(); ++i) {
+    Sequence& s = *pack[i];
+    if (s.n_computed + c < s.n_prompt) continue;  // more of its prompt to come
+    auto token = s.sampler.sample(std::span<const float>(rows + i * n_vocab, n_vocab), s.history);
+    if (!token) {
+      undo();
+      return make_error(token.status().code(), "batch: sequence {}: {}", s.id, token.status().message());
+    }
+    next[i] = *token;
+  }
+  for (size_t i = 0; i < pack.size(); ++i) {
+    Sequence& s = *pack[i];
+    s.n_computed += c;
+    if (s.pending()) continue;
+    s.history.push_back(next[i]);
+    s.logits = rows + i * n_vocab;
+    ++g.last.n_host_sampled;
+  }
+  for (const Sequence& s : g.seqs)
+    if (!s.pending() && !s.parked) g.out.push_back(GeneratedToken{s.id, s.history.back()});
+  return std::span<const GeneratedToken>(g.out);
+}
+
 Result<std::span<const GeneratedToken>> BatchGenerator::step() {
   Impl& g = *impl_;
   g.out.clear();
@@ -321,6 +374,19 @@ Result<std::span<const GeneratedToken>> BatchGenerator::step() {
   run.clear();
   for (Sequence& s : g.seqs)
     if (!s.pending() && !s.parked) run.push_back(&s);
+  // Nothing decoding and several prompts waiting: chunks of one length from as many of them as a
+  // pass holds, in one packed pass (Context::decode_batch), the oldest prompt's next chunk setting
+  // the length. A 512-token pass costs far less than four of 128 (8B Q4_K_M: 25.9 against 4 x 15.8 ms).
+  if (pf && run.empty() && g.pack) {
+    const size_t c = std::min(per_pass, pf->n_prompt - pf->n_computed);
+    std::vector<Sequence*>& pack = g.packed;
+    pack.assign(1, pf);
+    for (Sequence& s : g.seqs)  // the others in arrival order: the oldest first
+      if (&s != pf && s.pending() && !s.parked && s.n_prompt - s.n_computed >= c) pack.push_back(&s);
+    std::sort(pack.begin() + 1, pack.end(), [](const Sequence* a, const Sequence* b) { return a->order < b->order; });
+    pack.resize(std::min(pack.size(), per_pass / c));
+    if (pack.size() >= 2) return g.packed_prompt_step(pack, c);
+  }
   const size_t pf_before = pf ? pf->n_computed : 0;
   size_t pf_n = 0;  // prompt tokens this step
   bool mixed = false;

@@ -732,25 +732,83 @@ TEST_F(LlmBatch, MixedStepsKeepTheDecodeCadence) {
     }
   }
   // Nothing running: a step computes a whole pass (n_batch tokens) of the prompt, and the chunk
-  // limit comes back once the first sequence decodes.
-  auto l = open_model(LOOM_BUILTIN_MODEL_Q8_0, 1024, n_batch, KvCacheKind::paged, 16);
-  ASSERT_TRUE(l.ctx);
-  BatchGenerator gen(*l.ctx);
-  const std::vector<int32_t> long_prompt = test_tokens(45, n_vocab, 60);
-  auto a = gen.enqueue(long_prompt, greedy(), 8);
-  auto b = gen.enqueue(prompts[4], greedy(), 8);
-  ASSERT_TRUE(a.ok() && b.ok());
-  ASSERT_TRUE(gen.step().ok());
-  EXPECT_EQ(gen.last_step().n_prefill_tokens, n_batch);
-  EXPECT_EQ(gen.last_step().n_passes, 1);
-  ASSERT_TRUE(gen.step().ok());
-  EXPECT_EQ(gen.last_step().n_prefill_tokens, 45 - n_batch);
-  EXPECT_EQ(gen.generated(*a).size(), 1u);
-  ASSERT_TRUE(gen.step().ok());
-  EXPECT_EQ(gen.last_step().n_prefill_tokens, 8);  // a decodes now
-  EXPECT_EQ(gen.last_step().n_decoded, 1);
-  EXPECT_EQ(gen.last_step().n_passes, 1);
-  EXPECT_EQ(gen.generated(*a).size(), 2u);
+  // limit comes back once the first sequence decodes. Packed (the default), the second step takes
+  // the rest of the first prompt and as much of the second in one pass.
+  for (const bool packed : {false, true}) {
+    SCOPED_TRACE(packed ? "packed" : "one prompt a step");
+    auto l = open_model(LOOM_BUILTIN_MODEL_Q8_0, 1024, n_batch, KvCacheKind::paged, 16);
+    ASSERT_TRUE(l.ctx);
+    BatchGenerator gen(*l.ctx);
+    gen.set_packed_prompts(packed);
+    const std::vector<int32_t> long_prompt = test_tokens(45, n_vocab, 60);
+    auto a = gen.enqueue(long_prompt, greedy(), 8);
+    auto b = gen.enqueue(prompts[4], greedy(), 8);
+    ASSERT_TRUE(a.ok() && b.ok());
+    ASSERT_TRUE(gen.step().ok());
+    EXPECT_EQ(gen.last_step().n_prefill_tokens, n_batch);  // a chunk of n_batch: nothing else fits
+    EXPECT_EQ(gen.last_step().n_passes, 1);
+    ASSERT_TRUE(gen.step().ok());
+    EXPECT_EQ(gen.last_step().n_prefill_tokens, (packed ? 2 : 1) * (45 - n_batch));
+    EXPECT_EQ(gen.last_step().n_passes, 1);
+    EXPECT_EQ(gen.generated(*a).size(), 1u);
+    EXPECT_TRUE(gen.generated(*b).empty());
+    ASSERT_TRUE(gen.step().ok());
+    EXPECT_EQ(gen.last_step().n_prefill_tokens, 8);  // a decodes now
+    EXPECT_EQ(gen.last_step().n_decoded, 1);
+    EXPECT_EQ(gen.last_step().n_passes, 1);
+    EXPECT_EQ(gen.generated(*a).size(), 2u);
+  }
+}
+
+// Prompts waiting with nothing decoding are computed together: chunks of the oldest one's length from
+// as many as a pass holds. Every sequence's tokens are those it gives alone (exact numerics), in
+// fewer steps than one prompt a step, each step one pass.
+TEST_F(LlmBatch, PackedPromptStepsEqualAlone) {
+  const int n_batch = 32, n_gen = 6;
+  auto ref = open_model(LOOM_BUILTIN_MODEL_Q8_0, 256, 64, KvCacheKind::contiguous);
+  ASSERT_TRUE(ref.ctx);
+  const int n_vocab = ref.ctx->n_vocab();
+  // lengths 10, 10, 10, 7, 23, 3: the first step packs three 10s, the next the rest by length
+  std::vector<std::vector<int32_t>> prompts;
+  for (int len : {10, 10, 10, 7, 23, 3}) prompts.push_back(test_tokens(len, n_vocab, 70 + len + prompts.size()));
+  std::vector<std::vector<int32_t>> want;
+  for (const auto& p : prompts) want.push_back(greedy_alone(*ref.ctx, p, n_gen));
+  int steps_one_by_one = 0;
+  for (const bool packed : {false, true}) {
+    SCOPED_TRACE(packed ? "packed" : "one prompt a step");
+    auto l = open_model(LOOM_BUILTIN_MODEL_Q8_0, 1024, n_batch, KvCacheKind::paged, 16);
+    ASSERT_TRUE(l.ctx);
+    BatchGenerator gen(*l.ctx);
+    gen.set_packed_prompts(packed);
+    std::vector<int> ids;
+    for (const auto& p : prompts) ids.push_back(*gen.enqueue(p, greedy()));
+    int prompt_steps = 0;
+    for (int step = 0; step < 64; ++step) {
+      bool waiting = false;
+      for (int id : ids) waiting = waiting || gen.prefilling(id);
+      if (!waiting) break;
+      auto out = gen.step();
+      ASSERT_TRUE(out.ok()) << out.status().to_string();
+      EXPECT_LE(gen.last_step().n_prefill_tokens, n_batch);
+      ++prompt_steps;
+    }
+    if (!packed) steps_one_by_one = prompt_steps;
+    else {
+      EXPECT_LT(prompt_steps, steps_one_by_one);
+      EXPECT_GE(prompt_steps, 2);
+    }
+    for (int step = 0; step < 3 * n_gen; ++step) {
+      bool all = true;
+      for (int id : ids) all = all && gen.generated(id).size() >= static_cast<size_t>(n_gen);
+      if (all) break;
+      ASSERT_TRUE(gen.step().ok());
+    }
+    for (size_t s = 0; s < prompts.size(); ++s) {
+      const auto got = gen.generated(ids[s]);
+      ASSERT_GE(got.size(), static_cast<size_t>(n_gen)) << "sequence " << s;
+      EXPECT_EQ(std::vector<int32_t>(got.begin(), got.begin() + n_gen), want[s]) << "sequence " << s;
+    }
+  }
 }
 
 // Each sequence samples with its own parameters and seed: the same prompt and seed give the same
