@@ -99,7 +99,9 @@ for step in "$@"; do
       for m in $models; do f=$(model "$m") && timeout 200 "$bin/loom" bench -m "$f" -p 512,4096 -n 0 -r 3 2>/dev/null | grep -E "^\|" | grep -v -- "---"; done ;;
     decode)
       # LOOM_DECODE_MODES: space-separated, each ','-separated VAR=VALUE settings or "-" for none, run
-      # alternately in one process order per model (e.g. "- LOOM_EXEC_PDL=0")
+      # alternately in one process order per model (e.g. "- LOOM_EXEC_PDL=0"); LOOM_DECODE_FLAGS adds
+      # flags to loom bench (e.g. "-tp 2")
+      [[ ${LOOM_DECODE_FLAGS:-} == *-tp* ]] && find_nccl
       for m in $models; do
         f=$(model "$m") || continue
         for mode in ${LOOM_DECODE_MODES:--}; do
