@@ -55,7 +55,7 @@ grep -q "^support:  Loom can run this file: architecture llama" "$dir/info-m.out
 # ---- --version and -V ------------------------------------------------------------------------------
 for flag in --version -V; do
   run "version$flag" "$flag" || fail "loom $flag exited with an error"
-  grep -Eq "^loom $version( \(git [0-9a-f]+\))?\$" "$dir/version$flag.out" || fail "loom $flag printed something else"
+  grep -Eq "^loom $version( \(git [0-9a-f]+(-modified)?\))?\$" "$dir/version$flag.out" || fail "loom $flag printed something else"
 done
 
 # ---- sampler values out of range are refused, naming the flag ---------------------------------------
