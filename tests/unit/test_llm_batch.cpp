@@ -524,6 +524,16 @@ std::vector<int32_t> greedy_alone(Context& ctx, std::span<const int32_t> prompt,
   return decode_alone(ctx, prompt, n).tokens;
 }
 
+// Sequence ids[s]'s first n_gen tokens are want[s] (what it gives alone), for every s.
+void expect_tokens_alone(const BatchGenerator& gen, const std::vector<int>& ids,
+                         const std::vector<std::vector<int32_t>>& want, int n_gen) {
+  for (size_t s = 0; s < ids.size(); ++s) {
+    const auto got = gen.generated(ids[s]);
+    ASSERT_GE(got.size(), static_cast<size_t>(n_gen)) << "sequence " << s;
+    EXPECT_EQ(std::vector<int32_t>(got.begin(), got.begin() + n_gen), want[s]) << "sequence " << s;
+  }
+}
+
 std::vector<std::vector<int32_t>> builtin_prompts(int n, int n_vocab) {
   std::vector<std::vector<int32_t>> p;
   for (int s = 0; s < n; ++s) {
@@ -658,12 +668,7 @@ TEST_F(LlmBatch, EnqueuedPromptsInterleaveWithDecodes) {
   EXPECT_EQ(steps_a, 6);
   EXPECT_EQ(gen.shared_prompt_tokens(*b), 32);  // its prefix came from sequence 3's two whole blocks
   EXPECT_LE(steps_b, 6 + (static_cast<int>(prompts[5].size()) - gen.shared_prompt_tokens(*b) + 7) / 8);
-  for (int s = 0; s < 6; ++s) {
-    const int id = s < 4 ? s : (s == 4 ? *a : *b);
-    const auto got = gen.generated(id);
-    ASSERT_GE(got.size(), static_cast<size_t>(n_gen)) << "sequence " << s;
-    EXPECT_EQ(std::vector<int32_t>(got.begin(), got.begin() + n_gen), want[s]) << "sequence " << s;
-  }
+  expect_tokens_alone(gen, {0, 1, 2, 3, *a, *b}, want, n_gen);
 }
 
 // The step schedule: while sequences run, every step is one pass (the prompt chunk rides in the
@@ -725,11 +730,7 @@ TEST_F(LlmBatch, MixedStepsKeepTheDecodeCadence) {
     EXPECT_EQ(first_token_step[4], 3);
     EXPECT_EQ(first_token_step[5], 7);
     EXPECT_EQ(first_token_step[6], 11);
-    for (int s = 0; s < 7; ++s) {
-      const auto got = gen.generated(ids[s]);
-      ASSERT_GE(got.size(), static_cast<size_t>(n_gen)) << "sequence " << s;
-      EXPECT_EQ(std::vector<int32_t>(got.begin(), got.begin() + n_gen), want[s]) << "sequence " << s;
-    }
+    expect_tokens_alone(gen, ids, want, n_gen);
   }
   // Nothing running: a step computes a whole pass (n_batch tokens) of the prompt, and the chunk
   // limit comes back once the first sequence decodes. Packed (the default), the second step takes
@@ -803,11 +804,7 @@ TEST_F(LlmBatch, PackedPromptStepsEqualAlone) {
       if (all) break;
       ASSERT_TRUE(gen.step().ok());
     }
-    for (size_t s = 0; s < prompts.size(); ++s) {
-      const auto got = gen.generated(ids[s]);
-      ASSERT_GE(got.size(), static_cast<size_t>(n_gen)) << "sequence " << s;
-      EXPECT_EQ(std::vector<int32_t>(got.begin(), got.begin() + n_gen), want[s]) << "sequence " << s;
-    }
+    expect_tokens_alone(gen, ids, want, n_gen);
   }
 }
 
