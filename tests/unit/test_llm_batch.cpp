@@ -524,6 +524,14 @@ std::vector<int32_t> greedy_alone(Context& ctx, std::span<const int32_t> prompt,
   return decode_alone(ctx, prompt, n).tokens;
 }
 
+// greedy_alone of every prompt.
+std::vector<std::vector<int32_t>> greedy_alone_each(Context& ctx, const std::vector<std::vector<int32_t>>& prompts,
+                                                    int n) {
+  std::vector<std::vector<int32_t>> want;
+  for (const auto& p : prompts) want.push_back(greedy_alone(ctx, p, n));
+  return want;
+}
+
 // Sequence ids[s]'s first n_gen tokens are want[s] (what it gives alone), for every s.
 void expect_tokens_alone(const BatchGenerator& gen, const std::vector<int>& ids,
                          const std::vector<std::vector<int32_t>>& want, int n_gen) {
@@ -562,8 +570,7 @@ TEST_F(LlmBatch, BuiltinModelBatchInvariance) {
     ASSERT_TRUE(ref.ctx && l.ctx);
     const int n_seqs = 16, n_gen = 24;
     const auto prompts = builtin_prompts(n_seqs, ref.ctx->n_vocab());
-    std::vector<std::vector<int32_t>> want;
-    for (const auto& p : prompts) want.push_back(greedy_alone(*ref.ctx, p, n_gen));
+    const auto want = greedy_alone_each(*ref.ctx, prompts, n_gen);
 
     // All together.
     {
@@ -634,8 +641,7 @@ TEST_F(LlmBatch, EnqueuedPromptsInterleaveWithDecodes) {
   for (int32_t t : test_tokens(20, ref.ctx->n_vocab(), 9)) shared_prompt.push_back(t);
   prompts.push_back(long_prompt);
   prompts.push_back(shared_prompt);
-  std::vector<std::vector<int32_t>> want;
-  for (const auto& p : prompts) want.push_back(greedy_alone(*ref.ctx, p, n_gen));
+  const auto want = greedy_alone_each(*ref.ctx, prompts, n_gen);
 
   BatchGenerator gen(*l.ctx);
   for (int s = 0; s < 4; ++s) ASSERT_TRUE(gen.add(prompts[s], greedy()).ok());
@@ -685,8 +691,7 @@ TEST_F(LlmBatch, MixedStepsKeepTheDecodeCadence) {
     prompts.push_back(test_tokens(40, n_vocab, 50 + k));
     prompts.back()[0] = 0;
   }
-  std::vector<std::vector<int32_t>> want;
-  for (const auto& p : prompts) want.push_back(greedy_alone(*ref.ctx, p, n_gen));
+  const auto want = greedy_alone_each(*ref.ctx, prompts, n_gen);
   for (const bool mixed : {true, false}) {
     SCOPED_TRACE(mixed ? "mixed" : "chunk passes");
     auto l = open_model(LOOM_BUILTIN_MODEL_Q8_0, 1024, n_batch, KvCacheKind::paged, 16);
@@ -772,8 +777,7 @@ TEST_F(LlmBatch, PackedPromptStepsEqualAlone) {
   // lengths 10, 10, 10, 7, 23, 3: the first step packs three 10s, the next the rest by length
   std::vector<std::vector<int32_t>> prompts;
   for (int len : {10, 10, 10, 7, 23, 3}) prompts.push_back(test_tokens(len, n_vocab, 70 + len + prompts.size()));
-  std::vector<std::vector<int32_t>> want;
-  for (const auto& p : prompts) want.push_back(greedy_alone(*ref.ctx, p, n_gen));
+  const auto want = greedy_alone_each(*ref.ctx, prompts, n_gen);
   int steps_one_by_one = 0;
   for (const bool packed : {false, true}) {
     SCOPED_TRACE(packed ? "packed" : "one prompt a step");
