@@ -4,12 +4,17 @@
 # .debs-run: the runtime libraries' Debian packages), then runs
 # the named steps. Meant to be sourced-free: one device call is `bash scripts/gpu-carried.sh STEPS...`.
 #   ops      every op, CUDA against the CPU, exact and fast numerics
+#   opsfast  LOOM_OPS_OPS's ops (','-separated, default mul_mat) in fast numerics under each of
+#            LOOM_OPS_MODES (space-separated, each ','-separated VAR=VALUE settings or "-" for none)
 #   hf       each of LOOM_HF_SHAPES (default llama31-tiny:f32; e.g. "llama31-tiny:f32 gptoss-tiny:f32
 #            gptoss-mxfp4-tiny:f32@2e-3") in exact numerics against transformers (tools/hf_reference.py)
 #   prefill  loom bench -p 512,4096 on LOOM_MODELS (default llama3-1b:q4_0 llama3-8b:q4_0)
 #   decode   loom bench -n 128 on LOOM_MODELS (under each of LOOM_DECODE_MODES, LOOM_DECODE_FLAGS added)
 #   batched  loom bench -npl 1,8,32,64 (-npp 128 -ntg 32) with a trace of one step at each npl (and
 #            again under LOOM_BATCHED_BASE's VAR=VALUE settings, ','-separated, when given)
+#   batchedmodes  loom bench -npp 128 -ntg LOOM_NTG (128) -npl LOOM_NPL (16,64) under each of
+#            LOOM_BATCHED_MODES in turn (space-separated, each ','-separated VAR=VALUE settings or "-";
+#            repeat a list to alternate, e.g. "A B A B")
 #   perf     op-test perf of LOOM_PERF_OP (default mul_mat; e.g. argmax,top_k) at LOOM_PERF_FILTER's cases
 #   serve    loom serve -np 64 on each of LOOM_MODELS: 64 streams of 256-token prompts and 256 generated
 #            tokens (tools/serve_load.py), one stream, and the engine's figures beside them
@@ -42,14 +47,16 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 out=${OUT:-/tmp/loom-out}
 mkdir -p "$out"
-mkdir -p build-carry/bin && tar xJf build-carry/bins.tar.xz -C build-carry/bin
+# LOOM_BINS: another tarball of the same files (a variant build, timed beside the first in one call)
+bins=${LOOM_BINS:-build-carry/bins.tar.xz}
+bin=$root/build-carry/$(basename "$bins" .tar.xz)
+mkdir -p "$bin" && tar xJf "$bins" -C "$bin"
 prefix=/tmp/loom-deps
 if [[ ! -d $prefix/usr ]]; then
   mkdir -p "$prefix"
   for f in .debs-run/*.deb; do dpkg -x "$f" "$prefix"; done
 fi
-export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu:$root/build-carry/bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-bin=$root/build-carry/bin
+export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu:$bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 work=${LOOM_WORK:-/tmp/loom-work}  # generated models (LOOM_WORK=/dev/shm/loom: in memory, for ones the disk cannot hold)
 mkdir -p "$work"
 t0=$(date +%s)
@@ -81,6 +88,12 @@ for step in "$@"; do
       LOOM_MV_TILE_ROWS=4 timeout 100 "$bin/loom-test-ops" --backend cuda,cpu --numerics fast \
         --op mul_mat,mat_vec_multi,glu_mat_vec,mat_vec_bias >"$out/ops-fast-rows4.log" 2>&1
       echo "ops fast, 4-row mat-vec tiles rc=$?"; grep -E "FAIL|passed|failed" "$out/ops-fast-rows4.log" | tail -n 6 ;;
+    opsfast)
+      for mode in ${LOOM_OPS_MODES:--}; do
+        env $(tr "," " " <<<"${mode/#-/}") timeout ${LOOM_OPS_TIMEOUT:-200} "$bin/loom-test-ops" --backend cuda,cpu --numerics fast -t 16 \
+          --op "${LOOM_OPS_OPS:-mul_mat}" >"$out/opsfast.log" 2>&1
+        echo "opsfast $mode rc=$?: $(grep -E "FAIL|passed|failed" "$out/opsfast.log" | tail -n 4 | tr '\n' ' ')"
+      done ;;
     hf)
       # SHAPE:TYPE[@THRESHOLD]: 1e-4 unless given. A file with block-quantized weights (gptoss-mxfp4-tiny's
       # experts) needs its own: Loom, as llama.cpp, quantizes the activations of those products to 8 bits
@@ -120,6 +133,14 @@ for step in "$@"; do
         fi
         for t in "$out"/batched-${m/:/-}-pl*.json; do
           echo "-- $t"; python3 tools/trace_summary.py "$t" --by-shape | head -${LOOM_TRACE_LINES:-16}
+        done
+      done ;;
+    batchedmodes)
+      for m in $models; do
+        f=$(model "$m") || continue
+        for mode in ${LOOM_BATCHED_MODES:--}; do
+          env $(tr "," " " <<<"${mode/#-/}") timeout 120 "$bin/loom" bench -m "$f" -npp 128 -ntg ${LOOM_NTG:-128} \
+            -npl ${LOOM_NPL:-16,64} 2>/dev/null | grep -E "^\|" | grep -v -- "---" | grep -v "PP" | awk -v tag="$mode" '{ print $0 " " tag }'
         done
       done ;;
     perf)

@@ -11,25 +11,29 @@
 // (2c, 2c+1 | 2c+8, 2c+9 of step 0 take 8c+0..3, of step 1 8c+4..7). No ldmatrix and no
 // dequantized tile in shared memory.
 //
-// Tiling: a block of 8 warps owns kBM = 256 weight rows (two m16 tiles per warp, so each 16-byte
-// activation load feeds four mma) x kBN = 64 columns x one k range, walked in kChunk = 256 chunks (a
-// whole block of every format). Per chunk, the rows' raw weight bytes (16-byte cp.async pieces from
-// each segment's aligned start: coalesced, where per-thread loads of each lane's own row were 8
-// lines per warp load and saturated L1) and the f16 activations (packed by the caller) are staged in
-// shared memory, two stages deep. Small products split k over blocks (blockIdx.z) so that the grid
-// fills the GPU: each split writes its partial sums to scratch and gemm_q_reduce_kernel adds them in
-// split order, the same every run. With one m16 tile per warp (128 rows) the shared-memory pipe
-// bound it (8 activation loads per 16 mma); two tiles: 4096 x 4096 x 64 q4_0 27.1 -> 26.4 us per
-// call, the 8B batched step's [4096, 64] products 38 -> 34 us.
+// Tiling: a block owns kBM = 256 weight rows x kBN = 64 columns x one k range, walked in kChunk = 256
+// chunks (a whole block of every format): 16 warps of one m16 tile each (the k32 steps unrolled by
+// two), or 8 of two. Per chunk, the rows' raw weight bytes and the f16 activations (packed by the
+// caller) are staged in shared memory, two stages deep (Staging: bulk copies or cp.async pieces).
+// Latency bounds it, not bytes or FLOPs (ncu, H200, [14336, 64] q4_K: 1 block of 8 warps per SM,
+// 6 cycles per issued instruction, ~1,800 instructions per warp and chunk of which 256 mma): 16 warps
+// hide more of it (48.8 -> 42.9 us) although each activation load then feeds 2 mma instead of 4.
+// Small products split k over blocks (blockIdx.z, the count from makespan()): each split writes its
+// partial sums to scratch and gemm_q_reduce_kernel adds them in split order, the same every run.
 //
 // Bytes: the weights once per column tile; the f16 activations once per 256-row tile (from L2);
 // partial sums 8 x splits x m x n bytes. FLOPs 2 m n k. At 4096 x 4096 x 64 columns q4_0: 9.4 MB of
 // weights (2 us at 4.8 TB/s), 2.1 GFLOP.
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <map>
+#include <queue>
 #include <type_traits>
+#include <vector>
 
 #include "common.cuh"
 #include "gemm_q.cuh"
@@ -41,33 +45,45 @@ namespace loom::cuda {
 
 namespace {
 
-constexpr int kWarps = 8, kThreads = kWarps * kWarpSize;
-constexpr int kMTiles = 2;            // m16 tiles per warp: each activation load feeds 2 x 2 mma
-constexpr int kBM = 16 * kMTiles * kWarps;  // weight rows per block
+// A block: kBM = 256 weight rows, kMT m16 tiles per warp (each activation load feeds 2 x kMT mma),
+// so 16 / kMT warps.
+constexpr int kBM = 256;
+template <int kMT>
+constexpr int kThreadsOf = kBM / (16 * kMT) * kWarpSize;
 constexpr int kBN = 64;           // columns per block
 constexpr int kNTiles = kBN / 8;  // n8 tiles per warp
 constexpr int kChunk = 256;       // k per shared-memory stage (a whole block of every format)
-constexpr int kXCopies = kBN * kChunk / 8 / kThreads;  // 16-byte cp.async per thread per stage
-// Activations per stage: kBN columns of kChunk halves (512 bytes), the 16-byte pieces of odd columns
-// swizzled (piece ^ 4), so that the two columns one 8-lane phase of a 16-byte load reads fall on
-// different banks.
-constexpr size_t kXStageBytes = size_t{kBN} * kChunk * sizeof(__half);  // 32,768
-__device__ __forceinline__ int x_piece(int col, int piece) { return piece ^ ((col & 1) << 2); }
 
-// Raw weight bytes per row and stage: the chunk's segment of a row (kSegBytes) copied from its
-// 16-byte-aligned start, so up to 15 bytes before it: one piece more than the segment needs.
-// q4_0 / q4_K: 11 pieces, 176-byte rows (12 banks apart); 256 rows x 2 stages with the activations: 154 KB.
+// Per stage, the chunk's segment of each of the kBM weight rows (kSegBytes) and kBN columns of kChunk
+// f16 activations. Formats whose segment is a multiple of 16 bytes (q4_0, q4_K, q8_0, ...; rows
+// 16-byte aligned, gemm_q_supported) are staged by the SM's copy engine, one cp.async.bulk per row and
+// per column, completing on an mbarrier per stage; rows then start 16-byte aligned (q4_K's codes in
+// one 8-byte load). The others copy 16-byte cp.async pieces from each segment's aligned start (up to
+// 15 bytes before it: one piece more). Measured (ncu, H200, [14336, 64] q4_K), the bulk copies alone
+// changed nothing (64.4 -> 65.0 us): the pieces' addresses cost ~400 of a chunk's ~1,800 instructions
+// per warp, and the compiler serializes the bulk copies of a warp's lanes through one elected lane
+// (~350). One 2-D tensor-map copy per stage would remove both.
+// Row stride seg + 16 bytes (q4_K: 160, 8 banks apart: a half-warp's eight-byte loads of rows g, g+1,
+// .. hit different banks). Activation columns: bulk, 576 bytes apart (odd columns 16 banks over, so the
+// two columns one 8-lane phase of a 16-byte load reads fall on different banks); cp.async, 512 bytes
+// apart with the 16-byte pieces of odd columns swizzled (piece ^ 4) for the same effect.
 template <class D>
 struct Staging {
   static constexpr int kSegBytes = kChunk / D::kBlock * D::kBytes;
+  static constexpr bool kBulk = kSegBytes % 16 == 0;
   static constexpr int kRawPieces = (kSegBytes + 15) / 16 + 1;
   static constexpr int kRawStride = 16 * kRawPieces;
   static constexpr size_t kWStageBytes = size_t{kBM} * kRawStride;
+  static constexpr int kXStride = kBulk ? kChunk + 32 : kChunk;  // halves between columns
+  static constexpr size_t kXStageBytes = size_t{kBN} * kXStride * sizeof(__half);
   /// q4_K: the chunk's sub-block scale and negated bias of each row as f16 pairs (PreScales).
   static constexpr bool kPreScales = std::is_same_v<D, Dequant8Q4_K>;
   static constexpr size_t kScaleBytes = kPreScales ? size_t{kBM} * (kChunk / 32) * sizeof(uint32_t) : 0;
-  static constexpr size_t kSmemBytes = 2 * (kWStageBytes + kXStageBytes) + kScaleBytes;
+  static_assert(!kPreScales || kBulk, "q4k_pre_scales reads rows staged from their start");
+  static constexpr size_t kBarBytes = kBulk ? 2 * sizeof(uint64_t) : 0;
+  static constexpr size_t kSmemBytes = 2 * (kWStageBytes + kXStageBytes) + kScaleBytes + kBarBytes;
 };
+__device__ __forceinline__ int x_piece(int col, int piece) { return piece ^ ((col & 1) << 2); }
 
 // Blocks the split over k aims for: one per SM of a 132-SM H100/H200 (a function of the shape only,
 // so the scratch size and the result do not depend on the device).
@@ -85,7 +101,9 @@ struct GemmQArgs {
   bool pre_scales;    // q4_K: decode the scales once per chunk (LOOM_CUDA_GEMM_Q_PRESCALES=0: per dequant8)
 };
 
+template <int kMT>
 __device__ __forceinline__ void load_x(const GemmQArgs& p, int64_t col0, int64_t k0, __half* s_x) {
+  constexpr int kThreads = kThreadsOf<kMT>, kXCopies = kBN * kChunk / 8 / kThreads;  // 16-byte pieces a thread
 #pragma unroll
   for (int i = 0; i < kXCopies; ++i) {
     const int c = static_cast<int>(threadIdx.x) + i * kThreads;
@@ -98,10 +116,10 @@ __device__ __forceinline__ void load_x(const GemmQArgs& p, int64_t col0, int64_t
 
 // cp.async of the raw weight segments of chunk k0 for the block's kBM rows: each row's segment from
 // its 16-byte-aligned start (rows past m and bytes past the weights are zero-filled).
-template <class D>
+template <class D, int kMT>
 __device__ __forceinline__ void load_w(const GemmQArgs& p, int64_t row0, int64_t k0, unsigned char* s_w) {
   using S = Staging<D>;
-  for (int i = static_cast<int>(threadIdx.x); i < kBM * S::kRawPieces; i += kThreads) {
+  for (int i = static_cast<int>(threadIdx.x); i < kBM * S::kRawPieces; i += kThreadsOf<kMT>) {
     const int r = i / S::kRawPieces, piece = i % S::kRawPieces;
     const int64_t row = row0 + r;
     const char* seg = p.a + (row < p.m ? row : 0) * p.a_nb1 + (k0 / D::kBlock) * D::kBytes;
@@ -112,6 +130,32 @@ __device__ __forceinline__ void load_w(const GemmQArgs& p, int64_t row0, int64_t
     // a piece with nothing to copy still names a 16-byte-aligned address (the weights' aligned start)
     const char* base = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p.a) & ~uintptr_t{15});
     cp_async_16(smem_addr(s_w + r * S::kRawStride + 16 * piece), bytes > 0 ? src : base, bytes);
+  }
+}
+
+// Bulk staging of chunk k0 (Staging::kBulk): thread r copies weight row r's segment, threads below
+// kBN a column's activations; arm_stage (thread 0) makes the stage's mbarrier expect their bytes.
+// Rows past m and columns past n are not copied (their stale values reach only outputs that are not
+// stored).
+template <class D>
+__device__ __forceinline__ void issue_w_bulk(const GemmQArgs& p, int64_t row0, int64_t k0, unsigned char* s_w,
+                                             uint64_t* bar) {
+  using S = Staging<D>;
+  const int r = static_cast<int>(threadIdx.x);
+  if (r < kBM && row0 + r < p.m)
+    bulk_copy(s_w + r * S::kRawStride, p.a + (row0 + r) * p.a_nb1 + (k0 / D::kBlock) * D::kBytes, S::kSegBytes, bar);
+}
+template <class D>
+__device__ __forceinline__ void issue_x_bulk(const GemmQArgs& p, int64_t col0, int64_t k0, __half* s_x, uint64_t* bar) {
+  const int col = static_cast<int>(threadIdx.x);
+  if (col < kBN && col0 + col < p.n)
+    bulk_copy(s_x + col * Staging<D>::kXStride, p.x + (col0 + col) * p.k + k0, kChunk * sizeof(__half), bar);
+}
+template <class D>
+__device__ __forceinline__ void arm_stage(const GemmQArgs& p, int64_t row0, int64_t col0, uint64_t* bar) {
+  if (threadIdx.x == 0) {
+    const int64_t rows = p.m - row0 < kBM ? p.m - row0 : kBM, cols = p.n - col0 < kBN ? p.n - col0 : kBN;
+    mbar_arrive_expect(bar, static_cast<unsigned>(rows * Staging<D>::kSegBytes + cols * kChunk * sizeof(__half)));
   }
 }
 
@@ -210,39 +254,47 @@ __device__ __forceinline__ void dequant8(const unsigned char* raw, int k, uint32
   }
 }
 
-// q4_K with the scales decoded once per chunk (kChunk = one block of each row): every thread takes
-// one row (kBM == kThreads) and writes its 8 sub-blocks' d * sc (low half) and -(dmin * m) (high half)
-// as f16; where one of them is beyond f16, the whole chunk takes the float path (returns true), for
-// every thread alike. Before, each of the 4 threads sharing a row's 8 weights decoded them again at
-// every dequant8 call (the 6-bit unpacking, two conversions, a range check).
-__device__ __forceinline__ bool q4k_pre_scales(const unsigned char* row_block, uint32_t* s_sc) {
-  static_assert(kBM == kThreads, "one row per thread");
-  const uint8_t* b = row_block;
+// q4_K with the scales decoded once per chunk (kChunk = one block of each row), by the warp whose
+// rows they are: its kRows rows' 8 sub-blocks' d * sc (low half) and -(dmin * m) (high half) as f16,
+// kRows / 4 sub-blocks a lane. Where one of them is beyond f16, the warp takes the float path for the
+// chunk (returns true, alike in every lane). Rows past m (stale bytes) take no part in that choice.
+// Before, each of the 4 threads sharing a row's 8 weights decoded them again at every dequant8 call;
+// and a block-wide vote here held every warp at the slowest one each chunk (ncu: 10% of the stalls).
+template <class S, int kMT>
+__device__ __forceinline__ bool q4k_pre_scales(const unsigned char* stage_w, int warp, int lane, int64_t rows_left,
+                                               uint32_t* s_sc) {
+  constexpr int kRows = 16 * kMT, kLanesPerRow = kWarpSize / kRows, kSbPerLane = (kChunk / 32) / kLanesPerRow;
+  const int r = warp * kRows + lane % kRows, sb0 = lane / kRows * kSbPerLane;
+  const uint8_t* b = stage_w + r * S::kRawStride;
   const float d = f16_to_float(load_u16_even(b)), dmin = f16_to_float(load_u16_even(b + 2));
   bool wide = false;
 #pragma unroll
-  for (int sb = 0; sb < kChunk / 32; ++sb) {
+  for (int i = 0; i < kSbPerLane; ++i) {
     int sc, m;
-    q4k_scale_min(sb, b + 4, sc, m);
+    q4k_scale_min(sb0 + i, b + 4, sc, m);
     const float scale = fmul_rn(d, static_cast<float>(sc)), bias = fmul_rn(dmin, static_cast<float>(m));
-    wide = wide || !(fabsf(scale) <= 65504.0f && fabsf(bias) <= 65504.0f);
-    s_sc[sb * kBM + threadIdx.x] = pack_half2(scale, -bias);
+    wide = wide || (r < rows_left && !(fabsf(scale) <= 65504.0f && fabsf(bias) <= 65504.0f));
+    s_sc[(sb0 + i) * kBM + r] = pack_half2(scale, -bias);
   }
-  return __syncthreads_or(wide) != 0;
+  const bool any = __any_sync(0xffffffffu, wide);
+  __syncwarp();
+  return any;
 }
 
-// dequant8 for q4_K from a pre-decoded sub-block scale pair (q4k_pre_scales): the same f16 values.
+// dequant8 for q4_K from a pre-decoded sub-block scale pair (q4k_pre_scales), the row's eight codes
+// in one 8-byte shared load (rows are staged from their 16-byte-aligned start): the same f16 values.
 __device__ __forceinline__ void dequant8_q4k_pre(const unsigned char* raw, int k, uint32_t sc_pair, uint32_t (&w)[4]) {
   const uint32_t scale2 = __byte_perm(sc_pair, 0, 0x1010), nbias2 = __byte_perm(sc_pair, 0, 0x3232);
-  const uint8_t* q = raw + 16 + (k / 64) * 32 + (k % 32);
+  const uint2 u = *reinterpret_cast<const uint2*>(raw + 16 + (k / 64) * 32 + (k % 32));
   const int shift = ((k / 32) & 1) ? 4 : 0;
+  const uint32_t lo = (u.x >> shift) & 0x0f0f0f0fu, hi = (u.y >> shift) & 0x0f0f0f0fu;
+  const uint32_t h[4] = {__byte_perm(lo, 0x64646464u, 0x5140), __byte_perm(lo, 0x64646464u, 0x7362),
+                         __byte_perm(hi, 0x64646464u, 0x5140), __byte_perm(hi, 0x64646464u, 0x7362)};  // 1024 + code
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
-    const uint32_t v = (load_u16_even(q + 2 * e) >> shift) & 0x0f0fu;
-    const uint32_t h = __byte_perm(v, 0x64646464u, 0x5140);  // 1024 + code
     __half2 x, c1024, sc, nb;
     const uint32_t k1024 = 0x64006400u;
-    memcpy(&x, &h, 4);
+    memcpy(&x, &h[e], 4);
     memcpy(&c1024, &k1024, 4);
     memcpy(&sc, &scale2, 4);
     memcpy(&nb, &nbias2, 4);
@@ -251,31 +303,49 @@ __device__ __forceinline__ void dequant8_q4k_pre(const unsigned char* raw, int k
   }
 }
 
-template <class D>
-__global__ void __launch_bounds__(kThreads, 1) gemm_q_kernel(GemmQArgs p) {
+template <class D, int kUnroll, int kMT>
+__global__ void __launch_bounds__(kThreadsOf<kMT>, 1) gemm_q_kernel(GemmQArgs p) {
   // pdl_wait later: the first weight chunk is requested first (no kernel writes weights)
+  constexpr int kMTiles = kMT;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   using S = Staging<D>;
-  unsigned char* s_w = smem_raw;                                           // [2][kBM][kRawStride]
-  auto* s_x = reinterpret_cast<__half*>(smem_raw + 2 * S::kWStageBytes);   // [2][kBN][kChunk], swizzled
-  auto* s_sc = reinterpret_cast<uint32_t*>(smem_raw + 2 * (S::kWStageBytes + kXStageBytes));  // [8][kBM]
+  unsigned char* s_w = smem_raw;                                          // [2][kBM][kRawStride]
+  auto* s_x = reinterpret_cast<__half*>(smem_raw + 2 * S::kWStageBytes);  // [2][kBN][kXStride]
+  auto* s_sc = reinterpret_cast<uint32_t*>(smem_raw + 2 * (S::kWStageBytes + S::kXStageBytes));  // [8][kBM]
+  auto* bar = reinterpret_cast<uint64_t*>(smem_raw + 2 * (S::kWStageBytes + S::kXStageBytes) + S::kScaleBytes);
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize, lane = static_cast<int>(threadIdx.x) % kWarpSize;
   const int g = lane / 4, c = lane % 4;
   const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kBN, row0 = static_cast<int64_t>(blockIdx.y) * kBM;
   const int64_t k_begin = static_cast<int64_t>(blockIdx.z) * p.k_split;
   const int64_t k_end = p.k < k_begin + p.k_split ? p.k : k_begin + p.k_split;
   // This thread's rows: g and g + 8 of each of the warp's m16 tiles; misalign(r, k0): where row r's
-  // segment of chunk k0 starts in its staged pieces.
+  // segment of chunk k0 starts in its staged pieces (0 when bulk-staged).
   auto row_of = [&](int mt, int half) { return warp * 16 * kMTiles + mt * 16 + g + 8 * half; };
   auto misalign = [&](int r, int64_t k0) {
+    if constexpr (S::kBulk) return 0;
     const int64_t row = row0 + r < p.m ? row0 + r : 0;
     return static_cast<int>(reinterpret_cast<uintptr_t>(p.a + row * p.a_nb1 + (k0 / D::kBlock) * D::kBytes) & 15);
   };
 
-  load_w<D>(p, row0, k_begin, s_w);
-  pdl_wait();
-  load_x(p, col0, k_begin, s_x);
-  cp_async_commit();
+  if constexpr (S::kBulk) {
+    // A stage's barrier is armed (its bytes expected) before a block barrier that precedes its copies.
+    if (threadIdx.x == 0) {
+      mbar_init(&bar[0], 1);
+      mbar_init(&bar[1], 1);
+      mbar_init_fence();
+      arm_stage<D>(p, row0, col0, &bar[0]);
+      if (k_begin + kChunk < k_end) arm_stage<D>(p, row0, col0, &bar[1]);
+    }
+    __syncthreads();
+    issue_w_bulk<D>(p, row0, k_begin, s_w, &bar[0]);
+    pdl_wait();
+    issue_x_bulk<D>(p, col0, k_begin, s_x, &bar[0]);
+  } else {
+    load_w<D, kMT>(p, row0, k_begin, s_w);
+    pdl_wait();
+    load_x<kMT>(p, col0, k_begin, s_x);
+    cp_async_commit();
+  }
 
   float acc[kMTiles][kNTiles][4];
 #pragma unroll
@@ -284,14 +354,25 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_q_kernel(GemmQArgs p) {
     for (int i = 0; i < kNTiles; ++i) acc[mt][i][0] = acc[mt][i][1] = acc[mt][i][2] = acc[mt][i][3] = 0.0f;
 
   int stage = 0;
-  for (int64_t k0 = k_begin; k0 < k_end; k0 += kChunk, stage ^= 1) {
-    if (k0 + kChunk < k_end) {
-      load_w<D>(p, row0, k0 + kChunk, s_w + (stage ^ 1) * S::kWStageBytes);
-      load_x(p, col0, k0 + kChunk, s_x + (stage ^ 1) * kBN * kChunk);
+  unsigned chunk = 0;  // bulk: stage chunk & 1 was filled chunk / 2 times before (the parity its wait expects)
+  for (int64_t k0 = k_begin; k0 < k_end; k0 += kChunk, stage ^= 1, ++chunk) {
+    if constexpr (S::kBulk) {
+      if (k0 + kChunk < k_end) {  // the other stage's readers finished at the last chunk's barrier
+        fence_proxy_async();
+        issue_w_bulk<D>(p, row0, k0 + kChunk, s_w + (stage ^ 1) * S::kWStageBytes, &bar[stage ^ 1]);
+        issue_x_bulk<D>(p, col0, k0 + kChunk, s_x + (stage ^ 1) * kBN * S::kXStride, &bar[stage ^ 1]);
+      }
+      while (!mbar_try_wait(&bar[stage], (chunk >> 1) & 1)) {
+      }
+    } else {
+      if (k0 + kChunk < k_end) {
+        load_w<D, kMT>(p, row0, k0 + kChunk, s_w + (stage ^ 1) * S::kWStageBytes);
+        load_x<kMT>(p, col0, k0 + kChunk, s_x + (stage ^ 1) * kBN * S::kXStride);
+      }
+      cp_async_commit();
+      cp_async_wait<1>();  // this stage's bytes (the next stage's may still be in flight)
+      __syncthreads();
     }
-    cp_async_commit();
-    cp_async_wait<1>();  // this stage's bytes (the next stage's may still be in flight)
-    __syncthreads();
     const unsigned char* w_rows[kMTiles][2];
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
@@ -301,39 +382,48 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_q_kernel(GemmQArgs p) {
         w_rows[mt][hf] = s_w + stage * S::kWStageBytes + r * S::kRawStride + misalign(r, k0);
       }
     bool pre = false;  // q4_K: scales decoded once for the chunk
-    if constexpr (S::kPreScales) if (p.pre_scales) {
-      const int r = static_cast<int>(threadIdx.x);
-      pre = !q4k_pre_scales(s_w + stage * S::kWStageBytes + r * S::kRawStride + misalign(r, k0), s_sc);
-    }
+    if constexpr (S::kPreScales)
+      if (p.pre_scales) pre = !q4k_pre_scales<S, kMT>(s_w + stage * S::kWStageBytes, warp, lane, p.m - row0, s_sc);
     // column g of each n8 tile (g's parity, hence the swizzle, is the same in every tile)
-    const __half* xs = s_x + stage * kBN * kChunk + g * kChunk + 8 * c;
-    const int sw = (g & 1) << 2;
-#pragma unroll 1
-    for (int j = 0; j < kChunk / 32; ++j) {
-      uint32_t a0[kMTiles][4], a1[kMTiles][4];
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
-        uint32_t wl[4], wh[4];
-        if (pre) {
-          dequant8_q4k_pre(w_rows[mt][0], 32 * j + 8 * c, s_sc[j * kBM + row_of(mt, 0)], wl);
-          dequant8_q4k_pre(w_rows[mt][1], 32 * j + 8 * c, s_sc[j * kBM + row_of(mt, 1)], wh);
-        } else {
-          dequant8<D>(w_rows[mt][0], 32 * j + 8 * c, wl);
-          dequant8<D>(w_rows[mt][1], 32 * j + 8 * c, wh);
-        }
-        a0[mt][0] = wl[0], a0[mt][1] = wh[0], a0[mt][2] = wl[1], a0[mt][3] = wh[1];
-        a1[mt][0] = wl[2], a1[mt][1] = wh[2], a1[mt][2] = wl[3], a1[mt][3] = wh[3];
-      }
-#pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt) {
-        const uint4 xv = *reinterpret_cast<const uint4*>(xs + nt * 8 * kChunk + 8 * ((4 * j) ^ sw));
+    const __half* xs = s_x + stage * kBN * S::kXStride + g * S::kXStride + 8 * c;
+    const int sw = S::kBulk ? 0 : (g & 1) << 2;
+    // The chunk's 8 k32 steps, one loop per dequantization path (no branch inside the steps, so the
+    // scheduler may overlap a step's weight loads with the previous step's mma).
+    auto steps = [&](auto dq) {
+#pragma unroll kUnroll
+      for (int j = 0; j < kChunk / 32; ++j) {
+        uint32_t a0[kMTiles][4], a1[kMTiles][4];
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
-          mma_16816(acc[mt][nt], a0[mt], xv.x, xv.y);
-          mma_16816(acc[mt][nt], a1[mt], xv.z, xv.w);
+          uint32_t wl[4], wh[4];
+          dq(mt, 0, j, wl);
+          dq(mt, 1, j, wh);
+          a0[mt][0] = wl[0], a0[mt][1] = wh[0], a0[mt][2] = wl[1], a0[mt][3] = wh[1];
+          a1[mt][0] = wl[2], a1[mt][1] = wh[2], a1[mt][2] = wl[3], a1[mt][3] = wh[3];
+        }
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+          const uint4 xv = *reinterpret_cast<const uint4*>(xs + nt * 8 * S::kXStride + 8 * ((4 * j) ^ sw));
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            mma_16816(acc[mt][nt], a0[mt], xv.x, xv.y);
+            mma_16816(acc[mt][nt], a1[mt], xv.z, xv.w);
+          }
         }
       }
+    };
+    bool done = false;
+    if constexpr (S::kPreScales) {
+      if (pre) {
+        steps([&](int mt, int hf, int j, uint32_t(&w)[4]) {
+          dequant8_q4k_pre(w_rows[mt][hf], 32 * j + 8 * c, s_sc[j * kBM + row_of(mt, hf)], w);
+        });
+        done = true;
+      }
     }
+    if (!done) steps([&](int mt, int hf, int j, uint32_t(&w)[4]) { dequant8<D>(w_rows[mt][hf], 32 * j + 8 * c, w); });
+    // this stage's next fill (chunk + 2) is expected before the barrier that precedes its copies
+    if constexpr (S::kBulk) if (k0 + 2 * kChunk < k_end) arm_stage<D>(p, row0, col0, &bar[stage]);
     __syncthreads();  // every warp is done with this stage before it is refilled
   }
 
@@ -362,6 +452,21 @@ __global__ void gemm_q_reduce_kernel(float* dst, const float* part, int64_t coun
   }
 }
 
+// LOOM_CUDA_GEMM_Q_MTILES (1 or 2) and LOOM_CUDA_GEMM_Q_UNROLL (1 or 2): the f16-path formats' kernel
+// shape, to time one against another (0: the format's default).
+int env_choice(const char* name) {
+  const char* e = std::getenv(name);
+  return e && (std::strcmp(e, "1") == 0 || std::strcmp(e, "2") == 0) ? *e - '0' : 0;
+}
+int mtiles_setting() {
+  static const int m = env_choice("LOOM_CUDA_GEMM_Q_MTILES");
+  return m;
+}
+int unroll_setting() {
+  static const int u = env_choice("LOOM_CUDA_GEMM_Q_UNROLL");
+  return u;
+}
+
 bool pre_scales_enabled() {
   static const bool on = [] {
     const char* e = std::getenv("LOOM_CUDA_GEMM_Q_PRESCALES");
@@ -376,15 +481,63 @@ struct GemmQShape {
   int64_t k_split;
 };
 
+// The time of a product split into `per`-chunk k ranges, in chunks: blocks in launch order (split
+// after split, the last one shorter) each taken by the first of kTargetBlocks SMs to be free, a block
+// costing its chunks plus kBlockCost of its own (the first stage's wait, the stores). Fitted on the
+// H200 (ncu, q4_K, 64 columns): a block takes ~3.5 + 5.65 us a chunk (1, 4, 7, 8 chunks: 9.3, 26.2,
+// 44.2, 48.8 us); [6144, 64] in 6 splits (120 blocks of 3 chunks, 24 of 1) 22.4 us, in 4 (96 of 4) 26.2;
+// [14336, 64] in 2 splits (112 of 8) 48.8, in 3 (two waves) 64.4.
+constexpr double kBlockCost = 0.6;
+double makespan(int64_t tiles, int64_t chunks, int64_t per) {
+  // The full splits' blocks, all alike, spread evenly in closed form: r SMs take one more than the
+  // rest. The shorter last split (fewer than kTargetBlocks blocks: shape_of splits only such grids)
+  // goes block by block to the first free SM. Called at each launch and plan, so no per-block loop.
+  const int64_t n1 = tiles * (chunks / per), q = n1 / kTargetBlocks, r = n1 % kTargetBlocks;
+  const double len = kBlockCost + static_cast<double>(per);
+  std::priority_queue<double, std::vector<double>, std::greater<double>> free_at;
+  for (int64_t i = 0; i < kTargetBlocks; ++i) free_at.push(static_cast<double>(i < r ? q + 1 : q) * len);
+  double end = static_cast<double>(r > 0 ? q + 1 : q) * len;
+  if (chunks % per != 0)
+    for (int64_t i = 0; i < tiles; ++i) {
+      const double t = free_at.top() + kBlockCost + static_cast<double>(chunks % per);
+      free_at.pop();
+      free_at.push(t);
+      end = std::max(end, t);
+    }
+  return end;
+}
+
+GemmQShape compute_shape(int64_t m, int64_t n, int64_t k);
+
+// shape_of is asked at every plan and launch (eager launches too): the split search once per shape
+// and thread (the makespan search cost an eager product, as in a --trace run, 30-200 us of host time).
 GemmQShape shape_of(const Tensor* dst) {
   const Tensor* a = dst->src[0];
   const Tensor* b = dst->src[1];
-  GemmQShape s{a->ne[1], b->ne[1] * b->ne[2] * b->ne[3], a->ne[0], 0, 0, 1, 0};
+  const std::array<int64_t, 3> key{a->ne[1], b->ne[1] * b->ne[2] * b->ne[3], a->ne[0]};
+  thread_local std::map<std::array<int64_t, 3>, GemmQShape> known;
+  const auto it = known.find(key);
+  if (it != known.end()) return it->second;
+  return known.emplace(key, compute_shape(key[0], key[1], key[2])).first->second;
+}
+
+GemmQShape compute_shape(int64_t m, int64_t n, int64_t k) {
+  GemmQShape s{m, n, k, 0, 0, 1, 0};
   s.col_tiles = (s.n + kBN - 1) / kBN;
   s.row_tiles = (s.m + kBM - 1) / kBM;
-  const int64_t chunks = s.k / kChunk;
-  const int64_t want = (kTargetBlocks + s.col_tiles * s.row_tiles - 1) / (s.col_tiles * s.row_tiles);
-  const int64_t per_split = (chunks + std::clamp<int64_t>(want, 1, kMaxSplits) - 1) / std::clamp<int64_t>(want, 1, kMaxSplits);
+  const int64_t chunks = s.k / kChunk, tiles = s.col_tiles * s.row_tiles;
+  // The split over k with the shortest makespan (the fewer splits on a tie); a grid that fills the
+  // GPU unsplit stays so.
+  int64_t per_split = chunks;
+  if (tiles < kTargetBlocks) {
+    double best = makespan(tiles, chunks, chunks);
+    for (int64_t splits = 2; splits <= std::min<int64_t>(kMaxSplits, chunks); ++splits) {
+      const int64_t per = (chunks + splits - 1) / splits;
+      if (per == per_split) continue;
+      const double t = makespan(tiles, chunks, per);
+      if (t < best - 1e-9) best = t, per_split = per;
+    }
+  }
   s.k_split = per_split * kChunk;
   s.splits = static_cast<int>((chunks + per_split - 1) / per_split);
   return s;
@@ -397,6 +550,9 @@ bool gemm_q_supported(const Tensor* dst) {
   const Tensor* b = dst->src[1];
   if (!dtype_is_quantized(a->type) || a->ne[2] != 1 || a->ne[3] != 1 || !dst->is_contiguous()) return false;
   if (a->ne[0] <= 0 || a->ne[0] % kChunk != 0 || b->ne[0] != a->ne[0]) return false;
+  // bulk-staged formats copy whole 16-byte pieces from each row's start
+  const bool bulk = visit_quant_type(a->type, false, [](auto q) { return Staging<typename decltype(q)::Dequant8>::kBulk; });
+  if (bulk && (reinterpret_cast<uintptr_t>(a->data) % 16 != 0 || a->nb[1] % 16 != 0)) return false;
   const GemmQShape s = shape_of(dst);
   return s.col_tiles <= INT32_MAX && s.row_tiles <= kMaxGridYZ;
 }
@@ -421,12 +577,30 @@ CudaError launch_gemm_q(const LaunchContext& ctx, const Tensor* dst, const __hal
   const CudaError e = visit_quant_type(
       a->type, CudaError::runtime(cudaErrorInvalidValue, "mul_mat: not a quantized weight", __FILE__, __LINE__),
       [&](auto q) -> CudaError {
-        auto* kernel = gemm_q_kernel<typename decltype(q)::Dequant8>;
-        constexpr size_t smem = Staging<typename decltype(q)::Dequant8>::kSmemBytes;
+        using D = typename decltype(q)::Dequant8;
+        // q4_0, q8_0, q4_K: 16 warps of one m16 tile each, the k32 steps unrolled by two (ncu, H200,
+        // 64 columns, 8 warps of two tiles against it: [14336, 4096] q4_K 48.8 / 41.3 us, q4_0 43.8 / 41.0,
+        // [4096, 14336] q8_0 47.4 / 43.2); q6_K: 8 warps of two tiles (55.5 against 59.1). The formats
+        // dequantized through floats: 16 warps, unrolled once (by two they spill at 128 registers).
+        constexpr bool kF16Path = std::is_same_v<D, Dequant8Q4_K> || std::is_same_v<D, Dequant8Q4_0> ||
+                                  std::is_same_v<D, Dequant8Q6_K> || std::is_same_v<D, Dequant8Q8_0>;
+        auto* kernel = gemm_q_kernel<D, kF16Path ? 2 : 1, 1>;
+        int threads = kThreadsOf<1>;
+        if constexpr (kF16Path) {
+          const int mt = mtiles_setting() ? mtiles_setting() : std::is_same_v<D, Dequant8Q6_K> ? 2 : 1;
+          const int unroll = unroll_setting() ? unroll_setting() : mt == 1 ? 2 : 1;
+          if (mt == 2) {
+            kernel = unroll == 2 ? gemm_q_kernel<D, 2, 2> : gemm_q_kernel<D, 1, 2>;
+            threads = kThreadsOf<2>;
+          } else if (unroll == 1) {
+            kernel = gemm_q_kernel<D, 1, 1>;
+          }
+        }
+        constexpr size_t smem = Staging<D>::kSmemBytes;
         static_assert(smem <= 227 * 1024);
         LOOM_CUDA_CHECK(
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-        kernel<<<grid, kThreads, smem, ctx.stream>>>(p);
+        kernel<<<grid, threads, smem, ctx.stream>>>(p);
         LOOM_CUDA_CHECK_LAUNCH("gemm_q_kernel");
         return {};
       });

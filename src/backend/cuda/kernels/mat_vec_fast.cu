@@ -60,6 +60,7 @@
 #include "mat_vec_fast.cuh"
 #include "mat_vec_fast_formats.cuh"
 #include "mma.cuh"
+#include "mma.cuh"
 #include "quant.cuh"
 #include "quant_dispatch.cuh"
 
@@ -100,42 +101,6 @@ __host__ __device__ constexpr int quant_blocks_per_sm() {
   constexpr int base = min_blocks_per_sm<kCols, true>();
   return WideDecode<Q>::value && kCols > 1 ? base - 1 : base;
 }
-
-// ---- bulk copies to shared memory (sm_90: the copy engine of the SM, one thread issues a row) -------
-
-__device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-}
-/// Makes the barriers' initialization visible to the copy engine (the async proxy).
-__device__ __forceinline__ void mbar_init_fence() {
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-/// This thread's arrival on bar, which then also waits for `bytes` of copies to land.
-__device__ __forceinline__ void mbar_arrive_expect(uint64_t* bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, unsigned parity) {
-  unsigned done;
-  asm volatile(
-      "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done)
-      : "r"(smem_addr(bar)), "r"(parity)
-      : "memory");
-  return done != 0;
-}
-/// Copies `bytes` (a multiple of 16; both addresses 16-byte aligned) from global to shared memory
-/// and signals bar with the bytes when they have landed.
-__device__ __forceinline__ void bulk_copy(void* smem, const void* gmem, unsigned bytes, uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-          smem_addr(smem)),
-      "l"(__cvta_generic_to_global(gmem)), "r"(bytes), "r"(smem_addr(bar))
-      : "memory");
-}
-/// Orders this thread's earlier generic-proxy accesses to shared memory (the block's reads of a
-/// stage, made visible to it by a barrier) before its later bulk copies into it.
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 // ---- reduction -------------------------------------------------------------------------------------
 

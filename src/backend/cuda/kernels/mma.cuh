@@ -1,5 +1,6 @@
 // PTX wrappers for the tensor-core kernels (mma.sync m16n8k16 with f16 inputs and f32 accumulators,
-// ldmatrix, cp.async): flash attention (attention_mma.cu) and the quantized GEMM (gemm_q.cu).
+// ldmatrix, cp.async, bulk copies with mbarriers): flash attention (attention_mma.cu), the quantized GEMM
+// (gemm_q.cu) and the fast mat-vec (mat_vec_fast.cu).
 #pragma once
 
 #include <cstdint>
@@ -52,5 +53,41 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
   const __half2 h = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&h);
 }
+
+// ---- bulk copies to shared memory (sm_90: the copy engine of the SM, one thread issues a row) -------
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+/// Makes the barriers' initialization visible to the copy engine (the async proxy).
+__device__ __forceinline__ void mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+/// This thread's arrival on bar, which then also waits for `bytes` of copies to land.
+__device__ __forceinline__ void mbar_arrive_expect(uint64_t* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, unsigned parity) {
+  unsigned done;
+  asm volatile(
+      "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(smem_addr(bar)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+/// Copies `bytes` (a multiple of 16; both addresses 16-byte aligned) from global to shared memory
+/// and signals bar with the bytes when they have landed.
+__device__ __forceinline__ void bulk_copy(void* smem, const void* gmem, unsigned bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+          smem_addr(smem)),
+      "l"(__cvta_generic_to_global(gmem)), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
+}
+/// Orders this thread's earlier generic-proxy accesses to shared memory (the block's reads of a
+/// stage, made visible to it by a barrier) before its later bulk copies into it.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 }  // namespace loom::cuda
