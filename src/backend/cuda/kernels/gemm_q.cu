@@ -18,7 +18,7 @@
 // Latency bounds it, not bytes or FLOPs (ncu, H200, [14336, 64] q4_K: 1 block of 8 warps per SM,
 // 6 cycles per issued instruction, ~1,800 instructions per warp and chunk of which 256 mma): 16 warps
 // hide more of it (48.8 -> 42.9 us) although each activation load then feeds 2 mma instead of 4.
-// Small products split k over blocks (blockIdx.z, the count from makespan()): each split writes its
+// Small products split k over blocks (blockIdx.z, the count from gemm_q_plan.h): each split writes its
 // partial sums to scratch and gemm_q_reduce_kernel adds them in split order, the same every run.
 //
 // Bytes: the weights once per column tile; the f16 activations once per 256-row tile (from L2);
@@ -29,17 +29,15 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
 #include <map>
-#include <queue>
 #include <type_traits>
-#include <vector>
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
 #include "common.cuh"
 #include "gemm_q.cuh"
+#include "gemm_q_plan.h"
 #include "mma.cuh"
 #include "quant.cuh"
 #include "quant_dispatch.cuh"
@@ -50,12 +48,12 @@ namespace {
 
 // A block: kBM = 256 weight rows, kMT m16 tiles per warp (each activation load feeds 2 x kMT mma),
 // so 16 / kMT warps.
-constexpr int kBM = 256;
+constexpr int kBM = gemm_q_plan::kBM;
 template <int kMT>
 constexpr int kThreadsOf = kBM / (16 * kMT) * kWarpSize;
-constexpr int kBN = 64;           // columns per block
+constexpr int kBN = gemm_q_plan::kBN;  // columns per block
 constexpr int kNTiles = kBN / 8;  // n8 tiles per warp
-constexpr int kChunk = 256;       // k per shared-memory stage (a whole block of every format)
+constexpr int kChunk = gemm_q_plan::kChunk;  // k per shared-memory stage
 
 // Per stage, the chunk's segment of each of the kBM weight rows (kSegBytes) and kBN columns of kChunk
 // f16 activations. Formats whose segment is a multiple of 16 bytes (q4_0, q4_K, q8_0, ...; rows
@@ -91,10 +89,6 @@ struct Staging {
 };
 __device__ __forceinline__ int x_piece(int col, int piece) { return piece ^ ((col & 1) << 2); }
 
-// Blocks the split over k aims for: one per SM of a 132-SM H100/H200 (a function of the shape only,
-// so the scratch size and the result do not depend on the device).
-constexpr int64_t kTargetBlocks = 132;
-constexpr int kMaxSplits = 16;
 
 struct GemmQArgs {
   float* out;       // splits == 1: dst [m, n]; else partial sums [splits][n][m]
@@ -528,39 +522,7 @@ bool pre_scales_enabled() {
   return on;
 }
 
-struct GemmQShape {
-  int64_t m, n, k, col_tiles, row_tiles;
-  int splits;
-  int64_t k_split;
-};
-
-// The time of a product split into `per`-chunk k ranges, in chunks: blocks in launch order (split
-// after split, the last one shorter) each taken by the first of kTargetBlocks SMs to be free, a block
-// costing its chunks plus kBlockCost of its own (the first stage's wait, the stores). Fitted on the
-// H200 (ncu, q4_K, 64 columns): a block takes ~3.5 + 5.65 us a chunk (1, 4, 7, 8 chunks: 9.3, 26.2,
-// 44.2, 48.8 us); [6144, 64] in 6 splits (120 blocks of 3 chunks, 24 of 1) 22.4 us, in 4 (96 of 4) 26.2;
-// [14336, 64] in 2 splits (112 of 8) 48.8, in 3 (two waves) 64.4.
-constexpr double kBlockCost = 0.6;
-double makespan(int64_t tiles, int64_t chunks, int64_t per) {
-  // The full splits' blocks, all alike, spread evenly in closed form: r SMs take one more than the
-  // rest. The shorter last split (fewer than kTargetBlocks blocks: shape_of splits only such grids)
-  // goes block by block to the first free SM. Called at each launch and plan, so no per-block loop.
-  const int64_t n1 = tiles * (chunks / per), q = n1 / kTargetBlocks, r = n1 % kTargetBlocks;
-  const double len = kBlockCost + static_cast<double>(per);
-  std::priority_queue<double, std::vector<double>, std::greater<double>> free_at;
-  for (int64_t i = 0; i < kTargetBlocks; ++i) free_at.push(static_cast<double>(i < r ? q + 1 : q) * len);
-  double end = static_cast<double>(r > 0 ? q + 1 : q) * len;
-  if (chunks % per != 0)
-    for (int64_t i = 0; i < tiles; ++i) {
-      const double t = free_at.top() + kBlockCost + static_cast<double>(chunks % per);
-      free_at.pop();
-      free_at.push(t);
-      end = std::max(end, t);
-    }
-  return end;
-}
-
-GemmQShape compute_shape(int64_t m, int64_t n, int64_t k);
+using GemmQShape = gemm_q_plan::Plan;
 
 // shape_of is asked at every plan and launch (eager launches too): the split search once per shape
 // and thread (the makespan search cost an eager product, as in a --trace run, 30-200 us of host time).
@@ -571,29 +533,7 @@ GemmQShape shape_of(const Tensor* dst) {
   thread_local std::map<std::array<int64_t, 3>, GemmQShape> known;
   const auto it = known.find(key);
   if (it != known.end()) return it->second;
-  return known.emplace(key, compute_shape(key[0], key[1], key[2])).first->second;
-}
-
-GemmQShape compute_shape(int64_t m, int64_t n, int64_t k) {
-  GemmQShape s{m, n, k, 0, 0, 1, 0};
-  s.col_tiles = (s.n + kBN - 1) / kBN;
-  s.row_tiles = (s.m + kBM - 1) / kBM;
-  const int64_t chunks = s.k / kChunk, tiles = s.col_tiles * s.row_tiles;
-  // The split over k with the shortest makespan (the fewer splits on a tie); a grid that fills the
-  // GPU unsplit stays so.
-  int64_t per_split = chunks;
-  if (tiles < kTargetBlocks) {
-    double best = makespan(tiles, chunks, chunks);
-    for (int64_t splits = 2; splits <= std::min<int64_t>(kMaxSplits, chunks); ++splits) {
-      const int64_t per = (chunks + splits - 1) / splits;
-      if (per == per_split) continue;
-      const double t = makespan(tiles, chunks, per);
-      if (t < best - 1e-9) best = t, per_split = per;
-    }
-  }
-  s.k_split = per_split * kChunk;
-  s.splits = static_cast<int>((chunks + per_split - 1) / per_split);
-  return s;
+  return known.emplace(key, gemm_q_plan::plan(key[0], key[1], key[2])).first->second;
 }
 
 }  // namespace
