@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
 """Summarizes a `loom run --trace FILE` Chrome trace: per dispatch kind (and anchor shape/type), the count,
 total and mean GPU microseconds, sorted by total. Dispatches were timed one at a time with events, so the
-sum is a serialized upper bound of the step's GPU time.
+sum is a serialized upper bound of the step's GPU time (and, launched eagerly, it includes each launch's
+host work: a slow host path shows up here and not in a replayed graph).
   usage: trace_summary.py TRACE.json [--by-shape]"""
 import json
+import signal
 import sys
 from collections import defaultdict
+
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends the listing quietly
 
 
 def main():
