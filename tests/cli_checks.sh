@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What a new user runs into with the `loom` command: non-regular model files, --version, sampler
 # values out of range, a prompt file that is not UTF-8, chat and perplexity without -m; --swa-full;
-# -tp on the CPU; run and chat sampling in the graph or (--host-sampling) on the host, the same text.
+# -tp on the CPU; run and chat sampling in the graph or (--host-sampling) on the host, the same text;
+# --deterministic.
 #   usage: cli_checks.sh LOOM_BINARY PROJECT_VERSION SOURCE_DIR
 set -u
 loom=$1
@@ -162,4 +163,12 @@ done
 cmp -s "$dir/chat-dev.out" "$dir/chat-host.out" || fail "chat: the replies differ with --host-sampling"
 grep -q "^loom: turn 2:.*sampling device$" "$dir/chat-dev.err" || fail "chat: not sampled on the device"
 grep -q "^loom: turn 2:.*sampling host$" "$dir/chat-host.err" || fail "chat --host-sampling: not on the host"
+# --deterministic (batch-invariant fast numerics, a CUDA matter) is accepted everywhere; the CPU's text
+# is the same with it
+run det-off run -m "$builtin" --backend cpu -t 2 -s 3 -n 24 || fail "loom run (for --deterministic)"
+run det-on run -m "$builtin" --backend cpu -t 2 -s 3 -n 24 --deterministic || fail "loom run --deterministic"
+cmp -s "$dir/det-off.out" "$dir/det-on.out" || fail "run: --deterministic changed the CPU's text"
+for c in chat serve bench perplexity; do
+  "$loom" $c --help 2>&1 | grep -q -- "--deterministic" || fail "loom $c: no --deterministic"
+done
 echo "cli checks: ok"

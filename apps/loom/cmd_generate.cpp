@@ -184,6 +184,11 @@ void add_numerics_flag(CLI::App& cmd, std::string& numerics) {
                  "Rounding mode: exact (CUDA equals the CPU bit for bit) or fast (tensor cores; the GPU "
                  "default). Default: LOOM_NUMERICS, else the backend's")
       ->check(CLI::IsMember({"exact", "fast"}));
+  // The CUDA backend reads LOOM_DETERMINISTIC once, when its first kernel is planned: set it before.
+  cmd.add_flag_callback(
+      "--deterministic", [] { setenv("LOOM_DETERMINISTIC", "1", 1); },
+      "Batch-invariant fast numerics on CUDA: a sequence's tokens do not depend on what else a step "
+      "holds (LOOM_DETERMINISTIC=1; slower at small batches; docs/BATCHING.md)");
 }
 
 CLI::Validator number_in(double lo, double hi, bool lo_open) {

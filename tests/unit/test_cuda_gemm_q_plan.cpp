@@ -54,6 +54,20 @@ TEST(GemmQPlan, SplitDoesNotDependOnColumnsWithinATile) {
     }
 }
 
+TEST(GemmQPlan, ByRowsSplitDoesNotDependOnAnyColumnCount) {
+  for (int64_t m : {200, 4096, 14336})
+    for (int64_t k : {512, 4096, 14336}) {
+      const auto one = plan(m, 1, k, true);
+      EXPECT_EQ(one.splits, plan(m, 64, k).splits);  // within a tile: as the default
+      for (int64_t n : {2, 9, 64, 65, 128, 500, 4096}) {
+        const auto p = plan(m, n, k, true);
+        EXPECT_EQ(p.splits, one.splits) << "[" << m << ", " << n << "] k " << k;
+        EXPECT_EQ(p.k_split, one.k_split);
+        EXPECT_EQ(p.col_tiles, (n + 63) / 64);
+      }
+    }
+}
+
 TEST(GemmQPlan, MakespanCountsWavesAndTheShortLastSplit) {
   // 132 blocks of 4 chunks: one wave of 4 + 0.6
   EXPECT_DOUBLE_EQ(makespan(132, 4, 4), 4.6);

@@ -311,7 +311,7 @@ Status Executor::ensure_scratch(size_t slot_bytes, int n_slots) {
 Result<exec::Plan> Executor::make_plan(const Graph& g, const ExecOptions& o) {
   exec::Plan p = exec::build_plan(g);
   if (o.fusion) exec::fuse(p, g, CudaFusion{numerics_ == Numerics::fast});
-  if (o.fusion && numerics_ == Numerics::fast && act_handoff_) mark_act_handoffs(p, g);
+  if (o.fusion && numerics_ == Numerics::fast && act_handoff_ && !batch_invariant()) mark_act_handoffs(p, g);
   const auto ws = reinterpret_cast<uintptr_t>(dev_.cublas_workspace());
   size_t max_scratch = 0;
   for (exec::Dispatch& d : p.dispatches) {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <numbers>
 #include <string>
 
@@ -233,6 +234,14 @@ bool supports_op_impl(const Tensor& node) {
 // Declared in cuda_ops.h.
 CudaError launch_node(const LaunchContext& ctx, const Tensor* node) { return run_node(ctx, node); }
 bool cuda_supports_op(const Tensor& node) { return supports_op_impl(node); }
+
+bool batch_invariant() {
+  static const bool on = [] {
+    const char* v = std::getenv("LOOM_DETERMINISTIC");
+    return v && *v && std::strcmp(v, "0") != 0;  // as `loom serve` reads it
+  }();
+  return on;
+}
 size_t node_scratch_bytes(const Tensor& node, bool fast) { return scratch_bytes(node, fast); }
 
 }  // namespace loom::cuda

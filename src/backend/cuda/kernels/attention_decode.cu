@@ -345,7 +345,13 @@ int64_t min_keys_per_split() {
   }();
   return keys;
 }
+// Batch-invariant (batch_invariant()): always kMaxSplits splits of kInvariantKeys keys (more, in
+// multiples of it, only past kMaxSplits x kInvariantKeys = 8,192 keys, where a sequence's splits then
+// follow the longest of its step): a sequence's keys fall in the same splits, merged over as many,
+// whatever else the step holds; the splits past its keys are empty (weight 0 in the merge).
+constexpr int64_t kInvariantKeys = 256;
 int splits_for(const Tensor* q, const Tensor* k) {
+  if (batch_invariant()) return kMaxSplits;
   const int64_t base = q->ne[3] * k->ne[2] * ((q->ne[2] / k->ne[2] * q->ne[1] + kRows - 1) / kRows);
   const int64_t by_keys = (k->ne[1] + min_keys_per_split() - 1) / min_keys_per_split();
   const int64_t by_blocks = (kTargetBlocks + base - 1) / std::max<int64_t>(base, 1);
@@ -520,6 +526,8 @@ CudaError launch_flash_attn_decode(const LaunchContext& ctx, const Tensor* dst, 
   a.row_groups = (a.n_rows + kRows - 1) / kRows;
   a.n_splits = splits_for(q, k);
   a.keys_per_split = (k->ne[1] + a.n_splits - 1) / a.n_splits;
+  if (batch_invariant())
+    a.keys_per_split = std::max(kInvariantKeys, (a.keys_per_split + kInvariantKeys - 1) / kInvariantKeys * kInvariantKeys);
   if (a.n_splits > 1) {
     if (!ctx.scratch || ctx.scratch_size < flash_attn_decode_scratch_bytes(dst))
       return CudaError::runtime(cudaErrorInvalidValue, "flash_attn decode: scratch smaller than its splits need",

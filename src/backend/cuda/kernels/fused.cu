@@ -1157,10 +1157,10 @@ bool fused_supported(FusedKind kind, const Tensor* const* nodes, bool fast) {
       return nodes[0] && rms_norm_mul_ok(nodes[0], nodes[1], nodes[2]);
     case FusedKind::all_reduce_add_rms_norm_mul:
       return all_reduce_rms_norm_mul_ok(nodes, fast);
-    case FusedKind::mat_vec_bias:
-      return mat_vec_bias_ok(nodes[0], nodes[1]);
+    case FusedKind::mat_vec_bias:  // the mat-vec kernels sum a column unlike gemm_q (batch_invariant)
+      return !batch_invariant() && mat_vec_bias_ok(nodes[0], nodes[1]);
     case FusedKind::glu_mat_vec:
-      return glu_ok(nodes[0], nodes[1], nodes[2]);
+      return !batch_invariant() && glu_ok(nodes[0], nodes[1], nodes[2]);
     case FusedKind::rope_set_rows:
       return rope_set_rows_ok(nodes[0], nodes[1], nodes[2], nodes[3]);
     case FusedKind::scale_mask_soft_max:
@@ -1168,7 +1168,7 @@ bool fused_supported(FusedKind kind, const Tensor* const* nodes, bool fast) {
     case FusedKind::moe_route:
       return moe_route_ok(nodes);
     case FusedKind::mat_vec_multi:
-      return mat_vec_multi_ok(nodes);
+      return !batch_invariant() && mat_vec_multi_ok(nodes);
     case FusedKind::gather_flash_attn:
       return gather_flash_attn_ok(nodes, fast);
     case FusedKind::none:

@@ -533,7 +533,7 @@ GemmQShape shape_of(const Tensor* dst) {
   thread_local std::map<std::array<int64_t, 3>, GemmQShape> known;
   const auto it = known.find(key);
   if (it != known.end()) return it->second;
-  return known.emplace(key, gemm_q_plan::plan(key[0], key[1], key[2])).first->second;
+  return known.emplace(key, gemm_q_plan::plan(key[0], key[1], key[2], batch_invariant())).first->second;
 }
 
 }  // namespace

@@ -53,12 +53,13 @@ inline double makespan(int64_t tiles, int64_t chunks, int64_t per) {
 }
 
 /// The split over k with the shortest makespan (the fewer splits on a tie); a grid that fills the GPU
-/// unsplit stays so. k a multiple of kChunk.
-inline Plan plan(int64_t m, int64_t n, int64_t k) {
+/// unsplit stays so. k a multiple of kChunk. `by_rows`: chosen for one column tile whatever n, so a
+/// column's split is the same for every column count (the batch-invariant mode).
+inline Plan plan(int64_t m, int64_t n, int64_t k, bool by_rows = false) {
   Plan s{m, n, k, 0, 0, 1, 0};
   s.col_tiles = (s.n + kBN - 1) / kBN;
   s.row_tiles = (s.m + kBM - 1) / kBM;
-  const int64_t chunks = s.k / kChunk, tiles = s.col_tiles * s.row_tiles;
+  const int64_t chunks = s.k / kChunk, tiles = (by_rows ? 1 : s.col_tiles) * s.row_tiles;
   int64_t per_split = chunks;
   if (tiles < kTargetBlocks) {
     double best = makespan(tiles, chunks, chunks);

@@ -386,10 +386,12 @@ int64_t gemm_q_max_cols() {
 
 // Whether the fast mode's quantized tensor-core GEMM (gemm_q.cu) applies: more columns than the
 // mat-vec kernels take, up to gemm_q_max_cols().
+// Batch-invariant (batch_invariant()): every column count, since a column's sums in gemm_q do not
+// depend on the others (gemm_q_plan.h).
 bool use_gemm_q(const Tensor* dst, bool fast) {
   const Tensor* b = dst->src[1];
-  return fast && dtype_is_quantized(dst->src[0]->type) && dst->ne[1] > kMatVecMaxCols &&
-         b->ne[1] * b->ne[2] * b->ne[3] <= gemm_q_max_cols() && gemm_q_supported(dst);
+  if (!fast || !dtype_is_quantized(dst->src[0]->type) || !gemm_q_supported(dst)) return false;
+  return batch_invariant() || (dst->ne[1] > kMatVecMaxCols && b->ne[1] * b->ne[2] * b->ne[3] <= gemm_q_max_cols());
 }
 
 // Whether the fast quantized GEMM through cuBLAS applies: quantized 2-D weights (one batch), a
