@@ -6,8 +6,6 @@
 
 #include <csignal>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -49,7 +47,7 @@ int run_serve(ServeOptions o) {
   o.server.timeout = std::chrono::seconds(o.timeout_s);
   // Batch-invariant decoding (--deterministic): a running request's token is computed in a pass of
   // decode tokens only, never beside another request's prompt chunk.
-  if (const char* v = std::getenv("LOOM_DETERMINISTIC"); v && *v && std::strcmp(v, "0") != 0) o.server.mixed_steps = false;
+  if (deterministic_from_env()) o.server.mixed_steps = false;
 
   // SIGINT and SIGTERM go to one thread that stops the server (blocked everywhere else, so every
   // thread started from here on inherits the mask).

@@ -57,6 +57,9 @@ Result<Numerics> parse_numerics(std::string_view text, std::string_view what = "
 /// The mode a backend runs in: `requested` when set, else LOOM_NUMERICS when set (an invalid value
 /// is an error), else `backend_default`.
 Result<Numerics> resolve_numerics(std::optional<Numerics> requested, Numerics backend_default);
+/// Whether LOOM_DETERMINISTIC is set and not "0" (`--deterministic`): batch-invariant fast numerics on
+/// CUDA, a sequence's results the same whatever else a step holds (docs/BATCHING.md).
+bool deterministic_from_env();
 
 /// Options a backend is created with.
 struct BackendOptions {

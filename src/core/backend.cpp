@@ -90,6 +90,11 @@ Result<Numerics> resolve_numerics(std::optional<Numerics> requested, Numerics ba
   return backend_default;
 }
 
+bool deterministic_from_env() {
+  const char* v = std::getenv("LOOM_DETERMINISTIC");
+  return v && *v && std::string_view(v) != "0";
+}
+
 Result<std::unique_ptr<Backend>> create_backend(std::string_view name, const BackendOptions& options) {
   Registry& r = registry();
   BackendFactory factory;

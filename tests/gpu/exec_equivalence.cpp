@@ -391,9 +391,7 @@ int main(int argc, char** argv) {
     return 77;
   }
   const bool exact = (*backend)->numerics() == Numerics::exact;
-  // batch-invariant fast numerics (the CUDA backend's reading of LOOM_DETERMINISTIC)
-  const char* det = std::getenv("LOOM_DETERMINISTIC");
-  const bool deterministic = det && *det && std::strcmp(det, "0") != 0;
+  const bool deterministic = deterministic_from_env();  // batch-invariant fast numerics
   if (tp > 1) {
     backend->reset();
     return tp_checks(models, tp, bo);

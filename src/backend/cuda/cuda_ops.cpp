@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
 #include <numbers>
 #include <string>
 
@@ -236,10 +235,7 @@ CudaError launch_node(const LaunchContext& ctx, const Tensor* node) { return run
 bool cuda_supports_op(const Tensor& node) { return supports_op_impl(node); }
 
 bool batch_invariant() {
-  static const bool on = [] {
-    const char* v = std::getenv("LOOM_DETERMINISTIC");
-    return v && *v && std::strcmp(v, "0") != 0;  // as `loom serve` reads it
-  }();
+  static const bool on = deterministic_from_env();
   return on;
 }
 size_t node_scratch_bytes(const Tensor& node, bool fast) { return scratch_bytes(node, fast); }

@@ -13,7 +13,7 @@
 
 namespace loom::cuda {
 
-/// LOOM_DETERMINISTIC set and not "0" (`--deterministic`; read once): fast numerics made batch-invariant, a
+/// deterministic_from_env() (`--deterministic`; read once): fast numerics made batch-invariant, a
 /// sequence's results the same bits whatever else a step holds (docs/BATCHING.md): every quantized
 /// product through gemm_q (split by its row tiles only), no mat-vec fusions or activation hand-offs,
 /// flash-decoding in a fixed number of fixed-size key splits. Slower at small batches.
