@@ -42,7 +42,8 @@
 #   fastdiff  per-position logits: CUDA fast vs exact and CUDA vs CPU (exact) on LOOM_MODELS
 #   batchcheck  loom-exec-equivalence on the built-in model and LOOM_MODELS, both numerics and fast with
 #            LOOM_DETERMINISTIC=1 (includes 16 sequences decoded together against alone, required in exact
-#            and deterministic, and sampled in the graph against the host)
+#            and deterministic, and sampled in the graph against the host; LOOM_BATCHCHECK_MODES picks
+#            some of "exact fast fast-deterministic")
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -328,10 +329,10 @@ print("; ".join(f"{k} {sum(v) / len(v) / 1000:.2f} us (x{len(v)})" for k, v in t
     batchcheck)
       fs=(models/loom-shakespeare-f16.gguf)
       for m in $models; do f=$(model "$m") && fs+=("$f"); done
-      for mode in exact fast fast-deterministic; do
+      for mode in ${LOOM_BATCHCHECK_MODES:-exact fast fast-deterministic}; do
         env LOOM_NUMERICS=${mode%-*} $([[ $mode == *-deterministic ]] && echo LOOM_DETERMINISTIC=1) timeout 300 \
           "$bin/loom-exec-equivalence" --steps 16 --runs 2 "${fs[@]}" 2>&1 |
-          grep -E "FAIL|together|sampled|failures" ; done ;;
+          grep -E "FAIL|together|sampled|failures|differ" ; done ;;
     tp)  # tensor parallelism: -tp N (LOOM_TP, default 2 and 4 when there are GPUs for them) against -tp 1
       find_nccl
       tps=${LOOM_TP:-$( (($(nvidia-smi -L | wc -l) >= 4)) && echo "2 4" || echo 2)}
