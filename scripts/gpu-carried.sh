@@ -8,7 +8,8 @@
 #            LOOM_OPS_MODES (space-separated, each ','-separated VAR=VALUE settings or "-" for none)
 #   hf       each of LOOM_HF_SHAPES (default llama31-tiny:f32; e.g. "llama31-tiny:f32 gptoss-tiny:f32
 #            gptoss-mxfp4-tiny:f32@2e-3") in exact numerics against transformers (tools/hf_reference.py)
-#   prefill  loom bench -p 512,4096 on LOOM_MODELS (default llama3-1b:q4_0 llama3-8b:q4_0)
+#   prefill  loom bench -p 512,4096 on LOOM_MODELS (default llama3-1b:q4_0 llama3-8b:q4_0) under each of
+#            LOOM_PREFILL_MODES (LOOM_PREFILL_FLAGS replaces the bench flags), then the modes' logits compared
 #   decode   loom bench -n 128 on LOOM_MODELS (under each of LOOM_DECODE_MODES, LOOM_DECODE_FLAGS added)
 #   batched  loom bench -npl 1,8,32,64 (-npp 128 -ntg 32) with a trace of one step at each npl (and
 #            again under LOOM_BATCHED_BASE's VAR=VALUE settings, ','-separated, when given)
@@ -110,8 +111,24 @@ for step in "$@"; do
           -n 16 --temp 0 --dump-logits "$work/hf-${m/:/-}.bin" >/dev/null 2>&1
         python3 tools/hf_reference.py --model "$f" --loom-logits "$work/hf-${m/:/-}.bin" --threshold "$thr"
       done ;;
-    prefill)
-      for m in $models; do f=$(model "$m") && timeout 200 "$bin/loom" bench -m "$f" -p 512,4096 -n 0 -r 3 2>/dev/null | grep -E "^\|" | grep -v -- "---"; done ;;
+    prefill)  # under each of LOOM_PREFILL_MODES (as LOOM_DECODE_MODES), then a ~300-token prompt's logits
+      # under each mode against the first's (bit-identical expected: modes that change order, not arithmetic)
+      pmodes=${LOOM_PREFILL_MODES:--}
+      long=$(for i in $(seq 30); do printf "The quick brown fox jumps over the lazy dog. "; done)
+      for m in $models; do
+        f=$(model "$m") || continue
+        for mode in $pmodes; do
+          env $(tr "," " " <<<"${mode/#-/}") timeout 200 "$bin/loom" bench -m "$f" ${LOOM_PREFILL_FLAGS:--p 512,4096 -n 0 -r 3} 2>/dev/null |
+            grep -E "^\|" | grep -v -- "---" | grep -v "t/s" | awk -v tag="$mode" '{ print $0 " " tag }'
+        done
+        [[ $pmodes == "-" ]] && continue
+        first=""
+        for mode in $pmodes; do
+          lf="$work/pf-$(tr -c 'A-Za-z0-9' _ <<<"$mode").bin"
+          env $(tr "," " " <<<"${mode/#-/}") timeout 120 "$bin/loom" run -m "$f" -p "$long" -n 2 --temp 0 --dump-logits "$lf" >/dev/null 2>&1
+          if [[ -z $first ]]; then first=$lf; else cmp -s "$lf" "$first" && echo "$m $mode: prompt logits bit-identical to ${pmodes%% *}" || echo "$m $mode: prompt logits DIFFER from ${pmodes%% *}"; fi
+        done
+      done ;;
     decode)
       # LOOM_DECODE_MODES: space-separated, each ','-separated VAR=VALUE settings or "-" for none, run
       # alternately in one process order per model (e.g. "- LOOM_EXEC_PDL=0"); LOOM_DECODE_FLAGS adds

@@ -224,6 +224,7 @@ Executor::~Executor() {
     if (cudaStreamSynchronize(dev_.stream()) != cudaSuccess) (void)cudaGetLastError();
     clear_cache();
     if (capture_stream_) cudaStreamDestroy(capture_stream_);
+    destroy_side();
     if (scratch_) dev_.release(scratch_, scratch_capacity_);
   }
   (void)cudaGetLastError();
@@ -421,7 +422,29 @@ Status Executor::compute_locked(const Graph& g, uint64_t t0) {
 }
 
 LaunchContext Executor::launch_context(cudaStream_t stream) const {
-  return LaunchContext{stream, dev_.cublas(), nullptr, 0, numerics_ == Numerics::fast, dev_.info().sm_count};
+  LaunchContext ctx{stream, dev_.cublas(), nullptr, 0, numerics_ == Numerics::fast, dev_.info().sm_count};
+  if (!side_tried_) {
+    side_tried_ = true;
+    const char* v = std::getenv("LOOM_CUDA_SIDE_STREAM");
+    bool ok = !(v && v[0] == '0' && v[1] == '\0') &&
+              cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking) == cudaSuccess;
+    for (cudaEvent_t& e : side_events_) ok = ok && cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess;
+    if (!ok) {
+      destroy_side();
+      (void)cudaGetLastError();
+    }
+  }
+  if (side_stream_) {
+    ctx.side = side_stream_;
+    ctx.side_events = side_events_;
+  }
+  return ctx;
+}
+
+void Executor::destroy_side() const {
+  for (cudaEvent_t& e : side_events_)
+    if (e) cudaEventDestroy(e), e = nullptr;
+  if (side_stream_) cudaStreamDestroy(side_stream_), side_stream_ = nullptr;
 }
 
 CudaError Executor::run_dispatch(const LaunchContext& base, const exec::Dispatch& d) {

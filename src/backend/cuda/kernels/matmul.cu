@@ -405,27 +405,46 @@ bool use_dequant_gemm(const Tensor* dst, bool fast) {
   return a->ne[0] <= INT32_MAX && a->ne[1] <= INT32_MAX && n <= INT32_MAX;
 }
 
+// LOOM_CUDA_DEQUANT_CHUNK_MB (1-1024, read once) replaces kDequantChunkBytes, for comparisons.
+size_t dequant_chunk_bytes() {
+  static const size_t bytes = [] {
+    const char* v = std::getenv("LOOM_CUDA_DEQUANT_CHUNK_MB");
+    const long mb = v ? std::atol(v) : 0;
+    return mb >= 1 && mb <= 1024 ? static_cast<size_t>(mb) << 20 : kDequantChunkBytes;
+  }();
+  return bytes;
+}
+
 int64_t dequant_chunk_rows(const Tensor* a) {
   const auto per_row = static_cast<int64_t>(a->ne[0]) * 2;
-  const int64_t rows = std::max<int64_t>(128, static_cast<int64_t>(kDequantChunkBytes) / per_row) / 128 * 128;
+  const int64_t rows = std::max<int64_t>(128, static_cast<int64_t>(dequant_chunk_bytes()) / per_row) / 128 * 128;
   return std::min<int64_t>(rows, a->ne[1]);
 }
 
+// f16 activations, then one chunk buffer, or two when there are several chunks (the next chunk is
+// dequantized into one while cuBLAS reads the other: gemm_dequant).
 size_t dequant_gemm_scratch(const Tensor* dst) {
   const Tensor* a = dst->src[0];
+  const int64_t chunk = dequant_chunk_rows(a);
+  const size_t buffers = chunk < a->ne[1] ? 2 : 1;
   return align_up(static_cast<size_t>(dst->src[1]->nelements()) * 2) +
-         static_cast<size_t>(dequant_chunk_rows(a) * a->ne[0]) * 2;
+         buffers * align_up(static_cast<size_t>(chunk * a->ne[0]) * 2);
 }
 
 template <class D>
-CudaError dequantize_rows(const LaunchContext& ctx, __half* out, const Tensor* a, int64_t row0, int64_t rows) {
+CudaError dequantize_rows(cudaStream_t stream, __half* out, const Tensor* a, int64_t row0, int64_t rows) {
   constexpr int kThreads = 256;
-  dequantize_rows_f16_kernel<D><<<grid_for(rows * (a->ne[0] / 8), kThreads), kThreads, 0, ctx.stream>>>(
+  dequantize_rows_f16_kernel<D><<<grid_for(rows * (a->ne[0] / 8), kThreads), kThreads, 0, stream>>>(
       out, desc_of(a), row0, rows);
   LOOM_CUDA_CHECK_LAUNCH("dequantize_rows_f16_kernel");
   return {};
 }
 
+// Chunks of weight rows dequantized to f16, each multiplied by cuBLAS. With several chunks and a side
+// stream (LaunchContext::side), the dequantization of chunk c + 1 runs on the side stream while
+// cuBLAS multiplies chunk c (two buffers; chunk c + 2 waits for the product that read its buffer):
+// the dequantization is memory-bound and a GEMM of a few thousand rows at 512 columns does not fill
+// every SM, so the two overlap. The same kernels and calls either way: the same bits.
 CudaError gemm_dequant(const LaunchContext& ctx, const Tensor* dst) {
   const Tensor* a = dst->src[0];
   const Tensor* b = dst->src[1];
@@ -435,21 +454,46 @@ CudaError gemm_dequant(const LaunchContext& ctx, const Tensor* dst) {
                               __FILE__, __LINE__);
   auto* b16 = static_cast<__half*>(ctx.scratch);
   LOOM_CUDA_TRY(pack_b_f16(ctx, b16, b));
-  auto* w16 = reinterpret_cast<__half*>(static_cast<char*>(ctx.scratch) + align_up(static_cast<size_t>(b->nelements()) * 2));
   const int64_t chunk = dequant_chunk_rows(a);
+  const size_t b_bytes = align_up(static_cast<size_t>(b->nelements()) * 2);
+  __half* w16[2] = {reinterpret_cast<__half*>(static_cast<char*>(ctx.scratch) + b_bytes), nullptr};
+  if (chunk < m) w16[1] = reinterpret_cast<__half*>(reinterpret_cast<char*>(w16[0]) + align_up(static_cast<size_t>(chunk * k) * 2));
   const float alpha = 1.0f, beta = 0.0f;
-  for (int64_t row0 = 0; row0 < m; row0 += chunk) {
-    const int64_t rows = std::min(chunk, m - row0);
-    const CudaError e = visit_quant_type(
-        a->type,
-        CudaError::runtime(cudaErrorInvalidValue, "mul_mat: not a quantized weight", __FILE__, __LINE__),
-        [&](auto q) { return dequantize_rows<typename decltype(q)::Dequant8>(ctx, w16, a, row0, rows); });
-    if (!e.ok()) return e;
+  auto dequantize = [&](cudaStream_t stream, __half* out, int64_t row0, int64_t rows) {
+    return visit_quant_type(
+        a->type, CudaError::runtime(cudaErrorInvalidValue, "mul_mat: not a quantized weight", __FILE__, __LINE__),
+        [&](auto q) { return dequantize_rows<typename decltype(q)::Dequant8>(stream, out, a, row0, rows); });
+  };
+  auto multiply = [&](const __half* w, int64_t row0, int64_t rows) -> CudaError {
     // dst rows [row0, row0 + rows) of every column: column-major C with ldc = m
     LOOM_CUBLAS_CHECK(cublasGemmEx(ctx.cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), static_cast<int>(n),
-                                   static_cast<int>(k), &alpha, w16, CUDA_R_16F, static_cast<int>(k), b16,
+                                   static_cast<int>(k), &alpha, w, CUDA_R_16F, static_cast<int>(k), b16,
                                    CUDA_R_16F, static_cast<int>(k), &beta, static_cast<float*>(dst->data) + row0,
                                    CUDA_R_32F, static_cast<int>(m), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return {};
+  };
+  if (!ctx.side || !w16[1]) {
+    for (int64_t row0 = 0; row0 < m; row0 += chunk) {
+      const int64_t rows = std::min(chunk, m - row0);
+      LOOM_CUDA_TRY(dequantize(ctx.stream, w16[0], row0, rows));
+      LOOM_CUDA_TRY(multiply(w16[0], row0, rows));
+    }
+    return {};
+  }
+  // events: [0] the fork (after the activations' packing), [1 + i] buffer i dequantized, [3 + i]
+  // buffer i read by its product
+  cudaEvent_t* ev = ctx.side_events;
+  LOOM_CUDA_CHECK(cudaEventRecord(ev[0], ctx.stream));
+  LOOM_CUDA_CHECK(cudaStreamWaitEvent(ctx.side, ev[0], 0));
+  for (int64_t c = 0, row0 = 0; row0 < m; ++c, row0 += chunk) {
+    const int64_t rows = std::min(chunk, m - row0);
+    const int i = static_cast<int>(c % 2);
+    if (c >= 2) LOOM_CUDA_CHECK(cudaStreamWaitEvent(ctx.side, ev[3 + i], 0));
+    LOOM_CUDA_TRY(dequantize(ctx.side, w16[i], row0, rows));
+    LOOM_CUDA_CHECK(cudaEventRecord(ev[1 + i], ctx.side));
+    LOOM_CUDA_CHECK(cudaStreamWaitEvent(ctx.stream, ev[1 + i], 0));
+    LOOM_CUDA_TRY(multiply(w16[i], row0, rows));
+    LOOM_CUDA_CHECK(cudaEventRecord(ev[3 + i], ctx.stream));
   }
   return {};
 }
