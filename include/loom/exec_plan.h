@@ -36,6 +36,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -123,8 +124,12 @@ const Tensor* producer(const Tensor* t);
 /// backends' passes after it ask it which outputs nothing else reads.
 std::unordered_map<const Tensor*, std::vector<Tensor*>> readers_of(const Graph& g);
 /// Gives each dispatch with scratch_bytes > 0 one of `n_slots` slots of `slot_bytes` at `base`,
-/// round robin, and adds the slot to its writes (so two users of a slot are ordered).
-void assign_scratch(Plan& plan, uintptr_t base, size_t slot_bytes, int n_slots);
+/// round robin, and adds the slot to its writes (so two users of a slot are ordered). Dispatches
+/// `in_shared` accepts all get the one region at `shared` instead (large scratch of dispatches the
+/// backend orders among themselves anyway, e.g. through a library's workspace: one region for them
+/// instead of a slot each costs no concurrency).
+void assign_scratch(Plan& plan, uintptr_t base, size_t slot_bytes, int n_slots, uintptr_t shared = 0,
+                    const std::function<bool(const Dispatch&)>& in_shared = nullptr);
 /// Greedy look-ahead: repeatedly emits, from the next `lookahead` pending dispatches, every one that
 /// conflicts with no earlier pending dispatch, so independent dispatches become adjacent groups.
 /// Barriers stop the look-ahead. Counts the dispatches that moved.

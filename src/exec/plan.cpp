@@ -62,10 +62,16 @@ Plan build_plan(const Graph& g) {
   return plan;
 }
 
-void assign_scratch(Plan& plan, uintptr_t base, size_t slot_bytes, int n_slots) {
+void assign_scratch(Plan& plan, uintptr_t base, size_t slot_bytes, int n_slots, uintptr_t shared,
+                    const std::function<bool(const Dispatch&)>& in_shared) {
   int next = 0;
   for (Dispatch& d : plan.dispatches) {
     if (d.scratch_bytes == 0) continue;
+    if (in_shared && in_shared(d)) {
+      d.scratch = {shared, shared + d.scratch_bytes};
+      d.writes.push_back(d.scratch);
+      continue;
+    }
     const uintptr_t b = base + static_cast<uintptr_t>(next) * slot_bytes;
     d.scratch = {b, b + d.scratch_bytes};
     d.writes.push_back(d.scratch);

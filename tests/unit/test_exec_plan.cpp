@@ -257,6 +257,27 @@ TEST(ExecPlan, ScratchSlotsAreWrites) {
   EXPECT_EQ(p.deps[2], (std::vector<int>{0}));
 }
 
+TEST(ExecPlan, SharedScratchRegionOrdersItsUsersOnly) {
+  // dispatches 0 and 2 take the shared region (as the CUDA backend's cuBLAS products do); 1 and 3
+  // the slots in turn, as if the others were not there
+  Plan p;
+  for (int i = 0; i < 4; ++i) {
+    p.dispatches.push_back(fake({r(0, 10)}, {r(100 + 10 * i, 110 + 10 * i)}));
+    p.dispatches.back().scratch_bytes = i % 2 == 0 ? 64 : 8;
+  }
+  auto big = [](const Dispatch& d) { return d.scratch_bytes > 16; };
+  exec::assign_scratch(p, 2000, 16, 2, 1000, big);
+  EXPECT_EQ(p.dispatches[0].scratch.begin, 1000u);
+  EXPECT_EQ(p.dispatches[0].scratch.end, 1064u);
+  EXPECT_EQ(p.dispatches[1].scratch.begin, 2000u);
+  EXPECT_EQ(p.dispatches[2].scratch.begin, 1000u);
+  EXPECT_EQ(p.dispatches[3].scratch.begin, 2016u);
+  exec::build_dependencies(p, true);
+  EXPECT_TRUE(p.deps[1].empty());
+  EXPECT_EQ(p.deps[2], (std::vector<int>{0}));  // the shared region: ordered after dispatch 0
+  EXPECT_TRUE(p.deps[3].empty());
+}
+
 }  // namespace
 }  // namespace loom
 

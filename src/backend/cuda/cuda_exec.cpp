@@ -289,21 +289,28 @@ Status Executor::validate(const Graph& g) const {
   return {};
 }
 
-Status Executor::ensure_scratch(size_t slot_bytes, int n_slots) {
+Status Executor::ensure_scratch(size_t shared_bytes, size_t slot_bytes, int n_slots) {
+  shared_bytes = (shared_bytes + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
   slot_bytes = (slot_bytes + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
-  const size_t need = slot_bytes * static_cast<size_t>(n_slots);
-  if (slot_bytes <= slot_bytes_ && n_slots <= n_slots_) return {};
+  if (shared_bytes <= shared_bytes_ && slot_bytes <= slot_bytes_ && n_slots <= n_slots_) return {};
+  // grow, never shrink, either part
+  shared_bytes = std::max(shared_bytes, shared_bytes_);
+  slot_bytes = std::max(slot_bytes, slot_bytes_);
+  n_slots = std::max(n_slots, n_slots_);
+  const size_t need = shared_bytes + slot_bytes * static_cast<size_t>(n_slots);
   // Cached graphs point into the old scratch: they go with it.
   LOOM_TRY(sync());
   clear_cache();
   if (scratch_) dev_.release(scratch_, scratch_capacity_);
   scratch_ = nullptr;
   scratch_capacity_ = 0;
+  shared_bytes_ = 0;
   slot_bytes_ = 0;
   n_slots_ = 0;
   Result<void*> p = dev_.allocate(need, &scratch_capacity_);
   if (!p.ok()) return p.status();
   scratch_ = *p;
+  shared_bytes_ = shared_bytes;
   slot_bytes_ = slot_bytes;
   n_slots_ = n_slots;
   return {};
@@ -314,18 +321,29 @@ Result<exec::Plan> Executor::make_plan(const Graph& g, const ExecOptions& o) {
   if (o.fusion) exec::fuse(p, g, CudaFusion{numerics_ == Numerics::fast});
   if (o.fusion && numerics_ == Numerics::fast && act_handoff_ && !batch_invariant()) mark_act_handoffs(p, g);
   const auto ws = reinterpret_cast<uintptr_t>(dev_.cublas_workspace());
-  size_t max_scratch = 0;
+  // Products through cuBLAS all write its workspace, so they are ordered among themselves: their
+  // scratch (the prefill GEMM's dequantized weights, up to a whole matrix) shares one region ahead
+  // of the slots the other dispatches take in turn.
+  auto uses_cublas = [&](const exec::Dispatch& d) {
+    return d.kind == FusedKind::none && d.node()->op == OpKind::mul_mat &&
+           mul_mat_uses_cublas(d.node(), numerics_ == Numerics::fast);
+  };
+  size_t max_shared = 0, max_slot = 0;
   for (exec::Dispatch& d : p.dispatches) {
     d.scratch_bytes = d.kind == FusedKind::none ? node_scratch_bytes(*d.node(), numerics_ == Numerics::fast)
                                                 : fused_scratch_bytes(d.kind, d.nodes.data());
-    max_scratch = std::max(max_scratch, d.scratch_bytes);
-    if (d.kind == FusedKind::none && d.node()->op == OpKind::mul_mat && mul_mat_uses_cublas(d.node(), numerics_ == Numerics::fast))
+    if (uses_cublas(d)) {
+      max_shared = std::max(max_shared, d.scratch_bytes);
       d.writes.push_back({ws, ws + dev_.cublas_workspace_size()});
+    } else {
+      max_slot = std::max(max_slot, d.scratch_bytes);
+    }
   }
   const int slots = o.concurrency ? kScratchSlots : 1;
-  if (max_scratch > 0) {
-    LOOM_TRY(ensure_scratch(max_scratch, kScratchSlots));
-    exec::assign_scratch(p, reinterpret_cast<uintptr_t>(scratch_), slot_bytes_, slots);
+  if (max_shared + max_slot > 0) {
+    LOOM_TRY(ensure_scratch(max_shared, max_slot, kScratchSlots));
+    const auto base = reinterpret_cast<uintptr_t>(scratch_);
+    exec::assign_scratch(p, base + shared_bytes_, slot_bytes_, slots, base, uses_cublas);
   }
   if (o.reorder) exec::reorder(p, o.lookahead);
   exec::build_dependencies(p, o.concurrency);

@@ -64,7 +64,8 @@ class Executor {
   Status compute_locked(const Graph& g, uint64_t t0);
   Status validate(const Graph& g) const;
   Result<exec::Plan> make_plan(const Graph& g, const ExecOptions& o);
-  Status ensure_scratch(size_t slot_bytes, int n_slots);
+  // Scratch of at least `shared_bytes` (one region) then `n_slots` slots of `slot_bytes`.
+  Status ensure_scratch(size_t shared_bytes, size_t slot_bytes, int n_slots);
   Status run_eager(const exec::Plan& p, uint64_t hash);
   Status run_traced(const exec::Plan& p, const std::string& path, uint64_t t0);
   uint64_t kernels_of(const exec::Plan& p, uint64_t hash);
@@ -108,6 +109,7 @@ class Executor {
   mutable bool side_tried_ = false;
   void* scratch_ = nullptr;
   size_t scratch_capacity_ = 0;
+  size_t shared_bytes_ = 0;
   size_t slot_bytes_ = 0;
   int n_slots_ = 0;
   static constexpr size_t kCacheCapacity = 16;

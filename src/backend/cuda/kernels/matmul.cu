@@ -24,8 +24,8 @@
 //   that fit; a tiled quantized GEMM is future work).
 // - the fast numerics mode, quantized weights and more than kMatVecMaxCols columns (prefill):
 //   b is packed into scratch as f16, the weights are dequantized to f16 rows in chunks of at most
-//   kDequantChunkBytes, and cuBLAS multiplies each chunk on tensor cores (f32 accumulation and
-//   output). Bytes model per chunk of r rows: read r * row_size, write and read back 2 r k bytes,
+//   kDequantChunkBytes (the next chunk on a side stream while cuBLAS multiplies the current one),
+//   and cuBLAS multiplies each chunk on tensor cores (f32 accumulation and output). Bytes model per chunk of r rows: read r * row_size, write and read back 2 r k bytes,
 //   against 2 r k n FLOPs: at n = 512 the GEMM's ~0.5 ms per 8B layer outweighs the ~0.2 ms of
 //   dequantization. Deterministic: cuBLAS gives the same bits run to run for one configuration.
 //   Float weights in the fast mode take the cuBLAS path as in exact mode (f32 weights with TF32).
@@ -363,10 +363,12 @@ bool is_float_type(DType t) { return t == DType::f32 || t == DType::f16 || t == 
 
 // ---- fast numerics: dequantized weights on tensor cores ----------------------------------------------
 
-// Dequantized weight rows per cuBLAS call: bounded so the scratch stays small next to the weights
-// (each of the executor's scratch slots holds one chunk) while a chunk is still a large GEMM
-// (4096 rows of k = 4096: M = 4096, N = the prompt chunk).
-constexpr size_t kDequantChunkBytes = size_t{32} << 20;
+// Dequantized weight rows per cuBLAS call: a whole matrix of an 8B model (14336 x 4096 f16 is 117
+// MB), since one large GEMM beats several (8B Q4_K_M on the H200: pp512 21,800 with 32 MB chunks,
+// 22,200 with 64, 22,700 with 128; 16 MB 20,100, 8 MB 17,100), and bounded so the scratch stays small
+// next to a large model's weights (the executor keeps one region for every product through cuBLAS,
+// which are ordered anyway). Larger matrices go in chunks, two buffers, overlapped (gemm_dequant).
+constexpr size_t kDequantChunkBytes = size_t{128} << 20;
 constexpr size_t kScratchAlign = 256;
 
 size_t align_up(size_t n) { return (n + kScratchAlign - 1) / kScratchAlign * kScratchAlign; }
