@@ -75,6 +75,9 @@ struct Dispatch {
   /// dispatches that alone read it (act_in) take them as they are, without quantizing.
   int act_out_block = 0;
   bool act_in = false;
+  /// Set by the backend (CUDA): a product whose activations the product before it in the same
+  /// scratch region already packed (the same activation tensor): it skips its packing.
+  bool b_packed = false;
 
   Tensor* node() const { return nodes[0]; }
   /// The node that names the dispatch: the last non-null role.

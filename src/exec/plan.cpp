@@ -194,9 +194,9 @@ std::string Plan::dump() const {
                               dispatches.size(), stats.graph_nodes, stats.edges, stats.groups, stats.reordered);
   for (size_t i = 0; i < dispatches.size(); ++i) {
     const Dispatch& d = dispatches[i];
-    s += fmt::format("{:5} {}{}{}{} depth {} deps [", i, dispatch_label(d), d.barrier ? " (barrier)" : "",
+    s += fmt::format("{:5} {}{}{}{}{} depth {} deps [", i, dispatch_label(d), d.barrier ? " (barrier)" : "",
                      d.act_out_block ? fmt::format(" (writes activations q{})", d.act_out_block) : std::string(),
-                     d.act_in ? " (activations quantized)" : "", d.depth);
+                     d.act_in ? " (activations quantized)" : "", d.b_packed ? " (activations packed)" : "", d.depth);
     if (i < deps.size())
       for (size_t k = 0; k < deps[i].size(); ++k) s += fmt::format("{}{}", k ? " " : "", deps[i][k]);
     s += "] reads";

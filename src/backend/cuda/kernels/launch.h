@@ -40,6 +40,9 @@ struct LaunchContext {
   /// prefill GEMM's dequantization of its next weight chunk beside cuBLAS's product of the current
   /// one); forked from and joined back into `stream` within the dispatch, so a graph capture records
   /// it as branches of the dispatch. nullptr: everything on `stream`.
+  /// A product through cuBLAS whose scratch already holds its activations, packed by the product
+  /// before it in the same scratch (same activation tensor and packing; the executor orders them).
+  bool b_packed = false;
   cudaStream_t side = nullptr;
   cudaEvent_t* side_events = nullptr;
 };

@@ -17,6 +17,10 @@ CudaError launch_mul_mat(const LaunchContext& ctx, const Tensor* dst);
 /// Whether launch_mul_mat calls cuBLAS for this node (the executor orders cuBLAS calls, which share
 /// the device's cuBLAS workspace).
 bool mul_mat_uses_cublas(const Tensor* dst, bool fast);
+/// For a product through cuBLAS: the element type its activations are packed to at the start of its
+/// scratch (1 f16, 2 f32, 3 bf16), so that a product right after another of the same activations in
+/// one scratch region can take the packing as it is (LaunchContext::b_packed); 0: none.
+int mul_mat_packed_b(const Tensor* dst, bool fast);
 /// dst = mul_mat(mm->src[0], mm->src[1]) + bias in one mat-vec kernel (plus the activations'
 /// quantization for quantized weights, into ctx.scratch as mul_mat does): dst has mm's shape, bias
 /// is a packed f32 [m], added to every column. Any weight type but i32, any

@@ -203,9 +203,19 @@ struct Dequant8Q4_K {
     const float bias = fmul_rn(f16_to_float(load_u16_even(b + 2)), static_cast<float>(m));
     const uint8_t* q = b + 16 + (j0 / 64) * 32 + (j0 % 32);
     const int shift = (s & 1) ? 4 : 0;
+    // the eight codes in one 8-byte load where q is 8-byte aligned (a block at a 16-byte boundary,
+    // as in every weight Loom loads), else four 2-byte ones
+    uint32_t w[2];
+    if ((reinterpret_cast<uintptr_t>(q) & 7) == 0) {
+      const uint2 v = *reinterpret_cast<const uint2*>(q);
+      w[0] = v.x, w[1] = v.y;
+    } else {
+      w[0] = load_u16_even(q) | (load_u16_even(q + 2) << 16);
+      w[1] = load_u16_even(q + 4) | (load_u16_even(q + 6) << 16);
+    }
 #pragma unroll
     for (int e = 0; e < 8; e += 2) {
-      const uint32_t v = (load_u16_even(q + e) >> shift) & 0x0f0fu;
+      const uint32_t v = (w[e / 4] >> (16 * ((e / 2) & 1) + shift)) & 0x0f0fu;
       out[e] = fsub_rn(fmul_rn(scale, magic_float<0>(v & 0xff)), bias);
       out[e + 1] = fsub_rn(fmul_rn(scale, magic_float<0>(v >> 8)), bias);
     }
