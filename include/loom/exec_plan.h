@@ -78,11 +78,6 @@ struct Dispatch {
   /// Set by the backend (CUDA): a product whose activations the product before it in the same
   /// scratch region already packed (the same activation tensor): it skips its packing.
   bool b_packed = false;
-  /// Set by the backend (CUDA, fast numerics, prefill): a dispatch writes its f32 output as f16 (in
-  /// its own bytes) for products through cuBLAS that alone read it (f16_in), which take it as their
-  /// packed activations.
-  bool f16_out = false;
-  bool f16_in = false;
 
   Tensor* node() const { return nodes[0]; }
   /// The node that names the dispatch: the last non-null role.

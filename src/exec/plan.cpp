@@ -196,7 +196,7 @@ std::string Plan::dump() const {
     const Dispatch& d = dispatches[i];
     s += fmt::format("{:5} {}{}{}{}{} depth {} deps [", i, dispatch_label(d), d.barrier ? " (barrier)" : "",
                      d.act_out_block ? fmt::format(" (writes activations q{})", d.act_out_block) : std::string(),
-                     d.act_in ? " (activations quantized)" : "", d.b_packed ? " (activations packed)" : d.f16_in ? " (activations f16)" : d.f16_out ? " (writes f16)" : "", d.depth);
+                     d.act_in ? " (activations quantized)" : "", d.b_packed ? " (activations packed)" : "", d.depth);
     if (i < deps.size())
       for (size_t k = 0; k < deps[i].size(); ++k) s += fmt::format("{}{}", k ? " " : "", deps[i][k]);
     s += "] reads";

@@ -18,7 +18,6 @@
 #include "cuda_common.h"
 #include "cuda_ops.h"
 #include "kernels/attention.cuh"
-#include "kernels/elementwise.cuh"
 #include "kernels/fused.cuh"
 #include "kernels/mat_vec_fast.cuh"
 #include "kernels/matmul.cuh"
@@ -67,8 +66,6 @@ CudaError launch_dispatch(const LaunchContext& base, const exec::Dispatch& d) {
   ctx.act_out_block = d.act_out_block;
   ctx.act_in = d.act_in;
   ctx.b_packed = d.b_packed;
-  ctx.f16_out = d.f16_out;
-  ctx.f16_in = d.f16_in;
   const auto& n = d.nodes;
   switch (d.kind) {
     case FusedKind::none:
@@ -184,37 +181,6 @@ void mark_act_handoffs(exec::Plan& p, const Graph& g) {
     d.act_out_block = block;
     ++p.stats.act_handoffs;
     for (size_t c : consumers) p.dispatches[c].act_in = true;
-  }
-}
-
-// The prefill's f16 hand-off: a gated activation (swiglu / geglu) whose output only products through
-// cuBLAS with f16 packing read (a prefill chunk's FFN down projection), as whole contiguous 2-D views,
-// and which is no graph output, writes it as f16 in its own bytes, and the products take that array as
-// their packed activations: the packing kernel (12 us for an 8B layer's 512 x 14336) and half the
-// activation's bytes written go. Same values: the same floats rounded to f16 as the packing does.
-void mark_f16_handoffs(exec::Plan& p, const Graph& g) {
-  const auto readers = exec::readers_of(g);
-  std::unordered_map<const Tensor*, size_t> at;  // node -> its dispatch
-  for (size_t i = 0; i < p.dispatches.size(); ++i)
-    for (const Tensor* n : p.dispatches[i].nodes)
-      if (n) at[n] = i;
-  for (exec::Dispatch& d : p.dispatches) {
-    if (d.kind != FusedKind::none || !gated_f16_out_supported(d.node())) continue;
-    const Tensor* y = d.node();
-    auto r = readers.find(y);
-    if ((y->flags & kTensorOutput) || r == readers.end() || r->second.empty()) continue;
-    std::vector<size_t> consumers;
-    bool ok = true;
-    for (const Tensor* u : r->second) {
-      auto c = at.find(u);
-      ok = u->op == OpKind::mul_mat && u->src[1] && whole_view_of(u->src[1], y) && u->src[0] != y &&
-           c != at.end() && p.dispatches[c->second].kind == FusedKind::none && mul_mat_takes_f16_b(u, true);
-      if (!ok) break;
-      consumers.push_back(c->second);
-    }
-    if (!ok) continue;
-    d.f16_out = true;
-    for (size_t c : consumers) p.dispatches[c].f16_in = true;
   }
 }
 
@@ -355,7 +321,6 @@ Result<exec::Plan> Executor::make_plan(const Graph& g, const ExecOptions& o) {
   exec::Plan p = exec::build_plan(g);
   if (o.fusion) exec::fuse(p, g, CudaFusion{numerics_ == Numerics::fast});
   if (o.fusion && numerics_ == Numerics::fast && act_handoff_ && !batch_invariant()) mark_act_handoffs(p, g);
-  if (o.fusion && numerics_ == Numerics::fast && act_handoff_) mark_f16_handoffs(p, g);
   const auto ws = reinterpret_cast<uintptr_t>(dev_.cublas_workspace());
   // Products through cuBLAS all write its workspace, so they are ordered among themselves: their
   // scratch (the prefill GEMM's dequantized weights, up to a whole matrix) shares one region ahead
@@ -395,7 +360,7 @@ Result<exec::Plan> Executor::make_plan(const Graph& g, const ExecOptions& o) {
     if (!reuse) break;
     if (!uses_cublas(d)) continue;
     const bool fast = numerics_ == Numerics::fast;
-    d.b_packed = !d.f16_in && last && !last->f16_in && last->node()->src[1] == d.node()->src[1] &&
+    d.b_packed = last && last->node()->src[1] == d.node()->src[1] &&
                  mul_mat_packed_b(last->node(), fast) == mul_mat_packed_b(d.node(), fast) &&
                  mul_mat_packed_b(d.node(), fast) != 0;
     last = &d;

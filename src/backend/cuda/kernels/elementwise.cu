@@ -3,12 +3,10 @@
 // Bytes model: 8-12 bytes moved per element, far below compute; the int64 index splits dominate
 // for now (a contiguous fast path is future work).
 #include <cstdint>
-#include <cstring>
 
 #include "activation.cuh"
 #include "common.cuh"
 #include "elementwise.cuh"
-#include "loom/exec_plan.h"
 #include "loom/graph.h"
 
 namespace loom::cuda {
@@ -97,26 +95,6 @@ __global__ void gated4_kernel(TensorDesc dst, TensorDesc gate, TensorDesc up, bo
   }
 }
 
-// The same writing f16 (contiguous dst, element order kept) for a product through cuBLAS that takes
-// them as its packed activations: half the bytes written and no packing kernel.
-__global__ void gated4_f16_kernel(__half* out, TensorDesc dst, TensorDesc gate, TensorDesc up, bool swiglu, int64_t n4) {
-  pdl_wait();
-  const int64_t per_row = dst.ne[0] / 4;
-  for (int64_t v = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; v < n4;
-       v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = v / per_row, c = (v % per_row) * 4 * static_cast<int64_t>(sizeof(float));
-    const int64_t i1 = r % dst.ne[1], i2 = (r / dst.ne[1]) % dst.ne[2], i3 = r / (dst.ne[1] * dst.ne[2]);
-    const float4 g = *reinterpret_cast<const float4*>(row_ptr(gate, i1, i2, i3) + c);
-    const float4 u = *reinterpret_cast<const float4*>(row_ptr(up, i1, i2, i3) + c);
-    const __half2 lo = __floats2half2_rn(gated_f(g.x, u.x, swiglu), gated_f(g.y, u.y, swiglu));
-    const __half2 hi = __floats2half2_rn(gated_f(g.z, u.z, swiglu), gated_f(g.w, u.w, swiglu));
-    uint2 bits;
-    memcpy(&bits.x, &lo, 4);
-    memcpy(&bits.y, &hi, 4);
-    reinterpret_cast<uint2*>(out)[v] = bits;
-  }
-}
-
 // The expert activations of a MoE layer ([n_ff_exp, n_used, n_tokens], 2 x 360 KB for a 512-token
 // gpt-oss-20b chunk): one element per thread is enough.
 __global__ void swiglu_oai_kernel(TensorDesc dst, TensorDesc gate, TensorDesc up, float alpha, float limit) {
@@ -155,27 +133,9 @@ CudaError launch_unary(const LaunchContext& ctx, const Tensor* dst, float p0, fl
   return {};
 }
 
-// (no operand in dst's bytes: a thread's f16 store lands on another thread's f32 group, which an
-// in-place launch would not have read yet)
-bool gated_f16_out_supported(const Tensor* dst) {
-  auto apart = [dst](const Tensor* t) { return !exec::tensor_range(*dst).overlaps(exec::tensor_range(*t)); };
-  return (dst->op == OpKind::swiglu || dst->op == OpKind::geglu) && dst->is_contiguous() && float4_rows(dst) &&
-         float4_rows(dst->src[0]) && float4_rows(dst->src[1]) && apart(dst->src[0]) && apart(dst->src[1]);
-}
-
 CudaError launch_gated(const LaunchContext& ctx, const Tensor* dst) {
   const int64_t n = dst->nelements();
   if (n == 0) return {};
-  if (ctx.f16_out) {
-    if (!gated_f16_out_supported(dst))
-      return CudaError::runtime(cudaErrorInvalidValue, "gated activation: f16 output asked for, but the operands "
-                                "are not contiguous float4 rows", __FILE__, __LINE__);
-    gated4_f16_kernel<<<grid_for(n / 4, kThreads), kThreads, 0, ctx.stream>>>(
-        static_cast<__half*>(dst->data), desc_of(dst), desc_of(dst->src[0]), desc_of(dst->src[1]),
-        dst->op == OpKind::swiglu, n / 4);
-    LOOM_CUDA_CHECK_LAUNCH("gated4_f16_kernel");
-    return {};
-  }
   if (float4_rows(dst) && float4_rows(dst->src[0]) && float4_rows(dst->src[1])) {
     gated4_kernel<<<grid_for(n / 4, kThreads), kThreads, 0, ctx.stream>>>(
         desc_of(dst), desc_of(dst->src[0]), desc_of(dst->src[1]), dst->op == OpKind::swiglu, n / 4);

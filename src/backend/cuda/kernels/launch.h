@@ -43,11 +43,6 @@ struct LaunchContext {
   /// A product through cuBLAS whose scratch already holds its activations, packed by the product
   /// before it in the same scratch (same activation tensor and packing; the executor orders them).
   bool b_packed = false;
-  /// A dispatch writes its output as contiguous f16 in its own bytes (the gated activations before a
-  /// prefill's FFN down projection), and a product through cuBLAS takes its activations as that f16
-  /// array instead of packing them (Dispatch::f16_out / f16_in).
-  bool f16_out = false;
-  bool f16_in = false;
   cudaStream_t side = nullptr;
   cudaEvent_t* side_events = nullptr;
 };

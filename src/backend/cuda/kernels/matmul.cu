@@ -489,8 +489,8 @@ CudaError gemm_dequant(const LaunchContext& ctx, const Tensor* dst) {
   if (ctx.scratch_size < dequant_gemm_scratch(dst))
     return CudaError::runtime(cudaErrorInvalidValue, "mul_mat: scratch smaller than the dequantized weights",
                               __FILE__, __LINE__);
-  auto* b16 = ctx.f16_in ? static_cast<__half*>(b->data) : static_cast<__half*>(ctx.scratch);
-  if (!ctx.b_packed && !ctx.f16_in) LOOM_CUDA_TRY(pack_b_f16(ctx, b16, b));
+  auto* b16 = static_cast<__half*>(ctx.scratch);
+  if (!ctx.b_packed) LOOM_CUDA_TRY(pack_b_f16(ctx, b16, b));
   const int64_t chunk = dequant_chunk_rows(a);
   const size_t b_bytes = align_up(static_cast<size_t>(b->nelements()) * 2);
   __half* w16[2] = {reinterpret_cast<__half*>(static_cast<char*>(ctx.scratch) + b_bytes), nullptr};
@@ -565,7 +565,7 @@ CudaError gemm_cublas(const LaunchContext& ctx, const Tensor* dst) {
           static_cast<float*>(ctx.scratch), desc_of(b));
   } else if (a->type == DType::f16) {
     type = CUDA_R_16F;
-    if (!ctx.b_packed && !ctx.f16_in) LOOM_CUDA_TRY(pack_b_f16(ctx, static_cast<__half*>(ctx.scratch), b));
+    if (!ctx.b_packed) LOOM_CUDA_TRY(pack_b_f16(ctx, static_cast<__half*>(ctx.scratch), b));
   } else {
     type = CUDA_R_16BF;
     if (!ctx.b_packed)
@@ -577,7 +577,7 @@ CudaError gemm_cublas(const LaunchContext& ctx, const Tensor* dst) {
   const float alpha = 1.0f, beta = 0.0f;
   const auto lda = static_cast<int>(a->nb[1] / ts);
   const int64_t b_batch = k * n;  // elements per packed b batch
-  const auto* b_base = static_cast<const char*>(ctx.f16_in ? b->data : ctx.scratch);
+  const auto* b_base = static_cast<const char*>(ctx.scratch);
   auto* c_base = static_cast<char*>(dst->data);
   const int64_t c_batch = static_cast<int64_t>(dst->nb[2] / sizeof(float));
   // Consecutive b batches share an a batch (grouped-query broadcast): one strided call per a
@@ -641,12 +641,6 @@ size_t mul_mat_id_scratch_bytes(const Tensor* dst) {
 }
 
 bool mul_mat_uses_cublas(const Tensor* dst, bool fast) { return use_cublas(dst) || use_dequant_gemm(dst, fast); }
-
-bool mul_mat_takes_f16_b(const Tensor* dst, bool fast) {
-  const Tensor* b = dst->src[1];
-  return mul_mat_packed_b(dst, fast) == 1 && b->is_contiguous() && b->ne[2] == 1 && b->ne[3] == 1 &&
-         reinterpret_cast<uintptr_t>(b->data) % 16 == 0;
-}
 
 int mul_mat_packed_b(const Tensor* dst, bool fast) {
   if (use_dequant_gemm(dst, fast)) return 1;

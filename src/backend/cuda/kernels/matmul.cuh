@@ -21,9 +21,6 @@ bool mul_mat_uses_cublas(const Tensor* dst, bool fast);
 /// scratch (1 f16, 2 f32, 3 bf16), so that a product right after another of the same activations in
 /// one scratch region can take the packing as it is (LaunchContext::b_packed); 0: none.
 int mul_mat_packed_b(const Tensor* dst, bool fast);
-/// Whether the product can take its activations as a contiguous f16 array in b's own bytes
-/// (LaunchContext::f16_in): through cuBLAS with f16 packing, b contiguous and 2-D.
-bool mul_mat_takes_f16_b(const Tensor* dst, bool fast);
 /// dst = mul_mat(mm->src[0], mm->src[1]) + bias in one mat-vec kernel (plus the activations'
 /// quantization for quantized weights, into ctx.scratch as mul_mat does): dst has mm's shape, bias
 /// is a packed f32 [m], added to every column. Any weight type but i32, any
