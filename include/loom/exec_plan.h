@@ -133,6 +133,11 @@ std::unordered_map<const Tensor*, std::vector<Tensor*>> readers_of(const Graph& 
 /// instead of a slot each costs no concurrency).
 void assign_scratch(Plan& plan, uintptr_t base, size_t slot_bytes, int n_slots, uintptr_t shared = 0,
                     const std::function<bool(const Dispatch&)>& in_shared = nullptr);
+/// In plan order, marks b_packed on each dispatch `in_shared` accepts whose `packing` key (nonzero:
+/// which activations, packed how) equals that of the previous dispatch it accepted: the shared scratch
+/// region still holds those packed activations (its users are ordered in plan order).
+void mark_packed_reuse(Plan& plan, const std::function<bool(const Dispatch&)>& in_shared,
+                       const std::function<uintptr_t(const Dispatch&)>& packing);
 /// Greedy look-ahead: repeatedly emits, from the next `lookahead` pending dispatches, every one that
 /// conflicts with no earlier pending dispatch, so independent dispatches become adjacent groups.
 /// Barriers stop the look-ahead. Counts the dispatches that moved.

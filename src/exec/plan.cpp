@@ -79,6 +79,17 @@ void assign_scratch(Plan& plan, uintptr_t base, size_t slot_bytes, int n_slots, 
   }
 }
 
+void mark_packed_reuse(Plan& plan, const std::function<bool(const Dispatch&)>& in_shared,
+                       const std::function<uintptr_t(const Dispatch&)>& packing) {
+  uintptr_t last = 0;  // the shared region's last user's key so far
+  for (Dispatch& d : plan.dispatches) {
+    if (!in_shared(d)) continue;
+    const uintptr_t key = packing(d);
+    d.b_packed = key != 0 && key == last;
+    last = key;
+  }
+}
+
 void reorder(Plan& plan, int lookahead) {
   std::vector<Dispatch>& ds = plan.dispatches;
   const size_t n = ds.size();

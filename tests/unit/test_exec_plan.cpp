@@ -257,6 +257,22 @@ TEST(ExecPlan, ScratchSlotsAreWrites) {
   EXPECT_EQ(p.deps[2], (std::vector<int>{0}));
 }
 
+TEST(ExecPlan, PackedActivationsReusedOnlyRightAfterTheSamePacking) {
+  // keys by dispatch: 7, 7 (reuses), other (not in the region), 7 (reuses: the region's last was 7),
+  // 9, 0 (no packing), 0, 9 (the last user packed nothing)
+  Plan p;
+  const std::vector<uintptr_t> keys = {7, 7, 1, 7, 9, 0, 0, 9};
+  for (size_t i = 0; i < keys.size(); ++i) {
+    p.dispatches.push_back(fake({r(0, 10)}, {r(100, 110)}));
+    p.dispatches.back().order = static_cast<int>(i);
+  }
+  auto key = [&](const Dispatch& d) { return keys[static_cast<size_t>(d.order)]; };
+  exec::mark_packed_reuse(p, [](const Dispatch& d) { return d.order != 2; }, key);
+  std::vector<bool> got;
+  for (const Dispatch& d : p.dispatches) got.push_back(d.b_packed);
+  EXPECT_EQ(got, (std::vector<bool>{false, true, false, true, false, false, false, false}));
+}
+
 TEST(ExecPlan, SharedScratchRegionOrdersItsUsersOnly) {
   // dispatches 0 and 2 take the shared region (as the CUDA backend's cuBLAS products do); 1 and 3
   // the slots in turn, as if the others were not there
