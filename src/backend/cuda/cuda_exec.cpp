@@ -318,6 +318,7 @@ Status Executor::ensure_scratch(size_t shared_bytes, size_t slot_bytes, int n_sl
 }
 
 Result<exec::Plan> Executor::make_plan(const Graph& g, const ExecOptions& o) {
+  ensure_side();
   exec::Plan p = exec::build_plan(g);
   if (o.fusion) exec::fuse(p, g, CudaFusion{numerics_ == Numerics::fast});
   if (o.fusion && numerics_ == Numerics::fast && act_handoff_ && !batch_invariant()) mark_act_handoffs(p, g);
@@ -453,19 +454,23 @@ Status Executor::compute_locked(const Graph& g, uint64_t t0) {
   return sync();
 }
 
+// Made when the first plan is (never inside a stream capture); none when LOOM_CUDA_SIDE_STREAM=0 or
+// creation fails (everything then runs on the one stream).
+void Executor::ensure_side() {
+  if (side_tried_) return;
+  side_tried_ = true;
+  const char* v = std::getenv("LOOM_CUDA_SIDE_STREAM");
+  bool ok = !(v && v[0] == '0' && v[1] == '\0') &&
+            cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking) == cudaSuccess;
+  for (cudaEvent_t& e : side_events_) ok = ok && cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess;
+  if (!ok) {
+    destroy_side();
+    (void)cudaGetLastError();
+  }
+}
+
 LaunchContext Executor::launch_context(cudaStream_t stream) const {
   LaunchContext ctx{stream, dev_.cublas(), nullptr, 0, numerics_ == Numerics::fast, dev_.info().sm_count};
-  if (!side_tried_) {
-    side_tried_ = true;
-    const char* v = std::getenv("LOOM_CUDA_SIDE_STREAM");
-    bool ok = !(v && v[0] == '0' && v[1] == '\0') &&
-              cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking) == cudaSuccess;
-    for (cudaEvent_t& e : side_events_) ok = ok && cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess;
-    if (!ok) {
-      destroy_side();
-      (void)cudaGetLastError();
-    }
-  }
   if (side_stream_) {
     ctx.side = side_stream_;
     ctx.side_events = side_events_;
@@ -473,7 +478,7 @@ LaunchContext Executor::launch_context(cudaStream_t stream) const {
   return ctx;
 }
 
-void Executor::destroy_side() const {
+void Executor::destroy_side() {
   for (cudaEvent_t& e : side_events_)
     if (e) cudaEventDestroy(e), e = nullptr;
   if (side_stream_) cudaStreamDestroy(side_stream_), side_stream_ = nullptr;

@@ -80,7 +80,8 @@ class Executor {
   Status fail(Status s);
   /// What every launch on `stream` gets: the handles, the numerics mode, the device's SM count.
   LaunchContext launch_context(cudaStream_t stream) const;
-  void destroy_side() const;
+  void ensure_side();
+  void destroy_side();
   CudaError run_dispatch(const LaunchContext& base, const exec::Dispatch& d);
   bool aborted() const { return abort_fn_ && abort_fn_(abort_data_); }
   void count_plan(const exec::PlanStats& stats, size_t n_dispatches);
@@ -103,10 +104,10 @@ class Executor {
   int n_dumped_ = 0;
   int n_graph_dumps_ = 0;
   cudaStream_t capture_stream_ = nullptr;
-  // LaunchContext::side (made on first use; none when LOOM_CUDA_SIDE_STREAM=0 or creation fails)
-  mutable cudaStream_t side_stream_ = nullptr;
-  mutable cudaEvent_t side_events_[kSideEvents] = {};
-  mutable bool side_tried_ = false;
+  // LaunchContext::side (ensure_side)
+  cudaStream_t side_stream_ = nullptr;
+  cudaEvent_t side_events_[kSideEvents] = {};
+  bool side_tried_ = false;
   void* scratch_ = nullptr;
   size_t scratch_capacity_ = 0;
   size_t shared_bytes_ = 0;

@@ -44,7 +44,7 @@ struct LaunchContext {
   /// before it in the same scratch (same activation tensor and packing; the executor orders them).
   bool b_packed = false;
   cudaStream_t side = nullptr;
-  cudaEvent_t* side_events = nullptr;
+  const cudaEvent_t* side_events = nullptr;
 };
 inline constexpr int kSideEvents = 5;
 

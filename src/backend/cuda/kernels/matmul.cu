@@ -519,7 +519,7 @@ CudaError gemm_dequant(const LaunchContext& ctx, const Tensor* dst) {
   }
   // events: [0] the fork (after the activations' packing), [1 + i] buffer i dequantized, [3 + i]
   // buffer i read by its product
-  cudaEvent_t* ev = ctx.side_events;
+  const cudaEvent_t* ev = ctx.side_events;
   LOOM_CUDA_CHECK(cudaEventRecord(ev[0], ctx.stream));
   LOOM_CUDA_CHECK(cudaStreamWaitEvent(ctx.side, ev[0], 0));
   for (int64_t c = 0, row0 = 0; row0 < m; ++c, row0 += chunk) {
