@@ -129,12 +129,12 @@ uint64_t hash_row(std::span<const float> row) {
   return h;
 }
 
-// Steps n_gen - 1 times, recording every sequence's logits hashes.
+// Steps n_gen - 1 times, recording every sequence's logits hashes after each step (the prompt's row
+// is recorded by the caller right after that sequence's add: a later add clears the earlier ones').
 Status run_generator(BatchGenerator& gen, const std::vector<int>& ids, int n_gen, std::vector<SeqRun>& out) {
   auto record = [&] {
     for (size_t s = 0; s < ids.size(); ++s) out[s].row_hash.push_back(hash_row(gen.logits(ids[s])));
   };
-  record();
   for (int i = 1; i < n_gen; ++i) {
     if (auto st = gen.step(); !st) return st.status();
     record();
@@ -157,12 +157,13 @@ Result<std::vector<SeqRun>> batched_tokens(const Model& model, int n_gen) {
   if (!many) return many.status();
   BatchGenerator gen(**many);
   std::vector<int> ids;
+  std::vector<SeqRun> out(n_seqs);
   for (const auto& p : prompts) {
     auto id = gen.add(p, greedy);
     if (!id) return id.status();
+    out[ids.size()].row_hash.push_back(hash_row(gen.logits(*id)));
     ids.push_back(*id);
   }
-  std::vector<SeqRun> out(n_seqs);
   if (auto st = run_generator(gen, ids, n_gen, out); !st) return st;
   return out;
 }
@@ -186,6 +187,7 @@ Result<std::vector<SeqRun>> alone_tokens(const Model& model, int n_gen, bool pag
     auto id = one.add(prompts[static_cast<size_t>(s)], greedy);
     if (!id) return id.status();
     std::vector<SeqRun> r(1);
+    r[0].row_hash.push_back(hash_row(one.logits(*id)));
     if (auto st = run_generator(one, {*id}, n_gen, r); !st) return st;
     out[static_cast<size_t>(s)] = std::move(r[0]);
   }

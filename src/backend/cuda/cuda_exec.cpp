@@ -590,10 +590,11 @@ Status Executor::record(const exec::Plan& p, size_t begin, size_t end, bool pdl,
     cudaGraphEdgeData edge{};
     bool programmatic = false;
     // A collective's kernels (NCCL) never wait on a programmatic edge: it gets a full dependency. (The
-    // fused all-reduce + norm is a kernel of ours that waits as every other does.)
+    // fused all-reduce + norm is a kernel of ours that waits as every other does.) So does a product
+    // that skips its packing (b_packed), whose first kernel may then be cuBLAS's.
     const bool collective =
         p.dispatches[i].kind == FusedKind::none && p.dispatches[i].node()->op == OpKind::all_reduce;
-    if (pdl && !collective && deps.size() == 1 && p.deps[i].size() == 1) {
+    if (pdl && !collective && !p.dispatches[i].b_packed && deps.size() == 1 && p.deps[i].size() == 1) {
       cudaGraphNodeType type{};
       if (cudaGraphNodeGetType(deps[0], &type) == cudaSuccess && type == cudaGraphNodeTypeKernel) {
         edge.from_port = cudaGraphKernelNodePortProgrammatic;

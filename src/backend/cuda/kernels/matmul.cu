@@ -522,17 +522,25 @@ CudaError gemm_dequant(const LaunchContext& ctx, const Tensor* dst) {
   const cudaEvent_t* ev = ctx.side_events;
   LOOM_CUDA_CHECK(cudaEventRecord(ev[0], ctx.stream));
   LOOM_CUDA_CHECK(cudaStreamWaitEvent(ctx.side, ev[0], 0));
-  for (int64_t c = 0, row0 = 0; row0 < m; ++c, row0 += chunk) {
-    const int64_t rows = std::min(chunk, m - row0);
-    const int i = static_cast<int>(c % 2);
-    if (c >= 2) LOOM_CUDA_CHECK(cudaStreamWaitEvent(ctx.side, ev[3 + i], 0));
-    LOOM_CUDA_TRY(dequantize(ctx.side, w16[i], row0, rows));
-    LOOM_CUDA_CHECK(cudaEventRecord(ev[1 + i], ctx.side));
-    LOOM_CUDA_CHECK(cudaStreamWaitEvent(ctx.stream, ev[1 + i], 0));
-    LOOM_CUDA_TRY(multiply(w16[i], row0, rows));
-    LOOM_CUDA_CHECK(cudaEventRecord(ev[3 + i], ctx.stream));
+  auto pipeline = [&]() -> CudaError {
+    for (int64_t c = 0, row0 = 0; row0 < m; ++c, row0 += chunk) {
+      const int64_t rows = std::min(chunk, m - row0);
+      const int i = static_cast<int>(c % 2);
+      if (c >= 2) LOOM_CUDA_CHECK(cudaStreamWaitEvent(ctx.side, ev[3 + i], 0));
+      LOOM_CUDA_TRY(dequantize(ctx.side, w16[i], row0, rows));
+      LOOM_CUDA_CHECK(cudaEventRecord(ev[1 + i], ctx.side));
+      LOOM_CUDA_CHECK(cudaStreamWaitEvent(ctx.stream, ev[1 + i], 0));
+      LOOM_CUDA_TRY(multiply(w16[i], row0, rows));
+      LOOM_CUDA_CHECK(cudaEventRecord(ev[3 + i], ctx.stream));
+    }
+    return {};
+  };
+  const CudaError e = pipeline();
+  if (!e.ok()) {  // join whatever the side stream holds back into the main stream (best effort)
+    if (cudaEventRecord(ev[0], ctx.side) != cudaSuccess || cudaStreamWaitEvent(ctx.stream, ev[0], 0) != cudaSuccess)
+      (void)cudaGetLastError();
   }
-  return {};
+  return e;
 }
 
 // Whether the cuBLAS path applies: float weights, enough columns to be worth a GEMM, and weight
