@@ -50,10 +50,8 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 out=${OUT:-/tmp/loom-out}
 mkdir -p "$out"
-# LOOM_BINS: another tarball of the same files (a variant build, timed beside the first in one call)
-bins=${LOOM_BINS:-build-carry/bins.tar.xz}
-bin=$root/build-carry/$(basename "$bins" .tar.xz)
-mkdir -p "$bin" && tar xJf "$bins" -C "$bin"
+bin=$root/build-carry/bin
+mkdir -p "$bin" && tar xJf build-carry/bins.tar.xz -C "$bin"
 prefix=/tmp/loom-deps
 if [[ ! -d $prefix/usr ]]; then
   mkdir -p "$prefix"

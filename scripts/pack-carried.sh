@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Packs the GPU build's binaries for scripts/gpu-carried.sh (the device tool carries at most 64 MiB with
-# the tracked tree): build-carry/bins.tar.xz (or build-carry/$2.tar.xz) from build-gpu/bin (or $1).
+# the tracked tree): build-carry/bins.tar.xz from build-gpu/bin (or $1).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bin=${1:-$root/build-gpu/bin}
-out=$root/build-carry/${2:-bins}.tar.xz  # a second name packs a variant build (LOOM_BINS in gpu-carried.sh)
+out=$root/build-carry/bins.tar.xz
 mkdir -p "$root/build-carry"
 tar cf - -C "$bin" loom loom-test-ops loom-exec-equivalence libloom_cuda.so | xz -6 -T2 >"$out"
 ls -la "$out"

@@ -184,6 +184,13 @@ void mark_act_handoffs(exec::Plan& p, const Graph& g) {
   }
 }
 
+// Whether a dispatch's first kernel is one of ours, which waits on a programmatic edge (pdl_wait) and
+// so may take one. Not a collective's (NCCL; the fused all-reduce + norm is ours), nor a product that
+// skips its packing (b_packed), whose first kernel may then be cuBLAS's: those get a full dependency.
+bool first_kernel_waits(const exec::Dispatch& d) {
+  return !d.b_packed && !(d.kind == FusedKind::none && d.node()->op == OpKind::all_reduce);
+}
+
 // LOOM_CUDA_INJECT_FAULT=N makes the Nth dispatch launched by a compute that plans (not a replay)
 // fail as a launch would: for testing the error state and reset().
 int64_t injected_fault_at() {
@@ -225,7 +232,6 @@ Executor::~Executor() {
     if (cudaStreamSynchronize(dev_.stream()) != cudaSuccess) (void)cudaGetLastError();
     clear_cache();
     if (capture_stream_) cudaStreamDestroy(capture_stream_);
-    destroy_side();
     if (scratch_) dev_.release(scratch_, scratch_capacity_);
   }
   (void)cudaGetLastError();
@@ -318,7 +324,6 @@ Status Executor::ensure_scratch(size_t shared_bytes, size_t slot_bytes, int n_sl
 }
 
 Result<exec::Plan> Executor::make_plan(const Graph& g, const ExecOptions& o) {
-  ensure_side();
   exec::Plan p = exec::build_plan(g);
   if (o.fusion) exec::fuse(p, g, CudaFusion{numerics_ == Numerics::fast});
   if (o.fusion && numerics_ == Numerics::fast && act_handoff_ && !batch_invariant()) mark_act_handoffs(p, g);
@@ -454,34 +459,8 @@ Status Executor::compute_locked(const Graph& g, uint64_t t0) {
   return sync();
 }
 
-// Made when the first plan is (never inside a stream capture); none when LOOM_CUDA_SIDE_STREAM=0 or
-// creation fails (everything then runs on the one stream).
-void Executor::ensure_side() {
-  if (side_tried_) return;
-  side_tried_ = true;
-  const char* v = std::getenv("LOOM_CUDA_SIDE_STREAM");
-  bool ok = !(v && v[0] == '0' && v[1] == '\0') &&
-            cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking) == cudaSuccess;
-  for (cudaEvent_t& e : side_events_) ok = ok && cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess;
-  if (!ok) {
-    destroy_side();
-    (void)cudaGetLastError();
-  }
-}
-
 LaunchContext Executor::launch_context(cudaStream_t stream) const {
-  LaunchContext ctx{stream, dev_.cublas(), nullptr, 0, numerics_ == Numerics::fast, dev_.info().sm_count};
-  if (side_stream_) {
-    ctx.side = side_stream_;
-    ctx.side_events = side_events_;
-  }
-  return ctx;
-}
-
-void Executor::destroy_side() {
-  for (cudaEvent_t& e : side_events_)
-    if (e) cudaEventDestroy(e), e = nullptr;
-  if (side_stream_) cudaStreamDestroy(side_stream_), side_stream_ = nullptr;
+  return LaunchContext{stream, dev_.cublas(), nullptr, 0, numerics_ == Numerics::fast, dev_.info().sm_count};
 }
 
 CudaError Executor::run_dispatch(const LaunchContext& base, const exec::Dispatch& d) {
@@ -589,12 +568,7 @@ Status Executor::record(const exec::Plan& p, size_t begin, size_t end, bool pdl,
     deps.erase(std::unique(deps.begin(), deps.end()), deps.end());
     cudaGraphEdgeData edge{};
     bool programmatic = false;
-    // A collective's kernels (NCCL) never wait on a programmatic edge: it gets a full dependency. (The
-    // fused all-reduce + norm is a kernel of ours that waits as every other does.) So does a product
-    // that skips its packing (b_packed), whose first kernel may then be cuBLAS's.
-    const bool collective =
-        p.dispatches[i].kind == FusedKind::none && p.dispatches[i].node()->op == OpKind::all_reduce;
-    if (pdl && !collective && !p.dispatches[i].b_packed && deps.size() == 1 && p.deps[i].size() == 1) {
+    if (pdl && first_kernel_waits(p.dispatches[i]) && deps.size() == 1 && p.deps[i].size() == 1) {
       cudaGraphNodeType type{};
       if (cudaGraphNodeGetType(deps[0], &type) == cudaSuccess && type == cudaGraphNodeTypeKernel) {
         edge.from_port = cudaGraphKernelNodePortProgrammatic;

@@ -18,7 +18,6 @@
 #include <utility>
 
 #include "cuda_device.h"
-#include "kernels/launch.h"
 #include "loom/exec_graph_cache.h"
 #include "loom/exec_plan.h"
 #include "loom/exec.h"
@@ -80,8 +79,6 @@ class Executor {
   Status fail(Status s);
   /// What every launch on `stream` gets: the handles, the numerics mode, the device's SM count.
   LaunchContext launch_context(cudaStream_t stream) const;
-  void ensure_side();
-  void destroy_side();
   CudaError run_dispatch(const LaunchContext& base, const exec::Dispatch& d);
   bool aborted() const { return abort_fn_ && abort_fn_(abort_data_); }
   void count_plan(const exec::PlanStats& stats, size_t n_dispatches);
@@ -104,10 +101,6 @@ class Executor {
   int n_dumped_ = 0;
   int n_graph_dumps_ = 0;
   cudaStream_t capture_stream_ = nullptr;
-  // LaunchContext::side (ensure_side)
-  cudaStream_t side_stream_ = nullptr;
-  cudaEvent_t side_events_[kSideEvents] = {};
-  bool side_tried_ = false;
   void* scratch_ = nullptr;
   size_t scratch_capacity_ = 0;
   size_t shared_bytes_ = 0;

@@ -36,17 +36,10 @@ struct LaunchContext {
   /// A mat-vec dispatch whose activations the producing dispatch quantized (act_out_block): the fast
   /// quantized mat-vec reads them from its activation tensor's bytes; it fails if it cannot.
   bool act_in = false;
-  /// A second stream and kSideEvents events for work inside one dispatch that can overlap (the
-  /// prefill GEMM's dequantization of its next weight chunk beside cuBLAS's product of the current
-  /// one); forked from and joined back into `stream` within the dispatch, so a graph capture records
-  /// it as branches of the dispatch. nullptr: everything on `stream`.
   /// A product through cuBLAS whose scratch already holds its activations, packed by the product
   /// before it in the same scratch (same activation tensor and packing; the executor orders them).
   bool b_packed = false;
-  cudaStream_t side = nullptr;
-  const cudaEvent_t* side_events = nullptr;
 };
-inline constexpr int kSideEvents = 5;
 
 inline TensorDesc desc_of(const Tensor* t) {
   TensorDesc d{};

@@ -24,8 +24,8 @@
 //   that fit; a tiled quantized GEMM is future work).
 // - the fast numerics mode, quantized weights and more than kMatVecMaxCols columns (prefill):
 //   b is packed into scratch as f16, the weights are dequantized to f16 rows in chunks of at most
-//   kDequantChunkBytes (the next chunk on a side stream while cuBLAS multiplies the current one),
-//   and cuBLAS multiplies each chunk on tensor cores (f32 accumulation and output). Bytes model per chunk of r rows: read r * row_size, write and read back 2 r k bytes,
+//   kDequantChunkBytes, and cuBLAS multiplies each chunk on tensor cores (f32 accumulation and
+//   output). Bytes model per chunk of r rows: read r * row_size, write and read back 2 r k bytes,
 //   against 2 r k n FLOPs: at n = 512 the GEMM's ~0.5 ms per 8B layer outweighs the ~0.2 ms of
 //   dequantization. Deterministic: cuBLAS gives the same bits run to run for one configuration.
 //   Float weights in the fast mode take the cuBLAS path as in exact mode (f32 weights with TF32).
@@ -395,7 +395,8 @@ bool is_float_type(DType t) { return t == DType::f32 || t == DType::f16 || t == 
 // MB), since one large GEMM beats several (8B Q4_K_M on the H200: pp512 21,800 with 32 MB chunks,
 // 22,200 with 64, 22,700 with 128; 16 MB 20,100, 8 MB 17,100), and bounded so the scratch stays small
 // next to a large model's weights (the executor keeps one region for every product through cuBLAS,
-// which are ordered anyway). Larger matrices go in chunks, two buffers, overlapped (gemm_dequant).
+// which are ordered anyway). Dequantizing the next chunk on a second stream during the current
+// chunk's GEMM gave +2% at 32 MB chunks (cuBLAS's CTAs take whole SMs) and was removed.
 constexpr size_t kDequantChunkBytes = size_t{128} << 20;
 constexpr size_t kScratchAlign = 256;
 
@@ -451,37 +452,28 @@ int64_t dequant_chunk_rows(const Tensor* a) {
   return std::min<int64_t>(rows, a->ne[1]);
 }
 
-// f16 activations, then one chunk buffer, or two when there are several chunks (the next chunk is
-// dequantized into one while cuBLAS reads the other: gemm_dequant).
 size_t dequant_gemm_scratch(const Tensor* dst) {
   const Tensor* a = dst->src[0];
-  const int64_t chunk = dequant_chunk_rows(a);
-  const size_t buffers = chunk < a->ne[1] ? 2 : 1;
   return align_up(static_cast<size_t>(dst->src[1]->nelements()) * 2) +
-         buffers * align_up(static_cast<size_t>(chunk * a->ne[0]) * 2);
+         static_cast<size_t>(dequant_chunk_rows(a) * a->ne[0]) * 2;
 }
 
 template <class D>
-CudaError dequantize_rows(cudaStream_t stream, __half* out, const Tensor* a, int64_t row0, int64_t rows) {
+CudaError dequantize_rows(const LaunchContext& ctx, __half* out, const Tensor* a, int64_t row0, int64_t rows) {
   constexpr int kThreads = 256;
   const int64_t groups = rows * (a->ne[0] / 8);
   if (a->nb[1] == static_cast<size_t>(a->ne[0] / D::kBlock * D::kBytes) && groups < (int64_t{1} << 31)) {
     const auto* blocks = static_cast<const uint8_t*>(a->data) + row0 * static_cast<int64_t>(a->nb[1]);
-    dequantize_flat_f16_kernel<D><<<grid_for(groups, kThreads), kThreads, 0, stream>>>(out, blocks,
+    dequantize_flat_f16_kernel<D><<<grid_for(groups, kThreads), kThreads, 0, ctx.stream>>>(out, blocks,
                                                                                          static_cast<uint32_t>(groups));
     LOOM_CUDA_CHECK_LAUNCH("dequantize_flat_f16_kernel");
     return {};
   }
-  dequantize_rows_f16_kernel<D><<<grid_for(groups, kThreads), kThreads, 0, stream>>>(out, desc_of(a), row0, rows);
+  dequantize_rows_f16_kernel<D><<<grid_for(groups, kThreads), kThreads, 0, ctx.stream>>>(out, desc_of(a), row0, rows);
   LOOM_CUDA_CHECK_LAUNCH("dequantize_rows_f16_kernel");
   return {};
 }
 
-// Chunks of weight rows dequantized to f16, each multiplied by cuBLAS. With several chunks and a side
-// stream (LaunchContext::side), the dequantization of chunk c + 1 runs on the side stream while
-// cuBLAS multiplies chunk c (two buffers; chunk c + 2 waits for the product that read its buffer):
-// the dequantization is memory-bound and a GEMM of a few thousand rows at 512 columns does not fill
-// every SM, so the two overlap. The same kernels and calls either way: the same bits.
 CudaError gemm_dequant(const LaunchContext& ctx, const Tensor* dst) {
   const Tensor* a = dst->src[0];
   const Tensor* b = dst->src[1];
@@ -491,56 +483,23 @@ CudaError gemm_dequant(const LaunchContext& ctx, const Tensor* dst) {
                               __FILE__, __LINE__);
   auto* b16 = static_cast<__half*>(ctx.scratch);
   if (!ctx.b_packed) LOOM_CUDA_TRY(pack_b_f16(ctx, b16, b));
+  auto* w16 = reinterpret_cast<__half*>(static_cast<char*>(ctx.scratch) + align_up(static_cast<size_t>(b->nelements()) * 2));
   const int64_t chunk = dequant_chunk_rows(a);
-  const size_t b_bytes = align_up(static_cast<size_t>(b->nelements()) * 2);
-  __half* w16[2] = {reinterpret_cast<__half*>(static_cast<char*>(ctx.scratch) + b_bytes), nullptr};
-  if (chunk < m) w16[1] = reinterpret_cast<__half*>(reinterpret_cast<char*>(w16[0]) + align_up(static_cast<size_t>(chunk * k) * 2));
   const float alpha = 1.0f, beta = 0.0f;
-  auto dequantize = [&](cudaStream_t stream, __half* out, int64_t row0, int64_t rows) {
-    return visit_quant_type(
-        a->type, CudaError::runtime(cudaErrorInvalidValue, "mul_mat: not a quantized weight", __FILE__, __LINE__),
-        [&](auto q) { return dequantize_rows<typename decltype(q)::Dequant8>(stream, out, a, row0, rows); });
-  };
-  auto multiply = [&](const __half* w, int64_t row0, int64_t rows) -> CudaError {
+  for (int64_t row0 = 0; row0 < m; row0 += chunk) {
+    const int64_t rows = std::min(chunk, m - row0);
+    const CudaError e = visit_quant_type(
+        a->type,
+        CudaError::runtime(cudaErrorInvalidValue, "mul_mat: not a quantized weight", __FILE__, __LINE__),
+        [&](auto q) { return dequantize_rows<typename decltype(q)::Dequant8>(ctx, w16, a, row0, rows); });
+    if (!e.ok()) return e;
     // dst rows [row0, row0 + rows) of every column: column-major C with ldc = m
     LOOM_CUBLAS_CHECK(cublasGemmEx(ctx.cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), static_cast<int>(n),
-                                   static_cast<int>(k), &alpha, w, CUDA_R_16F, static_cast<int>(k), b16,
+                                   static_cast<int>(k), &alpha, w16, CUDA_R_16F, static_cast<int>(k), b16,
                                    CUDA_R_16F, static_cast<int>(k), &beta, static_cast<float*>(dst->data) + row0,
                                    CUDA_R_32F, static_cast<int>(m), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    return {};
-  };
-  if (!ctx.side || !w16[1]) {
-    for (int64_t row0 = 0; row0 < m; row0 += chunk) {
-      const int64_t rows = std::min(chunk, m - row0);
-      LOOM_CUDA_TRY(dequantize(ctx.stream, w16[0], row0, rows));
-      LOOM_CUDA_TRY(multiply(w16[0], row0, rows));
-    }
-    return {};
   }
-  // events: [0] the fork (after the activations' packing), [1 + i] buffer i dequantized, [3 + i]
-  // buffer i read by its product
-  const cudaEvent_t* ev = ctx.side_events;
-  LOOM_CUDA_CHECK(cudaEventRecord(ev[0], ctx.stream));
-  LOOM_CUDA_CHECK(cudaStreamWaitEvent(ctx.side, ev[0], 0));
-  auto pipeline = [&]() -> CudaError {
-    for (int64_t c = 0, row0 = 0; row0 < m; ++c, row0 += chunk) {
-      const int64_t rows = std::min(chunk, m - row0);
-      const int i = static_cast<int>(c % 2);
-      if (c >= 2) LOOM_CUDA_CHECK(cudaStreamWaitEvent(ctx.side, ev[3 + i], 0));
-      LOOM_CUDA_TRY(dequantize(ctx.side, w16[i], row0, rows));
-      LOOM_CUDA_CHECK(cudaEventRecord(ev[1 + i], ctx.side));
-      LOOM_CUDA_CHECK(cudaStreamWaitEvent(ctx.stream, ev[1 + i], 0));
-      LOOM_CUDA_TRY(multiply(w16[i], row0, rows));
-      LOOM_CUDA_CHECK(cudaEventRecord(ev[3 + i], ctx.stream));
-    }
-    return {};
-  };
-  const CudaError e = pipeline();
-  if (!e.ok()) {  // join whatever the side stream holds back into the main stream (best effort)
-    if (cudaEventRecord(ev[0], ctx.side) != cudaSuccess || cudaStreamWaitEvent(ctx.stream, ev[0], 0) != cudaSuccess)
-      (void)cudaGetLastError();
-  }
-  return e;
+  return {};
 }
 
 // Whether the cuBLAS path applies: float weights, enough columns to be worth a GEMM, and weight
