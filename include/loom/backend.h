@@ -76,6 +76,9 @@ class Backend {
   virtual const char* name() const = 0;
   /// Memory the backend computes on; tensors of a graph must live in it.
   virtual BufferType& buffer_type() = 0;
+  /// Host memory the backend copies to and from fastest (CUDA: page-locked, copied by DMA without a
+  /// staging bounce), or nullptr when plain host memory is as good.
+  virtual BufferType* host_buffer_type() { return nullptr; }
   /// Whether this backend has a kernel for this node (op, dtypes, shape).
   virtual bool supports_op(const Tensor& node) const = 0;
   /// Evaluates every node of `g` in order. Every tensor must be allocated.

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <condition_variable>
 #include <cstring>
 #include <functional>
@@ -185,18 +186,39 @@ struct ContextImpl {
   std::unique_ptr<RankThreads> rank_threads;
   std::vector<std::vector<float>> rank_logits;  // each rank's logits, read back before they are interleaved
   // Host copy returned by decode: it only grows, so a step does not zero-fill the megabytes it then
-  // overwrites (64 sequences x a 128k vocabulary: 33 MB per batched step).
+  // overwrites (64 sequences x a 128k vocabulary: 33 MB per batched step). In the logits backend's
+  // fast host memory when it has one (CUDA: page-locked, so the read-back is one DMA instead of a
+  // copy through the driver's staging buffers); in a vector when it has none or cannot get it.
   struct LogitsBuffer {
-    std::vector<float> data;
+    BufferType* fast_type = nullptr;  // set at creation from the last segment's backend
+    std::unique_ptr<Buffer> fast;     // capacity fast->size() / sizeof(float)
+    std::vector<float> plain;
     size_t n = 0;
     void clear() { n = 0; }
+    float* base() { return fast ? static_cast<float*>(fast->base()) : plain.data(); }
+    const float* base() const { return const_cast<LogitsBuffer*>(this)->base(); }
     float* append(size_t count) {
-      if (data.size() < n + count) data.resize(n + count);
-      float* p = data.data() + n;
-      n += count;
+      const size_t need = n + count;
+      if (fast_type && (!fast || fast->size() < need * sizeof(float))) {
+        // grows by doubling, keeping the n floats already there
+        const size_t have = fast ? fast->size() / sizeof(float) : plain.size();
+        Result<std::unique_ptr<Buffer>> grown = fast_type->allocate(std::max(need, 2 * have) * sizeof(float));
+        if (grown.ok()) {
+          std::memcpy((*grown)->base(), base(), n * sizeof(float));
+          fast = std::move(grown.value());
+          plain = {};
+        } else {  // no page-locked memory left: plain host memory from here on
+          plain.assign(base(), base() + n);
+          fast.reset();
+          fast_type = nullptr;
+        }
+      }
+      if (!fast && plain.size() < need) plain.resize(need);
+      float* p = base() + n;
+      n = need;
       return p;
     }
-    std::span<const float> view() const { return {data.data(), n}; }
+    std::span<const float> view() const { return {base(), n}; }
   };
   LogitsBuffer logits;
   DecodeStats stats;
@@ -689,6 +711,10 @@ Result<std::unique_ptr<Context>> Context::create(const Model& model, const Conte
   }
   c.stats.arena_bytes = 0;
   for (const detail::Segment& s : c.segments) c.stats.arena_bytes += s.arena->size();
+  // LOOM_PINNED_LOGITS=0: plain host memory, to compare
+  const char* pinned = std::getenv("LOOM_PINNED_LOGITS");
+  if (!(pinned && std::string_view(pinned) == "0"))
+    c.logits.fast_type = c.segments.back().backend->host_buffer_type();
   return std::unique_ptr<Context>(new Context(std::move(impl)));
 }
 
@@ -878,7 +904,7 @@ Result<size_t> run_batch_step(detail::ContextImpl& c, std::span<const SeqTokens>
 void rows_in_entry_order(detail::ContextImpl& c, size_t chunk_at, size_t n_entries) {
   if (chunk_at == 0 || chunk_at >= n_entries) return;
   const size_t n_vocab = static_cast<size_t>(c.m->hp.n_vocab);
-  float* rows = c.logits.data.data();
+  float* rows = c.logits.base();
   std::rotate(rows, rows + n_vocab, rows + (chunk_at + 1) * n_vocab);
 }
 

@@ -26,6 +26,10 @@ class CudaBackend final : public Backend, public exec::ExecutorControl, public C
   const char* name() const override { return "cuda"; }
   Numerics numerics() const override { return exec_.numerics(); }
   BufferType& buffer_type() override { return dev_.buffer_type(); }
+  BufferType* host_buffer_type() override {
+    Result<BufferType*> t = cuda_host_buffer_type();
+    return t.ok() ? *t : nullptr;
+  }
 
   bool supports_op(const Tensor& node) const override { return cuda_supports_op(node); }
 
