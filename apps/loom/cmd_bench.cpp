@@ -92,7 +92,7 @@ struct BenchOptions {
   int n_gpu_layers = 99;
   std::vector<int> n_tensor_parallel = {1};  // -tp 1,2,4: each model at each rank count
   int n_threads = 0;
-  int n_batch = 512;
+  int n_batch = kDefaultPassTokens;
   std::string output = "md";
   std::string flash_attn;
   std::string backend;
@@ -312,7 +312,7 @@ void add_bench_command(CLI::App& app, std::vector<Command>& out) {
                   "that many last layers, the rest on the CPU)")
       ->check(CLI::Range(0, 100000));
   cmd->add_option("-t,--threads", o->n_threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 1024));
-  cmd->add_option("--ubatch-size", o->n_batch, "-ub: prompt tokens per forward pass")
+  cmd->add_option("--ubatch-size", o->n_batch, fmt::format("-ub: prompt tokens per forward pass (default {})", kDefaultPassTokens))
       ->check(CLI::Range(1, 1 << 16));
   cmd->add_option("-o,--output", o->output, "Output format: md, json or csv")
       ->check(CLI::IsMember({"md", "json", "csv"}));

@@ -156,7 +156,7 @@ void add_model_flags(CLI::App& cmd, GenerateOptions& o) {
   cmd.add_option("-c,--ctx-size", o.n_ctx, "Context size (0: the model's, at most 4096)")
       ->check(CLI::Range(0, 1 << 24));
   cmd.add_option("-t,--threads", o.n_threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 1024));
-  cmd.add_option("--ubatch-size", o.n_batch, "Prompt tokens per forward pass")->check(CLI::Range(1, 1 << 16));
+  cmd.add_option("--ubatch-size", o.n_batch, fmt::format("Prompt tokens per forward pass (default {})", kDefaultPassTokens))->check(CLI::Range(1, 1 << 16));
   cmd.add_flag("--swa-full", o.swa_full,
                "Sliding-window layers keep the whole context instead of their window (more memory; "
                "for comparisons)");
