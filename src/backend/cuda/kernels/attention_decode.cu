@@ -128,8 +128,10 @@ __device__ __forceinline__ void merge(float& m, float& l, float (&acc)[8], float
 }
 
 // Grid: x = (i3, KV head, row group), y = split. kGather: K/V rows through a.k_idx / a.v_idx.
-template <int kLpk, bool kGather>
-__global__ void __launch_bounds__(kDecThreads) flash_decode_kernel(const __grid_constant__ DecodeArgs a) {
+// kMinBlocks: blocks an SM must hold (the register cap): 4 for gathered K/V (a batched step's 64
+// sequences x 8 KV heads = 512 blocks fit one wave of 132 SMs instead of two at 3 a SM).
+template <int kLpk, bool kGather, int kMinBlocks>
+__global__ void __launch_bounds__(kDecThreads, kMinBlocks) flash_decode_kernel(const __grid_constant__ DecodeArgs a) {
   pdl_wait();
   constexpr int kKpw = kWarpSize / kLpk;  // keys per warp at once
   constexpr int kD = kLpk * 8;            // head size
@@ -378,11 +380,11 @@ TensorDesc kv_desc(const Tensor* operand, const Tensor* store) {
   return t;
 }
 
-template <bool kGather>
+template <bool kGather, int kMinBlocks>
 auto decode_kernel_for(int64_t d) {
-  return d == 64    ? flash_decode_kernel<8, kGather>
-         : d == 128 ? flash_decode_kernel<16, kGather>
-                    : flash_decode_kernel<32, kGather>;
+  return d == 64    ? flash_decode_kernel<8, kGather, kMinBlocks>
+         : d == 128 ? flash_decode_kernel<16, kGather, kMinBlocks>
+                    : flash_decode_kernel<32, kGather, kMinBlocks>;
 }
 
 }  // namespace
@@ -545,7 +547,12 @@ CudaError launch_flash_attn_decode(const LaunchContext& ctx, const Tensor* dst, 
     return CudaError::runtime(cudaErrorInvalidValue,
                               "flash_attn decode: quantized activations asked for, but the merge cannot write them",
                               __FILE__, __LINE__);
-  auto kernel = rows ? decode_kernel_for<true>(d) : decode_kernel_for<false>(d);
+  static const bool capped = [] {  // LOOM_FLASH_DECODE_CAP=0: the gathered kernel without the cap
+    const char* e = std::getenv("LOOM_FLASH_DECODE_CAP");
+    return !(e && e[0] == '0');
+  }();
+  auto kernel = !rows ? decode_kernel_for<false, 1>(d)
+                      : (capped ? decode_kernel_for<true, 4>(d) : decode_kernel_for<true, 1>(d));
   kernel<<<grid, kDecThreads, 0, ctx.stream>>>(a);
   LOOM_CUDA_CHECK_LAUNCH("flash_decode_kernel");
   if (ctx.act_out_block) {  // the output projection's activations, quantized by the merge
