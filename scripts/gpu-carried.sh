@@ -115,8 +115,10 @@ for step in "$@"; do
       long=$(for i in $(seq 30); do printf "The quick brown fox jumps over the lazy dog. "; done)
       for m in $models; do
         f=$(model "$m") || continue
-        for mode in $pmodes; do for ub in ${LOOM_PREFILL_UB:-512}; do  # LOOM_PREFILL_UB: pass sizes (-ub) to time
-          env $(tr "," " " <<<"${mode/#-/}") timeout 200 "$bin/loom" bench -m "$f" ${LOOM_PREFILL_FLAGS:--p 512,4096 -n 0 -r 3} -ub $ub 2>/dev/null |
+        # LOOM_PREFILL_UB: pass sizes (-ub) to time, "-" for loom bench's default
+        for mode in $pmodes; do for ub in ${LOOM_PREFILL_UB:--}; do
+          env $(tr "," " " <<<"${mode/#-/}") timeout 200 "$bin/loom" bench -m "$f" ${LOOM_PREFILL_FLAGS:--p 512,4096 -n 0 -r 3} \
+            $([[ $ub == - ]] || echo "-ub $ub") 2>/dev/null |
             grep -E "^\|" | grep -v -- "---" | grep -v "t/s" | awk -v tag="$mode -ub $ub" '{ print $0 " " tag }'
         done; done
         [[ $pmodes == "-" ]] && continue
