@@ -92,7 +92,7 @@ struct BenchOptions {
   int n_gpu_layers = 99;
   std::vector<int> n_tensor_parallel = {1};  // -tp 1,2,4: each model at each rank count
   int n_threads = 0;
-  int n_batch = kDefaultPassTokens;
+  int n_batch = 0;  // -ub (0: default_pass_tokens)
   std::string output = "md";
   std::string flash_attn;
   std::string backend;
@@ -181,7 +181,8 @@ int run_batched_bench(const BenchOptions& o) {
   if (o.output == "csv") fmt::print(stderr, "loom: bench: batched mode prints md or json; md it is\n");
   for (const auto& [path, n_tp] : model_runs(o)) {
     // one pass per decode step, however many sequences
-    GenerateOptions g = session_options(o, path, n_tp, n_ctx, std::max(o.n_batch, max_pl));
+    GenerateOptions g = session_options(o, path, n_tp, n_ctx, o.n_batch);
+    g.n_batch_at_least = max_pl;
     g.kv_cache = llm::KvCacheKind::paged;
     g.n_seq_max = max_pl;  // sliding-window layers keep a ring for that many sequences, as a server's would
     std::string backend_name;
@@ -312,7 +313,8 @@ void add_bench_command(CLI::App& app, std::vector<Command>& out) {
                   "that many last layers, the rest on the CPU)")
       ->check(CLI::Range(0, 100000));
   cmd->add_option("-t,--threads", o->n_threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 1024));
-  cmd->add_option("--ubatch-size", o->n_batch, fmt::format("-ub: prompt tokens per forward pass (default {})", kDefaultPassTokens))
+  cmd->add_option("--ubatch-size", o->n_batch, fmt::format("-ub: prompt tokens per forward pass (default {} on CUDA, {} on the CPU)",
+                                                 kLongPassTokens, kPassTokens))
       ->check(CLI::Range(1, 1 << 16));
   cmd->add_option("-o,--output", o->output, "Output format: md, json or csv")
       ->check(CLI::IsMember({"md", "json", "csv"}));

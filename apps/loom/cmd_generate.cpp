@@ -156,7 +156,8 @@ void add_model_flags(CLI::App& cmd, GenerateOptions& o) {
   cmd.add_option("-c,--ctx-size", o.n_ctx, "Context size (0: the model's, at most 4096)")
       ->check(CLI::Range(0, 1 << 24));
   cmd.add_option("-t,--threads", o.n_threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 1024));
-  cmd.add_option("--ubatch-size", o.n_batch, fmt::format("Prompt tokens per forward pass (default {})", kDefaultPassTokens))->check(CLI::Range(1, 1 << 16));
+  cmd.add_option("--ubatch-size", o.n_batch, fmt::format("Prompt tokens per forward pass (default {} on CUDA, {} on the CPU and for serve)",
+                             kLongPassTokens, kPassTokens))->check(CLI::Range(1, 1 << 16));
   cmd.add_flag("--swa-full", o.swa_full,
                "Sliding-window layers keep the whole context instead of their window (more memory; "
                "for comparisons)");
@@ -221,6 +222,10 @@ void add_sampling_flags(CLI::App& cmd, GenerateOptions& o) {
                "tokens; for comparisons)");
 }
 
+int default_pass_tokens(std::string_view backend, bool serving) {
+  return backend == "cuda" && !serving ? kLongPassTokens : kPassTokens;
+}
+
 Result<llm::Session> open_generate_session(const GenerateOptions& o, std::string& backend_name) {
   backend_name = resolve_backend(o);
   llm::SessionParams sp;
@@ -228,7 +233,7 @@ Result<llm::Session> open_generate_session(const GenerateOptions& o, std::string
   sp.backend = backend_name;
   sp.n_threads = o.n_threads;
   sp.n_ctx = o.n_ctx;
-  sp.n_batch = o.n_batch;
+  sp.n_batch = std::max(o.n_batch > 0 ? o.n_batch : default_pass_tokens(backend_name, o.serving), o.n_batch_at_least);
   sp.kv_cache = o.kv_cache;
   sp.swa_full = o.swa_full;
   sp.n_seq_max = o.n_seq_max;

@@ -80,6 +80,7 @@ int run_serve(ServeOptions o) {
   };
 
   std::string backend_name;
+  o.gen.serving = true;  // -ub defaults to kPassTokens: the serving context's mask spans every slot
   auto session = open_generate_session(o.gen, backend_name);
   if (!session) return finish(fail(session.status()));
   auto tok = Tokenizer::from_gguf(session->model->gguf());

@@ -17,10 +17,13 @@ class Validator;
 
 namespace loom::app {
 
-/// Prompt tokens per forward pass unless -ub says otherwise (llama.cpp's logical batch). On CUDA a
-/// quantized weight is dequantized once a pass for the prompt's GEMMs, so longer passes amortize it:
-/// 8B Q4_K_M pp4096 on the H200 18.4k t/s at 512 against 22.8k at 2048 (docs/PERFORMANCE.md).
-inline constexpr int kDefaultPassTokens = 2048;
+/// Prompt tokens per forward pass unless -ub says otherwise: kLongPassTokens for `run`, `chat` and
+/// `bench` on CUDA, where a quantized weight is dequantized once a pass for the prompt's GEMMs (8B
+/// Q4_K_M pp4096 on the H200: 18.4k t/s at 512 against 22.8k at 2048, docs/PERFORMANCE.md);
+/// kPassTokens on the CPU and for `serve`, whose context spans every slot's cells, so its
+/// [cells x pass] mask would grow with the pass (64 slots x 4096 cells x 2048 x 4 bytes = 2 GiB).
+inline constexpr int kPassTokens = 512;
+inline constexpr int kLongPassTokens = 2048;
 
 struct GenerateOptions {
   std::string model_path;                   ///< -m
@@ -29,7 +32,9 @@ struct GenerateOptions {
   int n_predict = 64;                       ///< -n
   int n_ctx = 0;                            ///< -c (0: the model's, at most 4096)
   int n_threads = 0;                        ///< -t
-  int n_batch = kDefaultPassTokens;         ///< -ub
+  int n_batch = 0;                          ///< -ub (0: default_pass_tokens)
+  int n_batch_at_least = 0;                 ///< a pass at least this long (batched bench: a step's sequences)
+  bool serving = false;                     ///< `loom serve`: kPassTokens unless -ub
   llm::KvCacheKind kv_cache = llm::KvCacheKind::contiguous;  ///< paged for batched work
   bool swa_full = false;                    ///< --swa-full
   int n_seq_max = 0;                        ///< sequences alive at once (sizes a paged cache's window ring)
@@ -81,6 +86,8 @@ void add_sampling_flags(CLI::App& cmd, GenerateOptions& o);
 /// on the GPU, the rest on the CPU (backend_name "cuda+cpu"). Without a usable GPU, -ngl > 0 notes
 /// that on stderr and runs everything on the CPU (gpu_if_usable: silently); --backend cuda fails.
 Result<llm::Session> open_generate_session(const GenerateOptions& o, std::string& backend_name);
+/// -ub's default on `backend` ("cuda", "cpu"): kLongPassTokens on CUDA unless serving, else kPassTokens.
+int default_pass_tokens(std::string_view backend, bool serving);
 /// The backend whose executor a session's passes end on (traces, counters): the offload backend
 /// (the GPU) when the model is split, else the only one.
 inline Backend& executing_backend(llm::Session& s) {

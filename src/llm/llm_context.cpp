@@ -204,7 +204,7 @@ struct ContextImpl {
         const size_t have = fast ? fast->size() / sizeof(float) : plain.size();
         Result<std::unique_ptr<Buffer>> grown = fast_type->allocate(std::max(need, 2 * have) * sizeof(float));
         if (grown.ok()) {
-          std::memcpy((*grown)->base(), base(), n * sizeof(float));
+          if (n > 0) std::memcpy((*grown)->base(), base(), n * sizeof(float));
           fast = std::move(grown.value());
           plain = {};
         } else {  // no page-locked memory left: plain host memory from here on
@@ -711,9 +711,11 @@ Result<std::unique_ptr<Context>> Context::create(const Model& model, const Conte
   }
   c.stats.arena_bytes = 0;
   for (const detail::Segment& s : c.segments) c.stats.arena_bytes += s.arena->size();
-  // LOOM_PINNED_LOGITS=0: plain host memory, to compare
-  const char* pinned = std::getenv("LOOM_PINNED_LOGITS");
-  if (!(pinned && std::string_view(pinned) == "0"))
+  static const bool pinned = [] {  // LOOM_PINNED_LOGITS=0: plain host memory, to compare
+    const char* e = std::getenv("LOOM_PINNED_LOGITS");
+    return !(e && std::string_view(e) == "0");
+  }();
+  if (pinned)
     c.logits.fast_type = c.segments.back().backend->host_buffer_type();
   return std::unique_ptr<Context>(new Context(std::move(impl)));
 }

@@ -57,13 +57,14 @@ constexpr int kChunk = gemm_q_plan::kChunk;  // k per shared-memory stage
 
 // Per stage, the chunk's segment of each of the kBM weight rows (kSegBytes) and kBN columns of kChunk
 // f16 activations. Formats whose segment is a multiple of 16 bytes (q4_0, q4_K, q8_0, ...; rows
-// 16-byte aligned, gemm_q_supported) are staged by the SM's copy engine, one cp.async.bulk per row and
-// per column, completing on an mbarrier per stage; rows then start 16-byte aligned (q4_K's codes in
-// one 8-byte load). The others copy 16-byte cp.async pieces from each segment's aligned start (up to
-// 15 bytes before it: one piece more). Measured (ncu, H200, [14336, 64] q4_K), the bulk copies alone
-// changed nothing (64.4 -> 65.0 us): the pieces' addresses cost ~400 of a chunk's ~1,800 instructions
-// per warp, and the compiler serializes the bulk copies of a warp's lanes through one elected lane
-// (~350). One 2-D tensor-map copy per stage would remove both.
+// 16-byte aligned, gemm_q_supported) are staged by the SM's copy engine, completing on an mbarrier per
+// stage: the weight rows by one 2-D tensor copy where the segment fits its box (Staging::kTma: q4_0,
+// q4_K), else one cp.async.bulk per row; the activations one per column. Rows then start 16-byte
+// aligned (q4_K's codes in one 8-byte load). The others copy 16-byte cp.async pieces from each
+// segment's aligned start (up to 15 bytes before it: one piece more). Measured (ncu, H200, [14336, 64]
+// q4_K), per-row bulk copies alone changed nothing against the pieces (64.4 -> 65.0 us): the pieces'
+// addresses cost ~400 of a chunk's ~1,800 instructions per warp, and the compiler serializes the bulk
+// copies of a warp's lanes through one elected lane (~350); the tensor copy removes both (41.6 -> 39.9).
 // Row stride seg + 16 bytes (q4_K: 160, 8 banks apart: a half-warp's eight-byte loads of rows g, g+1,
 // .. hit different banks). Activation columns: bulk, 576 bytes apart (odd columns 16 banks over, so the
 // two columns one 8-lane phase of a 16-byte load reads fall on different banks); cp.async, 512 bytes
