@@ -29,6 +29,7 @@
 
 #include "loom/exec_plan.h"
 #include "llm_kv_cache.h"
+#include "logits_buffer.h"
 #include "llm_model_impl.h"
 #include "loom/planner.h"
 
@@ -185,41 +186,8 @@ struct ContextImpl {
   bool tensor_parallel = false;
   std::unique_ptr<RankThreads> rank_threads;
   std::vector<std::vector<float>> rank_logits;  // each rank's logits, read back before they are interleaved
-  // Host copy returned by decode: it only grows, so a step does not zero-fill the megabytes it then
-  // overwrites (64 sequences x a 128k vocabulary: 33 MB per batched step). In the logits backend's
-  // fast host memory when it has one (CUDA: page-locked, so the read-back is one DMA instead of a
-  // copy through the driver's staging buffers); in a vector when it has none or cannot get it.
-  struct LogitsBuffer {
-    BufferType* fast_type = nullptr;  // set at creation from the last segment's backend
-    std::unique_ptr<Buffer> fast;     // capacity fast->size() / sizeof(float)
-    std::vector<float> plain;
-    size_t n = 0;
-    void clear() { n = 0; }
-    float* base() { return fast ? static_cast<float*>(fast->base()) : plain.data(); }
-    const float* base() const { return const_cast<LogitsBuffer*>(this)->base(); }
-    float* append(size_t count) {
-      const size_t need = n + count;
-      if (fast_type && (!fast || fast->size() < need * sizeof(float))) {
-        // grows by doubling, keeping the n floats already there
-        const size_t have = fast ? fast->size() / sizeof(float) : plain.size();
-        Result<std::unique_ptr<Buffer>> grown = fast_type->allocate(std::max(need, 2 * have) * sizeof(float));
-        if (grown.ok()) {
-          if (n > 0) std::memcpy((*grown)->base(), base(), n * sizeof(float));
-          fast = std::move(grown.value());
-          plain = {};
-        } else {  // no page-locked memory left: plain host memory from here on
-          plain.assign(base(), base() + n);
-          fast.reset();
-          fast_type = nullptr;
-        }
-      }
-      if (!fast && plain.size() < need) plain.resize(need);
-      float* p = base() + n;
-      n = need;
-      return p;
-    }
-    std::span<const float> view() const { return {base(), n}; }
-  };
+  // The host copy of the logits decode returns (logits_buffer.h).
+  using LogitsBuffer = detail::LogitsBuffer;
   LogitsBuffer logits;
   DecodeStats stats;
   // decode_batch_sampled: the next run_step's top-k width (0: no sampling in the graph), its rows'
