@@ -119,7 +119,7 @@ for step in "$@"; do
         for mode in $pmodes; do for ub in ${LOOM_PREFILL_UB:--}; do
           env $(tr "," " " <<<"${mode/#-/}") timeout 200 "$bin/loom" bench -m "$f" ${LOOM_PREFILL_FLAGS:--p 512,4096 -n 0 -r 3} \
             $([[ $ub == - ]] || echo "-ub $ub") 2>/dev/null |
-            grep -E "^\|" | grep -v -- "---" | grep -v "t/s" | awk -v tag="$mode -ub $ub" '{ print $0 " " tag }'
+            grep -E "^\|" | grep -v -- "---" | grep -v "t/s" | awk -v tag="$mode$([[ $ub == - ]] || echo " -ub $ub")" '{ print $0 " " tag }'
         done; done
         [[ $pmodes == "-" ]] && continue
         first=""

@@ -92,7 +92,7 @@ struct BenchOptions {
   int n_gpu_layers = 99;
   std::vector<int> n_tensor_parallel = {1};  // -tp 1,2,4: each model at each rank count
   int n_threads = 0;
-  int n_batch = 0;  // -ub (0: default_pass_tokens)
+  int n_batch = 0;  // -ub (0: GenerateOptions::n_batch's default)
   std::string output = "md";
   std::string flash_attn;
   std::string backend;

@@ -222,18 +222,15 @@ void add_sampling_flags(CLI::App& cmd, GenerateOptions& o) {
                "tokens; for comparisons)");
 }
 
-int default_pass_tokens(std::string_view backend, bool serving) {
-  return backend == "cuda" && !serving ? kLongPassTokens : kPassTokens;
-}
-
 Result<llm::Session> open_generate_session(const GenerateOptions& o, std::string& backend_name) {
   backend_name = resolve_backend(o);
+  const int pass_tokens = backend_name == "cuda" && !o.serving ? kLongPassTokens : kPassTokens;
   llm::SessionParams sp;
   sp.model_path = o.model_path;
   sp.backend = backend_name;
   sp.n_threads = o.n_threads;
   sp.n_ctx = o.n_ctx;
-  sp.n_batch = std::max(o.n_batch > 0 ? o.n_batch : default_pass_tokens(backend_name, o.serving), o.n_batch_at_least);
+  sp.n_batch = std::max(o.n_batch > 0 ? o.n_batch : pass_tokens, o.n_batch_at_least);
   sp.kv_cache = o.kv_cache;
   sp.swa_full = o.swa_full;
   sp.n_seq_max = o.n_seq_max;

@@ -32,7 +32,7 @@ struct GenerateOptions {
   int n_predict = 64;                       ///< -n
   int n_ctx = 0;                            ///< -c (0: the model's, at most 4096)
   int n_threads = 0;                        ///< -t
-  int n_batch = 0;                          ///< -ub (0: default_pass_tokens)
+  int n_batch = 0;                          ///< -ub (0: kLongPassTokens on CUDA unless serving, else kPassTokens)
   int n_batch_at_least = 0;                 ///< a pass at least this long (batched bench: a step's sequences)
   bool serving = false;                     ///< `loom serve`: kPassTokens unless -ub
   llm::KvCacheKind kv_cache = llm::KvCacheKind::contiguous;  ///< paged for batched work
@@ -86,8 +86,6 @@ void add_sampling_flags(CLI::App& cmd, GenerateOptions& o);
 /// on the GPU, the rest on the CPU (backend_name "cuda+cpu"). Without a usable GPU, -ngl > 0 notes
 /// that on stderr and runs everything on the CPU (gpu_if_usable: silently); --backend cuda fails.
 Result<llm::Session> open_generate_session(const GenerateOptions& o, std::string& backend_name);
-/// -ub's default on `backend` ("cuda", "cpu"): kLongPassTokens on CUDA unless serving, else kPassTokens.
-int default_pass_tokens(std::string_view backend, bool serving);
 /// The backend whose executor a session's passes end on (traces, counters): the offload backend
 /// (the GPU) when the model is split, else the only one.
 inline Backend& executing_backend(llm::Session& s) {

@@ -60,6 +60,9 @@ Result<Numerics> resolve_numerics(std::optional<Numerics> requested, Numerics ba
 /// Whether LOOM_DETERMINISTIC is set and not "0" (`--deterministic`): batch-invariant fast numerics on
 /// CUDA, a sequence's results the same whatever else a step holds (docs/BATCHING.md).
 bool deterministic_from_env();
+/// A default-on switch from the environment: on unless `name` is set to "0" (the LOOM_* variables
+/// that turn a faster path off to compare against it). Callers read it once.
+bool env_switch(const char* name);
 
 /// Options a backend is created with.
 struct BackendOptions {

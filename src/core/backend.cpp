@@ -95,6 +95,11 @@ bool deterministic_from_env() {
   return v && *v && std::string_view(v) != "0";
 }
 
+bool env_switch(const char* name) {
+  const char* v = std::getenv(name);
+  return !(v && std::string_view(v) == "0");
+}
+
 Result<std::unique_ptr<Backend>> create_backend(std::string_view name, const BackendOptions& options) {
   Registry& r = registry();
   BackendFactory factory;

@@ -679,10 +679,7 @@ Result<std::unique_ptr<Context>> Context::create(const Model& model, const Conte
   }
   c.stats.arena_bytes = 0;
   for (const detail::Segment& s : c.segments) c.stats.arena_bytes += s.arena->size();
-  static const bool pinned = [] {  // LOOM_PINNED_LOGITS=0: plain host memory, to compare
-    const char* e = std::getenv("LOOM_PINNED_LOGITS");
-    return !(e && std::string_view(e) == "0");
-  }();
+  static const bool pinned = env_switch("LOOM_PINNED_LOGITS");  // =0: plain host memory, to compare
   if (pinned)
     c.logits.fast_type = c.segments.back().backend->host_buffer_type();
   return std::unique_ptr<Context>(new Context(std::move(impl)));

@@ -98,10 +98,7 @@ CudaError launch_dispatch(const LaunchContext& base, const exec::Dispatch& d) {
 
 // LOOM_CUDA_NORM_QUANT=0 (read when an executor is made) turns the activation hand-offs off: every
 // norm's and attention's output stays f32, for comparisons (loom-exec-equivalence makes one of each).
-bool act_handoff_from_env() {
-  const char* v = std::getenv("LOOM_CUDA_NORM_QUANT");
-  return !(v && std::string_view(v) == "0");
-}
+bool act_handoff_from_env() { return env_switch("LOOM_CUDA_NORM_QUANT"); }
 
 // Whether `b` (a mat-vec's activation) shows all of y's bytes as they lie: y, or a contiguous reshape.
 bool whole_view_of(const Tensor* b, const Tensor* y) {
@@ -357,10 +354,7 @@ Result<exec::Plan> Executor::make_plan(const Graph& g, const ExecOptions& o) {
   // same activations with the same packing takes that packing as it is: K and V after Q, up after
   // gate (one packing kernel fewer each; 5-12 us at 512 tokens of an 8B layer).
   // LOOM_CUDA_PACK_REUSE=0 packs every time, for comparisons.
-  static const bool reuse = [] {
-    const char* v = std::getenv("LOOM_CUDA_PACK_REUSE");
-    return !(v && std::string_view(v) == "0");
-  }();
+  static const bool reuse = env_switch("LOOM_CUDA_PACK_REUSE");
   if (reuse)
     exec::mark_packed_reuse(p, uses_cublas, [&](const exec::Dispatch& d) {
       const int kind = mul_mat_packed_b(d.node(), numerics_ == Numerics::fast);  // 0..3

@@ -3,6 +3,7 @@
 
 #include "cuda_error.h"
 #include "kernels/allreduce.cuh"
+#include "loom/backend.h"
 
 #include <dlfcn.h>
 #include <fmt/format.h>
@@ -221,7 +222,7 @@ Result<std::vector<std::unique_ptr<Communicator>>> make_nccl_communicators(std::
   // steps, and the other all-reduces of up to kLLAllReduceMaxElems floats (LOOM_TP_ALLREDUCE=nccl: those
   // by NCCL); NCCL for larger ones (prefill). 2x H100, 8B Q4_K_M tg128 at -tp 2: NCCL alone 369 t/s,
   // fused 416, fused + stand-alone LL 418 (the embeddings' all-reduce 49 -> 7 us).
-  if (const char* ll = std::getenv("LOOM_TP_LL"); !(ll && std::string_view(ll) == "0"))
+  if (env_switch("LOOM_TP_LL"))
     if (!setup_ll(devices, out))
       fmt::print(stderr, "loom: no peer access between the GPUs: every all-reduce goes through NCCL\n");
   return out;

@@ -29,6 +29,7 @@
 
 #include "attention.cuh"
 #include "common.cuh"
+#include "loom/backend.h"
 #include "mat_vec_fast_formats.cuh"
 
 namespace loom::cuda {
@@ -547,10 +548,8 @@ CudaError launch_flash_attn_decode(const LaunchContext& ctx, const Tensor* dst, 
     return CudaError::runtime(cudaErrorInvalidValue,
                               "flash_attn decode: quantized activations asked for, but the merge cannot write them",
                               __FILE__, __LINE__);
-  static const bool capped = [] {  // LOOM_FLASH_DECODE_CAP=0: the gathered kernel without the cap
-    const char* e = std::getenv("LOOM_FLASH_DECODE_CAP");
-    return !(e && e[0] == '0');
-  }();
+  // LOOM_FLASH_DECODE_CAP=0: the gathered kernel without the cap
+  static const bool capped = env_switch("LOOM_FLASH_DECODE_CAP");
   auto kernel = !rows ? decode_kernel_for<false, 1>(d)
                       : (capped ? decode_kernel_for<true, 4>(d) : decode_kernel_for<true, 1>(d));
   kernel<<<grid, kDecThreads, 0, ctx.stream>>>(a);

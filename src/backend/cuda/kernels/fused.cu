@@ -35,6 +35,7 @@
 #include "fused.cuh"
 #include "mat_vec_fast.cuh"
 #include "mat_vec_fast_formats.cuh"
+#include "loom/backend.h"
 #include "loom/graph.h"
 #include "mat_vec.cuh"
 #include "matmul.cuh"
@@ -1052,10 +1053,7 @@ CudaError launch_mat_vec_multi(const LaunchContext& ctx, const Tensor* mm0, cons
 
 // LOOM_CUDA_DECODE_ROPE=0 (read once) keeps one-token passes on the general kernel, for comparisons.
 bool decode_rope_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("LOOM_CUDA_DECODE_ROPE");
-    return !(v && v[0] == '0' && v[1] == '\0');
-  }();
+  static const bool on = env_switch("LOOM_CUDA_DECODE_ROPE");
   return on;
 }
 

@@ -38,6 +38,7 @@
 #include "common.cuh"
 #include "gemm_q.cuh"
 #include "gemm_q_plan.h"
+#include "loom/backend.h"
 #include "mma.cuh"
 #include "quant.cuh"
 #include "quant_dispatch.cuh"
@@ -507,10 +508,7 @@ bool encode_weight_map(const Tensor* a, int64_t m, int64_t k, CUtensorMap& map) 
 }
 
 bool tma_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("LOOM_CUDA_GEMM_Q_TMA");
-    return !(e && std::strcmp(e, "0") == 0);
-  }();
+  static const bool on = env_switch("LOOM_CUDA_GEMM_Q_TMA");
   return on;
 }
 int mtiles_setting() {
@@ -523,10 +521,7 @@ int unroll_setting() {
 }
 
 bool pre_scales_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("LOOM_CUDA_GEMM_Q_PRESCALES");
-    return !(e && std::strcmp(e, "0") == 0);
-  }();
+  static const bool on = env_switch("LOOM_CUDA_GEMM_Q_PRESCALES");
   return on;
 }
 
@@ -598,7 +593,6 @@ CudaError launch_gemm_q(const LaunchContext& ctx, const Tensor* dst, const __hal
           }
         }
         CUtensorMap map{};
-        p.tma = false;
         if constexpr (Staging<D>::kTma)
           if (tma_enabled()) p.tma = encode_weight_map<D>(a, s.m, s.k, map);
         constexpr size_t smem = Staging<D>::kSmemBytes;

@@ -56,6 +56,7 @@
 
 #include "activation.cuh"
 #include "common.cuh"
+#include "loom/backend.h"
 #include "mat_vec.cuh"
 #include "mat_vec_fast.cuh"
 #include "mat_vec_fast_formats.cuh"
@@ -918,19 +919,13 @@ constexpr int64_t direct_row_multiple() {
 /// The direct kernels (q4_K, q4_0, q8_0, q6_K at 1-2 columns), unless LOOM_MV_DIRECT=0 asks for the
 /// shared-memory pipeline instead (to compare).
 bool direct_mat_vec_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("LOOM_MV_DIRECT");
-    return !(v && std::string_view(v) == "0");
-  }();
+  static const bool on = env_switch("LOOM_MV_DIRECT");
   return on;
 }
 
 /// Whether the direct q4_K kernel prefetches its next step into registers (LOOM_MV_PREFETCH=0: not).
 bool direct_prefetch_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("LOOM_MV_PREFETCH");
-    return !(v && std::string_view(v) == "0");
-  }();
+  static const bool on = env_switch("LOOM_MV_PREFETCH");
   return on;
 }
 
