@@ -194,7 +194,7 @@ for step in "$@"; do
             --max-growth-pct 5 --json
         fi
         python3 -c "import urllib.request,sys; print(urllib.request.urlopen(sys.argv[1]).read().decode())" \
-          "http://127.0.0.1:$port/metrics" | grep -E "^loom_(steps|forward_passes|prompt_chunk_steps|mixed_steps)_total"
+          "http://127.0.0.1:$port/metrics" | grep -E "^loom_(steps|forward_passes|prompt_chunk_steps|mixed_steps)_total|^loom_(decode_step|prompt_step|inter_token)_seconds_(bucket|sum|count)|^loom_(graph_builds|decode_step_host_seconds|prompt_step_host_seconds|exec_host_seconds|exec_plan_seconds|exec_record_seconds|exec_instantiate_seconds|exec_chunk_graphs|exec_graphs_instantiated|exec_graph_replays)_total"
         kill $spid; wait $spid 2>/dev/null
         tail -3 "$out/serve.err"
       done ;;

@@ -261,6 +261,9 @@ nlohmann::ordered_json result_json(const BenchResult& r) {
   j["host_syncs"] = c.host_syncs;
   j["host_ns"] = c.host_ns;
   j["host_hash_ns"] = c.host_hash_ns;
+  j["host_plan_ns"] = c.host_plan_ns;
+  j["host_record_ns"] = c.host_record_ns;
+  j["host_instantiate_ns"] = c.host_instantiate_ns;
   return j;
 }
 

@@ -85,6 +85,9 @@ struct ExecCounters {
   uint64_t host_syncs = 0;      ///< host waits on the device
   uint64_t host_ns = 0;         ///< host time inside compute, excluding the final wait on the device
   uint64_t host_hash_ns = 0;    ///< of which hashing the pass's structure (every compute)
+  uint64_t host_plan_ns = 0;    ///< of which planning new structures (fusion, ordering, scratch)
+  uint64_t host_record_ns = 0;  ///< of which recording them (stream capture, the launches inside it)
+  uint64_t host_instantiate_ns = 0;  ///< of which instantiating and updating executable graphs
 };
 
 /// Human-readable multi-line summary (what `loom run --stats` prints).

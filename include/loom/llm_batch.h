@@ -37,6 +37,14 @@ struct BatchStepStats {
   int n_device_sampled = 0;  ///< tokens sampled in the pass's graph (set_device_sampling)
   int n_host_sampled = 0;    ///< tokens sampled on the host from logits read back
   uint64_t logits_bytes_read = 0;  ///< logits the step's passes read back to the host
+  int n_graph_builds = 0;          ///< passes that built their graph (DecodeStats::n_graph_builds)
+  uint64_t host_graph_ns = 0;      ///< host time building, planning and feeding the passes' graphs
+  /// Adds a finished pass's figures (Context::stats()).
+  void add_pass(const DecodeStats& s) {
+    logits_bytes_read += s.logits_bytes_read;
+    n_graph_builds += s.n_graph_builds;
+    host_graph_ns += s.host_build_ns + s.host_alloc_ns + s.host_inputs_ns;
+  }
 };
 
 /// Sequences of one context generated together. A sequence's tokens do not depend on the others

@@ -117,10 +117,11 @@ std::string exec_counters_string(const ExecCounters& c) {
   s += fmt::format(
       "\nreordered {}  graph builds {}  chunk graphs {}  updates {}  replays {}  hash collisions {}  host "
       "syncs {}  "
-      "host {:.1f} us/compute (hashing {:.1f})\n",
+      "host {:.1f} us/compute (hashing {:.1f}, planning {:.1f}, recording {:.1f}, instantiating {:.1f})\n",
       c.reordered, c.graph_builds, c.chunk_graphs, c.graph_updates, c.graph_replays, c.hash_collisions,
       c.host_syncs, static_cast<double>(c.host_ns) * per / 1e3,
-      static_cast<double>(c.host_hash_ns) * per / 1e3);
+      static_cast<double>(c.host_hash_ns) * per / 1e3, static_cast<double>(c.host_plan_ns) * per / 1e3,
+      static_cast<double>(c.host_record_ns) * per / 1e3, static_cast<double>(c.host_instantiate_ns) * per / 1e3);
   return s;
 }
 

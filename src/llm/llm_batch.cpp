@@ -329,7 +329,7 @@ Result<std::span<const GeneratedToken>> BatchGenerator::Impl::packed_prompt_step
   }
   g.last.n_passes = 1;
   g.last.n_prefill_tokens = static_cast<int>(c * pack.size());
-  g.last.logits_bytes_read += g.ctx->stats().logits_bytes_read;
+  g.last.add_pass(g.ctx->stats());
   const float* rows = got->data();  // the last row of each sequence's chunk, in pack order
   std::vector<int32_t>& next = g.next;
   next.assign(pack.size(), -1);
@@ -414,7 +414,7 @@ Result<std::span<const GeneratedToken>> BatchGenerator::step() {
       return make_error(got.status().code(), "batch: sequence {}: {}", pf->id, got.status().message());
     }
     ++g.last.n_passes;
-    g.last.logits_bytes_read += g.ctx->stats().logits_bytes_read;
+    g.last.add_pass(g.ctx->stats());
     pf->n_computed += pf_n;
     if (!pf->pending()) {
       pf_logits.assign(got->begin(), got->end());  // the running sequences' pass comes next
@@ -483,7 +483,7 @@ Result<std::span<const GeneratedToken>> BatchGenerator::step() {
         undo(done);
         return got.status();
       }
-      g.last.logits_bytes_read += g.ctx->stats().logits_bytes_read;
+      g.last.add_pass(g.ctx->stats());
       const float* host = got->host_logits.data();
       size_t e = 0;
       if (with_chunk) {
@@ -520,7 +520,7 @@ Result<std::span<const GeneratedToken>> BatchGenerator::step() {
       undo(done);
       return got.status();
     }
-    g.last.logits_bytes_read += g.ctx->stats().logits_bytes_read;
+    g.last.add_pass(g.ctx->stats());
     const float* got_rows = got->data();
     if (with_chunk) {
       pf->n_computed += pf_n;

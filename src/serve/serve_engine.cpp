@@ -3,11 +3,14 @@
 #include "serve_engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 
 #include <fmt/format.h>
 
+#include "loom/exec.h"
 #include "loom/text_stream.h"
 
 namespace loom::serve {
@@ -291,7 +294,20 @@ void Engine::make_room() {
 
 void Engine::step_all() {
   make_room();
+  // LOOM_SERVE_TRACE=FILE: a Chrome trace (dispatches timed one at a time) of the first step that
+  // computes a prompt chunk while at least 32 requests decode, to see what such a step costs.
+  static const char* trace_path = std::getenv("LOOM_SERVE_TRACE");
+  if (trace_path && *trace_path && !traced_ && session_.backend) {
+    int decoding = 0, prefilling = 0;
+    for (const auto& r : running_)
+      if (r->seq >= 0) ++(gen_->prefilling(r->seq) ? prefilling : decoding);
+    if (decoding >= 32 && prefilling > 0) {
+      traced_ = true;
+      (void)capture_next_compute(*session_.backend, trace_path);
+    }
+  }
   Result<std::span<const llm::GeneratedToken>> got = make_error(StatusCode::internal, "no step");
+  const auto t0 = std::chrono::steady_clock::now();
   try {
     while (true) {
       got = gen_->step();
@@ -313,6 +329,20 @@ void Engine::step_all() {
     return;
   }
   const llm::BatchStepStats& st = gen_->last_step();
+  const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  (st.n_prefill_tokens > 0 ? metrics_.prompt_step : metrics_.decode_step).observe(step_s);
+  (st.n_prefill_tokens > 0 ? metrics_.prompt_host_ns : metrics_.decode_host_ns).fetch_add(st.host_graph_ns);
+  metrics_.graph_builds.fetch_add(static_cast<uint64_t>(st.n_graph_builds));
+  if (session_.backend) {
+    const ExecCounters ec = exec_counters(*session_.backend);
+    metrics_.exec_host_ns.store(ec.host_ns);
+    metrics_.exec_plan_ns.store(ec.host_plan_ns);
+    metrics_.exec_record_ns.store(ec.host_record_ns);
+    metrics_.exec_instantiate_ns.store(ec.host_instantiate_ns);
+    metrics_.exec_chunk_graphs.store(ec.chunk_graphs);
+    metrics_.exec_graph_builds.store(ec.graph_builds);
+    metrics_.exec_graph_replays.store(ec.graph_replays);
+  }
   if (st.n_decoded > 0) metrics_.batch_sequences.observe(st.n_decoded);
   metrics_.steps.fetch_add(1);
   metrics_.forward_passes.fetch_add(static_cast<uint64_t>(st.n_passes));

@@ -133,6 +133,7 @@ class Engine {
   Tokenizer tok_;
   std::set<int32_t> stop_ids_;
   int n_parallel_ = 1;
+  bool traced_ = false;  // LOOM_SERVE_TRACE's step was traced
   int queue_size_;
   int n_ctx_ = 0;
   int prefill_chunk_ = 0;

@@ -43,11 +43,26 @@ struct Metrics {
   std::atomic<uint64_t> mixed_steps{0};         ///< of which in the running requests' pass
   std::atomic<uint64_t> device_sampled{0};      ///< tokens sampled in a forward pass's graph
   std::atomic<uint64_t> host_sampled{0};        ///< tokens sampled on the host from logits read back
+  std::atomic<uint64_t> graph_builds{0};        ///< forward passes that built their graph (new shapes)
+  std::atomic<uint64_t> decode_host_ns{0};      ///< host time on the graphs of steps without a prompt chunk
+  std::atomic<uint64_t> prompt_host_ns{0};      ///< ... and of steps with one
+  /// The backend's executor (ExecCounters, since the server started), copied after each step.
+  std::atomic<uint64_t> exec_host_ns{0};        ///< host time inside compute: recording, launching
+  std::atomic<uint64_t> exec_plan_ns{0};        ///< of which planning new structures
+  std::atomic<uint64_t> exec_record_ns{0};      ///< recording them
+  std::atomic<uint64_t> exec_instantiate_ns{0};  ///< instantiating executable graphs
+  std::atomic<uint64_t> exec_chunk_graphs{0};   ///< chunk graphs of new structures, launched as recorded
+  std::atomic<uint64_t> exec_graph_builds{0};   ///< whole-pass graphs instantiated for replay
+  std::atomic<uint64_t> exec_graph_replays{0};  ///< replays of instantiated graphs
   Histogram time_to_first_token{{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}};
   Histogram inter_token{{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5}};
   Histogram request_duration{{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300}};
   /// Running requests decoded together per step (one forward pass up to n_batch of them).
   Histogram batch_sequences{{1, 2, 4, 8, 16, 32, 64, 128, 256}};
+  /// A step's wall time (the generator's step: forward passes, sampling, read-back), split by whether
+  /// it computed a prompt chunk: what the running requests' inter-token times are made of.
+  Histogram decode_step{{0.0025, 0.005, 0.0075, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.1, 0.25}};
+  Histogram prompt_step{{0.0025, 0.005, 0.0075, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.1, 0.25}};
 };
 
 }  // namespace loom::serve

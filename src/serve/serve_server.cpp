@@ -352,6 +352,9 @@ std::string ServerImpl::metrics_text() const {
   auto counter = [&](const char* name, const char* help, uint64_t v) {
     out += fmt::format("# HELP {} {}\n# TYPE {} counter\n{} {}\n", name, help, name, name, v);
   };
+  auto seconds = [&](const char* name, const char* help, uint64_t ns) {
+    out += fmt::format("# HELP {} {}\n# TYPE {} counter\n{} {}\n", name, help, name, name, static_cast<double>(ns) * 1e-9);
+  };
   auto gauge = [&](const char* name, const char* help, double v) {
     out += fmt::format("# HELP {} {}\n# TYPE {} gauge\n{} {}\n", name, help, name, name, v);
   };
@@ -382,6 +385,25 @@ std::string ServerImpl::metrics_text() const {
   counter("loom_mixed_steps_total",
           "Steps whose prompt chunk rode in the running requests' forward pass (a mixed pass).",
           metrics.mixed_steps.load());
+  counter("loom_graph_builds_total", "Forward passes that built their graph (a shape not seen the step before).",
+          metrics.graph_builds.load());
+  seconds("loom_decode_step_host_seconds_total", "Host time building and feeding the graphs of steps without a prompt chunk.",
+          metrics.decode_host_ns.load());
+  seconds("loom_prompt_step_host_seconds_total", "Host time building and feeding the graphs of steps with a prompt chunk.",
+          metrics.prompt_host_ns.load());
+  seconds("loom_exec_host_seconds_total", "The executor's host time inside its computes (recording and launching).",
+          metrics.exec_host_ns.load());
+  seconds("loom_exec_plan_seconds_total", "Of the executor's host time: planning passes of new structures.",
+          metrics.exec_plan_ns.load());
+  seconds("loom_exec_record_seconds_total", "Of the executor's host time: recording passes (stream capture).",
+          metrics.exec_record_ns.load());
+  seconds("loom_exec_instantiate_seconds_total", "Of the executor's host time: instantiating executable graphs.",
+          metrics.exec_instantiate_ns.load());
+  counter("loom_exec_chunk_graphs_total", "Chunk graphs of passes of a new structure, launched as recorded.",
+          metrics.exec_chunk_graphs.load());
+  counter("loom_exec_graphs_instantiated_total", "Whole-pass executable graphs instantiated for replay.",
+          metrics.exec_graph_builds.load());
+  counter("loom_exec_graph_replays_total", "Replays of instantiated whole-pass graphs.", metrics.exec_graph_replays.load());
   counter("loom_tokens_sampled_device_total",
           "Tokens sampled in the forward pass's graph (only their ids read back).",
           metrics.device_sampled.load());
@@ -411,6 +433,8 @@ std::string ServerImpl::metrics_text() const {
                                          "From a request's arrival to its end.");
   out += metrics.batch_sequences.format("loom_batch_sequences",
                                         "Running requests decoded together per step (one forward pass).");
+  out += metrics.decode_step.format("loom_decode_step_seconds", "Steps that computed no prompt chunk, wall time.");
+  out += metrics.prompt_step.format("loom_prompt_step_seconds", "Steps that computed a prompt chunk, wall time.");
   return out;
 }
 

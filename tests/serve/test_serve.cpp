@@ -689,6 +689,12 @@ TEST(Serve, PromptChunksRideInTheDecodePass) {
     // ROMEO's prompt (a step with nothing decoding: one pass, the prompt's), then the 60 tokens in
     // 8 chunks of at most 8 while ROMEO decodes
     EXPECT_EQ(chunks, 9) << m;
+    // every step's wall time in one of the two histograms, by whether it computed a prompt chunk
+    EXPECT_EQ(metric_value(m, "loom_prompt_step_seconds_count"), chunks) << m;
+    EXPECT_EQ(metric_value(m, "loom_decode_step_seconds_count"), steps - chunks) << m;
+    EXPECT_GT(metric_value(m, "loom_prompt_step_seconds_sum"), 0.0) << m;
+    // passes of new shapes built their graphs: ROMEO's prompt at least
+    EXPECT_GE(metric_value(m, "loom_graph_builds_total"), 1) << m;
     if (mixed) {
       EXPECT_EQ(mixed_steps, 8) << m;
       EXPECT_EQ(passes, steps) << m;
