@@ -4,7 +4,7 @@ streaming clients on fixed prompts, then a report of requests/s, generated token
 token and inter-token latency (p50/p99), errors, and with --check whether every response equals the
 same request run alone (no cross-talk; batch invariance under greedy decoding or fixed seeds).
 
-Python's standard library only (http.client, threads), so it runs wherever python3 does.
+Python's standard library only (http.client, threads in several processes), so it runs wherever python3 does.
 
   serve_load.py --url http://127.0.0.1:8080 -c 64 -n 256 --max-tokens 64 [--chat] [--check] [--json]
   serve_load.py -c 64 -n 64 --prompt-tokens 256 --max-tokens 256 --ignore-eos   # fixed lengths
@@ -20,6 +20,8 @@ benchmark's generation figure, `loom bench -npl`'s S_TG, measures; with -n equal
 import argparse
 import http.client
 import json
+import multiprocessing
+import os
 import subprocess
 import sys
 import threading
@@ -160,32 +162,57 @@ def run_one(args, index):
     return r
 
 
-def run_clients(args, concurrency, n_requests=None, seconds=0.0):
-    """`concurrency` clients send requests back to back: request i for i = 0, 1, ... until n_requests
-    are taken or, with `seconds` (a soak), until that much time has passed. Returns the results in
-    request order and the wall time."""
+def client_threads(args, concurrency, n_requests, deadline, part, parts):
+    """`concurrency` threads sending requests part, part + parts, ... back to back until n_requests
+    are taken or the deadline (perf_counter; 0: none) passes. Returns {index: Result}."""
     results = {}
-    next_index = [0]
+    next_index = [part]
     lock = threading.Lock()
-    deadline = time.perf_counter() + seconds
 
     def worker():
-        while not seconds or time.perf_counter() < deadline:
+        while not deadline or time.perf_counter() < deadline:
             with lock:
                 i = next_index[0]
                 if n_requests is not None and i >= n_requests:
                     return
-                next_index[0] += 1
+                next_index[0] += parts
             r = run_one(args, i)
             with lock:
                 results[i] = r
 
-    t0 = time.perf_counter()
     threads = [threading.Thread(target=worker) for _ in range(concurrency)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    return results
+
+
+def client_process(job):
+    args, concurrency, n_requests, deadline, part, parts = job
+    return client_threads(args, concurrency, n_requests, deadline, part, parts)
+
+
+def run_clients(args, concurrency, n_requests=None, seconds=0.0):
+    """`concurrency` clients send requests back to back: request i for i = 0, 1, ... until n_requests
+    are taken or, with `seconds` (a soak), until that much time has passed. Returns the results in
+    request order and the wall time. The clients are threads of --processes processes: in one
+    process, 64 streams' reads wait for each other's turn at Python's interpreter lock, which adds
+    milliseconds to the inter-token times measured (perf_counter is CLOCK_MONOTONIC, one clock for
+    every process)."""
+    t0 = time.perf_counter()
+    deadline = t0 + seconds if seconds else 0.0
+    parts = args.processes if args.processes > 0 else min(8, max(1, (os.cpu_count() or 1) // 2))
+    parts = max(1, min(parts, concurrency))
+    if parts == 1:
+        results = client_threads(args, concurrency, n_requests, deadline, 0, 1)
+    else:
+        jobs = [(args, concurrency // parts + (p < concurrency % parts), n_requests, deadline, p, parts)
+                for p in range(parts)]
+        with multiprocessing.get_context("fork").Pool(parts) as pool:
+            results = {}
+            for got in pool.map(client_process, jobs):
+                results.update(got)
     return [results[i] for i in sorted(results)], time.perf_counter() - t0
 
 
@@ -262,6 +289,8 @@ def main():
     ap.add_argument("--model", default="")
     ap.add_argument("--api-key", default="")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    ap.add_argument("--processes", type=int, default=0,
+                    help="client processes (threads split among them; 0: min(8, cores / 2))")
     ap.add_argument("--check", action="store_true",
                     help="first run each distinct request alone, then require every concurrent response to equal it")
     ap.add_argument("--json", action="store_true", help="print the report as one JSON object")
