@@ -30,6 +30,7 @@ struct ServeOptions {
   std::string template_name;  ///< --chat-template
   std::string template_file;  ///< --chat-template-file
   int timeout_s = 600;
+  bool mixed_on = false, mixed_off = false;  ///< --mixed-steps, --no-mixed-steps (neither: the backend's default)
 };
 
 int fail(const Status& s) {
@@ -47,6 +48,7 @@ int run_serve(ServeOptions o) {
   o.server.timeout = std::chrono::seconds(o.timeout_s);
   // Batch-invariant decoding (--deterministic): a running request's token is computed in a pass of
   // decode tokens only, never beside another request's prompt chunk.
+  if (o.mixed_on || o.mixed_off) o.server.mixed_steps = o.mixed_on;
   if (deterministic_from_env()) o.server.mixed_steps = false;
 
   // SIGINT and SIGTERM go to one thread that stops the server (blocked everywhere else, so every
@@ -125,8 +127,11 @@ void add_serve_command(CLI::App& app, std::vector<Command>& out) {
                   "Prompt tokens a step computes while other requests decode (0: 128, at most -ub)")
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
-  cmd->add_flag("!--no-mixed-steps", o->server.mixed_steps,
-                "Run prompt chunks as passes of their own, not in the running requests' pass");
+  auto* mixed_on = cmd->add_flag("--mixed-steps", o->mixed_on,
+                                 "Prompt chunks ride in the running requests' pass (default on the CPU)");
+  cmd->add_flag("--no-mixed-steps", o->mixed_off,
+                "Prompt chunks in passes of their own before the running requests' (default on CUDA)")
+      ->excludes(mixed_on);
   cmd->add_option("--parallel", o->server.n_parallel,
                   "Requests generated at the same time, in one batch (-np); each gets -c positions")
       ->check(CLI::Range(1, 1024))

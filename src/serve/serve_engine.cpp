@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -108,13 +109,17 @@ Result<std::unique_ptr<Engine>> Engine::create(llm::Session session, const Token
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   if (n_parallel >= 8) e->gen_->set_sampling_threads(std::clamp(cores / 2, 1, 8));
   e->n_ctx_ = n_ctx;
-  // While requests decode, a step carries at most this many prompt tokens (in their pass): on an
-  // H200 an 8B Q4_K_M step of 64 sequences takes ~16 ms and 256 prompt tokens ~12 ms more, so 128
-  // keeps a step near 22 ms (issue 16: inter-token p99 <= 25 ms at 64 streams).
-  constexpr int kDefaultPrefillChunk = 128;
-  e->prefill_chunk_ = std::clamp(options.prefill_chunk > 0 ? options.prefill_chunk : kDefaultPrefillChunk, 1,
+  // While requests decode, a step carries at most this many prompt tokens. In a pass of its own (the
+  // CUDA default) a 256-token chunk is one typical prompt; in the running requests' pass (mixed)
+  // every product then runs at 64 + chunk columns, so 128 (8B Q4_K_M, 64 streams, H200: a mixed
+  // step with 128 prompt tokens ~30 ms, a 256-token pass and a decode pass ~35 ms for twice the
+  // prompt). Issue 16: inter-token p99 <= 25 ms at 64 streams.
+  const bool mixed =
+      options.mixed_steps.value_or(!e->session_.backend || std::string_view(e->session_.backend->name()) != "cuda");
+  const int default_chunk = mixed ? 128 : 256;
+  e->prefill_chunk_ = std::clamp(options.prefill_chunk > 0 ? options.prefill_chunk : default_chunk, 1,
                                  std::max(1, n_batch));
-  e->gen_->set_mixed_steps(options.mixed_steps);
+  e->gen_->set_mixed_steps(mixed);
   e->gen_->set_device_sampling(options.device_sampling);
   e->kv_block_size_ = kv_block_size;
   e->worker_ = std::thread([p = e.get()] { p->run(); });

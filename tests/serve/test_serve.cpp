@@ -664,7 +664,7 @@ TEST(Serve, PromptChunksRideInTheDecodePass) {
     ServerOptions o;
     o.n_parallel = 2;
     o.prefill_chunk = 8;
-    o.mixed_steps = mixed;
+    if (!mixed) o.mixed_steps = false;  // mixed: the default on the CPU (unset: the backend's choice)
     TestServer s(o, /*n_ctx=*/512);
     Streamed first;
     std::thread runner([&] {
