@@ -82,6 +82,96 @@ TEST(ExecPlan, TransitiveReductionDropsImpliedEdges) {
   EXPECT_EQ(p.stats.edges, 2u);
 }
 
+// On random plans (300 dispatches over 40 buffers) the dependencies are exactly the transitive
+// reduction of the conflict relation, computed here the plain way: the closure of every conflict,
+// then i's edges to the j it needs that no k between them (needed by i, needing j) implies.
+TEST(ExecPlan, DependenciesAreTheReductionOfEveryConflict) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 4; ++trial) {
+    Plan p;
+    const int n = 300, buffers = 40;
+    std::uniform_int_distribution<int> buf(0, buffers - 1), count(0, 3);
+    for (int i = 0; i < n; ++i) {
+      std::vector<ByteRange> reads, writes;
+      for (int k = count(rng); k > 0; --k) {
+        const uintptr_t b = static_cast<uintptr_t>(buf(rng)) * 64;
+        reads.push_back(r(b, b + 64));
+      }
+      const uintptr_t w = static_cast<uintptr_t>(buf(rng)) * 64;
+      writes.push_back(r(w, w + 32 + 32 * (trial % 2)));
+      p.dispatches.push_back(fake(reads, writes));
+    }
+    exec::build_dependencies(p, true);
+    // closure[i][j]: j must finish before i (conflicts, transitively)
+    std::vector<std::vector<bool>> closure(n, std::vector<bool>(n, false));
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < i; ++j)
+        if (exec::conflicts(p.dispatches[static_cast<size_t>(j)], p.dispatches[static_cast<size_t>(i)])) {
+          closure[i][j] = true;
+          for (int k = 0; k < j; ++k)
+            if (closure[j][k]) closure[i][k] = true;
+        }
+    for (int i = 0; i < n; ++i) {
+      std::vector<int> want;  // the closure's reduction: j not implied by another k > j that i needs
+      for (int j = 0; j < i; ++j) {
+        if (!closure[i][j]) continue;
+        bool implied = false;
+        for (int k = j + 1; k < i && !implied; ++k) implied = closure[i][k] && closure[k][j];
+        if (!implied) want.push_back(j);
+      }
+      ASSERT_EQ(p.deps[static_cast<size_t>(i)], want) << "trial " << trial << " dispatch " << i;
+    }
+  }
+}
+
+// The reorder pass against its definition, written the plain way: repeatedly, the first pending
+// dispatch and every later one within the window that conflicts with none of those skipped or
+// taken before it, stopping at a barrier.
+std::vector<size_t> reorder_reference(const std::vector<Dispatch>& ds, size_t lookahead) {
+  std::vector<size_t> pending(ds.size()), order;
+  for (size_t i = 0; i < ds.size(); ++i) pending[i] = i;
+  while (!pending.empty()) {
+    std::vector<size_t> group{pending[0]}, skipped;
+    for (size_t j = 1; j < std::min(pending.size(), lookahead) && !ds[pending[0]].barrier; ++j) {
+      const Dispatch& c = ds[pending[j]];
+      if (c.barrier) break;
+      bool free = true;
+      for (size_t s : skipped) free = free && !exec::conflicts(ds[s], c);
+      for (size_t g : group) free = free && !exec::conflicts(ds[g], c);
+      (free ? group : skipped).push_back(pending[j]);
+    }
+    order.insert(order.end(), group.begin(), group.end());
+    std::vector<size_t> rest;
+    for (size_t p : pending)
+      if (std::find(group.begin(), group.end(), p) == group.end()) rest.push_back(p);
+    pending.swap(rest);
+  }
+  return order;
+}
+
+TEST(ExecPlan, ReorderMatchesItsDefinition) {
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> buf(0, 29), count(0, 2), barrier(0, 40);
+  for (size_t lookahead : {1u, 2u, 8u, 64u}) {
+    Plan p;
+    for (int i = 0; i < 400; ++i) {
+      std::vector<ByteRange> reads;
+      for (int k = count(rng); k > 0; --k) {
+        const uintptr_t b = static_cast<uintptr_t>(buf(rng)) * 64;
+        reads.push_back(r(b, b + 64));
+      }
+      const uintptr_t w = static_cast<uintptr_t>(buf(rng)) * 64;
+      p.dispatches.push_back(fake(reads, {r(w, w + 64)}, barrier(rng) == 0));
+      p.dispatches.back().order = i;
+    }
+    const std::vector<size_t> want = reorder_reference(p.dispatches, lookahead);
+    exec::reorder(p, static_cast<int>(lookahead));
+    ASSERT_EQ(p.dispatches.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i)
+      ASSERT_EQ(p.dispatches[i].order, static_cast<int>(want[i])) << "lookahead " << lookahead << " at " << i;
+  }
+}
+
 TEST(ExecPlan, ReorderPullsIndependentWorkForward) {
   Plan p;
   p.dispatches.push_back(fake({}, {r(0, 10)}));          // A
