@@ -203,13 +203,14 @@ def run_clients(args, concurrency, n_requests=None, seconds=0.0):
     t0 = time.perf_counter()
     deadline = t0 + seconds if seconds else 0.0
     parts = args.processes if args.processes > 0 else min(8, max(1, (os.cpu_count() or 1) // 2))
-    parts = max(1, min(parts, concurrency))
+    # a divisor of the concurrency: every process as many threads, so none finishes its share late
+    parts = max(p for p in range(1, max(1, min(parts, concurrency)) + 1) if concurrency % p == 0)
     if parts == 1:
         results = client_threads(args, concurrency, n_requests, deadline, 0, 1)
     else:
-        jobs = [(args, concurrency // parts + (p < concurrency % parts), n_requests, deadline, p, parts)
-                for p in range(parts)]
-        with multiprocessing.get_context("fork").Pool(parts) as pool:
+        jobs = [(args, concurrency // parts, n_requests, deadline, p, parts) for p in range(parts)]
+        # spawned, not forked: the memory sampler's thread may be running (--soak)
+        with multiprocessing.get_context("spawn").Pool(parts) as pool:
             results = {}
             for got in pool.map(client_process, jobs):
                 results.update(got)

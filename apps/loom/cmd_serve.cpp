@@ -124,7 +124,8 @@ void add_serve_command(CLI::App& app, std::vector<Command>& out) {
                   "Cells per block of the paged KV cache (prompt prefixes are shared in whole blocks)")
       ->capture_default_str();
   cmd->add_option("--prefill-chunk", o->server.prefill_chunk,
-                  "Prompt tokens a step computes while other requests decode (0: 128, at most -ub)")
+                  "Prompt tokens a step computes while other requests decode (0: 256 in a pass of its own, 128 mixed; "
+                  "at most -ub)")
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
   auto* mixed_on = cmd->add_flag("--mixed-steps", o->mixed_on,

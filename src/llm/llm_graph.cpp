@@ -239,12 +239,14 @@ Tensor* StepBuilder::attend(int il, Tensor* q, Tensor* k_stored, Tensor* v_store
                           {cache->nb[0], row, row * n_rows, row * n_rows}, 0);
       Tensor* got = name(get_rows(g_, rows, gather_rows), what, il);  // f32 [d, n_kv * n_head_kv * n_seqs]
       got = reshape(g_, got, {cache->ne[0], n_kv, cache->ne[2], n_seqs});
-      // A prompt chunk's queries (several a sequence) attend over the gathered rows as f16 again, the
-      // cache's own values (the round trip through f32 is exact), so that a backend's tensor-core
+      // A prompt chunk of kTileQueries or more queries attends over the gathered rows as f16 again,
+      // the cache's own values (the round trip through f32 is exact), so that a backend's tensor-core
       // attention, which takes f16 K/V, applies: on CUDA the fast mode's flash_attn over a 128-token
       // chunk of a mixed serving step took 186 us a layer through the generic kernel (8B, H200).
-      // One-token sequences keep the f32 rows, which the fused gathered decode reads from the cache.
-      if (n_q > 1 && cache->type == DType::f16) got = name(convert(g_, got, DType::f16), what, il);
+      // Fewer queries keep the f32 rows: CUDA's fusion then turns the gathers and the attention into
+      // one gathered flash-decoding dispatch that reads the cache's f16 rows itself.
+      constexpr int64_t kTileQueries = 16;  // CUDA's tensor-core attention: kFlashAttnMmaMinQueries
+      if (n_q >= kTileQueries && cache->type == DType::f16) got = name(convert(g_, got, DType::f16), what, il);
       return got;
     };
     keys = gathered(k_stored, cache_k, "k_gathered");

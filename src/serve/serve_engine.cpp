@@ -114,8 +114,9 @@ Result<std::unique_ptr<Engine>> Engine::create(llm::Session session, const Token
   // every product then runs at 64 + chunk columns, so 128 (8B Q4_K_M, 64 streams, H200: a mixed
   // step with 128 prompt tokens ~30 ms, a 256-token pass and a decode pass ~35 ms for twice the
   // prompt). Issue 16: inter-token p99 <= 25 ms at 64 streams.
+  auto is_cuda = [](const std::unique_ptr<Backend>& b) { return b && std::string_view(b->name()) == "cuda"; };
   const bool mixed =
-      options.mixed_steps.value_or(!e->session_.backend || std::string_view(e->session_.backend->name()) != "cuda");
+      options.mixed_steps.value_or(!is_cuda(e->session_.backend) && !is_cuda(e->session_.offload_backend));
   const int default_chunk = mixed ? 128 : 256;
   e->prefill_chunk_ = std::clamp(options.prefill_chunk > 0 ? options.prefill_chunk : default_chunk, 1,
                                  std::max(1, n_batch));
@@ -299,8 +300,9 @@ void Engine::make_room() {
 
 void Engine::step_all() {
   make_room();
-  // LOOM_SERVE_TRACE=FILE: a Chrome trace (dispatches timed one at a time) of the first step that
-  // computes a prompt chunk while at least 32 requests decode, to see what such a step costs.
+  // LOOM_SERVE_TRACE=FILE: a Chrome trace (dispatches timed one at a time) of the first forward pass
+  // of the first step that computes a prompt chunk while at least 32 requests decode: the mixed pass,
+  // or with prompt chunks in passes of their own (CUDA's default) the chunk's pass.
   static const char* trace_path = std::getenv("LOOM_SERVE_TRACE");
   if (trace_path && *trace_path && !traced_ && session_.backend) {
     int decoding = 0, prefilling = 0;

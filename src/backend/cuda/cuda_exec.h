@@ -4,9 +4,10 @@
 // structure key of the pass (structure_key: its hash finds the entry, its words confirm it) and
 // replays it while the structure stays the same.
 //
-// A pass whose structure is new is submitted the way the seeds submit: its first max(64, 10%)
-// dispatches as one graph launched as soon as it is recorded, the rest in n_cb more chunks, each
-// launched when recorded; the whole pass is then recorded once more as a single graph for replay.
+// A pass whose structure is new is launched eagerly, dispatch by dispatch (LOOM_EXEC_FIRST_EAGER=0:
+// the way the seeds submit, its first max(64, 10%) dispatches as one graph launched as soon as it is
+// recorded, the rest in n_cb more chunks, each launched when recorded); the second time it is seen,
+// the whole pass is recorded as a single graph, instantiated and cached for replay.
 #pragma once
 
 #include <cuda_runtime.h>
