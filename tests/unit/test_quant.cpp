@@ -1,6 +1,7 @@
 // Quantization formats, f16/bf16 conversions, dot kernels and the CPU mul_mat / mul_mat_id.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -85,6 +86,31 @@ TEST(F16, EveryValueRoundTrips) {
       continue;
     }
     ASSERT_EQ(f32_to_f16(f), h) << "f16 bits " << h;
+  }
+}
+
+// The CPU backend's row conversion (F16C where the CPU has it) gives f16_to_f32's bits for every
+// half, in groups of eight that mix specials (NaN payloads, infinities, subnormals) with normal
+// values, and over every tail length.
+TEST(F16, RowConversionEqualsTheScalarOneBitForBit) {
+  std::vector<f16_bits> all(65536);
+  for (uint32_t i = 0; i < all.size(); ++i) all[i] = static_cast<f16_bits>(i);
+  std::vector<f16_bits> shuffled = all;
+  std::shuffle(shuffled.begin(), shuffled.end(), std::mt19937(3));
+  std::vector<cpu::F16RowFn> fns{cpu::f16_to_f32_row()};
+  if (cpu::vec_dot_kernel_avx2(DType::f32))  // this CPU has AVX2+F16C: its kernel whatever LOOM_CPU_SIMD says
+    fns.push_back(cpu::detail::f16_to_f32_row_avx2_unchecked());
+  for (cpu::F16RowFn fn : fns)
+  for (const auto* src : {&all, &shuffled}) {
+    for (int64_t n : {int64_t{65536}, int64_t{65531}, int64_t{7}, int64_t{1}}) {
+      std::vector<float> got(static_cast<size_t>(n), -1.0f);
+      fn(src->data(), got.data(), n);
+      for (int64_t i = 0; i < n; ++i) {
+        const float want = f16_to_f32((*src)[static_cast<size_t>(i)]);
+        ASSERT_EQ(std::bit_cast<uint32_t>(got[static_cast<size_t>(i)]), std::bit_cast<uint32_t>(want))
+            << "half 0x" << std::hex << (*src)[static_cast<size_t>(i)] << " n " << std::dec << n;
+      }
+    }
   }
 }
 

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "cpu_ops.h"
+#include "vec_dot.h"
 #include "loom/graph.h"
 
 namespace loom::cpu {
@@ -32,6 +33,7 @@ void read_row(const Tensor* t, int64_t i1, int64_t i2, int64_t i3, float* out, f
 
 void op_get_rows(const KernelContext& ctx, Tensor* dst) {
   const Tensor* a = dst->src[0];
+  const F16RowFn f16_row = f16_to_f32_row();
   const Tensor* idx = dst->src[1];
   const int64_t n0 = a->ne[0];
   for_each_row(ctx, dst, [&](int64_t i1, int64_t i2, int64_t i3) {
@@ -41,7 +43,10 @@ void op_get_rows(const KernelContext& ctx, Tensor* dst) {
       for (int64_t i = 0; i < n0; ++i) y[i] = std::numeric_limits<float>::quiet_NaN();
       return;
     }
-    dequantize_row(a->type, at(a, 0, r, i2, i3), y, n0);
+    if (a->type == DType::f16)
+      f16_row(reinterpret_cast<const f16_bits*>(at(a, 0, r, i2, i3)), y, n0);
+    else
+      dequantize_row(a->type, at(a, 0, r, i2, i3), y, n0);
   });
 }
 

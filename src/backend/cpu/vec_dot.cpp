@@ -398,6 +398,20 @@ const VecDotKernel& vec_dot_f16_f16(bool simd) {
   return kScalarF16F16;
 }
 
+namespace {
+void f16_to_f32_row_portable(const f16_bits* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(src[i]);
+}
+}  // namespace
+
+F16RowFn f16_to_f32_row() {
+  static const F16RowFn fn = [] {
+    F16RowFn f = use_avx2() ? detail::f16_to_f32_row_avx2_unchecked() : nullptr;
+    return f ? f : f16_to_f32_row_portable;
+  }();
+  return fn;
+}
+
 const VecDotKernel* vec_dot_kernel(DType weight) {
   if (use_avx2()) {
     if (const VecDotKernel* k = detail::vec_dot_kernel_avx2_unchecked(weight)) return k;

@@ -76,10 +76,18 @@ inline float vec_dot(const VecDotKernel& k, int64_t n, const void* w, const void
   return out;
 }
 
+/// Converts n halves to floats, bit for bit as f16_to_f32.
+using F16RowFn = void (*)(const f16_bits* src, float* dst, int64_t n);
+/// The fastest f16 row conversion (AVX2+F16C where the CPU has it, unless LOOM_CPU_SIMD=0): get_rows
+/// of an f16 KV cache (a paged cache's gathered rows) spent most of a small model's decode step in
+/// the portable one.
+F16RowFn f16_to_f32_row();
+
 namespace detail {
 /// The AVX2 table without the CPU check (defined in vec_dot_avx2.cpp; nullptr on other targets).
 const VecDotKernel* vec_dot_kernel_avx2_unchecked(DType weight);
 const VecDotKernel* vec_dot_f16_f16_avx2_unchecked();
+F16RowFn f16_to_f32_row_avx2_unchecked();
 }  // namespace detail
 
 }  // namespace loom::cpu

@@ -719,6 +719,28 @@ const VecDotKernel* vec_dot_kernel_avx2_unchecked(DType weight) {
   return k.dot ? &k : nullptr;
 }
 const VecDotKernel* vec_dot_f16_f16_avx2_unchecked() { return &kAvx2F16F16; }
+
+// Eight halves at a time by vcvtph2ps. Groups holding an infinity, a NaN or a subnormal go through
+// the portable conversion instead, so every output bit equals f16_to_f32's (F16C quiets signaling
+// NaNs, and MXCSR's denormals-are-zero mode could flush subnormal inputs).
+void f16_to_f32_row_avx2(const f16_bits* src, float* dst, int64_t n) {
+  const __m128i exp_mask = _mm_set1_epi16(0x7c00), abs_mask = _mm_set1_epi16(0x7fff);
+  const __m128i zero = _mm_setzero_si128(), tiny = _mm_set1_epi16(0x0400);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    const __m128i a = _mm_and_si128(h, abs_mask);
+    const __m128i special = _mm_or_si128(_mm_cmpeq_epi16(_mm_and_si128(h, exp_mask), exp_mask),
+                                         _mm_andnot_si128(_mm_cmpeq_epi16(a, zero), _mm_cmplt_epi16(a, tiny)));
+    if (_mm_movemask_epi8(special) != 0) {
+      for (int64_t k = i; k < i + 8; ++k) dst[k] = f16_to_f32(src[k]);
+      continue;
+    }
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
+  }
+  for (; i < n; ++i) dst[i] = f16_to_f32(src[i]);
+}
+F16RowFn f16_to_f32_row_avx2_unchecked() { return f16_to_f32_row_avx2; }
 }  // namespace detail
 
 }  // namespace loom::cpu
@@ -728,6 +750,7 @@ const VecDotKernel* vec_dot_f16_f16_avx2_unchecked() { return &kAvx2F16F16; }
 namespace loom::cpu::detail {
 const VecDotKernel* vec_dot_kernel_avx2_unchecked(DType) { return nullptr; }
 const VecDotKernel* vec_dot_f16_f16_avx2_unchecked() { return nullptr; }
+F16RowFn f16_to_f32_row_avx2_unchecked() { return nullptr; }
 }  // namespace loom::cpu::detail
 
 #endif
