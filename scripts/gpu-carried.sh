@@ -18,7 +18,9 @@
 #            repeat a list to alternate, e.g. "A B A B")
 #   perf     op-test perf of LOOM_PERF_OP (default mul_mat; e.g. argmax,top_k) at LOOM_PERF_FILTER's cases
 #   serve    loom serve -np 64 on each of LOOM_MODELS: 64 streams of 256-token prompts and 256 generated
-#            tokens (tools/serve_load.py), one stream, and the engine's figures beside them
+#            tokens (tools/serve_load.py), one stream, and the engine's figures beside them; LOOM_SERVE_VARIANTS
+#            (';'-separated flag sets, ENV=VALUE words for the server's environment, "-" the defaults)
+#            runs one server after another, e.g. "-;--prefill-chunk 128;LOOM_EXEC_FIRST_EAGER=0"
 #            (LOOM_SOAK=S adds S seconds of them back to back with the server's memory sampled;
 #            LOOM_SERVE_FLAGS adds flags to loom serve; LOOM_SERVE_ONLY=1 skips the engine's figures)
 #   prefilltrace  a Chrome trace of one 512-token prompt chunk (the second) on LOOM_MODELS, summarized
@@ -171,9 +173,15 @@ for step in "$@"; do
         echo "-- engine: loom bench -npp 256 -ntg 256 -npl 1,64; tg256"
         [[ -n ${LOOM_SERVE_ONLY:-} ]] || timeout 200 "$bin/loom" bench -m "$f" -npp 256 -ntg 256 -npl 1,64 2>/dev/null | grep -E "^\|"
         [[ -n ${LOOM_SERVE_ONLY:-} ]] || timeout 60 "$bin/loom" bench -m "$f" -p 0 -n 256 -r 2 2>/dev/null | grep -E "tg256"
-        echo "-- serve flags: ${LOOM_SERVE_FLAGS:-(defaults)}"
-        # shellcheck disable=SC2086  # LOOM_SERVE_FLAGS: extra flags, e.g. "--prefill-chunk 64" or "--no-mixed-steps"
-        "$bin/loom" serve -m "$f" -ngl 99 -np 64 -c 1024 --port 0 ${LOOM_SERVE_FLAGS:-} >"$out/serve.out" 2>"$out/serve.err" &
+        # LOOM_SERVE_VARIANTS: ';'-separated flag sets (ENV=VALUE words set the server's environment),
+        # each a server of its own in turn ("-": the defaults); else LOOM_SERVE_FLAGS, one server
+        IFS=';' read -ra variants <<<"${LOOM_SERVE_VARIANTS:-${LOOM_SERVE_FLAGS:--}}"
+        for variant in "${variants[@]}"; do
+        [[ $variant == "-" || $variant == " - " ]] && variant=""
+        envs=() flags=()
+        for w in $variant; do [[ $w == [A-Z]*=* ]] && envs+=("$w") || flags+=("$w"); done
+        echo "-- serve flags: ${variant:-(defaults)}"
+        env "${envs[@]}" "$bin/loom" serve -m "$f" -ngl 99 -np 64 -c 1024 --port 0 "${flags[@]}" >"$out/serve.out" 2>"$out/serve.err" &
         spid=$!
         for _ in $(seq 600); do [[ -s $out/serve.out ]] && break; sleep 0.1; done
         port=$(head -1 "$out/serve.out")
@@ -197,6 +205,7 @@ for step in "$@"; do
           "http://127.0.0.1:$port/metrics" | grep -E "^loom_(steps|forward_passes|prompt_chunk_steps|mixed_steps)_total|^loom_(decode_step|prompt_step|inter_token)_seconds_(bucket|sum|count)|^loom_(graph_builds|decode_step_host_seconds|prompt_step_host_seconds|exec_host_seconds|exec_plan_seconds|exec_record_seconds|exec_instantiate_seconds|exec_chunk_graphs|exec_graphs_instantiated|exec_graph_replays)_total"
         kill $spid; wait $spid 2>/dev/null
         tail -3 "$out/serve.err"
+        done
       done ;;
     prefilltrace)
       for m in $models; do
