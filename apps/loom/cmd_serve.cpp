@@ -5,9 +5,11 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -30,7 +32,7 @@ struct ServeOptions {
   std::string template_name;  ///< --chat-template
   std::string template_file;  ///< --chat-template-file
   int timeout_s = 600;
-  bool mixed_on = false, mixed_off = false;  ///< --mixed-steps, --no-mixed-steps (neither: the backend's default)
+  std::optional<bool> mixed_steps;  ///< --mixed-steps[=B] / --no-mixed-steps[=B] (neither: the backend's default)
 };
 
 int fail(const Status& s) {
@@ -48,7 +50,7 @@ int run_serve(ServeOptions o) {
   o.server.timeout = std::chrono::seconds(o.timeout_s);
   // Batch-invariant decoding (--deterministic): a running request's token is computed in a pass of
   // decode tokens only, never beside another request's prompt chunk.
-  if (o.mixed_on || o.mixed_off) o.server.mixed_steps = o.mixed_on;
+  if (o.mixed_steps) o.server.mixed_steps = o.mixed_steps;
   if (deterministic_from_env()) o.server.mixed_steps = false;
 
   // SIGINT and SIGTERM go to one thread that stops the server (blocked everywhere else, so every
@@ -128,10 +130,13 @@ void add_serve_command(CLI::App& app, std::vector<Command>& out) {
                   "at most -ub)")
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
-  auto* mixed_on = cmd->add_flag("--mixed-steps", o->mixed_on,
-                                 "Prompt chunks ride in the running requests' pass (default on the CPU)");
-  cmd->add_flag("--no-mixed-steps", o->mixed_off,
-                "Prompt chunks in passes of their own before the running requests' (default on CUDA)")
+  // by function, so that "--mixed-steps=false" (a count of -1) reads as the opposite choice, not as unset
+  auto* mixed_on = cmd->add_flag_function(
+      "--mixed-steps", [o](std::int64_t n) { o->mixed_steps = n > 0; },
+      "Prompt chunks ride in the running requests' pass (default on the CPU)");
+  cmd->add_flag_function(
+         "--no-mixed-steps", [o](std::int64_t n) { o->mixed_steps = n <= 0; },
+         "Prompt chunks in passes of their own before the running requests' (default on CUDA)")
       ->excludes(mixed_on);
   cmd->add_option("--parallel", o->server.n_parallel,
                   "Requests generated at the same time, in one batch (-np); each gets -c positions")
