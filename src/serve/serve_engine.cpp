@@ -340,16 +340,7 @@ void Engine::step_all() {
   (st.n_prefill_tokens > 0 ? metrics_.prompt_step : metrics_.decode_step).observe(step_s);
   (st.n_prefill_tokens > 0 ? metrics_.prompt_host_ns : metrics_.decode_host_ns).fetch_add(st.host_graph_ns);
   metrics_.graph_builds.fetch_add(static_cast<uint64_t>(st.n_graph_builds));
-  if (session_.backend) {
-    const ExecCounters ec = exec_counters(*session_.backend);
-    metrics_.exec_host_ns.store(ec.host_ns);
-    metrics_.exec_plan_ns.store(ec.host_plan_ns);
-    metrics_.exec_record_ns.store(ec.host_record_ns);
-    metrics_.exec_instantiate_ns.store(ec.host_instantiate_ns);
-    metrics_.exec_chunk_graphs.store(ec.chunk_graphs);
-    metrics_.exec_graph_builds.store(ec.graph_builds);
-    metrics_.exec_graph_replays.store(ec.graph_replays);
-  }
+  if (session_.backend) metrics_.set_exec(exec_counters(*session_.backend));
   if (st.n_decoded > 0) metrics_.batch_sequences.observe(st.n_decoded);
   metrics_.steps.fetch_add(1);
   metrics_.forward_passes.fetch_add(static_cast<uint64_t>(st.n_passes));

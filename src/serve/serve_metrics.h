@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "loom/exec.h"
+
 namespace loom::serve {
 
 /// A Prometheus histogram with fixed upper bounds (seconds, or counts). Thread-safe.
@@ -46,14 +48,6 @@ struct Metrics {
   std::atomic<uint64_t> graph_builds{0};        ///< forward passes that built their graph (new shapes)
   std::atomic<uint64_t> decode_host_ns{0};      ///< host time on the graphs of steps without a prompt chunk
   std::atomic<uint64_t> prompt_host_ns{0};      ///< ... and of steps with one
-  /// The backend's executor (ExecCounters, since the server started), copied after each step.
-  std::atomic<uint64_t> exec_host_ns{0};        ///< host time inside compute: recording, launching
-  std::atomic<uint64_t> exec_plan_ns{0};        ///< of which planning new structures
-  std::atomic<uint64_t> exec_record_ns{0};      ///< recording them
-  std::atomic<uint64_t> exec_instantiate_ns{0};  ///< instantiating executable graphs
-  std::atomic<uint64_t> exec_chunk_graphs{0};   ///< chunk graphs of new structures, launched as recorded
-  std::atomic<uint64_t> exec_graph_builds{0};   ///< whole-pass graphs instantiated for replay
-  std::atomic<uint64_t> exec_graph_replays{0};  ///< replays of instantiated graphs
   Histogram time_to_first_token{{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}};
   Histogram inter_token{{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5}};
   Histogram request_duration{{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300}};
@@ -61,8 +55,25 @@ struct Metrics {
   Histogram batch_sequences{{1, 2, 4, 8, 16, 32, 64, 128, 256}};
   /// A step's wall time (the generator's step: forward passes, sampling, read-back), split by whether
   /// it computed a prompt chunk: what the running requests' inter-token times are made of.
-  Histogram decode_step{{0.0025, 0.005, 0.0075, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.1, 0.25}};
-  Histogram prompt_step{{0.0025, 0.005, 0.0075, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.1, 0.25}};
+  static std::vector<double> step_bounds() {
+    return {0.0025, 0.005, 0.0075, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.1, 0.25};
+  }
+  Histogram decode_step{step_bounds()};
+  Histogram prompt_step{step_bounds()};
+  /// The backend executor's counters since the server started, as of the last step (the worker
+  /// copies them; /metrics reads them on another thread).
+  void set_exec(const ExecCounters& c) {
+    std::lock_guard lock(exec_mu_);
+    exec_ = c;
+  }
+  ExecCounters exec() const {
+    std::lock_guard lock(exec_mu_);
+    return exec_;
+  }
+
+ private:
+  mutable std::mutex exec_mu_;
+  ExecCounters exec_;
 };
 
 }  // namespace loom::serve

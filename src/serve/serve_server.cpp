@@ -391,19 +391,20 @@ std::string ServerImpl::metrics_text() const {
           metrics.decode_host_ns.load());
   seconds("loom_prompt_step_host_seconds_total", "Host time building and feeding the graphs of steps with a prompt chunk.",
           metrics.prompt_host_ns.load());
+  const ExecCounters ec = metrics.exec();
   seconds("loom_exec_host_seconds_total", "The executor's host time inside its computes (recording and launching).",
-          metrics.exec_host_ns.load());
+          ec.host_ns);
   seconds("loom_exec_plan_seconds_total", "Of the executor's host time: planning passes of new structures.",
-          metrics.exec_plan_ns.load());
+          ec.host_plan_ns);
   seconds("loom_exec_record_seconds_total", "Of the executor's host time: recording passes (stream capture).",
-          metrics.exec_record_ns.load());
+          ec.host_record_ns);
   seconds("loom_exec_instantiate_seconds_total", "Of the executor's host time: instantiating executable graphs.",
-          metrics.exec_instantiate_ns.load());
+          ec.host_instantiate_ns);
   counter("loom_exec_chunk_graphs_total", "Chunk graphs of passes of a new structure, launched as recorded.",
-          metrics.exec_chunk_graphs.load());
+          ec.chunk_graphs);
   counter("loom_exec_graphs_instantiated_total", "Whole-pass executable graphs instantiated for replay.",
-          metrics.exec_graph_builds.load());
-  counter("loom_exec_graph_replays_total", "Replays of instantiated whole-pass graphs.", metrics.exec_graph_replays.load());
+          ec.graph_builds);
+  counter("loom_exec_graph_replays_total", "Replays of instantiated whole-pass graphs.", ec.graph_replays);
   counter("loom_tokens_sampled_device_total",
           "Tokens sampled in the forward pass's graph (only their ids read back).",
           metrics.device_sampled.load());

@@ -328,6 +328,7 @@ Status Executor::ensure_scratch(size_t shared_bytes, size_t slot_bytes, int n_sl
 }
 
 Result<exec::Plan> Executor::make_plan(const Graph& g, const ExecOptions& o) {
+  const AddElapsed count_plan{counters_.host_plan_ns};
   exec::Plan p = exec::build_plan(g);
   if (o.fusion) exec::fuse(p, g, CudaFusion{numerics_ == Numerics::fast});
   if (o.fusion && numerics_ == Numerics::fast && act_handoff_ && !batch_invariant()) mark_act_handoffs(p, g);
@@ -441,9 +442,7 @@ Status Executor::compute_locked(const Graph& g, uint64_t t0) {
 
   LOOM_TRY(validate(g));
   inject_countdown_ = injected_fault_at();
-  const uint64_t t_plan = now_ns();
   Result<exec::Plan> planned = make_plan(g, o);
-  counters_.host_plan_ns += now_ns() - t_plan;
   if (!planned.ok()) return planned.status();
   const exec::Plan& p = *planned;
   count_plan(p.stats, p.dispatches.size());
@@ -709,9 +708,10 @@ Status Executor::run_new_structure(const exec::Plan& p, const StructureKey& key,
     result = record(p, chunks[c], chunks[c + 1], pdl, &graph, &kernels, &pdl_edges);
     if (!result.ok()) break;
     cudaGraphExec_t exec = nullptr;
-    const uint64_t t_inst = now_ns();
-    cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
-    counters_.host_instantiate_ns += now_ns() - t_inst;
+    cudaError_t e = [&] {
+      const AddElapsed count_inst{counters_.host_instantiate_ns};
+      return cudaGraphInstantiate(&exec, graph, 0);
+    }();
     cudaGraphDestroy(graph);
     if (e == cudaSuccess) {
       launched.push_back(exec);
