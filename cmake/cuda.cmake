@@ -29,6 +29,29 @@ add_library(loom_backend_cuda SHARED
   src/backend/cuda/kernels/fused.cu
   src/backend/cuda/kernels/allreduce.cu
 )
+# gemm_q's warpgroup kernel (wgmma) is sm_90a code: an object library of its own, so the rest keeps
+# the plain sm_90 target (and its PTX for later GPUs); it runs only on compute capability 9.0
+# (gemm_q_wgmma_available).
+add_library(loom_cuda_sm90a OBJECT src/backend/cuda/kernels/gemm_q_wgmma.cu)
+target_include_directories(loom_cuda_sm90a PRIVATE ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR}/src/backend/cuda)
+target_link_libraries(loom_cuda_sm90a PRIVATE CUDA::cudart loom_options)
+set_target_properties(loom_cuda_sm90a PROPERTIES
+  CUDA_ARCHITECTURES 90a
+  CUDA_STANDARD 17
+  CUDA_STANDARD_REQUIRED ON
+  POSITION_INDEPENDENT_CODE ON
+  CXX_VISIBILITY_PRESET hidden
+  CUDA_VISIBILITY_PRESET hidden
+  VISIBILITY_INLINES_HIDDEN ON)
+target_compile_options(loom_cuda_sm90a PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra,-Wno-unused-parameter>)
+if(LOOM_CUDA_PTXAS_VERBOSE)
+  target_compile_options(loom_cuda_sm90a PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xptxas=-v>)
+endif()
+if(LOOM_CUDA_LINEINFO)
+  target_compile_options(loom_cuda_sm90a PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-lineinfo>)
+endif()
+target_compile_definitions(loom_cuda_sm90a PRIVATE LOOM_CUDA_BUILDING=1)
+target_sources(loom_backend_cuda PRIVATE $<TARGET_OBJECTS:loom_cuda_sm90a>)
 # include/ is public for programs that link loom_backend_cuda to call include/loom/cuda.h directly.
 target_include_directories(loom_backend_cuda PUBLIC ${PROJECT_SOURCE_DIR}/include PRIVATE ${PROJECT_SOURCE_DIR}/src/backend/cuda)
 # loom_core is static and linked into this library too; its symbols stay private here

@@ -317,8 +317,9 @@ print("; ".join(f"{k} {sum(v) / len(v) / 1000:.2f} us (x{len(v)})" for k, v in t
       args=(--backend cuda --numerics fast perf --op "${c%%|*}" --filter "${c#*|}")
       timeout 200 /usr/local/cuda/bin/ncu --clock-control none -k "regex:${LOOM_KPROF_KERNEL:-gemm_q_kernel}" -s 2 -c 1 \
         --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-        --section MemoryWorkloadAnalysis "$bin/loom-test-ops" "${args[@]}" 2>&1 | grep -vE "^==PROF==|^  *-+$" |
-        grep -E "Duration|Throughput|Occupancy|Registers|Shared Memory|Block Size|Grid Size|Waves|Stall|Warp Cycles|Issued|Eligible|Active Warps|L1|L2|DRAM|Bank" | head -60
+        --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section InstructionStats \
+        "$bin/loom-test-ops" "${args[@]}" 2>&1 | grep -vE "^==PROF==|^  *-+$" |
+        grep -E "Duration|Throughput|Occupancy|Registers|Shared Memory|Block Size|Grid Size|Waves|Stall|Warp Cycles|Issued|Eligible|Active Warps|L1|L2|DRAM|Bank|Pipe|Executed Ipc|Instructions" | head -70
       timeout 200 /usr/local/cuda/bin/ncu --clock-control none -k "regex:${LOOM_KPROF_KERNEL:-gemm_q_kernel}" -s 2 -c 1 \
         --section SourceCounters --page source --print-source sass --csv "$bin/loom-test-ops" "${args[@]}" \
         >"$out/kprof-source.csv" 2>/dev/null

@@ -32,6 +32,7 @@
 // The mat-vec inner loops are in mat_vec.cuh, shared with the fused gate/up projection (fused.cu);
 // mul_mat_vec_kernel and mul_mat_q8_kernel also serve the fused mat_vec_bias (kBias).
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
@@ -39,6 +40,7 @@
 
 #include "common.cuh"
 #include "gemm_q.cuh"
+#include "gemm_q_wgmma.cuh"
 #include "loom/dtype.h"
 #include "mat_vec.cuh"
 #include "mat_vec_fast.cuh"
@@ -425,6 +427,27 @@ bool use_gemm_q(const Tensor* dst, bool fast) {
   return batch_invariant() || (dst->ne[1] > kMatVecMaxCols && b->ne[1] * b->ne[2] * b->ne[3] <= gemm_q_max_cols());
 }
 
+// Whether gemm_q takes its activations as the warpgroup kernel's tiles (gemm_q_wgmma.cuh): f32
+// activations in one contiguous block and a device and weight type the kernel covers (asked once
+// per device and type).
+bool gemm_q_tiles_usable(const Tensor* dst) {
+  const Tensor* b = dst->src[1];
+  if (b->type != DType::f32 || !b->is_contiguous() || reinterpret_cast<uintptr_t>(b->data) % 8 != 0) return false;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
+  static std::atomic<int8_t> known[64][kDTypeCount];  // 0 unknown, 1 no, 2 yes
+  std::atomic<int8_t>& k = known[dev][static_cast<int>(dst->src[0]->type)];
+  if (k.load(std::memory_order_relaxed) == 0) k.store(gemm_q_wgmma_available(dst->src[0]->type) ? 2 : 1);
+  return k.load(std::memory_order_relaxed) == 2;
+}
+
+// The activations' bytes in gemm_q's scratch: room for the warpgroup kernel's tiles (whole 64-column
+// tiles), which hold at least the f16 [k, n] of the other kernel.
+size_t gemm_q_x_bytes(const Tensor* dst) {
+  const Tensor* b = dst->src[1];
+  return align_up(gemm_q_tiles_bytes(b->nrows(), b->ne[0]));
+}
+
 // Whether the fast quantized GEMM through cuBLAS applies: quantized 2-D weights (one batch), a
 // contiguous output, more columns than the mat-vec kernels take, sizes in cuBLAS's int range.
 bool use_dequant_gemm(const Tensor* dst, bool fast) {
@@ -595,7 +618,7 @@ CudaError launch_quantize_activations(const LaunchContext& ctx, DType weight, co
 }
 
 size_t mul_mat_scratch_bytes(const Tensor* dst, bool fast) {
-  if (use_gemm_q(dst, fast)) return align_up(static_cast<size_t>(dst->src[1]->nelements()) * 2) + gemm_q_partial_bytes(dst);
+  if (use_gemm_q(dst, fast)) return gemm_q_x_bytes(dst) + gemm_q_partial_bytes(dst);
   if (use_dequant_gemm(dst, fast)) return dequant_gemm_scratch(dst);
   if (dtype_is_quantized(dst->src[0]->type)) return quantized_act_bytes(dst);
   if (!use_cublas(dst)) return 0;
@@ -619,13 +642,18 @@ int mul_mat_packed_b(const Tensor* dst, bool fast) {
 CudaError launch_mul_mat(const LaunchContext& ctx, const Tensor* dst) {
   if (dst->nelements() == 0) return {};
   if (use_gemm_q(dst, ctx.fast)) {
-    const size_t x_bytes = align_up(static_cast<size_t>(dst->src[1]->nelements()) * 2);
+    const size_t x_bytes = gemm_q_x_bytes(dst);
     if (ctx.scratch_size < x_bytes + gemm_q_partial_bytes(dst))
       return CudaError::runtime(cudaErrorInvalidValue, "mul_mat: scratch smaller than the f16 activations",
                                 __FILE__, __LINE__);
     auto* x16 = static_cast<__half*>(ctx.scratch);
-    LOOM_CUDA_TRY(pack_b_f16(ctx, x16, dst->src[1]));
-    return launch_gemm_q(ctx, dst, x16, reinterpret_cast<float*>(static_cast<char*>(ctx.scratch) + x_bytes));
+    const Tensor* b = dst->src[1];
+    const bool tiles = gemm_q_tiles_usable(dst);
+    if (tiles)
+      LOOM_CUDA_TRY(pack_gemm_q_tiles(ctx.stream, x16, static_cast<const float*>(b->data), b->nrows(), b->ne[0]));
+    else
+      LOOM_CUDA_TRY(pack_b_f16(ctx, x16, b));
+    return launch_gemm_q(ctx, dst, x16, reinterpret_cast<float*>(static_cast<char*>(ctx.scratch) + x_bytes), tiles);
   }
   if (use_dequant_gemm(dst, ctx.fast)) return gemm_dequant(ctx, dst);
   if (use_cublas(dst)) return gemm_cublas(ctx, dst);

@@ -1,0 +1,326 @@
+// gemm_q's shared pieces (gemm_q.cu's mma.sync kernel and gemm_q_wgmma.cu's warpgroup kernel): the
+// block's tiling, the stages' staging (tensor copies, bulk copies, cp.async pieces) and the
+// dequantization of eight weights into f16 pairs. Included by those two files only.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include "common.cuh"
+#include "gemm_q_plan.h"
+#include "loom/tensor.h"
+#include "mma.cuh"
+#include "quant.cuh"
+
+namespace loom::cuda::gemm_q_detail {
+
+// A block: kBM = 256 weight rows, kMT m16 tiles per warp (each activation load feeds 2 x kMT mma),
+// so 16 / kMT warps.
+constexpr int kBM = gemm_q_plan::kBM;
+template <int kMT>
+constexpr int kThreadsOf = kBM / (16 * kMT) * kWarpSize;
+constexpr int kBN = gemm_q_plan::kBN;  // columns per block
+constexpr int kNTiles = kBN / 8;  // n8 tiles per warp
+constexpr int kChunk = gemm_q_plan::kChunk;  // k per shared-memory stage
+
+// Per stage, the chunk's segment of each of the kBM weight rows (kSegBytes) and kBN columns of kChunk
+// f16 activations. Formats whose segment is a multiple of 16 bytes (q4_0, q4_K, q8_0, ...; rows
+// 16-byte aligned, gemm_q_supported) are staged by the SM's copy engine, completing on an mbarrier per
+// stage: the weight rows by one 2-D tensor copy where the segment fits its box (Staging::kTma: q4_0,
+// q4_K), else one cp.async.bulk per row; the activations one per column. Rows then start 16-byte
+// aligned (q4_K's codes in one 8-byte load). The others copy 16-byte cp.async pieces from each
+// segment's aligned start (up to 15 bytes before it: one piece more). Measured (ncu, H200, [14336, 64]
+// q4_K), per-row bulk copies alone changed nothing against the pieces (64.4 -> 65.0 us): the pieces'
+// addresses cost ~400 of a chunk's ~1,800 instructions per warp, and the compiler serializes the bulk
+// copies of a warp's lanes through one elected lane (~350); the tensor copy removes both (41.6 -> 39.9).
+// Row stride seg + 16 bytes (q4_K: 160, 8 banks apart: a half-warp's eight-byte loads of rows g, g+1,
+// .. hit different banks). Activation columns: bulk, 576 bytes apart (odd columns 16 banks over, so the
+// two columns one 8-lane phase of a 16-byte load reads fall on different banks); cp.async, 512 bytes
+// apart with the 16-byte pieces of odd columns swizzled (piece ^ 4) for the same effect.
+template <class D>
+struct Staging {
+  static constexpr int kSegBytes = kChunk / D::kBlock * D::kBytes;
+  static constexpr bool kBulk = kSegBytes % 16 == 0;
+  static constexpr int kRawPieces = (kSegBytes + 15) / 16 + 1;
+  static constexpr int kRawStride = 16 * kRawPieces;
+  static constexpr size_t kWStageBytes = size_t{kBM} * kRawStride;
+  /// The tensor copy's box is a row's segment and the next 16 bytes (the row stride here; zero past
+  /// the row's end), at most 256 bytes.
+  static constexpr bool kTma = kBulk && kRawStride <= 256;
+  static constexpr int kXStride = kBulk ? kChunk + 32 : kChunk;  // halves between columns
+  static constexpr size_t kXStageBytes = size_t{kBN} * kXStride * sizeof(__half);
+  /// q4_K: the chunk's sub-block scale and negated bias of each row as f16 pairs (PreScales).
+  static constexpr bool kPreScales = std::is_same_v<D, Dequant8Q4_K>;
+  static constexpr size_t kScaleBytes = kPreScales ? size_t{kBM} * (kChunk / 32) * sizeof(uint32_t) : 0;
+  static_assert(!kPreScales || kBulk, "q4k_pre_scales reads rows staged from their start");
+  static constexpr size_t kBarBytes = kBulk ? 2 * sizeof(uint64_t) : 0;
+  static constexpr size_t kSmemBytes = 2 * (kWStageBytes + kXStageBytes) + kScaleBytes + kBarBytes;
+};
+__device__ __forceinline__ int x_piece(int col, int piece) { return piece ^ ((col & 1) << 2); }
+
+
+struct GemmQArgs {
+  float* out;       // splits == 1: dst [m, n]; else partial sums [splits][n][m]
+  const char* a;    // weight rows, a_nb1 bytes apart
+  int64_t a_nb1;
+  const __half* x;  // activations [n][k] f16, contiguous
+  int64_t m, n, k;
+  int64_t k_split;  // k per split, a multiple of kChunk
+  const char* a_end;  // one past the weights' last byte
+  bool pre_scales;    // q4_K: decode the scales once per chunk (LOOM_CUDA_GEMM_Q_PRESCALES=0: per dequant8)
+  bool tma;           // the weights by one 2-D tensor copy per stage (LOOM_CUDA_GEMM_Q_TMA=0: a bulk copy a row)
+};
+
+template <int kMT>
+__device__ __forceinline__ void load_x(const GemmQArgs& p, int64_t col0, int64_t k0, __half* s_x) {
+  constexpr int kThreads = kThreadsOf<kMT>, kXCopies = kBN * kChunk / 8 / kThreads;  // 16-byte pieces a thread
+#pragma unroll
+  for (int i = 0; i < kXCopies; ++i) {
+    const int c = static_cast<int>(threadIdx.x) + i * kThreads;
+    const int col = c / (kChunk / 8), part = c % (kChunk / 8);
+    const bool ok = col0 + col < p.n;
+    const __half* src = p.x + (ok ? col0 + col : 0) * p.k + k0 + part * 8;
+    cp_async_16(smem_addr(s_x + col * kChunk + x_piece(col, part) * 8), src, ok ? 16 : 0);
+  }
+}
+
+// cp.async of the raw weight segments of chunk k0 for the block's kBM rows: each row's segment from
+// its 16-byte-aligned start (rows past m and bytes past the weights are zero-filled).
+template <class D, int kMT>
+__device__ __forceinline__ void load_w(const GemmQArgs& p, int64_t row0, int64_t k0, unsigned char* s_w) {
+  using S = Staging<D>;
+  for (int i = static_cast<int>(threadIdx.x); i < kBM * S::kRawPieces; i += kThreadsOf<kMT>) {
+    const int r = i / S::kRawPieces, piece = i % S::kRawPieces;
+    const int64_t row = row0 + r;
+    const char* seg = p.a + (row < p.m ? row : 0) * p.a_nb1 + (k0 / D::kBlock) * D::kBytes;
+    const char* src = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(seg) & ~uintptr_t{15}) + 16 * piece;
+    const int64_t left = p.a_end - src;
+    const int bytes =
+        row < p.m && src < seg + S::kSegBytes ? static_cast<int>(left < 16 ? (left > 0 ? left : 0) : 16) : 0;
+    // a piece with nothing to copy still names a 16-byte-aligned address (the weights' aligned start)
+    const char* base = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p.a) & ~uintptr_t{15});
+    cp_async_16(smem_addr(s_w + r * S::kRawStride + 16 * piece), bytes > 0 ? src : base, bytes);
+  }
+}
+
+// A 2-D tensor copy (Hopper's TMA): box {bytes, rows} at {byte x, row y} of the map's [rows][bytes]
+// weights into shared memory (dense rows of the box's bytes), completing on bar; parts past the
+// tensor are zero-filled and counted.
+__device__ __forceinline__ void tensor_copy_2d(void* smem, const CUtensorMap* map, int x, int y, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+          smem_addr(smem)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(smem_addr(bar))
+      : "memory");
+}
+
+// Bulk staging of chunk k0 (Staging::kBulk): thread r copies weight row r's segment, threads below
+// kBN a column's activations; arm_stage (thread 0) makes the stage's mbarrier expect their bytes.
+// Rows past m and columns past n are not copied (their stale values reach only outputs that are not
+// stored). Where the format's row segment fits a tensor copy's box (Staging::kTma: q4_0, q4_K),
+// thread 0 copies all the weight rows of a stage with one 2-D tensor copy (box kRawStride x kBM,
+// counted whole, zeros past the tensor) instead of a bulk copy per row, which the compiler serializes
+// through one elected lane per warp: ncu, H200, q4_K at 64 columns, [14336, 4096] 41.6 -> 39.9 us,
+// [4096, 14336] 37.6 -> 36.0 us. LOOM_CUDA_GEMM_Q_TMA=0 keeps the per-row copies.
+template <class D>
+__device__ __forceinline__ void issue_w_bulk(const GemmQArgs& p, const CUtensorMap* map, int64_t row0, int64_t k0,
+                                             unsigned char* s_w, uint64_t* bar) {
+  using S = Staging<D>;
+  if constexpr (S::kTma) {
+    if (p.tma) {
+      if (threadIdx.x == 0)
+        tensor_copy_2d(s_w, map, static_cast<int>((k0 / D::kBlock) * D::kBytes), static_cast<int>(row0), bar);
+      return;
+    }
+  }
+  const int r = static_cast<int>(threadIdx.x);
+  if (r < kBM && row0 + r < p.m)
+    bulk_copy(s_w + r * S::kRawStride, p.a + (row0 + r) * p.a_nb1 + (k0 / D::kBlock) * D::kBytes, S::kSegBytes, bar);
+}
+template <class D>
+__device__ __forceinline__ void issue_x_bulk(const GemmQArgs& p, int64_t col0, int64_t k0, __half* s_x, uint64_t* bar) {
+  const int col = static_cast<int>(threadIdx.x);
+  if (col < kBN && col0 + col < p.n)
+    bulk_copy(s_x + col * Staging<D>::kXStride, p.x + (col0 + col) * p.k + k0, kChunk * sizeof(__half), bar);
+}
+template <class D>
+__device__ __forceinline__ void arm_stage(const GemmQArgs& p, int64_t row0, int64_t col0, uint64_t* bar) {
+  if (threadIdx.x == 0) {
+    using S = Staging<D>;
+    const int64_t rows = p.m - row0 < kBM ? p.m - row0 : kBM, cols = p.n - col0 < kBN ? p.n - col0 : kBN;
+    const int64_t w_bytes = S::kTma && p.tma ? int64_t{kBM} * S::kRawStride : rows * S::kSegBytes;
+    mbar_arrive_expect(bar, static_cast<unsigned>(w_bytes + cols * kChunk * sizeof(__half)));
+  }
+}
+
+// (h - sub) * d on f16x2 registers; exact subtraction of small integers, one rounding of the product.
+__device__ __forceinline__ uint32_t h2_sub_mul(uint32_t h, uint32_t sub, uint32_t d) {
+  __half2 x, y, z;
+  memcpy(&x, &h, 4);
+  memcpy(&y, &sub, 4);
+  memcpy(&z, &d, 4);
+  const __half2 r = __hmul2(__hsub2(x, y), z);
+  uint32_t out;
+  memcpy(&out, &r, 4);
+  return out;
+}
+
+// Eight weights k .. k+7 (k relative to the chunk) of a staged row as four f16x2. q4_0 and q8_0 work
+// on f16 pairs directly: two 8-bit codes become 1024 + code in one byte permute with 0x64 (the f16
+// exponent of 1024), the offset (1032 or 1152) comes off exactly and the f16 scale multiplies with one
+// rounding: the same values as the float path (an exact product rounded once to f16) in ~60% of its
+// instructions, which bound this kernel (8B Q4_0 batched step at 64: 4,830 -> 5,376 t/s). q4_K and
+// q6_K likewise with their scales rounded to f16 first; the other formats go through their float
+// Dequant8.
+template <class D>
+__device__ __forceinline__ void dequant8(const unsigned char* raw, int k, uint32_t (&w)[4]) {
+  if constexpr (std::is_same_v<D, Dequant8Q4_0> || std::is_same_v<D, Dequant8Q8_0>) {
+    const uint8_t* b = raw + (k / D::kBlock) * D::kBytes;
+    const int j0 = k % D::kBlock;
+    const uint32_t d = load_u16_even(b);
+    const uint32_t d2 = d | (d << 16);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      uint32_t v;
+      if constexpr (std::is_same_v<D, Dequant8Q4_0>) {
+        v = (load_u16_even(b + 2 + (j0 & 15) + 2 * e) >> (j0 < 16 ? 0 : 4)) & 0x0f0fu;  // codes 0..15
+        w[e] = h2_sub_mul(__byte_perm(v, 0x64646464u, 0x5140), 0x64086408u, d2);  // (1024 + q) - 1032
+      } else {
+        v = load_u16_even(b + 2 + j0 + 2 * e) ^ 0x8080u;  // int8 + 128
+        w[e] = h2_sub_mul(__byte_perm(v, 0x64646464u, 0x5140), 0x64806480u, d2);  // (1024 + u) - 1152
+      }
+    }
+  } else if constexpr (std::is_same_v<D, Dequant8Q4_K> || std::is_same_v<D, Dequant8Q6_K>) {
+    // The K-quants' sub-block scale (and q4_K's bias) rounded to f16 first, then one f16 fma or
+    // product per pair: within about 2 f16 ulps of the float path's values (fast mode only).
+    const uint8_t* b = raw + (k / D::kBlock) * D::kBytes;
+    const int j0 = k % D::kBlock;
+    if constexpr (std::is_same_v<D, Dequant8Q4_K>) {
+      const int sb = j0 / 32;
+      int sc, m;
+      q4k_scale_min(sb, b + 4, sc, m);
+      const float scale_f = fmul_rn(f16_to_float(load_u16_even(b)), static_cast<float>(sc));
+      const float bias_f = fmul_rn(f16_to_float(load_u16_even(b + 2)), static_cast<float>(m));
+      if (!(fabsf(scale_f) <= 65504.0f && fabsf(bias_f) <= 65504.0f)) {  // beyond f16: the float path
+        float f[8];
+        D::run(b, j0, f);
+        for (int e = 0; e < 4; ++e) w[e] = pack_half2(f[2 * e], f[2 * e + 1]);
+        return;
+      }
+      const __half2 scale = __float2half2_rn(scale_f);
+      const __half2 nbias = __float2half2_rn(-bias_f);
+      const uint8_t* q = b + 16 + (j0 / 64) * 32 + (j0 % 32);
+      const int shift = (sb & 1) ? 4 : 0;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const uint32_t v = (load_u16_even(q + 2 * e) >> shift) & 0x0f0fu;
+        const uint32_t h = __byte_perm(v, 0x64646464u, 0x5140);  // 1024 + code
+        __half2 x, c1024;
+        const uint32_t k1024 = 0x64006400u;
+        memcpy(&x, &h, 4);
+        memcpy(&c1024, &k1024, 4);
+        const __half2 r = __hfma2(__hsub2(x, c1024), scale, nbias);
+        memcpy(&w[e], &r, 4);
+      }
+    } else {
+      const int h = j0 / 128, c = (j0 % 128) / 32, l0 = j0 % 32;
+      const uint8_t* ql = b + 64 * h + 32 * (c & 1) + l0;
+      const uint8_t* qh = b + 128 + 32 * h + l0;
+      const __half2 scale = __float2half2_rn(f16_to_float(load_u16_even(b + 208)) *
+                                             static_cast<float>(static_cast<int8_t>(b[192 + j0 / 16])));
+      uint32_t sc2;
+      memcpy(&sc2, &scale, 4);
+      const int shift = c < 2 ? 0 : 4;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const uint32_t v = ((load_u16_even(ql + 2 * e) >> shift) & 0x0f0fu) |
+                           (((load_u16_even(qh + 2 * e) >> (2 * c)) & 0x0303u) << 4);  // codes 0..63
+        w[e] = h2_sub_mul(__byte_perm(v, 0x64646464u, 0x5140), 0x64206420u, sc2);  // (1024 + q) - 1056
+      }
+    }
+  } else {
+    float f[8];
+    D::run(raw + (k / D::kBlock) * D::kBytes, k % D::kBlock, f);
+    w[0] = pack_half2(f[0], f[1]);
+    w[1] = pack_half2(f[2], f[3]);
+    w[2] = pack_half2(f[4], f[5]);
+    w[3] = pack_half2(f[6], f[7]);
+  }
+}
+
+// q4_K with the scales decoded once per chunk (kChunk = one block of each row), by the warp whose
+// rows they are: its kRows rows' 8 sub-blocks' d * sc (low half) and -(dmin * m) (high half) as f16,
+// kRows / 4 sub-blocks a lane. Where one of them is beyond f16, the warp takes the float path for the
+// chunk (returns true, alike in every lane). Rows past m (stale bytes) take no part in that choice.
+// Before, each of the 4 threads sharing a row's 8 weights decoded them again at every dequant8 call;
+// and a block-wide vote here held every warp at the slowest one each chunk (ncu: 10% of the stalls).
+template <class S, int kMT>
+__device__ __forceinline__ bool q4k_pre_scales(const unsigned char* stage_w, int warp, int lane, int64_t rows_left,
+                                               uint32_t* s_sc) {
+  constexpr int kRows = 16 * kMT, kLanesPerRow = kWarpSize / kRows, kSbPerLane = (kChunk / 32) / kLanesPerRow;
+  const int r = warp * kRows + lane % kRows, sb0 = lane / kRows * kSbPerLane;
+  const uint8_t* b = stage_w + r * S::kRawStride;
+  const float d = f16_to_float(load_u16_even(b)), dmin = f16_to_float(load_u16_even(b + 2));
+  bool wide = false;
+#pragma unroll
+  for (int i = 0; i < kSbPerLane; ++i) {
+    int sc, m;
+    q4k_scale_min(sb0 + i, b + 4, sc, m);
+    const float scale = fmul_rn(d, static_cast<float>(sc)), bias = fmul_rn(dmin, static_cast<float>(m));
+    wide = wide || (r < rows_left && !(fabsf(scale) <= 65504.0f && fabsf(bias) <= 65504.0f));
+    s_sc[(sb0 + i) * kBM + r] = pack_half2(scale, -bias);
+  }
+  const bool any = __any_sync(0xffffffffu, wide);
+  __syncwarp();
+  return any;
+}
+
+// dequant8 for q4_K from a pre-decoded sub-block scale pair (q4k_pre_scales), the row's eight codes
+// in one 8-byte shared load (rows are staged from their 16-byte-aligned start): the same f16 values.
+__device__ __forceinline__ void dequant8_q4k_pre(const unsigned char* raw, int k, uint32_t sc_pair, uint32_t (&w)[4]) {
+  const uint32_t scale2 = __byte_perm(sc_pair, 0, 0x1010), nbias2 = __byte_perm(sc_pair, 0, 0x3232);
+  const uint2 u = *reinterpret_cast<const uint2*>(raw + 16 + (k / 64) * 32 + (k % 32));
+  const int shift = ((k / 32) & 1) ? 4 : 0;
+  const uint32_t lo = (u.x >> shift) & 0x0f0f0f0fu, hi = (u.y >> shift) & 0x0f0f0f0fu;
+  const uint32_t h[4] = {__byte_perm(lo, 0x64646464u, 0x5140), __byte_perm(lo, 0x64646464u, 0x7362),
+                         __byte_perm(hi, 0x64646464u, 0x5140), __byte_perm(hi, 0x64646464u, 0x7362)};  // 1024 + code
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    __half2 x, c1024, sc, nb;
+    const uint32_t k1024 = 0x64006400u;
+    memcpy(&x, &h[e], 4);
+    memcpy(&c1024, &k1024, 4);
+    memcpy(&sc, &scale2, 4);
+    memcpy(&nb, &nbias2, 4);
+    const __half2 r = __hfma2(__hsub2(x, c1024), sc, nb);
+    memcpy(&w[e], &r, 4);
+  }
+}
+
+// The tensor map of weights a ([m rows][k / kBlock * kBytes bytes], nb1 apart) for the stage's 2-D
+// copy: boxes of kRawStride bytes x kBM rows. False where the driver has no encoder or refuses.
+template <class D>
+bool encode_weight_map(const Tensor* a, int64_t m, int64_t k, CUtensorMap& map) {
+  static const auto encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  if (!encode) return false;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k / D::kBlock * D::kBytes), static_cast<cuuint64_t>(m)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(a->nb[1])};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(Staging<D>::kRawStride), static_cast<cuuint32_t>(kBM)};
+  const cuuint32_t element_strides[2] = {1, 1};
+  return encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, a->data, dims, strides, box, element_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+}  // namespace loom::cuda::gemm_q_detail

@@ -1,0 +1,309 @@
+// gemm_q on Hopper's warpgroup MMA (compiled for sm_90a only; gemm_q_wgmma_available() says where it
+// runs). The block, the stages and the dequantization are gemm_q.cu's (gemm_q_device.cuh): 256 weight
+// rows x 64 columns x a k range, walked in 256-k chunks staged two deep by tensor/bulk copies, each
+// warp dequantizing its 16 rows' weights into f16 A fragments in registers. What changes is the
+// product: the four warps of a warpgroup (64 rows) issue one wgmma.mma_async m64n64k16 per k16 step,
+// whose B operand the tensor cores read from shared memory themselves, in place of each warp's 16
+// mma.sync m16n8k16 and 8 shared loads of activations per k32 step.
+//
+// B's layout (K-major, no swizzle): core matrices of 8 columns x 8 k (16 bytes a column, 128 bytes
+// a matrix); within a stage's 64 x 256 tile, matrix (k group kg, column group ng) at (kg * 8 + ng) *
+// 128 bytes, so the leading (k) byte offset is 1,024 and the stride (column) offset 128. The k order
+// within each 32 is the fragments' (gemm_q.cu's "k order trick": thread c of a quad holds the
+// physical k 8c .. 8c+7 of its rows, spread over two k16 steps), so logical k L = 16 s + 8 h + 2 c + e
+// holds physical k 8 c + 4 s + 2 h + e; the packing kernel writes that order, so no weight moves.
+//
+// Pipelining: the A fragments of k32 step j + 1 are dequantized while step j's two wgmma run (two
+// register sets, each kept live until its products are waited for).
+//
+// Measured (ncu, H200, 64 columns, against the mma.sync kernel): q4_K [4096, 14336] 39.5 -> 30.3 us,
+// [14336, 4096] 35.6 -> 27.5, q4_0 [4096, 14336] 39.8 -> 25.8, q4_K [4096, 6144] at 32 columns 17.5 ->
+// 14.3. What bounds it now (ncu on [4096, 14336] q4_K): 1.8 instructions issued per SM cycle, 16 warps
+// (the register file's limit at 120 registers), ~94 instructions per warp and k32 step of which 2 are
+// wgmma and ~60 dequantization (PRMT, LOP3, HADD2, HFMA2, SHF, LDS); stalls on fixed-latency and
+// shared-load dependencies, not on the tensor cores (a third stage or two steps in flight: no change).
+#include <cstdint>
+#include <cstdlib>
+
+#include "common.cuh"
+#include "gemm_q_device.cuh"
+#include "gemm_q_wgmma.cuh"
+#include "launch.h"
+#include "loom/backend.h"
+#include "quant_dispatch.cuh"
+
+namespace loom::cuda {
+
+using namespace gemm_q_detail;
+
+namespace {
+
+constexpr int kWgThreads = kThreadsOf<1>;   // 16 warps: 4 warpgroups of 64 rows
+constexpr int kXTileHalves = kBN * kChunk;  // one stage's activations: 64 x 256 f16 (32 KB)
+
+// The formats the kernel covers: bulk-staged (every stage by copies completing on an mbarrier) and
+// dequantized straight to f16 pairs.
+template <class D>
+constexpr bool kCovered = (std::is_same_v<D, Dequant8Q4_K> || std::is_same_v<D, Dequant8Q4_0> ||
+                           std::is_same_v<D, Dequant8Q8_0>) && Staging<D>::kBulk;
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ uint64_t b_desc(uint32_t addr, uint64_t offsets) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | offsets;
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+// Keeps registers live (and unmoved) across an in-flight wgmma that reads or writes them.
+__device__ __forceinline__ void fence_regs(uint32_t (&r)[8]) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) asm volatile("" : "+r"(r[i]));
+}
+__device__ __forceinline__ void fence_regs(float (&r)[32]) {
+#pragma unroll
+  for (int i = 0; i < 32; ++i) asm volatile("" : "+f"(r[i]));
+}
+
+// d (64 x 64, f32, this thread's 32) += a (64 x 16 f16, this thread's fragment a[0..3]) x b (16 x 64
+// f16 at descriptor desc).
+__device__ __forceinline__ void wgmma_64x64x16(float (&d)[32], const uint32_t* a, uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+#endif
+
+template <class D>
+__device__ __forceinline__ void arm_stage_wg(const GemmQArgs& p, int64_t row0, uint64_t* bar) {
+  using S = Staging<D>;
+  const int64_t rows = p.m - row0 < kBM ? p.m - row0 : kBM;
+  const int64_t w_bytes = S::kTma && p.tma ? int64_t{kBM} * S::kRawStride : rows * S::kSegBytes;
+  mbar_arrive_expect(bar, static_cast<unsigned>(w_bytes + kXTileHalves * sizeof(__half)));
+}
+
+// The activation tile of (column tile, chunk k0): one bulk copy of 32 KB, from a thread that copies no
+// weight row.
+__device__ __forceinline__ void issue_x_tile(const GemmQArgs& p, int64_t k0, __half* s_x, uint64_t* bar) {
+  if (threadIdx.x == kBM) {
+    const int64_t tile = static_cast<int64_t>(blockIdx.x) * (p.k / kChunk) + k0 / kChunk;
+    bulk_copy(s_x, p.x + tile * kXTileHalves, kXTileHalves * sizeof(__half), bar);
+  }
+}
+
+template <class D, int kStages>
+constexpr size_t kSmemOf = kStages * (Staging<D>::kWStageBytes + kXTileHalves * sizeof(__half)) +
+                           Staging<D>::kScaleBytes + kStages * sizeof(uint64_t);
+
+template <class D, int kStages>
+__global__ void __launch_bounds__(kWgThreads, 1) gemm_q_wgmma_kernel(GemmQArgs p, const __grid_constant__ CUtensorMap map,
+                                                                uint64_t desc_offsets) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  if constexpr (kCovered<D>) {
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    using S = Staging<D>;
+    unsigned char* s_w = smem_raw;                                                // [kStages][kBM][kRawStride]
+    auto* s_x = reinterpret_cast<__half*>(smem_raw + kStages * S::kWStageBytes);  // [kStages][32 KB tile]
+    auto* s_sc = reinterpret_cast<uint32_t*>(smem_raw + kStages * (S::kWStageBytes + kXTileHalves * sizeof(__half)));
+    auto* bar = reinterpret_cast<uint64_t*>(reinterpret_cast<unsigned char*>(s_sc) + S::kScaleBytes);
+    const int warp = static_cast<int>(threadIdx.x) / kWarpSize, lane = static_cast<int>(threadIdx.x) % kWarpSize;
+    const int g = lane / 4, c = lane % 4;
+    const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kBN, row0 = static_cast<int64_t>(blockIdx.y) * kBM;
+    const int64_t k_begin = static_cast<int64_t>(blockIdx.z) * p.k_split;
+    const int64_t k_end = p.k < k_begin + p.k_split ? p.k : k_begin + p.k_split;
+    auto row_of = [&](int half) { return warp * 16 + g + 8 * half; };
+
+    // Stage i % kStages holds chunk i (counted from k_begin); chunks 0 .. kStages - 2 are requested
+    // before the loop, chunk i + kStages - 1 at the top of iteration i, into the stage that chunk
+    // i - 1 left at the previous iteration's barrier. A stage's barrier is armed (its bytes expected)
+    // before the block barrier that precedes its copies.
+    if (threadIdx.x == 0) {
+#pragma unroll
+      for (int s = 0; s < kStages; ++s) mbar_init(&bar[s], 1);
+      mbar_init_fence();
+#pragma unroll
+      for (int s = 0; s < kStages; ++s)
+        if (k_begin + s * kChunk < k_end) arm_stage_wg<D>(p, row0, &bar[s]);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s)
+      if (k_begin + s * kChunk < k_end)
+        issue_w_bulk<D>(p, &map, row0, k_begin + s * kChunk, s_w + s * S::kWStageBytes, &bar[s]);
+    pdl_wait();
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s)
+      if (k_begin + s * kChunk < k_end) issue_x_tile(p, k_begin + s * kChunk, s_x + s * kXTileHalves, &bar[s]);
+
+    float acc[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) acc[i] = 0.0f;
+
+    int stage = 0;
+    unsigned chunk = 0;
+    for (int64_t k0 = k_begin; k0 < k_end; k0 += kChunk, stage = stage + 1 == kStages ? 0 : stage + 1, ++chunk) {
+      const int64_t k_next = k0 + (kStages - 1) * kChunk;
+      if (k_next < k_end) {  // that stage's readers finished at the last chunk's barrier
+        const int s = stage == 0 ? kStages - 1 : stage - 1;
+        fence_proxy_async();
+        issue_w_bulk<D>(p, &map, row0, k_next, s_w + s * S::kWStageBytes, &bar[s]);
+        issue_x_tile(p, k_next, s_x + s * kXTileHalves, &bar[s]);
+      }
+      while (!mbar_try_wait(&bar[stage], (chunk / kStages) & 1)) {
+      }
+      const unsigned char* w_rows[2];
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) w_rows[hf] = s_w + stage * S::kWStageBytes + row_of(hf) * S::kRawStride;
+      bool pre = false;
+      if constexpr (S::kPreScales)
+        if (p.pre_scales) pre = !q4k_pre_scales<S, 1>(s_w + stage * S::kWStageBytes, warp, lane, p.m - row0, s_sc);
+      // A fragments of k32 step j: rows g and g + 8, physical k 8c .. 8c+7 of the step, as two k16 steps
+      auto dequant_step = [&](int j, uint32_t(&a)[8]) {
+        uint32_t wl[4], wh[4];
+        const int k = 32 * j + 8 * c;
+        if constexpr (S::kPreScales) {
+          if (pre) {
+            dequant8_q4k_pre(w_rows[0], k, s_sc[j * kBM + row_of(0)], wl);
+            dequant8_q4k_pre(w_rows[1], k, s_sc[j * kBM + row_of(1)], wh);
+          } else {
+            dequant8<D>(w_rows[0], k, wl);
+            dequant8<D>(w_rows[1], k, wh);
+          }
+        } else {
+          dequant8<D>(w_rows[0], k, wl);
+          dequant8<D>(w_rows[1], k, wh);
+        }
+        a[0] = wl[0], a[1] = wh[0], a[2] = wl[1], a[3] = wh[1];
+        a[4] = wl[2], a[5] = wh[2], a[6] = wl[3], a[7] = wh[3];
+      };
+      const uint32_t xs = smem_addr(s_x + stage * kXTileHalves);
+      // Step j's products are waited for before step j + 1's are issued (two steps in flight, with a
+      // third fragment set, measured the same: ncu, H200, [4096, 14336] q4_K at 64 columns 31.5 against
+      // 30.7 us; so did a third stage, 30.6 against 30.5).
+      uint32_t a[2][8];
+      dequant_step(0, a[0]);
+      fence_regs(acc);
+#pragma unroll
+      for (int j = 0; j < kChunk / 32; ++j) {
+        wgmma_fence();
+        wgmma_64x64x16(acc, &a[j & 1][0], b_desc(xs + (2 * j) * 2048, desc_offsets));
+        wgmma_64x64x16(acc, &a[j & 1][4], b_desc(xs + (2 * j + 1) * 2048, desc_offsets));
+        wgmma_commit();
+        if (j + 1 < kChunk / 32) dequant_step(j + 1, a[(j + 1) & 1]);
+        wgmma_wait<0>();
+        fence_regs(a[j & 1]);
+      }
+      fence_regs(acc);
+      if (threadIdx.x == 0 && k0 + kStages * kChunk < k_end) arm_stage_wg<D>(p, row0, &bar[stage]);
+      __syncthreads();  // every warpgroup's products of this stage are done before it is refilled
+    }
+
+    // D fragment: rows g, g + 8 of the warp's 16; columns 8i + 2c, 8i + 2c + 1 of n8 group i.
+    float* out = p.out + static_cast<int64_t>(blockIdx.z) * p.m * p.n;
+#pragma unroll
+    for (int i = 0; i < kNTiles; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t row = row0 + row_of(e / 2);
+        const int64_t col = col0 + i * 8 + 2 * c + (e & 1);
+        if (row < p.m && col < p.n) out[col * p.m + row] = acc[4 * i + e];
+      }
+  }
+#endif
+}
+
+// One thread per 16-byte row of a core matrix: tile t = column tile x chunks + chunk, within it
+// matrix (kg, ng) and column n % 8; logical k 8 kg .. 8 kg + 7 of the chunk hold physical k
+// 32 (kg / 4) + 4 s + 2 h + {0, 1, 8, 9, 16, 17, 24, 25} with s = (kg / 2) % 2, h = kg % 2.
+__global__ void pack_gemm_q_tiles_kernel(uint4* out, const float* b, int64_t n, int64_t k, int64_t rows16) {
+  pdl_wait();
+  const int64_t chunks = k / kChunk;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < rows16;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t tile = i / (kXTileHalves / 8);
+    const int r = static_cast<int>(i % (kXTileHalves / 8));
+    const int cm = r / 8, kg = cm / 8, ng = cm % 8;
+    const int64_t col = tile / chunks * kBN + ng * 8 + r % 8;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (col < n) {
+      const float* src = b + col * k + (tile % chunks) * kChunk + 32 * (kg / 4) + 4 * ((kg / 2) % 2) + 2 * (kg % 2);
+      const float2 p0 = *reinterpret_cast<const float2*>(src), p1 = *reinterpret_cast<const float2*>(src + 8);
+      const float2 p2 = *reinterpret_cast<const float2*>(src + 16), p3 = *reinterpret_cast<const float2*>(src + 24);
+      v.x = pack_half2(p0.x, p0.y), v.y = pack_half2(p1.x, p1.y), v.z = pack_half2(p2.x, p2.y), v.w = pack_half2(p3.x, p3.y);
+    }
+    out[i] = v;
+  }
+}
+
+bool wgmma_switch() {
+  static const bool on = env_switch("LOOM_CUDA_GEMM_Q_WGMMA");
+  return on;
+}
+
+}  // namespace
+
+bool gemm_q_wgmma_available(DType t) {
+  if (!wgmma_switch()) return false;
+  const bool covered = visit_quant_type(t, false, [](auto q) { return kCovered<typename decltype(q)::Dequant8>; });
+  if (!covered) return false;
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
+    return false;
+  return major == 9 && minor == 0;
+}
+
+size_t gemm_q_tiles_bytes(int64_t n, int64_t k) {
+  return static_cast<size_t>((n + kBN - 1) / kBN * kBN) * static_cast<size_t>(k) * sizeof(__half);
+}
+
+CudaError pack_gemm_q_tiles(cudaStream_t stream, __half* out, const float* b, int64_t n, int64_t k) {
+  const int64_t rows16 = static_cast<int64_t>(gemm_q_tiles_bytes(n, k) / 16);
+  constexpr int kThreads = 256;
+  pack_gemm_q_tiles_kernel<<<grid_for(rows16, kThreads), kThreads, 0, stream>>>(reinterpret_cast<uint4*>(out), b, n,
+                                                                                  k, rows16);
+  LOOM_CUDA_CHECK_LAUNCH("pack_gemm_q_tiles_kernel");
+  return {};
+}
+
+CudaError launch_gemm_q_wgmma(cudaStream_t stream, const Tensor* a, const GemmQArgs& args, dim3 grid) {
+  return visit_quant_type(
+      a->type, CudaError::runtime(cudaErrorInvalidValue, "mul_mat: not a quantized weight", __FILE__, __LINE__),
+      [&](auto q) -> CudaError {
+        using D = typename decltype(q)::Dequant8;
+        if constexpr (!kCovered<D>) {
+          return CudaError::runtime(cudaErrorInvalidValue, "mul_mat: no warpgroup gemm_q for this weight type",
+                                    __FILE__, __LINE__);
+        } else {
+          GemmQArgs p = args;
+          CUtensorMap map{};
+          if constexpr (Staging<D>::kTma)
+            if (p.tma) p.tma = encode_weight_map<D>(a, p.m, p.k, map);
+          constexpr int kStages = 2;
+          constexpr size_t smem = kSmemOf<D, kStages>;
+          static_assert(smem <= 227 * 1024);
+          auto* kernel = gemm_q_wgmma_kernel<D, kStages>;
+          LOOM_CUDA_CHECK(
+              cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+          // the descriptors' byte offsets: k-adjacent core matrices 1,024 apart (leading), column-adjacent
+          // 128 (stride); swapped, the op test faults (checked on the H200)
+          constexpr uint64_t kLbo = 1024, kSbo = 128;
+          kernel<<<grid, kWgThreads, smem, stream>>>(p, map, ((kLbo >> 4) << 16) | ((kSbo >> 4) << 32));
+          LOOM_CUDA_CHECK_LAUNCH("gemm_q_wgmma_kernel");
+          return {};
+        }
+      });
+}
+
+}  // namespace loom::cuda
