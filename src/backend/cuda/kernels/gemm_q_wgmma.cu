@@ -222,26 +222,38 @@ __global__ void __launch_bounds__(kWgThreads, 1) gemm_q_wgmma_kernel(GemmQArgs p
 #endif
 }
 
-// One thread per 16-byte row of a core matrix: tile t = column tile x chunks + chunk, within it
-// matrix (kg, ng) and column n % 8; logical k 8 kg .. 8 kg + 7 of the chunk hold physical k
-// 32 (kg / 4) + 4 s + 2 h + {0, 1, 8, 9, 16, 17, 24, 25} with s = (kg / 2) % 2, h = kg % 2.
-__global__ void pack_gemm_q_tiles_kernel(uint4* out, const float* b, int64_t n, int64_t k, int64_t rows16) {
+// One thread per column and k32 group (columns fastest, so a warp's stores fill whole core matrices
+// and each thread's loads are one 128-byte line): its 32 activations become the four 16-byte rows of
+// k groups 4j .. 4j + 3 (j the k32 step within the chunk) in column n % 8 of column group ng, where
+// logical k 8 kg' .. 8 kg' + 7 (kg' = kg % 4 = 2 s + h) hold physical k 8c + 4 s + 2 h + e, c = 0..3,
+// e = 0, 1. Columns past n are zero.
+__global__ void pack_gemm_q_tiles_kernel(uint4* out, const float* b, int64_t n, int64_t k, int64_t n_pad) {
   pdl_wait();
-  const int64_t chunks = k / kChunk;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < rows16;
+  const int64_t chunks = k / kChunk, items = n_pad * (k / 32);
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < items;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t tile = i / (kXTileHalves / 8);
-    const int r = static_cast<int>(i % (kXTileHalves / 8));
-    const int cm = r / 8, kg = cm / 8, ng = cm % 8;
-    const int64_t col = tile / chunks * kBN + ng * 8 + r % 8;
-    uint4 v = make_uint4(0, 0, 0, 0);
+    const int64_t col = i % n_pad, g32 = i / n_pad;
+    const int j = static_cast<int>(g32 % (kChunk / 32));
+    const int64_t tile = col / kBN * chunks + g32 / (kChunk / 32);
+    uint4* dst = out + tile * (kXTileHalves / 8) + (4 * j * 8 + (col % kBN) / 8) * 8 + col % 8;
+    float x[32];
     if (col < n) {
-      const float* src = b + col * k + (tile % chunks) * kChunk + 32 * (kg / 4) + 4 * ((kg / 2) % 2) + 2 * (kg % 2);
-      const float2 p0 = *reinterpret_cast<const float2*>(src), p1 = *reinterpret_cast<const float2*>(src + 8);
-      const float2 p2 = *reinterpret_cast<const float2*>(src + 16), p3 = *reinterpret_cast<const float2*>(src + 24);
-      v.x = pack_half2(p0.x, p0.y), v.y = pack_half2(p1.x, p1.y), v.z = pack_half2(p2.x, p2.y), v.w = pack_half2(p3.x, p3.y);
+      const float4* src = reinterpret_cast<const float4*>(b + col * k + g32 * 32);
+#pragma unroll
+      for (int v = 0; v < 8; ++v) {
+        const float4 f = src[v];
+        x[4 * v] = f.x, x[4 * v + 1] = f.y, x[4 * v + 2] = f.z, x[4 * v + 3] = f.w;
+      }
+    } else {
+#pragma unroll
+      for (int v = 0; v < 32; ++v) x[v] = 0.0f;
     }
-    out[i] = v;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int o = 4 * (q / 2) + 2 * (q % 2);
+      dst[q * 64] = make_uint4(pack_half2(x[o], x[o + 1]), pack_half2(x[8 + o], x[9 + o]), pack_half2(x[16 + o], x[17 + o]),
+                               pack_half2(x[24 + o], x[25 + o]));
+    }
   }
 }
 
@@ -269,10 +281,10 @@ size_t gemm_q_tiles_bytes(int64_t n, int64_t k) {
 }
 
 CudaError pack_gemm_q_tiles(cudaStream_t stream, __half* out, const float* b, int64_t n, int64_t k) {
-  const int64_t rows16 = static_cast<int64_t>(gemm_q_tiles_bytes(n, k) / 16);
-  constexpr int kThreads = 256;
-  pack_gemm_q_tiles_kernel<<<grid_for(rows16, kThreads), kThreads, 0, stream>>>(reinterpret_cast<uint4*>(out), b, n,
-                                                                                  k, rows16);
+  const int64_t n_pad = (n + kBN - 1) / kBN * kBN;
+  constexpr int kThreads = 64;  // small blocks: a 64 x 4096 product has 8,192 items, spread over 128 SMs
+  pack_gemm_q_tiles_kernel<<<grid_for(n_pad * (k / 32), kThreads), kThreads, 0, stream>>>(reinterpret_cast<uint4*>(out),
+                                                                                           b, n, k, n_pad);
   LOOM_CUDA_CHECK_LAUNCH("pack_gemm_q_tiles_kernel");
   return {};
 }

@@ -432,7 +432,7 @@ bool use_gemm_q(const Tensor* dst, bool fast) {
 // per device and type).
 bool gemm_q_tiles_usable(const Tensor* dst) {
   const Tensor* b = dst->src[1];
-  if (b->type != DType::f32 || !b->is_contiguous() || reinterpret_cast<uintptr_t>(b->data) % 8 != 0) return false;
+  if (b->type != DType::f32 || !b->is_contiguous() || reinterpret_cast<uintptr_t>(b->data) % 16 != 0) return false;
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
   static std::atomic<int8_t> known[64][kDTypeCount];  // 0 unknown, 1 no, 2 yes
