@@ -108,6 +108,7 @@ constexpr size_t kSmemOf = kStages * (Staging<D>::kWStageBytes + kXTileHalves * 
 template <class D, int kStages>
 __global__ void __launch_bounds__(kWgThreads, 1) gemm_q_wgmma_kernel(GemmQArgs p, const __grid_constant__ CUtensorMap map,
                                                                 uint64_t desc_offsets) {
+  // pdl_wait later: the first weight chunk is requested first (no kernel writes weights)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   if constexpr (kCovered<D>) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
