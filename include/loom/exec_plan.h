@@ -58,6 +58,7 @@ struct ByteRange {
 /// included (a view contributes its own extent, not its source's whole allocation).
 ByteRange tensor_range(const Tensor& t);
 
+
 inline constexpr int kMaxFusedNodes = 5;
 
 struct Dispatch {
@@ -83,6 +84,13 @@ struct Dispatch {
   /// The node that names the dispatch: the last non-null role.
   Tensor* anchor() const;
 };
+
+/// Whether tensor y, written by dispatch d, shares bytes with anything else d touches: another of its
+/// nodes (a sum it also writes, an intermediate planned in place) or a source from outside it (an
+/// input it reads). A kernel that writes y in a layout other than y's own rows (the CUDA backend's
+/// activation hand-off: row r's codes at byte r * k) may then overwrite bytes another block of it
+/// still reads or writes.
+bool output_shares_bytes(const Dispatch& d, const Tensor* y);
 
 /// Asks the backend whether it has a kernel for a candidate fused dispatch.
 class FusionSupport {

@@ -12,6 +12,22 @@ ByteRange tensor_range(const Tensor& t) {
   return {begin, begin + t.nbytes()};
 }
 
+bool output_shares_bytes(const Dispatch& d, const Tensor* y) {
+  const ByteRange yr = tensor_range(*y);
+  auto overlaps = [&](const Tensor* t) {
+    if (!t || !t->data) return false;
+    const ByteRange tr = tensor_range(*t);
+    return tr.begin < yr.end && yr.begin < tr.end;
+  };
+  for (const Tensor* n : d.nodes) {
+    if (!n) continue;
+    if (n != y && overlaps(n)) return true;
+    for (const Tensor* src : n->src)
+      if (src && std::find(d.nodes.begin(), d.nodes.end(), src) == d.nodes.end() && overlaps(src)) return true;
+  }
+  return false;
+}
+
 Tensor* Dispatch::anchor() const {
   for (int i = kMaxFusedNodes - 1; i >= 0; --i)
     if (nodes[i]) return nodes[i];

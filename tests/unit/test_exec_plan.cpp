@@ -279,6 +279,69 @@ TEST(ExecPlan, FusionMatchesTheLayerPatterns) {
   EXPECT_NE(p.dump().find("add_rms_norm_mul"), std::string::npos);
 }
 
+// A residual add, norm and mul over 4 rows whose intermediates are each read once: the planner may
+// place the sum, or the norm's output, on the bytes of the add's inputs (the last layer's whole chain
+// runs in place). exec::output_shares_bytes sees every such overlap of the fused dispatch's output
+// with its inputs, its sum or its intermediates (the CUDA backend then keeps f32 instead of handing
+// the mat-vecs int8 rows laid out across other rows' bytes).
+TEST(ExecPlan, OutputSharingBytesWithInputsIsSeen) {
+  for (const bool sum_read_later : {false, true}) {
+    Graph g;
+    const int64_t n = 64, rows = 4;
+    Tensor* x0 = g.input(DType::f32, {n, rows, 1, 1}, "x0");
+    Tensor* f0 = g.input(DType::f32, {n, rows, 1, 1}, "f0");
+    Tensor* w = g.weight(DType::f32, {n, 1, 1, 1}, "w");
+    Tensor* x = add(g, x0, x0);  // intermediates, as a layer's residual and FFN output are
+    Tensor* ffn = add(g, f0, f0);
+    Tensor* sum = add(g, x, ffn);
+    Tensor* norm = rms_norm(g, sum, 1e-5f);
+    Tensor* y = mul(g, norm, w);
+    g.mark_output(sum_read_later ? add(g, y, sum) : y);
+    auto alloc = allocate_graph(g, cpu_buffer_type());
+    ASSERT_TRUE(alloc.ok()) << alloc.status().message();
+    Plan p = exec::build_plan(g);
+    exec::fuse(p, g, AcceptAll{});
+    const auto it = std::find_if(p.dispatches.begin(), p.dispatches.end(),
+                                 [](const Dispatch& d) { return d.kind == FusedKind::add_rms_norm_mul; });
+    ASSERT_NE(it, p.dispatches.end());
+    ASSERT_EQ(it->anchor(), y);
+    const exec::ByteRange yr = exec::tensor_range(*y);
+    auto meet = [&](const Tensor* t) {
+      const exec::ByteRange tr = exec::tensor_range(*t);
+      return tr.begin < yr.end && yr.begin < tr.end;
+    };
+    EXPECT_EQ(exec::output_shares_bytes(*it, y), meet(sum) || meet(norm) || meet(x) || meet(ffn) || meet(w))
+        << "sum read later: " << sum_read_later;
+    if (sum_read_later) EXPECT_FALSE(meet(sum));  // the sum outlives y: never the same bytes
+  }
+  // By hand: bytes of its own, then y over an intermediate, the sum, an input, across two tensors.
+  Graph g;
+  Tensor* a = g.input(DType::f32, {8, 2, 1, 1}, "a");
+  Tensor* b = g.input(DType::f32, {8, 2, 1, 1}, "b");
+  Tensor* w = g.weight(DType::f32, {8, 1, 1, 1}, "w");
+  Tensor* sum = add(g, a, b);
+  Tensor* norm = rms_norm(g, sum, 1e-5f);
+  Tensor* y = mul(g, norm, w);
+  alignas(16) static float bytes[8][16];  // a row of 16 floats: one [8, 2] tensor
+  a->data = bytes[0], b->data = bytes[1], w->data = bytes[2], sum->data = bytes[3], norm->data = bytes[4];
+  y->data = bytes[6];
+  Dispatch d;
+  d.kind = FusedKind::add_rms_norm_mul;
+  d.nodes = {sum, norm, y, nullptr, nullptr};
+  EXPECT_FALSE(exec::output_shares_bytes(d, y));
+  norm->data = bytes[6];  // the norm's output planned in place of y
+  EXPECT_TRUE(exec::output_shares_bytes(d, y));
+  norm->data = bytes[4];
+  y->data = bytes[3];  // y over the sum
+  EXPECT_TRUE(exec::output_shares_bytes(d, y));
+  y->data = bytes[1];  // y over an input of the add
+  EXPECT_TRUE(exec::output_shares_bytes(d, y));
+  y->data = bytes[2] + 8;  // past w's 8 floats, into the sum's first ones
+  EXPECT_TRUE(exec::output_shares_bytes(d, y));
+  y->data = bytes[6];
+  EXPECT_FALSE(exec::output_shares_bytes(d, y));
+}
+
 TEST(ExecPlan, FusionRespectsTheBackendAndExtraReaders) {
   Layer l;
   Plan p = exec::build_plan(l.g);

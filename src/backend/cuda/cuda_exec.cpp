@@ -138,26 +138,13 @@ bool writes_act(const exec::Dispatch& d, int block) {
 // Whether a fused norm's output y may take its mat-vecs' quantized activations: their layout puts row
 // r's codes at byte r * k and the scales and sums after every row's codes, so with more than one row
 // a block writes into other rows' f32 bytes. Where y shares bytes with what the kernel reads (the
-// residual and the added value, the norm's input) or the sum it also writes (the last layer's chain
-// runs in place: add, norm and mul on one buffer), another block may still load those bytes, or
-// store its f32 sum over codes already written: a race (seen as logits that differ run to run with
-// 4 sequences, `loom-exec-equivalence`). One row keeps all its bytes to itself (its block loads
-// before it stores), so there the hand-off stays.
+// residual and the added value, the norm's input: the planner may put y on the bytes of an input
+// that dies at the add, and runs the last layer's whole chain in place) or the sum it also writes,
+// another block may still load those bytes, or store its f32 sum over codes already written: a race
+// (seen as logits that differ run to run with 4 sequences, `loom-exec-equivalence`). One row keeps
+// all its bytes to itself (its block loads before it stores), so there the hand-off stays.
 bool norm_act_bytes_own(const exec::Dispatch& d, const Tensor* y) {
-  if (y->nrows() <= 1) return true;
-  const auto yb = reinterpret_cast<uintptr_t>(y->data), ye = yb + y->nbytes();
-  auto overlaps = [&](const Tensor* t) {
-    if (!t || !t->data) return false;
-    const auto tb = reinterpret_cast<uintptr_t>(t->data), te = tb + t->nbytes();
-    return tb < ye && yb < te;
-  };
-  for (const Tensor* n : d.nodes) {
-    if (!n) continue;
-    if (n != y && overlaps(n)) return false;
-    for (const Tensor* src : n->src)
-      if (src && std::find(d.nodes.begin(), d.nodes.end(), src) == d.nodes.end() && overlaps(src)) return false;
-  }
-  return true;
+  return y->nrows() <= 1 || !exec::output_shares_bytes(d, y);
 }
 
 // The fast mode's hand-off of quantized activations to the mat-vecs: a dispatch whose output nothing
