@@ -34,7 +34,7 @@ add_library(loom_backend_cuda SHARED
 # (gemm_q_wgmma_available).
 add_library(loom_cuda_sm90a OBJECT src/backend/cuda/kernels/gemm_q_wgmma.cu)
 target_include_directories(loom_cuda_sm90a PRIVATE ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR}/src/backend/cuda)
-target_link_libraries(loom_cuda_sm90a PRIVATE CUDA::cudart loom_options)
+target_link_libraries(loom_cuda_sm90a PRIVATE CUDA::cudart fmt::fmt loom_options)
 set_target_properties(loom_cuda_sm90a PROPERTIES
   CUDA_ARCHITECTURES 90a
   CUDA_STANDARD 17

@@ -64,6 +64,8 @@ inline constexpr int kMaxFusedNodes = 5;
 struct Dispatch {
   FusedKind kind = FusedKind::none;
   std::array<Tensor*, kMaxFusedNodes> nodes{};  ///< roles per kind (above); kind none: nodes[0]
+  /// A fused dispatch's nodes it writes (others are intermediates its kernel keeps in registers).
+  std::array<bool, kMaxFusedNodes> kept{};
   int order = 0;              ///< graph index of the node that anchors it (its last node)
   std::vector<ByteRange> reads;
   std::vector<ByteRange> writes;
@@ -85,9 +87,9 @@ struct Dispatch {
   Tensor* anchor() const;
 };
 
-/// Whether tensor y, written by dispatch d, shares bytes with anything else d touches: another of its
-/// nodes (a sum it also writes, an intermediate planned in place) or a source from outside it (an
-/// input it reads). A kernel that writes y in a layout other than y's own rows (the CUDA backend's
+/// Whether tensor y, written by dispatch d, shares bytes with anything else d touches: another node it
+/// writes (a fused add's sum; intermediates, never materialized, do not count) or a source from
+/// outside it (an input it reads). A kernel that writes y in a layout other than y's own rows (the CUDA backend's
 /// activation hand-off: row r's codes at byte r * k) may then overwrite bytes another block of it
 /// still reads or writes.
 bool output_shares_bytes(const Dispatch& d, const Tensor* y);

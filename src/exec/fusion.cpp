@@ -84,6 +84,7 @@ class Matcher {
     Dispatch d;
     d.kind = kind;
     d.nodes = nodes;
+    d.kept = kept;
     d.order = plan_.dispatches[last].order;
     auto is_dropped = [&](const Tensor* p) {
       for (int r = 0; r < kMaxFusedNodes; ++r)

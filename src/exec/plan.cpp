@@ -19,9 +19,10 @@ bool output_shares_bytes(const Dispatch& d, const Tensor* y) {
     const ByteRange tr = tensor_range(*t);
     return tr.begin < yr.end && yr.begin < tr.end;
   };
-  for (const Tensor* n : d.nodes) {
+  for (int r = 0; r < kMaxFusedNodes; ++r) {
+    const Tensor* n = d.nodes[static_cast<size_t>(r)];
     if (!n) continue;
-    if (n != y && overlaps(n)) return true;
+    if (n != y && d.kept[static_cast<size_t>(r)] && overlaps(n)) return true;
     for (const Tensor* src : n->src)
       if (src && std::find(d.nodes.begin(), d.nodes.end(), src) == d.nodes.end() && overlaps(src)) return true;
   }
