@@ -477,7 +477,9 @@ Status Executor::compute_locked(const Graph& g, uint64_t t0) {
 }
 
 LaunchContext Executor::launch_context(cudaStream_t stream) const {
-  return LaunchContext{stream, dev_.cublas(), nullptr, 0, numerics_ == Numerics::fast, dev_.info().sm_count};
+  const CudaDeviceInfo& info = dev_.info();
+  return LaunchContext{stream,         dev_.cublas(),  nullptr, 0, numerics_ == Numerics::fast,
+                       info.sm_count, info.cc_major == 9 && info.cc_minor == 0};
 }
 
 CudaError Executor::run_dispatch(const LaunchContext& base, const exec::Dispatch& d) {

@@ -15,7 +15,7 @@ bool gemm_q_supported(const Tensor* dst);
 size_t gemm_q_partial_bytes(const Tensor* dst);
 /// dst = mul_mat(dst->src[0], b) with b's elements given as f16 in x16: contiguous [k, n], or with
 /// `tiles` the warpgroup kernel's tiles (pack_gemm_q_tiles, gemm_q_wgmma.cuh; only where
-/// gemm_q_wgmma_available); `partial` holds gemm_q_partial_bytes(dst).
+/// ctx.sm90a and gemm_q_wgmma_covers); `partial` holds gemm_q_partial_bytes(dst).
 CudaError launch_gemm_q(const LaunchContext& ctx, const Tensor* dst, const __half* x16, float* partial, bool tiles);
 
 }  // namespace loom::cuda

@@ -1,5 +1,5 @@
-// gemm_q on Hopper's warpgroup MMA (compiled for sm_90a only; gemm_q_wgmma_available() says where it
-// runs). The block, the stages and the dequantization are gemm_q.cu's (gemm_q_device.cuh): 256 weight
+// gemm_q on Hopper's warpgroup MMA (compiled for sm_90a only: it runs where LaunchContext::sm90a, for
+// the types gemm_q_wgmma_covers). The block, the stages and the dequantization are gemm_q.cu's (gemm_q_device.cuh): 256 weight
 // rows x 64 columns x a k range, walked in 256-k chunks staged two deep by tensor/bulk copies, each
 // warp dequantizing its 16 rows' weights into f16 A fragments in registers. What changes is the
 // product: the four warps of a warpgroup (64 rows) issue one wgmma.mma_async m64n64k16 per k16 step,
@@ -48,8 +48,11 @@ constexpr bool kCovered = (std::is_same_v<D, Dequant8Q4_K> || std::is_same_v<D, 
                            std::is_same_v<D, Dequant8Q8_0>) && Staging<D>::kBulk;
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-__device__ __forceinline__ uint64_t b_desc(uint32_t addr, uint64_t offsets) {
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | offsets;
+// B's descriptor at shared address addr: k-adjacent core matrices 1,024 bytes apart (leading offset),
+// column-adjacent ones 128 (stride offset); swapped, the op test faults (checked on the H200).
+__device__ __forceinline__ uint64_t b_desc(uint32_t addr) {
+  constexpr uint64_t kLbo = 1024, kSbo = 128;
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | ((kLbo >> 4) << 16) | ((kSbo >> 4) << 32);
 }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -106,8 +109,7 @@ constexpr size_t kSmemOf = kStages * (Staging<D>::kWStageBytes + kXTileHalves * 
                            Staging<D>::kScaleBytes + kStages * sizeof(uint64_t);
 
 template <class D, int kStages>
-__global__ void __launch_bounds__(kWgThreads, 1) gemm_q_wgmma_kernel(GemmQArgs p, const __grid_constant__ CUtensorMap map,
-                                                                uint64_t desc_offsets) {
+__global__ void __launch_bounds__(kWgThreads, 1) gemm_q_wgmma_kernel(GemmQArgs p, const __grid_constant__ CUtensorMap map) {
   // pdl_wait later: the first weight chunk is requested first (no kernel writes weights)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   if constexpr (kCovered<D>) {
@@ -197,8 +199,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) gemm_q_wgmma_kernel(GemmQArgs p
 #pragma unroll
       for (int j = 0; j < kChunk / 32; ++j) {
         wgmma_fence();
-        wgmma_64x64x16(acc, &a[j & 1][0], b_desc(xs + (2 * j) * 2048, desc_offsets));
-        wgmma_64x64x16(acc, &a[j & 1][4], b_desc(xs + (2 * j + 1) * 2048, desc_offsets));
+        wgmma_64x64x16(acc, &a[j & 1][0], b_desc(xs + (2 * j) * 2048));
+        wgmma_64x64x16(acc, &a[j & 1][4], b_desc(xs + (2 * j + 1) * 2048));
         wgmma_commit();
         if (j + 1 < kChunk / 32) dequant_step(j + 1, a[(j + 1) & 1]);
         wgmma_wait<0>();
@@ -265,16 +267,9 @@ bool wgmma_switch() {
 
 }  // namespace
 
-bool gemm_q_wgmma_available(DType t) {
-  if (!wgmma_switch()) return false;
-  const bool covered = visit_quant_type(t, false, [](auto q) { return kCovered<typename decltype(q)::Dequant8>; });
-  if (!covered) return false;
-  int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
-    return false;
-  return major == 9 && minor == 0;
+bool gemm_q_wgmma_covers(DType t) {
+  return wgmma_switch() &&
+         visit_quant_type(t, false, [](auto q) { return kCovered<typename decltype(q)::Dequant8>; });
 }
 
 size_t gemm_q_tiles_bytes(int64_t n, int64_t k) {
@@ -309,10 +304,7 @@ CudaError launch_gemm_q_wgmma(cudaStream_t stream, const Tensor* a, const GemmQA
           auto* kernel = gemm_q_wgmma_kernel<D, kStages>;
           LOOM_CUDA_CHECK(
               cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-          // the descriptors' byte offsets: k-adjacent core matrices 1,024 apart (leading), column-adjacent
-          // 128 (stride); swapped, the op test faults (checked on the H200)
-          constexpr uint64_t kLbo = 1024, kSbo = 128;
-          kernel<<<grid, kWgThreads, smem, stream>>>(p, map, ((kLbo >> 4) << 16) | ((kSbo >> 4) << 32));
+          kernel<<<grid, kWgThreads, smem, stream>>>(p, map);
           LOOM_CUDA_CHECK_LAUNCH("gemm_q_wgmma_kernel");
           return {};
         }

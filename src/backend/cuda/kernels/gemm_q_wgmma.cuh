@@ -20,10 +20,10 @@ namespace gemm_q_detail {
 struct GemmQArgs;
 }
 
-/// Whether the warpgroup kernel runs here for weights of type t: a device of compute capability 9.0
-/// (the kernel is sm_90a code), a format it covers (q4_0, q4_K, q8_0: the bulk-staged f16-path
-/// ones), and LOOM_CUDA_GEMM_Q_WGMMA not 0.
-bool gemm_q_wgmma_available(DType t);
+/// Whether the warpgroup kernel takes weights of type t: a format it covers (q4_0, q4_K, q8_0: the
+/// bulk-staged f16-path ones) and LOOM_CUDA_GEMM_Q_WGMMA not 0. It is sm_90a code: callers also need a
+/// device of compute capability 9.0 (LaunchContext::sm90a).
+bool gemm_q_wgmma_covers(DType t);
 /// Bytes of the packed activation tiles of n columns of k (whole 64-column tiles).
 size_t gemm_q_tiles_bytes(int64_t n, int64_t k);
 /// b (f32 [k, n], contiguous, 16-byte aligned) packed into the kernel's tiles: per 64-column tile and 256-k chunk,

@@ -29,6 +29,8 @@ struct LaunchContext {
   bool fast = false;
   /// The device's SMs (sizing grids of about one wave); 0: unknown.
   int sm_count = 0;
+  /// A device of compute capability 9.0 exactly, which runs the sm_90a kernels (gemm_q_wgmma.cu).
+  bool sm90a = false;
   /// A norm or flash-decoding dispatch writes its output as quantized activations of this block (32
   /// or 256: the fast mat-vec's ActFast layout) instead of f32, for the fast mat-vecs that alone read
   /// it; 0: f32.

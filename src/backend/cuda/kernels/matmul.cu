@@ -32,7 +32,6 @@
 // The mat-vec inner loops are in mat_vec.cuh, shared with the fused gate/up projection (fused.cu);
 // mul_mat_vec_kernel and mul_mat_q8_kernel also serve the fused mat_vec_bias (kBias).
 #include <algorithm>
-#include <atomic>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
@@ -428,17 +427,12 @@ bool use_gemm_q(const Tensor* dst, bool fast) {
 }
 
 // Whether gemm_q takes its activations as the warpgroup kernel's tiles (gemm_q_wgmma.cuh): f32
-// activations in one contiguous block and a device and weight type the kernel covers (asked once
-// per device and type).
-bool gemm_q_tiles_usable(const Tensor* dst) {
+// activations in one contiguous 16-byte-aligned block, a compute capability 9.0 device and a weight
+// type the kernel covers.
+bool gemm_q_tiles_usable(const LaunchContext& ctx, const Tensor* dst) {
   const Tensor* b = dst->src[1];
-  if (b->type != DType::f32 || !b->is_contiguous() || reinterpret_cast<uintptr_t>(b->data) % 16 != 0) return false;
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
-  static std::atomic<int8_t> known[64][kDTypeCount];  // 0 unknown, 1 no, 2 yes
-  std::atomic<int8_t>& k = known[dev][static_cast<int>(dst->src[0]->type)];
-  if (k.load(std::memory_order_relaxed) == 0) k.store(gemm_q_wgmma_available(dst->src[0]->type) ? 2 : 1);
-  return k.load(std::memory_order_relaxed) == 2;
+  return ctx.sm90a && b->type == DType::f32 && b->is_contiguous() && reinterpret_cast<uintptr_t>(b->data) % 16 == 0 &&
+         gemm_q_wgmma_covers(dst->src[0]->type);
 }
 
 // The activations' bytes in gemm_q's scratch: room for the warpgroup kernel's tiles (whole 64-column
@@ -648,7 +642,7 @@ CudaError launch_mul_mat(const LaunchContext& ctx, const Tensor* dst) {
                                 __FILE__, __LINE__);
     auto* x16 = static_cast<__half*>(ctx.scratch);
     const Tensor* b = dst->src[1];
-    const bool tiles = gemm_q_tiles_usable(dst);
+    const bool tiles = gemm_q_tiles_usable(ctx, dst);
     if (tiles)
       LOOM_CUDA_TRY(pack_gemm_q_tiles(ctx.stream, x16, static_cast<const float*>(b->data), b->nrows(), b->ne[0]));
     else
