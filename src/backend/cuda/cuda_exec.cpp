@@ -114,13 +114,25 @@ bool whole_view_of(const Tensor* b, const Tensor* y) {
          y->is_contiguous() && b->nelements() == y->nelements();
 }
 
+// Whether a fused norm's output y may take its mat-vecs' quantized activations: their layout puts row
+// r's codes at byte r * k and the scales and sums after every row's codes, so with more than one row
+// a block writes into other rows' f32 bytes. Where y shares bytes with what the kernel reads (the
+// residual and the added value, the norm's input: the planner may put y on the bytes of an input
+// that dies at the add, and runs the last layer's whole chain in place) or the sum it also writes,
+// another block may still load those bytes, or store its f32 sum over codes already written: a race
+// (seen as logits that differ run to run with 4 sequences, `loom-exec-equivalence`). One row keeps
+// all its bytes to itself (its block loads before it stores), so there the hand-off stays.
+bool norm_act_bytes_own(const exec::Dispatch& d, const Tensor* y) {
+  return y->nrows() <= 1 || !exec::output_shares_bytes(d, y);
+}
+
 // Whether dispatch d can write its output as activations of `block`.
 bool writes_act(const exec::Dispatch& d, int block) {
   switch (d.kind) {
     case FusedKind::rms_norm_mul:
     case FusedKind::add_rms_norm_mul:
     case FusedKind::all_reduce_add_rms_norm_mul:
-      return norm_act_out_supported(d.kind, d.nodes.data(), block);
+      return norm_act_out_supported(d.kind, d.nodes.data(), block) && norm_act_bytes_own(d, d.anchor());
     case FusedKind::none: {
       const Tensor* t = d.node();
       return t->op == OpKind::flash_attn && t->src[0]->ne[1] < kFlashAttnMmaMinQueries &&
@@ -133,18 +145,6 @@ bool writes_act(const exec::Dispatch& d, int block) {
     default:
       return false;
   }
-}
-
-// Whether a fused norm's output y may take its mat-vecs' quantized activations: their layout puts row
-// r's codes at byte r * k and the scales and sums after every row's codes, so with more than one row
-// a block writes into other rows' f32 bytes. Where y shares bytes with what the kernel reads (the
-// residual and the added value, the norm's input: the planner may put y on the bytes of an input
-// that dies at the add, and runs the last layer's whole chain in place) or the sum it also writes,
-// another block may still load those bytes, or store its f32 sum over codes already written: a race
-// (seen as logits that differ run to run with 4 sequences, `loom-exec-equivalence`). One row keeps
-// all its bytes to itself (its block loads before it stores), so there the hand-off stays.
-bool norm_act_bytes_own(const exec::Dispatch& d, const Tensor* y) {
-  return y->nrows() <= 1 || !exec::output_shares_bytes(d, y);
 }
 
 // The fast mode's hand-off of quantized activations to the mat-vecs: a dispatch whose output nothing
@@ -194,9 +194,6 @@ void mark_act_handoffs(exec::Plan& p, const Graph& g) {
       consumers.push_back(c->second);
     }
     if (block == 0 || !writes_act(d, block)) continue;
-    const bool norm = d.kind == FusedKind::rms_norm_mul || d.kind == FusedKind::add_rms_norm_mul ||
-                      d.kind == FusedKind::all_reduce_add_rms_norm_mul;
-    if (norm && !norm_act_bytes_own(d, y)) continue;
     d.act_out_block = block;
     ++p.stats.act_handoffs;
     for (size_t c : consumers) p.dispatches[c].act_in = true;
