@@ -7,6 +7,19 @@
 option(LOOM_CUDA_PTXAS_VERBOSE "Print ptxas register/shared-memory usage for every CUDA kernel (-Xptxas -v)" OFF)
 option(LOOM_CUDA_LINEINFO "Keep source line info in CUDA kernels (for Nsight Compute, compute-sanitizer)" OFF)
 
+# What every target compiling backend .cu files shares: warnings, the export macro's side, and the
+# ptxas / line-info switches above.
+function(loom_cuda_kernel_options target)
+  target_compile_definitions(${target} PRIVATE LOOM_CUDA_BUILDING=1)
+  target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra,-Wno-unused-parameter>)
+  if(LOOM_CUDA_PTXAS_VERBOSE)
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xptxas=-v>)
+  endif()
+  if(LOOM_CUDA_LINEINFO)
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-lineinfo>)
+  endif()
+endfunction()
+
 add_library(loom_backend_cuda SHARED
   src/backend/cuda/cuda_register.cpp
   src/backend/cuda/cuda_ops.cpp
@@ -43,14 +56,7 @@ set_target_properties(loom_cuda_sm90a PROPERTIES
   CXX_VISIBILITY_PRESET hidden
   CUDA_VISIBILITY_PRESET hidden
   VISIBILITY_INLINES_HIDDEN ON)
-target_compile_options(loom_cuda_sm90a PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra,-Wno-unused-parameter>)
-if(LOOM_CUDA_PTXAS_VERBOSE)
-  target_compile_options(loom_cuda_sm90a PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xptxas=-v>)
-endif()
-if(LOOM_CUDA_LINEINFO)
-  target_compile_options(loom_cuda_sm90a PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-lineinfo>)
-endif()
-target_compile_definitions(loom_cuda_sm90a PRIVATE LOOM_CUDA_BUILDING=1)
+loom_cuda_kernel_options(loom_cuda_sm90a)
 target_sources(loom_backend_cuda PRIVATE $<TARGET_OBJECTS:loom_cuda_sm90a>)
 # include/ is public for programs that link loom_backend_cuda to call include/loom/cuda.h directly.
 target_include_directories(loom_backend_cuda PUBLIC ${PROJECT_SOURCE_DIR}/include PRIVATE ${PROJECT_SOURCE_DIR}/src/backend/cuda)
@@ -75,16 +81,7 @@ set_target_properties(loom_backend_cuda PROPERTIES
   OUTPUT_NAME loom_cuda  # the registry looks for libloom_cuda.so (src/core/backend.cpp)
 )
 # Only the entry points marked LOOM_CUDA_API are exported (see include/loom/cuda.h).
-target_compile_definitions(loom_backend_cuda PRIVATE LOOM_CUDA_BUILDING=1)
-target_compile_options(loom_backend_cuda PRIVATE
-  $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra,-Wno-unused-parameter>
-)
-if(LOOM_CUDA_PTXAS_VERBOSE)
-  target_compile_options(loom_backend_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xptxas=-v>)
-endif()
-if(LOOM_CUDA_LINEINFO)
-  target_compile_options(loom_backend_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-lineinfo>)
-endif()
+loom_cuda_kernel_options(loom_backend_cuda)
 
 # ---- loom_capi_cuda: the CUDA C ABI (include/loom-cuda.h), libloom_capi_cuda.so -----------------------
 # Above the C++ API, like loom_capi: it reaches the backend only through include/loom/cuda.h and the
