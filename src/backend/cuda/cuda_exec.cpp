@@ -41,14 +41,17 @@ struct AddElapsed {
 
 class CudaFusion final : public exec::FusionSupport {
  public:
-  explicit CudaFusion(bool fast) : fast_(fast) {}
+  explicit CudaFusion(FusedTarget target) : target_(target) {}
   bool supports_fused(const exec::Dispatch& d) const override {
-    return fused_supported(d.kind, d.nodes.data(), fast_);
+    return fused_supported(d.kind, d.nodes.data(), target_);
   }
 
  private:
-  bool fast_;  // the executor's numerics mode: some fused kernels are fast-mode only
+  FusedTarget target_;  // the executor's numerics mode and device
 };
+
+// What the fused kernels' support depends on, from the executor's launch context.
+FusedTarget target_of(const LaunchContext& c) { return {c.fast, c.sm90a}; }
 
 // Splits n dispatches into the seeds' chunks: the first max(64, 10%), then n_cb more of equal size.
 std::vector<size_t> chunk_bounds(size_t n, int n_cb) {
@@ -342,7 +345,7 @@ Status Executor::ensure_scratch(size_t shared_bytes, size_t slot_bytes, int n_sl
 Result<exec::Plan> Executor::make_plan(const Graph& g, const ExecOptions& o) {
   const AddElapsed count_plan{counters_.host_plan_ns};
   exec::Plan p = exec::build_plan(g);
-  if (o.fusion) exec::fuse(p, g, CudaFusion{numerics_ == Numerics::fast});
+  if (o.fusion) exec::fuse(p, g, CudaFusion{target_of(launch_context(nullptr))});
   if (o.fusion && numerics_ == Numerics::fast && act_handoff_ && !batch_invariant()) mark_act_handoffs(p, g);
   const auto ws = reinterpret_cast<uintptr_t>(dev_.cublas_workspace());
   // Products through cuBLAS all write its workspace, so they are ordered among themselves: their
@@ -355,7 +358,7 @@ Result<exec::Plan> Executor::make_plan(const Graph& g, const ExecOptions& o) {
   size_t max_shared = 0, max_slot = 0;
   for (exec::Dispatch& d : p.dispatches) {
     d.scratch_bytes = d.kind == FusedKind::none ? node_scratch_bytes(*d.node(), numerics_ == Numerics::fast)
-                                                : fused_scratch_bytes(d.kind, d.nodes.data());
+                                                : fused_scratch_bytes(d.kind, d.nodes.data(), target_of(launch_context(nullptr)));
     if (uses_cublas(d)) {
       max_shared = std::max(max_shared, d.scratch_bytes);
       d.writes.push_back({ws, ws + dev_.cublas_workspace_size()});

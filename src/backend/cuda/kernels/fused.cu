@@ -650,6 +650,38 @@ bool mat_vec_multi_ok(const Tensor* const* n) {
   return true;
 }
 
+// The gemm_q forms of glu_mat_vec and mat_vec_multi, for more columns than the mat-vecs take (batched
+// decode): the products in one launch of the tensor-core GEMM, the activation packed once.
+// LOOM_CUDA_GEMM_Q_FUSE=0 (read once) leaves such products to one gemm_q launch each, for comparisons.
+bool gemm_q_fuse_enabled() {
+  static const bool on = env_switch("LOOM_CUDA_GEMM_Q_FUSE");
+  return on;
+}
+GemmQProducts glu_products(const Tensor* const* n) { return GemmQProducts{{n[0], n[1]}, 2, n[2]}; }
+GemmQProducts multi_products(const Tensor* const* n) { return GemmQProducts{{n[0], n[1], n[2]}, n[2] ? 3 : 2}; }
+
+bool glu_gemm_q_ok(const Tensor* const* n, FusedTarget t) {
+  const Tensor* gate = n[0];
+  const Tensor* up = n[1];
+  const Tensor* glu = n[2];
+  if (!gemm_q_fuse_enabled() || !gate || !up || !glu || (glu->op != OpKind::swiglu && glu->op != OpKind::geglu)) return false;
+  if (glu->src[0] != gate || glu->src[1] != up || !is_f32(glu) || !is_f32(gate) || !is_f32(up)) return false;
+  return gemm_q_products_usable(glu_products(n), t.fast, t.sm90a);
+}
+
+// The outputs are written after the packing has read x, so they may lie on x's bytes, not on each
+// other's.
+bool multi_gemm_q_ok(const Tensor* const* n, FusedTarget t) {
+  if (!gemm_q_fuse_enabled() || !n[0] || !n[1]) return false;
+  const int count = n[2] ? 3 : 2;
+  for (int t = 0; t < count; ++t) {
+    if (!is_f32(n[t])) return false;
+    for (int u = 0; u < t; ++u)
+      if (!disjoint(n[t], n[u])) return false;
+  }
+  return gemm_q_products_usable(multi_products(n), t.fast, t.sm90a);
+}
+
 // rope_k's permute(0, 2, 1, 3): a view of rope_k with dims 1 and 2 swapped.
 bool is_k_permute(const Tensor* v, const Tensor* k) {
   return v && v->view_src == k && v->view_offset == 0 && v->type == k->type &&
@@ -1026,6 +1058,8 @@ CudaError launch_mat_vec_bias(const LaunchContext& ctx, const Tensor* mm, const 
 CudaError launch_glu_mat_vec(const LaunchContext& ctx, const Tensor* mm_gate, const Tensor* mm_up,
                              const Tensor* glu) {
   if (glu->nelements() == 0) return {};
+  const Tensor* n[3] = {mm_gate, mm_up, glu};
+  if (glu_gemm_q_ok(n, {ctx.fast, ctx.sm90a})) return launch_gemm_q_products(ctx, glu_products(n));
   const Tensor* mms[2] = {mm_gate, mm_up};
   if (ctx.fast && mat_vec_fast_supports_multi(ctx, mms, 2)) return launch_mat_vec_fast_glu(ctx, mm_gate, mm_up, glu);
   if (ctx.act_in) return act_in_missed();
@@ -1042,6 +1076,7 @@ CudaError launch_mat_vec_multi(const LaunchContext& ctx, const Tensor* mm0, cons
   const int count = mm2 ? 3 : 2;
   const Tensor* x = mm0->src[1];
   if (x->nelements() == 0) return {};
+  if (multi_gemm_q_ok(mms, {ctx.fast, ctx.sm90a})) return launch_gemm_q_products(ctx, multi_products(mms));
   if (ctx.fast && mat_vec_fast_supports_multi(ctx, mms, count)) return launch_mat_vec_fast_multi(ctx, mms, count);
   if (ctx.act_in) return act_in_missed();
   const CudaError none = CudaError::runtime(
@@ -1134,11 +1169,15 @@ CudaError launch_gather_flash_attn(const LaunchContext& ctx, const Tensor* get_k
   return launch_flash_attn_decode(ctx, flash_attn, p.scale, p.softcap, &rows);
 }
 
-size_t fused_scratch_bytes(FusedKind kind, const Tensor* const* nodes) {
+size_t fused_scratch_bytes(FusedKind kind, const Tensor* const* nodes, FusedTarget t) {
   switch (kind) {
-    case FusedKind::mat_vec_bias:
-    case FusedKind::glu_mat_vec:
-    case FusedKind::mat_vec_multi:  // the shared activation, quantized once for all products
+    case FusedKind::glu_mat_vec:  // the gemm_q form: the shared activation packed once, the partial sums
+      if (glu_gemm_q_ok(nodes, t)) return gemm_q_products_scratch_bytes(glu_products(nodes));
+      return quantized_activation_bytes(nodes[0]->src[0]->type, nodes[0]->src[1]);
+    case FusedKind::mat_vec_multi:
+      if (multi_gemm_q_ok(nodes, t)) return gemm_q_products_scratch_bytes(multi_products(nodes));
+      return quantized_activation_bytes(nodes[0]->src[0]->type, nodes[0]->src[1]);
+    case FusedKind::mat_vec_bias:  // the shared activation, quantized once for all products
       return quantized_activation_bytes(nodes[0]->src[0]->type, nodes[0]->src[1]);
     case FusedKind::gather_flash_attn:  // the key splits' partial results
       return flash_attn_decode_scratch_bytes(nodes[2]);
@@ -1147,7 +1186,8 @@ size_t fused_scratch_bytes(FusedKind kind, const Tensor* const* nodes) {
   }
 }
 
-bool fused_supported(FusedKind kind, const Tensor* const* nodes, bool fast) {
+bool fused_supported(FusedKind kind, const Tensor* const* nodes, FusedTarget t) {
+  const bool fast = t.fast;
   switch (kind) {
     case FusedKind::rms_norm_mul:
       return rms_norm_mul_ok(nullptr, nodes[0], nodes[1]);
@@ -1158,7 +1198,7 @@ bool fused_supported(FusedKind kind, const Tensor* const* nodes, bool fast) {
     case FusedKind::mat_vec_bias:  // the mat-vec kernels sum a column unlike gemm_q (batch_invariant)
       return !batch_invariant() && mat_vec_bias_ok(nodes[0], nodes[1]);
     case FusedKind::glu_mat_vec:
-      return !batch_invariant() && glu_ok(nodes[0], nodes[1], nodes[2]);
+      return !batch_invariant() && (glu_ok(nodes[0], nodes[1], nodes[2]) || glu_gemm_q_ok(nodes, t));
     case FusedKind::rope_set_rows:
       return rope_set_rows_ok(nodes[0], nodes[1], nodes[2], nodes[3]);
     case FusedKind::scale_mask_soft_max:
@@ -1166,7 +1206,7 @@ bool fused_supported(FusedKind kind, const Tensor* const* nodes, bool fast) {
     case FusedKind::moe_route:
       return moe_route_ok(nodes);
     case FusedKind::mat_vec_multi:
-      return !batch_invariant() && mat_vec_multi_ok(nodes);
+      return !batch_invariant() && (mat_vec_multi_ok(nodes) || multi_gemm_q_ok(nodes, t));
     case FusedKind::gather_flash_attn:
       return gather_flash_attn_ok(nodes, fast);
     case FusedKind::none:

@@ -51,11 +51,18 @@ CudaError launch_mat_vec_multi(const LaunchContext& ctx, const Tensor* mm0, cons
 CudaError launch_gather_flash_attn(const LaunchContext& ctx, const Tensor* get_k, const Tensor* get_v,
                                    const Tensor* flash_attn);
 
+/// What a fused dispatch's kernels depend on beyond its operands: the numerics mode (some kinds are
+/// fast-mode kernels only) and the device (sm90a: compute capability 9.0, LaunchContext::sm90a).
+struct FusedTarget {
+  bool fast = false;
+  bool sm90a = false;
+};
+
 /// Device scratch a fused dispatch needs (quantized activations of glu_mat_vec / mat_vec_bias /
-/// mat_vec_multi, the key splits of gather_flash_attn).
-size_t fused_scratch_bytes(FusedKind kind, const Tensor* const* nodes);
-/// Whether the fused kernels handle these nodes' types and shapes in the numerics mode (`fast`; some
-/// kinds are fast-mode kernels only).
-bool fused_supported(FusedKind kind, const Tensor* const* nodes, bool fast);
+/// mat_vec_multi, or in the fast mode past the mat-vecs' columns their gemm_q form's packed
+/// activations and partial sums; the key splits of gather_flash_attn).
+size_t fused_scratch_bytes(FusedKind kind, const Tensor* const* nodes, FusedTarget t);
+/// Whether the fused kernels handle these nodes' types and shapes on target t.
+bool fused_supported(FusedKind kind, const Tensor* const* nodes, FusedTarget t);
 
 }  // namespace loom::cuda

@@ -39,6 +39,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include "activation.cuh"
 #include "common.cuh"
 #include "gemm_q.cuh"
 #include "gemm_q_device.cuh"
@@ -56,7 +57,7 @@ namespace {
 using namespace gemm_q_detail;
 
 template <class D, int kUnroll, int kMT>
-__global__ void __launch_bounds__(kThreadsOf<kMT>, 1) gemm_q_kernel(GemmQArgs p, const __grid_constant__ CUtensorMap map) {
+__global__ void __launch_bounds__(kThreadsOf<kMT>, 1) gemm_q_kernel(GemmQArgs p, const __grid_constant__ GemmQMaps maps) {
   // pdl_wait later: the first weight chunk is requested first (no kernel writes weights)
   constexpr int kMTiles = kMT;
   extern __shared__ __align__(128) unsigned char smem_raw[];  // tensor copies land on 128-byte boundaries
@@ -68,6 +69,7 @@ __global__ void __launch_bounds__(kThreadsOf<kMT>, 1) gemm_q_kernel(GemmQArgs p,
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize, lane = static_cast<int>(threadIdx.x) % kWarpSize;
   const int g = lane / 4, c = lane % 4;
   const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kBN, row0 = static_cast<int64_t>(blockIdx.y) * kBM;
+  const CUtensorMap* map = &maps.map[0];  // one product a launch (launch_gemm_q)
   const int64_t k_begin = static_cast<int64_t>(blockIdx.z) * p.k_split;
   const int64_t k_end = p.k < k_begin + p.k_split ? p.k : k_begin + p.k_split;
   // This thread's rows: g and g + 8 of each of the warp's m16 tiles; misalign(r, k0): where row r's
@@ -89,7 +91,7 @@ __global__ void __launch_bounds__(kThreadsOf<kMT>, 1) gemm_q_kernel(GemmQArgs p,
       if (k_begin + kChunk < k_end) arm_stage<D>(p, row0, col0, &bar[1]);
     }
     __syncthreads();
-    issue_w_bulk<D>(p, &map, row0, k_begin, s_w, &bar[0]);
+    issue_w_bulk<D>(p, map, row0, k_begin, s_w, &bar[0]);
     pdl_wait();
     issue_x_bulk<D>(p, col0, k_begin, s_x, &bar[0]);
   } else {
@@ -111,7 +113,7 @@ __global__ void __launch_bounds__(kThreadsOf<kMT>, 1) gemm_q_kernel(GemmQArgs p,
     if constexpr (S::kBulk) {
       if (k0 + kChunk < k_end) {  // the other stage's readers finished at the last chunk's barrier
         fence_proxy_async();
-        issue_w_bulk<D>(p, &map, row0, k0 + kChunk, s_w + (stage ^ 1) * S::kWStageBytes, &bar[stage ^ 1]);
+        issue_w_bulk<D>(p, map, row0, k0 + kChunk, s_w + (stage ^ 1) * S::kWStageBytes, &bar[stage ^ 1]);
         issue_x_bulk<D>(p, col0, k0 + kChunk, s_x + (stage ^ 1) * kBN * S::kXStride, &bar[stage ^ 1]);
       }
       while (!mbar_try_wait(&bar[stage], (chunk >> 1) & 1)) {
@@ -180,7 +182,7 @@ __global__ void __launch_bounds__(kThreadsOf<kMT>, 1) gemm_q_kernel(GemmQArgs p,
   }
 
   // C fragment: rows g, g + 8 of each m16 tile, columns 2c, 2c + 1 of each n8 tile.
-  float* out = p.out + static_cast<int64_t>(blockIdx.z) * p.m * p.n;
+  float* out = p.out + static_cast<int64_t>(blockIdx.z) * p.split_stride;
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
@@ -189,18 +191,44 @@ __global__ void __launch_bounds__(kThreadsOf<kMT>, 1) gemm_q_kernel(GemmQArgs p,
       for (int e = 0; e < 4; ++e) {
         const int64_t row = row0 + row_of(mt, e / 2);
         const int64_t col = col0 + nt * 8 + 2 * c + (e & 1);
-        if (row < p.m && col < p.n) out[col * p.m + row] = acc[mt][nt][e];
+        if (row < p.m && col < p.n) out[col * p.ldo + row] = acc[mt][nt][e];
       }
 }
 
-// dst[i] = sum over splits s = 0, 1, ... of part[s][i], in that order.
-__global__ void gemm_q_reduce_kernel(float* dst, const float* part, int64_t count, int splits) {
+// The partial sums' reduction: per output element the splits' sums added in split order (the same
+// every run), into each part's output; with glu, act(gate) * up of parts 0 and 1 (the gate's and the
+// up's rows of each column) into dst[0], the only output.
+struct ReduceArgs {
+  float* dst[kMaxParts];
+  int64_t m[kMaxParts];  // each part's rows
+  int parts;
+  int64_t m_total, n;  // the partial sums' rows (every part's) and columns
+  int splits;
+  int glu;  // 0: none, 1: swiglu, 2: geglu
+};
+
+__global__ void gemm_q_reduce_kernel(const __grid_constant__ ReduceArgs r, const float* part) {
   pdl_wait();
+  const int64_t stride = r.m_total * r.n, rows = r.glu ? r.m[0] : r.m_total, count = rows * r.n;
+  auto sum = [&](int64_t at) {
+    float s = part[at];
+    for (int j = 1; j < r.splits; ++j) s += part[j * stride + at];
+    return s;
+  };
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    float s = part[i];
-    for (int j = 1; j < splits; ++j) s += part[j * count + i];
-    dst[i] = s;
+    if (r.parts <= 1 && !r.glu) {
+      r.dst[0][i] = sum(i);
+      continue;
+    }
+    const int64_t col = i / rows, row = i - col * rows, at = col * r.m_total + row;
+    if (r.glu) {
+      r.dst[0][i] = gated_f(sum(at), sum(at + r.m[0]), r.glu == 1);
+    } else {
+      const int q = row < r.m[0] ? 0 : r.parts > 2 && row >= r.m[0] + r.m[1] ? 2 : 1;
+      const int64_t off = q == 0 ? 0 : q == 1 ? r.m[0] : r.m[0] + r.m[1];
+      r.dst[q][col * r.m[q] + row - off] = sum(at);
+    }
   }
 }
 
@@ -232,14 +260,25 @@ using GemmQShape = gemm_q_plan::Plan;
 
 // shape_of is asked at every plan and launch (eager launches too): the split search once per shape
 // and thread (the makespan search cost an eager product, as in a --trace run, 30-200 us of host time).
-GemmQShape shape_of(const Tensor* dst) {
-  const Tensor* a = dst->src[0];
-  const Tensor* b = dst->src[1];
-  const std::array<int64_t, 3> key{a->ne[1], b->ne[1] * b->ne[2] * b->ne[3], a->ne[0]};
+// A multi-part launch is planned as one product of all its parts' rows.
+GemmQShape shape_of(const GemmQProducts& pr) {
+  const Tensor* a = pr.mm[0]->src[0];
+  const Tensor* b = pr.mm[0]->src[1];
+  int64_t m = 0;
+  for (int i = 0; i < pr.count; ++i) m += pr.mm[i]->src[0]->ne[1];
+  const std::array<int64_t, 3> key{m, b->ne[1] * b->ne[2] * b->ne[3], a->ne[0]};
   thread_local std::map<std::array<int64_t, 3>, GemmQShape> known;
   const auto it = known.find(key);
   if (it != known.end()) return it->second;
   return known.emplace(key, gemm_q_plan::plan(key[0], key[1], key[2], batch_invariant())).first->second;
+}
+
+// Whether the products' sums go through the partial-sum scratch (split over k, or gated).
+bool via_partial(const GemmQProducts& pr, const GemmQShape& s) { return s.splits > 1 || pr.glu; }
+
+const char* end_of(const Tensor* a) {
+  return static_cast<const char*>(a->data) + (a->ne[1] - 1) * static_cast<int64_t>(a->nb[1]) +
+         static_cast<int64_t>(a->ne[0] / dtype_block_size(a->type) * dtype_type_size(a->type));
 }
 
 }  // namespace
@@ -252,30 +291,70 @@ bool gemm_q_supported(const Tensor* dst) {
   // bulk-staged formats copy whole 16-byte pieces from each row's start
   const bool bulk = visit_quant_type(a->type, false, [](auto q) { return Staging<typename decltype(q)::Dequant8>::kBulk; });
   if (bulk && (reinterpret_cast<uintptr_t>(a->data) % 16 != 0 || a->nb[1] % 16 != 0)) return false;
-  const GemmQShape s = shape_of(dst);
+  const GemmQShape s = shape_of(GemmQProducts{{dst}});
   return s.col_tiles <= INT32_MAX && s.row_tiles <= kMaxGridYZ;
 }
 
-size_t gemm_q_partial_bytes(const Tensor* dst) {
-  const GemmQShape s = shape_of(dst);
-  return s.splits > 1 ? static_cast<size_t>(s.splits) * static_cast<size_t>(s.m * s.n) * sizeof(float) : 0;
+bool gemm_q_products_supported(const GemmQProducts& pr) {
+  if (pr.count < 1 || pr.count > kMaxParts || (pr.glu && pr.count != 2)) return false;
+  const Tensor* w0 = pr.mm[0]->src[0];
+  for (int i = 0; i < pr.count; ++i) {
+    const Tensor* mm = pr.mm[i];
+    if (!mm || mm->op != OpKind::mul_mat || mm->src[1] != pr.mm[0]->src[1] || mm->src[0]->type != w0->type ||
+        !gemm_q_supported(mm))
+      return false;
+    // every part but the last whole row tiles, so the parts' tiles follow one another
+    if (i + 1 < pr.count && mm->src[0]->ne[1] % kBM != 0) return false;
+  }
+  if (pr.glu && (pr.mm[0]->ne != pr.mm[1]->ne || pr.glu->ne != pr.mm[0]->ne || !pr.glu->is_contiguous())) return false;
+  const GemmQShape s = shape_of(pr);
+  return s.row_tiles <= kMaxGridYZ;
 }
 
-CudaError launch_gemm_q(const LaunchContext& ctx, const Tensor* dst, const __half* x16, float* partial, bool tiles) {
-  const Tensor* a = dst->src[0];
-  const GemmQShape s = shape_of(dst);
-  if (s.splits > 1 && !partial)
+size_t gemm_q_partial_bytes(const GemmQProducts& pr) {
+  const GemmQShape s = shape_of(pr);
+  return via_partial(pr, s) ? static_cast<size_t>(s.splits) * static_cast<size_t>(s.m * s.n) * sizeof(float) : 0;
+}
+
+CudaError launch_gemm_q(const LaunchContext& ctx, const GemmQProducts& pr, const __half* x16, float* partial,
+                        bool tiles) {
+  const GemmQShape s = shape_of(pr);
+  const bool to_partial = via_partial(pr, s);
+  if (to_partial && !partial)
     return CudaError::runtime(cudaErrorInvalidValue, "mul_mat: no scratch for the split sums", __FILE__, __LINE__);
-  GemmQArgs p{s.splits > 1 ? partial : static_cast<float*>(dst->data), static_cast<const char*>(a->data),
-              static_cast<int64_t>(a->nb[1]), x16, s.m, s.n, s.k, s.k_split,
-              static_cast<const char*>(a->data) + (s.m - 1) * static_cast<int64_t>(a->nb[1]) +
-                  static_cast<int64_t>(a->ne[0] / dtype_block_size(a->type) * dtype_type_size(a->type)),
-              pre_scales_enabled(), false};
+  if (pr.count > 1 && !tiles)
+    return CudaError::runtime(cudaErrorInvalidValue, "mul_mat: products of one launch need the warpgroup kernel",
+                              __FILE__, __LINE__);
+  GemmQArgs p{};
+  p.x = x16;
+  p.n = s.n;
+  p.k = s.k;
+  p.k_split = s.k_split;
+  p.split_stride = s.m * s.n;
+  p.pre_scales = pre_scales_enabled();
+  p.parts = pr.count;
+  const Tensor* weights[kMaxParts] = {};
+  int64_t row = 0, tile = 0;
+  for (int i = 0; i < pr.count; ++i) {
+    const Tensor* w = pr.mm[i]->src[0];
+    weights[i] = w;
+    p.part[i] = {static_cast<const char*>(w->data), end_of(w),
+                 to_partial ? partial + row : static_cast<float*>(pr.mm[i]->data), w->ne[1],
+                 to_partial ? s.m : w->ne[1], tile};
+    row += w->ne[1];
+    tile += (w->ne[1] + kBM - 1) / kBM;
+  }
+  p.a = p.part[0].a;  // a single product's (and part 0's): the kernels read these unless p.parts > 1
+  p.a_end = p.part[0].a_end;
+  p.out = p.part[0].out;
+  p.m = p.part[0].m;
+  p.ldo = p.part[0].ldo;
+  p.a_nb1 = static_cast<int64_t>(weights[0]->nb[1]);
   const dim3 grid(static_cast<unsigned>(s.col_tiles), static_cast<unsigned>(s.row_tiles),
                   static_cast<unsigned>(s.splits));
   if (tiles) p.tma = tma_enabled();
-  const CudaError e = tiles ? launch_gemm_q_wgmma(ctx.stream, a, p, grid) : visit_quant_type(
-      a->type, CudaError::runtime(cudaErrorInvalidValue, "mul_mat: not a quantized weight", __FILE__, __LINE__),
+  const CudaError e = tiles ? launch_gemm_q_wgmma(ctx.stream, weights, p, grid) : visit_quant_type(
+      weights[0]->type, CudaError::runtime(cudaErrorInvalidValue, "mul_mat: not a quantized weight", __FILE__, __LINE__),
       [&](auto q) -> CudaError {
         using D = typename decltype(q)::Dequant8;
         // q4_0, q8_0, q4_K: 16 warps of one m16 tile each, the k32 steps unrolled by two (ncu, H200,
@@ -296,21 +375,32 @@ CudaError launch_gemm_q(const LaunchContext& ctx, const Tensor* dst, const __hal
             kernel = gemm_q_kernel<D, 1, 1>;
           }
         }
-        CUtensorMap map{};
+        GemmQMaps maps{};
         if constexpr (Staging<D>::kTma)
-          if (tma_enabled()) p.tma = encode_weight_map<D>(a, s.m, s.k, map);
+          if (tma_enabled()) p.tma = encode_weight_map<D>(weights[0], s.m, s.k, maps.map[0]);
         constexpr size_t smem = Staging<D>::kSmemBytes;
         static_assert(smem <= 227 * 1024);
         LOOM_CUDA_CHECK(
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-        kernel<<<grid, threads, smem, ctx.stream>>>(p, map);
+        kernel<<<grid, threads, smem, ctx.stream>>>(p, maps);
         LOOM_CUDA_CHECK_LAUNCH("gemm_q_kernel");
         return {};
       });
-  if (!e.ok() || s.splits == 1) return e;
+  if (!e.ok() || !to_partial) return e;
+  ReduceArgs r{};
+  for (int i = 0; i < pr.count; ++i) {
+    r.dst[i] = static_cast<float*>(pr.mm[i]->data);
+    r.m[i] = pr.mm[i]->src[0]->ne[1];
+  }
+  if (pr.glu) r.dst[0] = static_cast<float*>(pr.glu->data);
+  r.parts = pr.count;
+  r.m_total = s.m;
+  r.n = s.n;
+  r.splits = s.splits;
+  r.glu = !pr.glu ? 0 : pr.glu->op == OpKind::swiglu ? 1 : 2;
   constexpr int kReduceThreads = 256;
-  gemm_q_reduce_kernel<<<grid_for(s.m * s.n, kReduceThreads), kReduceThreads, 0, ctx.stream>>>(
-      static_cast<float*>(dst->data), partial, s.m * s.n, s.splits);
+  gemm_q_reduce_kernel<<<grid_for((pr.glu ? r.m[0] : s.m) * s.n, kReduceThreads), kReduceThreads, 0, ctx.stream>>>(
+      r, partial);
   LOOM_CUDA_CHECK_LAUNCH("gemm_q_reduce_kernel");
   return {};
 }

@@ -63,17 +63,55 @@ struct Staging {
 __device__ __forceinline__ int x_piece(int col, int piece) { return piece ^ ((col & 1) << 2); }
 
 
+// Products one launch computes at most: the Q, K and V of one activation (or gate and up).
+constexpr int kMaxParts = 3;
+
+/// One product of a multi-part launch (products of one activation with weights of one type, their
+/// row tiles one after another along blockIdx.y): its weights, rows and where its sums go.
+struct GemmQPart {
+  const char* a;
+  const char* a_end;
+  float* out;
+  int64_t m, ldo;
+  int64_t tile0;  // its first row tile
+};
+
 struct GemmQArgs {
-  float* out;       // splits == 1: dst [m, n]; else partial sums [splits][n][m]
+  float* out;       // splits == 1: dst [n][ldo]; else partial sums [splits][n][ldo], split_stride apart
   const char* a;    // weight rows, a_nb1 bytes apart
   int64_t a_nb1;
-  const __half* x;  // activations [n][k] f16, contiguous
+  const __half* x;  // activations [n][k] f16, contiguous (the warpgroup kernel: its packed tiles)
   int64_t m, n, k;
   int64_t k_split;  // k per split, a multiple of kChunk
   const char* a_end;  // one past the weights' last byte
+  int64_t ldo;           // elements between output columns (m, or the parts' rows together)
+  int64_t split_stride;  // elements between splits' partial sums
   bool pre_scales;    // q4_K: decode the scales once per chunk (LOOM_CUDA_GEMM_Q_PRESCALES=0: per dequant8)
   bool tma;           // the weights by one 2-D tensor copy per stage (LOOM_CUDA_GEMM_Q_TMA=0: a bulk copy a row)
+  int parts;          // > 1: a multi-part launch (part[], enter_part); the fields above then hold part 0
+  GemmQPart part[kMaxParts];
 };
+
+/// The tensor maps of a launch's weights (Staging::kTma), one per part.
+struct GemmQMaps {
+  CUtensorMap map[kMaxParts];
+};
+
+// A multi-part launch's block takes its part's weights, rows and output (by its row tile, selected
+// field by field so that nothing is indexed dynamically); returns the part and the block's first row
+// within it.
+__device__ __forceinline__ int enter_part(GemmQArgs& p, int64_t& row0) {
+  const int64_t y = blockIdx.y;
+  const int i = p.parts > 2 && y >= p.part[2].tile0 ? 2 : y >= p.part[1].tile0 ? 1 : 0;
+  auto pick = [&](auto GemmQPart::*f) { return i == 0 ? p.part[0].*f : i == 1 ? p.part[1].*f : p.part[2].*f; };
+  p.a = pick(&GemmQPart::a);
+  p.a_end = pick(&GemmQPart::a_end);
+  p.out = pick(&GemmQPart::out);
+  p.m = pick(&GemmQPart::m);
+  p.ldo = pick(&GemmQPart::ldo);
+  row0 = (y - pick(&GemmQPart::tile0)) * kBM;
+  return i;
+}
 
 template <int kMT>
 __device__ __forceinline__ void load_x(const GemmQArgs& p, int64_t col0, int64_t k0, __half* s_x) {

@@ -22,6 +22,7 @@
 // (the register file's limit at 120 registers), ~94 instructions per warp and k32 step of which 2 are
 // wgmma and ~60 dequantization (PRMT, LOP3, HADD2, HFMA2, SHF, LDS); stalls on fixed-latency and
 // shared-load dependencies, not on the tensor cores (a third stage or two steps in flight: no change).
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 
@@ -108,8 +109,10 @@ template <class D, int kStages>
 constexpr size_t kSmemOf = kStages * (Staging<D>::kWStageBytes + kXTileHalves * sizeof(__half)) +
                            Staging<D>::kScaleBytes + kStages * sizeof(uint64_t);
 
-template <class D, int kStages>
-__global__ void __launch_bounds__(kWgThreads, 1) gemm_q_wgmma_kernel(GemmQArgs p, const __grid_constant__ CUtensorMap map) {
+// kMulti: a multi-part launch (enter_part); a single product's block reads its fields from the
+// parameters as they are (10 registers fewer: 118 against 128).
+template <class D, int kStages, bool kMulti>
+__global__ void __launch_bounds__(kWgThreads, 1) gemm_q_wgmma_kernel(GemmQArgs p, const __grid_constant__ GemmQMaps maps) {
   // pdl_wait later: the first weight chunk is requested first (no kernel writes weights)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   if constexpr (kCovered<D>) {
@@ -121,7 +124,10 @@ __global__ void __launch_bounds__(kWgThreads, 1) gemm_q_wgmma_kernel(GemmQArgs p
     auto* bar = reinterpret_cast<uint64_t*>(reinterpret_cast<unsigned char*>(s_sc) + S::kScaleBytes);
     const int warp = static_cast<int>(threadIdx.x) / kWarpSize, lane = static_cast<int>(threadIdx.x) % kWarpSize;
     const int g = lane / 4, c = lane % 4;
-    const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kBN, row0 = static_cast<int64_t>(blockIdx.y) * kBM;
+    const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kBN;
+    int64_t row0 = static_cast<int64_t>(blockIdx.y) * kBM;
+    const CUtensorMap* map = &maps.map[0];
+    if constexpr (kMulti) map = &maps.map[enter_part(p, row0)];
     const int64_t k_begin = static_cast<int64_t>(blockIdx.z) * p.k_split;
     const int64_t k_end = p.k < k_begin + p.k_split ? p.k : k_begin + p.k_split;
     auto row_of = [&](int half) { return warp * 16 + g + 8 * half; };
@@ -142,7 +148,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) gemm_q_wgmma_kernel(GemmQArgs p
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s)
       if (k_begin + s * kChunk < k_end)
-        issue_w_bulk<D>(p, &map, row0, k_begin + s * kChunk, s_w + s * S::kWStageBytes, &bar[s]);
+        issue_w_bulk<D>(p, map, row0, k_begin + s * kChunk, s_w + s * S::kWStageBytes, &bar[s]);
     pdl_wait();
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s)
@@ -159,7 +165,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) gemm_q_wgmma_kernel(GemmQArgs p
       if (k_next < k_end) {  // that stage's readers finished at the last chunk's barrier
         const int s = stage == 0 ? kStages - 1 : stage - 1;
         fence_proxy_async();
-        issue_w_bulk<D>(p, &map, row0, k_next, s_w + s * S::kWStageBytes, &bar[s]);
+        issue_w_bulk<D>(p, map, row0, k_next, s_w + s * S::kWStageBytes, &bar[s]);
         issue_x_tile(p, k_next, s_x + s * kXTileHalves, &bar[s]);
       }
       while (!mbar_try_wait(&bar[stage], (chunk / kStages) & 1)) {
@@ -212,14 +218,14 @@ __global__ void __launch_bounds__(kWgThreads, 1) gemm_q_wgmma_kernel(GemmQArgs p
     }
 
     // D fragment: rows g, g + 8 of the warp's 16; columns 8i + 2c, 8i + 2c + 1 of n8 group i.
-    float* out = p.out + static_cast<int64_t>(blockIdx.z) * p.m * p.n;
+    float* out = p.out + static_cast<int64_t>(blockIdx.z) * p.split_stride;
 #pragma unroll
     for (int i = 0; i < kNTiles; ++i)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int64_t row = row0 + row_of(e / 2);
         const int64_t col = col0 + i * 8 + 2 * c + (e & 1);
-        if (row < p.m && col < p.n) out[col * p.m + row] = acc[4 * i + e];
+        if (row < p.m && col < p.n) out[col * p.ldo + row] = acc[4 * i + e];
       }
   }
 #endif
@@ -229,9 +235,11 @@ __global__ void __launch_bounds__(kWgThreads, 1) gemm_q_wgmma_kernel(GemmQArgs p
 // and each thread's loads are one 128-byte line): its 32 activations become the four 16-byte rows of
 // k groups 4j .. 4j + 3 (j the k32 step within the chunk) in column n % 8 of column group ng, where
 // logical k 8 kg' .. 8 kg' + 7 (kg' = kg % 4 = 2 s + h) hold physical k 8c + 4 s + 2 h + e, c = 0..3,
-// e = 0, 1. Columns past n are zero.
+// e = 0, 1. Columns past n are zero. b 16-byte aligned: 16-byte loads (rows are: k is a multiple of
+// 256), else one element a load.
 __global__ void pack_gemm_q_tiles_kernel(uint4* out, const float* b, int64_t n, int64_t k, int64_t n_pad) {
   pdl_wait();
+  const bool aligned = reinterpret_cast<uintptr_t>(b) % 16 == 0;  // else element loads
   const int64_t chunks = k / kChunk, items = n_pad * (k / 32);
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < items;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -240,13 +248,16 @@ __global__ void pack_gemm_q_tiles_kernel(uint4* out, const float* b, int64_t n, 
     const int64_t tile = col / kBN * chunks + g32 / (kChunk / 32);
     uint4* dst = out + tile * (kXTileHalves / 8) + (4 * j * 8 + (col % kBN) / 8) * 8 + col % 8;
     float x[32];
-    if (col < n) {
+    if (col < n && aligned) {
       const float4* src = reinterpret_cast<const float4*>(b + col * k + g32 * 32);
 #pragma unroll
       for (int v = 0; v < 8; ++v) {
         const float4 f = src[v];
         x[4 * v] = f.x, x[4 * v + 1] = f.y, x[4 * v + 2] = f.z, x[4 * v + 3] = f.w;
       }
+    } else if (col < n) {
+#pragma unroll
+      for (int v = 0; v < 32; ++v) x[v] = b[col * k + g32 * 32 + v];
     } else {
 #pragma unroll
       for (int v = 0; v < 32; ++v) x[v] = 0.0f;
@@ -285,9 +296,9 @@ CudaError pack_gemm_q_tiles(cudaStream_t stream, __half* out, const float* b, in
   return {};
 }
 
-CudaError launch_gemm_q_wgmma(cudaStream_t stream, const Tensor* a, const GemmQArgs& args, dim3 grid) {
+CudaError launch_gemm_q_wgmma(cudaStream_t stream, const Tensor* const* weights, const GemmQArgs& args, dim3 grid) {
   return visit_quant_type(
-      a->type, CudaError::runtime(cudaErrorInvalidValue, "mul_mat: not a quantized weight", __FILE__, __LINE__),
+      weights[0]->type, CudaError::runtime(cudaErrorInvalidValue, "mul_mat: not a quantized weight", __FILE__, __LINE__),
       [&](auto q) -> CudaError {
         using D = typename decltype(q)::Dequant8;
         if constexpr (!kCovered<D>) {
@@ -295,16 +306,17 @@ CudaError launch_gemm_q_wgmma(cudaStream_t stream, const Tensor* a, const GemmQA
                                     __FILE__, __LINE__);
         } else {
           GemmQArgs p = args;
-          CUtensorMap map{};
+          GemmQMaps maps{};
           if constexpr (Staging<D>::kTma)
-            if (p.tma) p.tma = encode_weight_map<D>(a, p.m, p.k, map);
+            for (int i = 0; i < std::max(p.parts, 1) && p.tma; ++i)
+              p.tma = encode_weight_map<D>(weights[i], p.parts > 1 ? p.part[i].m : p.m, p.k, maps.map[i]);
           constexpr int kStages = 2;
           constexpr size_t smem = kSmemOf<D, kStages>;
           static_assert(smem <= 227 * 1024);
-          auto* kernel = gemm_q_wgmma_kernel<D, kStages>;
+          auto* kernel = p.parts > 1 ? gemm_q_wgmma_kernel<D, kStages, true> : gemm_q_wgmma_kernel<D, kStages, false>;
           LOOM_CUDA_CHECK(
               cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-          kernel<<<grid, kWgThreads, smem, stream>>>(p, map);
+          kernel<<<grid, kWgThreads, smem, stream>>>(p, maps);
           LOOM_CUDA_CHECK_LAUNCH("gemm_q_wgmma_kernel");
           return {};
         }

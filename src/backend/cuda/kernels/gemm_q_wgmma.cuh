@@ -26,11 +26,13 @@ struct GemmQArgs;
 bool gemm_q_wgmma_covers(DType t);
 /// Bytes of the packed activation tiles of n columns of k (whole 64-column tiles).
 size_t gemm_q_tiles_bytes(int64_t n, int64_t k);
-/// b (f32 [k, n], contiguous, 16-byte aligned) packed into the kernel's tiles: per 64-column tile and 256-k chunk,
+/// b (f32 [k, n], contiguous) packed into the kernel's tiles: per 64-column tile and 256-k chunk,
 /// 32 KB of f16 core matrices, the k order within each 32 permuted as the weights' fragments take it;
 /// columns past n zero.
 CudaError pack_gemm_q_tiles(cudaStream_t stream, __half* out, const float* b, int64_t n, int64_t k);
-/// The warpgroup kernel on grid (column tiles, row tiles, splits) for weights a of type t.
-CudaError launch_gemm_q_wgmma(cudaStream_t stream, const Tensor* a, const gemm_q_detail::GemmQArgs& p, dim3 grid);
+/// The warpgroup kernel on grid (column tiles, row tiles, splits) for the weights of p's parts (one
+/// type; weights[0] alone when p.parts <= 1).
+CudaError launch_gemm_q_wgmma(cudaStream_t stream, const Tensor* const* weights, const gemm_q_detail::GemmQArgs& p,
+                              dim3 grid);
 
 }  // namespace loom::cuda

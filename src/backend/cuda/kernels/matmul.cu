@@ -427,12 +427,11 @@ bool use_gemm_q(const Tensor* dst, bool fast) {
 }
 
 // Whether gemm_q takes its activations as the warpgroup kernel's tiles (gemm_q_wgmma.cuh): f32
-// activations in one contiguous 16-byte-aligned block, a compute capability 9.0 device and a weight
-// type the kernel covers.
-bool gemm_q_tiles_usable(const LaunchContext& ctx, const Tensor* dst) {
+// activations in one contiguous block, a compute capability 9.0 device and a weight type the kernel
+// covers. Known when the executor plans (no data pointer in it).
+bool gemm_q_tiles_usable(bool sm90a, const Tensor* dst) {
   const Tensor* b = dst->src[1];
-  return ctx.sm90a && b->type == DType::f32 && b->is_contiguous() && reinterpret_cast<uintptr_t>(b->data) % 16 == 0 &&
-         gemm_q_wgmma_covers(dst->src[0]->type);
+  return sm90a && b->type == DType::f32 && b->is_contiguous() && gemm_q_wgmma_covers(dst->src[0]->type);
 }
 
 // The activations' bytes in gemm_q's scratch: room for the warpgroup kernel's tiles (whole 64-column
@@ -440,6 +439,24 @@ bool gemm_q_tiles_usable(const LaunchContext& ctx, const Tensor* dst) {
 size_t gemm_q_x_bytes(const Tensor* dst) {
   const Tensor* b = dst->src[1];
   return align_up(gemm_q_tiles_bytes(b->nrows(), b->ne[0]));
+}
+
+// The products through gemm_q: the activations packed once (tiles for the warpgroup kernel, else
+// contiguous f16) at the start of the scratch, the partial sums after them.
+CudaError gemm_q_launch(const LaunchContext& ctx, const GemmQProducts& pr) {
+  const Tensor* dst = pr.mm[0];
+  const size_t x_bytes = gemm_q_x_bytes(dst);
+  if (ctx.scratch_size < x_bytes + gemm_q_partial_bytes(pr))
+    return CudaError::runtime(cudaErrorInvalidValue, "mul_mat: scratch smaller than the f16 activations",
+                              __FILE__, __LINE__);
+  auto* x16 = static_cast<__half*>(ctx.scratch);
+  const Tensor* b = dst->src[1];
+  const bool tiles = gemm_q_tiles_usable(ctx.sm90a, dst);
+  if (tiles)
+    LOOM_CUDA_TRY(pack_gemm_q_tiles(ctx.stream, x16, static_cast<const float*>(b->data), b->nrows(), b->ne[0]));
+  else
+    LOOM_CUDA_TRY(pack_b_f16(ctx, x16, b));
+  return launch_gemm_q(ctx, pr, x16, reinterpret_cast<float*>(static_cast<char*>(ctx.scratch) + x_bytes), tiles);
 }
 
 // Whether the fast quantized GEMM through cuBLAS applies: quantized 2-D weights (one batch), a
@@ -612,7 +629,7 @@ CudaError launch_quantize_activations(const LaunchContext& ctx, DType weight, co
 }
 
 size_t mul_mat_scratch_bytes(const Tensor* dst, bool fast) {
-  if (use_gemm_q(dst, fast)) return gemm_q_x_bytes(dst) + gemm_q_partial_bytes(dst);
+  if (use_gemm_q(dst, fast)) return gemm_q_x_bytes(dst) + gemm_q_partial_bytes(GemmQProducts{{dst}});
   if (use_dequant_gemm(dst, fast)) return dequant_gemm_scratch(dst);
   if (dtype_is_quantized(dst->src[0]->type)) return quantized_act_bytes(dst);
   if (!use_cublas(dst)) return 0;
@@ -633,22 +650,22 @@ int mul_mat_packed_b(const Tensor* dst, bool fast) {
   return t == DType::f16 ? 1 : t == DType::f32 ? 2 : 3;
 }
 
+bool gemm_q_products_usable(const GemmQProducts& pr, bool fast, bool sm90a) {
+  for (int i = 0; i < pr.count; ++i)
+    if (!pr.mm[i] || pr.mm[i]->op != OpKind::mul_mat || !use_gemm_q(pr.mm[i], fast)) return false;
+  return gemm_q_products_supported(pr) && (pr.count == 1 || gemm_q_tiles_usable(sm90a, pr.mm[0]));
+}
+
+size_t gemm_q_products_scratch_bytes(const GemmQProducts& pr) { return gemm_q_x_bytes(pr.mm[0]) + gemm_q_partial_bytes(pr); }
+
+CudaError launch_gemm_q_products(const LaunchContext& ctx, const GemmQProducts& pr) {
+  if (pr.mm[0]->src[1]->nelements() == 0) return {};
+  return gemm_q_launch(ctx, pr);
+}
+
 CudaError launch_mul_mat(const LaunchContext& ctx, const Tensor* dst) {
   if (dst->nelements() == 0) return {};
-  if (use_gemm_q(dst, ctx.fast)) {
-    const size_t x_bytes = gemm_q_x_bytes(dst);
-    if (ctx.scratch_size < x_bytes + gemm_q_partial_bytes(dst))
-      return CudaError::runtime(cudaErrorInvalidValue, "mul_mat: scratch smaller than the f16 activations",
-                                __FILE__, __LINE__);
-    auto* x16 = static_cast<__half*>(ctx.scratch);
-    const Tensor* b = dst->src[1];
-    const bool tiles = gemm_q_tiles_usable(ctx, dst);
-    if (tiles)
-      LOOM_CUDA_TRY(pack_gemm_q_tiles(ctx.stream, x16, static_cast<const float*>(b->data), b->nrows(), b->ne[0]));
-    else
-      LOOM_CUDA_TRY(pack_b_f16(ctx, x16, b));
-    return launch_gemm_q(ctx, dst, x16, reinterpret_cast<float*>(static_cast<char*>(ctx.scratch) + x_bytes), tiles);
-  }
+  if (use_gemm_q(dst, ctx.fast)) return gemm_q_launch(ctx, GemmQProducts{{dst}});
   if (use_dequant_gemm(dst, ctx.fast)) return gemm_dequant(ctx, dst);
   if (use_cublas(dst)) return gemm_cublas(ctx, dst);
   return mat_vec_any<false>(ctx, dst, dst, nullptr);

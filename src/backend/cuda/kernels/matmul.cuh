@@ -4,6 +4,7 @@
 // and the expert-routed mul_mat_id. Kernels in matmul.cu.
 #pragma once
 
+#include "gemm_q.cuh"
 #include "launch.h"
 
 namespace loom::cuda {
@@ -32,6 +33,16 @@ size_t quantized_activation_bytes(DType weight, const Tensor* b);
 /// Quantizes all rows of b (f32, any strides) into ctx.scratch, in (i1, i2, i3) row order, as the
 /// mat-vec kernels for weights of type `weight` read them (q8_0 blocks, or q8_K for the K-quants).
 CudaError launch_quantize_activations(const LaunchContext& ctx, DType weight, const Tensor* b);
+/// Whether the fast mode computes these products of one activation (a layer's Q/K/V, or a gate/up
+/// pair with its glu) in one gemm_q launch: each would take gemm_q as a mul_mat,
+/// gemm_q_products_supported, and several take the warpgroup kernel (sm90a: a device of compute
+/// capability 9.0, LaunchContext::sm90a).
+bool gemm_q_products_usable(const GemmQProducts& pr, bool fast, bool sm90a);
+/// Device scratch of launch_gemm_q_products: the packed activations and the partial sums.
+size_t gemm_q_products_scratch_bytes(const GemmQProducts& pr);
+/// The products in one gemm_q launch (with its packing and, split or gated, its reduction), where
+/// gemm_q_products_usable.
+CudaError launch_gemm_q_products(const LaunchContext& ctx, const GemmQProducts& pr);
 /// Expert ids out of range give NaN columns.
 CudaError launch_mul_mat_id(const LaunchContext& ctx, const Tensor* dst);
 
