@@ -42,6 +42,7 @@ constexpr int kRows = 4;             ///< query rows per block
 constexpr int kMinKeysPerSplit = 16;  ///< keys per split at least (below that the merge dominates)
 constexpr int kMaxSplits = 32;
 constexpr int kUnroll = 2;            ///< keys per lane group loaded before the first is used
+constexpr int kKeyChunk = 256;        ///< keys whose masks (and row indices) a block stages at once
 constexpr int kMaxHeadsPerMergeBlock = 4;  ///< the activations' merge: heads of one block (64 x 4 = 256)
 constexpr int kMaxMergeWarps = 8;          ///< and its threads, 256 at most
 static_assert(kMaxSplits <= 64, "the merge gives a split to each of its >= 64 threads");
@@ -138,6 +139,11 @@ __global__ void __launch_bounds__(kDecThreads, kMinBlocks) flash_decode_kernel(c
   constexpr int kD = kLpk * 8;            // head size
   __shared__ float sh_m[kDecWarps][kRows], sh_l[kDecWarps][kRows];
   __shared__ float sh_acc[kDecWarps][kRows][kD];
+  __shared__ float sh_mask[kRows][kKeyChunk];
+  __shared__ int32_t sh_kidx[kGather ? kKeyChunk : 1], sh_vidx[kGather ? kKeyChunk : 1];
+  __shared__ int sh_last[2];  // per chunk parity: the chunk's last key a row sees (-1: none)
+  if (threadIdx.x == 0) sh_last[0] = -1;
+  __syncthreads();
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int slot = lane / kLpk, sub = lane % kLpk;
   const int64_t n_kv_heads = a.k.ne[2];
@@ -178,74 +184,99 @@ __global__ void __launch_bounds__(kDecThreads, kMinBlocks) flash_decode_kernel(c
   constexpr int kStride = kDecWarps * kKpw;  // keys the block takes at once
   // gathered K/V: this KV head's and sequence's entries of the row indices
   const int64_t idx_base = kGather ? n_kv * (hk + n_kv_heads * i3) : 0;
-  // kUnroll keys per lane group per iteration: their masks, then their K/V loads all in flight
-  // before the first is used (a dependent load per key left the split latency-bound)
-  // (the bound is uniform over the warp: every lane reaches the shuffles below)
-  for (int64_t j0 = j_begin + warp * kKpw; j0 < j_end; j0 += kStride * kUnroll) {
-    float mv[kUnroll][kRows];
-    bool any[kUnroll];
-    // gathered K/V: the keys' rows are looked up beside the masks (masked keys too), so the K/V
-    // loads below wait on one load before them, as they do for contiguous K/V
-    int32_t k_row[kUnroll] = {}, v_row[kUnroll] = {};
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t j = j0 + slot + u * kStride;
-      const bool in_range = j < j_end;
-      if (kGather && in_range) {
-        k_row[u] = __ldg(a.k_idx + idx_base + j);
-        v_row[u] = __ldg(a.v_idx + idx_base + j);
-      }
-      any[u] = false;
+  // The split's keys in chunks of kKeyChunk: the block first stages the chunk's masks (and gathered
+  // rows' indices) in shared memory, coalesced, and finds its last key any row sees; then each lane
+  // group walks the keys up to that one, kUnroll at a time with their K/V loads all in flight, so a
+  // key waits on one global load (its K/V), not on its mask and index first; the keys past a
+  // bucket's extent, which every row masks, are not walked.
+  for (int64_t c0 = j_begin, ci = 0; c0 < j_end; c0 += kKeyChunk, ++ci) {
+    const int c_len = static_cast<int>(min(j_end - c0, static_cast<int64_t>(kKeyChunk)));
+    if (threadIdx.x == 0) sh_last[(ci + 1) & 1] = -1;  // the next chunk's (read before this one's barrier)
+    int last = -1;
+    for (int t = threadIdx.x; t < c_len; t += kDecThreads) {
+      const int64_t j = c0 + t;
+      bool seen = false;
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
-        mv[u][r] = row_ok[r] && in_range ? 0.0f : -INFINITY;
-        if (m_rows[r] && in_range)
-          mv[u][r] = a.mask_f16 ? f16_to_float(reinterpret_cast<const uint16_t*>(m_rows[r])[j])
-                                : reinterpret_cast<const float*>(m_rows[r])[j];
-        any[u] = any[u] || mv[u][r] != -INFINITY;
+        float mv = row_ok[r] ? 0.0f : -INFINITY;
+        if (m_rows[r])
+          mv = a.mask_f16 ? f16_to_float(reinterpret_cast<const uint16_t*>(m_rows[r])[j])
+                          : reinterpret_cast<const float*>(m_rows[r])[j];
+        sh_mask[r][t] = mv;
+        seen = seen || mv != -INFINITY;
+      }
+      if constexpr (kGather) {
+        sh_kidx[t] = __ldg(a.k_idx + idx_base + j);
+        sh_vidx[t] = __ldg(a.v_idx + idx_base + j);
+      }
+      if (seen) last = t;
+    }
+    last = __reduce_max_sync(0xffffffffu, last);
+    if (lane == 0 && last >= 0) atomicMax(&sh_last[ci & 1], last);
+    __syncthreads();
+    const int c_stop = sh_last[ci & 1] + 1;  // uniform over the block
+    for (int t0 = warp * kKpw; t0 < c_stop; t0 += kStride * kUnroll) {
+      float mv[kUnroll][kRows];
+      bool any[kUnroll];
+      int32_t k_row[kUnroll] = {}, v_row[kUnroll] = {};
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int t = t0 + slot + u * kStride;
+        const bool in_range = t < c_stop;
+        any[u] = false;
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          mv[u][r] = in_range ? sh_mask[r][t] : -INFINITY;
+          any[u] = any[u] || mv[u][r] != -INFINITY;
+        }
+        if (kGather && in_range) {
+          k_row[u] = sh_kidx[t];
+          v_row[u] = sh_vidx[t];
+        }
+      }
+      // keys every row masks are not loaded (a lane group agrees: same key)
+      uint4 kraw[kUnroll], vraw[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t j = c0 + t0 + slot + u * kStride;
+        kraw[u] =
+            any[u] ? kv_load<kGather>(a.k, k_row[u], a.k_store_rows, j, hk, i3, sub) : make_uint4(0, 0, 0, 0);
+        vraw[u] =
+            any[u] ? kv_load<kGather>(a.v, v_row[u], a.v_store_rows, j, hk, i3, sub) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        float kf[8], vf[8];
+        unpack8(kraw[u], kf);
+        unpack8(vraw[u], vf);
+        float s[kRows];
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          float d = 0.0f;
+#pragma unroll
+          for (int e = 0; e < 8; ++e) d = fmaf(q[r][e], kf[e], d);
+          s[r] = d;
+        }
+#pragma unroll
+        for (int o = kLpk / 2; o > 0; o /= 2)
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) s[r] += __shfl_xor_sync(0xffffffffu, s[r], o);
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          float sc = s[r];
+          if (a.softcap > 0.0f) sc = a.softcap * tanhf(sc / a.softcap);
+          sc += mv[u][r];
+          if (!(sc > -INFINITY)) continue;  // masked (or NaN): weight 0
+          const float mn = fmaxf(m[r], sc);
+          const float alpha = __expf(m[r] - mn), p = __expf(sc - mn);
+          l[r] = l[r] * alpha + p;
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[r][e] = fmaf(p, vf[e], acc[r][e] * alpha);
+          m[r] = mn;
+        }
       }
     }
-    // keys every row masks are not loaded (a lane group agrees: same key)
-    uint4 kraw[kUnroll], vraw[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t j = j0 + slot + u * kStride;
-      kraw[u] =
-          any[u] ? kv_load<kGather>(a.k, k_row[u], a.k_store_rows, j, hk, i3, sub) : make_uint4(0, 0, 0, 0);
-      vraw[u] =
-          any[u] ? kv_load<kGather>(a.v, v_row[u], a.v_store_rows, j, hk, i3, sub) : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      float kf[8], vf[8];
-      unpack8(kraw[u], kf);
-      unpack8(vraw[u], vf);
-      float s[kRows];
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        float d = 0.0f;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) d = fmaf(q[r][e], kf[e], d);
-        s[r] = d;
-      }
-#pragma unroll
-      for (int o = kLpk / 2; o > 0; o /= 2)
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) s[r] += __shfl_xor_sync(0xffffffffu, s[r], o);
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        float sc = s[r];
-        if (a.softcap > 0.0f) sc = a.softcap * tanhf(sc / a.softcap);
-        sc += mv[u][r];
-        if (!(sc > -INFINITY)) continue;  // masked (or NaN): weight 0
-        const float mn = fmaxf(m[r], sc);
-        const float alpha = __expf(m[r] - mn), p = __expf(sc - mn);
-        l[r] = l[r] * alpha + p;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[r][e] = fmaf(p, vf[e], acc[r][e] * alpha);
-        m[r] = mn;
-      }
-    }
+    __syncthreads();  // the chunk's staged masks and indices are read before the next chunk's
   }
 
   // merge the lane groups of the warp (same elements, other keys), then the warps
