@@ -42,11 +42,13 @@ namespace {
 constexpr int kWgThreads = kThreadsOf<1>;   // 16 warps: 4 warpgroups of 64 rows
 constexpr int kXTileHalves = kBN * kChunk;  // one stage's activations: 64 x 256 f16 (32 KB)
 
-// The formats the kernel covers: bulk-staged (every stage by copies completing on an mbarrier) and
-// dequantized straight to f16 pairs.
+// The formats the kernel covers: those dequantized straight to f16 pairs. Their weights are staged by
+// copies completing on the stage's mbarrier where a row's segment is a multiple of 16 bytes (q4_0,
+// q4_K, q8_0), else by cp.async pieces (q6_K: 210-byte blocks); the activation tiles always by a bulk
+// copy on the mbarrier.
 template <class D>
-constexpr bool kCovered = (std::is_same_v<D, Dequant8Q4_K> || std::is_same_v<D, Dequant8Q4_0> ||
-                           std::is_same_v<D, Dequant8Q8_0>) && Staging<D>::kBulk;
+constexpr bool kCovered = std::is_same_v<D, Dequant8Q4_K> || std::is_same_v<D, Dequant8Q4_0> ||
+                          std::is_same_v<D, Dequant8Q8_0> || std::is_same_v<D, Dequant8Q6_K>;
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // B's descriptor at shared address addr: k-adjacent core matrices 1,024 bytes apart (leading offset),
@@ -92,7 +94,7 @@ template <class D>
 __device__ __forceinline__ void arm_stage_wg(const GemmQArgs& p, int64_t row0, uint64_t* bar) {
   using S = Staging<D>;
   const int64_t rows = p.m - row0 < kBM ? p.m - row0 : kBM;
-  const int64_t w_bytes = S::kTma && p.tma ? int64_t{kBM} * S::kRawStride : rows * S::kSegBytes;
+  const int64_t w_bytes = !S::kBulk ? 0 : S::kTma && p.tma ? int64_t{kBM} * S::kRawStride : rows * S::kSegBytes;
   mbar_arrive_expect(bar, static_cast<unsigned>(w_bytes + kXTileHalves * sizeof(__half)));
 }
 
@@ -118,6 +120,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) gemm_q_wgmma_kernel(GemmQArgs p
   if constexpr (kCovered<D>) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     using S = Staging<D>;
+    static_assert(S::kBulk || kStages == 2, "cp.async staging waits for one group in flight");
     unsigned char* s_w = smem_raw;                                                // [kStages][kBM][kRawStride]
     auto* s_x = reinterpret_cast<__half*>(smem_raw + kStages * S::kWStageBytes);  // [kStages][32 KB tile]
     auto* s_sc = reinterpret_cast<uint32_t*>(smem_raw + kStages * (S::kWStageBytes + kXTileHalves * sizeof(__half)));
@@ -131,6 +134,19 @@ __global__ void __launch_bounds__(kWgThreads, 1) gemm_q_wgmma_kernel(GemmQArgs p
     const int64_t k_begin = static_cast<int64_t>(blockIdx.z) * p.k_split;
     const int64_t k_end = p.k < k_begin + p.k_split ? p.k : k_begin + p.k_split;
     auto row_of = [&](int half) { return warp * 16 + g + 8 * half; };
+    // where row r's segment of chunk k0 starts in its staged pieces (0 when bulk-staged)
+    auto misalign = [&](int r, int64_t k0) {
+      if constexpr (S::kBulk) return 0;
+      const int64_t row = row0 + r < p.m ? row0 + r : 0;
+      return static_cast<int>(reinterpret_cast<uintptr_t>(p.a + row * p.a_nb1 + (k0 / D::kBlock) * D::kBytes) & 15);
+    };
+    // a stage's weights: a tensor copy or bulk copies on its barrier, or cp.async pieces (one group)
+    auto issue_w = [&](int64_t k, unsigned char* stage_w, uint64_t* stage_bar) {
+      if constexpr (S::kBulk)
+        issue_w_bulk<D>(p, map, row0, k, stage_w, stage_bar);
+      else
+        load_w<D, 1>(p, row0, k, stage_w);
+    };
 
     // Stage i % kStages holds chunk i (counted from k_begin); chunks 0 .. kStages - 2 are requested
     // before the loop, chunk i + kStages - 1 at the top of iteration i, into the stage that chunk
@@ -147,8 +163,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) gemm_q_wgmma_kernel(GemmQArgs p
     __syncthreads();
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s)
-      if (k_begin + s * kChunk < k_end)
-        issue_w_bulk<D>(p, map, row0, k_begin + s * kChunk, s_w + s * S::kWStageBytes, &bar[s]);
+      if (k_begin + s * kChunk < k_end) issue_w(k_begin + s * kChunk, s_w + s * S::kWStageBytes, &bar[s]);
+    if constexpr (!S::kBulk) cp_async_commit();
     pdl_wait();
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s)
@@ -165,14 +181,20 @@ __global__ void __launch_bounds__(kWgThreads, 1) gemm_q_wgmma_kernel(GemmQArgs p
       if (k_next < k_end) {  // that stage's readers finished at the last chunk's barrier
         const int s = stage == 0 ? kStages - 1 : stage - 1;
         fence_proxy_async();
-        issue_w_bulk<D>(p, map, row0, k_next, s_w + s * S::kWStageBytes, &bar[s]);
+        issue_w(k_next, s_w + s * S::kWStageBytes, &bar[s]);
         issue_x_tile(p, k_next, s_x + s * kXTileHalves, &bar[s]);
+      }
+      if constexpr (!S::kBulk) {  // this stage's weight pieces, every thread's, before anyone reads them
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
       }
       while (!mbar_try_wait(&bar[stage], (chunk / kStages) & 1)) {
       }
       const unsigned char* w_rows[2];
 #pragma unroll
-      for (int hf = 0; hf < 2; ++hf) w_rows[hf] = s_w + stage * S::kWStageBytes + row_of(hf) * S::kRawStride;
+      for (int hf = 0; hf < 2; ++hf)
+        w_rows[hf] = s_w + stage * S::kWStageBytes + row_of(hf) * S::kRawStride + misalign(row_of(hf), k0);
       bool pre = false;
       if constexpr (S::kPreScales)
         if (p.pre_scales) pre = !q4k_pre_scales<S, 1>(s_w + stage * S::kWStageBytes, warp, lane, p.m - row0, s_sc);
