@@ -529,6 +529,8 @@ void add_fused_cases(CaseList& cases, CaseSet set) {
     for (DType wt : {DType::q4_k, DType::q6_k}) {
       add_glu_mat_vec(cases, wt, 14336, 64, true, 4096);
       add_mat_vec_multi(cases, wt, {4096, 1024, 1024}, 64, 4096);
+      for (size_t i = cases.size() - 2; i < cases.size(); ++i)
+        cases[i].fusion_fast_only = cases[i].fusion_device_dependent = true;
     }
     add_rope_set_rows(cases, {128, 32, 8, 1, 4096, DType::f16, rope_params(RopeMode::neox, 128, 500000.0f)});
     add_scale_mask_soft_max(cases, {4096, 1, 32, 1}, {4096, 1, 1, 1}, 0.088f, 0.0f, 1.0f);
@@ -587,14 +589,22 @@ void add_fused_cases(CaseList& cases, CaseSet set) {
   // Past the mat-vecs' 8 columns, quantized weights in the fast mode: the gemm_q form (one launch of
   // the products of 256-row tiles, one packing; gate and up gated in the reduction), with whole and
   // partial column tiles, products split over k and not, and a last part of a partial row tile.
-  for (DType wt : {DType::q4_0, DType::q4_k, DType::q8_0, DType::q6_k})
-    for (int64_t n : {16, 33, 64}) {
-      add_glu_mat_vec(cases, wt, 256, n, n != 33, 512);
-      add_mat_vec_multi(cases, wt, {512, 256, 256}, n, 512);
+  {
+    CaseList gemm_q_form;
+    for (DType wt : {DType::q4_0, DType::q4_k, DType::q8_0, DType::q6_k})
+      for (int64_t n : {16, 33, 64}) {
+        add_glu_mat_vec(gemm_q_form, wt, 256, n, n != 33, 512);
+        add_mat_vec_multi(gemm_q_form, wt, {512, 256, 256}, n, 512);
+      }
+    add_glu_mat_vec(gemm_q_form, DType::q4_k, 4096, 40, true, 1024);
+    add_mat_vec_multi(gemm_q_form, DType::q4_k, {256, 256, 100}, 24, 256);
+    add_mat_vec_multi(gemm_q_form, DType::q4_0, {768, 256}, 64, 2048);
+    for (OpCase& oc : gemm_q_form) {
+      oc.fusion_fast_only = true;
+      oc.fusion_device_dependent = true;
+      cases.push_back(std::move(oc));
     }
-  add_glu_mat_vec(cases, DType::q4_k, 4096, 40, true, 1024);
-  add_mat_vec_multi(cases, DType::q4_k, {256, 256, 100}, 24, 256);
-  add_mat_vec_multi(cases, DType::q4_0, {768, 256}, 64, 2048);
+  }
   add_mat_vec_multi(cases, DType::f32, {37, 13, 6}, 8, 75);
   add_mat_vec_multi(cases, DType::bf16, {21, 10}, 1, 75);
   add_mat_vec_multi(cases, DType::q4_0, {24, 8, 8}, 3, 128, 2, {1, 2, 1});

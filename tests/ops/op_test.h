@@ -154,6 +154,10 @@ struct OpCase {
   /// expected_fusion is a fast-numerics kernel: a backend in the exact mode must not form it (it
   /// keeps the unfused kernels' exact results), one in the fast mode must.
   bool fusion_fast_only = false;
+  /// With fusion_fast_only: the fused form exists on some devices only (gemm_q's, compute capability
+  /// 9.0: its warpgroup kernel), so in the fast mode the fusion may be missing; the results are
+  /// checked either way. (loom bench's traces show it on the H200.)
+  bool fusion_device_dependent = false;
 };
 
 /// Which set of cases to register: small checked shapes, or large timed ones.
