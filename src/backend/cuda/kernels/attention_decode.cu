@@ -31,7 +31,6 @@
 #include "common.cuh"
 #include "loom/backend.h"
 #include "mat_vec_fast_formats.cuh"
-#include "mma.cuh"
 
 namespace loom::cuda {
 
@@ -42,8 +41,8 @@ constexpr int kDecWarps = kDecThreads / kWarpSize;
 constexpr int kRows = 4;             ///< query rows per block
 constexpr int kMinKeysPerSplit = 16;  ///< keys per split at least (below that the merge dominates)
 constexpr int kMaxSplits = 32;
+constexpr int kUnroll = 2;            ///< keys per lane group loaded before the first is used
 constexpr int kKeyChunk = 256;        ///< keys whose masks (and row indices) a block stages at once
-constexpr int kStageBytes = 16384;    ///< a K/V stage in shared memory: 8 KB of K rows, 8 of V
 constexpr int kMaxHeadsPerMergeBlock = 4;  ///< the activations' merge: heads of one block (64 x 4 = 256)
 constexpr int kMaxMergeWarps = 8;          ///< and its threads, 256 at most
 static_assert(kMaxSplits <= 64, "the merge gives a split to each of its >= 64 threads");
@@ -79,6 +78,20 @@ __device__ __forceinline__ void unpack8(const uint4& raw, float (&f)[8]) {
     const float2 p = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
     f[2 * i] = p.x;
     f[2 * i + 1] = p.y;
+  }
+}
+
+/// Lane `sub`'s 16 bytes of key (or value) j of KV head hk, sequence i3: element (j, hk, i3) of t, or
+/// with kGather row `row` of the store (the index's entry for the key). An index outside the store
+/// gives NaN halves, as get_rows gives NaN there: never a wild read.
+template <bool kGather>
+__device__ __forceinline__ uint4 kv_load(const TensorDesc& t, int32_t row, int64_t store_rows, int64_t j,
+                                         int64_t hk, int64_t i3, int sub) {
+  if constexpr (kGather) {
+    if (row < 0 || row >= store_rows) return make_uint4(~0u, ~0u, ~0u, ~0u);
+    return __ldg(reinterpret_cast<const uint4*>(t.data + row * t.nb[1]) + sub);
+  } else {
+    return __ldg(reinterpret_cast<const uint4*>(row_ptr(t, j, hk, i3)) + sub);
   }
 }
 
@@ -124,15 +137,9 @@ __global__ void __launch_bounds__(kDecThreads, kMinBlocks) flash_decode_kernel(c
   pdl_wait();
   constexpr int kKpw = kWarpSize / kLpk;  // keys per warp at once
   constexpr int kD = kLpk * 8;            // head size
-  constexpr int kRowBytes = 2 * kD;                        // a key's (or value's) f16 row
-  constexpr int kSubKeys = kStageBytes / (2 * kRowBytes);  // keys a K/V stage holds
-  static_assert(kDecWarps * kRows * kD * sizeof(float) <= 2 * kStageBytes, "sh_acc lies in the stages");
   __shared__ float sh_m[kDecWarps][kRows], sh_l[kDecWarps][kRows];
-  // two K/V stages (kStageBytes each: K rows, then V rows), and after the keys the warps' results
-  __shared__ __align__(16) unsigned char sh_raw[2 * kStageBytes];
-  auto& sh_acc = *reinterpret_cast<float(*)[kDecWarps][kRows][kD]>(sh_raw);
+  __shared__ float sh_acc[kDecWarps][kRows][kD];
   __shared__ float sh_mask[kRows][kKeyChunk];
-  __shared__ bool sh_any[kKeyChunk];  // whether a row sees the key (else its K/V are not loaded)
   __shared__ int32_t sh_kidx[kGather ? kKeyChunk : 1], sh_vidx[kGather ? kKeyChunk : 1];
   __shared__ int sh_last[2];  // per chunk parity: the chunk's last key a row sees (-1: none)
   if (threadIdx.x == 0) sh_last[0] = -1;
@@ -178,12 +185,10 @@ __global__ void __launch_bounds__(kDecThreads, kMinBlocks) flash_decode_kernel(c
   // gathered K/V: this KV head's and sequence's entries of the row indices
   const int64_t idx_base = kGather ? n_kv * (hk + n_kv_heads * i3) : 0;
   // The split's keys in chunks of kKeyChunk: the block first stages the chunk's masks (and gathered
-  // rows' indices) in shared memory, coalesced, and finds its last key any row sees (keys past a
-  // bucket's extent, which every row masks, are not walked). Then the chunk's K/V rows go through
-  // shared memory kSubKeys keys at a time, two stages deep: cp.async copies (16 bytes a thread, a
-  // row's pieces by consecutive threads) of the next keys are in flight while the lane groups score
-  // and accumulate the current ones from shared memory. Before, each lane group loaded its own keys'
-  // K/V into registers, 4 keys a warp in flight: latency-bound (35 us per 8B layer at 64 sequences).
+  // rows' indices) in shared memory, coalesced, and finds its last key any row sees; then each lane
+  // group walks the keys up to that one, kUnroll at a time with their K/V loads all in flight, so a
+  // key waits on one global load (its K/V), not on its mask and index first; the keys past a
+  // bucket's extent, which every row masks, are not walked.
   for (int64_t c0 = j_begin, ci = 0; c0 < j_end; c0 += kKeyChunk, ++ci) {
     const int c_len = static_cast<int>(min(j_end - c0, static_cast<int64_t>(kKeyChunk)));
     if (threadIdx.x == 0) sh_last[(ci + 1) & 1] = -1;  // the next chunk's (read before this one's barrier)
@@ -200,7 +205,6 @@ __global__ void __launch_bounds__(kDecThreads, kMinBlocks) flash_decode_kernel(c
         sh_mask[r][t] = mv;
         seen = seen || mv != -INFINITY;
       }
-      sh_any[t] = seen;
       if constexpr (kGather) {
         sh_kidx[t] = __ldg(a.k_idx + idx_base + j);
         sh_vidx[t] = __ldg(a.v_idx + idx_base + j);
@@ -211,61 +215,40 @@ __global__ void __launch_bounds__(kDecThreads, kMinBlocks) flash_decode_kernel(c
     if (lane == 0 && last >= 0) atomicMax(&sh_last[ci & 1], last);
     __syncthreads();
     const int c_stop = sh_last[ci & 1] + 1;  // uniform over the block
-    const int n_sub = (c_stop + kSubKeys - 1) / kSubKeys;
-
-    // Keys sc * kSubKeys .. of the chunk into stage st: seen keys' K and V rows (a row index outside
-    // the store gives NaN halves, as get_rows gives NaN there: never a wild read).
-    auto issue = [&](int sc, int st) {
-      unsigned char* base = sh_raw + st * kStageBytes;
-      for (int i = threadIdx.x; i < kSubKeys * 2 * kLpk; i += kDecThreads) {
-        const int kk = i / (2 * kLpk), is_v = (i / kLpk) & 1, piece = i % kLpk;
-        const int t = sc * kSubKeys + kk;
-        if (t >= c_stop || !sh_any[t]) continue;
-        unsigned char* dst = base + is_v * (kStageBytes / 2) + kk * kRowBytes + piece * 16;
-        const TensorDesc& src_t = is_v ? a.v : a.k;
-        const char* src;
-        if constexpr (kGather) {
-          const int32_t row = is_v ? sh_vidx[t] : sh_kidx[t];
-          if (row < 0 || row >= (is_v ? a.v_store_rows : a.k_store_rows)) {
-            *reinterpret_cast<uint4*>(dst) = make_uint4(~0u, ~0u, ~0u, ~0u);
-            continue;
-          }
-          src = src_t.data + row * src_t.nb[1];
-        } else {
-          src = row_ptr(src_t, c0 + t, hk, i3);
-        }
-        cp_async_16(smem_addr(dst), src + piece * 16, 16);
-      }
-      cp_async_commit();
-    };
-    if (n_sub > 0) issue(0, 0);
-    for (int sc = 0; sc < n_sub; ++sc) {
-      if (sc + 1 < n_sub) {
-        issue(sc + 1, (sc + 1) & 1);  // into the stage the keys before these left at the last barrier
-        cp_async_wait<1>();
-      } else {
-        cp_async_wait<0>();
-      }
-      __syncthreads();  // every thread's copies (and NaN stores) of these keys are in
-      const unsigned char* kb = sh_raw + (sc & 1) * kStageBytes;
-      const unsigned char* vb = kb + kStageBytes / 2;
-      // warp-uniform bound: every lane of a warp reaches the shuffles
-      for (int k0 = warp * kKpw; k0 < kSubKeys && sc * kSubKeys + k0 < c_stop; k0 += kStride) {
-        const int kk = k0 + slot, t = sc * kSubKeys + kk;
+    for (int t0 = warp * kKpw; t0 < c_stop; t0 += kStride * kUnroll) {
+      float mv[kUnroll][kRows];
+      bool any[kUnroll];
+      int32_t k_row[kUnroll] = {}, v_row[kUnroll] = {};
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int t = t0 + slot + u * kStride;
         const bool in_range = t < c_stop;
-        float mv[kRows];
-        bool any = false;
+        any[u] = false;
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
-          mv[r] = in_range ? sh_mask[r][t] : -INFINITY;
-          any = any || mv[r] != -INFINITY;
+          mv[u][r] = in_range ? sh_mask[r][t] : -INFINITY;
+          any[u] = any[u] || mv[u][r] != -INFINITY;
         }
-        // keys every row masks are not read (a lane group agrees: same key)
-        const uint4 kraw = any ? *reinterpret_cast<const uint4*>(kb + kk * kRowBytes + sub * 16) : make_uint4(0, 0, 0, 0);
-        const uint4 vraw = any ? *reinterpret_cast<const uint4*>(vb + kk * kRowBytes + sub * 16) : make_uint4(0, 0, 0, 0);
+        if (kGather && in_range) {
+          k_row[u] = sh_kidx[t];
+          v_row[u] = sh_vidx[t];
+        }
+      }
+      // keys every row masks are not loaded (a lane group agrees: same key)
+      uint4 kraw[kUnroll], vraw[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t j = c0 + t0 + slot + u * kStride;
+        kraw[u] =
+            any[u] ? kv_load<kGather>(a.k, k_row[u], a.k_store_rows, j, hk, i3, sub) : make_uint4(0, 0, 0, 0);
+        vraw[u] =
+            any[u] ? kv_load<kGather>(a.v, v_row[u], a.v_store_rows, j, hk, i3, sub) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
         float kf[8], vf[8];
-        unpack8(kraw, kf);
-        unpack8(vraw, vf);
+        unpack8(kraw[u], kf);
+        unpack8(vraw[u], vf);
         float s[kRows];
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
@@ -280,20 +263,20 @@ __global__ void __launch_bounds__(kDecThreads, kMinBlocks) flash_decode_kernel(c
           for (int r = 0; r < kRows; ++r) s[r] += __shfl_xor_sync(0xffffffffu, s[r], o);
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
-          float sc_r = s[r];
-          if (a.softcap > 0.0f) sc_r = a.softcap * tanhf(sc_r / a.softcap);
-          sc_r += mv[r];
-          if (!(sc_r > -INFINITY)) continue;  // masked (or NaN): weight 0
-          const float mn = fmaxf(m[r], sc_r);
-          const float alpha = __expf(m[r] - mn), p = __expf(sc_r - mn);
+          float sc = s[r];
+          if (a.softcap > 0.0f) sc = a.softcap * tanhf(sc / a.softcap);
+          sc += mv[u][r];
+          if (!(sc > -INFINITY)) continue;  // masked (or NaN): weight 0
+          const float mn = fmaxf(m[r], sc);
+          const float alpha = __expf(m[r] - mn), p = __expf(sc - mn);
           l[r] = l[r] * alpha + p;
 #pragma unroll
           for (int e = 0; e < 8; ++e) acc[r][e] = fmaf(p, vf[e], acc[r][e] * alpha);
           m[r] = mn;
         }
       }
-      __syncthreads();  // these keys' stage is read before the copies after next overwrite it
     }
+    __syncthreads();  // the chunk's staged masks and indices are read before the next chunk's
   }
 
   // merge the lane groups of the warp (same elements, other keys), then the warps

@@ -415,9 +415,10 @@ __global__ void rope_set_rows_kernel(TensorDesc cache, bool cache_f16, TensorDes
 // arithmetic and stores as the kernel above.
 constexpr int kRopeDecodeHeads = 2;
 constexpr int kRopeDecodeThreads = 256;
-// Tokens up to which a pass takes the kernel below (batched decode: the kernel above took 11 us per
-// 8B layer at 64 tokens, its blocks' angles before their dependent loads).
-constexpr int64_t kRopeDecodeMaxTokens = 256;
+// Tokens up to which a pass takes the kernel below: one. At 64 (a batched step of an 8B layer) it
+// took 19 us against the kernel above's 11 (each thread's angle in FP64: 64 x as many as the other's
+// per-block angles).
+constexpr int64_t kRopeDecodeMaxTokens = 1;
 __global__ void __launch_bounds__(kRopeDecodeThreads)
     rope_set_rows_decode_kernel(TensorDesc cache, bool cache_f16, TensorDesc k_src, TensorDesc idx, TensorDesc q_dst,
                                 TensorDesc q_src, bool has_q, TensorDesc v_cache, TensorDesc v_src, TensorDesc v_idx,
