@@ -21,9 +21,13 @@
 // Small products split k over blocks (blockIdx.z, the count from gemm_q_plan.h): each split writes its
 // partial sums to scratch and gemm_q_reduce_kernel adds them in split order, the same every run.
 //
-// On compute capability 9.0 the bulk-staged f16-path formats (q4_0, q4_K, q8_0) take gemm_q_wgmma.cu's
+// On compute capability 9.0 the f16-path formats (q4_0, q4_K, q8_0, q6_K) take gemm_q_wgmma.cu's
 // warpgroup kernel instead (same block, stages and dequantization; wgmma for the products; the
 // activations packed in its tiles by pack_gemm_q_tiles); LOOM_CUDA_GEMM_Q_WGMMA=0 keeps this one.
+// There, several products of one activation (a layer's Q/K/V, or gate and up, whose SwiGLU/GeGLU the
+// reduction applies) go in one launch (GemmQProducts): their row tiles one after another along
+// blockIdx.y, each block taking its part's weights and output from its row tile (enter_part), planned
+// as one product of all their rows; the activation is packed once.
 //
 // Bytes: the weights once per column tile; the f16 activations once per 256-row tile (from L2);
 // partial sums 8 x splits x m x n bytes. FLOPs 2 m n k. At 4096 x 4096 x 64 columns q4_0: 9.4 MB of

@@ -20,8 +20,8 @@ namespace gemm_q_detail {
 struct GemmQArgs;
 }
 
-/// Whether the warpgroup kernel takes weights of type t: a format it covers (q4_0, q4_K, q8_0: the
-/// bulk-staged f16-path ones) and LOOM_CUDA_GEMM_Q_WGMMA not 0. It is sm_90a code: callers also need a
+/// Whether the warpgroup kernel takes weights of type t: a format it covers (q4_0, q4_K, q8_0, q6_K:
+/// the f16-path ones) and LOOM_CUDA_GEMM_Q_WGMMA not 0. It is sm_90a code: callers also need a
 /// device of compute capability 9.0 (LaunchContext::sm90a).
 bool gemm_q_wgmma_covers(DType t);
 /// Bytes of the packed activation tiles of n columns of k (whole 64-column tiles).
