@@ -407,18 +407,13 @@ __global__ void rope_set_rows_kernel(TensorDesc cache, bool cache_f16, TensorDes
   }
 }
 
-// A decode step's rope_set_rows (one token a sequence: up to kRopeDecodeMaxTokens tokens, grid.y;
-// kRopeDecodeHeads heads a block, one element a thread):
+// A decode step's rope_set_rows (one token, kRopeDecodeHeads heads a block, one element a thread):
 // each thread issues its loads (position, cache cell, its element or pair) before its own angle, so
 // their latencies overlap the angle's FP64 work and one another; the kernel above, a loop of
 // dependent cell-then-row loads after a barrier, took 7.5 us per 8B layer (ncu, H100). Same
 // arithmetic and stores as the kernel above.
 constexpr int kRopeDecodeHeads = 2;
 constexpr int kRopeDecodeThreads = 256;
-// Tokens up to which a pass takes the kernel below: one. At 64 (a batched step of an 8B layer) it
-// took 19 us against the kernel above's 11 (each thread's angle in FP64: 64 x as many as the other's
-// per-block angles).
-constexpr int64_t kRopeDecodeMaxTokens = 1;
 __global__ void __launch_bounds__(kRopeDecodeThreads)
     rope_set_rows_decode_kernel(TensorDesc cache, bool cache_f16, TensorDesc k_src, TensorDesc idx, TensorDesc q_dst,
                                 TensorDesc q_src, bool has_q, TensorDesc v_cache, TensorDesc v_src, TensorDesc v_idx,
@@ -430,8 +425,7 @@ __global__ void __launch_bounds__(kRopeDecodeThreads)
   const int64_t w = static_cast<int64_t>(blockIdx.x) * kRopeDecodeThreads + threadIdx.x;
   const int64_t h = w / ne0, e = w % ne0;
   if (h >= heads) return;
-  const int64_t t = blockIdx.y % k_src.ne[2], i3 = blockIdx.y / k_src.ne[2];  // the token
-  const int32_t position = *reinterpret_cast<const int32_t*>(pos.data + t * pos.nb[0]);
+  const int32_t position = *reinterpret_cast<const int32_t*>(pos.data);
   const int half = p.n_dims / 2;
   const bool is_k = h < k_heads, is_q = !is_k && h < k_heads + q_heads;
   const int64_t row_ne0 = is_k ? k_src.ne[0] : is_q ? q_dst.ne[0] : v_src.ne[0];
@@ -440,16 +434,13 @@ __global__ void __launch_bounds__(kRopeDecodeThreads)
   int32_t cell = 0;
   const float* x = nullptr;
   if (is_k) {
-    cell = *reinterpret_cast<const int32_t*>(idx.data + t * idx.nb[0] + (h % idx.ne[1]) * idx.nb[1] +
-                                             (i3 % idx.ne[2]) * idx.nb[2]);
-    x = reinterpret_cast<const float*>(row_ptr(k_src, h, t, i3));
+    cell = *reinterpret_cast<const int32_t*>(idx.data + (h % idx.ne[1]) * idx.nb[1]);
+    x = reinterpret_cast<const float*>(row_ptr(k_src, h, 0, 0));
   } else if (is_q) {
-    x = reinterpret_cast<const float*>(row_ptr(q_src, h - k_heads, t, i3));
+    x = reinterpret_cast<const float*>(row_ptr(q_src, h - k_heads, 0, 0));
   } else {
-    const int64_t hv = h - k_heads - q_heads;
-    cell = *reinterpret_cast<const int32_t*>(v_idx.data + t * v_idx.nb[0] + (hv % v_idx.ne[1]) * v_idx.nb[1] +
-                                             (i3 % v_idx.ne[2]) * v_idx.nb[2]);
-    x = reinterpret_cast<const float*>(row_ptr(v_src, t, hv, i3));
+    cell = *reinterpret_cast<const int32_t*>(v_idx.data + ((h - k_heads - q_heads) % v_idx.ne[1]) * v_idx.nb[1]);
+    x = reinterpret_cast<const float*>(row_ptr(v_src, 0, h - k_heads - q_heads, 0));
   }
   const bool rotates = !(!is_k && !is_q) && e < p.n_dims;
   if (rotates && e >= half) return;  // its pair's owner stores it
@@ -465,7 +456,7 @@ __global__ void __launch_bounds__(kRopeDecodeThreads)
       reinterpret_cast<float*>(out)[j] = v;
   };
   if (is_q) {
-    auto* y = reinterpret_cast<float*>(row_ptr(q_dst, h - k_heads, t, i3));
+    auto* y = reinterpret_cast<float*>(row_ptr(q_dst, h - k_heads, 0, 0));
     if (rotates) {
       y[j0] = rope_first(x0, x1, c, s);
       y[j1] = rope_second(x0, x1, c, s);
@@ -476,7 +467,7 @@ __global__ void __launch_bounds__(kRopeDecodeThreads)
   }
   const TensorDesc& dst = is_k ? cache : v_cache;
   if (cell < 0 || cell >= dst.ne[1]) return;  // out of range: nothing written, as set_rows
-  char* out = is_k ? row_ptr(cache, cell, h, i3) : row_ptr(v_cache, cell, h - k_heads - q_heads, i3);
+  char* out = is_k ? row_ptr(cache, cell, h, 0) : row_ptr(v_cache, cell, h - k_heads - q_heads, 0);
   if (rotates) {
     put(out, j0, rope_first(x0, x1, c, s));
     put(out, j1, rope_second(x0, x1, c, s));
@@ -1095,7 +1086,7 @@ CudaError launch_mat_vec_multi(const LaunchContext& ctx, const Tensor* mm0, cons
       [&](auto q) { return multi_q8<typename decltype(q)::Dot>(ctx, mms, count); });
 }
 
-// LOOM_CUDA_DECODE_ROPE=0 (read once) keeps decode passes on the general kernel, for comparisons.
+// LOOM_CUDA_DECODE_ROPE=0 (read once) keeps one-token passes on the general kernel, for comparisons.
 bool decode_rope_enabled() {
   static const bool on = env_switch("LOOM_CUDA_DECODE_ROPE");
   return on;
@@ -1122,10 +1113,9 @@ CudaError launch_rope_set_rows(const LaunchContext& ctx, const Tensor* rope_k, c
   const TensorDesc v_idx = set_rows_v ? desc_of(set_rows_v->src[1]) : TensorDesc{};
   int64_t ne0 = std::max(k->ne[0], rope_q ? rope_q->ne[0] : 0);
   if (set_rows_v) ne0 = std::max(ne0, set_rows_v->src[0]->ne[0]);
-  if (tokens <= kRopeDecodeMaxTokens && ne0 * kRopeDecodeHeads <= kRopeDecodeThreads && decode_rope_enabled()) {
-    const dim3 grid(static_cast<unsigned>((heads * ne0 + kRopeDecodeThreads - 1) / kRopeDecodeThreads),
-                    static_cast<unsigned>(tokens));
-    rope_set_rows_decode_kernel<<<grid, kRopeDecodeThreads, 0, ctx.stream>>>(
+  if (tokens == 1 && ne0 * kRopeDecodeHeads <= kRopeDecodeThreads && decode_rope_enabled()) {
+    rope_set_rows_decode_kernel<<<static_cast<unsigned>((heads * ne0 + kRopeDecodeThreads - 1) / kRopeDecodeThreads),
+                                  kRopeDecodeThreads, 0, ctx.stream>>>(
         desc_of(set_rows), set_rows->type == DType::f16, desc_of(k), desc_of(set_rows->src[1]), q_dst, q_src,
         rope_q != nullptr, v_cache, v_src, v_idx, set_rows_v != nullptr, desc_of(rope_k->src[1]), ff_desc,
         ff != nullptr, args, ne0);
