@@ -345,7 +345,8 @@ Status Executor::ensure_scratch(size_t shared_bytes, size_t slot_bytes, int n_sl
 Result<exec::Plan> Executor::make_plan(const Graph& g, const ExecOptions& o) {
   const AddElapsed count_plan{counters_.host_plan_ns};
   exec::Plan p = exec::build_plan(g);
-  if (o.fusion) exec::fuse(p, g, CudaFusion{target_of(launch_context(nullptr))});
+  const FusedTarget target = target_of(launch_context(nullptr));
+  if (o.fusion) exec::fuse(p, g, CudaFusion{target});
   if (o.fusion && numerics_ == Numerics::fast && act_handoff_ && !batch_invariant()) mark_act_handoffs(p, g);
   const auto ws = reinterpret_cast<uintptr_t>(dev_.cublas_workspace());
   // Products through cuBLAS all write its workspace, so they are ordered among themselves: their
@@ -358,7 +359,7 @@ Result<exec::Plan> Executor::make_plan(const Graph& g, const ExecOptions& o) {
   size_t max_shared = 0, max_slot = 0;
   for (exec::Dispatch& d : p.dispatches) {
     d.scratch_bytes = d.kind == FusedKind::none ? node_scratch_bytes(*d.node(), numerics_ == Numerics::fast)
-                                                : fused_scratch_bytes(d.kind, d.nodes.data(), target_of(launch_context(nullptr)));
+                                                : fused_scratch_bytes(d.kind, d.nodes.data(), target);
     if (uses_cublas(d)) {
       max_shared = std::max(max_shared, d.scratch_bytes);
       d.writes.push_back({ws, ws + dev_.cublas_workspace_size()});

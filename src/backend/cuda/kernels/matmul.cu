@@ -629,7 +629,7 @@ CudaError launch_quantize_activations(const LaunchContext& ctx, DType weight, co
 }
 
 size_t mul_mat_scratch_bytes(const Tensor* dst, bool fast) {
-  if (use_gemm_q(dst, fast)) return gemm_q_x_bytes(dst) + gemm_q_partial_bytes(GemmQProducts{{dst}});
+  if (use_gemm_q(dst, fast)) return gemm_q_products_scratch_bytes(GemmQProducts{{dst}});
   if (use_dequant_gemm(dst, fast)) return dequant_gemm_scratch(dst);
   if (dtype_is_quantized(dst->src[0]->type)) return quantized_act_bytes(dst);
   if (!use_cublas(dst)) return 0;
