@@ -61,7 +61,7 @@ namespace {
 using namespace gemm_q_detail;
 
 template <class D, int kUnroll, int kMT>
-__global__ void __launch_bounds__(kThreadsOf<kMT>, 1) gemm_q_kernel(GemmQArgs p, const __grid_constant__ GemmQMaps maps) {
+__global__ void __launch_bounds__(kThreadsOf<kMT>, 1) gemm_q_kernel(GemmQArgs p, const __grid_constant__ CUtensorMap map) {
   // pdl_wait later: the first weight chunk is requested first (no kernel writes weights)
   constexpr int kMTiles = kMT;
   extern __shared__ __align__(128) unsigned char smem_raw[];  // tensor copies land on 128-byte boundaries
@@ -73,7 +73,6 @@ __global__ void __launch_bounds__(kThreadsOf<kMT>, 1) gemm_q_kernel(GemmQArgs p,
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize, lane = static_cast<int>(threadIdx.x) % kWarpSize;
   const int g = lane / 4, c = lane % 4;
   const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kBN, row0 = static_cast<int64_t>(blockIdx.y) * kBM;
-  const CUtensorMap* map = &maps.map[0];  // one product a launch (launch_gemm_q)
   const int64_t k_begin = static_cast<int64_t>(blockIdx.z) * p.k_split;
   const int64_t k_end = p.k < k_begin + p.k_split ? p.k : k_begin + p.k_split;
   // This thread's rows: g and g + 8 of each of the warp's m16 tiles; misalign(r, k0): where row r's
@@ -95,7 +94,7 @@ __global__ void __launch_bounds__(kThreadsOf<kMT>, 1) gemm_q_kernel(GemmQArgs p,
       if (k_begin + kChunk < k_end) arm_stage<D>(p, row0, col0, &bar[1]);
     }
     __syncthreads();
-    issue_w_bulk<D>(p, map, row0, k_begin, s_w, &bar[0]);
+    issue_w_bulk<D>(p, &map, row0, k_begin, s_w, &bar[0]);
     pdl_wait();
     issue_x_bulk<D>(p, col0, k_begin, s_x, &bar[0]);
   } else {
@@ -117,7 +116,7 @@ __global__ void __launch_bounds__(kThreadsOf<kMT>, 1) gemm_q_kernel(GemmQArgs p,
     if constexpr (S::kBulk) {
       if (k0 + kChunk < k_end) {  // the other stage's readers finished at the last chunk's barrier
         fence_proxy_async();
-        issue_w_bulk<D>(p, map, row0, k0 + kChunk, s_w + (stage ^ 1) * S::kWStageBytes, &bar[stage ^ 1]);
+        issue_w_bulk<D>(p, &map, row0, k0 + kChunk, s_w + (stage ^ 1) * S::kWStageBytes, &bar[stage ^ 1]);
         issue_x_bulk<D>(p, col0, k0 + kChunk, s_x + (stage ^ 1) * kBN * S::kXStride, &bar[stage ^ 1]);
       }
       while (!mbar_try_wait(&bar[stage], (chunk >> 1) & 1)) {
@@ -376,14 +375,14 @@ CudaError launch_gemm_q(const LaunchContext& ctx, const GemmQProducts& pr, const
             kernel = gemm_q_kernel<D, 1, 1>;
           }
         }
-        GemmQMaps maps{};
+        CUtensorMap map{};  // one product a launch here
         if constexpr (Staging<D>::kTma)
-          if (tma_enabled()) p.tma = encode_weight_map<D>(weights[0], s.m, s.k, maps.map[0]);
+          if (tma_enabled()) p.tma = encode_weight_map<D>(weights[0], s.m, s.k, map);
         constexpr size_t smem = Staging<D>::kSmemBytes;
         static_assert(smem <= 227 * 1024);
         LOOM_CUDA_CHECK(
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-        kernel<<<grid, threads, smem, ctx.stream>>>(p, maps);
+        kernel<<<grid, threads, smem, ctx.stream>>>(p, map);
         LOOM_CUDA_CHECK_LAUNCH("gemm_q_kernel");
         return {};
       });

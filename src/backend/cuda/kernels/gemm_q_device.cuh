@@ -92,11 +92,6 @@ struct GemmQArgs {
   GemmQPart part[kMaxParts];
 };
 
-/// The tensor maps of a launch's weights (Staging::kTma), one per part.
-struct GemmQMaps {
-  CUtensorMap map[kMaxParts];
-};
-
 // A multi-part launch's block takes its part's weights, rows and output (by its row tile, selected
 // field by field so that nothing is indexed dynamically); returns the part and the block's first row
 // within it.

@@ -39,6 +39,11 @@ using namespace gemm_q_detail;
 
 namespace {
 
+/// The tensor maps of a launch's weights (Staging::kTma), one per part (the mma.sync kernel takes one).
+struct GemmQMaps {
+  CUtensorMap map[kMaxParts];
+};
+
 constexpr int kWgThreads = kThreadsOf<1>;   // 16 warps: 4 warpgroups of 64 rows
 constexpr int kXTileHalves = kBN * kChunk;  // one stage's activations: 64 x 256 f16 (32 KB)
 
