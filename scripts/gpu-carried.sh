@@ -160,7 +160,7 @@ for step in "$@"; do
       for m in $models; do
         f=$(model "$m") || continue
         for mode in ${LOOM_BATCHED_MODES:--}; do
-          env $(tr "," " " <<<"${mode/#-/}") timeout 120 "$bin/loom" bench -m "$f" -npp 128 -ntg ${LOOM_NTG:-128} \
+          env $(tr "," " " <<<"${mode/#-/}") timeout 120 "$bin/loom" bench -m "$f" -npp ${LOOM_NPP:-128} -ntg ${LOOM_NTG:-128} \
             -npl ${LOOM_NPL:-16,64} 2>/dev/null | grep -E "^\|" | grep -v -- "---" | grep -v "PP" | awk -v tag="$mode" '{ print $0 " " tag }'
         done
       done ;;

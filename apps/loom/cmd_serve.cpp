@@ -126,7 +126,7 @@ void add_serve_command(CLI::App& app, std::vector<Command>& out) {
                   "Cells per block of the paged KV cache (prompt prefixes are shared in whole blocks)")
       ->capture_default_str();
   cmd->add_option("--prefill-chunk", o->server.prefill_chunk,
-                  "Prompt tokens a step computes while other requests decode (0: 256 in a pass of its own, 128 mixed; "
+                  "Prompt tokens a step computes while other requests decode (0: 64 in a pass of its own, 128 mixed; "
                   "at most -ub)")
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();

@@ -72,7 +72,7 @@ struct ServerOptions {
   /// Prompt tokens a step computes while other requests decode (the prefill budget of a step that
   /// also advances every running request; a step with none decoding takes a whole -ub). Smaller:
   /// a steadier inter-token time for the running streams, a later first token for new ones.
-  /// 0: 256 in a pass of its own, 128 in a mixed pass; at most -ub.
+  /// 0: 64 in a pass of its own, 128 in a mixed pass; at most -ub.
   int prefill_chunk = 0;
   /// A step's prompt chunk rides in the running requests' forward pass (a mixed pass); false: a
   /// pass of its own before theirs (the decode cadence then stalls by that pass). Unset: a pass of

@@ -110,14 +110,16 @@ Result<std::unique_ptr<Engine>> Engine::create(llm::Session session, const Token
   if (n_parallel >= 8) e->gen_->set_sampling_threads(std::clamp(cores / 2, 1, 8));
   e->n_ctx_ = n_ctx;
   // While requests decode, a step carries at most this many prompt tokens. In a pass of its own (the
-  // CUDA default) a 256-token chunk is one typical prompt; in the running requests' pass (mixed)
-  // every product then runs at 64 + chunk columns, so 128 (8B Q4_K_M, 64 streams, H200: a mixed
-  // step with 128 prompt tokens ~30 ms, a 256-token pass and a decode pass ~35 ms for twice the
-  // prompt). Issue 16: inter-token p99 <= 25 ms at 64 streams.
+  // CUDA default) 64: that pass takes the batched-decode products (gemm_q, no weight dequantized to
+  // f16) and costs about one 64-sequence decode step, so a running stream's gap between tokens is at
+  // most about two steps (8B Q4_K_M, 64 streams of 256 + 256 tokens, H200, 2026-11-27: inter-token
+  // p99 22.2 ms against 31.3 at 256-token passes and 37.3 at 128, first token p50 1.76 s against
+  // 0.88; issue 16 asks p99 <= 25 ms). In the running requests' pass (mixed) every product runs at
+  // 64 + chunk columns, so 128. A step with nothing decoding takes a whole -ub either way.
   auto is_cuda = [](const std::unique_ptr<Backend>& b) { return b && std::string_view(b->name()) == "cuda"; };
   const bool mixed =
       options.mixed_steps.value_or(!is_cuda(e->session_.backend) && !is_cuda(e->session_.offload_backend));
-  const int default_chunk = mixed ? 128 : 256;
+  const int default_chunk = mixed ? 128 : 64;
   e->prefill_chunk_ = std::clamp(options.prefill_chunk > 0 ? options.prefill_chunk : default_chunk, 1,
                                  std::max(1, n_batch));
   e->gen_->set_mixed_steps(mixed);
