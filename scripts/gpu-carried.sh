@@ -54,6 +54,12 @@ out=${OUT:-/tmp/loom-out}
 mkdir -p "$out"
 bin=$root/build-carry/bin
 mkdir -p "$bin" && tar xJf build-carry/bins.tar.xz -C "$bin"
+# build-carry/base.tar.xz (scripts/pack-carried.sh --base): another build's binaries, run by the
+# "@base" mode of kperf, decode and batchedmodes (the same process order, one call)
+bin_base=$root/build-carry/bin-base
+[[ -f build-carry/base.tar.xz ]] && mkdir -p "$bin_base" && tar xJf build-carry/base.tar.xz -C "$bin_base"
+binof() { [[ $1 == "@base" ]] && echo "$bin_base" || echo "$bin"; }
+modeenv() { [[ $1 == "-" || $1 == "@base" ]] || tr "," " " <<<"$1"; }
 prefix=/tmp/loom-deps
 if [[ ! -d $prefix/usr ]]; then
   mkdir -p "$prefix"
@@ -139,7 +145,7 @@ for step in "$@"; do
       for m in $models; do
         f=$(model "$m") || continue
         for mode in ${LOOM_DECODE_MODES:--}; do
-          env $(tr "," " " <<<"${mode/#-/}") timeout 120 "$bin/loom" bench -m "$f" -p 0 -n 128 -r 3 ${LOOM_DECODE_FLAGS:-} 2>/dev/null |
+          env $(modeenv "$mode") timeout 120 "$(binof "$mode")/loom" bench -m "$f" -p 0 -n 128 -r 3 ${LOOM_DECODE_FLAGS:-} 2>/dev/null |
             grep -E "^\|" | grep -v -- "---" | awk -v tag="$mode" '{ print $0 " " tag }'
         done
       done ;;
@@ -160,7 +166,7 @@ for step in "$@"; do
       for m in $models; do
         f=$(model "$m") || continue
         for mode in ${LOOM_BATCHED_MODES:--}; do
-          env $(tr "," " " <<<"${mode/#-/}") timeout 120 "$bin/loom" bench -m "$f" -npp ${LOOM_NPP:-128} -ntg ${LOOM_NTG:-128} \
+          env $(modeenv "$mode") timeout 120 "$(binof "$mode")/loom" bench -m "$f" -npp ${LOOM_NPP:-128} -ntg ${LOOM_NTG:-128} \
             -npl ${LOOM_NPL:-16,64} 2>/dev/null | grep -E "^\|" | grep -v -- "---" | grep -v "PP" | awk -v tag="$mode" '{ print $0 " " tag }'
         done
       done ;;
@@ -170,9 +176,11 @@ for step in "$@"; do
     serve)
       for m in $models; do
         f=$(model "$m") || continue
-        echo "-- engine: loom bench -npp 256 -ntg 256 -npl 1,64; tg256"
+        echo "-- engine: loom bench -npp 256 -ntg 256 -npl 1,64; tg256; tg256 @ d256"
         [[ -n ${LOOM_SERVE_ONLY:-} ]] || timeout 200 "$bin/loom" bench -m "$f" -npp 256 -ntg 256 -npl 1,64 2>/dev/null | grep -E "^\|"
+        # tg256 from position 0, and from 256 (-d 256: the positions of a stream below, 256-token prompt)
         [[ -n ${LOOM_SERVE_ONLY:-} ]] || timeout 60 "$bin/loom" bench -m "$f" -p 0 -n 256 -r 2 2>/dev/null | grep -E "tg256"
+        [[ -n ${LOOM_SERVE_ONLY:-} ]] || timeout 60 "$bin/loom" bench -m "$f" -p 0 -n 256 -d 256 -r 2 2>/dev/null | grep -E "tg256"
         # LOOM_SERVE_VARIANTS: ';'-separated flag sets (ENV=VALUE words set the server's environment),
         # each a server of its own in turn ("-": the defaults); else LOOM_SERVE_FLAGS, one server
         IFS=';' read -ra variants <<<"${LOOM_SERVE_VARIANTS:-${LOOM_SERVE_FLAGS:--}}"
@@ -259,9 +267,9 @@ for step in "$@"; do
       IFS=';' read -ra cases <<<"${LOOM_K_CASES:-top_k|[128256] k=1;top_k|[128256] k=40;top_k|[128256, 64] k=64}"
       for c in "${cases[@]}"; do
        for mode in ${LOOM_K_MODES:--}; do
-        env $(tr "," " " <<<"${mode/#-/}") timeout 120 /usr/local/cuda/bin/ncu --cache-control none \
+        env $(modeenv "$mode") timeout 120 /usr/local/cuda/bin/ncu --cache-control none \
           --clock-control none -c 40 --csv --page raw \
-          --metrics gpu__time_duration.sum "$bin/loom-test-ops" --backend cuda --numerics fast perf \
+          --metrics gpu__time_duration.sum "$(binof "$mode")/loom-test-ops" --backend cuda --numerics fast perf \
           --op "${c%%|*}" --filter "${c#*|}" 2>/dev/null | python3 -c '
 import csv, sys, collections
 rows = [r for r in csv.reader(l for l in sys.stdin if l.startswith("\""))]

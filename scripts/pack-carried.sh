@@ -3,8 +3,10 @@
 # the tracked tree): build-carry/bins.tar.xz from build-gpu/bin (or $1).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-bin=${1:-$root/build-gpu/bin}
+# --base: as build-carry/base.tar.xz instead, the build that gpu-carried.sh's "@base" mode runs
 out=$root/build-carry/bins.tar.xz
+if [[ ${1:-} == --base ]]; then out=$root/build-carry/base.tar.xz; shift; fi
+bin=${1:-$root/build-gpu/bin}
 mkdir -p "$root/build-carry"
 tar cf - -C "$bin" loom loom-test-ops loom-exec-equivalence libloom_cuda.so | xz -6 -T2 >"$out"
 ls -la "$out"

@@ -241,6 +241,18 @@ Status check_expected_fusion(const OpCase& c, const Backend& backend, std::strin
     note += " (exact numerics: must not fuse)";
     return {};
   }
+  // Batch-invariant fast numerics (LOOM_DETERMINISTIC): the CUDA backend's fused mat-vec kernels sum
+  // a column unlike gemm_q, which then takes every product, so they must stand aside there.
+  const bool mat_vec_kind = c.expected_fusion == FusedKind::mat_vec_bias ||
+                            c.expected_fusion == FusedKind::glu_mat_vec || c.expected_fusion == FusedKind::mat_vec_multi;
+  if (mat_vec_kind && backend.numerics() == Numerics::fast && deterministic_from_env() &&
+      std::string_view(backend.name()) == "cuda") {
+    if (counters.fusions[k] != 0)
+      return make_error(StatusCode::internal, "fusion {} happened in batch-invariant numerics (LOOM_DETERMINISTIC)",
+                        fused_kind_name(c.expected_fusion));
+    note += " (batch-invariant numerics: must not fuse)";
+    return {};
+  }
   if (counters.fusions[k] == 0 && c.fusion_device_dependent) {
     note += " (not on this device)";
     return {};
