@@ -4,6 +4,7 @@
 
 #include <cuda_fp16.h>
 
+#include "gemm_q_plan.h"
 #include "launch.h"
 
 namespace loom::cuda {
@@ -13,7 +14,7 @@ namespace loom::cuda {
 /// gate, and mm[1], the up projection), only the gated product, into glu (the sums of the two go
 /// through the partial-sum scratch, and the reduction applies the activation).
 struct GemmQProducts {
-  const Tensor* mm[3] = {};
+  const Tensor* mm[gemm_q_plan::kMaxParts] = {};
   int count = 1;
   const Tensor* glu = nullptr;
 };

@@ -63,8 +63,7 @@ struct Staging {
 __device__ __forceinline__ int x_piece(int col, int piece) { return piece ^ ((col & 1) << 2); }
 
 
-// Products one launch computes at most: the Q, K and V of one activation (or gate and up).
-constexpr int kMaxParts = 3;
+constexpr int kMaxParts = gemm_q_plan::kMaxParts;
 
 /// One product of a multi-part launch (products of one activation with weights of one type, their
 /// row tiles one after another along blockIdx.y): its weights, rows and where its sums go.

@@ -18,6 +18,7 @@ constexpr int kChunk = 256;  // k per shared-memory stage (a whole block of ever
 // SMs the split aims to fill: those of a 132-SM H100/H200 (not the device's, see above).
 constexpr int64_t kTargetBlocks = 132;
 constexpr int kMaxSplits = 16;
+constexpr int kMaxParts = 3;  // products one launch computes at most: the Q, K and V of one activation (or gate and up)
 
 /// The grid: column tiles x row tiles x splits, each split k_split of k (the last one shorter).
 struct Plan {
