@@ -166,12 +166,23 @@ void add_argmax(CaseList& cases, const Shape& ne, bool transposed) {
 }
 
 // `ties`: the values are a few integers (most of a row ties with others; the lower index wins), in
-// a packed row.
-void add_top_k(CaseList& cases, const Shape& ne, int k, bool transposed, bool ties = false) {
+// a packed row. `peaks`: uniform values below 1 but two equal maxima, at elements p - 1 and p of each
+// row (p = ceil(ne0 / 8): the last of one eighth and the first of the next, where CUDA's k = 1 cluster
+// splits a row between blocks), in a packed row.
+void add_top_k(CaseList& cases, const Shape& ne, int k, bool transposed, bool ties = false, bool peaks = false) {
   auto build = [=](Graph& g, CaseInputs& in) {
     if (ties)
       return top_k(g, in.custom(DType::f32, ne, [](Rng& rng, const Shape&, std::vector<float>& v) {
         for (float& x : v) x = std::floor(rng.uniform(0.0f, 8.0f));
+      }), k);
+    if (peaks)
+      return top_k(g, in.custom(DType::f32, ne, [](Rng& rng, const Shape& s, std::vector<float>& v) {
+        for (float& x : v) x = rng.uniform(0.0f, 1.0f);
+        const int64_t p = (s[0] + 7) / 8;
+        for (int64_t r = 0; r * s[0] < static_cast<int64_t>(v.size()); ++r) {
+          v[r * s[0] + p - 1] = 2.0f;
+          v[r * s[0] + p] = 2.0f;
+        }
       }), k);
     return top_k(g, reduction_source(g, in, ne, transposed, true), k);
   };
@@ -180,8 +191,8 @@ void add_top_k(CaseList& cases, const Shape& ne, int k, bool transposed, bool ti
                    [&](const double* x, int64_t) { return ranking(x, ne[0], k); });
   };
   cases.push_back({"top_k",
-                   fmt::format("{} k={}{}{}", shape_string(ne), k, transposed ? " (transposed view)" : "",
-                               ties ? " (ties)" : ""),
+                   fmt::format("{} k={}{}{}{}", shape_string(ne), k, transposed ? " (transposed view)" : "",
+                               ties ? " (ties)" : "", peaks ? " (equal maxima across an eighth)" : ""),
                    0.0,
                    build, ref, 0.0});
 }
@@ -528,6 +539,13 @@ void add_row_cases(CaseList& cases, CaseSet set) {
   add_top_k(cases, {128256, 4, 1, 1}, 128, false);
   add_top_k(cases, {32000, 40, 1, 1}, 40, false);  // many rows: fewer, longer chunks
   add_top_k(cases, {6, 2, 2, 1}, 6, false);  // a full sort
+  // k = 1 on CUDA's compute capability 9.0 takes a cluster of 8 blocks a row: ties across its blocks'
+  // shares (4100 = 8 x 513 - 4), strided rows, rows over two dimensions
+  add_top_k(cases, {4100, 3, 1, 1}, 1, false, true);
+  add_top_k(cases, {9000, 3, 1, 1}, 1, true);
+  add_top_k(cases, {5000, 2, 2, 1}, 1, false);
+  add_top_k(cases, {4100, 2, 1, 1}, 1, false, false, true);
+  add_top_k(cases, {128256, 2, 1, 1}, 1, false, false, true);
   add_top_k(cases, {100, 5, 1, 1}, 1, false);
   add_top_k(cases, {31, 12, 1, 1}, 4, true);
 

@@ -752,14 +752,47 @@ Status Executor::run_new_structure(const exec::Plan& p, const StructureKey& key,
   return s;
 }
 
+namespace {
+
+// Whether a kernel node of the graph launches thread-block clusters (a cluster dimension above 1).
+bool graph_has_clusters(cudaGraph_t graph) {
+  size_t n = 0;
+  if (cudaGraphGetNodes(graph, nullptr, &n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return true;  // unknown: as if it had (the caller then instantiates afresh)
+  }
+  std::vector<cudaGraphNode_t> nodes(n);
+  if (n > 0 && cudaGraphGetNodes(graph, nodes.data(), &n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return true;
+  }
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type{};
+    if (cudaGraphNodeGetType(node, &type) != cudaSuccess || type != cudaGraphNodeTypeKernel) continue;
+    cudaLaunchAttributeValue v{};
+    if (cudaGraphKernelNodeGetAttribute(node, cudaLaunchAttributeClusterDimension, &v) != cudaSuccess) {
+      (void)cudaGetLastError();
+      continue;
+    }
+    if (v.clusterDim.x * v.clusterDim.y * v.clusterDim.z > 1) return true;
+  }
+  (void)cudaGetLastError();
+  return false;
+}
+
+}  // namespace
+
 Status Executor::instantiate_and_cache(cudaGraph_t graph, const StructureKey& key, uint64_t options,
                                        Cached c) {
   const AddElapsed count_inst{counters_.host_instantiate_ns};
+  c.clusters = graph_has_clusters(graph);
   if (cache_.full()) {
-    // Reuse the least recently used executable graph: update it in place when the topology allows.
+    // Reuse the least recently used executable graph: update it in place when the topology allows,
+    // and neither graph has cluster launches (cudaGraphExecUpdate is reported to keep an executable
+    // graph's old cluster dimensions: ml-explore/mlx#2813).
     const Cached old = cache_.take_oldest();
     cudaGraphExecUpdateResultInfo info{};
-    if (cudaGraphExecUpdate(old.exec, graph, &info) == cudaSuccess) {
+    if (!c.clusters && !old.clusters && cudaGraphExecUpdate(old.exec, graph, &info) == cudaSuccess) {
       c.exec = old.exec;
       ++counters_.graph_updates;
       cache_.insert(key, options, c);

@@ -60,6 +60,7 @@ class Executor {
     uint64_t dispatches = 0;
     uint64_t pdl_edges = 0;
     exec::PlanStats stats;
+    bool clusters = false;  ///< a kernel node launched as thread-block clusters (never updated in place)
   };
   Status compute_locked(const Graph& g, uint64_t t0);
   Status validate(const Graph& g) const;

@@ -53,6 +53,24 @@ inline TensorDesc desc_of(const Tensor* t) {
   return d;
 }
 
+/// A launch of thread-block clusters of `cluster` blocks (its attribute kept in *attr, which must
+/// outlive the launch call).
+inline cudaLaunchConfig_t cluster_config(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, dim3 cluster,
+                                         cudaLaunchAttribute* attr) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  attr->id = cudaLaunchAttributeClusterDimension;
+  attr->val.clusterDim.x = cluster.x;
+  attr->val.clusterDim.y = cluster.y;
+  attr->val.clusterDim.z = cluster.z;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
 /// Blocks of `threads` covering `n` items, capped so the grid stays within CUDA's x limit
 /// (kernels loop with a grid stride over the rest).
 inline unsigned grid_for(int64_t n, int threads) {

@@ -1,6 +1,10 @@
 // Row reductions. Sources may have any element stride (sum_rows, argmax and top_k accept
 // non-contiguous rows), so elements are addressed through nb[0].
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
+
+#include <cooperative_groups.h>
 
 #include "common.cuh"
 #include "reduce.cuh"
@@ -121,6 +125,10 @@ constexpr int kSplitMaxK = 128;
 constexpr int kChunkMin = 2048;
 constexpr int kChunkMax = 8192;
 constexpr int kMergeMax = 4096;
+constexpr int kPrefilterMax = 1024;  ///< candidates a chunk block holds after its prefilter
+/// Chunks the prefilter runs on: 8+ keys a thread (H200, 128256-row k = 40: 2,036-key chunks took 17.6 us
+/// with it against 13.9 without; 64 rows at k = 64, 8,016-key chunks, 73.0 against 115.6)
+constexpr int64_t kPrefilterMinLen = 8 * kSplitThreads;
 constexpr int64_t kSplitWave = 132 * 4;  ///< chunk blocks resident at once on a 132-SM H100/H200 (4 per SM)
 
 /// A float's order as an unsigned key: larger float, larger key; -0 keyed as +0, so that equal values
@@ -301,11 +309,12 @@ struct SplitArgs {
   int64_t chunk;    ///< elements per chunk (the last may have fewer)
   uint32_t* keys;   ///< scratch: [rows][n_chunks][k] keys, each chunk's best first
   int32_t* idxs;    ///< the same for indices
+  bool prefilter;   ///< the chunk blocks' prefilter (LOOM_CUDA_TOPK_PREFILTER=0: off)
 };
 
 // The split path, step 1: block (c, r) takes chunk c of row r into shared memory and writes its
 // best min(k, chunk) pairs, sorted, to the scratch (only the last chunk may be shorter than k).
-__global__ void __launch_bounds__(kSplitThreads) top_k_chunk_kernel(SplitArgs p) {
+__global__ void __launch_bounds__(kSplitThreads, 4) top_k_chunk_kernel(SplitArgs p) {
   pdl_wait();
   __shared__ SelectShared s;
   __shared__ uint32_t chunk_keys[kChunkMax];
@@ -335,9 +344,90 @@ __global__ void __launch_bounds__(kSplitThreads) top_k_chunk_kernel(SplitArgs p)
   }
   __syncthreads();
   const int kk = static_cast<int>(min(static_cast<int64_t>(p.k), len));
-  select_top_k(
-      len, kk, [&](int64_t i) { return chunk_keys[i]; }, [=](int64_t i) { return static_cast<int32_t>(begin + i); },
-      s, best_key, best_idx);
+  // Prefilter (k >= 2): each thread's maximum over its share of the chunk (every kSplitThreads-th key:
+  // no bank conflicts); T, the kk-th largest of those maxima, is reached by at least kk keys, so every
+  // key of the chunk's best kk is >= T. Those candidates go to the select, in index order (a ballot per
+  // round of kSplitThreads keys, the (round, warp) counts scanned), instead of the whole chunk, when they
+  // fit kPrefilterMax (many ties at T: the whole chunk as before). The same kk pairs.
+  constexpr int kWarps = kSplitThreads / kWarpSize, kRounds = kChunkMax / kSplitThreads;
+  static_assert(kRounds * kWarps <= kSplitThreads, "one thread a (round, warp) count");
+  __shared__ uint32_t thread_max[kSplitThreads];
+  __shared__ uint32_t cand_key[kPrefilterMax];
+  __shared__ int32_t cand_idx[kPrefilterMax];
+  __shared__ int round_off[kRounds * kWarps];  // candidates before each (round, warp)'s, then its count
+  __shared__ int scan_total[kWarps + 1];
+  bool done = false;
+  if (p.prefilter && kk >= 2 && len >= kPrefilterMinLen) {
+    const int tid = static_cast<int>(threadIdx.x), lane = tid % kWarpSize, warp = tid / kWarpSize;
+    const int rounds = static_cast<int>((len + kSplitThreads - 1) / kSplitThreads);
+    uint32_t mx = 0;
+    for (int j = 0; j < rounds; ++j) {
+      const int64_t i = static_cast<int64_t>(j) * kSplitThreads + tid;
+      if (i < len) mx = max(mx, chunk_keys[i]);
+    }
+    thread_max[tid] = mx;
+    __syncthreads();
+    select_top_k(
+        kSplitThreads, kk, [&](int64_t i) { return thread_max[i]; }, [](int64_t i) { return static_cast<int32_t>(i); },
+        s, best_key, best_idx);
+    const uint32_t t_key = best_key[kk - 1];
+    auto flag = [&](int j) {
+      const int64_t i = static_cast<int64_t>(j) * kSplitThreads + tid;
+      return i < len && chunk_keys[i] >= t_key;
+    };
+    for (int j = 0; j < rounds; ++j) {
+      const unsigned b = __ballot_sync(0xffffffffu, flag(j));
+      if (lane == 0) round_off[j * kWarps + warp] = __popc(b);
+    }
+    __syncthreads();
+    // exclusive scan of the rounds x warps counts, in that (index) order: warps of 32 entries, then
+    // their totals
+    const int entries = rounds * kWarps;
+    const int c = tid < entries ? round_off[tid] : 0;
+    int incl = c;
+#pragma unroll
+    for (int o = 1; o < kWarpSize; o *= 2) {
+      const int v = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += v;
+    }
+    if (lane == kWarpSize - 1) scan_total[warp] = incl;
+    __syncthreads();
+    if (tid == 0) {
+      int run = 0;
+      for (int w = 0; w < kWarps; ++w) {
+        const int t = scan_total[w];
+        scan_total[w] = run;
+        run += t;
+      }
+      scan_total[kWarps] = run;
+    }
+    __syncthreads();
+    if (tid < entries) round_off[tid] = scan_total[warp] + incl - c;
+    __syncthreads();
+    const int total = scan_total[kWarps];
+    if (total <= kPrefilterMax) {  // alike in every thread
+      const unsigned below = (1u << lane) - 1u;
+      for (int j = 0; j < rounds; ++j) {
+        const bool f = flag(j);
+        const unsigned b = __ballot_sync(0xffffffffu, f);
+        if (f) {
+          const int at_c = round_off[j * kWarps + warp] + __popc(b & below);
+          const int64_t i = static_cast<int64_t>(j) * kSplitThreads + tid;
+          cand_key[at_c] = chunk_keys[i];
+          cand_idx[at_c] = static_cast<int32_t>(begin + i);
+        }
+      }
+      __syncthreads();
+      select_top_k(
+          total, kk, [&](int64_t i) { return cand_key[i]; }, [&](int64_t i) { return cand_idx[i]; }, s, best_key,
+          best_idx);
+      done = true;
+    }
+  }
+  if (!done)
+    select_top_k(
+        len, kk, [&](int64_t i) { return chunk_keys[i]; }, [=](int64_t i) { return static_cast<int32_t>(begin + i); },
+        s, best_key, best_idx);
   const int64_t at = (r * p.n_chunks + blockIdx.x) * p.k;
   for (int i = threadIdx.x; i < kk; i += blockDim.x) p.keys[at + i] = best_key[i], p.idxs[at + i] = best_idx[i];
 }
@@ -379,6 +469,83 @@ __global__ void __launch_bounds__(kMergeThreads) top_k_merge_kernel(SplitArgs p)
   split_row(r, p.a.ne[1], p.a.ne[2], i1, i2, i3);
   int32_t* out = reinterpret_cast<int32_t*>(element_ptr(p.dst, 0, i1, i2, i3));
   for (int i = threadIdx.x; i < p.k; i += blockDim.x) out[i] = best_idx[i];
+}
+
+// k = 1 over a long row (greedy sampling's top_k): a cluster of kTop1Blocks blocks a row, each its
+// share of the row in registers (kLoadBatch loads in flight a thread), reduced by shuffles and then
+// over the cluster's shared memory by block 0, which writes the index: one launch, no scratch. The
+// split path took a chunk kernel and a merge kernel for it (3.8 + 2.9 us on the H200, ncu).
+constexpr int kTop1Blocks = 8;
+constexpr int kTop1Threads = 1024;
+static_assert(kTop1Threads / kWarpSize == kWarpSize && kTop1Blocks <= kWarpSize, "one warp reduces the warps and the blocks");
+
+__global__ void __launch_bounds__(kTop1Threads) top_k1_cluster_kernel(TensorDesc dst, TensorDesc a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  pdl_wait();
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  __shared__ uint32_t warp_key[kTop1Threads / kWarpSize];
+  __shared__ int32_t warp_idx[kTop1Threads / kWarpSize];
+  __shared__ uint32_t block_key;
+  __shared__ int32_t block_idx;
+  const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
+  const int64_t r = blockIdx.y;
+  int64_t i1, i2, i3;
+  split_row(r, a.ne[1], a.ne[2], i1, i2, i3);
+  const char* row = row_ptr(a, i1, i2, i3);
+  const int64_t n = a.ne[0];
+  const int64_t per = (n + kTop1Blocks - 1) / kTop1Blocks;
+  const int64_t begin = static_cast<int64_t>(cluster.block_rank()) * per;
+  const int64_t end = n < begin + per ? n : begin + per;
+  // nothing yet: key 0 at the largest index (any element, key 0 included, comes before it)
+  uint32_t best_k = 0;
+  int32_t best_i = INT32_MAX;
+  constexpr int kLoadBatch = 8;
+  for (int64_t base = begin + tid; base < end; base += kLoadBatch * kTop1Threads) {
+    float v[kLoadBatch];
+#pragma unroll
+    for (int j = 0; j < kLoadBatch; ++j) {
+      const int64_t i = base + j * kTop1Threads;
+      v[j] = i < end ? load_f32(row, i, a.nb[0]) : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < kLoadBatch; ++j) {
+      const int64_t i = base + j * kTop1Threads;
+      const uint32_t key = order_key(v[j]);
+      if (i < end && ranks_before(key, static_cast<int32_t>(i), best_k, best_i))
+        best_k = key, best_i = static_cast<int32_t>(i);
+    }
+  }
+  auto warp_best = [&](uint32_t& key, int32_t& idx) {
+#pragma unroll
+    for (int o = kWarpSize / 2; o > 0; o >>= 1) {
+      const uint32_t k2 = __shfl_xor_sync(0xffffffffu, key, o);
+      const int32_t i2 = __shfl_xor_sync(0xffffffffu, idx, o);
+      if (ranks_before(k2, i2, key, idx)) key = k2, idx = i2;
+    }
+  };
+  warp_best(best_k, best_i);
+  if (lane == 0) warp_key[warp] = best_k, warp_idx[warp] = best_i;
+  __syncthreads();
+  if (warp == 0) {
+    best_k = warp_key[lane];  // kTop1Threads / kWarpSize == kWarpSize
+    best_i = warp_idx[lane];
+    warp_best(best_k, best_i);
+    if (lane == 0) block_key = best_k, block_idx = best_i;
+  }
+  cluster.sync();  // every block's best is in its shared memory
+  if (cluster.block_rank() == 0 && warp == 0) {
+    uint32_t key = 0;
+    int32_t idx = INT32_MAX;
+    if (lane < kTop1Blocks) {
+      key = *cluster.map_shared_rank(&block_key, lane);
+      idx = *cluster.map_shared_rank(&block_idx, lane);
+    }
+    warp_best(key, idx);
+    if (lane == 0) *reinterpret_cast<int32_t*>(element_ptr(dst, 0, i1, i2, i3)) = idx;
+  }
+  cluster.sync();  // block 0 has read the others' shared memory before they exit
+#endif
 }
 
 }  // namespace
@@ -438,12 +605,45 @@ size_t top_k_scratch_bytes(const Tensor* dst, int k) {
 CudaError launch_top_k(const LaunchContext& ctx, const Tensor* dst, int k) {
   const Tensor* a = dst->src[0];
   if (a->nrows() == 0 || a->ne[0] == 0) return {};
+  static const bool top1_cluster = [] {  // LOOM_CUDA_TOP1_CLUSTER=0: the split path for k = 1 too
+    const char* v = std::getenv("LOOM_CUDA_TOP1_CLUSTER");
+    return !(v && std::string_view(v) == "0");
+  }();
+  // whether the device places a cluster of kTop1Blocks such blocks (asked once)
+  static const bool top1_fits = [] {
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t cfg =
+        cluster_config(dim3(kTop1Blocks, 1), dim3(kTop1Threads), 0, nullptr, dim3(kTop1Blocks, 1, 1), &attr);
+    int clusters = 0;
+    const bool ok = cudaOccupancyMaxActiveClusters(&clusters, top_k1_cluster_kernel, &cfg) == cudaSuccess && clusters > 0;
+    (void)cudaGetLastError();  // a refusal is an answer, not a sticky error
+    return ok;
+  }();
+  if (k == 1 && top1_cluster && ctx.sm90a && top1_fits && a->ne[0] >= kSelectMinN && a->ne[0] < INT32_MAX &&
+      a->nrows() <= 65535) {
+    // a cluster of kTop1Blocks blocks a row (compute capability 9.0)
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t cfg = cluster_config(dim3(kTop1Blocks, static_cast<unsigned>(a->nrows())),
+                                                  dim3(kTop1Threads), 0, ctx.stream, dim3(kTop1Blocks, 1, 1), &attr);
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, top_k1_cluster_kernel, desc_of(dst), desc_of(a));
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      return CudaError::runtime(e, "cudaLaunchKernelEx(top_k1_cluster_kernel)", __FILE__, __LINE__);
+    }
+    LOOM_CUDA_CHECK_LAUNCH("top_k1_cluster_kernel");
+    return {};
+  }
   SplitArgs p = split_plan(dst, k);
   const size_t scratch = top_k_scratch_bytes(dst, k);
   if (p.n_chunks > 0 && ctx.scratch && ctx.scratch_size >= scratch) {
     const int64_t rows = a->nrows();
     p.dst = desc_of(dst);
     p.a = desc_of(a);
+    static const bool prefilter = [] {
+      const char* v = std::getenv("LOOM_CUDA_TOPK_PREFILTER");
+      return !(v && std::string_view(v) == "0");
+    }();
+    p.prefilter = prefilter;
     p.keys = static_cast<uint32_t*>(ctx.scratch);
     p.idxs = reinterpret_cast<int32_t*>(p.keys + rows * p.n_chunks * k);
     top_k_chunk_kernel<<<dim3(static_cast<unsigned>(p.n_chunks), static_cast<unsigned>(rows)), kSplitThreads, 0,
