@@ -285,10 +285,10 @@ int tp_checks(const std::vector<std::string>& models, int n_ranks, const Backend
   return failures ? 1 : 0;
 }
 
-// 4 sequences (prompts of 3..40 tokens) decoded together for n_steps greedy steps over a paged cache:
-// every step's logits (4 columns: the mat-vec kernels, where the activation hand-offs apply).
-Result<std::vector<std::vector<float>>> small_batch_logits(const Model& model, int n_steps) {
-  const int n_seqs = 4;
+// n_seqs sequences (prompts of 3..40 tokens) decoded together for n_steps greedy steps over a paged
+// cache: every step's logits (4 columns: the mat-vec kernels, where the activation hand-offs apply;
+// 32: the products on gemm_q, where the norms hand over its activation tiles).
+Result<std::vector<std::vector<float>>> small_batch_logits(const Model& model, int n_steps, int n_seqs = 4) {
   const int n_vocab = static_cast<int>(model.hparams().n_vocab);
   const auto prompts = random_prompts(model, n_seqs, 11);
   auto ctx = paged_context(model, n_seqs);
@@ -618,6 +618,40 @@ int main(int argc, char** argv) {
         const std::string d = first_logits_diff(*with, *without, n_vocab);
         check(d.empty(), fmt::format("{}: 4 sequences over 12 steps with the activation hand-offs give "
                                      "the logits without them, bit for bit{}{}", short_name, d.empty() ? "" : ": ", d));
+      }
+      // gemm_q's activation tiles written by the norms (32 columns) against an executor whose products
+      // pack them themselves (LOOM_CUDA_TILE_HANDOFF=0 when it is made): the same halves, the same logits.
+      setenv("LOOM_CUDA_TILE_HANDOFF", "0", 1);
+      auto packing_backend = create_backend("cuda", bo);
+      unsetenv("LOOM_CUDA_TILE_HANDOFF");
+      auto packing_model = packing_backend ? Model::load(path, **packing_backend, plo)
+                                           : Result<std::unique_ptr<Model>>(packing_backend.status());
+      reset_exec_counters(**backend);
+      auto tiles_with = small_batch_logits(**model, 6, 32);
+      const uint64_t handoffs_with = exec_counters(**backend).act_handoffs;
+      if (packing_backend) reset_exec_counters(**packing_backend);
+      auto tiles_without = packing_model ? small_batch_logits(**packing_model, 6, 32)
+                                         : Result<std::vector<std::vector<float>>>(packing_model.status());
+      const uint64_t handoffs_without = packing_backend ? exec_counters(**packing_backend).act_handoffs : 0;
+      // the comparison means something only where the tiles were handed over (the hand-offs counted
+      // over the passes: more with them than without, the int8 ones being the same in both). They are
+      // expected where the FFN's gate weights are of a type gemm_q's warpgroup kernel takes (q4_0, q8_0,
+      // q4_K, q6_K: not an F16 model's) and not in batch-invariant numerics (no hand-offs at all).
+      const GgufTensorInfo* gate = (*model)->gguf().find_tensor("blk.0.ffn_gate.weight");
+      Result<DType> gate_type = gate ? (*model)->gguf().dtype_of(*gate) : Result<DType>(DType::f32);
+      const DType gt = gate_type ? *gate_type : DType::f32;
+      const bool tiles_expected =
+          !deterministic && (gt == DType::q4_0 || gt == DType::q8_0 || gt == DType::q4_k || gt == DType::q6_k);
+      check(tiles_expected ? handoffs_with > handoffs_without : handoffs_with == handoffs_without,
+            fmt::format("{}: 32 sequences: gemm_q's tiles handed over {} ({} hand-offs against {} without)", short_name,
+                        tiles_expected ? "(expected)" : "nowhere (none expected)", handoffs_with, handoffs_without));
+      if (!tiles_with || !tiles_without) {
+        check(false, fmt::format("{}: tile hand-off comparison: {}", short_name,
+                                 (!tiles_with ? tiles_with.status() : tiles_without.status()).message()));
+      } else {
+        const std::string d = first_logits_diff(*tiles_with, *tiles_without, n_vocab);
+        check(d.empty(), fmt::format("{}: 32 sequences over 6 steps with gemm_q's activation tiles handed over give "
+                                     "the logits without, bit for bit{}{}", short_name, d.empty() ? "" : ": ", d));
       }
     }
     {

@@ -109,6 +109,7 @@ CudaError launch_dispatch(const LaunchContext& base, const exec::Dispatch& d) {
 // LOOM_CUDA_NORM_QUANT=0 (read when an executor is made) turns the activation hand-offs off: every
 // norm's and attention's output stays f32, for comparisons (loom-exec-equivalence makes one of each).
 bool act_handoff_from_env() { return env_switch("LOOM_CUDA_NORM_QUANT"); }
+bool tile_handoff_from_env() { return env_switch("LOOM_CUDA_TILE_HANDOFF"); }
 
 // Whether `b` (a mat-vec's activation) shows all of y's bytes as they lie: y, or a contiguous reshape.
 bool whole_view_of(const Tensor* b, const Tensor* y) {
@@ -150,6 +151,20 @@ bool writes_act(const exec::Dispatch& d, int block) {
   }
 }
 
+// Whether dispatch d writes any of x's bytes (a node it keeps lies over them; a single node's dispatch
+// keeps its node, kept[] marking only fused dispatches' nodes).
+bool writes_over(const exec::Dispatch& d, const Tensor* x) {
+  const auto xb = reinterpret_cast<uintptr_t>(x->data), xe = xb + x->nbytes();
+  for (size_t r = 0; r < d.nodes.size(); ++r) {
+    const Tensor* n = d.nodes[r];
+    const bool kept = d.kept[r] || (d.kind == FusedKind::none && r == 0);
+    if (!n || !kept || !n->data) continue;
+    const auto nb = reinterpret_cast<uintptr_t>(n->data), ne = nb + n->nbytes();
+    if (nb < xe && xb < ne) return true;
+  }
+  return false;
+}
+
 // The fast mode's hand-off of quantized activations to the mat-vecs: a dispatch whose output nothing
 // reads but fast quantized mat-vecs of one activation block, and which is no graph output, writes
 // that output as their quantized activations (ActFast layout, in its own bytes), and the mat-vecs
@@ -158,7 +173,9 @@ bool writes_act(const exec::Dispatch& d, int block) {
 // split keys, whose merge writes the attention output projection's activations. The byte ranges do
 // not change (the layout lies within the f32 output's bytes), so ordering is untouched; the values
 // equal the unfused path's bit for bit (the same floats quantized by the same arithmetic).
-void mark_act_handoffs(exec::Plan& p, const Graph& g) {
+// With tiles (Executor::tile_handoff_), a norm whose readers are all products on gemm_q's warpgroup
+// kernel writes its output as their packed f16 tiles (kActGemmQTiles) and they skip their packing.
+void mark_act_handoffs(exec::Plan& p, const Graph& g, FusedTarget target, bool tiles) {
   const auto readers = exec::readers_of(g);
   std::unordered_map<const Tensor*, size_t> at;  // node -> its dispatch
   for (size_t i = 0; i < p.dispatches.size(); ++i)
@@ -188,7 +205,14 @@ void mark_act_handoffs(exec::Plan& p, const Graph& g) {
                           : cd.kind == FusedKind::mat_vec_bias                              ? cd.nodes[1]
                           : cd.kind == FusedKind::glu_mat_vec                               ? cd.nodes[2]
                                                                                             : nullptr;
-      const int b = dst ? mat_vec_fast_act_block(u, dst) : 0;
+      int b = dst ? mat_vec_fast_act_block(u, dst) : 0;
+      // Products on gemm_q's warpgroup kernel take its packed tiles instead (no packing kernel), when
+      // none of their outputs lies on the activations' bytes: the kernel reads them while it writes
+      // (the packing read them all first, so the planner may put an output there).
+      if (b == 0 && tiles && !writes_over(cd, y) &&
+          (cd.kind == FusedKind::none ? mul_mat_takes_gemm_q_tiles(u, target.fast, target.sm90a)
+                                      : fused_takes_gemm_q_tiles(cd.kind, cd.nodes.data(), target)))
+        b = kActGemmQTiles;
       if (b == 0 || (block && b != block)) {
         block = 0;
         break;
@@ -242,7 +266,8 @@ Executor::Executor(DeviceContext& dev, Numerics numerics)
       numerics_(numerics),
       options_(exec_options_from_env()),
       sync_each_node_(std::getenv("LOOM_CUDA_SYNC_EACH_NODE") != nullptr),
-      act_handoff_(act_handoff_from_env()) {
+      act_handoff_(act_handoff_from_env()),
+      tile_handoff_(tile_handoff_from_env()) {
   cache_.force_hash(forced_hash());
 }
 
@@ -347,7 +372,7 @@ Result<exec::Plan> Executor::make_plan(const Graph& g, const ExecOptions& o) {
   exec::Plan p = exec::build_plan(g);
   const FusedTarget target = target_of(launch_context(nullptr));
   if (o.fusion) exec::fuse(p, g, CudaFusion{target});
-  if (o.fusion && numerics_ == Numerics::fast && act_handoff_ && !batch_invariant()) mark_act_handoffs(p, g);
+  if (o.fusion && numerics_ == Numerics::fast && act_handoff_ && !batch_invariant()) mark_act_handoffs(p, g, target, tile_handoff_);
   const auto ws = reinterpret_cast<uintptr_t>(dev_.cublas_workspace());
   // Products through cuBLAS all write its workspace, so they are ordered among themselves: their
   // scratch (the prefill GEMM's dequantized weights, up to a whole matrix) shares one region ahead

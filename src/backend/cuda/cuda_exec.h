@@ -95,6 +95,7 @@ class Executor {
   ExecCounters counters_;
   bool sync_each_node_ = false;
   bool act_handoff_ = true;  ///< LOOM_CUDA_NORM_QUANT (read when the executor is made): activation hand-offs
+  bool tile_handoff_ = true;  ///< LOOM_CUDA_TILE_HANDOFF (read when the executor is made): norms write gemm_q's tiles
   bool (*abort_fn_)(void*) = nullptr;
   void* abort_data_ = nullptr;
   std::string trace_path_;

@@ -33,8 +33,11 @@
 #include "attention.cuh"
 #include "common.cuh"
 #include "fused.cuh"
+#include "gemm_q_tiles.cuh"
+#include "gemm_q_wgmma.cuh"
 #include "mat_vec_fast.cuh"
 #include "mat_vec_fast_formats.cuh"
+#include "mma.cuh"
 #include "loom/backend.h"
 #include "loom/graph.h"
 #include "mat_vec.cuh"
@@ -184,6 +187,28 @@ __global__ void __launch_bounds__(kNormFastThreads) rms_norm_mul_fast_kernel(Ten
       for (int v = 0; v < kVec; ++v) {
         const int64_t i = tid + static_cast<int64_t>(v) * kNormFastThreads;
         if (i < n4) yr[i] = x[v];
+      }
+    } else if (act_block == kActGemmQTiles) {
+      // y's bytes as gemm_q's f16 activation tiles, row r being the products' column r: a k32 group
+      // is 8 lanes' float4s; lane f < 4 of them writes the group's piece f, whose halves (k pairs
+      // o, o + 1 of each 8, o = 4 (f / 2) + 2 (f % 2)) lanes f / 2 + 2s hold (x, y for even f, z, w for
+      // odd). The same conversions as pack_gemm_q_tiles_kernel's of the f32 output.
+      auto* tiles = reinterpret_cast<uint4*>(y.data);
+      const int64_t chunks = y.ne[0] / gemm_q_plan::kChunk;
+      const int f = lane % 8, group_lane = lane - f;
+#pragma unroll
+      for (int v = 0; v < kVec; ++v) {
+        const int64_t i = tid + static_cast<int64_t>(v) * kNormFastThreads;  // float4 of the row
+        const uint32_t hxy = pack_half2(x[v].x, x[v].y), hzw = pack_half2(x[v].z, x[v].w);
+        uint32_t piece[4];
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+          const int from = group_lane + (f % 4) / 2 + 2 * s;
+          const uint32_t a_xy = __shfl_sync(0xffffffffu, hxy, from), a_zw = __shfl_sync(0xffffffffu, hzw, from);
+          piece[s] = f % 2 ? a_zw : a_xy;
+        }
+        if (f < 4 && i < n4)
+          tiles[gemm_q_tile_piece(r, i / 8, chunks) + f * 64] = make_uint4(piece[0], piece[1], piece[2], piece[3]);
       }
     } else {
       // block maxima: 8 threads (32 elements), then the warp and its partner (256)
@@ -931,15 +956,25 @@ bool act_out_fits(const Tensor* y, int block) {
          act_fast_size(y->nrows(), y->ne[0], block, block == 256) <= y->nbytes();
 }
 
+// Whether the fast kernel can write y ([k, n]: n rows of k) as gemm_q's activation tiles of n columns
+// (kActGemmQTiles): whole 256-k chunks, y contiguous, 16-byte aligned and large enough (n >= 32 at
+// most 64 columns: the tiles take whole 64-column tiles of f16).
+bool tiles_out_fits(const Tensor* y) {
+  return y->ne[0] % gemm_q_plan::kChunk == 0 && y->ne[2] == 1 && y->ne[3] == 1 && y->is_contiguous() &&
+         gemm_q_tiles_bytes(y->ne[1], y->ne[0]) <= y->nbytes() && reinterpret_cast<uintptr_t>(y->data) % 16 == 0;
+}
+bool out_fits(const Tensor* y, int block) { return block == kActGemmQTiles ? tiles_out_fits(y) : act_out_fits(y, block); }
+
 // With `ll`, a is this rank's partial of an all-reduce over ll's group (one block per row, rows <=
 // kLLSlots).
 bool rms_norm_mul_fast(const LaunchContext& ctx, const Tensor* y, const Tensor* a, const Tensor* b,
                        const Tensor* sum, const Tensor* w, float eps, const LLGroup* ll = nullptr) {
   const int64_t n = y->ne[0];
   if (!ctx.fast || !rms_norm_mul_fast_takes(y, a, b, sum, w)) return false;
-  if (ctx.act_out_block && !act_out_fits(y, ctx.act_out_block)) return false;
+  if (ctx.act_out_block && !out_fits(y, ctx.act_out_block)) return false;
   if (ll && y->nrows() > kLLSlots) return false;
-  const ActFastRaw act = ctx.act_out_block ? act_fast_at(y->data, y->nrows(), n, ctx.act_out_block) : ActFastRaw{};
+  const ActFastRaw act =
+      ctx.act_out_block > 0 ? act_fast_at(y->data, y->nrows(), n, ctx.act_out_block) : ActFastRaw{};
   const TensorDesc none{};
   auto pick = [n](auto ar) {
     constexpr bool kAr = decltype(ar)::value;
@@ -983,22 +1018,28 @@ CudaError act_out_missed() {
 }
 }  // namespace
 
+bool fused_takes_gemm_q_tiles(FusedKind kind, const Tensor* const* nodes, FusedTarget t) {
+  if (kind == FusedKind::glu_mat_vec) return glu_gemm_q_ok(nodes, t);
+  if (kind == FusedKind::mat_vec_multi) return multi_gemm_q_ok(nodes, t);
+  return false;
+}
+
 bool norm_act_out_supported(FusedKind kind, const Tensor* const* nodes, int block) {
   if (kind == FusedKind::rms_norm_mul) {
     const Tensor* norm = nodes[0];
     const Tensor* mul = nodes[1];
-    return rms_norm_mul_fast_takes(mul, norm->src[0], nullptr, nullptr, mul->src[1]) && act_out_fits(mul, block);
+    return rms_norm_mul_fast_takes(mul, norm->src[0], nullptr, nullptr, mul->src[1]) && out_fits(mul, block);
   }
   if (kind == FusedKind::add_rms_norm_mul) {
     const Tensor* add = nodes[0];
     const Tensor* mul = nodes[2];
-    return rms_norm_mul_fast_takes(mul, add->src[0], add->src[1], add, mul->src[1]) && act_out_fits(mul, block);
+    return rms_norm_mul_fast_takes(mul, add->src[0], add->src[1], add, mul->src[1]) && out_fits(mul, block);
   }
   if (kind == FusedKind::all_reduce_add_rms_norm_mul) {
     const Tensor* ar = nodes[0];
     const Tensor* add = nodes[1];
     const Tensor* mul = nodes[3];
-    return rms_norm_mul_fast_takes(mul, ar->src[0], residual_of(add, ar), add, mul->src[1]) && act_out_fits(mul, block);
+    return rms_norm_mul_fast_takes(mul, ar->src[0], residual_of(add, ar), add, mul->src[1]) && out_fits(mul, block);
   }
   return false;
 }

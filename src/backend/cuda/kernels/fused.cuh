@@ -12,7 +12,8 @@ namespace loom::cuda {
 /// mul = rms_norm(norm->src[0]) * mul->src[1]  (weight broadcast over rows like the binary kernel).
 CudaError launch_rms_norm_mul(const LaunchContext& ctx, const Tensor* norm, const Tensor* mul);
 /// Whether a fused rms_norm_mul / add_rms_norm_mul dispatch (its nodes) runs the fast kernel with its
-/// output written as the fast mat-vec's quantized activations of `block` (ctx.act_out_block).
+/// output written as the fast mat-vec's quantized activations of `block` (ctx.act_out_block), or as
+/// gemm_q's activation tiles (block kActGemmQTiles).
 bool norm_act_out_supported(FusedKind kind, const Tensor* const* nodes, int block);
 /// add = add->src[0] + add->src[1] (written: it is the residual); mul = rms_norm(add) * mul->src[1].
 /// all_reduce -> add -> rms_norm -> mul: the ranks' partials exchanged and summed in the norm's kernel
@@ -64,5 +65,8 @@ struct FusedTarget {
 size_t fused_scratch_bytes(FusedKind kind, const Tensor* const* nodes, FusedTarget t);
 /// Whether the fused kernels handle these nodes' types and shapes on target t.
 bool fused_supported(FusedKind kind, const Tensor* const* nodes, FusedTarget t);
+/// Whether a fused dispatch (glu_mat_vec, mat_vec_multi) runs its products as gemm_q on the warpgroup
+/// kernel's packed activation tiles on target t (which a producer may hand it: kActGemmQTiles).
+bool fused_takes_gemm_q_tiles(FusedKind kind, const Tensor* const* nodes, FusedTarget t);
 
 }  // namespace loom::cuda

@@ -28,6 +28,7 @@
 
 #include "common.cuh"
 #include "gemm_q_device.cuh"
+#include "gemm_q_tiles.cuh"
 #include "gemm_q_wgmma.cuh"
 #include "launch.h"
 #include "loom/backend.h"
@@ -271,9 +272,7 @@ __global__ void pack_gemm_q_tiles_kernel(uint4* out, const float* b, int64_t n, 
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < items;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t col = i % n_pad, g32 = i / n_pad;
-    const int j = static_cast<int>(g32 % (kChunk / 32));
-    const int64_t tile = col / kBN * chunks + g32 / (kChunk / 32);
-    uint4* dst = out + tile * (kXTileHalves / 8) + (4 * j * 8 + (col % kBN) / 8) * 8 + col % 8;
+    uint4* dst = out + gemm_q_tile_piece(col, g32, chunks);
     float x[32];
     if (col < n && aligned) {
       const float4* src = reinterpret_cast<const float4*>(b + col * k + g32 * 32);

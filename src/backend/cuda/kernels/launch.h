@@ -19,6 +19,11 @@ namespace loom::cuda {
 /// flash-decoding in a fixed number of fixed-size key splits. Slower at small batches.
 bool batch_invariant();
 
+/// LaunchContext::act_out_block's value for gemm_q's f16 activation tiles (gemm_q_tiles.cuh, in the
+/// output's own bytes) in place of the fast mat-vec's quantized blocks: a norm hands its output to
+/// products on the warpgroup kernel, which then skip their packing kernel.
+constexpr int kActGemmQTiles = -1;
+
 /// The stream and resources a node's kernels run with.
 struct LaunchContext {
   cudaStream_t stream = nullptr;
@@ -36,7 +41,8 @@ struct LaunchContext {
   /// it; 0: f32.
   int act_out_block = 0;
   /// A mat-vec dispatch whose activations the producing dispatch quantized (act_out_block): the fast
-  /// quantized mat-vec reads them from its activation tensor's bytes; it fails if it cannot.
+  /// quantized mat-vec reads them from its activation tensor's bytes; it fails if it cannot. A gemm_q
+  /// product on the warpgroup kernel reads its packed tiles there instead (kActGemmQTiles).
   bool act_in = false;
   /// A product through cuBLAS whose scratch already holds its activations, packed by the product
   /// before it in the same scratch (same activation tensor and packing; the executor orders them).

@@ -452,7 +452,10 @@ CudaError gemm_q_launch(const LaunchContext& ctx, const GemmQProducts& pr) {
   auto* x16 = static_cast<__half*>(ctx.scratch);
   const Tensor* b = dst->src[1];
   const bool tiles = gemm_q_tiles_usable(ctx.sm90a, dst);
-  if (tiles)
+  if (ctx.act_in && !tiles) return act_in_missed();
+  if (ctx.act_in)  // the producer wrote the tiles into b's own bytes (kActGemmQTiles)
+    x16 = static_cast<__half*>(b->data);
+  else if (tiles)
     LOOM_CUDA_TRY(pack_gemm_q_tiles(ctx.stream, x16, static_cast<const float*>(b->data), b->nrows(), b->ne[0]));
   else
     LOOM_CUDA_TRY(pack_b_f16(ctx, x16, b));
@@ -648,6 +651,10 @@ int mul_mat_packed_b(const Tensor* dst, bool fast) {
   if (!use_cublas(dst)) return 0;
   const DType t = dst->src[0]->type;
   return t == DType::f16 ? 1 : t == DType::f32 ? 2 : 3;
+}
+
+bool mul_mat_takes_gemm_q_tiles(const Tensor* dst, bool fast, bool sm90a) {
+  return use_gemm_q(dst, fast) && gemm_q_tiles_usable(sm90a, dst);
 }
 
 bool gemm_q_products_usable(const GemmQProducts& pr, bool fast, bool sm90a) {

@@ -38,6 +38,9 @@ CudaError launch_quantize_activations(const LaunchContext& ctx, DType weight, co
 /// gemm_q_products_supported, and several take the warpgroup kernel (sm90a: a device of compute
 /// capability 9.0, LaunchContext::sm90a).
 bool gemm_q_products_usable(const GemmQProducts& pr, bool fast, bool sm90a);
+/// Whether mul_mat dst runs gemm_q on the warpgroup kernel's packed tiles (which a producer may hand
+/// it: kActGemmQTiles).
+bool mul_mat_takes_gemm_q_tiles(const Tensor* dst, bool fast, bool sm90a);
 /// Device scratch of launch_gemm_q_products: the packed activations and the partial sums.
 size_t gemm_q_products_scratch_bytes(const GemmQProducts& pr);
 /// The products in one gemm_q launch (with its packing and, split or gated, its reduction), where
