@@ -494,26 +494,52 @@ __global__ void __launch_bounds__(kTop1Threads) top_k1_cluster_kernel(TensorDesc
   split_row(r, a.ne[1], a.ne[2], i1, i2, i3);
   const char* row = row_ptr(a, i1, i2, i3);
   const int64_t n = a.ne[0];
-  const int64_t per = (n + kTop1Blocks - 1) / kTop1Blocks;
+  // each block's share a multiple of 4 elements, so that a contiguous 16-byte-aligned row's shares are
+  // read as float4 (a 128256-entry row: 4 per thread, all in flight at once)
+  const int64_t per = ((n + kTop1Blocks - 1) / kTop1Blocks + 3) / 4 * 4;
   const int64_t begin = static_cast<int64_t>(cluster.block_rank()) * per;
   const int64_t end = n < begin + per ? n : begin + per;
   // nothing yet: key 0 at the largest index (any element, key 0 included, comes before it)
   uint32_t best_k = 0;
   int32_t best_i = INT32_MAX;
-  constexpr int kLoadBatch = 8;
-  for (int64_t base = begin + tid; base < end; base += kLoadBatch * kTop1Threads) {
-    float v[kLoadBatch];
+  auto take = [&](float v, int64_t i) {
+    const uint32_t key = order_key(v);
+    if (ranks_before(key, static_cast<int32_t>(i), best_k, best_i)) best_k = key, best_i = static_cast<int32_t>(i);
+  };
+  if (a.nb[0] == sizeof(float) && (reinterpret_cast<uintptr_t>(row) & 15) == 0) {
+    constexpr int kVecBatch = 4;
+    const auto* row4 = reinterpret_cast<const float4*>(row);
+    for (int64_t base = begin + 4 * tid; base < end; base += kVecBatch * 4 * kTop1Threads) {
+      float4 v[kVecBatch];
 #pragma unroll
-    for (int j = 0; j < kLoadBatch; ++j) {
-      const int64_t i = base + j * kTop1Threads;
-      v[j] = i < end ? load_f32(row, i, a.nb[0]) : 0.0f;
+      for (int j = 0; j < kVecBatch; ++j) {
+        const int64_t i = base + j * 4 * kTop1Threads;
+        v[j] = i + 3 < end ? row4[i / 4] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+#pragma unroll
+      for (int j = 0; j < kVecBatch; ++j) {
+        const int64_t i = base + j * 4 * kTop1Threads;
+        if (i + 3 < end) {
+          take(v[j].x, i), take(v[j].y, i + 1), take(v[j].z, i + 2), take(v[j].w, i + 3);
+        } else {
+          for (int64_t t = i; t < end; ++t) take(load_f32(row, t, a.nb[0]), t);  // the row's ragged end
+        }
+      }
     }
+  } else {
+    constexpr int kLoadBatch = 8;
+    for (int64_t base = begin + tid; base < end; base += kLoadBatch * kTop1Threads) {
+      float v[kLoadBatch];
 #pragma unroll
-    for (int j = 0; j < kLoadBatch; ++j) {
-      const int64_t i = base + j * kTop1Threads;
-      const uint32_t key = order_key(v[j]);
-      if (i < end && ranks_before(key, static_cast<int32_t>(i), best_k, best_i))
-        best_k = key, best_i = static_cast<int32_t>(i);
+      for (int j = 0; j < kLoadBatch; ++j) {
+        const int64_t i = base + j * kTop1Threads;
+        v[j] = i < end ? load_f32(row, i, a.nb[0]) : 0.0f;
+      }
+#pragma unroll
+      for (int j = 0; j < kLoadBatch; ++j) {
+        const int64_t i = base + j * kTop1Threads;
+        if (i < end) take(v[j], i);
+      }
     }
   }
   auto warp_best = [&](uint32_t& key, int32_t& idx) {
