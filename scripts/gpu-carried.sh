@@ -31,6 +31,7 @@
 #   tp70b    synthetic llama3-70b F16 (141 GB: more than one GPU holds) with -tp 2 and -tp 4 (x4 disk, or
 #            LOOM_WORK=/dev/shm/loom on a x2)
 #   decodetrace  a Chrome trace of one decode step (the third) on LOOM_MODELS with --stats, summarized
+#            (LOOM_TRACE_WORDS=N: after a prompt of about N tokens)
 #   mvperf   ncu of the fast mat-vec on LOOM_MV_CASES (';'-separated op-test descriptions) under each of
 #            LOOM_MV_MODES (space-separated modes, each ','-separated VAR=VALUE settings or "-" for none)
 #   normquant  greedy logits with the norms' quantized-activation hand-off against LOOM_CUDA_NORM_QUANT=0
@@ -226,7 +227,13 @@ for step in "$@"; do
     decodetrace)
       for m in $models; do
         f=$(model "$m") || continue
-        timeout 120 "$bin/loom" run -m "$f" -p "The quick brown fox" -n 8 --stats --trace "$out/decode-${m/:/-}.json" \
+        # LOOM_TRACE_WORDS=N: a prompt of about N tokens instead (the step then attends over them), -c 8192
+        prompt=(-p "The quick brown fox")
+        if [[ -n ${LOOM_TRACE_WORDS:-} ]]; then
+          python3 -c "import sys; print(' '.join(['the cat sat on a mat'] * (int(sys.argv[1]) // 6)))" "$LOOM_TRACE_WORDS" >"$work/words.txt"
+          prompt=(-f "$work/words.txt" -c 8192)
+        fi
+        timeout 120 "$bin/loom" run -m "$f" "${prompt[@]}" -n 8 --stats --trace "$out/decode-${m/:/-}.json" \
           >/dev/null 2>"$out/decode-${m/:/-}.err" || tail -2 "$out/decode-${m/:/-}.err"
         grep -iE "kernels|per token|host" "$out/decode-${m/:/-}.err" | head -6
         python3 tools/trace_summary.py "$out/decode-${m/:/-}.json" --by-shape 2>&1 | head -${LOOM_TRACE_LINES:-24}

@@ -95,26 +95,42 @@ __device__ __forceinline__ uint4 kv_load(const TensorDesc& t, int32_t row, int64
   }
 }
 
-/// The splits' merge weights of one row: w[0..n) holds their maxima on entry and exp(m_s - M) on exit
-/// (0 for a split that saw no visible key); returns the denominator sum_s l_s w_s, with the head's
-/// sink logit (a key without a value) joining it. Split order: every merge gives the same bits.
-__device__ __forceinline__ float split_weights(float* w, const float* l, int n, const float* sinks, int64_t h) {
+/// The splits' merge weights of one row, by the row's threads (e their index, at least n of them;
+/// every thread of the block calls it: it holds block barriers): w[0..n) holds the splits' maxima on
+/// entry and exp(m_s - M) on exit (0 for a split that saw no visible key), each computed by thread s;
+/// *total gets the denominator sum_s l_s w_s, summed by thread 0 in split order, with the head's sink
+/// logit (a key without a value) joining it. Every merge gives the same bits.
+__device__ __forceinline__ void split_weights(float* w, const float* l, int n, const float* sinks, int64_t h, int64_t e,
+                                              float* total) {
   float big = -INFINITY;
   for (int s = 0; s < n; ++s) big = fmaxf(big, w[s]);
-  float total = 0.0f;
-  for (int s = 0; s < n; ++s) {
-    w[s] = w[s] == -INFINITY ? 0.0f : __expf(w[s] - big);
-    total += l[s] * w[s];
+  __syncthreads();  // every thread has read the maxima
+  if (e < n) w[e] = w[e] == -INFINITY ? 0.0f : __expf(w[e] - big);
+  __syncthreads();
+  if (e == 0) {
+    float t = 0.0f;
+    for (int s = 0; s < n; ++s) t += l[s] * w[s];
+    if (sinks && big != -INFINITY) t += __expf(sinks[h] - big);
+    *total = t;
   }
-  if (sinks && big != -INFINITY) total += __expf(sinks[h] - big);
-  return total;
+  __syncthreads();
 }
 
-/// Element e of row `row` merged over the n splits' partial results (split order).
+/// Element e of row `row` merged over the n splits' partial results (split order), their loads
+/// kMergeBatch at a time in flight.
 __device__ __forceinline__ float merged_element(const DecodeArgs& a, int64_t rows, int64_t row, int64_t d, int64_t e,
                                                 const float* w, int n, float total) {
+  constexpr int kMergeBatch = 16;
   float out = 0.0f;
-  for (int s = 0; s < n; ++s) out += a.partial[(s * rows + row) * (d + 2) + 2 + e] * w[s];
+  for (int s0 = 0; s0 < n; s0 += kMergeBatch) {
+    float v[kMergeBatch];
+#pragma unroll
+    for (int b = 0; b < kMergeBatch; ++b)
+      v[b] = s0 + b < n ? a.partial[((s0 + b) * rows + row) * (d + 2) + 2 + e] : 0.0f;
+#pragma unroll
+    for (int b = 0; b < kMergeBatch; ++b)
+      if (s0 + b < n) out += v[b] * w[s0 + b];
+  }
   return total > 0.0f ? out / total : 0.0f;
 }
 
@@ -356,8 +372,7 @@ __global__ void flash_decode_merge_kernel(const __grid_constant__ DecodeArgs a) 
     sh_l[e] = p[1];
   }
   __syncthreads();
-  if (e == 0) sh_total = split_weights(sh_w, sh_l, n, a.sinks, h);
-  __syncthreads();
+  split_weights(sh_w, sh_l, n, a.sinks, h, e, &sh_total);
   reinterpret_cast<float*>(row_ptr(a.dst, h, iq, i3))[e] = merged_element(a, rows, row, d, e, sh_w, n, sh_total);
 }
 
@@ -483,8 +498,7 @@ __global__ void flash_decode_merge_act_kernel(const __grid_constant__ DecodeArgs
     sh_l[slot][e] = p[1];
   }
   __syncthreads();
-  if (e == 0) sh_total[slot] = split_weights(sh_w[slot], sh_l[slot], n, a.sinks, h);
-  __syncthreads();
+  split_weights(sh_w[slot], sh_l[slot], n, a.sinks, h, e, &sh_total[slot]);
   const float value = merged_element(a, rows, row, d, e, sh_w[slot], n, sh_total[slot]);
   // the block maxima: a warp (32 elements), then act_block / 32 warps together
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
