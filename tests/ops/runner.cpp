@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <set>
@@ -222,7 +223,22 @@ struct BackendResult {
 
 // With a graph executor that ran (computes > 0) and fusion on, the case's expected fusion must
 // show in the counters; a backend without an executor reports zeros and is not checked.
-Status check_expected_fusion(const OpCase& c, const Backend& backend, std::string& note) {
+// CUDA in fast numerics sends products of f16 / bf16 weights at 2-8 columns (LOOM_CUDA_FLOAT_GEMM_MIN_COLS
+// to 8; 0 or more than 8: none) to cuBLAS instead of the mat-vec kernels: whether g's first product is one.
+bool cuda_float_gemm_few_cols(const Graph& g) {
+  static const long min_cols = [] {
+    const char* v = std::getenv("LOOM_CUDA_FLOAT_GEMM_MIN_COLS");
+    return v ? std::atol(v) : 2L;
+  }();
+  for (const Tensor* n : g.nodes()) {
+    if (n->op != OpKind::mul_mat) continue;
+    const DType t = n->src[0]->type;
+    return (t == DType::f16 || t == DType::bf16) && min_cols > 0 && n->ne[1] >= min_cols && n->ne[1] <= 8;
+  }
+  return false;
+}
+
+Status check_expected_fusion(const OpCase& c, const Backend& backend, const Graph& g, std::string& note) {
   if (c.expected_fusion == FusedKind::none) return {};
   const ExecCounters counters = exec_counters(backend);
   if (counters.computes == 0) return {};
@@ -251,6 +267,14 @@ Status check_expected_fusion(const OpCase& c, const Backend& backend, std::strin
       return make_error(StatusCode::internal, "fusion {} happened in batch-invariant numerics (LOOM_DETERMINISTIC)",
                         fused_kind_name(c.expected_fusion));
     note += " (batch-invariant numerics: must not fuse)";
+    return {};
+  }
+  if (mat_vec_kind && backend.numerics() == Numerics::fast && std::string_view(backend.name()) == "cuda" &&
+      cuda_float_gemm_few_cols(g)) {
+    if (counters.fusions[k] != 0)
+      return make_error(StatusCode::internal, "fusion {} happened where float weights at 2-8 columns take cuBLAS",
+                        fused_kind_name(c.expected_fusion));
+    note += " (float weights at 2-8 columns on cuBLAS: must not fuse)";
     return {};
   }
   if (counters.fusions[k] == 0 && c.fusion_device_dependent) {
@@ -306,7 +330,7 @@ BackendResult run_on(const OpCase& c, Backend& backend, const InputBytes& bytes,
     reset_exec_counters(backend);
     s = poison_and_compute(backend, e);
   }
-  if (s.ok() && under_test) s = check_expected_fusion(c, backend, r.fusion_note);
+  if (s.ok() && under_test) s = check_expected_fusion(c, backend, *e.graph, r.fusion_note);
   if (s.ok()) s = check_inputs_intact(e, bytes);
   if (s.ok()) r.n_in_place = e.alloc.plan.n_in_place;
   for (const Tensor* t : e.results) {

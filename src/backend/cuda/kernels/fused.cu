@@ -608,10 +608,11 @@ bool is_reshape_of(const Tensor* v, const Tensor* base, const Shape& ne) {
 
 // ne[1] columns the mat-vec kernels take as one product (the fused launches keep to mul_mat's
 // mat-vec path for float weights, and to the same limit for quantized ones).
-bool mat_vec_shape(const Tensor* mm) {
+bool mat_vec_shape(const Tensor* mm, bool fast) {
   const Tensor* w = mm->src[0];
   const Tensor* x = mm->src[1];
-  return w && x && is_mat_vec_weight(w->type) && is_f32(x) && mm->ne[1] <= kMatVecMaxCols;
+  return w && x && is_mat_vec_weight(w->type) && is_f32(x) && mm->ne[1] <= kMatVecMaxCols &&
+         !float_gemm_few_cols(mm, fast);
 }
 
 bool rms_norm_mul_ok(const Tensor* add, const Tensor* norm, const Tensor* mul) {
@@ -631,9 +632,9 @@ bool rms_norm_mul_ok(const Tensor* add, const Tensor* norm, const Tensor* mul) {
   return disjoint(add, w) && may_write_over(mul, add);
 }
 
-bool mat_vec_bias_ok(const Tensor* mm, const Tensor* add) {
+bool mat_vec_bias_ok(const Tensor* mm, const Tensor* add, bool fast) {
   if (!mm || !add || mm->op != OpKind::mul_mat || add->op != OpKind::add) return false;
-  if (add->src[0] != mm || !same_shape(add, mm) || !is_f32(add) || !is_f32(add->src[1]) || !mat_vec_shape(mm))
+  if (add->src[0] != mm || !same_shape(add, mm) || !is_f32(add) || !is_f32(add->src[1]) || !mat_vec_shape(mm, fast))
     return false;
   // the kernel adds a packed vector over the output rows, the bias of a linear layer
   const Tensor* bias = add->src[1];
@@ -641,21 +642,21 @@ bool mat_vec_bias_ok(const Tensor* mm, const Tensor* add) {
   return disjoint(add, mm->src[0]) && disjoint(add, mm->src[1]) && disjoint(add, bias);
 }
 
-bool glu_ok(const Tensor* gate, const Tensor* up, const Tensor* glu) {
+bool glu_ok(const Tensor* gate, const Tensor* up, const Tensor* glu, bool fast) {
   if (!gate || !up || !glu || gate->op != OpKind::mul_mat || up->op != OpKind::mul_mat) return false;
   if (glu->op != OpKind::swiglu && glu->op != OpKind::geglu) return false;
   if (glu->src[0] != gate || glu->src[1] != up || !same_shape(glu, gate) || !is_f32(glu)) return false;
   const Tensor* wg = gate->src[0];
   const Tensor* wu = up->src[0];
   if (gate->src[1] != up->src[1] || !wg || !wu || wg->type != wu->type || wg->ne != wu->ne) return false;
-  if (!mat_vec_shape(gate) || !same_shape(gate, up)) return false;
+  if (!mat_vec_shape(gate, fast) || !same_shape(gate, up)) return false;
   return disjoint(glu, gate->src[1]) && disjoint(glu, wg) && disjoint(glu, wu);
 }
 
 // 2-3 mul_mats of one activation x with weights of one type, each on mul_mat's mat-vec path, the
 // weights' batches broadcast over x's as mul_mat broadcasts them. Every block reads x (or its
 // quantized copy) and one weight matrix while others write their outputs: all disjoint.
-bool mat_vec_multi_ok(const Tensor* const* n) {
+bool mat_vec_multi_ok(const Tensor* const* n, bool fast) {
   if (!n[0] || !n[1] || n[0]->op != OpKind::mul_mat) return false;
   const Tensor* x = n[0]->src[1];
   const Tensor* w0 = n[0]->src[0];
@@ -664,7 +665,7 @@ bool mat_vec_multi_ok(const Tensor* const* n) {
   for (int t = 0; t < count; ++t) {
     const Tensor* mm = n[t];
     const Tensor* w = mm->src[0];
-    if (mm->op != OpKind::mul_mat || mm->src[1] != x || !mat_vec_shape(mm) || !is_f32(mm)) return false;
+    if (mm->op != OpKind::mul_mat || mm->src[1] != x || !mat_vec_shape(mm, fast) || !is_f32(mm)) return false;
     if (w->type != w0->type || w->ne[0] != x->ne[0] || w->ne[2] <= 0 || w->ne[3] <= 0 ||
         x->ne[2] % w->ne[2] != 0 || x->ne[3] % w->ne[3] != 0)
       return false;
@@ -1237,9 +1238,9 @@ bool fused_supported(FusedKind kind, const Tensor* const* nodes, FusedTarget t) 
     case FusedKind::all_reduce_add_rms_norm_mul:
       return all_reduce_rms_norm_mul_ok(nodes, fast);
     case FusedKind::mat_vec_bias:  // the mat-vec kernels sum a column unlike gemm_q (batch_invariant)
-      return !batch_invariant() && mat_vec_bias_ok(nodes[0], nodes[1]);
+      return !batch_invariant() && mat_vec_bias_ok(nodes[0], nodes[1], fast);
     case FusedKind::glu_mat_vec:
-      return !batch_invariant() && (glu_ok(nodes[0], nodes[1], nodes[2]) || glu_gemm_q_ok(nodes, t));
+      return !batch_invariant() && (glu_ok(nodes[0], nodes[1], nodes[2], fast) || glu_gemm_q_ok(nodes, t));
     case FusedKind::rope_set_rows:
       return rope_set_rows_ok(nodes[0], nodes[1], nodes[2], nodes[3]);
     case FusedKind::scale_mask_soft_max:
@@ -1247,7 +1248,7 @@ bool fused_supported(FusedKind kind, const Tensor* const* nodes, FusedTarget t) 
     case FusedKind::moe_route:
       return moe_route_ok(nodes);
     case FusedKind::mat_vec_multi:
-      return !batch_invariant() && (mat_vec_multi_ok(nodes) || multi_gemm_q_ok(nodes, t));
+      return !batch_invariant() && (mat_vec_multi_ok(nodes, fast) || multi_gemm_q_ok(nodes, t));
     case FusedKind::gather_flash_attn:
       return gather_flash_attn_ok(nodes, fast);
     case FusedKind::none:

@@ -539,12 +539,30 @@ CudaError gemm_dequant(const LaunchContext& ctx, const Tensor* dst) {
   return {};
 }
 
+}  // namespace
+
+// Fast numerics: f16 / bf16 weights at LOOM_CUDA_FLOAT_GEMM_MIN_COLS (read once; default 2, 0 or
+// more than kMatVecMaxCols: never) to kMatVecMaxCols columns go to cuBLAS's tensor cores, not the
+// mat-vec kernel, whose float FMAs grow with the columns. 8B F16, H200, S_TG at 2 / 3 / 4 / 8
+// sequences: 342.7 / 454.8 / 510.4 / 783.5 on the mat-vec, 356.7 / 529.6 / 700.5 / 1,350.3 on cuBLAS.
+bool float_gemm_few_cols(const Tensor* dst, bool fast) {
+  static const int64_t min_cols = [] {
+    const char* v = std::getenv("LOOM_CUDA_FLOAT_GEMM_MIN_COLS");
+    return v ? static_cast<int64_t>(std::atol(v)) : int64_t{2};
+  }();
+  const DType t = dst->src[0]->type;
+  return fast && (t == DType::f16 || t == DType::bf16) && min_cols > 0 && dst->ne[1] >= min_cols &&
+         dst->ne[1] <= kMatVecMaxCols;
+}
+
+namespace {
+
 // Whether the cuBLAS path applies: float weights, enough columns to be worth a GEMM, and weight
 // strides cuBLAS can express (whole elements, lda >= k, int range): true of every tensor Loom
 // builds; an odd view falls back to the mat-vec kernel, which takes any strides.
-bool use_cublas(const Tensor* dst) {
+bool use_cublas(const Tensor* dst, bool fast) {
   const Tensor* a = dst->src[0];
-  if (!is_float_type(a->type) || dst->ne[1] <= kMatVecMaxCols) return false;
+  if (!is_float_type(a->type) || (dst->ne[1] <= kMatVecMaxCols && !float_gemm_few_cols(dst, fast))) return false;
   const size_t ts = dtype_type_size(a->type);
   const bool whole_elements = a->nb[1] % ts == 0 && a->nb[2] % ts == 0 && a->nb[3] % ts == 0;
   const bool fits_int = a->nb[1] / ts <= INT32_MAX && a->ne[1] <= INT32_MAX && dst->ne[1] <= INT32_MAX &&
@@ -635,7 +653,7 @@ size_t mul_mat_scratch_bytes(const Tensor* dst, bool fast) {
   if (use_gemm_q(dst, fast)) return gemm_q_products_scratch_bytes(GemmQProducts{{dst}});
   if (use_dequant_gemm(dst, fast)) return dequant_gemm_scratch(dst);
   if (dtype_is_quantized(dst->src[0]->type)) return quantized_act_bytes(dst);
-  if (!use_cublas(dst)) return 0;
+  if (!use_cublas(dst, fast)) return 0;
   const Tensor* a = dst->src[0];
   return static_cast<size_t>(dst->src[1]->nelements()) * (a->type == DType::f32 ? 4 : 2);
 }
@@ -644,11 +662,11 @@ size_t mul_mat_id_scratch_bytes(const Tensor* dst) {
   return dtype_is_quantized(dst->src[0]->type) ? quantized_act_bytes(dst) : 0;
 }
 
-bool mul_mat_uses_cublas(const Tensor* dst, bool fast) { return use_cublas(dst) || use_dequant_gemm(dst, fast); }
+bool mul_mat_uses_cublas(const Tensor* dst, bool fast) { return use_cublas(dst, fast) || use_dequant_gemm(dst, fast); }
 
 int mul_mat_packed_b(const Tensor* dst, bool fast) {
   if (use_dequant_gemm(dst, fast)) return 1;
-  if (!use_cublas(dst)) return 0;
+  if (!use_cublas(dst, fast)) return 0;
   const DType t = dst->src[0]->type;
   return t == DType::f16 ? 1 : t == DType::f32 ? 2 : 3;
 }
@@ -674,7 +692,7 @@ CudaError launch_mul_mat(const LaunchContext& ctx, const Tensor* dst) {
   if (dst->nelements() == 0) return {};
   if (use_gemm_q(dst, ctx.fast)) return gemm_q_launch(ctx, GemmQProducts{{dst}});
   if (use_dequant_gemm(dst, ctx.fast)) return gemm_dequant(ctx, dst);
-  if (use_cublas(dst)) return gemm_cublas(ctx, dst);
+  if (use_cublas(dst, ctx.fast)) return gemm_cublas(ctx, dst);
   return mat_vec_any<false>(ctx, dst, dst, nullptr);
 }
 

@@ -18,6 +18,9 @@ CudaError launch_mul_mat(const LaunchContext& ctx, const Tensor* dst);
 /// Whether launch_mul_mat calls cuBLAS for this node (the executor orders cuBLAS calls, which share
 /// the device's cuBLAS workspace).
 bool mul_mat_uses_cublas(const Tensor* dst, bool fast);
+/// Fast numerics: f16/bf16 weights at a few columns (2-8 unless LOOM_CUDA_FLOAT_GEMM_MIN_COLS) that go
+/// to cuBLAS rather than the mat-vec kernels (and their fusions).
+bool float_gemm_few_cols(const Tensor* dst, bool fast);
 /// For a product through cuBLAS: the element type its activations are packed to at the start of its
 /// scratch (1 f16, 2 f32, 3 bf16), so that a product right after another of the same activations in
 /// one scratch region can take the packing as it is (LaunchContext::b_packed); 0: none.
