@@ -160,13 +160,27 @@ void add_glu_mat_vec(CaseList& cases, DType wt, int64_t m, int64_t n, bool swi, 
 // activation x [k, n, b2, 1], weights [k, m_t, w2_t, 1] of one type (w2_t divides b2: broadcast as
 // mul_mat). The first product is the case's result and the others are marked outputs, so each is
 // checked on its own against mul_mat's threshold; no other node reads them, so no other fusion
-// (mat_vec_bias) takes a product away from the group.
+// (mat_vec_bias) takes a product away from the group. `stacked`: the weights are row ranges of one
+// tensor, back to back in memory as the loader places Q, K and V (CUDA's one-GEMM form for f16 / bf16).
 void add_mat_vec_multi(CaseList& cases, DType wt, std::vector<int64_t> rows, int64_t n, int64_t k,
-                       int64_t b2 = 1, std::vector<int64_t> w2 = {}) {
+                       int64_t b2 = 1, std::vector<int64_t> w2 = {}, bool stacked = false) {
   w2.resize(rows.size(), 1);
+  int64_t total_rows = 0;
+  for (int64_t r : rows) total_rows += r;
+  const size_t n_w = stacked ? 1 : rows.size();  // weight inputs
   auto build = [=](Graph& g, CaseInputs& in) -> Tensor* {
     std::vector<Tensor*> w;
-    for (size_t t = 0; t < rows.size(); ++t) w.push_back(in.uniform(wt, {k, rows[t], w2[t], 1}));
+    if (stacked) {
+      Tensor* all = in.uniform(wt, {k, total_rows, 1, 1});
+      int64_t first = 0;
+      for (int64_t r : rows) {
+        w.push_back(view(g, all, {k, r, 1, 1}, {all->nb[0], all->nb[1], all->nb[1] * r, all->nb[1] * r},
+                         static_cast<size_t>(first) * all->nb[1]));
+        first += r;
+      }
+    } else {
+      for (size_t t = 0; t < rows.size(); ++t) w.push_back(in.uniform(wt, {k, rows[t], w2[t], 1}));
+    }
     Tensor* x = in.uniform(DType::f32, {k, n, b2, 1});
     std::vector<Tensor*> out;
     for (Tensor* weights : w) out.push_back(mul_mat(g, weights, x));
@@ -175,9 +189,15 @@ void add_mat_vec_multi(CaseList& cases, DType wt, std::vector<int64_t> rows, int
     return out[0];
   };
   auto ref = [=](const std::vector<RefTensor>& in) {
-    const RefTensor& x = in[rows.size()];
+    const RefTensor& x = in[n_w];
     std::vector<RefTensor> out;
-    for (size_t t = 0; t < rows.size(); ++t) out.push_back(mul_mat_ref(in[t], x));
+    int64_t first = 0;
+    for (size_t t = 0; t < rows.size(); ++t) {
+      const RefTensor w = stacked ? ref_view(in[0], {k, rows[t], 1, 1}, {1, k, k * rows[t], k * rows[t]}, first * k)
+                                  : in[t];
+      first += rows[t];
+      out.push_back(mul_mat_ref(w, x));
+    }
     return out.size() == 2 ? concat_results({&out[0], &out[1]}) : concat_results({&out[0], &out[1], &out[2]});
   };
   std::string shapes;
@@ -188,8 +208,8 @@ void add_mat_vec_multi(CaseList& cases, DType wt, std::vector<int64_t> rows, int
     flops += 2.0 * static_cast<double>(rows[t] * n * k * b2);
   }
   cases.push_back({"mat_vec_multi",
-                   fmt::format("w={} {}x=f32[{}, {}{}]", dtype_name(wt), shapes, k, n,
-                               b2 > 1 ? fmt::format(", {}", b2) : ""),
+                   fmt::format("w={} {}x=f32[{}, {}{}]{}", dtype_name(wt), shapes, k, n,
+                               b2 > 1 ? fmt::format(", {}", b2) : "", stacked ? " stacked" : ""),
                    mul_mat_nmse(wt), build, ref, flops, FusedKind::mat_vec_multi});
 }
 
@@ -599,6 +619,11 @@ void add_fused_cases(CaseList& cases, CaseSet set) {
     add_glu_mat_vec(gemm_q_form, DType::q4_k, 4096, 40, true, 1024);
     add_mat_vec_multi(gemm_q_form, DType::q4_k, {256, 256, 100}, 24, 256);
     add_mat_vec_multi(gemm_q_form, DType::q4_0, {768, 256}, 64, 2048);
+    // f16 / bf16 weights back to back past 8 columns: CUDA's one cuBLAS GEMM over the stacked rows
+    for (DType wt : {DType::f16, DType::bf16}) {
+      add_mat_vec_multi(gemm_q_form, wt, {256, 64, 64}, 24, 320, 1, {}, true);
+      add_mat_vec_multi(gemm_q_form, wt, {96, 40}, 64, 128, 1, {}, true);
+    }
     for (OpCase& oc : gemm_q_form) {
       oc.fusion_fast_only = true;
       oc.fusion_device_dependent = true;

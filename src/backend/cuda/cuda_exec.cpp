@@ -378,8 +378,8 @@ Result<exec::Plan> Executor::make_plan(const Graph& g, const ExecOptions& o) {
   // scratch (the prefill GEMM's dequantized weights, up to a whole matrix) shares one region ahead
   // of the slots the other dispatches take in turn.
   auto uses_cublas = [&](const exec::Dispatch& d) {
-    return d.kind == FusedKind::none && d.node()->op == OpKind::mul_mat &&
-           mul_mat_uses_cublas(d.node(), numerics_ == Numerics::fast);
+    if (d.kind != FusedKind::none) return fused_uses_cublas(d.kind, d.nodes.data(), target);
+    return d.node()->op == OpKind::mul_mat && mul_mat_uses_cublas(d.node(), numerics_ == Numerics::fast);
   };
   size_t max_shared = 0, max_slot = 0;
   for (exec::Dispatch& d : p.dispatches) {
@@ -406,6 +406,7 @@ Result<exec::Plan> Executor::make_plan(const Graph& g, const ExecOptions& o) {
   static const bool reuse = env_switch("LOOM_CUDA_PACK_REUSE");
   if (reuse)
     exec::mark_packed_reuse(p, uses_cublas, [&](const exec::Dispatch& d) {
+      if (d.kind != FusedKind::none) return uintptr_t{0};  // packs its own activations, for itself
       const int kind = mul_mat_packed_b(d.node(), numerics_ == Numerics::fast);  // 0..3
       return kind ? reinterpret_cast<uintptr_t>(d.node()->src[1]) * 4 + static_cast<uintptr_t>(kind) : uintptr_t{0};
     });

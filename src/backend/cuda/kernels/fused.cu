@@ -708,6 +708,17 @@ bool multi_gemm_q_ok(const Tensor* const* n, FusedTarget t) {
   return gemm_q_products_usable(multi_products(n), t.fast, t.sm90a);
 }
 
+// The cuBLAS form of mat_vec_multi: float weights back to back (stacked_cublas_usable), outputs apart
+// from each other (written after the packing has read x, so they may lie on x's bytes).
+bool multi_cublas_ok(const Tensor* const* n, FusedTarget t) {
+  if (!gemm_q_fuse_enabled() || !n[0] || !n[1]) return false;
+  const int count = n[2] ? 3 : 2;
+  for (int i = 0; i < count; ++i)
+    for (int u = 0; u < i; ++u)
+      if (!disjoint(n[i], n[u])) return false;
+  return stacked_cublas_usable(n, count, t.fast);
+}
+
 // rope_k's permute(0, 2, 1, 3): a view of rope_k with dims 1 and 2 swapped.
 bool is_k_permute(const Tensor* v, const Tensor* k) {
   return v && v->view_src == k && v->view_offset == 0 && v->type == k->type &&
@@ -1119,6 +1130,7 @@ CudaError launch_mat_vec_multi(const LaunchContext& ctx, const Tensor* mm0, cons
   const Tensor* x = mm0->src[1];
   if (x->nelements() == 0) return {};
   if (multi_gemm_q_ok(mms, {ctx.fast, ctx.sm90a})) return launch_gemm_q_products(ctx, multi_products(mms));
+  if (multi_cublas_ok(mms, {ctx.fast, ctx.sm90a})) return launch_stacked_cublas(ctx, mms, count);
   if (ctx.fast && mat_vec_fast_supports_multi(ctx, mms, count)) return launch_mat_vec_fast_multi(ctx, mms, count);
   if (ctx.act_in) return act_in_missed();
   const CudaError none = CudaError::runtime(
@@ -1211,6 +1223,10 @@ CudaError launch_gather_flash_attn(const LaunchContext& ctx, const Tensor* get_k
   return launch_flash_attn_decode(ctx, flash_attn, p.scale, p.softcap, &rows);
 }
 
+bool fused_uses_cublas(FusedKind kind, const Tensor* const* nodes, FusedTarget t) {
+  return kind == FusedKind::mat_vec_multi && multi_cublas_ok(nodes, t);
+}
+
 size_t fused_scratch_bytes(FusedKind kind, const Tensor* const* nodes, FusedTarget t) {
   switch (kind) {
     case FusedKind::glu_mat_vec:  // the gemm_q form: the shared activation packed once, the partial sums
@@ -1218,6 +1234,7 @@ size_t fused_scratch_bytes(FusedKind kind, const Tensor* const* nodes, FusedTarg
       return quantized_activation_bytes(nodes[0]->src[0]->type, nodes[0]->src[1]);
     case FusedKind::mat_vec_multi:
       if (multi_gemm_q_ok(nodes, t)) return gemm_q_products_scratch_bytes(multi_products(nodes));
+      if (multi_cublas_ok(nodes, t)) return stacked_cublas_scratch_bytes(nodes, nodes[2] ? 3 : 2);
       return quantized_activation_bytes(nodes[0]->src[0]->type, nodes[0]->src[1]);
     case FusedKind::mat_vec_bias:  // the shared activation, quantized once for all products
       return quantized_activation_bytes(nodes[0]->src[0]->type, nodes[0]->src[1]);
@@ -1248,7 +1265,7 @@ bool fused_supported(FusedKind kind, const Tensor* const* nodes, FusedTarget t) 
     case FusedKind::moe_route:
       return moe_route_ok(nodes);
     case FusedKind::mat_vec_multi:
-      return !batch_invariant() && (mat_vec_multi_ok(nodes, fast) || multi_gemm_q_ok(nodes, t));
+      return !batch_invariant() && (mat_vec_multi_ok(nodes, fast) || multi_gemm_q_ok(nodes, t) || multi_cublas_ok(nodes, t));
     case FusedKind::gather_flash_attn:
       return gather_flash_attn_ok(nodes, fast);
     case FusedKind::none:
