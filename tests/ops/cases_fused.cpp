@@ -130,19 +130,31 @@ void add_mat_vec_bias(CaseList& cases, DType wt, int64_t m, int64_t n, int64_t k
 // StepBuilder::ffn_swiglu / ffn_geglu: swiglu(mul_mat(gate, x), mul_mat(up, x)), both products
 // of the same activations. The product of two results carries both their errors: twice mul_mat's
 // allowance (quantized weights measured up to 7.4e-5 here against 5e-4 for one product).
-void add_glu_mat_vec(CaseList& cases, DType wt, int64_t m, int64_t n, bool swi, int64_t k_in = 0) {
+// `stacked`: gate and up are the two halves of one [k, 2m] tensor, back to back in memory as the loader
+// places them (CUDA's one-GEMM form for f16 / bf16).
+void add_glu_mat_vec(CaseList& cases, DType wt, int64_t m, int64_t n, bool swi, int64_t k_in = 0,
+                     bool stacked = false) {
   const int64_t k = k_in ? k_in : pick_k(wt);
   auto build = [=](Graph& g, CaseInputs& in) -> Tensor* {
-    Tensor* gate = in.uniform(wt, {k, m, 1, 1});
-    Tensor* up = in.uniform(wt, {k, m, 1, 1});
+    Tensor *gate, *up;
+    if (stacked) {
+      Tensor* both = in.uniform(wt, {k, 2 * m, 1, 1});
+      const std::array<size_t, kMaxDims> nb{both->nb[0], both->nb[1], both->nb[1] * m, both->nb[1] * m};
+      gate = view(g, both, {k, m, 1, 1}, nb, 0);
+      up = view(g, both, {k, m, 1, 1}, nb, static_cast<size_t>(m) * both->nb[1]);
+    } else {
+      gate = in.uniform(wt, {k, m, 1, 1});
+      up = in.uniform(wt, {k, m, 1, 1});
+    }
     Tensor* x = in.uniform(DType::f32, {k, n, 1, 1});
     Tensor* g_out = mul_mat(g, gate, x);
     Tensor* u_out = mul_mat(g, up, x);
     return swi ? swiglu(g, g_out, u_out) : geglu(g, g_out, u_out);
   };
   auto ref = [=](const std::vector<RefTensor>& in) {
-    const RefTensor gate = mul_mat_ref(in[0], in[2]);
-    const RefTensor up = mul_mat_ref(in[1], in[2]);
+    const RefTensor& x = in[stacked ? 1 : 2];
+    const RefTensor gate = mul_mat_ref(stacked ? ref_view(in[0], {k, m, 1, 1}, {1, k, k * m, k * m}, 0) : in[0], x);
+    const RefTensor up = mul_mat_ref(stacked ? ref_view(in[0], {k, m, 1, 1}, {1, k, k * m, k * m}, k * m) : in[1], x);
     RefTensor out(gate.ne);
     for (int64_t i = 0; i < out.size(); ++i)
       out.v[i] = (swi ? silu_ref(gate.v[i]) : gelu_tanh_ref(gate.v[i])) * up.v[i];
@@ -150,7 +162,8 @@ void add_glu_mat_vec(CaseList& cases, DType wt, int64_t m, int64_t n, bool swi, 
   };
   cases.push_back(
       {"glu_mat_vec",
-       fmt::format("{} w={}[{}, {}] x2 x=f32[{}, {}]", swi ? "swiglu" : "geglu", dtype_name(wt), k, m, k, n),
+       fmt::format("{} w={}[{}, {}] x2 x=f32[{}, {}]{}", swi ? "swiglu" : "geglu", dtype_name(wt), k, m, k, n,
+                   stacked ? " stacked" : ""),
        2.0 * mul_mat_nmse(wt), build, ref, 4.0 * m * n * k, FusedKind::glu_mat_vec});
 }
 
@@ -623,6 +636,8 @@ void add_fused_cases(CaseList& cases, CaseSet set) {
     for (DType wt : {DType::f16, DType::bf16}) {
       add_mat_vec_multi(gemm_q_form, wt, {256, 64, 64}, 24, 320, 1, {}, true);
       add_mat_vec_multi(gemm_q_form, wt, {96, 40}, 64, 128, 1, {}, true);
+      add_glu_mat_vec(gemm_q_form, wt, 200, 24, true, 192, true);
+      add_glu_mat_vec(gemm_q_form, wt, 64, 64, false, 256, true);
     }
     for (OpCase& oc : gemm_q_form) {
       oc.fusion_fast_only = true;

@@ -719,6 +719,22 @@ bool multi_cublas_ok(const Tensor* const* n, FusedTarget t) {
   return stacked_cublas_usable(n, count, t.fast);
 }
 
+// The cuBLAS form of glu_mat_vec: gate and up weights back to back (stacked_cublas_usable), the gated
+// activation written after the GEMM (it may lie on x's bytes, which the packing read first).
+bool glu_cublas_ok(const Tensor* const* n, FusedTarget t) {
+  const Tensor* gate = n[0];
+  const Tensor* up = n[1];
+  const Tensor* glu = n[2];
+  if (!gemm_q_fuse_enabled() || !gate || !up || !glu || (glu->op != OpKind::swiglu && glu->op != OpKind::geglu))
+    return false;
+  if (glu->src[0] != gate || glu->src[1] != up || !is_f32(glu) || !same_shape(glu, gate) ||
+      glu->nb[0] != sizeof(float) || glu->nb[1] < static_cast<size_t>(glu->ne[0]) * sizeof(float) ||
+      gate->src[0]->ne != up->src[0]->ne)
+    return false;
+  const Tensor* mms[2] = {gate, up};
+  return stacked_cublas_usable(mms, 2, t.fast);
+}
+
 // rope_k's permute(0, 2, 1, 3): a view of rope_k with dims 1 and 2 swapped.
 bool is_k_permute(const Tensor* v, const Tensor* k) {
   return v && v->view_src == k && v->view_offset == 0 && v->type == k->type &&
@@ -1114,6 +1130,7 @@ CudaError launch_glu_mat_vec(const LaunchContext& ctx, const Tensor* mm_gate, co
   const Tensor* n[3] = {mm_gate, mm_up, glu};
   if (glu_gemm_q_ok(n, {ctx.fast, ctx.sm90a})) return launch_gemm_q_products(ctx, glu_products(n));
   const Tensor* mms[2] = {mm_gate, mm_up};
+  if (glu_cublas_ok(n, {ctx.fast, ctx.sm90a})) return launch_stacked_cublas(ctx, mms, 2, glu);
   if (ctx.fast && mat_vec_fast_supports_multi(ctx, mms, 2)) return launch_mat_vec_fast_glu(ctx, mm_gate, mm_up, glu);
   if (ctx.act_in) return act_in_missed();
   const CudaError none = CudaError::runtime(
@@ -1224,13 +1241,15 @@ CudaError launch_gather_flash_attn(const LaunchContext& ctx, const Tensor* get_k
 }
 
 bool fused_uses_cublas(FusedKind kind, const Tensor* const* nodes, FusedTarget t) {
-  return kind == FusedKind::mat_vec_multi && multi_cublas_ok(nodes, t);
+  return (kind == FusedKind::mat_vec_multi && multi_cublas_ok(nodes, t)) ||
+         (kind == FusedKind::glu_mat_vec && glu_cublas_ok(nodes, t));
 }
 
 size_t fused_scratch_bytes(FusedKind kind, const Tensor* const* nodes, FusedTarget t) {
   switch (kind) {
     case FusedKind::glu_mat_vec:  // the gemm_q form: the shared activation packed once, the partial sums
       if (glu_gemm_q_ok(nodes, t)) return gemm_q_products_scratch_bytes(glu_products(nodes));
+      if (glu_cublas_ok(nodes, t)) return stacked_cublas_scratch_bytes(nodes, 2);
       return quantized_activation_bytes(nodes[0]->src[0]->type, nodes[0]->src[1]);
     case FusedKind::mat_vec_multi:
       if (multi_gemm_q_ok(nodes, t)) return gemm_q_products_scratch_bytes(multi_products(nodes));
@@ -1257,7 +1276,7 @@ bool fused_supported(FusedKind kind, const Tensor* const* nodes, FusedTarget t) 
     case FusedKind::mat_vec_bias:  // the mat-vec kernels sum a column unlike gemm_q (batch_invariant)
       return !batch_invariant() && mat_vec_bias_ok(nodes[0], nodes[1], fast);
     case FusedKind::glu_mat_vec:
-      return !batch_invariant() && (glu_ok(nodes[0], nodes[1], nodes[2], fast) || glu_gemm_q_ok(nodes, t));
+      return !batch_invariant() && (glu_ok(nodes[0], nodes[1], nodes[2], fast) || glu_gemm_q_ok(nodes, t) || glu_cublas_ok(nodes, t));
     case FusedKind::rope_set_rows:
       return rope_set_rows_ok(nodes[0], nodes[1], nodes[2], nodes[3]);
     case FusedKind::scale_mask_soft_max:

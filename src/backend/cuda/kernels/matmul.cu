@@ -37,6 +37,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "activation.cuh"
 #include "common.cuh"
 #include "gemm_q.cuh"
 #include "gemm_q_wgmma.cuh"
@@ -644,8 +645,18 @@ __global__ void split_stacked_rows_kernel(const float* c, int64_t m_total, int64
   }
 }
 
-}  // namespace
+// act(gate) * up of the stacked gate and up products (m rows each, gate's first in each column of c).
+__global__ void gated_stacked_kernel(const float* c, int64_t m, int64_t n, float* out, int64_t ld, bool swiglu) {
+  pdl_wait();
+  const int64_t total = m * n;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t col = i / m, r = i % m;
+    out[col * ld + r] = gated_f(c[col * 2 * m + r], c[col * 2 * m + m + r], swiglu);
+  }
+}
 
+}  // namespace
 
 // Products of one activation whose f16 / bf16 weights lie back to back in memory (the loader asks for
 // Q, K and V one after another): one GEMM over their stacked rows. Fast numerics, more columns than
@@ -690,7 +701,7 @@ size_t stacked_cublas_scratch_bytes(const Tensor* const* mm, int count) {
   return stacked_act_bytes(x) + static_cast<size_t>(m_total) * static_cast<size_t>(x->ne[1]) * sizeof(float);
 }
 
-CudaError launch_stacked_cublas(const LaunchContext& ctx, const Tensor* const* mm, int count) {
+CudaError launch_stacked_cublas(const LaunchContext& ctx, const Tensor* const* mm, int count, const Tensor* glu) {
   const Tensor* x = mm[0]->src[1];
   const Tensor* w0 = mm[0]->src[0];
   const int64_t k = w0->ne[0], n = x->ne[1];
@@ -715,6 +726,13 @@ CudaError launch_stacked_cublas(const LaunchContext& ctx, const Tensor* const* m
                                  static_cast<int>(k), &alpha, w0->data, type, static_cast<int>(k), ctx.scratch, type,
                                  static_cast<int>(k), &beta, c, CUDA_R_32F, static_cast<int>(m_total),
                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  if (glu) {  // gate and up (count 2, m rows each): their gated activation
+    gated_stacked_kernel<<<grid_for(m[0] * n, kThreads), kThreads, 0, ctx.stream>>>(
+        c, m[0], n, static_cast<float*>(glu->data), static_cast<int64_t>(glu->nb[1] / sizeof(float)),
+        glu->op == OpKind::swiglu);
+    LOOM_CUDA_CHECK_LAUNCH("gated_stacked_kernel");
+    return {};
+  }
   auto out = [&](int t) { return t < count ? static_cast<float*>(mm[t]->data) : nullptr; };
   auto ld = [&](int t) { return t < count ? static_cast<int64_t>(mm[t]->nb[1] / sizeof(float)) : int64_t{0}; };
   split_stacked_rows_kernel<<<grid_for(m_total * n, kThreads), kThreads, 0, ctx.stream>>>(

@@ -23,10 +23,12 @@ bool mul_mat_uses_cublas(const Tensor* dst, bool fast);
 bool float_gemm_few_cols(const Tensor* dst, bool fast);
 /// 2-3 products of one activation whose f16 / bf16 weights lie back to back in memory (Q, K and V as the
 /// loader places them), in fast numerics past the mat-vec kernels' columns: one cuBLAS GEMM over the
-/// stacked rows into the scratch, then the rows copied to each output.
+/// stacked rows into the scratch, then the rows copied to each output, or with `glu` (gate and up, count
+/// 2) act(gate) * up written to glu instead.
 bool stacked_cublas_usable(const Tensor* const* mm, int count, bool fast);
 size_t stacked_cublas_scratch_bytes(const Tensor* const* mm, int count);
-CudaError launch_stacked_cublas(const LaunchContext& ctx, const Tensor* const* mm, int count);
+CudaError launch_stacked_cublas(const LaunchContext& ctx, const Tensor* const* mm, int count,
+                                const Tensor* glu = nullptr);
 /// For a product through cuBLAS: the element type its activations are packed to at the start of its
 /// scratch (1 f16, 2 f32, 3 bf16), so that a product right after another of the same activations in
 /// one scratch region can take the packing as it is (LaunchContext::b_packed); 0: none.
