@@ -44,6 +44,8 @@
 #   kprof    ncu sections and top SASS stall lines of one kernel (LOOM_KPROF_KERNEL) of one perf case
 #            (LOOM_KPROF_CASE, OP|FILTER)
 #   fastdiff  per-position logits: CUDA fast vs exact and CUDA vs CPU (exact) on LOOM_MODELS
+#   peer     llama.cpp (../shared/peer) built and run beside Loom on LOOM_MODELS: llama-bench and
+#            llama-batched-bench against loom bench, one run
 #   batchcheck  loom-exec-equivalence on the built-in model and LOOM_MODELS, both numerics and fast with
 #            LOOM_DETERMINISTIC=1 (includes 16 sequences decoded together against alone, required in exact
 #            and deterministic, and sampled in the graph against the host; LOOM_BATCHCHECK_MODES picks
@@ -367,6 +369,24 @@ print("; ".join(f"{k} {sum(v) / len(v) / 1000:.2f} us (x{len(v)})" for k, v in t
           --vocab "${vocab:-0}" --label "$m fast vs exact"
         python3 tools/compare_logits.py "$work/fd-cuda-exact.bin" "$work/fd-cpu-exact.bin" --threshold 1 \
           --vocab "${vocab:-0}" --label "$m cuda vs cpu (exact)"
+      done ;;
+    peer)
+      # llama.cpp (../shared/peer, built here, ~5 min) beside Loom on each of LOOM_MODELS in one run:
+      # llama-bench against loom bench (-p 512 -n 128 -r 5), llama-batched-bench against loom bench
+      # (-npp 256 -ntg 256 -npl LOOM_PEER_NPL, default 1,8,16,32,64)
+      pdir=shared/peer; [[ -d $pdir ]] || pdir=../shared/peer
+      [[ -x $HOME/peer/build/bin/llama-bench ]] || bash "$pdir/build-llama-cpp.sh" "$HOME/peer" 2>&1 | tail -3
+      npl=${LOOM_PEER_NPL:-1,8,16,32,64}
+      for m in $models; do
+        f=$(model "$m") || continue
+        echo "-- $m: loom bench"; timeout 120 "$bin/loom" bench -m "$f" -p 512 -n 128 -r 5 2>/dev/null | grep "^|"
+        echo "-- $m: llama-bench"
+        timeout 120 "$HOME/peer/build/bin/llama-bench" -m "$f" -ngl 99 -fa 1 -p 512 -n 128 -r 5 2>&1 | grep "^|"
+        echo "-- $m: loom bench batched"
+        timeout 200 "$bin/loom" bench -m "$f" -npp 256 -ntg 256 -npl "$npl" 2>/dev/null | grep "^|"
+        echo "-- $m: llama-batched-bench"
+        timeout 200 "$HOME/peer/build/bin/llama-batched-bench" -m "$f" -ngl 99 -fa on -c 33792 -b 2048 -ub 512 \
+          -npp 256 -ntg 256 -npl "$npl" 2>&1 | grep "^|"
       done ;;
     batchcheck)
       fs=(models/loom-shakespeare-f16.gguf)
