@@ -678,7 +678,8 @@ bool mat_vec_multi_ok(const Tensor* const* n, bool fast) {
 
 // The gemm_q forms of glu_mat_vec and mat_vec_multi, for more columns than the mat-vecs take (batched
 // decode): the products in one launch of the tensor-core GEMM, the activation packed once.
-// LOOM_CUDA_GEMM_Q_FUSE=0 (read once) leaves such products to one gemm_q launch each, for comparisons.
+// LOOM_CUDA_GEMM_Q_FUSE=0 (read once) leaves such products to one gemm_q launch each, for comparisons,
+// and f16 / bf16 ones to one cuBLAS call each (the stacked cuBLAS forms below).
 bool gemm_q_fuse_enabled() {
   static const bool on = env_switch("LOOM_CUDA_GEMM_Q_FUSE");
   return on;

@@ -59,11 +59,11 @@ struct FusedTarget {
   bool sm90a = false;
 };
 
-/// Device scratch a fused dispatch needs (quantized activations of glu_mat_vec / mat_vec_bias /
-/// mat_vec_multi, or in the fast mode past the mat-vecs' columns their gemm_q form's packed
-/// activations and partial sums; the key splits of gather_flash_attn).
 /// Whether the fused dispatch calls cuBLAS (the executor orders those: they share its workspace).
 bool fused_uses_cublas(FusedKind kind, const Tensor* const* nodes, FusedTarget t);
+/// Device scratch a fused dispatch needs (quantized activations of glu_mat_vec / mat_vec_bias /
+/// mat_vec_multi, or in the fast mode past the mat-vecs' columns their gemm_q or cuBLAS form's packed
+/// activations and partial sums or stacked products; the key splits of gather_flash_attn).
 size_t fused_scratch_bytes(FusedKind kind, const Tensor* const* nodes, FusedTarget t);
 /// Whether the fused kernels handle these nodes' types and shapes on target t.
 bool fused_supported(FusedKind kind, const Tensor* const* nodes, FusedTarget t);

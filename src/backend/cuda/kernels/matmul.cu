@@ -571,6 +571,22 @@ bool use_cublas(const Tensor* dst, bool fast) {
   return whole_elements && fits_int && a->nb[1] >= static_cast<size_t>(a->ne[0]) * ts;  // lda >= k
 }
 
+// cuBLAS's element type for weights of type t (f32, f16 or bf16), and b packed contiguous as it at out.
+cudaDataType_t cublas_type_of(DType t) {
+  return t == DType::f16 ? CUDA_R_16F : t == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F;
+}
+CudaError pack_b_as(const LaunchContext& ctx, DType t, void* out, const Tensor* b) {
+  if (t == DType::f16) return pack_b_f16(ctx, static_cast<__half*>(out), b);
+  constexpr int kThreads = 256;
+  const unsigned grid = grid_for(b->nelements(), kThreads);
+  if (t == DType::f32)
+    pack_b_kernel<float><<<grid, kThreads, 0, ctx.stream>>>(static_cast<float*>(out), desc_of(b));
+  else
+    pack_b_kernel<__nv_bfloat16><<<grid, kThreads, 0, ctx.stream>>>(static_cast<__nv_bfloat16*>(out), desc_of(b));
+  LOOM_CUDA_CHECK_LAUNCH("pack_b_kernel");
+  return {};
+}
+
 CudaError gemm_cublas(const LaunchContext& ctx, const Tensor* dst) {
   const Tensor* a = dst->src[0];
   const Tensor* b = dst->src[1];
@@ -579,23 +595,8 @@ CudaError gemm_cublas(const LaunchContext& ctx, const Tensor* dst) {
   const int64_t r2 = b2 / a->ne[2], r3 = b3 / a->ne[3];
   const size_t ts = dtype_type_size(a->type);
 
-  cudaDataType_t type = CUDA_R_32F;
-  const int64_t count = b->nelements();
-  constexpr int kThreads = 256;
-  if (a->type == DType::f32) {
-    if (!ctx.b_packed)
-      pack_b_kernel<float><<<grid_for(count, kThreads), kThreads, 0, ctx.stream>>>(
-          static_cast<float*>(ctx.scratch), desc_of(b));
-  } else if (a->type == DType::f16) {
-    type = CUDA_R_16F;
-    if (!ctx.b_packed) LOOM_CUDA_TRY(pack_b_f16(ctx, static_cast<__half*>(ctx.scratch), b));
-  } else {
-    type = CUDA_R_16BF;
-    if (!ctx.b_packed)
-      pack_b_kernel<__nv_bfloat16><<<grid_for(count, kThreads), kThreads, 0, ctx.stream>>>(
-          static_cast<__nv_bfloat16*>(ctx.scratch), desc_of(b));
-  }
-  LOOM_CUDA_CHECK_LAUNCH("pack_b_kernel");
+  const cudaDataType_t type = cublas_type_of(a->type);
+  if (!ctx.b_packed) LOOM_CUDA_TRY(pack_b_as(ctx, a->type, ctx.scratch, b));
 
   const float alpha = 1.0f, beta = 0.0f;
   const auto lda = static_cast<int>(a->nb[1] / ts);
@@ -691,7 +692,7 @@ bool stacked_cublas_usable(const Tensor* const* mm, int count, bool fast) {
 }
 
 namespace {
-size_t stacked_act_bytes(const Tensor* x) { return (static_cast<size_t>(x->nelements()) * 2 + 255) / 256 * 256; }
+size_t stacked_act_bytes(const Tensor* x) { return align_up(static_cast<size_t>(x->nelements()) * 2); }
 }  // namespace
 
 size_t stacked_cublas_scratch_bytes(const Tensor* const* mm, int count) {
@@ -711,15 +712,8 @@ CudaError launch_stacked_cublas(const LaunchContext& ctx, const Tensor* const* m
   int64_t m[3] = {0, 0, 0}, m_total = 0;
   for (int t = 0; t < count; ++t) m_total += (m[t] = mm[t]->src[0]->ne[1]);
   constexpr int kThreads = 256;
-  cudaDataType_t type = CUDA_R_16F;
-  if (w0->type == DType::f16) {
-    LOOM_CUDA_TRY(pack_b_f16(ctx, static_cast<__half*>(ctx.scratch), x));
-  } else {
-    type = CUDA_R_16BF;
-    pack_b_kernel<__nv_bfloat16><<<grid_for(x->nelements(), kThreads), kThreads, 0, ctx.stream>>>(
-        static_cast<__nv_bfloat16*>(ctx.scratch), desc_of(x));
-    LOOM_CUDA_CHECK_LAUNCH("pack_b_kernel");
-  }
+  const cudaDataType_t type = cublas_type_of(w0->type);
+  LOOM_CUDA_TRY(pack_b_as(ctx, w0->type, ctx.scratch, x));
   auto* c = reinterpret_cast<float*>(static_cast<char*>(ctx.scratch) + stacked_act_bytes(x));
   const float alpha = 1.0f, beta = 0.0f;
   LOOM_CUBLAS_CHECK(cublasGemmEx(ctx.cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(m_total), static_cast<int>(n),

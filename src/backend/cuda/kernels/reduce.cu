@@ -1,12 +1,11 @@
 // Row reductions. Sources may have any element stride (sum_rows, argmax and top_k accept
 // non-contiguous rows), so elements are addressed through nb[0].
 #include <algorithm>
-#include <cstdlib>
-#include <string_view>
 
 #include <cooperative_groups.h>
 
 #include "common.cuh"
+#include "loom/backend.h"
 #include "reduce.cuh"
 
 namespace loom::cuda {
@@ -631,10 +630,7 @@ size_t top_k_scratch_bytes(const Tensor* dst, int k) {
 CudaError launch_top_k(const LaunchContext& ctx, const Tensor* dst, int k) {
   const Tensor* a = dst->src[0];
   if (a->nrows() == 0 || a->ne[0] == 0) return {};
-  static const bool top1_cluster = [] {  // LOOM_CUDA_TOP1_CLUSTER=0: the split path for k = 1 too
-    const char* v = std::getenv("LOOM_CUDA_TOP1_CLUSTER");
-    return !(v && std::string_view(v) == "0");
-  }();
+  static const bool top1_cluster = env_switch("LOOM_CUDA_TOP1_CLUSTER");  // 0: the split path for k = 1 too
   // whether the device places a cluster of kTop1Blocks such blocks (asked once)
   static const bool top1_fits = [] {
     cudaLaunchAttribute attr;
@@ -665,10 +661,7 @@ CudaError launch_top_k(const LaunchContext& ctx, const Tensor* dst, int k) {
     const int64_t rows = a->nrows();
     p.dst = desc_of(dst);
     p.a = desc_of(a);
-    static const bool prefilter = [] {
-      const char* v = std::getenv("LOOM_CUDA_TOPK_PREFILTER");
-      return !(v && std::string_view(v) == "0");
-    }();
+    static const bool prefilter = env_switch("LOOM_CUDA_TOPK_PREFILTER");
     p.prefilter = prefilter;
     p.keys = static_cast<uint32_t*>(ctx.scratch);
     p.idxs = reinterpret_cast<int32_t*>(p.keys + rows * p.n_chunks * k);
