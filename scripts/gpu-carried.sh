@@ -418,6 +418,13 @@ print("; ".join(f"{k} {sum(v) / len(v) / 1000:.2f} us (x{len(v)})" for k, v in t
             python3 tools/compare_logits.py "$work/tp$n-$ar.bin" "$work/tp1.bin" --threshold 1e-6 --label "$m $mode -tp $n $ar prompt logits"
             cmp -s "$work/tp$n-$ar.txt" "$work/tp1.txt" && echo "$m $mode -tp $n $ar: same 24 greedy tokens" ||
               { echo "$m $mode -tp $n $ar: greedy text differs"; head -c 300 "$work/tp1.txt"; echo; head -c 300 "$work/tp$n-$ar.txt"; echo; }
+            # sampled in the graph (each rank gathers the vocabulary) against the host sampler, same seed
+            for hs in "" --host-sampling; do
+              env $(ar_env $ar) timeout -k 5 $tlim "$bin/loom" run -m "$f" -p "$p" -n 24 --temp 0.8 --seed 5 --numerics $mode \
+                -tp $n $hs >"$work/tps$hs.txt" 2>/dev/null
+            done
+            cmp -s "$work/tps.txt" "$work/tps--host-sampling.txt" && echo "$m $mode -tp $n $ar: sampled text as the host sampler's" ||
+              echo "$m $mode -tp $n $ar: sampled text DIFFERS from the host sampler's"
             first=${ars%% *}
             [[ $ar != "$first" ]] && { cmp -s "$work/tp$n-$ar.bin" "$work/tp$n-$first.bin" &&
               echo "$m $mode -tp $n: $ar and $first logits bit-identical" || echo "$m $mode -tp $n: $ar and $first logits differ"; }

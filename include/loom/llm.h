@@ -318,8 +318,9 @@ class Context {
   /// sliding-window ring (no swa_full) takes one sequence per call.
   Result<SampledStep> decode_batch_sampled(std::span<const SeqTokens> seqs,
                                            std::span<const DeviceSampling> sampling);
-  /// Whether decode_batch_sampled can run here (not with a tensor-parallel model, whose logits
-  /// are split over the ranks).
+  /// Whether decode_batch_sampled can run here: always, since a tensor-parallel model's ranks gather
+  /// their vocabulary slices in the graph (an all-reduce) and sample alike. Kept for callers that
+  /// ask.
   bool supports_device_sampling() const;
 
   /// Empties the cache.

@@ -167,6 +167,7 @@ struct Segment {
     uint64_t fingerprint = 0;
     Tensor* sample_params = nullptr;  // shape.sample_k > 0, last segment: the rows' settings (input)
     Tensor* sampled = nullptr;        // and their tokens
+    Tensor* sampled_logits = nullptr;  // the whole vocabulary's logits they were drawn from
 
     bool reusable(const StepShape& s, const Buffer* arena_now, const Buffer* inputs_now) const {
       return graph && s == shape && arena == arena_now && inputs == inputs_now;
@@ -274,6 +275,33 @@ struct ContextImpl {
     return static_cast<size_t>(static_cast<const uint8_t*>(t->data) -
                                static_cast<const uint8_t*>(s.inputs->base()));
   }
+
+  // A tensor-parallel rank's logits rows [V_r, n] as the whole vocabulary's [V, n] on every rank: its
+  // rows at its offset, zeros elsewhere, summed over the ranks (adding zeros changes no bits, so the
+  // rows are the ranks' own). The zeros come from its rows: softcap maps +-inf into (-1, 1), so the
+  // product by 0 is 0 for every finite or infinite logit; only a NaN survives, in a row the sampler
+  // refuses anyway (sample_tokens gives -1 and the host reads the row back).
+  Tensor* gather_vocabulary(Graph& g, const Segment& s, Tensor* rows) {
+    Tensor* zeros = scale(g, softcap(g, rows, 1.0f), 0.0f);
+    const int64_t mine = rows->ne[0], n = rows->ne[1];
+    auto zero_rows = [&](int64_t count) {  // [count, n] zeros, from pieces of `zeros`
+      Tensor* z = nullptr;
+      for (int64_t done = 0; done < count;) {
+        const int64_t take = std::min(count - done, mine);
+        Tensor* piece = view(g, zeros, {take, n, 1, 1}, {sizeof(float), zeros->nb[1], zeros->nb[2], zeros->nb[3]}, 0);
+        z = z ? concat(g, z, piece, 0) : piece;
+        done += take;
+      }
+      return z;
+    };
+    Tensor* all = nullptr;
+    for (const Segment& q : segments) {
+      Tensor* part = &q == &s ? rows : zero_rows(q.hp->n_vocab);
+      all = all ? concat(g, all, part, 0) : part;
+    }
+    return all_reduce(g, all, s.split.comm);
+  }
+
 
   // Stages every input of the segment's step where allocate() bound it and sends the whole block in
   // one transfer: one host-to-device copy per pass instead of one per input (a copy's fixed cost
@@ -462,7 +490,7 @@ struct ContextImpl {
         b.n_chunk,
         b.n_chunk > 0 ? bucketed_n_kv(extent_chunk, n_kv_bucket, kv->n_cells()) : 0,
         b.n_chunk > 0 && windowed ? bucketed_n_kv(extent_swa_chunk, n_kv_bucket, kv->n_window_cells()) : 0,
-        tensor_parallel ? 0 : sample_k};
+        sample_k};
     const Tensor* carried = nullptr;  // the previous segment's hidden state
     bool built = false;
     uint64_t fingerprint = 0;
@@ -475,13 +503,16 @@ struct ContextImpl {
         auto g = std::make_unique<Graph>();
         StepInputs in;
         Tensor* out_t = build(s, *g, shape, in);
-        Tensor *sample_params = nullptr, *sampled_t = nullptr;
-        if (shape.sample_k > 0 && i + 1 == segments.size() && out_t) {
+        Tensor *sample_params = nullptr, *sampled_t = nullptr, *logits_t = out_t;
+        // the last segment samples; tensor-parallel ranks each gather the vocabulary and sample alike
+        if (shape.sample_k > 0 && (tensor_parallel || i + 1 == segments.size()) && out_t) {
+          if (tensor_parallel) logits_t = gather_vocabulary(*g, s, out_t);
           // After the logits: each row's sample_k best, then its token (sample_tokens' definition
           // is the host sampler's chain after penalties, so the tokens are the host's).
           sample_params = g->input(DType::i32, {kSampleParamWords, out_t->ne[1], 1, 1}, "sample_params");
-          sampled_t = sample_tokens(*g, out_t, top_k(*g, out_t, shape.sample_k), sample_params);
+          sampled_t = sample_tokens(*g, logits_t, top_k(*g, logits_t, shape.sample_k), sample_params);
           if (sampled_t) g->mark_output(sampled_t);
+          if (logits_t) g->mark_output(logits_t);
         }
         LOOM_TRY(g->status());
         t1 = Clock::now();
@@ -494,7 +525,8 @@ struct ContextImpl {
         const Buffer* arena_now = s.arena.get();
         const Buffer* inputs_now = s.inputs.get();
         s.step = Segment::CachedStep{std::move(g), shape,         in, out_t,         arena_now,
-                                     inputs_now,   s.inputs_used, fp, sample_params, sampled_t};
+                                     inputs_now,   s.inputs_used, fp, sample_params, sampled_t,
+                                     logits_t};
         built = true;
       }
       LOOM_TRY(write_inputs(s, b, shape, carried));
@@ -891,7 +923,7 @@ Result<std::span<const float>> Context::decode_batch(std::span<const SeqTokens> 
   return c.logits.view();
 }
 
-bool Context::supports_device_sampling() const { return !impl_->tensor_parallel; }
+bool Context::supports_device_sampling() const { return true; }
 
 Result<SampledStep> Context::decode_batch_sampled(std::span<const SeqTokens> seqs,
                                                   std::span<const DeviceSampling> sampling) {
@@ -901,10 +933,6 @@ Result<SampledStep> Context::decode_batch_sampled(std::span<const SeqTokens> seq
     return make_error(StatusCode::invalid_argument,
                       "decode_batch_sampled: {} sampling settings for {} sequences", sampling.size(),
                       seqs.size());
-  if (!supports_device_sampling())
-    return make_error(
-        StatusCode::unsupported,
-        "decode_batch_sampled: not with a tensor-parallel model (its logits are split over the ranks)");
   const int64_t n_vocab = c.m->hp.n_vocab;
   // The top-k width: the widest on-device setting, rounded up to a power of two so that the graph
   // (cached per shape) changes rarely; greedy needs 1.
@@ -971,7 +999,7 @@ Result<SampledStep> Context::decode_batch_sampled(std::span<const SeqTokens> seq
   // Tokens to their entries; the rows the host samples are read back, and only those.
   for (size_t r = 0; r < row_entry.size(); ++r)
     if (sampling[row_entry[r]].on_device) c.sampled_tokens[row_entry[r]] = c.sampled[r];
-  const Tensor* logits_t = c.segments.back().step.out;
+  const Tensor* logits_t = c.segments.back().step.sampled_logits;
   const size_t row_bytes = static_cast<size_t>(n_vocab) * sizeof(float);
   for (size_t i = 0; i < seqs.size(); ++i) {
     if (c.sampled_tokens[i] >= 0) continue;

@@ -10,6 +10,7 @@
 #include "llm/llm_kv_cache.h"
 #include "llm/llm_model_impl.h"
 #include "loom/comm.h"
+#include "loom/llm_sampling.h"
 #include "test_llm_common.h"
 
 namespace loom::llm::testing {
@@ -174,6 +175,60 @@ TEST_F(LlmTensorParallel, BatchedStepsOverAPagedCache) {
     ASSERT_TRUE(got.ok()) << got.status().to_string();
     EXPECT_EQ(w.size(), 4u * static_cast<size_t>(ref->ctx->n_vocab()));
     expect_close(std::vector<float>(got->begin(), got->end()), w, static_cast<size_t>(ref->ctx->n_vocab()));
+  }
+}
+
+// Tokens sampled in the graph of a split model (each rank gathers the vocabulary's logits by an
+// all-reduce and samples alike) equal the host loop's on the same split model, greedy and sampled,
+// with no logits read back; a soft-capped model (gemma2) and a plain one.
+TEST_F(LlmTensorParallel, SamplesInTheGraphAsTheHostDoes) {
+  for (const char* shape : {"tiny", "gemma2-tiny"}) {
+    SCOPED_TRACE(shape);
+    auto tp = open_tp(model(shape, "f32"), 2);
+    ASSERT_TRUE(tp.ok()) << tp.status().to_string();
+    Context& ctx = *tp->ctx;
+    ASSERT_TRUE(ctx.supports_device_sampling());
+    SamplerParams greedy;
+    greedy.temperature = 0.0f;
+    SamplerParams sampled;
+    sampled.seed = 7;
+    sampled.top_k = 20;
+    sampled.top_p = 0.9f;
+    sampled.min_p = 0.02f;
+    sampled.temperature = 0.9f;
+    for (const SamplerParams& sp : {greedy, sampled}) {
+      SCOPED_TRACE(sp.temperature > 0 ? "sampled" : "greedy");
+      std::vector<int32_t> runs[2];
+      int n_device = 0;
+      for (int device = 0; device < 2; ++device) {
+        ctx.kv_cache_clear();
+        auto sampler = Sampler::create(sp);
+        ASSERT_TRUE(sampler.ok()) << sampler.status().to_string();
+        std::vector<int32_t> history = test_tokens(5, ctx.n_vocab(), 21);
+        auto logits = ctx.decode(history, 0);
+        ASSERT_TRUE(logits.ok()) << logits.status().to_string();
+        auto first = sampler->sample(*logits, history);
+        ASSERT_TRUE(first.ok()) << first.status().to_string();
+        int32_t next = *first;
+        DecodeSampleOptions o;
+        o.device = device == 1;
+        for (int i = 0; i < 8; ++i) {
+          history.push_back(next);
+          runs[device].push_back(next);
+          auto got = decode_and_sample(ctx, *sampler, std::span<const int32_t>(history).last(1),
+                                       static_cast<int>(history.size()) - 1, history, o);
+          ASSERT_TRUE(got.ok()) << got.status().to_string();
+          if (device == 1) {
+            n_device += got->on_device ? 1 : 0;
+            EXPECT_EQ(ctx.stats().logits_bytes_read, 0u);
+          }
+          next = got->token;
+        }
+        runs[device].push_back(next);
+      }
+      EXPECT_EQ(runs[1], runs[0]);
+      EXPECT_EQ(n_device, 8);
+    }
   }
 }
 
