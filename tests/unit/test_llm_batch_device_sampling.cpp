@@ -124,6 +124,38 @@ TEST_F(LlmBatchDeviceSampling, TokensEqualTheHostSampler) {
     EXPECT_EQ(generate(*l.ctx, {s}, true, n_steps).tokens[0], host.tokens[static_cast<size_t>(s)]) << s;
 }
 
+// A model split over two CPU ranks (tensor parallelism: each rank gathers the vocabulary's logits in
+// the graph, then samples): batched steps with mixed passes give the host sampler's tokens, and only
+// the host-sampled sequences' rows come back.
+TEST_F(LlmBatchDeviceSampling, TensorParallelTokensEqualTheHostSampler) {
+  std::vector<std::unique_ptr<Backend>> ranks;
+  ModelLoadOptions lo = quiet_load();
+  for (int r = 0; r < 2; ++r) {
+    ranks.push_back(make_cpu_backend(1));
+    lo.tensor_parallel.push_back(ranks.back().get());
+  }
+  auto m = Model::load(LOOM_BUILTIN_MODEL_Q8_0, *ranks[0], lo);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  ASSERT_EQ((*m)->n_tensor_parallel(), 2);
+  ContextParams cp;
+  cp.n_ctx = 1024;
+  cp.n_batch = 16;
+  cp.kv_cache = KvCacheKind::paged;
+  cp.kv_block_size = 16;
+  auto c = Context::create(**m, cp);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  Context& ctx = **c;
+  ASSERT_TRUE(ctx.supports_device_sampling());
+  std::vector<int> some;
+  for (int s = 0; s < 8; ++s) some.push_back(s);
+  const int n_steps = 6;
+  const Generated host = generate(ctx, some, false, n_steps, true);
+  const Generated dev = generate(ctx, some, true, n_steps, true);
+  EXPECT_EQ(dev.tokens, host.tokens);
+  EXPECT_GT(dev.n_device, 0);
+  EXPECT_LT(dev.logits_bytes, host.logits_bytes);
+}
+
 // Several passes per step (n_batch 8 for 12 sequences) and an enqueued prompt whose chunks ride in
 // the running sequences' pass and whose first token is sampled there.
 TEST_F(LlmBatchDeviceSampling, SeveralPassesAndMixedChunks) {
