@@ -177,6 +177,7 @@ for step in "$@"; do
       timeout 300 "$bin/loom-test-ops" --backend cuda --numerics fast perf --op ${LOOM_PERF_OP:-mul_mat} ${LOOM_PERF_FILTER:-} >"$out/perf.log" 2>&1
       grep -E "us|GB/s|TFLOP" "$out/perf.log" | head -80 ;;
     serve)
+      [[ ${LOOM_SERVE_VARIANTS:-}${LOOM_SERVE_FLAGS:-} == *-tp* ]] && find_nccl
       for m in $models; do
         f=$(model "$m") || continue
         echo "-- engine: loom bench -npp 256 -ntg 256 -npl 1,64; tg256; tg256 @ d256"
