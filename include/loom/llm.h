@@ -319,7 +319,7 @@ class Context {
   Result<SampledStep> decode_batch_sampled(std::span<const SeqTokens> seqs,
                                            std::span<const DeviceSampling> sampling);
   /// Whether decode_batch_sampled can run here: always, since a tensor-parallel model's ranks gather
-  /// their vocabulary slices in the graph (an all-reduce) and the last one samples. Kept for callers that
+  /// their vocabulary slices in the graph (an all-reduce) and sample alike. Kept for callers that
   /// ask.
   bool supports_device_sampling() const;
 

@@ -167,7 +167,7 @@ struct Segment {
     uint64_t fingerprint = 0;
     Tensor* sample_params = nullptr;  // shape.sample_k > 0, last segment: the rows' settings (input)
     Tensor* sampled = nullptr;        // and their tokens
-    Tensor* sampled_logits = nullptr;  // the logits they were drawn from (tensor-parallel: gathered)
+    Tensor* sampled_logits = nullptr;  // the whole vocabulary's logits they were drawn from
 
     bool reusable(const StepShape& s, const Buffer* arena_now, const Buffer* inputs_now) const {
       return graph && s == shape && arena == arena_now && inputs == inputs_now;
@@ -301,6 +301,7 @@ struct ContextImpl {
     }
     return all_reduce(g, all, s.split.comm);
   }
+
 
   // Stages every input of the segment's step where allocate() bound it and sends the whole block in
   // one transfer: one host-to-device copy per pass instead of one per input (a copy's fixed cost
@@ -503,18 +504,15 @@ struct ContextImpl {
         StepInputs in;
         Tensor* out_t = build(s, *g, shape, in);
         Tensor *sample_params = nullptr, *sampled_t = nullptr, *logits_t = out_t;
-        // Tensor-parallel ranks hold vocabulary slices: every rank takes part in the gather (a
-        // collective; its output kept so that no rank's graph drops it), the last one samples.
-        if (shape.sample_k > 0 && tensor_parallel && out_t) {
-          logits_t = gather_vocabulary(*g, s, out_t);
-          g->mark_output(logits_t);
-        }
-        if (shape.sample_k > 0 && i + 1 == segments.size() && logits_t) {
+        // the last segment samples; tensor-parallel ranks each gather the vocabulary and sample alike
+        if (shape.sample_k > 0 && (tensor_parallel || i + 1 == segments.size()) && out_t) {
+          if (tensor_parallel) logits_t = gather_vocabulary(*g, s, out_t);
           // After the logits: each row's sample_k best, then its token (sample_tokens' definition
           // is the host sampler's chain after penalties, so the tokens are the host's).
           sample_params = g->input(DType::i32, {kSampleParamWords, out_t->ne[1], 1, 1}, "sample_params");
           sampled_t = sample_tokens(*g, logits_t, top_k(*g, logits_t, shape.sample_k), sample_params);
           if (sampled_t) g->mark_output(sampled_t);
+          if (logits_t) g->mark_output(logits_t);
         }
         LOOM_TRY(g->status());
         t1 = Clock::now();

@@ -179,7 +179,7 @@ TEST_F(LlmTensorParallel, BatchedStepsOverAPagedCache) {
 }
 
 // Tokens sampled in the graph of a split model (each rank gathers the vocabulary's logits by an
-// all-reduce, the last rank samples) equal the host loop's on the same split model, greedy and sampled,
+// all-reduce and samples alike) equal the host loop's on the same split model, greedy and sampled,
 // with no logits read back; a soft-capped model (gemma2) and a plain one.
 TEST_F(LlmTensorParallel, SamplesInTheGraphAsTheHostDoes) {
   for (const char* shape : {"tiny", "gemma2-tiny"}) {
