@@ -167,7 +167,7 @@ struct Segment {
     uint64_t fingerprint = 0;
     Tensor* sample_params = nullptr;  // shape.sample_k > 0, last segment: the rows' settings (input)
     Tensor* sampled = nullptr;        // and their tokens
-    Tensor* sampled_logits = nullptr;  // the whole vocabulary's logits they were drawn from
+    Tensor* sampled_logits = nullptr;  // the logits they were drawn from (tensor-parallel: gathered)
 
     bool reusable(const StepShape& s, const Buffer* arena_now, const Buffer* inputs_now) const {
       return graph && s == shape && arena == arena_now && inputs == inputs_now;
@@ -301,7 +301,6 @@ struct ContextImpl {
     }
     return all_reduce(g, all, s.split.comm);
   }
-
 
   // Stages every input of the segment's step where allocate() bound it and sends the whole block in
   // one transfer: one host-to-device copy per pass instead of one per input (a copy's fixed cost
@@ -505,6 +504,8 @@ struct ContextImpl {
         Tensor* out_t = build(s, *g, shape, in);
         Tensor *sample_params = nullptr, *sampled_t = nullptr, *logits_t = out_t;
         // the last segment samples; tensor-parallel ranks each gather the vocabulary and sample alike
+        // (sampling on the last rank only left the ranks' graphs unequal: 64-sequence -tp 2 steps
+        // ~20% slower on 2x H200, docs/PERFORMANCE.md)
         if (shape.sample_k > 0 && (tensor_parallel || i + 1 == segments.size()) && out_t) {
           if (tensor_parallel) logits_t = gather_vocabulary(*g, s, out_t);
           // After the logits: each row's sample_k best, then its token (sample_tokens' definition
