@@ -46,6 +46,7 @@ constexpr int kBr = 16 * kWarps;  // queries per block: one m16 tile per warp
 // Keys per step of the mask-extent scan: 64 rows x 256 keys, 128 loads per thread in flight.
 constexpr int kScanKeys = 256;
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
 
 /// 2^x; ex2.approx gives 0 for -inf (relative error ~2^-22, far below the f16 rounding of P).
 __device__ __forceinline__ float exp2_approx(float x) {
@@ -193,15 +194,17 @@ __global__ void __launch_bounds__(kThreads) flash_attn_mma_kernel(const MmaArgs 
   const int64_t h = blockIdx.x, i3 = blockIdx.z;
   const int64_t h_kv = h / (n_head / a.k.ne[2]);
 
-  // Q * scale as f16 (scale is linear, so softcap still sees q k^T * scale); rows past n_q are 0.
+  // Q * scale * log2(e) as f16, so that S comes out in the base-2 units of the softmax (softcap, which
+  // needs q k^T * scale, takes them back by ln 2); rows past n_q are 0.
   static_assert(kBr * D / 2 % kThreads == 0, "whole pairs per thread");
+  const float q_scale = a.scale * kLog2e;
 #pragma unroll 4
   for (int i = 0; i < kBr * D / 2 / kThreads; ++i) {
     const int c = tid + i * kThreads;
     const int r = c / (D / 2), col = c % (D / 2) * 2;
     float2 x = make_float2(0.0f, 0.0f);
     if (q0 + r < n_q) x = *reinterpret_cast<const float2*>(row_ptr(a.q, q0 + r, h, i3) + col * sizeof(float));
-    *reinterpret_cast<__half2*>(s_q + r * kStride + col) = __floats2half2_rn(x.x * a.scale, x.y * a.scale);
+    *reinterpret_cast<__half2*>(s_q + r * kStride + col) = __floats2half2_rn(x.x * q_scale, x.y * q_scale);
   }
 
   // The keys this block's queries can see.
@@ -238,22 +241,32 @@ __global__ void __launch_bounds__(kThreads) flash_attn_mma_kernel(const MmaArgs 
 
   // K and V rows kv0 .. kv0 + kBc - 1 into buffer `buf`; keys past n_kv are zeros (a zero V row
   // keeps 0 * garbage out of O; their scores are -inf anyway).
+  // A thread copies the same 16-byte column piece of rows r0, r0 + kRowStep, ...: its addresses are
+  // computed once, and a tile wholly below n_kv (all but the last) checks no row.
+  constexpr int kChunks = kBc * D / 8;  // 16-byte pieces
+  static_assert(kChunks % kThreads == 0 && kThreads % (D / 8) == 0, "whole pieces per thread, whole rows per step");
+  constexpr int kRowStep = kThreads / (D / 8);
+  const int r0 = tid / (D / 8), col0 = tid % (D / 8) * 8;
+  const char* k_col = row_ptr(a.k, 0, h_kv, i3) + col0 * sizeof(__half);
+  const char* v_col = row_ptr(a.v, 0, h_kv, i3) + col0 * sizeof(__half);
+  const int64_t k_step = kRowStep * static_cast<int64_t>(a.k.nb[1]), v_step = kRowStep * static_cast<int64_t>(a.v.nb[1]);
+  const uint32_t s_k0 = smem_addr(s_k + r0 * kStride + col0), s_v0 = smem_addr(s_v + r0 * kStride + col0);
   auto load_tile = [&](int64_t kv0, int buf) {
-    __half* dk = s_k + buf * kBc * kStride;
-    __half* dv = s_v + buf * kBc * kStride;
-    constexpr int kChunks = kBc * D / 8;  // 16-byte pieces
-    static_assert(kChunks % kThreads == 0, "whole pieces per thread");
+    const uint32_t dk = s_k0 + buf * kBc * kStride * sizeof(__half), dv = s_v0 + buf * kBc * kStride * sizeof(__half);
+    const char* pk = k_col + (kv0 + r0) * static_cast<int64_t>(a.k.nb[1]);
+    const char* pv = v_col + (kv0 + r0) * static_cast<int64_t>(a.v.nb[1]);
+    if (kv0 + kBc <= n_kv) {
 #pragma unroll
-    for (int i = 0; i < kChunks / kThreads; ++i) {
-      const int c = tid + i * kThreads;
-      const int r = c / (D / 8), col = c % (D / 8) * 8;
-      const int64_t j = kv0 + r;
-      const bool in = j < n_kv;
-      const int64_t jr = in ? j : 0;
-      cp_async_16(smem_addr(dk + r * kStride + col), row_ptr(a.k, jr, h_kv, i3) + col * sizeof(__half),
-                  in ? 16 : 0);
-      cp_async_16(smem_addr(dv + r * kStride + col), row_ptr(a.v, jr, h_kv, i3) + col * sizeof(__half),
-                  in ? 16 : 0);
+      for (int i = 0; i < kChunks / kThreads; ++i)
+        cp_async_16(dk + i * kRowStep * kStride * sizeof(__half), pk + i * k_step, 16),
+            cp_async_16(dv + i * kRowStep * kStride * sizeof(__half), pv + i * v_step, 16);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kChunks / kThreads; ++i) {
+        const bool in = kv0 + r0 + i * kRowStep < n_kv;
+        cp_async_16(dk + i * kRowStep * kStride * sizeof(__half), in ? pk + i * k_step : k_col, in ? 16 : 0);
+        cp_async_16(dv + i * kRowStep * kStride * sizeof(__half), in ? pv + i * v_step : v_col, in ? 16 : 0);
+      }
     }
     cp_async_commit();
   };
@@ -289,21 +302,28 @@ __global__ void __launch_bounds__(kThreads) flash_attn_mma_kernel(const MmaArgs 
     const int buf = it & 1;
     if (it + 1 < n_tiles) load_tile(kv0 + kBc, buf ^ 1);
 
-    // The mask fragment in the S accumulator layout: [n8 tile][c0..c3] = rows g (c0, c1) and
-    // g + 8 (c2, c3), keys kv0 + 8 tile + 2 t4 + {0, 1}. Loaded before waiting for K/V.
-    float mk[kKTiles][4];
-    bool any = false;
+    // The tile's class. A plain tile (the mask's zeros, every key below n_kv: all a causal prompt's
+    // tiles but the diagonal's) reads no mask and checks no key. The others take the mask fragment in
+    // the S accumulator layout, [n8 tile][c0..c3] = rows g (c0, c1) and g + 8 (c2, c3), keys kv0 + 8
+    // tile + 2 t4 + {0, 1}, in log2 units, loaded before waiting for K/V. (ncu, H100, causal 4096: 1,121
+    // instructions per warp and tile for 128 mma before the plain path and the hoisted copy addresses.)
     const int cls = tile_class ? tile_class[kv0 / kBc] : (a.has_mask ? kTileMixed : kTileZero);
+    const bool plain = cls == kTileZero && kv0 + kBc <= n_kv;
+    float mk[kKTiles][4];
+    bool any = plain;
+    if (!plain) {
 #pragma unroll
-    for (int nt = 0; nt < kKTiles; ++nt)
+      for (int nt = 0; nt < kKTiles; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int64_t j = kv0 + nt * 8 + t4 * 2 + (e & 1);
-        float x = -INFINITY;
-        if (j < n_kv && cls != kTileHidden) x = cls == kTileZero ? 0.0f : mask_at(mask_rows[e / 2], j, a.mask_f16);
-        mk[nt][e] = x;
-        any = any || x != -INFINITY;
-      }
+        for (int e = 0; e < 4; ++e) {
+          const int64_t j = kv0 + nt * 8 + t4 * 2 + (e & 1);
+          float x = -INFINITY;
+          if (j < n_kv && cls != kTileHidden)
+            x = cls == kTileZero ? 0.0f : mask_at(mask_rows[e / 2], j, a.mask_f16) * kLog2e;
+          mk[nt][e] = x;
+          any = any || x != -INFINITY;
+        }
+    }
 
     if (it + 1 < n_tiles)
       cp_async_wait<1>();
@@ -315,7 +335,7 @@ __global__ void __launch_bounds__(kThreads) flash_attn_mma_kernel(const MmaArgs 
       const __half* k_tile = s_k + buf * kBc * kStride;
       const __half* v_tile = s_v + buf * kBc * kStride;
 
-      // S = (Q * scale) K^T
+      // S = (Q * scale * log2 e) K^T
       float s[kKTiles][4];
 #pragma unroll
       for (int nt = 0; nt < kKTiles; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
@@ -337,47 +357,75 @@ __global__ void __launch_bounds__(kThreads) flash_attn_mma_kernel(const MmaArgs 
         }
       }
 
-      // softcap, mask, log2 units; the row maxima over the quad that shares a row
+      // softcap (in natural units: c tanh(x / c)), the mask; the row maxima over the quad that shares a row
+      if (a.softcap > 0.0f) {
+        const float in = kLn2 / a.softcap, out = a.softcap * kLog2e;
+#pragma unroll
+        for (int nt = 0; nt < kKTiles; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[nt][e] = out * tanhf(s[nt][e] * in);
+      }
       float mx[2] = {-INFINITY, -INFINITY};
+      if (plain) {
 #pragma unroll
-      for (int nt = 0; nt < kKTiles; ++nt)
+        for (int nt = 0; nt < kKTiles; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float x = s[nt][e];
-          if (a.softcap > 0.0f) x = a.softcap * tanhf(x / a.softcap);
-          x = (x + mk[nt][e]) * kLog2e;
-          s[nt][e] = x;
-          mx[e / 2] = fmaxf(mx[e / 2], x);  // a NaN score never wins
-        }
+          for (int e = 0; e < 4; ++e) mx[e / 2] = fmaxf(mx[e / 2], s[nt][e]);  // a NaN score never wins
+      } else {
+#pragma unroll
+        for (int nt = 0; nt < kKTiles; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            s[nt][e] += mk[nt][e];
+            mx[e / 2] = fmaxf(mx[e / 2], s[nt][e]);
+          }
+      }
       float alpha[2], m_use[2];
+      bool grew = false;  // a row's maximum rose: O and l are rescaled (else alpha is 1)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
         const float m_new = fmaxf(m_run[r], mx[r]);
+        grew = grew || m_new != m_run[r];
         m_use[r] = m_new == -INFINITY ? 0.0f : m_new;  // no visible key yet: no -inf - -inf
         alpha[r] = exp2_approx(m_run[r] - m_use[r]);   // 0 while m_run is -inf
         m_run[r] = m_new;
       }
       float sum[2] = {0.0f, 0.0f};
+      if (plain) {  // every key visible: a NaN score (NaN in K) stays NaN, as in the other kernels
 #pragma unroll
-      for (int nt = 0; nt < kKTiles; ++nt)
+        for (int nt = 0; nt < kKTiles; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float x = s[nt][e];
-          const float p = x > -INFINITY ? exp2_approx(x - m_use[e / 2]) : 0.0f;  // masked or NaN: 0
-          s[nt][e] = p;
-          sum[e / 2] += p;
-        }
+          for (int e = 0; e < 4; ++e) {
+            const float p = exp2_approx(s[nt][e] - m_use[e / 2]);
+            s[nt][e] = p;
+            sum[e / 2] += p;
+          }
+      } else {
 #pragma unroll
-      for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * alpha[r] + sum[r];
+        for (int nt = 0; nt < kKTiles; ++nt)
 #pragma unroll
-      for (int dt = 0; dt < kDTiles; ++dt) {
-        o[dt][0] *= alpha[0];
-        o[dt][1] *= alpha[0];
-        o[dt][2] *= alpha[1];
-        o[dt][3] *= alpha[1];
+          for (int e = 0; e < 4; ++e) {
+            const float x = s[nt][e];
+            const float p = x > -INFINITY ? exp2_approx(x - m_use[e / 2]) : 0.0f;  // masked or NaN: 0
+            s[nt][e] = p;
+            sum[e / 2] += p;
+          }
       }
+      if (__any_sync(0xffffffffu, grew)) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) l_run[r] *= alpha[r];
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt) {
+          o[dt][0] *= alpha[0];
+          o[dt][1] *= alpha[0];
+          o[dt][2] *= alpha[1];
+          o[dt][3] *= alpha[1];
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) l_run[r] += sum[r];
 
       // O += P V: the S accumulators of n8 tiles 2 kk and 2 kk + 1 are the A fragment of keys
       // 16 kk .. 16 kk + 15 (a0 = rows g, a1 = rows g + 8 of the first; a2, a3 of the second).
