@@ -1,6 +1,7 @@
 // Cases: rope (normal, neox, partial rotation, freq_factors, linear scaling, YaRN) and flash_attn.
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -303,7 +304,7 @@ void add_attention_cases(CaseList& cases, CaseSet set) {
     // causal prefill of a whole prompt (the tensor-core kernel's case), q a permuted view as in the models,
     // with random entries in the visible part of the mask (every tile read) and with a model's mask (zeros
     // and the causal -inf: the tiles below the diagonal read none; issue 13's 400 TFLOP/s figure)
-    for (int64_t n : {512, 4096, 16384}) {
+    for (int64_t n : {512, 2048, 4096, 16384}) {
       for (const bool pure : {false, true})
         add_flash_attn(cases,
                        {128, 128, n, n, 32, 8, 1, DType::f16, DType::f16, true, DType::f16, n, true, 0.0f, false,
@@ -311,10 +312,10 @@ void add_attention_cases(CaseList& cases, CaseSet set) {
                        true);
     }
     // as the models build a prompt chunk: an f32 mask of zeros and the causal -inf, the chunk's 512
-    // queries after 512 and after 3,584 cached keys
-    for (int64_t n_kv : {1024, 4096}) {
+    // queries after 512 and after 3,584 cached keys, and a 2,048-token pass after 2,048 (pp4096's second)
+    for (const auto& [n_q, n_kv] : {std::pair<int64_t, int64_t>{512, 1024}, {512, 4096}, {2048, 4096}}) {
       add_flash_attn(cases,
-                     {128, 128, 512, n_kv, 32, 8, 1, DType::f16, DType::f16, true, DType::f32, 512, true, 0.0f,
+                     {128, 128, n_q, n_kv, 32, 8, 1, DType::f16, DType::f16, true, DType::f32, n_q, true, 0.0f,
                       false, true, 0, true},
                      true);
     }

@@ -1,36 +1,39 @@
 // flash_attn on tensor cores for the fast numerics mode (FlashAttention-2, Dao 2023): a block of
-// kWarps warps takes kBr = 16 * kWarps queries of one head; each warp owns 16 query rows. Q is
-// scaled, rounded to f16 and stored in shared memory once; K/V tiles of kBc keys are staged in
-// shared memory by cp.async, two buffers deep (tile t+1 loads while tile t computes). Per tile,
-// S = Q K^T (mma.sync m16n8k16, f16 in, f32 accumulators), softcap and mask in f32, an online
-// softmax on the accumulator registers (base-2 exponentials), P rounded to f16 in registers (the
-// S accumulator layout is the A operand layout of the next mma) and O += P V. O, the running max
-// and the running sum stay in registers; the output is O / l in f32 (l with the head's sink term
-// when src[4] gives sinks). Deterministic: one block owns
-// each output row, no atomics, no split over the keys.
+// kWarps warps takes kBr = 16 * kWarps * kMS queries of one head; each warp owns kMS slabs of 16 query
+// rows (one, or two for long prompts: flash_attn_slabs). Q is scaled, rounded to f16 and stored in
+// shared memory once; K/V tiles of kBc keys are staged in shared memory by cp.async, two buffers deep
+// (tile t+1 loads while tile t computes). Per tile, S = Q K^T (mma.sync m16n8k16, f16 in, f32
+// accumulators; each K fragment serves every slab), softcap and mask in f32, an online softmax on the
+// accumulator registers (base-2 exponentials, log2 e folded into Q's scale), P rounded to f16 in
+// registers (the S accumulator layout is the A operand layout of the next mma) and O += P V. O, the
+// running max and the running sum stay in registers; O is rescaled only when a row's maximum rose;
+// the output is O / l in f32 (l with the head's sink term when src[4] gives sinks). Deterministic:
+// one block owns each output row, no atomics, no split over the keys.
 //
 // Masked keys: the mask is an input, so the keys a block's queries can see are found by scanning
 // it: [kv_begin, kv_end) holds every finite mask entry of the block's rows. When the dispatch has
 // flash_attn_mma_scratch_bytes() of ctx.scratch, a pre-pass kernel (one block per query tile and key
 // tile, so it runs wide) classes every tile of the mask once for all the heads that share it: all
-// zeros (the block adds nothing and reads no mask), all -inf (skipped; the first and last other tile
-// give the extent), or mixed (read per element). A block-per-query-tile scan for the extent alone
-// took 118 us before a 30 us attention on a 1B prompt chunk (8 blocks walking 4,096 keys). Without
-// the scratch each block scans for itself. Inside the extent, a warp whose 16 x kBc mask
-// fragment is all -inf skips the tile's arithmetic (the diagonal of a causal mask, a sliding
-// window). Masked keys inside the tiles a block computes must hold finite K and V, unlike in the
-// exact kernel, which never reads them: a weight of 0 times a NaN is NaN in the P V product. The
-// KV cache is zeroed at allocation, so its unwritten cells are.
+// zeros (a "plain" tile when all its keys are below n_kv: no mask loads, no key checks, no -inf
+// tests in the softmax), all -inf (skipped; the first and last other tile give the extent), or mixed
+// (read per element after the K/V wait). A block-per-query-tile scan for the extent alone took 118 us
+// before a 30 us attention on a 1B prompt chunk (8 blocks walking 4,096 keys). Without the scratch
+// each block scans for itself. Masked keys inside the tiles a block computes must hold finite K and
+// V, unlike in the exact kernel, which never reads them: a weight of 0 times a NaN is NaN in the P V
+// product. The KV cache is zeroed at allocation, so its unwritten cells are.
 //
 // FLOPs: 4 * n_q * n_kv * d * n_head (2 for Q K^T, 2 for P V), about half under a causal mask.
 // Bytes: Q read once (4 * d per row), O written once (4 * dv per row), the mask once per head over
 // the visible keys (2 or 4 bytes per (query, key)) plus once per mask head over the hidden ones (the
 // scan); K and V once per query tile and head, (n_q / kBr) * n_head * n_kv * (d + dv) * 2 bytes,
 // nearly all from L2: the grid runs heads fastest, so the blocks resident together (the heads of a
-// few query tiles) share mask rows and K/V and walk the keys in step. Per tile at d = 128 a block
-// does 4 * 64 * 64 * 128 FLOPs for 32 KB of K/V, 64 FLOP/byte of L2 traffic: tensor-core bound.
-// Measured: not yet (written without a GPU; see the commit message).
+// few query tiles) share mask rows and K/V and walk the keys in step.
+// Measured (H200, op-test perf, causal, zeros and -inf, d 128, 32/8 heads): 4,096 tokens 671-677 us
+// (~204 TFLOP/s), 16,384 tokens 260 TFLOP/s; ncu before this layout (one slab, 64-key tiles): 8 warps
+// an SM (235 registers), 1,121 instructions per warp and tile for its 128 mma, issue-bound at 1.56
+// IPC. docs/PERFORMANCE.md has the steps.
 #include <algorithm>
+#include <cstdlib>
 
 #include "attention.cuh"
 #include "common.cuh"
@@ -42,7 +45,14 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * kWarpSize;
-constexpr int kBr = 16 * kWarps;  // queries per block: one m16 tile per warp
+/// m16 query slabs per warp (kMS): one, or two at head sizes up to 128 for long prompts
+/// (FlashAttention-2's 128-query blocks of 4 warps: each K/V fragment loaded from shared memory feeds
+/// both slabs' mma, and a key tile's fixed costs serve twice the queries; 32-key tiles keep the
+/// registers under 255, no spills). Two slabs halve the blocks, so short prompts keep one
+/// (flash_attn_slabs). Queries per block:
+template <int kMS>
+inline constexpr int kBrOf = 16 * kWarps * kMS;
+constexpr int kBrMax = kBrOf<2>;
 // Keys per step of the mask-extent scan: 64 rows x 256 keys, 128 loads per thread in flight.
 constexpr int kScanKeys = 256;
 constexpr float kLog2e = 1.4426950408889634f;
@@ -84,7 +94,7 @@ __device__ __forceinline__ int scan_mask(const char* base, int64_t nb1, bool f16
   constexpr int kPerRow = kScanKeys / kWarpSize;
   int found = -1;
 #pragma unroll 16
-  for (int i = 0; i < kPerRow * (kBr / kWarps); ++i) {
+  for (int i = 0; i < kPerRow * (kBrMax / kWarps); ++i) {
     const int r = warp + kWarps * (i / kPerRow);
     const int off = lane + kWarpSize * (i % kPerRow);
     if (r < rows && lo + off < hi && mask_at(base + r * nb1, lo + off, f16) != -INFINITY)
@@ -94,7 +104,7 @@ __device__ __forceinline__ int scan_mask(const char* base, int64_t nb1, bool f16
 }
 
 /// The keys [begin, end) that hold every finite mask entry of rows [0, rows) (row r at
-/// base + r * nb1, rows <= kBr); begin = end = 0 when all are -inf. Block-wide (kThreads threads,
+/// base + r * nb1, rows <= kBrMax); begin = end = 0 when all are -inf. Block-wide (kThreads threads,
 /// all calling): scans back from the last key and forward from the first in kScanKeys steps, so a
 /// causal tile reads the part of the mask it may skip once, and a mask without -inf costs one step
 /// each way.
@@ -123,16 +133,16 @@ __device__ void mask_extent(const char* base, int64_t nb1, bool f16, int rows, i
 /// mask), all -inf (skipped), or anything else (read per element).
 enum : uint8_t { kTileZero = 0, kTileMixed = 1, kTileHidden = 2 };
 
-/// The class of each (query tile of kBr rows, key tile of kbc keys at multiples of kbc) for each mask
+/// The class of each (query tile of br rows, key tile of kbc keys at multiples of kbc) for each mask
 /// head and sequence: out[((i3 * mask.ne[2] + i2) * q_tiles + tile) * k_tiles + kt]; grid (k tiles,
 /// query tiles, mask heads x sequences). A causal prompt's mask is zeros below the diagonal, so
 /// nearly every tile a block computes needs no mask loads (they were ~half of its stalls).
 __global__ void __launch_bounds__(kThreads)
-    flash_attn_tile_class_kernel(TensorDesc mask, bool f16, int64_t n_q, int kbc, uint8_t* out) {
+    flash_attn_tile_class_kernel(TensorDesc mask, bool f16, int64_t n_q, int br, int kbc, uint8_t* out) {
   pdl_wait();
-  const int64_t q0 = static_cast<int64_t>(blockIdx.y) * kBr, k0 = static_cast<int64_t>(blockIdx.x) * kbc;
+  const int64_t q0 = static_cast<int64_t>(blockIdx.y) * br, k0 = static_cast<int64_t>(blockIdx.x) * kbc;
   const int64_t i2 = blockIdx.z % mask.ne[2], i3 = blockIdx.z / mask.ne[2];
-  const int rows = static_cast<int>(n_q - q0 < kBr ? n_q - q0 : kBr);
+  const int rows = static_cast<int>(n_q - q0 < br ? n_q - q0 : br);
   const int keys = static_cast<int>(mask.ne[0] - k0 < kbc ? mask.ne[0] - k0 : kbc);
   bool zero = true, hidden = true;
   for (int i = static_cast<int>(threadIdx.x); i < rows * keys; i += kThreads) {
@@ -165,18 +175,20 @@ template <int D>
 inline constexpr int kSmemStride = D + 8;
 
 /// Dynamic shared memory: Q, two K tiles, two V tiles, all f16.
-template <int D, int kBc>
-inline constexpr size_t kSmemBytes = static_cast<size_t>(kBr + 4 * kBc) * kSmemStride<D> * 2;
+template <int D, int kBc, int kMS>
+inline constexpr size_t kSmemBytes = static_cast<size_t>(kBrOf<kMS> + 4 * kBc) * kSmemStride<D> * 2;
 
-// D: head size of K and V (d == dv); kBc: keys per tile.
-template <int D, int kBc>
+// D: head size of K and V (d == dv); kBc: keys per tile; kMS: slabs per warp. Warp w owns the slabs
+// of 16 query rows (m kWarps + w) 16 .. + 15 of its block's kBrOf<kMS>.
+template <int D, int kBc, int kMS>
 __global__ void __launch_bounds__(kThreads) flash_attn_mma_kernel(const MmaArgs a) {
   pdl_wait();
   static_assert(D % 16 == 0 && kBc % 16 == 0, "m16n8k16 tiles");
+  constexpr int kBr = kBrOf<kMS>;
   constexpr int kStride = kSmemStride<D>;
-  constexpr int kQInRegs = D <= 128;  // Q fragments: D / 4 registers; at 256 they come from shared memory
-  constexpr int kKTiles = kBc / 8;    // n8 tiles of S per warp
-  constexpr int kDTiles = D / 8;      // n8 tiles of O per warp
+  constexpr bool kQInRegs = kMS == 1 && D <= 128;  // Q fragments: D / 4 registers; else from shared memory
+  constexpr int kKTiles = kBc / 8;                 // n8 tiles of S per slab
+  constexpr int kDTiles = D / 8;                   // n8 tiles of O per slab
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ int scratch[kWarps];
   __half* s_q = reinterpret_cast<__half*>(smem_raw);  // [kBr][kStride]
@@ -193,6 +205,7 @@ __global__ void __launch_bounds__(kThreads) flash_attn_mma_kernel(const MmaArgs 
   const int64_t q0 = tile * kBr;
   const int64_t h = blockIdx.x, i3 = blockIdx.z;
   const int64_t h_kv = h / (n_head / a.k.ne[2]);
+  auto slab_row = [&](int m) { return (m * kWarps + warp) * 16; };  // the slab's first row in the block
 
   // Q * scale * log2(e) as f16, so that S comes out in the base-2 units of the softmax (softcap, which
   // needs q k^T * scale, takes them back by ln 2); rows past n_q are 0.
@@ -209,8 +222,8 @@ __global__ void __launch_bounds__(kThreads) flash_attn_mma_kernel(const MmaArgs 
 
   // The keys this block's queries can see.
   int64_t kv_begin = 0, kv_end = n_kv;
-  const char* mask_rows[2] = {nullptr, nullptr};  // this thread's fragment rows g and g + 8
-  const uint8_t* tile_class = nullptr;             // per key tile: zeros, hidden or mixed
+  const char* mask_head = nullptr;      // the mask rows of this head and sequence (row i at + i nb1)
+  const uint8_t* tile_class = nullptr;  // per key tile: zeros, hidden or mixed
   if (a.has_mask) {
     const int64_t mh = h % a.mask.ne[2], m3 = i3 % a.mask.ne[3];
     if (a.tile_class) {
@@ -231,11 +244,7 @@ __global__ void __launch_bounds__(kThreads) flash_attn_mma_kernel(const MmaArgs 
       mask_extent(row_ptr(a.mask, q0, mh, m3), a.mask.nb[1], a.mask_f16, rows, n_kv, kv_begin, kv_end,
                   scratch);
     }
-    for (int r = 0; r < 2; ++r) {
-      // rows past n_q (not stored) read the last real row rather than past the mask
-      const int64_t iq = min(q0 + warp * 16 + g + 8 * r, n_q - 1);
-      mask_rows[r] = row_ptr(a.mask, iq, mh, m3);
-    }
+    mask_head = row_ptr(a.mask, 0, mh, m3);
   }
   const int n_tiles = static_cast<int>((kv_end - kv_begin + kBc - 1) / kBc);
 
@@ -274,20 +283,25 @@ __global__ void __launch_bounds__(kThreads) flash_attn_mma_kernel(const MmaArgs 
   if (n_tiles > 0) load_tile(kv_begin, 0);
   __syncthreads();  // s_q written
 
-  // A fragments of the warp's 16 Q rows: matrices (rows 0-7 | 8-15) x (cols 0-7 | 8-15) in the
-  // order a0..a3 wants, lane l addressing row l % 16, column 8 * (l / 16).
-  const __half* q_warp = s_q + (warp * 16 + lane % 16) * kStride + lane / 16 * 8;
+  // A fragments of a slab's 16 Q rows: matrices (rows 0-7 | 8-15) x (cols 0-7 | 8-15) in the order
+  // a0..a3 wants, lane l addressing row l % 16, column 8 * (l / 16).
+  uint32_t q_at[kMS];
+#pragma unroll
+  for (int m = 0; m < kMS; ++m) q_at[m] = smem_addr(s_q + (slab_row(m) + lane % 16) * kStride + lane / 16 * 8);
   uint32_t q_frag[kQInRegs ? D / 16 : 1][4];
   if constexpr (kQInRegs) {
 #pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) ldmatrix_x4(q_frag[ks], smem_addr(q_warp + ks * 16));
+    for (int ks = 0; ks < D / 16; ++ks) ldmatrix_x4(q_frag[ks], q_at[0] + ks * 16 * sizeof(__half));
   }
 
-  float o[kDTiles][4];
+  float o[kMS][kDTiles][4];
 #pragma unroll
-  for (int i = 0; i < kDTiles; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
-  float m_run[2] = {-INFINITY, -INFINITY};  // running max of rows g, g + 8 (log2 units)
-  float l_run[2] = {0.0f, 0.0f};            // running sum, over this thread's columns only
+  for (int m = 0; m < kMS; ++m)
+#pragma unroll
+    for (int i = 0; i < kDTiles; ++i) o[m][i][0] = o[m][i][1] = o[m][i][2] = o[m][i][3] = 0.0f;
+  float m_run[kMS][2], l_run[kMS][2];  // running max of rows g, g + 8 (log2 units); running sum, this thread's columns
+#pragma unroll
+  for (int m = 0; m < kMS; ++m) m_run[m][0] = m_run[m][1] = -INFINITY, l_run[m][0] = l_run[m][1] = 0.0f;
 
   // K as B of S = Q K^T: matrices (keys 0-7 | 8-15) x (dims 0-7 | 8-15) ordered b0, b1 of the first
   // n8 tile then b0, b1 of the second: lane l addresses key l % 8 + 8 (l / 16), dim 8 ((l / 8) % 2).
@@ -303,27 +317,11 @@ __global__ void __launch_bounds__(kThreads) flash_attn_mma_kernel(const MmaArgs 
     if (it + 1 < n_tiles) load_tile(kv0 + kBc, buf ^ 1);
 
     // The tile's class. A plain tile (the mask's zeros, every key below n_kv: all a causal prompt's
-    // tiles but the diagonal's) reads no mask and checks no key. The others take the mask fragment in
-    // the S accumulator layout, [n8 tile][c0..c3] = rows g (c0, c1) and g + 8 (c2, c3), keys kv0 + 8
-    // tile + 2 t4 + {0, 1}, in log2 units, loaded before waiting for K/V. (ncu, H100, causal 4096: 1,121
+    // tiles but the diagonal's) reads no mask and checks no key; a hidden one (all -inf) is skipped;
+    // the others add their mask entries (in log2 units) to S. (ncu, H100, causal 4096: 1,121
     // instructions per warp and tile for 128 mma before the plain path and the hoisted copy addresses.)
     const int cls = tile_class ? tile_class[kv0 / kBc] : (a.has_mask ? kTileMixed : kTileZero);
     const bool plain = cls == kTileZero && kv0 + kBc <= n_kv;
-    float mk[kKTiles][4];
-    bool any = plain;
-    if (!plain) {
-#pragma unroll
-      for (int nt = 0; nt < kKTiles; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int64_t j = kv0 + nt * 8 + t4 * 2 + (e & 1);
-          float x = -INFINITY;
-          if (j < n_kv && cls != kTileHidden)
-            x = cls == kTileZero ? 0.0f : mask_at(mask_rows[e / 2], j, a.mask_f16) * kLog2e;
-          mk[nt][e] = x;
-          any = any || x != -INFINITY;
-        }
-    }
 
     if (it + 1 < n_tiles)
       cp_async_wait<1>();
@@ -331,29 +329,37 @@ __global__ void __launch_bounds__(kThreads) flash_attn_mma_kernel(const MmaArgs 
       cp_async_wait<0>();
     __syncthreads();  // tile `buf` visible to every warp
 
-    if (__any_sync(0xffffffffu, any)) {
+    if (cls != kTileHidden) {
       const __half* k_tile = s_k + buf * kBc * kStride;
       const __half* v_tile = s_v + buf * kBc * kStride;
 
-      // S = (Q * scale * log2 e) K^T
-      float s[kKTiles][4];
+      // S = (Q * scale * log2 e) K^T: each K fragment serves every slab
+      float s[kMS][kKTiles][4];
 #pragma unroll
-      for (int nt = 0; nt < kKTiles; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+      for (int m = 0; m < kMS; ++m)
+#pragma unroll
+        for (int nt = 0; nt < kKTiles; ++nt) s[m][nt][0] = s[m][nt][1] = s[m][nt][2] = s[m][nt][3] = 0.0f;
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks) {
-        uint32_t qa[4];
-        if constexpr (kQInRegs) {
+        uint32_t qa[kMS][4];
 #pragma unroll
-          for (int i = 0; i < 4; ++i) qa[i] = q_frag[ks][i];
-        } else {
-          ldmatrix_x4(qa, smem_addr(q_warp + ks * 16));
+        for (int m = 0; m < kMS; ++m) {
+          if constexpr (kQInRegs) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) qa[m][i] = q_frag[ks][i];
+          } else {
+            ldmatrix_x4(qa[m], q_at[m] + ks * 16 * sizeof(__half));
+          }
         }
 #pragma unroll
         for (int np = 0; np < kKTiles / 2; ++np) {
           uint32_t kb[4];
           ldmatrix_x4(kb, smem_addr(k_tile + np * 16 * kStride + ks * 16 + k_lane_off));
-          mma_16816(s[2 * np], qa, kb[0], kb[1]);
-          mma_16816(s[2 * np + 1], qa, kb[2], kb[3]);
+#pragma unroll
+          for (int m = 0; m < kMS; ++m) {
+            mma_16816(s[m][2 * np], qa[m], kb[0], kb[1]);
+            mma_16816(s[m][2 * np + 1], qa[m], kb[2], kb[3]);
+          }
         }
       }
 
@@ -361,85 +367,117 @@ __global__ void __launch_bounds__(kThreads) flash_attn_mma_kernel(const MmaArgs 
       if (a.softcap > 0.0f) {
         const float in = kLn2 / a.softcap, out = a.softcap * kLog2e;
 #pragma unroll
-        for (int nt = 0; nt < kKTiles; ++nt)
+        for (int m = 0; m < kMS; ++m)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) s[nt][e] = out * tanhf(s[nt][e] * in);
+          for (int nt = 0; nt < kKTiles; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[m][nt][e] = out * tanhf(s[m][nt][e] * in);
       }
-      float mx[2] = {-INFINITY, -INFINITY};
-      if (plain) {
+      if (!plain) {
+        // S accumulator layout: [n8 tile][c0..c3] = rows g (c0, c1) and g + 8 (c2, c3), keys kv0 + 8
+        // tile + 2 t4 + {0, 1}; rows past n_q (not stored) read the last real row, not past the mask
 #pragma unroll
-        for (int nt = 0; nt < kKTiles; ++nt)
+        for (int m = 0; m < kMS; ++m)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) mx[e / 2] = fmaxf(mx[e / 2], s[nt][e]);  // a NaN score never wins
-      } else {
+          for (int r = 0; r < 2; ++r) {
+            const char* row = cls == kTileZero ? nullptr
+                                               : mask_head + min(q0 + slab_row(m) + g + 8 * r, n_q - 1) *
+                                                                 static_cast<int64_t>(a.mask.nb[1]);
 #pragma unroll
-        for (int nt = 0; nt < kKTiles; ++nt)
+            for (int nt = 0; nt < kKTiles; ++nt)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            s[nt][e] += mk[nt][e];
-            mx[e / 2] = fmaxf(mx[e / 2], s[nt][e]);
+              for (int e = 2 * r; e < 2 * r + 2; ++e) {
+                const int64_t j = kv0 + nt * 8 + t4 * 2 + (e & 1);
+                float x = -INFINITY;
+                if (j < n_kv) x = row ? mask_at(row, j, a.mask_f16) * kLog2e : 0.0f;
+                s[m][nt][e] += x;
+              }
           }
       }
-      float alpha[2], m_use[2];
+      float alpha[kMS][2], m_use[kMS][2];
       bool grew = false;  // a row's maximum rose: O and l are rescaled (else alpha is 1)
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        const float m_new = fmaxf(m_run[r], mx[r]);
-        grew = grew || m_new != m_run[r];
-        m_use[r] = m_new == -INFINITY ? 0.0f : m_new;  // no visible key yet: no -inf - -inf
-        alpha[r] = exp2_approx(m_run[r] - m_use[r]);   // 0 while m_run is -inf
-        m_run[r] = m_new;
+      for (int m = 0; m < kMS; ++m) {
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int nt = 0; nt < kKTiles; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) mx[e / 2] = fmaxf(mx[e / 2], s[m][nt][e]);  // a NaN score never wins
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+          const float m_new = fmaxf(m_run[m][r], mx[r]);
+          grew = grew || m_new != m_run[m][r];
+          m_use[m][r] = m_new == -INFINITY ? 0.0f : m_new;   // no visible key yet: no -inf - -inf
+          alpha[m][r] = exp2_approx(m_run[m][r] - m_use[m][r]);  // 0 while m_run is -inf
+          m_run[m][r] = m_new;
+        }
       }
-      float sum[2] = {0.0f, 0.0f};
-      if (plain) {  // every key visible: a NaN score (NaN in K) stays NaN, as in the other kernels
+      float sum[kMS][2];
 #pragma unroll
-        for (int nt = 0; nt < kKTiles; ++nt)
+      for (int m = 0; m < kMS; ++m) {
+        sum[m][0] = sum[m][1] = 0.0f;
+        if (plain) {  // every key visible: a NaN score (NaN in K) stays NaN, as in the other kernels
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float p = exp2_approx(s[nt][e] - m_use[e / 2]);
-            s[nt][e] = p;
-            sum[e / 2] += p;
-          }
-      } else {
+          for (int nt = 0; nt < kKTiles; ++nt)
 #pragma unroll
-        for (int nt = 0; nt < kKTiles; ++nt)
+            for (int e = 0; e < 4; ++e) {
+              const float p = exp2_approx(s[m][nt][e] - m_use[m][e / 2]);
+              s[m][nt][e] = p;
+              sum[m][e / 2] += p;
+            }
+        } else {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float x = s[nt][e];
-            const float p = x > -INFINITY ? exp2_approx(x - m_use[e / 2]) : 0.0f;  // masked or NaN: 0
-            s[nt][e] = p;
-            sum[e / 2] += p;
-          }
+          for (int nt = 0; nt < kKTiles; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const float x = s[m][nt][e];
+              const float p = x > -INFINITY ? exp2_approx(x - m_use[m][e / 2]) : 0.0f;  // masked or NaN: 0
+              s[m][nt][e] = p;
+              sum[m][e / 2] += p;
+            }
+        }
       }
       if (__any_sync(0xffffffffu, grew)) {
 #pragma unroll
-        for (int r = 0; r < 2; ++r) l_run[r] *= alpha[r];
+        for (int m = 0; m < kMS; ++m) {
+          l_run[m][0] *= alpha[m][0];
+          l_run[m][1] *= alpha[m][1];
 #pragma unroll
-        for (int dt = 0; dt < kDTiles; ++dt) {
-          o[dt][0] *= alpha[0];
-          o[dt][1] *= alpha[0];
-          o[dt][2] *= alpha[1];
-          o[dt][3] *= alpha[1];
+          for (int dt = 0; dt < kDTiles; ++dt) {
+            o[m][dt][0] *= alpha[m][0];
+            o[m][dt][1] *= alpha[m][0];
+            o[m][dt][2] *= alpha[m][1];
+            o[m][dt][3] *= alpha[m][1];
+          }
         }
       }
 #pragma unroll
-      for (int r = 0; r < 2; ++r) l_run[r] += sum[r];
+      for (int m = 0; m < kMS; ++m) l_run[m][0] += sum[m][0], l_run[m][1] += sum[m][1];
 
       // O += P V: the S accumulators of n8 tiles 2 kk and 2 kk + 1 are the A fragment of keys
-      // 16 kk .. 16 kk + 15 (a0 = rows g, a1 = rows g + 8 of the first; a2, a3 of the second).
+      // 16 kk .. 16 kk + 15 (a0 = rows g, a1 = rows g + 8 of the first; a2, a3 of the second); each
+      // V fragment serves every slab.
 #pragma unroll
       for (int kk = 0; kk < kBc / 16; ++kk) {
-        const uint32_t pa[4] = {
-            pack_half2(s[2 * kk][0], s[2 * kk][1]), pack_half2(s[2 * kk][2], s[2 * kk][3]),
-            pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+        uint32_t pa[kMS][4];
+#pragma unroll
+        for (int m = 0; m < kMS; ++m) {
+          pa[m][0] = pack_half2(s[m][2 * kk][0], s[m][2 * kk][1]);
+          pa[m][1] = pack_half2(s[m][2 * kk][2], s[m][2 * kk][3]);
+          pa[m][2] = pack_half2(s[m][2 * kk + 1][0], s[m][2 * kk + 1][1]);
+          pa[m][3] = pack_half2(s[m][2 * kk + 1][2], s[m][2 * kk + 1][3]);
+        }
 #pragma unroll
         for (int dp = 0; dp < D / 16; ++dp) {
           uint32_t vb[4];
           ldmatrix_x4_trans(vb, smem_addr(v_tile + kk * 16 * kStride + dp * 16 + v_lane_off));
-          mma_16816(o[2 * dp], pa, vb[0], vb[1]);
-          mma_16816(o[2 * dp + 1], pa, vb[2], vb[3]);
+#pragma unroll
+          for (int m = 0; m < kMS; ++m) {
+            mma_16816(o[m][2 * dp], pa[m], vb[0], vb[1]);
+            mma_16816(o[m][2 * dp + 1], pa[m], vb[2], vb[3]);
+          }
         }
       }
     }
@@ -448,26 +486,50 @@ __global__ void __launch_bounds__(kThreads) flash_attn_mma_kernel(const MmaArgs 
 
   // O / l; a row that saw no visible key has l = 0 and O = 0: zeros, as soft_max gives.
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float l = l_run[r];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const bool seen = l > 0.0f;
-    // the head's sink: one more term of the denominator at the row's maximum (log2 units)
-    if (a.sinks && m_run[r] != -INFINITY) l += exp2_approx(a.sinks[h] * kLog2e - m_run[r]);
-    const float inv = seen ? 1.0f / l : 0.0f;
-    const int64_t iq = q0 + warp * 16 + g + 8 * r;
-    if (iq >= n_q) continue;
-    // output [dv, n_head, n_q]: a query's heads are adjacent rows
-    char* out = row_ptr(a.dst, h, iq, i3);
+  for (int m = 0; m < kMS; ++m)
 #pragma unroll
-    for (int dt = 0; dt < kDTiles; ++dt)
-      *reinterpret_cast<float2*>(out + (dt * 8 + t4 * 2) * sizeof(float)) =
-          make_float2(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
-  }
+    for (int r = 0; r < 2; ++r) {
+      float l = l_run[m][r];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const bool seen = l > 0.0f;
+      // the head's sink: one more term of the denominator at the row's maximum (log2 units)
+      if (a.sinks && m_run[m][r] != -INFINITY) l += exp2_approx(a.sinks[h] * kLog2e - m_run[m][r]);
+      const float inv = seen ? 1.0f / l : 0.0f;
+      const int64_t iq = q0 + slab_row(m) + g + 8 * r;
+      if (iq >= n_q) continue;
+      // output [dv, n_head, n_q]: a query's heads are adjacent rows
+      char* out = row_ptr(a.dst, h, iq, i3);
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt)
+        *reinterpret_cast<float2*>(out + (dt * 8 + t4 * 2) * sizeof(float)) =
+            make_float2(o[m][dt][2 * r] * inv, o[m][dt][2 * r + 1] * inv);
+    }
 }
 
-int64_t query_tiles(const Tensor* dst) { return (dst->src[0]->ne[1] + kBr - 1) / kBr; }
+int64_t query_tiles(const Tensor* dst, int slabs) {
+  const int64_t br = kBrOf<1> * slabs;
+  return (dst->src[0]->ne[1] + br - 1) / br;
+}
+
+/// Blocks from which two slabs a warp pay (H200, op-test perf, causal zeros and -inf masks, d 128): 128
+/// blocks (512 queries x 32 heads) 43.7 -> 64.4 us with two (half the SMs' second block idle), 1,024
+/// (4,096 queries) 731 -> 675 us, 16,384 queries 220 -> 260 TFLOP/s. A function of the shape alone, as
+/// the tile classes' scratch size depends on it. LOOM_CUDA_FA_SLABS=1|2 (read once) forces a count.
+constexpr int64_t kTwoSlabMinBlocks = 512;
+int flash_attn_slabs(const Tensor* dst) {
+  static const int forced = [] {
+    const char* v = std::getenv("LOOM_CUDA_FA_SLABS");
+    return v ? std::atoi(v) : 0;
+  }();
+  const Tensor* q = dst->src[0];
+  if (q->ne[0] > 128) return 1;
+  if (forced == 1 || forced == 2) return forced;
+  return query_tiles(dst, 2) * q->ne[2] * q->ne[3] >= kTwoSlabMinBlocks ? 2 : 1;
+}
+/// Keys per tile of the kernel launch_flash_attn_mma runs.
+int key_tile(const Tensor* dst) { return flash_attn_slabs(dst) == 2 || dst->src[0]->ne[0] == 256 ? 32 : 64; }
+int64_t query_tiles(const Tensor* dst) { return query_tiles(dst, flash_attn_slabs(dst)); }
 
 bool aligned(const Tensor* t, size_t bytes) {
   if (t->data && reinterpret_cast<uintptr_t>(t->data) % bytes != 0) return false;
@@ -476,7 +538,7 @@ bool aligned(const Tensor* t, size_t bytes) {
   return true;
 }
 
-template <int D, int kBc>
+template <int D, int kBc, int kMS>
 CudaError launch_mma(const LaunchContext& ctx, const Tensor* dst, float scale, float softcap) {
   const Tensor* q = dst->src[0];
   const Tensor* mask = dst->src[3];
@@ -502,14 +564,14 @@ CudaError launch_mma(const LaunchContext& ctx, const Tensor* dst, float scale, f
       args.k_tiles = (mask->ne[0] + kBc - 1) / kBc;
       const dim3 cgrid(static_cast<unsigned>(args.k_tiles), static_cast<unsigned>(tiles),
                        static_cast<unsigned>(mask->ne[2] * mask->ne[3]));
-      flash_attn_tile_class_kernel<<<cgrid, kThreads, 0, ctx.stream>>>(args.mask, args.mask_f16, q->ne[1], kBc,
+      flash_attn_tile_class_kernel<<<cgrid, kThreads, 0, ctx.stream>>>(args.mask, args.mask_f16, q->ne[1], kBrOf<kMS>, kBc,
                                                                         classes);
       LOOM_CUDA_CHECK_LAUNCH("flash_attn_tile_class_kernel");
       args.tile_class = classes;
     }
   }
-  constexpr size_t kSmem = kSmemBytes<D, kBc>;
-  auto kernel = flash_attn_mma_kernel<D, kBc>;
+  constexpr size_t kSmem = kSmemBytes<D, kBc, kMS>;
+  auto kernel = flash_attn_mma_kernel<D, kBc, kMS>;
   // per launch rather than once: the limit belongs to the current device's context
   LOOM_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem)));
@@ -549,7 +611,7 @@ bool flash_attn_mma_supported(const Tensor* dst) {
 size_t flash_attn_mma_scratch_bytes(const Tensor* dst) {
   const Tensor* mask = dst->src[3];
   if (!mask) return 0;
-  const int64_t kbc = dst->src[0]->ne[0] == 256 ? 32 : 64;  // launch_flash_attn_mma's key tiles
+  const int64_t kbc = key_tile(dst);
   const auto cells = static_cast<size_t>(query_tiles(dst) * mask->ne[2] * mask->ne[3]);
   return cells * static_cast<size_t>((mask->ne[0] + kbc - 1) / kbc);
 }
@@ -557,11 +619,13 @@ size_t flash_attn_mma_scratch_bytes(const Tensor* dst) {
 CudaError launch_flash_attn_mma(const LaunchContext& ctx, const Tensor* dst, float scale, float softcap) {
   switch (dst->src[0]->ne[0]) {
     case 64:
-      return launch_mma<64, 64>(ctx, dst, scale, softcap);
+      return flash_attn_slabs(dst) == 2 ? launch_mma<64, 32, 2>(ctx, dst, scale, softcap)
+                                        : launch_mma<64, 64, 1>(ctx, dst, scale, softcap);
     case 128:
-      return launch_mma<128, 64>(ctx, dst, scale, softcap);
+      return flash_attn_slabs(dst) == 2 ? launch_mma<128, 32, 2>(ctx, dst, scale, softcap)
+                                        : launch_mma<128, 64, 1>(ctx, dst, scale, softcap);
     case 256:
-      return launch_mma<256, 32>(ctx, dst, scale, softcap);
+      return launch_mma<256, 32, 1>(ctx, dst, scale, softcap);
     default:
       return CudaError::runtime(cudaErrorInvalidValue, "flash_attn_mma: head size not 64, 128 or 256",
                                 __FILE__, __LINE__);
