@@ -566,6 +566,9 @@ void add_fused_cases(CaseList& cases, CaseSet set) {
         cases[i].fusion_fast_only = cases[i].fusion_device_dependent = true;
     }
     add_rope_set_rows(cases, {128, 32, 8, 1, 4096, DType::f16, rope_params(RopeMode::neox, 128, 500000.0f)});
+    // a 512-token prompt chunk of an 8B layer: Q, K and V stored
+    add_rope_set_rows(cases, {128, 32, 8, 512, 4096, DType::f16, rope_params(RopeMode::neox, 128, 500000.0f), true,
+                              true, true, true});
     add_scale_mask_soft_max(cases, {4096, 1, 32, 1}, {4096, 1, 1, 1}, 0.088f, 0.0f, 1.0f);
     add_moe_route(cases, 128, 8, 1, true);
     // loom bench -npl 64 -npp 128 -ntg 32 on an 8B model: 64 sequences over a 256-slot bucket
