@@ -178,13 +178,17 @@ class Matcher {
     std::vector<Tensor*> group{mm0};
     for (size_t j = i + 1; j < std::min(plan_.dispatches.size(), i + 8) && group.size() < 3; ++j) {
       Tensor* c = node_at(j);
-      if (is(c, OpKind::mul_mat) && live(c) >= 0 && c->src[1] == mm0->src[1] && c->src[0]->type == mm0->src[0]->type)
-        group.push_back(c);
+      // any weight types: the backend says which groups it takes (a prompt pass's dequantizing form
+      // takes a Q4_K_M file's q6_K V beside q4_K Q and K; the mat-vecs, one type)
+      if (is(c, OpKind::mul_mat) && live(c) >= 0 && c->src[1] == mm0->src[1]) group.push_back(c);
     }
     if (group.size() == 3 &&
         commit(FusedKind::mat_vec_multi, {group[0], group[1], group[2]}, {true, true, true}))
       return;
-    if (group.size() >= 2) commit(FusedKind::mat_vec_multi, {group[0], group[1]}, {true, true});
+    // else a pair, nearest first (Q and K where V's weights are of another type)
+    for (size_t a = 0; a + 1 < group.size(); ++a)
+      for (size_t b = a + 1; b < group.size(); ++b)
+        if (commit(FusedKind::mat_vec_multi, {group[a], group[b]}, {true, true})) return;
   }
 
   void try_rope_set_rows(size_t i) {

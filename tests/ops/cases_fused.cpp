@@ -175,9 +175,11 @@ void add_glu_mat_vec(CaseList& cases, DType wt, int64_t m, int64_t n, bool swi, 
 // checked on its own against mul_mat's threshold; no other node reads them, so no other fusion
 // (mat_vec_bias) takes a product away from the group. `stacked`: the weights are row ranges of one
 // tensor, back to back in memory as the loader places Q, K and V (CUDA's one-GEMM form for f16 / bf16).
+// wts: each product's weight type where they differ (a Q4_K_M file's q6_K V beside q4_K Q and K)
 void add_mat_vec_multi(CaseList& cases, DType wt, std::vector<int64_t> rows, int64_t n, int64_t k,
-                       int64_t b2 = 1, std::vector<int64_t> w2 = {}, bool stacked = false) {
+                       int64_t b2 = 1, std::vector<int64_t> w2 = {}, bool stacked = false, std::vector<DType> wts = {}) {
   w2.resize(rows.size(), 1);
+  wts.resize(rows.size(), wt);
   int64_t total_rows = 0;
   for (int64_t r : rows) total_rows += r;
   const size_t n_w = stacked ? 1 : rows.size();  // weight inputs
@@ -192,7 +194,7 @@ void add_mat_vec_multi(CaseList& cases, DType wt, std::vector<int64_t> rows, int
         first += r;
       }
     } else {
-      for (size_t t = 0; t < rows.size(); ++t) w.push_back(in.uniform(wt, {k, rows[t], w2[t], 1}));
+      for (size_t t = 0; t < rows.size(); ++t) w.push_back(in.uniform(wts[t], {k, rows[t], w2[t], 1}));
     }
     Tensor* x = in.uniform(DType::f32, {k, n, b2, 1});
     std::vector<Tensor*> out;
@@ -216,7 +218,7 @@ void add_mat_vec_multi(CaseList& cases, DType wt, std::vector<int64_t> rows, int
   std::string shapes;
   double flops = 0.0;
   for (size_t t = 0; t < rows.size(); ++t) {
-    shapes += fmt::format("{}[{}, {}{}] ", t == 0 ? "" : "+ ", k, rows[t],
+    shapes += fmt::format("{}{}[{}, {}{}] ", t == 0 ? "" : "+ ", wts[t] == wt ? "" : dtype_name(wts[t]), k, rows[t],
                           w2[t] > 1 ? fmt::format(", {}", w2[t]) : "");
     flops += 2.0 * static_cast<double>(rows[t] * n * k * b2);
   }
@@ -652,6 +654,12 @@ void add_fused_cases(CaseList& cases, CaseSet set) {
   add_mat_vec_multi(cases, DType::bf16, {21, 10}, 1, 75);
   add_mat_vec_multi(cases, DType::q4_0, {24, 8, 8}, 3, 128, 2, {1, 2, 1});
   add_mat_vec_multi(cases, DType::f32, {16, 12, 12}, 1, 96, 2, {2, 1, 1});
+  // prompt passes (past gemm_q's columns): Q alone, K and V as one strided-batched GEMM, fast numerics;
+  // V of another type as in Q4_K_M files
+  for (const DType v_type : {DType::q4_k, DType::q6_k}) {
+    add_mat_vec_multi(cases, DType::q4_k, {512, 128, 128}, 300, 256, 1, {}, false, {DType::q4_k, DType::q4_k, v_type});
+    cases.back().fusion_fast_only = true;
+  }
 
   using M = RopeMode;
   const RopeStoreCase stores[] = {

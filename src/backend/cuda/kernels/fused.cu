@@ -750,6 +750,17 @@ bool multi_cublas_ok(const Tensor* const* n, FusedTarget t) {
   return stacked_cublas_usable(n, count, t.fast);
 }
 
+// The prompt-pass form of mat_vec_multi over quantized weights (dequant_multi_usable): outputs apart
+// from each other (written after the packing has read x, so they may lie on x's bytes).
+bool multi_dequant_ok(const Tensor* const* n, FusedTarget t) {
+  if (!gemm_q_fuse_enabled() || !n[0] || !n[1]) return false;
+  const int count = n[2] ? 3 : 2;
+  for (int i = 0; i < count; ++i)
+    for (int u = 0; u < i; ++u)
+      if (!disjoint(n[i], n[u])) return false;
+  return dequant_multi_usable(n, count, t.fast);
+}
+
 // The cuBLAS form of glu_mat_vec: gate and up weights back to back (stacked_cublas_usable), the gated
 // activation written after the GEMM (it may lie on x's bytes, which the packing read first).
 bool glu_cublas_ok(const Tensor* const* n, FusedTarget t) {
@@ -1179,6 +1190,7 @@ CudaError launch_mat_vec_multi(const LaunchContext& ctx, const Tensor* mm0, cons
   if (x->nelements() == 0) return {};
   if (multi_gemm_q_ok(mms, {ctx.fast, ctx.sm90a})) return launch_gemm_q_products(ctx, multi_products(mms));
   if (multi_cublas_ok(mms, {ctx.fast, ctx.sm90a})) return launch_stacked_cublas(ctx, mms, count);
+  if (multi_dequant_ok(mms, {ctx.fast, ctx.sm90a})) return launch_dequant_multi(ctx, mms, count);
   if (ctx.fast && mat_vec_fast_supports_multi(ctx, mms, count)) return launch_mat_vec_fast_multi(ctx, mms, count);
   if (ctx.act_in) return act_in_missed();
   const CudaError none = CudaError::runtime(
@@ -1272,7 +1284,7 @@ CudaError launch_gather_flash_attn(const LaunchContext& ctx, const Tensor* get_k
 }
 
 bool fused_uses_cublas(FusedKind kind, const Tensor* const* nodes, FusedTarget t) {
-  return (kind == FusedKind::mat_vec_multi && multi_cublas_ok(nodes, t)) ||
+  return (kind == FusedKind::mat_vec_multi && (multi_cublas_ok(nodes, t) || multi_dequant_ok(nodes, t))) ||
          (kind == FusedKind::glu_mat_vec && glu_cublas_ok(nodes, t));
 }
 
@@ -1285,6 +1297,7 @@ size_t fused_scratch_bytes(FusedKind kind, const Tensor* const* nodes, FusedTarg
     case FusedKind::mat_vec_multi:
       if (multi_gemm_q_ok(nodes, t)) return gemm_q_products_scratch_bytes(multi_products(nodes));
       if (multi_cublas_ok(nodes, t)) return stacked_cublas_scratch_bytes(nodes, nodes[2] ? 3 : 2);
+      if (multi_dequant_ok(nodes, t)) return dequant_multi_scratch_bytes(nodes, nodes[2] ? 3 : 2);
       return quantized_activation_bytes(nodes[0]->src[0]->type, nodes[0]->src[1]);
     case FusedKind::mat_vec_bias:  // the shared activation, quantized once for all products
       return quantized_activation_bytes(nodes[0]->src[0]->type, nodes[0]->src[1]);
@@ -1315,7 +1328,8 @@ bool fused_supported(FusedKind kind, const Tensor* const* nodes, FusedTarget t) 
     case FusedKind::moe_route:
       return moe_route_ok(nodes);
     case FusedKind::mat_vec_multi:
-      return !batch_invariant() && (mat_vec_multi_ok(nodes, fast) || multi_gemm_q_ok(nodes, t) || multi_cublas_ok(nodes, t));
+      return !batch_invariant() && (mat_vec_multi_ok(nodes, fast) || multi_gemm_q_ok(nodes, t) ||
+                                    multi_cublas_ok(nodes, t) || multi_dequant_ok(nodes, t));
     case FusedKind::gather_flash_attn:
       return gather_flash_attn_ok(nodes, fast);
     case FusedKind::none:

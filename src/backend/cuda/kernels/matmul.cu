@@ -41,6 +41,7 @@
 #include "common.cuh"
 #include "gemm_q.cuh"
 #include "gemm_q_wgmma.cuh"
+#include "loom/backend.h"
 #include "loom/dtype.h"
 #include "mat_vec.cuh"
 #include "mat_vec_fast.cuh"
@@ -732,6 +733,68 @@ CudaError launch_stacked_cublas(const LaunchContext& ctx, const Tensor* const* m
   split_stacked_rows_kernel<<<grid_for(m_total * n, kThreads), kThreads, 0, ctx.stream>>>(
       c, m_total, n, out(0), m[0], ld(0), out(1), m[1], ld(1), out(2), ld(2));
   LOOM_CUDA_CHECK_LAUNCH("split_stacked_rows_kernel");
+  return {};
+}
+
+// LOOM_CUDA_DEQUANT_MULTI=0 (read once) keeps one dequantize-then-GEMM per product, for comparisons.
+bool dequant_multi_usable(const Tensor* const* mm, int count, bool fast) {
+  static const bool on = env_switch("LOOM_CUDA_DEQUANT_MULTI");
+  if (!on || !fast || count < 2 || count > 3 || !mm[0] || mm[0]->op != OpKind::mul_mat) return false;
+  const Tensor* x = mm[0]->src[1];
+  if (!x || x->type != DType::f32 || x->ne[2] != 1 || x->ne[3] != 1) return false;
+  for (int t = 0; t < count; ++t) {
+    const Tensor* d = mm[t];
+    if (!d || d->op != OpKind::mul_mat || d->src[1] != x || !use_dequant_gemm(d, fast) || d->type != DType::f32 ||
+        d->src[0]->ne[0] != x->ne[0] || d->ne[1] != x->ne[1])
+      return false;
+  }
+  // the pair: one shape, both dequantized whole into the scratch at once
+  const Tensor* k = mm[count - 2];
+  const Tensor* v = mm[count - 1];
+  return k->src[0]->ne[1] == v->src[0]->ne[1] && dequant_chunk_rows(k->src[0]) == k->src[0]->ne[1] &&
+         2 * static_cast<size_t>(k->src[0]->ne[1] * k->src[0]->ne[0]) * 2 <= 2 * dequant_chunk_bytes();
+}
+
+size_t dequant_multi_scratch_bytes(const Tensor* const* mm, int count) {
+  const Tensor* k = mm[count - 2]->src[0];
+  size_t bytes = align_up(static_cast<size_t>(mm[0]->src[1]->nelements()) * 2) +
+                 2 * static_cast<size_t>(k->ne[1] * k->ne[0]) * 2;
+  if (count == 3) bytes = std::max(bytes, dequant_gemm_scratch(mm[0]));
+  return bytes;
+}
+
+CudaError launch_dequant_multi(const LaunchContext& ctx, const Tensor* const* mm, int count) {
+  if (!ctx.scratch || ctx.scratch_size < dequant_multi_scratch_bytes(mm, count))
+    return CudaError::runtime(cudaErrorInvalidValue, "Q/K/V products: scratch smaller than they need", __FILE__,
+                              __LINE__);
+  const Tensor* x = mm[0]->src[1];
+  LaunchContext c = ctx;
+  if (count == 3) {  // Q alone: packs the activation at the scratch's start
+    LOOM_CUDA_TRY(gemm_dequant(c, mm[0]));
+  } else if (!c.b_packed) {
+    LOOM_CUDA_TRY(pack_b_f16(c, static_cast<__half*>(c.scratch), x));
+  }
+  c.b_packed = true;
+  // K and V: lower output address first, so that the batch stride between the outputs is positive
+  const Tensor* pair[2] = {mm[count - 2], mm[count - 1]};
+  if (pair[1]->data < pair[0]->data) std::swap(pair[0], pair[1]);
+  const int64_t k = x->ne[0], m = pair[0]->src[0]->ne[1], n = x->ne[1];
+  auto* b16 = static_cast<__half*>(c.scratch);
+  auto* w16 = reinterpret_cast<__half*>(static_cast<char*>(c.scratch) + align_up(static_cast<size_t>(x->nelements()) * 2));
+  for (int i = 0; i < 2; ++i) {
+    const Tensor* a = pair[i]->src[0];
+    const CudaError e = visit_quant_type(
+        a->type, CudaError::runtime(cudaErrorInvalidValue, "mul_mat: not a quantized weight", __FILE__, __LINE__),
+        [&](auto q) { return dequantize_rows<typename decltype(q)::Dequant8>(c, w16 + i * m * k, a, 0, m); });
+    if (!e.ok()) return e;
+  }
+  const auto* c0 = static_cast<float*>(pair[0]->data);
+  const long long stride_c = static_cast<float*>(pair[1]->data) - c0;
+  const float alpha = 1.0f, beta = 0.0f;
+  LOOM_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      c.cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), &alpha, w16,
+      CUDA_R_16F, static_cast<int>(k), m * k, b16, CUDA_R_16F, static_cast<int>(k), 0, &beta, pair[0]->data, CUDA_R_32F,
+      static_cast<int>(m), stride_c, 2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   return {};
 }
 

@@ -29,6 +29,13 @@ bool stacked_cublas_usable(const Tensor* const* mm, int count, bool fast);
 size_t stacked_cublas_scratch_bytes(const Tensor* const* mm, int count);
 CudaError launch_stacked_cublas(const LaunchContext& ctx, const Tensor* const* mm, int count,
                                 const Tensor* glu = nullptr);
+/// Q, K and V of one activation with quantized weights, past gemm_q's columns (prompt passes): the
+/// activation packed once; Q dequantized and multiplied alone, K and V (the last two products, of one
+/// shape) dequantized back to back and multiplied by one strided-batched cuBLAS GEMM, each into its own
+/// output, where two 1024-row GEMMs each took a wave of their own.
+bool dequant_multi_usable(const Tensor* const* mm, int count, bool fast);
+size_t dequant_multi_scratch_bytes(const Tensor* const* mm, int count);
+CudaError launch_dequant_multi(const LaunchContext& ctx, const Tensor* const* mm, int count);
 /// For a product through cuBLAS: the element type its activations are packed to at the start of its
 /// scratch (1 f16, 2 f32, 3 bf16), so that a product right after another of the same activations in
 /// one scratch region can take the packing as it is (LaunchContext::b_packed); 0: none.
