@@ -27,6 +27,11 @@ class Buffer {
   virtual Status write(size_t offset, const void* src, size_t n) = 0;
   /// Copies `n` bytes at `offset` to host memory.
   virtual Status read(size_t offset, void* dst, size_t n) const = 0;
+  /// Copies `height` rows of `width` bytes, the first at `offset` and each `src_pitch` after the one
+  /// before, to host memory `dst_pitch` apart (a strided read: a device does it as one 2-D copy; by
+  /// default row by row through read()).
+  virtual Status read_rows(size_t offset, size_t src_pitch, void* dst, size_t dst_pitch, size_t width,
+                           size_t height) const;
   /// Sets `n` bytes at `offset` to `value`.
   virtual Status fill(size_t offset, uint8_t value, size_t n) = 0;
 };
@@ -128,6 +133,9 @@ Result<std::unique_ptr<Backend>> create_backend(std::string_view name,
 Status tensor_write(Tensor* t, const void* src, size_t offset, size_t n);
 /// Copies a tensor's bytes to the host.
 Status tensor_read(const Tensor* t, void* dst, size_t offset, size_t n);
+/// Copies a tensor whose rows are packed (nb[0] the element size, rows nb[1] apart, dims 2-3 packed
+/// over rows) to the host with its rows `dst_pitch` bytes apart, in one strided read.
+Status tensor_read_rows(const Tensor* t, void* dst, size_t dst_pitch);
 /// Reads a tensor of any type and layout as packed floats (dequantizing).
 Result<std::vector<float>> tensor_to_floats(const Tensor* t);
 /// Writes packed floats into a tensor of any type and layout (quantizing).

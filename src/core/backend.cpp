@@ -148,6 +148,26 @@ Status tensor_read(const Tensor* t, void* dst, size_t offset, size_t n) {
   return t->buffer->read(buffer_offset(t) + offset, dst, n);
 }
 
+Status Buffer::read_rows(size_t offset, size_t src_pitch, void* dst, size_t dst_pitch, size_t width,
+                         size_t height) const {
+  for (size_t r = 0; r < height; ++r) LOOM_TRY(read(offset + r * src_pitch, static_cast<char*>(dst) + r * dst_pitch, width));
+  return {};
+}
+
+Status tensor_read_rows(const Tensor* t, void* dst, size_t dst_pitch) {
+  LOOM_TRY(check_range(t, 0, 0, "tensor_read_rows"));
+  const size_t width = static_cast<size_t>(t->ne[0]) * dtype_type_size(t->type) / static_cast<size_t>(dtype_block_size(t->type));
+  const auto rows = static_cast<size_t>(t->ne[1] * t->ne[2] * t->ne[3]);
+  if (t->nb[0] != dtype_type_size(t->type) || t->nb[1] < width || t->nb[2] != t->nb[1] * static_cast<size_t>(t->ne[1]) ||
+      t->nb[3] != t->nb[2] * static_cast<size_t>(t->ne[2]) || dst_pitch < width)
+    return make_error(StatusCode::invalid_argument,
+                      "tensor_read_rows: tensor {}: rows not packed, or a pitch of {} bytes below its {} a row",
+                      describe(*t), dst_pitch, width);
+  if (rows == 0 || width == 0) return {};
+  LOOM_TRY(check_range(t, 0, (rows - 1) * t->nb[1] + width, "tensor_read_rows"));
+  return t->buffer->read_rows(buffer_offset(t), t->nb[1], dst, dst_pitch, width, rows);
+}
+
 Result<std::vector<float>> tensor_to_floats(const Tensor* t) {
   if (!t) return make_error(StatusCode::invalid_argument, "tensor_to_floats: null tensor");
   std::vector<uint8_t> bytes(t->nbytes());

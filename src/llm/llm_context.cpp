@@ -186,7 +186,6 @@ struct ContextImpl {
   // Tensor parallelism: `segments` are the ranks (each over every layer), run at once.
   bool tensor_parallel = false;
   std::unique_ptr<RankThreads> rank_threads;
-  std::vector<std::vector<float>> rank_logits;  // each rank's logits, read back before they are interleaved
   // The host copy of the logits decode returns (logits_buffer.h).
   using LogitsBuffer = detail::LogitsBuffer;
   LogitsBuffer logits;
@@ -545,7 +544,6 @@ struct ContextImpl {
       // puts them at its vocabulary offset of every output row.
       const int64_t n_vocab = m->hp.n_vocab, n_out = segments[0].step.out->ne[1];
       float* dst = out ? out->append(static_cast<size_t>(n_vocab * n_out)) : nullptr;
-      rank_logits.resize(segments.size());
       LOOM_TRY(rank_threads->run([&](int r) -> Status {
         Segment& s = segments[static_cast<size_t>(r)];
         Status st = s.backend->compute(*s.step.graph);
@@ -554,19 +552,13 @@ struct ContextImpl {
           return st;
         }
         if (!dst) return {};
-        const Tensor* t = s.step.out;
-        const int64_t rows = t->ne[0];
-        // one output row (a decode step): the slice lands in place
-        if (n_out == 1) return tensor_read(t, dst + s.vocab_begin, 0, static_cast<size_t>(rows) * sizeof(float));
-        std::vector<float>& got = rank_logits[static_cast<size_t>(r)];
-        got.resize(static_cast<size_t>(t->nelements()));
-        LOOM_TRY(tensor_read(t, got.data(), 0, got.size() * sizeof(float)));
-        stats.logits_bytes_read += got.size() * sizeof(float);
-        for (int64_t j = 0; j < n_out; ++j)
-          std::memcpy(dst + j * n_vocab + s.vocab_begin, got.data() + j * rows,
-                      static_cast<size_t>(rows) * sizeof(float));
-        return {};
+        // the rank's slice of every output row, in place: one strided read into the logits buffer,
+        // page-locked where the backend has such memory (it was read into a vector, pageable, then
+        // copied row by row; the one-GPU path's page-locked read-back was worth 17% at 64 sequences,
+        // docs/PERFORMANCE.md)
+        return tensor_read_rows(s.step.out, dst + s.vocab_begin, static_cast<size_t>(n_vocab) * sizeof(float));
       }));
+      if (dst) stats.logits_bytes_read += static_cast<uint64_t>(n_vocab * n_out) * sizeof(float);
     }
     if (built) {
       ++stats.n_graph_builds;

@@ -36,6 +36,7 @@
 #include "loom/exec.h"
 #include "loom/llm.h"
 #include "loom/llm_batch.h"
+#include "loom/planner.h"
 
 namespace {
 
@@ -473,6 +474,18 @@ int main(int argc, char** argv) {
     fmt::print("exec-equivalence: {} {}\n", what, ok ? "ok" : "FAIL");
     failures += !ok;
   };
+  {  // tensor_read_rows from device memory (a tensor-parallel rank's logits slice into every output row)
+    Graph g;
+    Tensor* a = g.input(DType::f32, {300, 7, 1, 1}, "rows");
+    auto alloc = allocate_graph(g, (*backend)->buffer_type());
+    std::vector<float> v(300 * 7), dst(7 * 512, -1.0f), want(7 * 512, -1.0f);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = 0.5f * static_cast<float>(i) - 3.0f;
+    for (size_t r = 0; r < 7; ++r)
+      for (size_t c = 0; c < 300; ++c) want[r * 512 + 100 + c] = v[r * 300 + c];
+    const bool ok = alloc.ok() && tensor_write(a, v.data(), 0, v.size() * sizeof(float)).ok() &&
+                    tensor_read_rows(a, dst.data() + 100, 512 * sizeof(float)).ok();
+    check(ok && dst == want, "a device tensor's rows read at a pitch land in place, the bytes between untouched:");
+  }
   for (const std::string& path : models) {
     ModelLoadOptions lo;
     lo.print_summary = false;

@@ -341,6 +341,29 @@ TEST_F(TensorData, WriteAndReadRanges) {
   EXPECT_EQ(tensor_read(nullptr, v.data(), 0, 4).code(), StatusCode::invalid_argument);
 }
 
+// tensor_read_rows: each row lands dst_pitch bytes after the one before (a tensor-parallel rank's
+// logits slice at its vocabulary offset of every output row); the bytes between stay as they were.
+TEST_F(TensorData, ReadRowsAtAPitch) {
+  Tensor* a = g_.input(DType::f32, {3, 2, 2, 1}, "a");         // 4 packed rows of 3
+  Tensor* cols = view(g_, a, {2, 4, 1, 1}, {4, 12, 48, 48}, 4);  // columns 1..2 of each row: rows 12 bytes apart
+  Tensor* t = transpose(g_, a);                                 // not packed rows
+  allocate();
+  const std::vector<float> av = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+  ASSERT_TRUE(tensor_write(a, av.data(), 0, 48).ok());
+  std::vector<float> dst(4 * 5, -7.0f);
+  ASSERT_TRUE(tensor_read_rows(a, dst.data() + 1, 5 * sizeof(float)).ok());
+  EXPECT_EQ(dst, (std::vector<float>{-7, 1, 2, 3, -7, -7, 4, 5, 6, -7, -7, 7, 8, 9, -7, -7, 10, 11, 12, -7}));
+  std::vector<float> two(4 * 2);
+  ASSERT_TRUE(tensor_read_rows(cols, two.data(), 2 * sizeof(float)).ok());
+  EXPECT_EQ(two, (std::vector<float>{2, 3, 5, 6, 8, 9, 11, 12}));
+
+  Status s = tensor_read_rows(a, dst.data(), 2 * sizeof(float));  // a pitch below the row
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument);
+  EXPECT_NE(s.message().find("'a'"), std::string::npos) << s.message();
+  EXPECT_EQ(tensor_read_rows(t, dst.data(), 5 * sizeof(float)).code(), StatusCode::invalid_argument);
+  EXPECT_EQ(tensor_read_rows(nullptr, dst.data(), 16).code(), StatusCode::invalid_argument);
+}
+
 TEST(TensorDataErrors, UnallocatedTensor) {
   Graph g;
   Tensor* a = g.input(DType::f32, {4, 1, 1, 1}, "a");

@@ -91,6 +91,16 @@ class DeviceBuffer final : public Buffer {
     });
   }
 
+  Status read_rows(size_t offset, size_t src_pitch, void* dst, size_t dst_pitch, size_t width,
+                   size_t height) const override {
+    if (height == 0 || width == 0) return {};
+    return on_stream("read_rows", offset, (height - 1) * src_pitch + width, [&](cudaStream_t stream) -> Status {
+      LOOM_CUDA_STATUS(cudaMemcpy2DAsync(dst, dst_pitch, at(offset), src_pitch, width, height, cudaMemcpyDeviceToHost,
+                                         stream));
+      return {};
+    });
+  }
+
   Status fill(size_t offset, uint8_t value, size_t n) override {
     return on_stream("fill", offset, n, [&](cudaStream_t stream) -> Status {
       LOOM_CUDA_STATUS(cudaMemsetAsync(at(offset), value, n, stream));
