@@ -185,7 +185,7 @@ class Matcher {
     if (group.size() == 3 &&
         commit(FusedKind::mat_vec_multi, {group[0], group[1], group[2]}, {true, true, true}))
       return;
-    // else a pair, nearest first (Q and K where V's weights are of another type)
+    // else a pair: (0, 1), (0, 2), (1, 2) (Q and K where V's weights are of another type)
     for (size_t a = 0; a + 1 < group.size(); ++a)
       for (size_t b = a + 1; b < group.size(); ++b)
         if (commit(FusedKind::mat_vec_multi, {group[a], group[b]}, {true, true})) return;

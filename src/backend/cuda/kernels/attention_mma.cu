@@ -6,9 +6,10 @@
 // accumulators; each K fragment serves every slab), softcap and mask in f32, an online softmax on the
 // accumulator registers (base-2 exponentials, log2 e folded into Q's scale), P rounded to f16 in
 // registers (the S accumulator layout is the A operand layout of the next mma) and O += P V. O, the
-// running max and the running sum stay in registers; O is rescaled only when a row's maximum rose;
-// the output is O / l in f32 (l with the head's sink term when src[4] gives sinks). Deterministic:
-// one block owns each output row, no atomics, no split over the keys.
+// running max and the running sum stay in registers; O is rescaled only when a row's maximum rose (any
+// of a warp's rows); the output is O / l in f32 (l with the head's sink term when src[4] gives sinks).
+// Masked and NaN scores weigh 0 on every tile. Deterministic: one block owns each output row, no
+// atomics, no split over the keys.
 //
 // Masked keys: the mask is an input, so the keys a block's queries can see are found by scanning
 // it: [kv_begin, kv_end) holds every finite mask entry of the block's rows. When the dispatch has
@@ -53,10 +54,19 @@ constexpr int kThreads = kWarps * kWarpSize;
 template <int kMS>
 inline constexpr int kBrOf = 16 * kWarps * kMS;
 constexpr int kBrMax = kBrOf<2>;
-// Keys per step of the mask-extent scan: 64 rows x 256 keys, 128 loads per thread in flight.
+// Keys per step of the mask-extent scan (the fallback without the tile classes' scratch): up to
+// kBrMax rows x 256 keys a step.
 constexpr int kScanKeys = 256;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
+
+/// x, or -inf for NaN: PTX max returns the operand that is not NaN. In inline PTX because the
+/// compiler folds fmaxf(x, -INFINITY) to x, which keeps the NaN.
+__device__ __forceinline__ float nan_to_neg_inf(float x) {
+  float y;
+  asm("max.f32 %0, %1, 0fFF800000;\n" : "=f"(y) : "f"(x));
+  return y;
+}
 
 /// 2^x; ex2.approx gives 0 for -inf (relative error ~2^-22, far below the f16 rounding of P).
 __device__ __forceinline__ float exp2_approx(float x) {
@@ -86,7 +96,7 @@ __device__ __forceinline__ int block_max(int v, int* scratch) {
 
 /// Offset from lo of the last finite mask entry among rows [0, rows) and keys [lo, hi) that this
 /// thread reads (-1 if none; hi - lo <= kScanKeys); with `first`, kScanKeys minus the offset of the
-/// first one instead, so that a block maximum finds either. Each warp reads kBr / kWarps rows, its
+/// first one instead, so that a block maximum finds either. Each warp reads kBrMax / kWarps rows, its
 /// lanes along the keys; a fixed count of loads per thread, unrolled, keeps 16 of them in flight.
 __device__ __forceinline__ int scan_mask(const char* base, int64_t nb1, bool f16, int rows, int64_t lo,
                                          int64_t hi, bool first) {
@@ -414,30 +424,20 @@ __global__ void __launch_bounds__(kThreads) flash_attn_mma_kernel(const MmaArgs 
           m_run[m][r] = m_new;
         }
       }
+      // P: a masked (-inf) or NaN score weighs 0, as in the exact and decode kernels and on the CPU
+      // (max(NaN, -inf) is -inf, and 2^-inf is 0: one instruction where a compare and a select were)
       float sum[kMS][2];
 #pragma unroll
       for (int m = 0; m < kMS; ++m) {
         sum[m][0] = sum[m][1] = 0.0f;
-        if (plain) {  // every key visible: a NaN score (NaN in K) stays NaN, as in the other kernels
 #pragma unroll
-          for (int nt = 0; nt < kKTiles; ++nt)
+        for (int nt = 0; nt < kKTiles; ++nt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const float p = exp2_approx(s[m][nt][e] - m_use[m][e / 2]);
-              s[m][nt][e] = p;
-              sum[m][e / 2] += p;
-            }
-        } else {
-#pragma unroll
-          for (int nt = 0; nt < kKTiles; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const float x = s[m][nt][e];
-              const float p = x > -INFINITY ? exp2_approx(x - m_use[m][e / 2]) : 0.0f;  // masked or NaN: 0
-              s[m][nt][e] = p;
-              sum[m][e / 2] += p;
-            }
-        }
+          for (int e = 0; e < 4; ++e) {
+            const float p = exp2_approx(nan_to_neg_inf(s[m][nt][e]) - m_use[m][e / 2]);
+            s[m][nt][e] = p;
+            sum[m][e / 2] += p;
+          }
       }
       if (__any_sync(0xffffffffu, grew)) {
 #pragma unroll

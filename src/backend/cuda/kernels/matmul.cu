@@ -752,7 +752,7 @@ bool dequant_multi_usable(const Tensor* const* mm, int count, bool fast) {
   const Tensor* k = mm[count - 2];
   const Tensor* v = mm[count - 1];
   return k->src[0]->ne[1] == v->src[0]->ne[1] && dequant_chunk_rows(k->src[0]) == k->src[0]->ne[1] &&
-         2 * static_cast<size_t>(k->src[0]->ne[1] * k->src[0]->ne[0]) * 2 <= 2 * dequant_chunk_bytes();
+         static_cast<size_t>(k->src[0]->ne[1] * k->src[0]->ne[0]) * 2 <= dequant_chunk_bytes();
 }
 
 size_t dequant_multi_scratch_bytes(const Tensor* const* mm, int count) {
