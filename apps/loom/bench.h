@@ -123,6 +123,10 @@ struct BatchedBenchResult {
   BatchedBenchTest test;
   double t_pp_s = 0.0;  ///< prefilling every sequence's prompt
   double t_tg_s = 0.0;  ///< the n_tg decode steps
+  /// Tensor parallelism: each rank's part of the decode steps (llm::DecodeStats::tp_rank_busy_ns) and
+  /// its start after the hand-off, summed over them (seconds); empty on one device.
+  std::vector<double> tp_busy_s, tp_lag_s;
+  int n_tg_passes = 0;  ///< decode passes in t_tg_s
   double speed_pp() const { return t_pp_s > 0 ? test.n_pl * static_cast<double>(test.n_pp) / t_pp_s : 0.0; }
   double speed_tg() const { return t_tg_s > 0 ? test.n_pl * static_cast<double>(test.n_tg) / t_tg_s : 0.0; }
   double speed() const { return t_pp_s + t_tg_s > 0 ? test.n_kv() / (t_pp_s + t_tg_s) : 0.0; }

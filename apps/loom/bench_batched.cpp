@@ -67,6 +67,14 @@ Status run_batched_bench_test(llm::Context& ctx, const BatchedBenchTest& test, b
         if (trace && i == 2 && s0 == 0) LOOM_TRY(capture_next_compute(*backend, trace_path));
         auto x = ctx.decode_batch(batch);
         if (!x) return x.status();
+        const llm::DecodeStats& st = ctx.stats();
+        r.tp_busy_s.resize(st.tp_rank_busy_ns.size());
+        r.tp_lag_s.resize(st.tp_rank_start_lag_ns.size());
+        for (size_t k = 0; k < st.tp_rank_busy_ns.size(); ++k) {
+          r.tp_busy_s[k] += 1e-9 * static_cast<double>(st.tp_rank_busy_ns[k]);
+          r.tp_lag_s[k] += 1e-9 * static_cast<double>(st.tp_rank_start_lag_ns[k]);
+        }
+        ++r.n_tg_passes;
       }
     }
     const auto t2 = clock::now();

@@ -204,6 +204,14 @@ int run_batched_bench(const BenchOptions& o) {
                                s.message()));
       fmt::print(stderr, "loom: bench: {} {} pp {} tg {} pl {}: S_PP {:.2f} t/s, S_TG {:.2f} t/s\n",
                  info.type, backend_name, t.n_pp, t.n_tg, t.n_pl, r.speed_pp(), r.speed_tg());
+      if (!r.tp_busy_s.empty() && r.n_tg_passes > 0) {  // where a split step's time goes
+        std::string ranks;
+        for (size_t k = 0; k < r.tp_busy_s.size(); ++k)
+          ranks += fmt::format("{}rank {} {:.3f} ms (from +{:.3f})", k ? ", " : "", k,
+                               1e3 * r.tp_busy_s[k] / r.n_tg_passes, 1e3 * r.tp_lag_s[k] / r.n_tg_passes);
+        fmt::print(stderr, "loom: bench: -tp {} pl {}: decode pass {:.3f} ms; ranks' parts: {}\n", r.tp_busy_s.size(),
+                   t.n_pl, 1e3 * r.t_tg_s / r.n_tg_passes, ranks);
+      }
       results.push_back(r);
     }
     std::fflush(stderr);

@@ -82,6 +82,13 @@ void print_stats(int n_prompt, const llm::DecodeStats& prompt, const ExecCounter
                static_cast<double>(step_exec.kernels) / n_steps,
                static_cast<double>(step_exec.kernels) / n_steps / n_layer,
                static_cast<double>(step_exec.host_ns) / n_steps / 1e3);
+    if (!step.tp_rank_busy_ns.empty()) {  // the last step's ranks: their parts and their starts
+      std::string ranks;
+      for (size_t k = 0; k < step.tp_rank_busy_ns.size(); ++k)
+        ranks += fmt::format("{}rank {} {:.1f} us (from +{:.1f})", k ? ", " : "", k, step.tp_rank_busy_ns[k] / 1e3,
+                             step.tp_rank_start_lag_ns[k] / 1e3);
+      fmt::print(stderr, "loom: stats: generation: last step's tensor-parallel ranks: {}\n", ranks);
+    }
   }
 }
 

@@ -258,6 +258,11 @@ struct DecodeStats {
   uint64_t host_inputs_ns = 0;  ///< filling the masks and writing the inputs
   /// Bytes of logits read back to the host by the last decode (n_vocab floats per row read).
   uint64_t logits_bytes_read = 0;
+  /// Tensor parallelism (empty otherwise), per rank, summed over the last decode's passes: the host
+  /// time of its part (its graph's launch and wait, its logits read-back), and how long after the
+  /// passes' hand-off to the rank threads it began (ns). A pass's time beyond its slowest rank's part
+  /// is the host's (inputs, hand-off).
+  std::vector<uint64_t> tp_rank_busy_ns, tp_rank_start_lag_ns;
 };
 
 /// One sequence's sampling in Context::decode_batch_sampled: the settings of loom::Sampler's chain

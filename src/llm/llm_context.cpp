@@ -442,6 +442,8 @@ struct ContextImpl {
     stats.n_graph_builds = 0;
     stats.host_build_ns = stats.host_alloc_ns = stats.host_inputs_ns = 0;
     stats.logits_bytes_read = 0;
+    stats.tp_rank_busy_ns.assign(tensor_parallel ? segments.size() : 0, 0);
+    stats.tp_rank_start_lag_ns.assign(tensor_parallel ? segments.size() : 0, 0);
   }
 
   // One forward pass over tokens already given cache cells, segment after segment; appends the
@@ -544,8 +546,20 @@ struct ContextImpl {
       // puts them at its vocabulary offset of every output row.
       const int64_t n_vocab = m->hp.n_vocab, n_out = segments[0].step.out->ne[1];
       float* dst = out ? out->append(static_cast<size_t>(n_vocab * n_out)) : nullptr;
+      const Clock::time_point handed = Clock::now();
       LOOM_TRY(rank_threads->run([&](int r) -> Status {
         Segment& s = segments[static_cast<size_t>(r)];
+        const Clock::time_point began = Clock::now();
+        struct Busy {  // the rank's time, however its part ends (each rank its own entries)
+          DecodeStats& st;
+          size_t r;
+          Clock::time_point handed, began;
+          ~Busy() {
+            if (r >= st.tp_rank_busy_ns.size()) return;
+            st.tp_rank_busy_ns[r] += elapsed_ns(began, Clock::now());
+            st.tp_rank_start_lag_ns[r] += elapsed_ns(handed, began);
+          }
+        } busy{stats, static_cast<size_t>(r), handed, began};
         Status st = s.backend->compute(*s.step.graph);
         if (!st.ok()) {
           s.split.comm->abort();  // ranks waiting for this one in a collective give up

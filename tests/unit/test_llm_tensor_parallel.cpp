@@ -162,6 +162,13 @@ TEST_F(LlmTensorParallel, BatchedStepsOverAPagedCache) {
       auto got = tp->ctx->decode_batch(seqs);
       ASSERT_TRUE(got.ok()) << got.status().to_string();
       expect_close(std::vector<float>(got->begin(), got->end()), w, static_cast<size_t>(ref->ctx->n_vocab()));
+      // each rank's part of the pass is timed; one device has no such entries
+      const DecodeStats& st = tp->ctx->stats();
+      ASSERT_EQ(st.tp_rank_busy_ns.size(), 2u);
+      ASSERT_EQ(st.tp_rank_start_lag_ns.size(), 2u);
+      EXPECT_GT(st.tp_rank_busy_ns[0], 0u);
+      EXPECT_GT(st.tp_rank_busy_ns[1], 0u);
+      EXPECT_TRUE(ref->ctx->stats().tp_rank_busy_ns.empty());
     }
     // a mixed pass: a new sequence's 2-token prompt chunk beside the others' decode tokens (5 in all: -ub)
     std::vector<SeqTokens> mixed;
