@@ -1159,8 +1159,8 @@ CudaError launch_mat_vec_fast(const LaunchContext& ctx, const Tensor* mm, const 
 }
 
 bool mat_vec_fast_supports_multi(const LaunchContext& ctx, const Tensor* const* mms, int count) {
-  for (int t = 0; t < count; ++t)
-    if (!mat_vec_fast_supports(ctx, mms[t], mms[t])) return false;
+  for (int t = 0; t < count; ++t)  // one launch decodes one weight type
+    if (!mat_vec_fast_supports(ctx, mms[t], mms[t]) || mms[t]->src[0]->type != mms[0]->src[0]->type) return false;
   return true;
 }
 
