@@ -433,7 +433,7 @@ print("; ".join(f"{k} {sum(v) / len(v) / 1000:.2f} us (x{len(v)})" for k, v in t
         done
         for n in $tps; do for ar in $ars; do  # rank 0's trace of a decode step: the all-reduces' share (they wait for the peers)
           env $(ar_env $ar) timeout -k 5 $tlim "$bin/loom" run -m "$f" -p "$p" -n 8 --temp 0 -tp $n --stats --trace "$out/tp$n-$ar-${m/:/-}.json" \
-            >/dev/null 2>"$out/tp$n-$ar-stats.err" && grep -E "fusions|kernels/token" "$out/tp$n-$ar-stats.err" | tail -2 && python3 tools/trace_summary.py "$out/tp$n-$ar-${m/:/-}.json" | grep -E "dispatch|all_reduce|total" |
+            >/dev/null 2>"$out/tp$n-$ar-stats.err" && grep -E "fusions|kernels/token|tensor-parallel ranks" "$out/tp$n-$ar-stats.err" | tail -3 && python3 tools/trace_summary.py "$out/tp$n-$ar-${m/:/-}.json" | grep -E "dispatch|all_reduce|total" |
             sed "s/^/-tp $n $ar trace: /"
         done; done
         for n in 1 $tps; do for ar in $ars; do
@@ -446,8 +446,10 @@ print("; ".join(f"{k} {sum(v) / len(v) / 1000:.2f} us (x{len(v)})" for k, v in t
         for n in $tps; do
           LOOM_NUMERICS=fast timeout -k 5 300 "$bin/loom-exec-equivalence" --tp $n "$f" 2>&1 | grep -E "exec-equivalence"
           [[ -n ${LOOM_TP_NPL:-} ]] && for k in 1 $n; do  # batched decode, unsplit and split
-            timeout -k 5 240 "$bin/loom" bench -m "$f" -npp 128 -ntg 32 -npl $LOOM_TP_NPL -tp $k 2>/dev/null |
+            # the table, then (split) each rank's part of a decode pass and when it began
+            timeout -k 5 240 "$bin/loom" bench -m "$f" -npp 128 -ntg 32 -npl $LOOM_TP_NPL -tp $k 2>"$out/tpnpl$k.err" |
               grep -E "^\|" | grep -v -- "---" | sed "s/^/-tp $k: /"
+            grep -E "ranks' parts" "$out/tpnpl$k.err"
           done
         done
       done ;;
