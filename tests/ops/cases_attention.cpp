@@ -142,6 +142,8 @@ struct FlashCase {
   int64_t nan_pad = 0;       // > 0: the last nan_pad keys are masked for every query and their K/V hold
                              // NaN (unwritten cache cells past the sequence, as a bucketed extent shows)
   bool mask_per_seq = false;  // a mask of its own for each of the ne3 sequences (a packed pass's prompts)
+  int64_t nan_key = -1;       // >= 0: that key's K row is NaN (its V finite) and it is visible: its score
+                              // weighs 0, as every kernel and the CPU give a NaN score
 };
 
 constexpr int64_t kCacheExtra = 24;
@@ -189,6 +191,12 @@ void add_flash_attn(CaseList& cases, const FlashCase& c, bool perf) {
       };
       k = in.custom(c.kt, {c.d, c.n_kv, c.n_head_kv, c.ne3}, nan_tail);
       v = in.custom(c.vt, {c.dv, c.n_kv, c.n_head_kv, c.ne3}, nan_tail);
+    } else if (c.nan_key >= 0) {
+      k = in.custom(c.kt, {c.d, c.n_kv, c.n_head_kv, c.ne3}, [c](Rng& rng, const Shape& s, std::vector<float>& v) {
+        for (size_t i = 0; i < v.size(); ++i)
+          v[i] = static_cast<int64_t>(i / static_cast<size_t>(s[0])) % s[1] == c.nan_key ? NAN : rng.uniform(-1.0f, 1.0f);
+      });
+      v = in.uniform(c.vt, {c.dv, c.n_kv, c.n_head_kv, c.ne3});
     } else {
       k = in.uniform(c.kt, {c.d, c.n_kv, c.n_head_kv, c.ne3});
       v = in.uniform(c.vt, {c.dv, c.n_kv, c.n_head_kv, c.ne3});
@@ -254,6 +262,10 @@ void add_flash_attn(CaseList& cases, const FlashCase& c, bool perf) {
               s *= scale;
               if (c.softcap > 0.0f) s = c.softcap * std::tanh(s / c.softcap);
               if (mask) s += (*mask)(j, iq, 0, m3);
+              if (std::isnan(s)) {  // a NaN score (NaN in K) weighs 0
+                w[j] = -INFINITY;
+                continue;
+              }
               w[j] = s;
               mx = std::max(mx, s);
             }
@@ -283,6 +295,7 @@ void add_flash_attn(CaseList& cases, const FlashCase& c, bool perf) {
   if (c.q_permuted) desc += " (permuted q)";
   if (c.sinks) desc += " sinks";
   if (c.nan_pad > 0) desc += fmt::format(" (last {} keys masked, NaN K/V)", c.nan_pad);
+  if (c.nan_key >= 0) desc += fmt::format(" (NaN K at visible key {})", c.nan_key);
   if (c.mask_per_seq) desc += " (a mask per sequence)";
   // 2 (d + dv) per visible (query, key, head): Q K^T and P V
   const double flops = 2.0 * visible_pairs(c) * (c.d + c.dv) * c.n_head * c.ne3;
@@ -368,6 +381,10 @@ void add_attention_cases(CaseList& cases, CaseSet set) {
       {128, 128, 24, 64, 8, 2, 4, f16, f16, true, f16, 24, true, 0.0f, false, false, 0, false, false, 0, true},
       {64, 64, 64, 96, 8, 2, 3, f16, f16, true, f32, 64, true, 0.0f, false, false, 0, false, false, 0, true},
       {128, 128, 6, 64, 8, 2, 4, f16, f16, true, f16, 6, true, 0.0f, false, false, 0, false, false, 0, true},
+      // a visible key with NaN K: the tensor-core kernel's plain tiles (64 queries after 128 cached keys,
+      // the key in the second, all-visible tile) and flash-decoding
+      {128, 128, 64, 192, 8, 2, 1, f16, f16, true, f16, 64, true, 0.0f, false, false, 0, true, false, 0, false, 70},
+      {128, 128, 1, 300, 8, 2, 1, f16, f16, true, f16, 1, false, 0.0f, false, false, 0, false, false, 0, false, 100},
       // decode over a bucketed extent: the cells past the sequence masked, their K/V NaN
       {128, 128, 1, 256, 32, 8, 1, f16, f16, true, f16, 1, false, 0.0f, false, false, 0, false, false, 100},
       {64, 64, 1, 2048, 8, 2, 1, f16, f16, true, f16, 1, false, 0.0f, false, false, 0, false, false, 300},
