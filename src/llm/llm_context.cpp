@@ -547,19 +547,7 @@ struct ContextImpl {
       const int64_t n_vocab = m->hp.n_vocab, n_out = segments[0].step.out->ne[1];
       float* dst = out ? out->append(static_cast<size_t>(n_vocab * n_out)) : nullptr;
       const Clock::time_point handed = Clock::now();
-      LOOM_TRY(rank_threads->run([&](int r) -> Status {
-        Segment& s = segments[static_cast<size_t>(r)];
-        const Clock::time_point began = Clock::now();
-        struct Busy {  // the rank's time, however its part ends (each rank its own entries)
-          DecodeStats& st;
-          size_t r;
-          Clock::time_point handed, began;
-          ~Busy() {
-            if (r >= st.tp_rank_busy_ns.size()) return;
-            st.tp_rank_busy_ns[r] += elapsed_ns(began, Clock::now());
-            st.tp_rank_start_lag_ns[r] += elapsed_ns(handed, began);
-          }
-        } busy{stats, static_cast<size_t>(r), handed, began};
+      auto part = [&](Segment& s) -> Status {
         Status st = s.backend->compute(*s.step.graph);
         if (!st.ok()) {
           s.split.comm->abort();  // ranks waiting for this one in a collective give up
@@ -571,6 +559,14 @@ struct ContextImpl {
         // copied row by row; the one-GPU path's page-locked read-back was worth 17% at 64 sequences,
         // docs/PERFORMANCE.md)
         return tensor_read_rows(s.step.out, dst + s.vocab_begin, static_cast<size_t>(n_vocab) * sizeof(float));
+      };
+      LOOM_TRY(rank_threads->run([&](int r) -> Status {  // each rank times its part in its own entries
+        const auto k = static_cast<size_t>(r);
+        const Clock::time_point began = Clock::now();
+        Status st = part(segments[k]);
+        stats.tp_rank_busy_ns[k] += elapsed_ns(began, Clock::now());
+        stats.tp_rank_start_lag_ns[k] += elapsed_ns(handed, began);
+        return st;
       }));
       if (dst) stats.logits_bytes_read += static_cast<uint64_t>(n_vocab * n_out) * sizeof(float);
     }

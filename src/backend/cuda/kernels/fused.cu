@@ -372,7 +372,7 @@ __global__ void mat_vec_multi_q8_kernel(const __grid_constant__ MultiArgs args, 
 
 // One block per token and group of kRopeHeads heads (K heads first, then Q's): the pairs' angles
 // are computed once into shared memory for all the group's heads (they depend on the token's
-// position only), then every (head, element) of the group is rotated. K row (token, head) is stored,
+// position only), then every (head, rotation pair) of the group is rotated. K row (token, head) is stored,
 // converted to the cache's type, at cache row idx[token] of head h (set_rows of permute(rope_k, 0,
 // 2, 1, 3), indices broadcast by modulo over dims 2-3); Q rows go to q_dst (may alias q_src: each
 // pair is read and stored by one thread). A block per (token, head) recomputed the angles per head:
@@ -405,10 +405,10 @@ __global__ void rope_set_rows_kernel(TensorDesc cache, bool cache_f16, TensorDes
   for (int w = static_cast<int>(threadIdx.x); w < static_cast<int>(h1 - h0) * slots; w += static_cast<int>(blockDim.x)) {
     const int h = static_cast<int>(h0) + w / slots, slot = w % slots;
     const bool rot = slot < half;
-    int j0 = 2 * slot, j1 = 2 * slot + 1;
+    int64_t j0 = 2 * slot, j1 = 2 * slot + 1;  // a tail slot's two elements
     float c = 0.0f, sn = 0.0f;
     if (rot) {
-      if (p.neox) j0 = slot, j1 = slot + half;
+      rope_pair_of(slot, p, j0, j1);
       c = cs[2 * slot];
       sn = cs[2 * slot + 1];
     }
@@ -726,39 +726,31 @@ bool glu_gemm_q_ok(const Tensor* const* n, FusedTarget t) {
   return gemm_q_products_usable(glu_products(n), t.fast, t.sm90a);
 }
 
-// The outputs are written after the packing has read x, so they may lie on x's bytes, not on each
-// other's.
-bool multi_gemm_q_ok(const Tensor* const* n, FusedTarget t) {
-  if (!gemm_q_fuse_enabled() || !n[0] || !n[1]) return false;
+// mat_vec_multi's GEMM forms (gemm_q, cuBLAS): 2-3 products whose f32 outputs lie apart from each
+// other. They are written after the packing has read x, so they may lie on x's bytes.
+bool multi_outputs_apart(const Tensor* const* n) {
+  if (!n[0] || !n[1]) return false;
   const int count = n[2] ? 3 : 2;
-  for (int t = 0; t < count; ++t) {
-    if (!is_f32(n[t])) return false;
-    for (int u = 0; u < t; ++u)
-      if (!disjoint(n[t], n[u])) return false;
+  for (int i = 0; i < count; ++i) {
+    if (!is_f32(n[i])) return false;
+    for (int u = 0; u < i; ++u)
+      if (!disjoint(n[i], n[u])) return false;
   }
-  return gemm_q_products_usable(multi_products(n), t.fast, t.sm90a);
+  return true;
 }
 
-// The cuBLAS form of mat_vec_multi: float weights back to back (stacked_cublas_usable), outputs apart
-// from each other (written after the packing has read x, so they may lie on x's bytes).
+bool multi_gemm_q_ok(const Tensor* const* n, FusedTarget t) {
+  return gemm_q_fuse_enabled() && multi_outputs_apart(n) && gemm_q_products_usable(multi_products(n), t.fast, t.sm90a);
+}
+
+// The cuBLAS form of mat_vec_multi: float weights back to back (stacked_cublas_usable).
 bool multi_cublas_ok(const Tensor* const* n, FusedTarget t) {
-  if (!gemm_q_fuse_enabled() || !n[0] || !n[1]) return false;
-  const int count = n[2] ? 3 : 2;
-  for (int i = 0; i < count; ++i)
-    for (int u = 0; u < i; ++u)
-      if (!disjoint(n[i], n[u])) return false;
-  return stacked_cublas_usable(n, count, t.fast);
+  return gemm_q_fuse_enabled() && multi_outputs_apart(n) && stacked_cublas_usable(n, n[2] ? 3 : 2, t.fast);
 }
 
-// The prompt-pass form of mat_vec_multi over quantized weights (dequant_multi_usable): outputs apart
-// from each other (written after the packing has read x, so they may lie on x's bytes).
+// The prompt-pass form of mat_vec_multi over quantized weights (dequant_multi_usable).
 bool multi_dequant_ok(const Tensor* const* n, FusedTarget t) {
-  if (!gemm_q_fuse_enabled() || !n[0] || !n[1]) return false;
-  const int count = n[2] ? 3 : 2;
-  for (int i = 0; i < count; ++i)
-    for (int u = 0; u < i; ++u)
-      if (!disjoint(n[i], n[u])) return false;
-  return dequant_multi_usable(n, count, t.fast);
+  return gemm_q_fuse_enabled() && multi_outputs_apart(n) && dequant_multi_usable(n, n[2] ? 3 : 2, t.fast);
 }
 
 // The cuBLAS form of glu_mat_vec: gate and up weights back to back (stacked_cublas_usable), the gated

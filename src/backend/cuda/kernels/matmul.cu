@@ -513,6 +513,13 @@ CudaError dequantize_rows(const LaunchContext& ctx, __half* out, const Tensor* a
   return {};
 }
 
+// Rows [row0, row0 + rows) of quantized weights a, whatever their format, as f16 rows at out.
+CudaError dequantize_rows_any(const LaunchContext& ctx, __half* out, const Tensor* a, int64_t row0, int64_t rows) {
+  return visit_quant_type(
+      a->type, CudaError::runtime(cudaErrorInvalidValue, "mul_mat: not a quantized weight", __FILE__, __LINE__),
+      [&](auto q) { return dequantize_rows<typename decltype(q)::Dequant8>(ctx, out, a, row0, rows); });
+}
+
 CudaError gemm_dequant(const LaunchContext& ctx, const Tensor* dst) {
   const Tensor* a = dst->src[0];
   const Tensor* b = dst->src[1];
@@ -527,11 +534,7 @@ CudaError gemm_dequant(const LaunchContext& ctx, const Tensor* dst) {
   const float alpha = 1.0f, beta = 0.0f;
   for (int64_t row0 = 0; row0 < m; row0 += chunk) {
     const int64_t rows = std::min(chunk, m - row0);
-    const CudaError e = visit_quant_type(
-        a->type,
-        CudaError::runtime(cudaErrorInvalidValue, "mul_mat: not a quantized weight", __FILE__, __LINE__),
-        [&](auto q) { return dequantize_rows<typename decltype(q)::Dequant8>(ctx, w16, a, row0, rows); });
-    if (!e.ok()) return e;
+    LOOM_CUDA_TRY(dequantize_rows_any(ctx, w16, a, row0, rows));
     // dst rows [row0, row0 + rows) of every column: column-major C with ldc = m
     LOOM_CUBLAS_CHECK(cublasGemmEx(ctx.cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), static_cast<int>(n),
                                    static_cast<int>(k), &alpha, w16, CUDA_R_16F, static_cast<int>(k), b16,
@@ -744,8 +747,7 @@ bool dequant_multi_usable(const Tensor* const* mm, int count, bool fast) {
   if (!x || x->type != DType::f32 || x->ne[2] != 1 || x->ne[3] != 1) return false;
   for (int t = 0; t < count; ++t) {
     const Tensor* d = mm[t];
-    if (!d || d->op != OpKind::mul_mat || d->src[1] != x || !use_dequant_gemm(d, fast) || d->type != DType::f32 ||
-        d->src[0]->ne[0] != x->ne[0] || d->ne[1] != x->ne[1])
+    if (!d || d->op != OpKind::mul_mat || d->src[1] != x || !use_dequant_gemm(d, fast) || d->type != DType::f32)
       return false;
   }
   // the pair: one shape, both dequantized whole into the scratch at once
@@ -781,13 +783,7 @@ CudaError launch_dequant_multi(const LaunchContext& ctx, const Tensor* const* mm
   const int64_t k = x->ne[0], m = pair[0]->src[0]->ne[1], n = x->ne[1];
   auto* b16 = static_cast<__half*>(c.scratch);
   auto* w16 = reinterpret_cast<__half*>(static_cast<char*>(c.scratch) + align_up(static_cast<size_t>(x->nelements()) * 2));
-  for (int i = 0; i < 2; ++i) {
-    const Tensor* a = pair[i]->src[0];
-    const CudaError e = visit_quant_type(
-        a->type, CudaError::runtime(cudaErrorInvalidValue, "mul_mat: not a quantized weight", __FILE__, __LINE__),
-        [&](auto q) { return dequantize_rows<typename decltype(q)::Dequant8>(c, w16 + i * m * k, a, 0, m); });
-    if (!e.ok()) return e;
-  }
+  for (int i = 0; i < 2; ++i) LOOM_CUDA_TRY(dequantize_rows_any(c, w16 + i * m * k, pair[i]->src[0], 0, m));
   const auto* c0 = static_cast<float*>(pair[0]->data);
   const long long stride_c = static_cast<float*>(pair[1]->data) - c0;
   const float alpha = 1.0f, beta = 0.0f;
