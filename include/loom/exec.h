@@ -29,6 +29,7 @@ enum class FusedKind : uint8_t {
   mat_vec_multi,        ///< 2-3 mul_mats of one activation (Q, K, V): one quantization, one kernel
   gather_flash_attn,    ///< flash_attn over K/V rows gathered by get_rows: the rows read in place
   all_reduce_add_rms_norm_mul,  ///< add_rms_norm_mul whose addend is an all_reduce's sum, exchanged in the kernel
+  rope_flash_attn,      ///< one token's rope(q), rope(k) and K/V cache stores done by its flash-decoding kernel
   count_,
 };
 inline constexpr int kFusedKindCount = static_cast<int>(FusedKind::count_);

@@ -32,6 +32,13 @@
 //                                                             get_rows(view(store), idx) reshaped to
 //                                                             [d, n_kv, n_head_kv, n_seqs]); the kernel
 //                                                             reads the rows through the indices
+//   rope_flash_attn      {rope_k, set_rows_k, rope_q,         kept: set_rows_k, set_rows_v, flash_attn.
+//                         set_rows_v, flash_attn}             rope_set_rows's four roles (both stores
+//                                                             required) whose stores flash_attn reads
+//                                                             (its K and V are views of them) and whose
+//                                                             rope_q it reads (through a permute) alone:
+//                                                             a decode step's attention, rotating Q and
+//                                                             the new K and storing K/V in its own kernel
 #pragma once
 
 #include <array>

@@ -21,6 +21,7 @@ const char* fused_kind_name(FusedKind k) {
     case FusedKind::moe_route: return "moe_route";
     case FusedKind::mat_vec_multi: return "mat_vec_multi";
     case FusedKind::gather_flash_attn: return "gather_flash_attn";
+    case FusedKind::rope_flash_attn: return "rope_flash_attn";
     case FusedKind::count_: break;
   }
   return "?";

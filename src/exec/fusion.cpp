@@ -28,6 +28,7 @@ class Matcher {
     for (size_t i = 0; i < plan_.dispatches.size(); ++i) try_glu_mat_vec(i);
     for (size_t i = 0; i < plan_.dispatches.size(); ++i) try_mat_vec_bias(i);
     for (size_t i = 0; i < plan_.dispatches.size(); ++i) try_mat_vec_multi(i);
+    for (size_t i = 0; i < plan_.dispatches.size(); ++i) try_rope_flash_attn(i);
     for (size_t i = 0; i < plan_.dispatches.size(); ++i) try_rope_set_rows(i);
     for (size_t i = 0; i < plan_.dispatches.size(); ++i) try_scale_mask_soft_max(i);
     // drop the dispatches folded into fused ones
@@ -191,38 +192,67 @@ class Matcher {
         if (commit(FusedKind::mat_vec_multi, {group[a], group[b]}, {true, true})) return;
   }
 
-  void try_rope_set_rows(size_t i) {
-    Tensor* sr = node_at(i);
-    if (!is(sr, OpKind::set_rows) || live(sr) < 0) return;
+  // The rotated keys' store: sr = set_rows(cache, permute(rope_k)), rope_k read by sr alone; null if
+  // `sr` is not one.
+  Tensor* rope_of_store(Tensor* sr) const {
+    if (!is(sr, OpKind::set_rows) || live(sr) < 0) return nullptr;
     const Tensor* view = sr->src[0];
-    if (!is(view, OpKind::view)) return;
+    if (!is(view, OpKind::view)) return nullptr;
     Tensor* rope_k = view->view_src;
-    if (!is(rope_k, OpKind::rope) || view->view_src->op == OpKind::view || sole_user(rope_k) != sr) return;
-    // the query's rope: same positions, factors and parameters, nearby
-    Tensor* rope_q = nullptr;
+    if (!is(rope_k, OpKind::rope) || sole_user(rope_k) != sr) return nullptr;
+    return rope_k;
+  }
+  // The query's rope beside rope_k: same positions, factors and parameters, nearby.
+  Tensor* rope_q_near(Tensor* rope_k) const {
     auto k_it = at_.find(rope_k);
-    if (k_it == at_.end()) return;  // not a node of this plan
+    if (k_it == at_.end()) return nullptr;  // not a node of this plan
     const size_t k_at = k_it->second;
     for (size_t j = k_at >= 6 ? k_at - 6 : 0; j < std::min(plan_.dispatches.size(), k_at + 7); ++j) {
       Tensor* c = node_at(j);
       if (c == rope_k || !is(c, OpKind::rope) || live(c) < 0) continue;
       if (c->src[1] == rope_k->src[1] && c->src[2] == rope_k->src[2] && c->params == rope_k->params &&
-          c->type == rope_k->type) {
-        rope_q = c;
-        break;
-      }
+          c->type == rope_k->type)
+        return c;
     }
-    // the values' store: a set_rows of the same cells that stores no rope (V), nearby
-    Tensor* sr_v = nullptr;
+    return nullptr;
+  }
+  // The values' store beside the keys' store sr (at dispatch i): a set_rows of the same cells that
+  // stores no rope, nearby.
+  Tensor* value_store_near(Tensor* sr, size_t i) const {
     for (size_t j = i >= 8 ? i - 8 : 0; j < std::min(plan_.dispatches.size(), i + 9); ++j) {
       Tensor* c = node_at(j);
       if (c == sr || !is(c, OpKind::set_rows) || live(c) < 0 || c->src[1] != sr->src[1] || c->type != sr->type)
         continue;
       const Tensor* src = producer(c->src[0]);
       if (src && src->op == OpKind::rope) continue;
-      sr_v = c;
-      break;
+      return c;
     }
+    return nullptr;
+  }
+
+  // A decode step's attention over the cache it has just stored into: flash_attn whose Q is a view of
+  // rope(q) (read by it alone) and whose K and V are views of the two stores of rope_set_rows. The
+  // backend takes it where its decode kernel rotates and stores the new row itself.
+  void try_rope_flash_attn(size_t i) {
+    Tensor* fa = node_at(i);
+    if (!is(fa, OpKind::flash_attn) || live(fa) < 0) return;
+    Tensor* rope_q = const_cast<Tensor*>(producer(fa->src[0]));
+    Tensor* sr = const_cast<Tensor*>(producer(fa->src[1]));
+    Tensor* sr_v = const_cast<Tensor*>(producer(fa->src[2]));
+    if (!is(rope_q, OpKind::rope) || live(rope_q) < 0 || sole_user(rope_q) != fa) return;
+    Tensor* rope_k = rope_of_store(sr);
+    if (!rope_k || rope_k == rope_q || rope_q_near(rope_k) != rope_q) return;
+    auto sr_at = at_.find(sr);
+    if (sr_v == sr || sr_at == at_.end() || value_store_near(sr, sr_at->second) != sr_v) return;
+    commit(FusedKind::rope_flash_attn, {rope_k, sr, rope_q, sr_v, fa}, {false, true, false, true, true});
+  }
+
+  void try_rope_set_rows(size_t i) {
+    Tensor* sr = node_at(i);
+    Tensor* rope_k = rope_of_store(sr);
+    if (!rope_k) return;
+    Tensor* rope_q = rope_q_near(rope_k);
+    Tensor* sr_v = value_store_near(sr, i);
     if (rope_q && sr_v &&
         commit(FusedKind::rope_set_rows, {rope_k, sr, rope_q, sr_v}, {false, true, true, true}))
       return;

@@ -547,6 +547,96 @@ void add_gather_flash_attn(CaseList& cases, const GatherAttnCase& c) {
   cases.push_back(std::move(oc));
 }
 
+// ---- rope_flash_attn -------------------------------------------------------------------------------
+
+// NOLINTNEXTLINE(clang-analyzer-optin.performance.Padding): fields follow the order of the case table
+struct RopeAttnCase {
+  int64_t d, n_head, n_head_kv, n_kv, n_cells, cell;  // the token's cell (n_kv and more: stored, not attended)
+  RopeParams p;
+  bool freq_factors = false;
+  DType mask_type = DType::f32;
+};
+
+// A decode step of StepBuilder::attention on a contiguous cache (one token): rope(q) and rope(k) at the
+// token's position, K and V stored into [d, n_cells, n_head_kv] f16 caches at its cell, then flash_attn
+// of permute(rope(q)) over views of the two stores' first n_kv cells, under a mask with hidden keys and
+// the token's own cell visible. The output and both whole caches are checked.
+void add_rope_flash_attn(CaseList& cases, const RopeAttnCase& c) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
+  auto one = [](float value) {
+    return [value](Rng&, const Shape&, std::vector<float>& v) { v.assign(v.size(), value); };
+  };
+  auto build = [c, scale, one](Graph& g, CaseInputs& in) -> Tensor* {
+    Tensor* q = in.uniform(DType::f32, {c.d, c.n_head, 1, 1});
+    Tensor* k = in.uniform(DType::f32, {c.d, c.n_head_kv, 1, 1});
+    Tensor* v = in.uniform(DType::f32, {c.d, c.n_head_kv, 1, 1});
+    Tensor* pos = in.custom(DType::i32, {1, 1, 1, 1}, one(static_cast<float>(c.cell + 1000)));
+    Tensor* cells = in.custom(DType::i32, {1, 1, 1, 1}, one(static_cast<float>(c.cell)));
+    Tensor* cache_k = in.uniform(DType::f16, {c.d, c.n_cells, c.n_head_kv, 1});
+    Tensor* cache_v = in.uniform(DType::f16, {c.d, c.n_cells, c.n_head_kv, 1});
+    Tensor* ff = c.freq_factors ? in.uniform(DType::f32, {c.p.n_dims / 2, 1, 1, 1}, 1.0f, 8.0f) : nullptr;
+    Tensor* mask = in.custom(c.mask_type, {c.n_kv, 1, 1, 1}, [c](Rng& rng, const Shape& sh, std::vector<float>& m) {
+      for (int64_t j = 0; j < sh[0]; ++j)
+        m[static_cast<size_t>(j)] = j != c.cell && rng.unit() < 0.2 ? -INFINITY : rng.uniform(-1.0f, 0.0f);
+    });
+    Tensor* q_rot = rope(g, q, pos, ff, c.p);
+    Tensor* k_rot = rope(g, k, pos, ff, c.p);
+    Tensor* stored_k = set_rows(g, cache_k, permute(g, k_rot, 0, 2, 1, 3), cells);
+    Tensor* stored_v = set_rows(g, cache_v, permute(g, v, 0, 2, 1, 3), cells);
+    if (!stored_k || !stored_v) return nullptr;
+    Tensor* keys = view(g, stored_k, {c.d, c.n_kv, c.n_head_kv, 1}, stored_k->nb, 0);
+    Tensor* vals = view(g, stored_v, {c.d, c.n_kv, c.n_head_kv, 1}, stored_v->nb, 0);
+    Tensor* out = flash_attn(g, permute(g, q_rot, 0, 2, 1, 3), keys, vals, mask, scale);
+    if (out) {
+      g.mark_output(stored_k);
+      g.mark_output(stored_v);
+    }
+    return out;
+  };
+  auto ref = [c, scale](const std::vector<RefTensor>& in) {
+    const RefTensor* ff = c.freq_factors ? &in[7] : nullptr;
+    const RefTensor& mask = in[c.freq_factors ? 8 : 7];
+    const RefTensor q_rot = rope_ref(in[0], in[3], ff, c.p);
+    const RefTensor k_rot = ref_round_trip(rope_ref(in[1], in[3], ff, c.p), DType::f16);
+    const RefTensor v16 = ref_round_trip(in[2], DType::f16);
+    RefTensor ck = in[5], cv = in[6];
+    for (int64_t h = 0; h < c.n_head_kv; ++h)
+      for (int64_t i = 0; i < c.d; ++i) {
+        ck(i, c.cell, h) = k_rot(i, h, 0);
+        cv(i, c.cell, h) = v16(i, h, 0);
+      }
+    const int64_t group = c.n_head / c.n_head_kv;
+    RefTensor out({c.d, c.n_head, 1, 1});
+    std::vector<double> w(static_cast<size_t>(c.n_kv));
+    for (int64_t h = 0; h < c.n_head; ++h) {
+      const int64_t hk = h / group;
+      double mx = -INFINITY;
+      for (int64_t j = 0; j < c.n_kv; ++j) {
+        double x = 0.0;
+        for (int64_t i = 0; i < c.d; ++i) x += q_rot(i, h, 0) * ck(i, j, hk);
+        w[static_cast<size_t>(j)] = x * scale + mask(j, 0, 0, 0);
+        mx = std::max(mx, w[static_cast<size_t>(j)]);
+      }
+      double sum = 0.0;
+      for (double& x : w) sum += (x = std::exp(x - mx));
+      for (int64_t i = 0; i < c.d; ++i) {
+        double acc = 0.0;
+        for (int64_t j = 0; j < c.n_kv; ++j) acc += w[static_cast<size_t>(j)] * cv(i, j, hk);
+        out(i, h, 0, 0) = acc / sum;
+      }
+    }
+    return concat_results({&out, &ck, &cv});
+  };
+  std::string desc = fmt::format("d={} heads={}/{} n_kv={} cache=f16[{}] cell={} {} n_dims={} mask={}", c.d, c.n_head,
+                                 c.n_head_kv, c.n_kv, c.n_cells, c.cell,
+                                 c.p.mode == RopeMode::neox ? "neox" : "normal", c.p.n_dims, dtype_name(c.mask_type));
+  if (c.freq_factors) desc += " freq_factors";
+  const double flops = 4.0 * static_cast<double>(c.d * c.n_kv * c.n_head);
+  OpCase oc{"rope_flash_attn", desc, kNmseFlashAttn, build, ref, flops, FusedKind::rope_flash_attn};
+  oc.fusion_fast_only = true;
+  cases.push_back(std::move(oc));
+}
+
 }  // namespace
 
 void add_fused_cases(CaseList& cases, CaseSet set) {
@@ -575,6 +665,9 @@ void add_fused_cases(CaseList& cases, CaseSet set) {
     add_moe_route(cases, 128, 8, 1, true);
     // loom bench -npl 64 -npp 128 -ntg 32 on an 8B model: 64 sequences over a 256-slot bucket
     add_gather_flash_attn(cases, {128, 32, 8, 64, 256});
+    // a decode step of an 8B layer at 128 and 4,096 keys
+    for (int64_t n_kv : {128, 4096})
+      add_rope_flash_attn(cases, {128, 32, 8, n_kv, n_kv, n_kv - 1, rope_params(RopeMode::normal, 128, 500000.0f)});
     return;
   }
 
@@ -708,6 +801,15 @@ void add_fused_cases(CaseList& cases, CaseSet set) {
   // gpt-oss's attention sinks: one split (n_kv 40) and several (n_kv 600: the merge kernel adds them)
   add_gather_flash_attn(cases, {64, 8, 2, 3, 40, true, 0.0f, true});
   add_gather_flash_attn(cases, {64, 8, 1, 2, 600, false, 0.0f, true});
+
+  // A decode step's rope and K/V stores folded into its attention: the token's cell the last key, one
+  // in the middle (several splits: a split not the first holds it), one past the attended keys (stored
+  // only); normal and neox pairs, partial rotation, frequency factors, head sizes 64, 128 and 256.
+  add_rope_flash_attn(cases, {128, 8, 2, 40, 64, 39, rope_params(M::normal, 128, 500000.0f)});
+  add_rope_flash_attn(cases, {128, 8, 2, 300, 320, 150, rope_params(M::neox, 128, 1000000.0f), true});
+  add_rope_flash_attn(cases, {64, 4, 4, 17, 20, 16, rope_params(M::normal, 32, 10000.0f), false, DType::f16});
+  add_rope_flash_attn(cases, {256, 4, 1, 129, 140, 128, rope_params(M::neox, 64, 10000.0f)});
+  add_rope_flash_attn(cases, {64, 6, 2, 20, 40, 30, rope_params(M::neox, 64, 10000.0f)});
 }
 
 }  // namespace loom::optest

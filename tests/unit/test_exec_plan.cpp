@@ -709,3 +709,76 @@ TEST(ExecPlan, StructureHashSeesEverythingAKernelSees) {
 
 }  // namespace
 }  // namespace loom
+
+namespace loom {
+namespace {
+
+// A decode step's attention (StepBuilder::attention, one token, contiguous cache): rope(q), rope(k)
+// stored by set_rows, V stored beside it, flash_attn over views of the stores. Fused, rope_q and
+// rope_k are neither written nor read; a second reader of rope(q) leaves the attention alone and the
+// rope and stores to rope_set_rows.
+struct DecodeAttention {
+  Graph g;
+  Tensor *rope_q = nullptr, *rope_k = nullptr, *store_k = nullptr, *store_v = nullptr, *out = nullptr;
+  GraphAllocation alloc;
+  explicit DecodeAttention(bool extra_reader_of_q = false) {
+    const int64_t d = 64, n_cells = 32, hkv = 2, n_head = 4, n_kv = 8;
+    Tensor* cache_k = g.weight(DType::f16, {d, n_cells, hkv, 1}, "cache_k");
+    Tensor* cache_v = g.weight(DType::f16, {d, n_cells, hkv, 1}, "cache_v");
+    Tensor* q = g.input(DType::f32, {d, n_head, 1, 1}, "q");
+    Tensor* k = g.input(DType::f32, {d, hkv, 1, 1}, "k");
+    Tensor* v = g.input(DType::f32, {d, hkv, 1, 1}, "v");
+    Tensor* pos = g.input(DType::i32, {1, 1, 1, 1}, "pos");
+    Tensor* cells = g.input(DType::i32, {1, 1, 1, 1}, "cells");
+    Tensor* mask = g.input(DType::f32, {n_kv, 1, 1, 1}, "mask");
+    RopeParams p{};
+    p.n_dims = static_cast<int32_t>(d);
+    p.mode = RopeMode::normal;
+    p.freq_base = 10000.0f;
+    p.freq_scale = 1.0f;
+    p.attn_factor = 1.0f;
+    rope_q = rope(g, q, pos, nullptr, p);
+    rope_k = rope(g, k, pos, nullptr, p);
+    store_k = set_rows(g, cache_k, permute(g, rope_k, 0, 2, 1, 3), cells);
+    store_v = set_rows(g, cache_v, permute(g, v, 0, 2, 1, 3), cells);
+    out = flash_attn(g, permute(g, rope_q, 0, 2, 1, 3), view(g, store_k, {d, n_kv, hkv, 1}, store_k->nb, 0),
+                     view(g, store_v, {d, n_kv, hkv, 1}, store_v->nb, 0), mask, 0.125f);
+    g.mark_output(out);
+    if (extra_reader_of_q) g.mark_output(sum_rows(g, rope_q));
+    auto a = allocate_graph(g, cpu_buffer_type());
+    EXPECT_TRUE(a.ok()) << a.status().message();
+    if (a.ok()) alloc = std::move(a.value());
+  }
+};
+
+TEST(ExecPlan, FusionFoldsTheDecodeRopeAndStoresIntoAttention) {
+  DecodeAttention a;
+  ASSERT_TRUE(a.g.status().ok()) << a.g.status().message();
+  Plan p = exec::build_plan(a.g);
+  ASSERT_EQ(p.dispatches.size(), 5u);  // rope rope set_rows set_rows flash_attn
+  exec::fuse(p, a.g, AcceptAll{});
+  EXPECT_EQ(p.stats.fusions[static_cast<int>(FusedKind::rope_flash_attn)], 1u);
+  EXPECT_EQ(p.stats.fusions[static_cast<int>(FusedKind::rope_set_rows)], 0u);
+  ASSERT_EQ(p.dispatches.size(), 1u);
+  const Dispatch& d = p.dispatches[0];
+  EXPECT_EQ(d.kind, FusedKind::rope_flash_attn);
+  EXPECT_EQ(d.nodes[0], a.rope_k);
+  EXPECT_EQ(d.nodes[1], a.store_k);
+  EXPECT_EQ(d.nodes[2], a.rope_q);
+  EXPECT_EQ(d.nodes[3], a.store_v);
+  EXPECT_EQ(d.anchor(), a.out);
+  // writes both stores and the attention, not the ropes (which the allocator may lay over their inputs)
+  ASSERT_EQ(d.writes.size(), 3u);
+  EXPECT_EQ(d.writes[0].begin, exec::tensor_range(*a.store_k).begin);
+  EXPECT_EQ(d.writes[1].begin, exec::tensor_range(*a.store_v).begin);
+  EXPECT_EQ(d.writes[2].begin, exec::tensor_range(*a.out).begin);
+
+  DecodeAttention shared(/*extra_reader_of_q=*/true);
+  Plan q = exec::build_plan(shared.g);
+  exec::fuse(q, shared.g, AcceptAll{});
+  EXPECT_EQ(q.stats.fusions[static_cast<int>(FusedKind::rope_flash_attn)], 0u);
+  EXPECT_EQ(q.stats.fusions[static_cast<int>(FusedKind::rope_set_rows)], 1u);
+}
+
+}  // namespace
+}  // namespace loom

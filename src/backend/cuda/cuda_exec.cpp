@@ -100,6 +100,8 @@ CudaError launch_dispatch(const LaunchContext& base, const exec::Dispatch& d) {
       return launch_mat_vec_multi(ctx, n[0], n[1], n[2]);
     case FusedKind::gather_flash_attn:
       return launch_gather_flash_attn(ctx, n[0], n[1], n[2]);
+    case FusedKind::rope_flash_attn:
+      return launch_rope_flash_attn(ctx, n[0], n[1], n[2], n[3], n[4], make_rope_args(n[0]->get_params<RopeParams>()));
     case FusedKind::count_:
       break;
   }
@@ -146,6 +148,8 @@ bool writes_act(const exec::Dispatch& d, int block) {
       const FlashAttnRows rows{d.nodes[0]->src[0], d.nodes[0]->src[1], d.nodes[1]->src[0], d.nodes[1]->src[1]};
       return flash_attn_decode_writes_act(d.nodes[2], &rows, block);
     }
+    case FusedKind::rope_flash_attn:  // the split merge is the plain decode's
+      return flash_attn_decode_writes_act(d.nodes[4], nullptr, block);
     default:
       return false;
   }
@@ -184,7 +188,7 @@ void mark_act_handoffs(exec::Plan& p, const Graph& g, FusedTarget target, bool t
   for (exec::Dispatch& d : p.dispatches) {
     const bool candidate = d.kind == FusedKind::rms_norm_mul || d.kind == FusedKind::add_rms_norm_mul ||
                            d.kind == FusedKind::all_reduce_add_rms_norm_mul ||
-                           d.kind == FusedKind::gather_flash_attn ||
+                           d.kind == FusedKind::gather_flash_attn || d.kind == FusedKind::rope_flash_attn ||
                            (d.kind == FusedKind::none && d.node()->op == OpKind::flash_attn);
     if (!candidate) continue;
     const Tensor* y = d.anchor();

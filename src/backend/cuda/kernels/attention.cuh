@@ -3,6 +3,7 @@
 #pragma once
 
 #include "launch.h"
+#include "rope_args.h"
 
 namespace loom::cuda {
 
@@ -51,10 +52,29 @@ bool flash_attn_decode_supported(const Tensor* dst, const FlashAttnRows* rows = 
 bool flash_attn_decode_writes_act(const Tensor* dst, const FlashAttnRows* rows, int act_block);
 /// Device scratch launch_flash_attn_decode needs for its splits' partial results (0: one split).
 size_t flash_attn_decode_scratch_bytes(const Tensor* dst);
+/// One token's rope and KV-cache stores done by the decode kernel (the rope_flash_attn fusion):
+/// rope_q = rope(q) is dst's Q (through a permute) and nothing else reads it; set_rows_k stores
+/// permute(rope_k = rope(k)) and set_rows_v permute(v) at the token's cell; dst's K and V are views of
+/// the two stores from their first cell. The kernel reads q, k and v as the products left them,
+/// rotates Q and the new key with the rope's arithmetic and stores the new K/V row as f16; where a
+/// block's keys include the new cell it takes that row from its registers instead of the cache.
+struct FlashAttnRope {
+  const Tensor* rope_k;
+  const Tensor* set_rows_k;
+  const Tensor* rope_q;
+  const Tensor* set_rows_v;
+  RopeArgs args;
+};
+
 /// flash_attn for few queries in the fast numerics mode (flash-decoding: the keys split over blocks,
-/// K/V read once per KV head, float softmax), K/V read through `rows` when given. Kernels in
-/// attention_decode.cu.
+/// K/V read once per KV head, float softmax), K/V read through `rows` when given, with the rope and
+/// stores of `rope` when given (not with rows). Kernels in attention_decode.cu.
 CudaError launch_flash_attn_decode(const LaunchContext& ctx, const Tensor* dst, float scale, float softcap,
-                                   const FlashAttnRows* rows = nullptr);
+                                   const FlashAttnRows* rows = nullptr, const FlashAttnRope* rope = nullptr);
+/// Whether launch_flash_attn_decode takes `rope` with dst (beyond flash_attn_decode_supported): one
+/// token of one sequence, f16 caches, the views and strides the kernel assumes, a rope whose pairs a
+/// lane group holds (normal mode, or neox with n_dims / 16 a power of two). The caller checks that
+/// the rope/store nodes are rope_set_rows' (rope_set_rows_ok). Checks data pointers when set.
+bool flash_attn_decode_rope_supported(const Tensor* dst, const FlashAttnRope& rope);
 
 }  // namespace loom::cuda

@@ -31,6 +31,7 @@
 #include "common.cuh"
 #include "loom/backend.h"
 #include "mat_vec_fast_formats.cuh"
+#include "rope_row.cuh"
 
 namespace loom::cuda {
 
@@ -63,6 +64,14 @@ struct DecodeArgs {
   const int32_t* k_idx;
   const int32_t* v_idx;
   int64_t k_store_rows, v_store_rows;  ///< rows of each store: an index outside reads NaNs
+  // The rope_flash_attn fusion only (kRope): Q, K and V as the products left them (f32), rotated and
+  // stored by the kernel. q_raw [d, n_head, 1] (head h: row (h, 0)), k_raw [d, n_head_kv, 1], v_raw
+  // [d, 1, n_head_kv] (V's permuted view); the stores [d, n_cells, n_head_kv] with the token's cell
+  // (i32; KV head h's at (0, h % ne[1]), as set_rows broadcasts); k and v above are views of the
+  // stores from cell 0, so key j is cell j.
+  TensorDesc q_raw, k_raw, v_raw, k_cache, v_cache, k_cell, v_cell, pos, freq;
+  bool has_freq;
+  RopeArgs rope;
 };
 
 /// The query row rr of KV head hk: its head and query.
@@ -134,6 +143,53 @@ __device__ __forceinline__ float merged_element(const DecodeArgs& a, int64_t row
   return total > 0.0f ? out / total : 0.0f;
 }
 
+/// A lane's 8 elements (sub * 8 ..) of a row rotated by the rope whose pairs' (cos, sin) are cs: the
+/// rope kernels' arithmetic (rope_first / rope_second). Normal mode's pairs are a lane's own; neox
+/// pairs element e with e + n_dims / 2, held by lane sub ^ (n_dims / 16) of the same lane group (the
+/// launcher checks n_dims / 16 is a power of two). Every lane of the warp calls it (shuffles).
+__device__ __forceinline__ void rope_lane8(float (&x)[8], int sub, const float* cs, const RopeArgs& p) {
+  const int n_dims = p.n_dims, half = n_dims / 2, e0 = sub * 8;
+  if (p.neox) {
+    float y[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) y[i] = __shfl_xor_sync(0xffffffffu, x[i], half / 8);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int e = e0 + i;
+      if (e < half) {
+        x[i] = rope_first(x[i], y[i], cs[2 * e], cs[2 * e + 1]);
+      } else if (e < n_dims) {
+        const int t = e - half;
+        x[i] = rope_second(y[i], x[i], cs[2 * t], cs[2 * t + 1]);
+      }
+    }
+    return;
+  }
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+    const int e = e0 + 2 * m;
+    if (e >= n_dims) continue;
+    const float x0 = x[2 * m], x1 = x[2 * m + 1], c = cs[e], s = cs[e + 1];  // pair e / 2
+    x[2 * m] = rope_first(x0, x1, c, s);
+    x[2 * m + 1] = rope_second(x0, x1, c, s);
+  }
+}
+
+/// 8 floats as the f16 row bytes a cache store writes (float_to_f16, element 2 i in word i's low half).
+__device__ __forceinline__ uint4 pack8(const float (&f)[8]) {
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    w[i] = static_cast<uint32_t>(float_to_f16(f[2 * i])) | (static_cast<uint32_t>(float_to_f16(f[2 * i + 1])) << 16);
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+/// 8 floats from p (16-byte aligned).
+__device__ __forceinline__ void load8(const float* p, float (&f)[8]) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+  f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+}
+
 /// Merges stream (m2, l2, acc2) into (m, l, acc).
 __device__ __forceinline__ void merge(float& m, float& l, float (&acc)[8], float m2, float l2, const float (&acc2)[8]) {
   const float mn = fmaxf(m, m2);
@@ -148,8 +204,15 @@ __device__ __forceinline__ void merge(float& m, float& l, float (&acc)[8], float
 // Grid: x = (i3, KV head, row group), y = split. kGather: K/V rows through a.k_idx / a.v_idx.
 // kMinBlocks: blocks an SM must hold (the register cap): 4 for gathered K/V (a batched step's 64
 // sequences x 8 KV heads = 512 blocks fit one wave of 132 SMs instead of two at 3 a SM).
-template <int kLpk, bool kGather, int kMinBlocks>
+// kRope (one token of one sequence, the rope_flash_attn fusion): each block rotates its rows' Q from
+// a.q_raw and the new key from a.k_raw with angles it computes once into shared memory; the key j
+// that is the token's cell takes the rotated K (and V, both rounded to f16 as the store rounds them)
+// from registers instead of the cache, and the first split's first row group block stores the new
+// K/V row of its KV head. So no block reads a cache row another writes, and the results are those
+// of rope_set_rows followed by flash_attn, bit for bit.
+template <int kLpk, bool kGather, int kMinBlocks, bool kRope>
 __global__ void __launch_bounds__(kDecThreads, kMinBlocks) flash_decode_kernel(const __grid_constant__ DecodeArgs a) {
+  static_assert(!(kGather && kRope), "the fused rope reads contiguous K/V");
   pdl_wait();
   constexpr int kKpw = kWarpSize / kLpk;  // keys per warp at once
   constexpr int kD = kLpk * 8;            // head size
@@ -158,8 +221,8 @@ __global__ void __launch_bounds__(kDecThreads, kMinBlocks) flash_decode_kernel(c
   __shared__ float sh_mask[kRows][kKeyChunk];
   __shared__ int32_t sh_kidx[kGather ? kKeyChunk : 1], sh_vidx[kGather ? kKeyChunk : 1];
   __shared__ int sh_last[2];  // per chunk parity: the chunk's last key a row sees (-1: none)
+  __shared__ float sh_cs[kRope ? kD : 1];  // kRope: (cos, sin) of each rotation pair
   if (threadIdx.x == 0) sh_last[0] = -1;
-  __syncthreads();
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int slot = lane / kLpk, sub = lane % kLpk;
   const int64_t n_kv_heads = a.k.ne[2];
@@ -178,12 +241,42 @@ __global__ void __launch_bounds__(kDecThreads, kMinBlocks) flash_decode_kernel(c
     row_ok[r] = rr < a.n_rows;
     int64_t h = 0, iq = 0;
     if (row_ok[r]) row_at(a, hk, rr, h, iq);
-    const auto* qp = reinterpret_cast<const float4*>(row_ptr(a.q, iq, h, i3)) + 2 * sub;
+    const auto* qp = reinterpret_cast<const float4*>(kRope ? row_ptr(a.q_raw, h, iq, i3) : row_ptr(a.q, iq, h, i3)) +
+                     2 * sub;
     const float4 q0 = row_ok[r] ? qp[0] : make_float4(0, 0, 0, 0), q1 = row_ok[r] ? qp[1] : make_float4(0, 0, 0, 0);
-    q[r][0] = q0.x * a.scale, q[r][1] = q0.y * a.scale, q[r][2] = q0.z * a.scale, q[r][3] = q0.w * a.scale;
-    q[r][4] = q1.x * a.scale, q[r][5] = q1.y * a.scale, q[r][6] = q1.z * a.scale, q[r][7] = q1.w * a.scale;
+    q[r][0] = q0.x, q[r][1] = q0.y, q[r][2] = q0.z, q[r][3] = q0.w;
+    q[r][4] = q1.x, q[r][5] = q1.y, q[r][6] = q1.z, q[r][7] = q1.w;
     m_rows[r] = a.has_mask && row_ok[r] ? row_ptr(a.mask, iq, h % a.mask.ne[2], i3 % a.mask.ne[3]) : nullptr;
   }
+  // kRope: the pairs' angles, the new K/V row's elements of this lane and its cells (keys)
+  int64_t k_key = -1, v_key = -1;
+  uint4 k_new = make_uint4(0, 0, 0, 0), v_new = make_uint4(0, 0, 0, 0);
+  float kx[8], vx[8];
+  if constexpr (kRope) {
+    k_key = *reinterpret_cast<const int32_t*>(a.k_cell.data + (hk % a.k_cell.ne[1]) * a.k_cell.nb[1]);
+    v_key = *reinterpret_cast<const int32_t*>(a.v_cell.data + (hk % a.v_cell.ne[1]) * a.v_cell.nb[1]);
+    load8(reinterpret_cast<const float*>(row_ptr(a.k_raw, hk, 0, 0)) + 8 * sub, kx);
+    load8(reinterpret_cast<const float*>(row_ptr(a.v_raw, 0, hk, 0)) + 8 * sub, vx);
+    const int32_t position = *reinterpret_cast<const int32_t*>(a.pos.data);
+    for (int i = static_cast<int>(threadIdx.x); i < a.rope.n_dims / 2; i += kDecThreads)
+      rope_angle(i, position, a.rope, a.freq, a.has_freq, sh_cs[2 * i], sh_cs[2 * i + 1]);
+  }
+  __syncthreads();  // sh_last (and kRope's angles) set
+  if constexpr (kRope) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) rope_lane8(q[r], sub, sh_cs, a.rope);
+    rope_lane8(kx, sub, sh_cs, a.rope);
+    k_new = pack8(kx);
+    v_new = pack8(vx);
+    if (split == 0 && rg == 0 && threadIdx.x < kLpk) {  // one lane group of one block per KV head stores
+      if (k_key >= 0 && k_key < a.k_cache.ne[1]) reinterpret_cast<uint4*>(row_ptr(a.k_cache, k_key, hk, 0))[sub] = k_new;
+      if (v_key >= 0 && v_key < a.v_cache.ne[1]) reinterpret_cast<uint4*>(row_ptr(a.v_cache, v_key, hk, 0))[sub] = v_new;
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) q[r][e] *= a.scale;
 
   float m[kRows], l[kRows], acc[kRows][8];
 #pragma unroll
@@ -255,10 +348,14 @@ __global__ void __launch_bounds__(kDecThreads, kMinBlocks) flash_decode_kernel(c
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int64_t j = c0 + t0 + slot + u * kStride;
-        kraw[u] =
-            any[u] ? kv_load<kGather>(a.k, k_row[u], a.k_store_rows, j, hk, i3, sub) : make_uint4(0, 0, 0, 0);
-        vraw[u] =
-            any[u] ? kv_load<kGather>(a.v, v_row[u], a.v_store_rows, j, hk, i3, sub) : make_uint4(0, 0, 0, 0);
+        // kRope: the token's own key from registers (its cache row is being stored)
+        const bool k_here = kRope && j == k_key, v_here = kRope && j == v_key;
+        kraw[u] = k_here ? k_new
+                  : any[u] ? kv_load<kGather>(a.k, k_row[u], a.k_store_rows, j, hk, i3, sub)
+                           : make_uint4(0, 0, 0, 0);
+        vraw[u] = v_here ? v_new
+                  : any[u] ? kv_load<kGather>(a.v, v_row[u], a.v_store_rows, j, hk, i3, sub)
+                           : make_uint4(0, 0, 0, 0);
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
@@ -427,12 +524,20 @@ TensorDesc kv_desc(const Tensor* operand, const Tensor* store) {
   return t;
 }
 
-template <bool kGather, int kMinBlocks>
+template <bool kGather, int kMinBlocks, bool kRope = false>
 auto decode_kernel_for(int64_t d) {
-  return d == 64    ? flash_decode_kernel<8, kGather, kMinBlocks>
-         : d == 128 ? flash_decode_kernel<16, kGather, kMinBlocks>
-                    : flash_decode_kernel<32, kGather, kMinBlocks>;
+  return d == 64    ? flash_decode_kernel<8, kGather, kMinBlocks, kRope>
+         : d == 128 ? flash_decode_kernel<16, kGather, kMinBlocks, kRope>
+                    : flash_decode_kernel<32, kGather, kMinBlocks, kRope>;
 }
+
+// The tensor a chain of views shows.
+const Tensor* viewed(const Tensor* t) {
+  while (t && t->op == OpKind::view) t = t->view_src;
+  return t;
+}
+
+bool is_pow2(int64_t n) { return n > 0 && (n & (n - 1)) == 0; }
 
 }  // namespace
 
@@ -466,6 +571,51 @@ bool flash_attn_decode_supported(const Tensor* dst, const FlashAttnRows* rows) {
                (mask->type != DType::f16 && mask->type != DType::f32)))
     return false;
   for (const Tensor* t : {dst, q, k_rows, v_rows})
+    if (t->data && !aligned16(t->data)) return false;
+  return true;
+}
+
+bool flash_attn_decode_rope_supported(const Tensor* dst, const FlashAttnRope& r) {
+  if (!r.rope_k || !r.set_rows_k || !r.rope_q || !r.set_rows_v || !flash_attn_decode_supported(dst)) return false;
+  const Tensor* q = dst->src[0];
+  const Tensor* k = dst->src[1];
+  const Tensor* v = dst->src[2];
+  const Tensor* qr = r.rope_q->src[0];
+  const Tensor* kr = r.rope_k->src[0];
+  const Tensor* vr = r.set_rows_v->src[0];
+  const Tensor* ks = r.set_rows_k;
+  const Tensor* vs = r.set_rows_v;
+  const Tensor* pos = r.rope_k->src[1];
+  const int64_t d = q->ne[0], n_head = q->ne[2], n_head_kv = k->ne[2];
+  // one token of one sequence; the kernel reads Q's head h at row (h, 0) of q_raw, as q shows rope_q
+  if (q->ne[1] != 1 || q->ne[3] != 1 || k->ne[3] != 1 || !qr || !kr || !vr || !pos) return false;
+  if (viewed(q) != r.rope_q || q->data != r.rope_q->data || r.rope_q->ne[0] != d || r.rope_q->ne[1] != n_head ||
+      q->nb[2] != r.rope_q->nb[1] || r.rope_q->ne[2] != 1 || r.rope_q->ne[3] != 1)
+    return false;
+  if (qr->type != DType::f32 || qr->ne[0] != d || qr->ne[1] != n_head || qr->nb[0] != sizeof(float) || qr->nb[1] % 16 != 0)
+    return false;
+  if (kr->type != DType::f32 || kr->ne[0] != d || kr->ne[1] != n_head_kv || kr->ne[2] != 1 || kr->ne[3] != 1 ||
+      kr->nb[0] != sizeof(float) || kr->nb[1] % 16 != 0)
+    return false;
+  if (vr->type != DType::f32 || vr->ne[0] != d || vr->ne[1] != 1 || vr->ne[2] != n_head_kv || vr->ne[3] != 1 ||
+      vr->nb[0] != sizeof(float) || vr->nb[2] % 16 != 0)
+    return false;
+  // K and V: views of the f16 stores from cell 0 with their strides, so key j is cell j
+  for (auto [view, store] : {std::pair{k, ks}, std::pair{v, vs}}) {
+    const Tensor* cell = store->src[1];
+    if (store->type != DType::f16 || viewed(view) != store || view->data != store->data || store->ne[0] != d ||
+        store->ne[2] != n_head_kv || store->ne[3] != 1 || view->nb[1] != store->nb[1] || view->nb[2] != store->nb[2] ||
+        store->nb[0] != 2 || store->nb[1] % 16 != 0 || store->nb[2] % 16 != 0)
+      return false;
+    if (!cell || cell->type != DType::i32 || cell->ne[0] != 1 || cell->ne[1] <= 0) return false;
+    if (store->data && !aligned16(store->data)) return false;
+  }
+  if (pos->type != DType::i32 || pos->ne[0] < 1) return false;
+  // the rotation pairs a lane group holds
+  const int n_dims = r.args.n_dims;
+  if (n_dims < 2 || n_dims % 2 != 0 || n_dims > d) return false;
+  if (r.args.neox && (n_dims % 16 != 0 || !is_pow2(n_dims / 16))) return false;
+  for (const Tensor* t : {qr, kr, vr})
     if (t->data && !aligned16(t->data)) return false;
   return true;
 }
@@ -547,7 +697,7 @@ size_t flash_attn_decode_scratch_bytes(const Tensor* dst) {
 }
 
 CudaError launch_flash_attn_decode(const LaunchContext& ctx, const Tensor* dst, float scale, float softcap,
-                                   const FlashAttnRows* rows) {
+                                   const FlashAttnRows* rows, const FlashAttnRope* rope) {
   const Tensor* q = dst->src[0];
   const Tensor* k = dst->src[1];
   const Tensor* v = dst->src[2];
@@ -567,6 +717,23 @@ CudaError launch_flash_attn_decode(const LaunchContext& ctx, const Tensor* dst, 
   a.mask = mask ? desc_of(mask) : TensorDesc{};
   a.sinks = dst->src[4] ? static_cast<const float*>(dst->src[4]->data) : nullptr;
   a.mask_f16 = mask && mask->type == DType::f16;
+  if (rope) {
+    if (rows || !flash_attn_decode_rope_supported(dst, *rope))
+      return CudaError::runtime(cudaErrorInvalidValue, "flash_attn decode: a rope and stores it cannot fold in",
+                                __FILE__, __LINE__);
+    a.q_raw = desc_of(rope->rope_q->src[0]);
+    a.k_raw = desc_of(rope->rope_k->src[0]);
+    a.v_raw = desc_of(rope->set_rows_v->src[0]);
+    a.k_cache = desc_of(rope->set_rows_k);
+    a.v_cache = desc_of(rope->set_rows_v);
+    a.k_cell = desc_of(rope->set_rows_k->src[1]);
+    a.v_cell = desc_of(rope->set_rows_v->src[1]);
+    a.pos = desc_of(rope->rope_k->src[1]);
+    const Tensor* ff = rope->rope_k->src[2];
+    a.has_freq = ff != nullptr;
+    a.freq = ff ? desc_of(ff) : TensorDesc{};
+    a.rope = rope->args;
+  }
   a.scale = scale;
   a.softcap = softcap;
   a.group = q->ne[2] / k->ne[2];
@@ -595,8 +762,9 @@ CudaError launch_flash_attn_decode(const LaunchContext& ctx, const Tensor* dst, 
                               __FILE__, __LINE__);
   // LOOM_FLASH_DECODE_CAP=0: the gathered kernel without the cap
   static const bool capped = env_switch("LOOM_FLASH_DECODE_CAP");
-  auto kernel = !rows ? decode_kernel_for<false, 1>(d)
-                      : (capped ? decode_kernel_for<true, 4>(d) : decode_kernel_for<true, 1>(d));
+  auto kernel = rope    ? decode_kernel_for<false, 1, true>(d)
+                : !rows ? decode_kernel_for<false, 1>(d)
+                        : (capped ? decode_kernel_for<true, 4>(d) : decode_kernel_for<true, 1>(d));
   kernel<<<grid, kDecThreads, 0, ctx.stream>>>(a);
   LOOM_CUDA_CHECK_LAUNCH("flash_decode_kernel");
   if (ctx.act_out_block) {  // the output projection's activations, quantized by the merge

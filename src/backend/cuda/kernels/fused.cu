@@ -892,6 +892,25 @@ bool gather_flash_attn_ok(const Tensor* const* n, bool fast) {
   return flash_attn_decode_supported(fa, &rows);
 }
 
+// rope_flash_attn: rope_set_rows' four roles, both stores f16, whose stores and rope_q the decode
+// kernel's flash_attn reads (flash_attn_decode_rope_supported checks the views and the rope's pairs).
+bool rope_flash_attn_ok(const Tensor* const* n, bool fast) {
+  const Tensor* fa = n[4];
+  if (!fast || !n[0] || !n[1] || !n[2] || !n[3] || !fa || fa->op != OpKind::flash_attn) return false;
+  if (fa->src[0]->ne[1] >= kFlashAttnMmaMinQueries || !rope_set_rows_ok(n[0], n[1], n[2], n[3])) return false;
+  // The output may lie on bytes the products wrote (Q, K and V die at the ropes and stores, which now
+  // run in this kernel): with one split a block writes its heads' rows while another still reads.
+  for (const Tensor* in : {n[2]->src[0], n[0]->src[0], n[3]->src[0], n[0]->src[1], n[0]->src[2], n[1]->src[1],
+                           n[3]->src[1], fa->src[3], fa->src[4]})
+    if (!disjoint(fa, in)) return false;
+  // support depends on the rotation pairs' layout only (the launch gets the whole make_rope_args)
+  const auto& p = n[0]->get_params<RopeParams>();
+  RopeArgs pairs;
+  pairs.n_dims = p.n_dims;
+  pairs.neox = p.mode == RopeMode::neox;
+  return flash_attn_decode_rope_supported(fa, FlashAttnRope{n[0], n[1], n[2], n[3], pairs});
+}
+
 unsigned capped(int64_t n, unsigned cap) {
   return static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(n, 1), cap));
 }
@@ -1275,6 +1294,14 @@ CudaError launch_gather_flash_attn(const LaunchContext& ctx, const Tensor* get_k
   return launch_flash_attn_decode(ctx, flash_attn, p.scale, p.softcap, &rows);
 }
 
+CudaError launch_rope_flash_attn(const LaunchContext& ctx, const Tensor* rope_k, const Tensor* set_rows_k,
+                                 const Tensor* rope_q, const Tensor* set_rows_v, const Tensor* flash_attn,
+                                 const RopeArgs& args) {
+  const FlashAttnRope rope{rope_k, set_rows_k, rope_q, set_rows_v, args};
+  const auto p = flash_attn->get_params<FlashAttnParams>();
+  return launch_flash_attn_decode(ctx, flash_attn, p.scale, p.softcap, nullptr, &rope);
+}
+
 bool fused_uses_cublas(FusedKind kind, const Tensor* const* nodes, FusedTarget t) {
   return (kind == FusedKind::mat_vec_multi && (multi_cublas_ok(nodes, t) || multi_dequant_ok(nodes, t))) ||
          (kind == FusedKind::glu_mat_vec && glu_cublas_ok(nodes, t));
@@ -1295,6 +1322,8 @@ size_t fused_scratch_bytes(FusedKind kind, const Tensor* const* nodes, FusedTarg
       return quantized_activation_bytes(nodes[0]->src[0]->type, nodes[0]->src[1]);
     case FusedKind::gather_flash_attn:  // the key splits' partial results
       return flash_attn_decode_scratch_bytes(nodes[2]);
+    case FusedKind::rope_flash_attn:
+      return flash_attn_decode_scratch_bytes(nodes[4]);
     default:
       return 0;
   }
@@ -1324,6 +1353,8 @@ bool fused_supported(FusedKind kind, const Tensor* const* nodes, FusedTarget t) 
                                     multi_cublas_ok(nodes, t) || multi_dequant_ok(nodes, t));
     case FusedKind::gather_flash_attn:
       return gather_flash_attn_ok(nodes, fast);
+    case FusedKind::rope_flash_attn:
+      return rope_flash_attn_ok(nodes, fast);
     case FusedKind::none:
     case FusedKind::count_:
       break;

@@ -51,6 +51,12 @@ CudaError launch_mat_vec_multi(const LaunchContext& ctx, const Tensor* mm0, cons
 /// (attention_decode.cu) with the row indirection; the gathers' outputs are never written.
 CudaError launch_gather_flash_attn(const LaunchContext& ctx, const Tensor* get_k, const Tensor* get_v,
                                    const Tensor* flash_attn);
+/// flash_attn over the K/V stores of one token's rope_set_rows (set_rows_k of permute(rope_k),
+/// set_rows_v), its Q rope_q: the fast decode kernel rotates Q and the new key and stores the new K/V
+/// row itself (attention_decode.cu, FlashAttnRope); rope_q and rope_k are never written.
+CudaError launch_rope_flash_attn(const LaunchContext& ctx, const Tensor* rope_k, const Tensor* set_rows_k,
+                                 const Tensor* rope_q, const Tensor* set_rows_v, const Tensor* flash_attn,
+                                 const RopeArgs& args);
 
 /// What a fused dispatch's kernels depend on beyond its operands: the numerics mode (some kinds are
 /// fast-mode kernels only) and the device (sm90a: compute capability 9.0, LaunchContext::sm90a).
