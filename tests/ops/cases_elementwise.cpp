@@ -213,6 +213,7 @@ void add_elementwise_cases(CaseList& cases, CaseSet set) {
     for (const UnaryKind& k : unary_kinds()) add_unary(cases, k, {4096, 512, 1, 1}, false, kNmseElementwise);
     add_gated(cases, true, {14336, 32, 1, 1}, false, kNmseElementwise);
     add_gated(cases, false, {14336, 32, 1, 1}, true, kNmseElementwise);
+    add_gated(cases, true, {14336, 512, 1, 1}, false, kNmseElementwise);  // a 512-token prefill chunk of an 8B layer
     return;
   }
 
