@@ -398,7 +398,7 @@ Comparison compare_results(const BackendResult& a, const std::vector<double>& ex
 double case_threshold(const OpCase& c, const RunSettings& run) {
   static const char* const kTensorCoreOps[] = {"mul_mat",          "mul_mat_id",    "flash_attn",
                                                "mat_vec_bias",     "mat_vec_multi", "glu_mat_vec",
-                                               "gather_flash_attn", "rope_flash_attn"};
+                                               "gather_flash_attn"};
   if (!run.fast) return c.max_nmse;
   for (const char* op : kTensorCoreOps)
     if (c.op == op) return std::max(c.max_nmse, kNmseFast);

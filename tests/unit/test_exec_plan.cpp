@@ -714,9 +714,9 @@ namespace loom {
 namespace {
 
 // A decode step's attention (StepBuilder::attention, one token, contiguous cache): rope(q), rope(k)
-// stored by set_rows, V stored beside it, flash_attn over views of the stores. Fused, rope_q and
-// rope_k are neither written nor read; a second reader of rope(q) leaves the attention alone and the
-// rope and stores to rope_set_rows.
+// stored by set_rows, V stored beside it, flash_attn over views of the stores. Fused, the dispatch
+// writes the two stores and the attention only (rope_q and rope_k are never written); a second reader
+// of rope(q) leaves the attention alone and the rope and stores to rope_set_rows.
 struct DecodeAttention {
   Graph g;
   Tensor *rope_q = nullptr, *rope_k = nullptr, *store_k = nullptr, *store_v = nullptr, *out = nullptr;

@@ -894,9 +894,12 @@ bool gather_flash_attn_ok(const Tensor* const* n, bool fast) {
 
 // rope_flash_attn: rope_set_rows' four roles, both stores f16, whose stores and rope_q the decode
 // kernel's flash_attn reads (flash_attn_decode_rope_supported checks the views and the rope's pairs).
+// LOOM_CUDA_ROPE_ATTN=0 (read once) keeps them apart: `LOOM_NQ_BASE=LOOM_CUDA_ROPE_ATTN=0
+// scripts/gpu-carried.sh normquant` checks that a greedy run's logits are bit-identical either way.
 bool rope_flash_attn_ok(const Tensor* const* n, bool fast) {
+  static const bool on = env_switch("LOOM_CUDA_ROPE_ATTN");  // =0: rope_set_rows and flash_attn apart, to compare
   const Tensor* fa = n[4];
-  if (!fast || !n[0] || !n[1] || !n[2] || !n[3] || !fa || fa->op != OpKind::flash_attn) return false;
+  if (!on || !fast || !n[0] || !n[1] || !n[2] || !n[3] || !fa || fa->op != OpKind::flash_attn) return false;
   if (fa->src[0]->ne[1] >= kFlashAttnMmaMinQueries || !rope_set_rows_ok(n[0], n[1], n[2], n[3])) return false;
   // The output may lie on bytes the products wrote (Q, K and V die at the ropes and stores, which now
   // run in this kernel): with one split a block writes its heads' rows while another still reads.
