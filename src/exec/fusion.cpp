@@ -216,9 +216,11 @@ class Matcher {
     }
     return nullptr;
   }
-  // The values' store beside the keys' store sr (at dispatch i): a set_rows of the same cells that
-  // stores no rope, nearby.
-  Tensor* value_store_near(Tensor* sr, size_t i) const {
+  // The values' store beside the keys' store sr: a set_rows of the same cells that stores no rope, nearby.
+  Tensor* value_store_near(Tensor* sr) const {
+    auto sr_it = at_.find(sr);
+    if (sr_it == at_.end()) return nullptr;
+    const size_t i = sr_it->second;
     for (size_t j = i >= 8 ? i - 8 : 0; j < std::min(plan_.dispatches.size(), i + 9); ++j) {
       Tensor* c = node_at(j);
       if (c == sr || !is(c, OpKind::set_rows) || live(c) < 0 || c->src[1] != sr->src[1] || c->type != sr->type)
@@ -242,8 +244,7 @@ class Matcher {
     if (!is(rope_q, OpKind::rope) || live(rope_q) < 0 || sole_user(rope_q) != fa) return;
     Tensor* rope_k = rope_of_store(sr);
     if (!rope_k || rope_k == rope_q || rope_q_near(rope_k) != rope_q) return;
-    auto sr_at = at_.find(sr);
-    if (sr_v == sr || sr_at == at_.end() || value_store_near(sr, sr_at->second) != sr_v) return;
+    if (value_store_near(sr) != sr_v) return;
     commit(FusedKind::rope_flash_attn, {rope_k, sr, rope_q, sr_v, fa}, {false, true, false, true, true});
   }
 
@@ -252,7 +253,7 @@ class Matcher {
     Tensor* rope_k = rope_of_store(sr);
     if (!rope_k) return;
     Tensor* rope_q = rope_q_near(rope_k);
-    Tensor* sr_v = value_store_near(sr, i);
+    Tensor* sr_v = value_store_near(sr);
     if (rope_q && sr_v &&
         commit(FusedKind::rope_set_rows, {rope_k, sr, rope_q, sr_v}, {false, true, true, true}))
       return;

@@ -30,6 +30,7 @@
 #include "attention.cuh"
 #include "common.cuh"
 #include "loom/backend.h"
+#include "loom/exec_plan.h"
 #include "mat_vec_fast_formats.cuh"
 #include "rope_row.cuh"
 
@@ -531,14 +532,6 @@ auto decode_kernel_for(int64_t d) {
                     : flash_decode_kernel<32, kGather, kMinBlocks, kRope>;
 }
 
-// The tensor a chain of views shows.
-const Tensor* viewed(const Tensor* t) {
-  while (t && t->op == OpKind::view) t = t->view_src;
-  return t;
-}
-
-bool is_pow2(int64_t n) { return n > 0 && (n & (n - 1)) == 0; }
-
 }  // namespace
 
 bool flash_attn_decode_supported(const Tensor* dst, const FlashAttnRows* rows) {
@@ -589,7 +582,7 @@ bool flash_attn_decode_rope_supported(const Tensor* dst, const FlashAttnRope& r)
   const int64_t d = q->ne[0], n_head = q->ne[2], n_head_kv = k->ne[2];
   // one token of one sequence; the kernel reads Q's head h at row (h, 0) of q_raw, as q shows rope_q
   if (q->ne[1] != 1 || q->ne[3] != 1 || k->ne[3] != 1 || !qr || !kr || !vr || !pos) return false;
-  if (viewed(q) != r.rope_q || q->data != r.rope_q->data || r.rope_q->ne[0] != d || r.rope_q->ne[1] != n_head ||
+  if (exec::producer(q) != r.rope_q || q->data != r.rope_q->data || r.rope_q->ne[0] != d || r.rope_q->ne[1] != n_head ||
       q->nb[2] != r.rope_q->nb[1] || r.rope_q->ne[2] != 1 || r.rope_q->ne[3] != 1)
     return false;
   if (qr->type != DType::f32 || qr->ne[0] != d || qr->ne[1] != n_head || qr->nb[0] != sizeof(float) || qr->nb[1] % 16 != 0)
@@ -603,7 +596,7 @@ bool flash_attn_decode_rope_supported(const Tensor* dst, const FlashAttnRope& r)
   // K and V: views of the f16 stores from cell 0 with their strides, so key j is cell j
   for (auto [view, store] : {std::pair{k, ks}, std::pair{v, vs}}) {
     const Tensor* cell = store->src[1];
-    if (store->type != DType::f16 || viewed(view) != store || view->data != store->data || store->ne[0] != d ||
+    if (store->type != DType::f16 || exec::producer(view) != store || view->data != store->data || store->ne[0] != d ||
         store->ne[2] != n_head_kv || store->ne[3] != 1 || view->nb[1] != store->nb[1] || view->nb[2] != store->nb[2] ||
         store->nb[0] != 2 || store->nb[1] % 16 != 0 || store->nb[2] % 16 != 0)
       return false;
@@ -614,7 +607,8 @@ bool flash_attn_decode_rope_supported(const Tensor* dst, const FlashAttnRope& r)
   // the rotation pairs a lane group holds
   const int n_dims = r.args.n_dims;
   if (n_dims < 2 || n_dims % 2 != 0 || n_dims > d) return false;
-  if (r.args.neox && (n_dims % 16 != 0 || !is_pow2(n_dims / 16))) return false;
+  const int partner = n_dims / 16;  // neox: the partner lane's distance, a power of two (an xor)
+  if (r.args.neox && (n_dims % 16 != 0 || (partner & (partner - 1)) != 0)) return false;
   for (const Tensor* t : {qr, kr, vr})
     if (t->data && !aligned16(t->data)) return false;
   return true;
