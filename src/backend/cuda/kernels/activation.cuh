@@ -30,6 +30,14 @@ __device__ __forceinline__ float softcap_f(float x, float cap) {
 __device__ __forceinline__ float gated_f(float gate, float up, bool swiglu) {
   return __fmul_rn(swiglu ? silu_f(gate) : gelu_tanh_f(gate), up);
 }
+/// The gated activations in float (the fast numerics mode's elementwise swiglu / geglu over prompt
+/// chunks): the double evaluations above cost about as much as the 88 MB a 512-token chunk of an 8B
+/// layer moves (38.5 us where its bytes need ~22, H200). Within a few float ulps of them.
+__device__ __forceinline__ float gated_fast_f(float gate, float up, bool swiglu) {
+  const float act = swiglu ? gate / (1.0f + expf(-gate))
+                           : 0.5f * gate * (1.0f + tanhf(0.79788456080286535588f * gate * (1.0f + 0.044715f * gate * gate)));
+  return act * up;
+}
 /// gpt-oss's clamped SwiGLU: g = min(gate, limit), u = clamp(up, -limit, limit), g sigmoid(alpha g)
 /// (u + 1). Comparisons rather than fminf/fmaxf, which would turn a NaN into the limit (the CPU and
 /// PyTorch keep it); the activation in double, then a float add and a float multiply, as on the CPU.

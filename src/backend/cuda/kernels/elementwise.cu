@@ -80,6 +80,8 @@ __global__ void gated_kernel(TensorDesc dst, TensorDesc gate, TensorDesc up, boo
 // The same over rows of float4s (every operand: contiguous rows of a multiple of 4 elements, 16-byte
 // aligned): one index split per 4 elements and 16-byte accesses. A prefill chunk's swiglu over
 // [14336, 512] on the H200 took 82 us at one element per thread (~1 TB/s of its 88 MB).
+// kFast: the activation in float (gated_fast_f), in the fast numerics mode.
+template <bool kFast>
 __global__ void gated4_kernel(TensorDesc dst, TensorDesc gate, TensorDesc up, bool swiglu, int64_t n4) {
   pdl_wait();
   const int64_t per_row = dst.ne[0] / 4;
@@ -89,9 +91,9 @@ __global__ void gated4_kernel(TensorDesc dst, TensorDesc gate, TensorDesc up, bo
     const int64_t i1 = r % dst.ne[1], i2 = (r / dst.ne[1]) % dst.ne[2], i3 = r / (dst.ne[1] * dst.ne[2]);
     const float4 g = *reinterpret_cast<const float4*>(row_ptr(gate, i1, i2, i3) + c);
     const float4 u = *reinterpret_cast<const float4*>(row_ptr(up, i1, i2, i3) + c);
+    auto act = [&](float x, float y) { return kFast ? gated_fast_f(x, y, swiglu) : gated_f(x, y, swiglu); };
     *reinterpret_cast<float4*>(row_ptr(dst, i1, i2, i3) + c) =
-        make_float4(gated_f(g.x, u.x, swiglu), gated_f(g.y, u.y, swiglu), gated_f(g.z, u.z, swiglu),
-                    gated_f(g.w, u.w, swiglu));
+        make_float4(act(g.x, u.x), act(g.y, u.y), act(g.z, u.z), act(g.w, u.w));
   }
 }
 
@@ -137,8 +139,9 @@ CudaError launch_gated(const LaunchContext& ctx, const Tensor* dst) {
   const int64_t n = dst->nelements();
   if (n == 0) return {};
   if (float4_rows(dst) && float4_rows(dst->src[0]) && float4_rows(dst->src[1])) {
-    gated4_kernel<<<grid_for(n / 4, kThreads), kThreads, 0, ctx.stream>>>(
-        desc_of(dst), desc_of(dst->src[0]), desc_of(dst->src[1]), dst->op == OpKind::swiglu, n / 4);
+    auto kernel = ctx.fast ? gated4_kernel<true> : gated4_kernel<false>;
+    kernel<<<grid_for(n / 4, kThreads), kThreads, 0, ctx.stream>>>(desc_of(dst), desc_of(dst->src[0]),
+                                                                  desc_of(dst->src[1]), dst->op == OpKind::swiglu, n / 4);
     LOOM_CUDA_CHECK_LAUNCH("gated4_kernel");
     return {};
   }
