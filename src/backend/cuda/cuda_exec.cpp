@@ -513,9 +513,47 @@ LaunchContext Executor::launch_context(cudaStream_t stream) const {
                        info.sm_count, info.cc_major == 9 && info.cc_minor == 0};
 }
 
+namespace {
+// LOOM_CUDA_ABLATE=a,b,... (or a+b+...): the dispatches so named launch nothing. A name is a dispatch's op or
+// fusion ("add_rms_norm_mul", "rope_flash_attn"), its tensor's or its first operand's name without the
+// layer prefix ("ffn_down.weight": the FFN down products). For timing only (the results are wrong):
+// tg128 with and without a kind of kernel is what that kind costs in the replayed step, launch and
+// hand-offs included, which ncu's one-kernel-at-a-time times are not.
+const std::vector<std::string>& ablated() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    const char* e = std::getenv("LOOM_CUDA_ABLATE");
+    std::string s = e ? e : "";
+    for (size_t at = 0; at < s.size();) {
+      const size_t comma = std::min(s.find_first_of(",+", at), s.size());
+      if (comma > at) v.push_back(s.substr(at, comma - at));
+      at = comma + 1;
+    }
+    return v;
+  }();
+  return names;
+}
+bool is_ablated(const exec::Dispatch& d) {
+  const auto& names = ablated();
+  if (names.empty()) return false;
+  auto unprefixed = [](const std::string& n) {  // "blk.3.ffn_down.weight" -> "ffn_down.weight"
+    if (n.rfind("blk.", 0) != 0) return n;
+    const size_t dot = n.find('.', 4);
+    return dot == std::string::npos ? n : n.substr(dot + 1);
+  };
+  const Tensor* a = d.anchor();
+  const std::string what = d.kind == FusedKind::none ? op_name(d.node()->op) : fused_kind_name(d.kind);
+  const std::string own = unprefixed(a->name), first = a->src[0] ? unprefixed(a->src[0]->name) : std::string();
+  for (const std::string& n : names)
+    if (n == what || n == own || (!first.empty() && n == first)) return true;
+  return false;
+}
+}  // namespace
+
 CudaError Executor::run_dispatch(const LaunchContext& base, const exec::Dispatch& d) {
   if (inject_countdown_ > 0 && --inject_countdown_ == 0)
     return CudaError::runtime(cudaErrorLaunchFailure, "injected fault (LOOM_CUDA_INJECT_FAULT)", __FILE__, __LINE__);
+  if (is_ablated(d)) return {};
   return launch_dispatch(base, d);
 }
 
@@ -619,7 +657,10 @@ Status Executor::record(const exec::Plan& p, size_t begin, size_t end, bool pdl,
     deps.erase(std::unique(deps.begin(), deps.end()), deps.end());
     cudaGraphEdgeData edge{};
     bool programmatic = false;
-    if (pdl && first_kernel_waits(p.dispatches[i]) && deps.size() == 1 && p.deps[i].size() == 1) {
+    // (an ablated dispatch launches nothing: a programmatic edge left on the capture's dependencies
+    // would make the query below fail with cudaErrorLossyQuery)
+    if (pdl && first_kernel_waits(p.dispatches[i]) && deps.size() == 1 && p.deps[i].size() == 1 &&
+        !is_ablated(p.dispatches[i])) {
       cudaGraphNodeType type{};
       if (cudaGraphNodeGetType(deps[0], &type) == cudaSuccess && type == cudaGraphNodeTypeKernel) {
         edge.from_port = cudaGraphKernelNodePortProgrammatic;
