@@ -72,8 +72,16 @@ struct DecodeArgs {
   // stores from cell 0, so key j is cell j.
   TensorDesc q_raw, k_raw, v_raw, k_cache, v_cache, k_cell, v_cell, pos, freq;
   bool has_freq;
+  bool angles_early;  ///< the position and frequency factors are graph inputs / weights: read before the wait
   RopeArgs rope;
 };
+
+/// kRope: each rotation pair's (cos, sin) at the token's position into sh_cs, a thread a pair.
+__device__ __forceinline__ void rope_angles(const DecodeArgs& a, float* sh_cs) {
+  const int32_t position = *reinterpret_cast<const int32_t*>(a.pos.data);
+  for (int i = static_cast<int>(threadIdx.x); i < a.rope.n_dims / 2; i += kDecThreads)
+    rope_angle(i, position, a.rope, a.freq, a.has_freq, sh_cs[2 * i], sh_cs[2 * i + 1]);
+}
 
 /// The query row rr of KV head hk: its head and query.
 __device__ __forceinline__ void row_at(const DecodeArgs& a, int64_t hk, int64_t rr, int64_t& h, int64_t& iq) {
@@ -214,6 +222,11 @@ __device__ __forceinline__ void merge(float& m, float& l, float (&acc)[8], float
 template <int kLpk, bool kGather, int kMinBlocks, bool kRope>
 __global__ void __launch_bounds__(kDecThreads, kMinBlocks) flash_decode_kernel(const __grid_constant__ DecodeArgs a) {
   static_assert(!(kGather && kRope), "the fused rope reads contiguous K/V");
+  __shared__ float sh_cs[kRope ? kLpk * 8 : 1];  // kRope: (cos, sin) of each rotation pair
+  // kRope with a.angles_early: the angles before the wait (the position and the frequency factors are
+  // the step's inputs and weights, no kernel's output), off the path after the products' hand-off
+  if constexpr (kRope)
+    if (a.angles_early) rope_angles(a, sh_cs);
   pdl_wait();
   constexpr int kKpw = kWarpSize / kLpk;  // keys per warp at once
   constexpr int kD = kLpk * 8;            // head size
@@ -222,7 +235,6 @@ __global__ void __launch_bounds__(kDecThreads, kMinBlocks) flash_decode_kernel(c
   __shared__ float sh_mask[kRows][kKeyChunk];
   __shared__ int32_t sh_kidx[kGather ? kKeyChunk : 1], sh_vidx[kGather ? kKeyChunk : 1];
   __shared__ int sh_last[2];  // per chunk parity: the chunk's last key a row sees (-1: none)
-  __shared__ float sh_cs[kRope ? kD : 1];  // kRope: (cos, sin) of each rotation pair
   if (threadIdx.x == 0) sh_last[0] = -1;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int slot = lane / kLpk, sub = lane % kLpk;
@@ -258,9 +270,7 @@ __global__ void __launch_bounds__(kDecThreads, kMinBlocks) flash_decode_kernel(c
     v_key = *reinterpret_cast<const int32_t*>(a.v_cell.data + (hk % a.v_cell.ne[1]) * a.v_cell.nb[1]);
     load8(reinterpret_cast<const float*>(row_ptr(a.k_raw, hk, 0, 0)) + 8 * sub, kx);
     load8(reinterpret_cast<const float*>(row_ptr(a.v_raw, 0, hk, 0)) + 8 * sub, vx);
-    const int32_t position = *reinterpret_cast<const int32_t*>(a.pos.data);
-    for (int i = static_cast<int>(threadIdx.x); i < a.rope.n_dims / 2; i += kDecThreads)
-      rope_angle(i, position, a.rope, a.freq, a.has_freq, sh_cs[2 * i], sh_cs[2 * i + 1]);
+    if (!a.angles_early) rope_angles(a, sh_cs);
   }
   __syncthreads();  // sh_last (and kRope's angles) set
   if constexpr (kRope) {
@@ -725,6 +735,7 @@ CudaError launch_flash_attn_decode(const LaunchContext& ctx, const Tensor* dst, 
     a.pos = desc_of(rope->rope_k->src[1]);
     const Tensor* ff = rope->rope_k->src[2];
     a.has_freq = ff != nullptr;
+    a.angles_early = read_before_wait(rope->rope_k->src[1]) && (!ff || read_before_wait(ff));
     a.freq = ff ? desc_of(ff) : TensorDesc{};
     a.rope = rope->args;
   }

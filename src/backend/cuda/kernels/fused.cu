@@ -121,20 +121,33 @@ __global__ void __launch_bounds__(kNormFastThreads) rms_norm_mul_fast_kernel(Ten
                                                                              TensorDesc sum, bool has_add,
                                                                              const float* w, float eps,
                                                                              ActFastRaw act, int act_block,
-                                                                             LLGroup ll) {
-  pdl_wait();
+                                                                             LLGroup ll, bool w_early) {
   constexpr int kVec = kPer / 4;
+  const int64_t n4w = y.ne[0] / 4;
+  const auto* w4 = reinterpret_cast<const float4*>(w);
+  // the weights, one row for every row: with w_early (a weight, no kernel's output) before the wait,
+  // so that after it only the row's loads, which the kernel before has just written to L2, are waited for
+  float4 wv[kVec];
+  auto load_w = [&] {
+#pragma unroll
+    for (int v = 0; v < kVec; ++v) {
+      const int64_t i = threadIdx.x + static_cast<int64_t>(v) * kNormFastThreads;
+      wv[v] = i < n4w ? w4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+  };
+  if (w_early) load_w();
+  pdl_wait();
+  if (!w_early) load_w();
   __shared__ float partial[kNormFastWarps];
   __shared__ float warp_max[kVec][kNormFastWarps];
   const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
-  const int64_t n4 = y.ne[0] / 4;
-  const auto* w4 = reinterpret_cast<const float4*>(w);
+  const int64_t n4 = n4w;
   for (int64_t r = blockIdx.x; r < nrows(y); r += gridDim.x) {
     int64_t i1, i2, i3;
     split_row(r, y.ne[1], y.ne[2], i1, i2, i3);
     const auto* xa = reinterpret_cast<const float4*>(row_ptr(a, i1, i2, i3));
     const auto* xb = reinterpret_cast<const float4*>(has_add ? row_ptr(b, i1, i2, i3) : nullptr);
-    float4 x[kVec], wv[kVec], bv[kVec];
+    float4 x[kVec], bv[kVec];
     // every load before the first store: the sum may alias a or b, so a store between two loads
     // kept the next load waiting for it (a memory latency per float4, 7.2 us per 4096-wide row)
 #pragma unroll
@@ -142,7 +155,6 @@ __global__ void __launch_bounds__(kNormFastThreads) rms_norm_mul_fast_kernel(Ten
       const int64_t i = tid + static_cast<int64_t>(v) * kNormFastThreads;
       const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       x[v] = i < n4 ? xa[i] : zero;
-      wv[v] = i < n4 ? w4[i] : zero;
       bv[v] = has_add && i < n4 ? xb[i] : zero;
     }
     if constexpr (kAllReduce) {  // grid = rows: one slot per block
@@ -1072,7 +1084,7 @@ bool rms_norm_mul_fast(const LaunchContext& ctx, const Tensor* y, const Tensor* 
   kernel<<<grid, kNormFastThreads, 0, ctx.stream>>>(desc_of(y), desc_of(a), b ? desc_of(b) : none,
                                                     b ? desc_of(sum) : none, b != nullptr,
                                                     static_cast<const float*>(w->data), eps, act,
-                                                    ctx.act_out_block, ll ? *ll : LLGroup{});
+                                                    ctx.act_out_block, ll ? *ll : LLGroup{}, read_before_wait(w));
   return true;
 }
 

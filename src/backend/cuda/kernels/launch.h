@@ -49,6 +49,12 @@ struct LaunchContext {
   bool b_packed = false;
 };
 
+/// Whether a kernel may read t before its pdl_wait (while the kernel before it still runs): a leaf
+/// (OpKind::none) is a weight or one of the step's inputs, copied before its first kernel. The caches
+/// are leaves the stores write, so this is for operands that are never a store's target: positions,
+/// frequency factors, norm weights.
+inline bool read_before_wait(const Tensor* t) { return t->op == OpKind::none; }
+
 inline TensorDesc desc_of(const Tensor* t) {
   TensorDesc d{};
   d.data = static_cast<char*>(t->data);
