@@ -58,7 +58,7 @@ mkdir -p "$out"
 bin=$root/build-carry/bin
 mkdir -p "$bin" && tar xJf build-carry/bins.tar.xz -C "$bin"
 # build-carry/base.tar.xz (scripts/pack-carried.sh --base): another build's binaries, run by the
-# "@base" mode of kperf, decode and batchedmodes (the same process order, one call)
+# "@base" mode of kperf, decode, prefill and batchedmodes (the same process order, one call)
 bin_base=$root/build-carry/bin-base
 [[ -f build-carry/base.tar.xz ]] && mkdir -p "$bin_base" && tar xJf build-carry/base.tar.xz -C "$bin_base"
 binof() { [[ $1 == "@base" ]] && echo "$bin_base" || echo "$bin"; }
@@ -128,7 +128,7 @@ for step in "$@"; do
         f=$(model "$m") || continue
         # LOOM_PREFILL_UB: pass sizes (-ub) to time, "-" for loom bench's default
         for mode in $pmodes; do for ub in ${LOOM_PREFILL_UB:--}; do
-          env $(tr "," " " <<<"${mode/#-/}") timeout 200 "$bin/loom" bench -m "$f" ${LOOM_PREFILL_FLAGS:--p 512,4096 -n 0 -r 3} \
+          env $(modeenv "$mode") timeout 200 "$(binof "$mode")/loom" bench -m "$f" ${LOOM_PREFILL_FLAGS:--p 512,4096 -n 0 -r 3} \
             $([[ $ub == - ]] || echo "-ub $ub") 2>/dev/null |
             grep -E "^\|" | grep -v -- "---" | grep -v "t/s" | awk -v tag="$mode$([[ $ub == - ]] || echo " -ub $ub")" '{ print $0 " " tag }'
         done; done
@@ -136,7 +136,7 @@ for step in "$@"; do
         first=""
         for mode in $pmodes; do
           lf="$work/pf-$(tr -c 'A-Za-z0-9' _ <<<"$mode").bin"
-          env $(tr "," " " <<<"${mode/#-/}") timeout 120 "$bin/loom" run -m "$f" -p "$long" -n 2 --temp 0 --dump-logits "$lf" >/dev/null 2>&1
+          env $(modeenv "$mode") timeout 120 "$(binof "$mode")/loom" run -m "$f" -p "$long" -n 2 --temp 0 --dump-logits "$lf" >/dev/null 2>&1
           if [[ -z $first ]]; then first=$lf; else cmp -s "$lf" "$first" && echo "$m $mode: prompt logits bit-identical to ${pmodes%% *}" || echo "$m $mode: prompt logits DIFFER from ${pmodes%% *}"; fi
         done
       done ;;
