@@ -516,7 +516,8 @@ LaunchContext Executor::launch_context(cudaStream_t stream) const {
 namespace {
 // LOOM_CUDA_ABLATE=a,b,... (or a+b+...): the dispatches so named launch nothing. A name is a dispatch's op or
 // fusion ("add_rms_norm_mul", "rope_flash_attn"), its tensor's or its first operand's name without the
-// layer prefix ("ffn_down.weight": the FFN down products). For timing only (the results are wrong):
+// layer prefix ("ffn_down.weight": the FFN down products); some launchers also test names of their
+// kernels (ablated_kernel). For timing only (the results are wrong):
 // tg128 with and without a kind of kernel is what that kind costs in the replayed step, launch and
 // hand-offs included, which ncu's one-kernel-at-a-time times are not.
 const std::vector<std::string>& ablated() {
@@ -533,6 +534,15 @@ const std::vector<std::string>& ablated() {
   }();
   return names;
 }
+}  // namespace
+
+bool ablated_kernel(const char* name) {
+  for (const std::string& n : ablated())
+    if (n == name) return true;
+  return false;
+}
+
+namespace {
 bool is_ablated(const exec::Dispatch& d) {
   const auto& names = ablated();
   if (names.empty()) return false;

@@ -772,6 +772,8 @@ CudaError launch_flash_attn_decode(const LaunchContext& ctx, const Tensor* dst, 
                         : (capped ? decode_kernel_for<true, 4>(d) : decode_kernel_for<true, 1>(d));
   kernel<<<grid, kDecThreads, 0, ctx.stream>>>(a);
   LOOM_CUDA_CHECK_LAUNCH("flash_decode_kernel");
+  static const bool no_merge = ablated_kernel("flash_decode_merge");  // timing only
+  if (no_merge) return {};
   if (ctx.act_out_block) {  // the output projection's activations, quantized by the merge
     const ActFastRaw act = act_fast_at(dst->data, q->ne[1] * q->ne[3], d * q->ne[2], ctx.act_out_block);
     flash_decode_merge_act_kernel<<<static_cast<unsigned>(q->ne[1] * q->ne[3] * (q->ne[2] / hpb)),

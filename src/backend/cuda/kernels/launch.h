@@ -49,6 +49,10 @@ struct LaunchContext {
   bool b_packed = false;
 };
 
+/// LOOM_CUDA_ABLATE names a launcher may also test for one of its kernels ("flash_decode_merge",
+/// "quantize_act"): true when that kernel is to be left out (timing only; cuda_exec.cpp).
+bool ablated_kernel(const char* name);
+
 /// Whether a kernel may read t before its pdl_wait (while the kernel before it still runs): a leaf
 /// (OpKind::none) is a weight or one of the step's inputs, copied before its first kernel. The caches
 /// are leaves the stores write, so this is for operands that are never a store's target: positions,

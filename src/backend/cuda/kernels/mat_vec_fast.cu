@@ -1090,7 +1090,8 @@ template <class Q>
 CudaError quant_mat_vec(const LaunchContext& ctx, const FastLaunch& l) {
   const Tensor* b = l.mms[0]->src[1];
   const int64_t blocks = b->nrows() * (b->ne[0] / Q::kActScaleBlock);
-  if (blocks > 0 && !ctx.act_in) {  // the shared activation, quantized once for every product
+  static const bool no_quantize = ablated_kernel("quantize_act");  // timing only
+  if (blocks > 0 && !ctx.act_in && !no_quantize) {  // the shared activation, quantized once for every product
     constexpr int kQuantThreads = 256;
     quantize_act_fast_kernel<Q><<<grid_for(blocks * kWarpSize, kQuantThreads), kQuantThreads, 0, ctx.stream>>>(
         ActFastLayout<Q>::at(ctx.scratch, b->nrows(), b->ne[0]), desc_of(b));
