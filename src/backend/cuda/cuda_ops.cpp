@@ -41,6 +41,10 @@ RopeArgs make_rope_args(const RopeParams& p) {
   a.freq_scale = p.freq_scale;
   a.ext_factor = p.ext_factor;
   a.mscale = p.attn_factor;
+  static const bool table = env_switch("LOOM_CUDA_ROPE_TABLE");  // =0: pow on the device, to compare
+  a.has_table = table && p.n_dims / 2 <= kMaxRopeTable;
+  if (a.has_table)  // the CPU's expression (ops_rope.cpp), so both take the same frequencies
+    for (int i = 0; i < p.n_dims / 2; ++i) a.inv_freq[i] = std::pow(static_cast<double>(p.freq_base), -2.0 * i / p.n_dims);
   if (p.ext_factor != 0.0f) {
     a.mscale *= 1.0 + 0.1 * std::log(1.0 / p.freq_scale);  // YaRN's attention temperature
     // whole dims (floor / ceil) as GGUF runtimes take them, unless yarn_unrounded (HF's truncate: false)

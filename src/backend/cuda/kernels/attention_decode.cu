@@ -73,14 +73,20 @@ struct DecodeArgs {
   TensorDesc q_raw, k_raw, v_raw, k_cache, v_cache, k_cell, v_cell, pos, freq;
   bool has_freq;
   bool angles_early;  ///< the position and frequency factors are graph inputs / weights: read before the wait
+  bool no_angles;     ///< LOOM_CUDA_ABLATE=rope_angles: cos 1, sin 0 (timing only)
   RopeArgs rope;
 };
 
 /// kRope: each rotation pair's (cos, sin) at the token's position into sh_cs, a thread a pair.
 __device__ __forceinline__ void rope_angles(const DecodeArgs& a, float* sh_cs) {
   const int32_t position = *reinterpret_cast<const int32_t*>(a.pos.data);
-  for (int i = static_cast<int>(threadIdx.x); i < a.rope.n_dims / 2; i += kDecThreads)
+  for (int i = static_cast<int>(threadIdx.x); i < a.rope.n_dims / 2; i += kDecThreads) {
+    if (a.no_angles) {
+      sh_cs[2 * i] = 1.0f, sh_cs[2 * i + 1] = 0.0f;
+      continue;
+    }
     rope_angle(i, position, a.rope, a.freq, a.has_freq, sh_cs[2 * i], sh_cs[2 * i + 1]);
+  }
 }
 
 /// The query row rr of KV head hk: its head and query.
@@ -738,6 +744,8 @@ CudaError launch_flash_attn_decode(const LaunchContext& ctx, const Tensor* dst, 
     a.angles_early = read_before_wait(rope->rope_k->src[1]) && (!ff || read_before_wait(ff));
     a.freq = ff ? desc_of(ff) : TensorDesc{};
     a.rope = rope->args;
+    static const bool no_angles = ablated_kernel("rope_angles");
+    a.no_angles = no_angles;
   }
   a.scale = scale;
   a.softcap = softcap;

@@ -49,8 +49,8 @@ struct LaunchContext {
   bool b_packed = false;
 };
 
-/// LOOM_CUDA_ABLATE names a launcher may also test for one of its kernels ("flash_decode_merge",
-/// "quantize_act"): true when that kernel is to be left out (timing only; cuda_exec.cpp).
+/// LOOM_CUDA_ABLATE names a launcher may also test for one of its kernels or steps ("flash_decode_merge",
+/// "quantize_act", "rope_angles"): true when that is to be left out (timing only; cuda_exec.cpp).
 bool ablated_kernel(const char* name);
 
 /// Whether a kernel may read t before its pdl_wait (while the kernel before it still runs): a leaf

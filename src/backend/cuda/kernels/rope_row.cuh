@@ -11,11 +11,12 @@
 namespace loom::cuda {
 
 /// cos and sin of pair i's angle at `position`, times mscale: theta_i = pos * base^(-2i/n_dims) / ff_i,
-/// then linear scaling blended with extrapolation (YaRN). In double (see RopeArgs): a pow and a sincos
-/// in FP64, small next to the attention that follows (an H200 does ~34 FP64 TFLOP/s).
+/// then linear scaling blended with extrapolation (YaRN). In double (see RopeArgs): the base frequency
+/// from the host's table (else an FP64 pow) and an FP64 sincos. Cheap in throughput, but a long chain
+/// of dependent FP64 operations on a decode step's path (the pow was most of it).
 __device__ __forceinline__ void rope_angle(int i, int32_t position, const RopeArgs& p, const TensorDesc& freq_factors,
                                            bool has_ff, float& c, float& s) {
-  double inv_freq = pow(p.freq_base, -2.0 * i / p.n_dims);
+  double inv_freq = p.has_table ? p.inv_freq[i] : pow(p.freq_base, -2.0 * i / p.n_dims);
   if (has_ff) inv_freq /= *reinterpret_cast<const float*>(freq_factors.data + i * freq_factors.nb[0]);
   const double theta_extrap = position * inv_freq;
   const double theta_interp = p.freq_scale * theta_extrap;
