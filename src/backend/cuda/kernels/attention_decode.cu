@@ -42,7 +42,7 @@ constexpr int kDecThreads = 128;
 constexpr int kDecWarps = kDecThreads / kWarpSize;
 constexpr int kRows = 4;             ///< query rows per block
 constexpr int kMinKeysPerSplit = 16;  ///< keys per split at least (below that the merge dominates)
-constexpr int kMaxSplits = 32;
+constexpr int kMaxSplits = 64;        ///< what the merges hold (splits_for takes at most split_cap(): 48)
 constexpr int kUnroll = 2;            ///< keys per lane group loaded before the first is used
 constexpr int kKeyChunk = 256;        ///< keys whose masks (and row indices) a block stages at once
 constexpr int kMaxHeadsPerMergeBlock = 4;  ///< the activations' merge: heads of one block (64 x 4 = 256)
@@ -218,7 +218,8 @@ __device__ __forceinline__ void merge(float& m, float& l, float (&acc)[8], float
 
 // Grid: x = (i3, KV head, row group), y = split. kGather: K/V rows through a.k_idx / a.v_idx.
 // kMinBlocks: blocks an SM must hold (the register cap): 4 for gathered K/V (a batched step's 64
-// sequences x 8 KV heads = 512 blocks fit one wave of 132 SMs instead of two at 3 a SM).
+// sequences x 8 KV heads = 512 blocks fit one wave of 132 SMs instead of two at 3 a SM), 3 for
+// contiguous K/V (12 warps an SM instead of 8: more keys' loads in flight at depth).
 // kRope (one token of one sequence, the rope_flash_attn fusion): each block rotates its rows' Q from
 // a.q_raw and the new key from a.k_raw with angles it computes once into shared memory; the key j
 // that is the token's cell takes the rotated K (and V, both rounded to f16 as the store rounds them)
@@ -492,33 +493,49 @@ __global__ void flash_decode_merge_kernel(const __grid_constant__ DecodeArgs a) 
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// Splits of the keys: enough blocks to fill the GPU (kTargetBlocks; a block's time grows with its
-// keys, so past one full wave more splits only add the merge), at least kMinKeysPerSplit keys each.
-// A single sequence's decode (8 KV heads, one row group) takes the full 32 splits from 2,048 keys;
-// a batched step of 64 sequences already has 512 blocks and takes one (measured on the H200, 64
-// sequences x 256 cells x 8 KV heads, d 128: 4 splits 75 us + 7 us merge). A function of the shape
-// only, so the scratch size is known before launch.
-// LOOM_FLASH_DECODE_MIN_KEYS (8-4096, read once) replaces kMinKeysPerSplit, for comparisons.
-constexpr int64_t kTargetBlocks = 512;
+// Splits of the keys: enough blocks to fill the GPU (target_blocks(): about one wave of the kernel,
+// 3 blocks an SM for contiguous K/V, 4 for gathered; a block's time grows with its keys, so past one
+// full wave more splits only add the merge), at least kMinKeysPerSplit keys each, at most split_cap()
+// (48 contiguous, 32 gathered). A single sequence's decode (8 KV heads, one row group) takes 48 splits
+// from 768 keys; a batched step of 64 sequences already has 512 blocks and takes one (measured on the
+// H200, 64 sequences x 256 cells x 8 KV heads, d 128: 4 splits 75 us + 7 us merge). One sequence at
+// depth 4096 on 3 blocks an SM and 48 splits instead of 2 and 32: tg128 8B Q4_K_M 339.5 / 336.8 ->
+// 343.7 / 345.3 (H200), unchanged at depth 0. A function of the shape only, so the scratch size is
+// known before launch.
+// For comparisons (read once): LOOM_FLASH_DECODE_MIN_KEYS (8-4096) replaces kMinKeysPerSplit,
+// LOOM_FLASH_DECODE_TARGET (64-4096) the target, LOOM_FLASH_DECODE_MAX_SPLITS (1-kMaxSplits) the cap,
+// LOOM_FLASH_DECODE_MINB=1 the contiguous kernel's 3 blocks an SM (2 at its 174-185 registers then).
+int64_t env_range(const char* name, int64_t fallback, int64_t lo, int64_t hi) {
+  const char* v = std::getenv(name);
+  const long n = v ? std::atol(v) : 0;
+  return n >= lo && n <= hi ? static_cast<int64_t>(n) : fallback;
+}
+int64_t target_blocks(bool gathered) {
+  static const int64_t contiguous = env_range("LOOM_FLASH_DECODE_TARGET", 384, 64, 4096),
+                       gather = env_range("LOOM_FLASH_DECODE_TARGET", 512, 64, 4096);
+  return gathered ? gather : contiguous;
+}
+int64_t split_cap(bool gathered) {
+  static const int64_t contiguous = env_range("LOOM_FLASH_DECODE_MAX_SPLITS", 48, 1, kMaxSplits),
+                       gather = env_range("LOOM_FLASH_DECODE_MAX_SPLITS", 32, 1, kMaxSplits);
+  return gathered ? gather : contiguous;
+}
 int64_t min_keys_per_split() {
-  static const int64_t keys = [] {
-    const char* v = std::getenv("LOOM_FLASH_DECODE_MIN_KEYS");
-    const long n = v ? std::atol(v) : 0;
-    return n >= 8 && n <= 4096 ? static_cast<int64_t>(n) : int64_t{kMinKeysPerSplit};
-  }();
+  static const int64_t keys = env_range("LOOM_FLASH_DECODE_MIN_KEYS", kMinKeysPerSplit, 8, 4096);
   return keys;
 }
-// Batch-invariant (batch_invariant()): always kMaxSplits splits of kInvariantKeys keys (more, in
-// multiples of it, only past kMaxSplits x kInvariantKeys = 8,192 keys, where a sequence's splits then
+// Batch-invariant (batch_invariant()): always kInvariantSplits splits of kInvariantKeys keys (more, in
+// multiples of it, only past kInvariantSplits x kInvariantKeys = 8,192 keys, where a sequence's splits then
 // follow the longest of its step): a sequence's keys fall in the same splits, merged over as many,
 // whatever else the step holds; the splits past its keys are empty (weight 0 in the merge).
 constexpr int64_t kInvariantKeys = 256;
-int splits_for(const Tensor* q, const Tensor* k) {
-  if (batch_invariant()) return kMaxSplits;
+constexpr int kInvariantSplits = 32;
+int splits_for(const Tensor* q, const Tensor* k, bool gathered) {
+  if (batch_invariant()) return kInvariantSplits;
   const int64_t base = q->ne[3] * k->ne[2] * ((q->ne[2] / k->ne[2] * q->ne[1] + kRows - 1) / kRows);
   const int64_t by_keys = (k->ne[1] + min_keys_per_split() - 1) / min_keys_per_split();
-  const int64_t by_blocks = (kTargetBlocks + base - 1) / std::max<int64_t>(base, 1);
-  return static_cast<int>(std::clamp<int64_t>(std::min(by_keys, by_blocks), 1, kMaxSplits));
+  const int64_t by_blocks = (target_blocks(gathered) + base - 1) / std::max<int64_t>(base, 1);
+  return static_cast<int>(std::clamp<int64_t>(std::min(by_keys, by_blocks), 1, split_cap(gathered)));
 }
 
 // Rows `idx` picks from `store` for the keys (or values) of shape [d, n_kv, n_head_kv, n_seqs]: one
@@ -691,7 +708,8 @@ int merge_heads_per_block(int64_t d, int64_t n_head, int act_block) {
 bool flash_attn_decode_writes_act(const Tensor* dst, const FlashAttnRows* rows, int act_block) {
   const Tensor* q = dst->src[0];
   const Tensor* k = dst->src[1];
-  return (act_block == 32 || act_block == 256) && flash_attn_decode_supported(dst, rows) && splits_for(q, k) > 1 &&
+  return (act_block == 32 || act_block == 256) && flash_attn_decode_supported(dst, rows) &&
+         splits_for(q, k, rows != nullptr) > 1 &&
          dst->is_contiguous() && dst->ne[0] == q->ne[0] && dst->ne[1] == q->ne[2] && dst->ne[2] == q->ne[1] &&
          merge_heads_per_block(q->ne[0], q->ne[2], act_block) > 0 &&
          act_fast_size(q->ne[1] * q->ne[3], q->ne[0] * q->ne[2], act_block, act_block == 256) <= dst->nbytes();
@@ -700,7 +718,7 @@ bool flash_attn_decode_writes_act(const Tensor* dst, const FlashAttnRows* rows, 
 size_t flash_attn_decode_scratch_bytes(const Tensor* dst) {
   const Tensor* q = dst->src[0];
   const Tensor* k = dst->src[1];
-  const int splits = splits_for(q, k);
+  const int splits = std::max(splits_for(q, k, false), splits_for(q, k, true));  // either kernel's
   if (splits == 1) return 0;
   const int64_t rows = q->ne[1] * q->ne[2] * q->ne[3];  // every (query, head)
   return static_cast<size_t>(splits) * static_cast<size_t>(rows) * static_cast<size_t>(q->ne[0] + 2) * sizeof(float);
@@ -752,7 +770,7 @@ CudaError launch_flash_attn_decode(const LaunchContext& ctx, const Tensor* dst, 
   a.group = q->ne[2] / k->ne[2];
   a.n_rows = a.group * q->ne[1];
   a.row_groups = (a.n_rows + kRows - 1) / kRows;
-  a.n_splits = splits_for(q, k);
+  a.n_splits = splits_for(q, k, rows != nullptr);
   a.keys_per_split = (k->ne[1] + a.n_splits - 1) / a.n_splits;
   if (batch_invariant())
     a.keys_per_split = std::max(kInvariantKeys, (a.keys_per_split + kInvariantKeys - 1) / kInvariantKeys * kInvariantKeys);
@@ -775,8 +793,10 @@ CudaError launch_flash_attn_decode(const LaunchContext& ctx, const Tensor* dst, 
                               __FILE__, __LINE__);
   // LOOM_FLASH_DECODE_CAP=0: the gathered kernel without the cap
   static const bool capped = env_switch("LOOM_FLASH_DECODE_CAP");
-  auto kernel = rope    ? decode_kernel_for<false, 1, true>(d)
-                : !rows ? decode_kernel_for<false, 1>(d)
+  // contiguous K/V's kernels capped to 3 blocks an SM (157-160 registers, no spills; splits_for's target)
+  static const bool three = env_range("LOOM_FLASH_DECODE_MINB", 3, 1, 3) == 3;
+  auto kernel = rope    ? (three ? decode_kernel_for<false, 3, true>(d) : decode_kernel_for<false, 1, true>(d))
+                : !rows ? (three ? decode_kernel_for<false, 3>(d) : decode_kernel_for<false, 1>(d))
                         : (capped ? decode_kernel_for<true, 4>(d) : decode_kernel_for<true, 1>(d));
   kernel<<<grid, kDecThreads, 0, ctx.stream>>>(a);
   LOOM_CUDA_CHECK_LAUNCH("flash_decode_kernel");
