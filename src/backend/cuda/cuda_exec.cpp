@@ -527,7 +527,10 @@ const std::vector<std::string>& ablated() {
     std::string s = e ? e : "";
     for (size_t at = 0; at < s.size();) {
       const size_t comma = std::min(s.find_first_of(",+", at), s.size());
-      if (comma > at) v.push_back(s.substr(at, comma - at));
+      std::string name = s.substr(at, comma - at);
+      name.erase(0, name.find_first_not_of(" \t"));
+      name.erase(name.find_last_not_of(" \t") + 1);
+      if (!name.empty()) v.push_back(std::move(name));
       at = comma + 1;
     }
     return v;

@@ -228,6 +228,7 @@ __device__ __forceinline__ void merge(float& m, float& l, float (&acc)[8], float
 // of rope_set_rows followed by flash_attn, bit for bit.
 template <int kLpk, bool kGather, int kMinBlocks, bool kRope>
 __global__ void __launch_bounds__(kDecThreads, kMinBlocks) flash_decode_kernel(const __grid_constant__ DecodeArgs a) {
+  // pdl_wait later: kRope's angles (a.angles_early: the position and frequency factors, read_before_wait) go before it
   static_assert(!(kGather && kRope), "the fused rope reads contiguous K/V");
   __shared__ float sh_cs[kRope ? kLpk * 8 : 1];  // kRope: (cos, sin) of each rotation pair
   // kRope with a.angles_early: the angles before the wait (the position and the frequency factors are
@@ -504,7 +505,8 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 // known before launch.
 // For comparisons (read once): LOOM_FLASH_DECODE_MIN_KEYS (8-4096) replaces kMinKeysPerSplit,
 // LOOM_FLASH_DECODE_TARGET (64-4096) the target, LOOM_FLASH_DECODE_MAX_SPLITS (1-kMaxSplits) the cap,
-// LOOM_FLASH_DECODE_MINB=1 the contiguous kernel's 3 blocks an SM (2 at its 174-185 registers then).
+// LOOM_FLASH_DECODE_MINB=1 (any value but 3) the contiguous kernel's 3 blocks an SM (2 at its 174-185
+// registers then); TARGET and MAX_SPLITS set both rules' values, contiguous and gathered.
 int64_t env_range(const char* name, int64_t fallback, int64_t lo, int64_t hi) {
   const char* v = std::getenv(name);
   const long n = v ? std::atol(v) : 0;

@@ -18,8 +18,10 @@ constexpr unsigned kMaxGridYZ = 65535;
 // ---- programmatic dependent launch (PDL) ----------------------------------------------------------
 // A kernel launched with the programmatic-stream-serialization attribute may start while the kernel
 // before it still runs. griddepcontrol.wait blocks until the prerequisite grids have completed and
-// their memory operations are visible, so nothing may touch global memory before it. Every kernel
-// calls pdl_wait() first, in all threads, so that any launch may be made programmatic. Without the
+// their memory operations are visible, so nothing an earlier kernel writes may be read before it. Every
+// kernel calls pdl_wait() first, in all threads, so that any launch may be made programmatic; a kernel
+// may first read what no kernel of the step writes (weights, the step's inputs: read_before_wait in
+// launch.h) if it says so ("// pdl_wait later: WHY", tests/pdl_wait_check.sh). Without the
 // attribute (and below sm_90, where it compiles to nothing) it returns at once.
 
 // After the wait each kernel also lets its own dependents launch (griddepcontrol.launch_dependents):

@@ -122,6 +122,7 @@ __global__ void __launch_bounds__(kNormFastThreads) rms_norm_mul_fast_kernel(Ten
                                                                              const float* w, float eps,
                                                                              ActFastRaw act, int act_block,
                                                                              LLGroup ll, bool w_early) {
+  // pdl_wait later: the weights (w_early: read_before_wait) are loaded before it
   constexpr int kVec = kPer / 4;
   const int64_t n4w = y.ne[0] / 4;
   const auto* w4 = reinterpret_cast<const float4*>(w);

@@ -54,10 +54,12 @@ struct LaunchContext {
 bool ablated_kernel(const char* name);
 
 /// Whether a kernel may read t before its pdl_wait (while the kernel before it still runs): a leaf
-/// (OpKind::none) is a weight or one of the step's inputs, copied before its first kernel. The caches
-/// are leaves the stores write, so this is for operands that are never a store's target: positions,
-/// frequency factors, norm weights.
-inline bool read_before_wait(const Tensor* t) { return t->op == OpKind::none; }
+/// (OpKind::none) marked a weight or an input, written before the step's first kernel. The caches are
+/// unmarked leaves the stores write; an input a store writes in place would pass, so this is for operands
+/// that are never a store's target: positions, frequency factors, norm weights.
+inline bool read_before_wait(const Tensor* t) {
+  return t->op == OpKind::none && (t->flags & (kTensorInput | kTensorWeight)) != 0;
+}
 
 inline TensorDesc desc_of(const Tensor* t) {
   TensorDesc d{};
