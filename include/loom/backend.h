@@ -1,6 +1,7 @@
 // Backend interface: buffer types, buffers, backends, and the run-time registry.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -68,6 +69,9 @@ bool deterministic_from_env();
 /// A default-on switch from the environment: on unless `name` is set to "0" (the LOOM_* variables
 /// that turn a faster path off to compare against it). Callers read it once.
 bool env_switch(const char* name);
+/// An integer setting from the environment: `name`'s value where it is set to an integer in [lo, hi],
+/// else `fallback` (the LOOM_* variables that replace a tuned constant to compare). Callers read it once.
+int64_t env_int(const char* name, int64_t fallback, int64_t lo, int64_t hi);
 
 /// Options a backend is created with.
 struct BackendOptions {

@@ -100,6 +100,14 @@ bool env_switch(const char* name) {
   return !(v && std::string_view(v) == "0");
 }
 
+int64_t env_int(const char* name, int64_t fallback, int64_t lo, int64_t hi) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  const long long n = std::strtoll(v, &end, 10);
+  return end && *end == '\0' && n >= lo && n <= hi ? static_cast<int64_t>(n) : fallback;
+}
+
 Result<std::unique_ptr<Backend>> create_backend(std::string_view name, const BackendOptions& options) {
   Registry& r = registry();
   BackendFactory factory;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -475,6 +476,21 @@ TEST_F(TensorData, QuantizedRowViews) {
   // q8_0 scale d = amax/127 <= 63/127 (stored as f16): each value comes back within d/2 plus
   // 127 * d's f16 rounding (2^-11 relative), under 0.3. Row 0 or 2 instead would be off by far more.
   for (int k = 0; k < 64; ++k) EXPECT_NEAR((*r)[k], v[64 + k], 0.3f) << k;
+}
+
+TEST(EnvInt, TakesIntegersInRangeOnly) {
+  const char* name = "LOOM_TEST_ENV_INT";
+  unsetenv(name);
+  EXPECT_EQ(env_int(name, 7, 1, 10), 7);
+  setenv(name, "4", 1);
+  EXPECT_EQ(env_int(name, 7, 1, 10), 4);
+  setenv(name, "11", 1);
+  EXPECT_EQ(env_int(name, 7, 1, 10), 7);
+  setenv(name, "4x", 1);
+  EXPECT_EQ(env_int(name, 7, 1, 10), 7);
+  setenv(name, "", 1);
+  EXPECT_EQ(env_int(name, 7, 1, 10), 7);
+  unsetenv(name);
 }
 
 }  // namespace

@@ -507,23 +507,18 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 // LOOM_FLASH_DECODE_TARGET (64-4096) the target, LOOM_FLASH_DECODE_MAX_SPLITS (1-kMaxSplits) the cap,
 // LOOM_FLASH_DECODE_MINB=1 (any value but 3) the contiguous kernel's 3 blocks an SM (2 at its 174-185
 // registers then); TARGET and MAX_SPLITS set both rules' values, contiguous and gathered.
-int64_t env_range(const char* name, int64_t fallback, int64_t lo, int64_t hi) {
-  const char* v = std::getenv(name);
-  const long n = v ? std::atol(v) : 0;
-  return n >= lo && n <= hi ? static_cast<int64_t>(n) : fallback;
-}
 int64_t target_blocks(bool gathered) {
-  static const int64_t contiguous = env_range("LOOM_FLASH_DECODE_TARGET", 384, 64, 4096),
-                       gather = env_range("LOOM_FLASH_DECODE_TARGET", 512, 64, 4096);
+  static const int64_t contiguous = env_int("LOOM_FLASH_DECODE_TARGET", 384, 64, 4096),
+                       gather = env_int("LOOM_FLASH_DECODE_TARGET", 512, 64, 4096);
   return gathered ? gather : contiguous;
 }
 int64_t split_cap(bool gathered) {
-  static const int64_t contiguous = env_range("LOOM_FLASH_DECODE_MAX_SPLITS", 48, 1, kMaxSplits),
-                       gather = env_range("LOOM_FLASH_DECODE_MAX_SPLITS", 32, 1, kMaxSplits);
+  static const int64_t contiguous = env_int("LOOM_FLASH_DECODE_MAX_SPLITS", 48, 1, kMaxSplits),
+                       gather = env_int("LOOM_FLASH_DECODE_MAX_SPLITS", 32, 1, kMaxSplits);
   return gathered ? gather : contiguous;
 }
 int64_t min_keys_per_split() {
-  static const int64_t keys = env_range("LOOM_FLASH_DECODE_MIN_KEYS", kMinKeysPerSplit, 8, 4096);
+  static const int64_t keys = env_int("LOOM_FLASH_DECODE_MIN_KEYS", kMinKeysPerSplit, 8, 4096);
   return keys;
 }
 // Batch-invariant (batch_invariant()): always kInvariantSplits splits of kInvariantKeys keys (more, in
@@ -796,7 +791,7 @@ CudaError launch_flash_attn_decode(const LaunchContext& ctx, const Tensor* dst, 
   // LOOM_FLASH_DECODE_CAP=0: the gathered kernel without the cap
   static const bool capped = env_switch("LOOM_FLASH_DECODE_CAP");
   // contiguous K/V's kernels capped to 3 blocks an SM (157-160 registers, no spills; splits_for's target)
-  static const bool three = env_range("LOOM_FLASH_DECODE_MINB", 3, 1, 3) == 3;
+  static const bool three = env_int("LOOM_FLASH_DECODE_MINB", 3, 1, 3) == 3;
   auto kernel = rope    ? (three ? decode_kernel_for<false, 3, true>(d) : decode_kernel_for<false, 1, true>(d))
                 : !rows ? (three ? decode_kernel_for<false, 3>(d) : decode_kernel_for<false, 1>(d))
                         : (capped ? decode_kernel_for<true, 4>(d) : decode_kernel_for<true, 1>(d));

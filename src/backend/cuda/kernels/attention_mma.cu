@@ -38,6 +38,7 @@
 
 #include "attention.cuh"
 #include "common.cuh"
+#include "loom/backend.h"
 #include "mma.cuh"
 
 namespace loom::cuda {
@@ -518,10 +519,7 @@ int64_t query_tiles(const Tensor* dst, int slabs) {
 /// the tile classes' scratch size depends on it. LOOM_CUDA_FA_SLABS=1|2 (read once) forces a count.
 constexpr int64_t kTwoSlabMinBlocks = 512;
 int flash_attn_slabs(const Tensor* dst) {
-  static const int forced = [] {
-    const char* v = std::getenv("LOOM_CUDA_FA_SLABS");
-    return v ? std::atoi(v) : 0;
-  }();
+  static const int forced = static_cast<int>(env_int("LOOM_CUDA_FA_SLABS", 0, 1, 2));
   const Tensor* q = dst->src[0];
   if (q->ne[0] > 128) return 1;
   if (forced == 1 || forced == 2) return forced;

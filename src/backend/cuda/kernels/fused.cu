@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(kNormFastThreads) rms_norm_mul_fast_kernel(Ten
                                                                              LLGroup ll, bool w_early) {
   // pdl_wait later: the weights (w_early: read_before_wait) are loaded before it
   constexpr int kVec = kPer / 4;
-  const int64_t n4w = y.ne[0] / 4;
+  const int64_t n4 = y.ne[0] / 4;
   const auto* w4 = reinterpret_cast<const float4*>(w);
   // the weights, one row for every row: with w_early (a weight, no kernel's output) before the wait,
   // so that after it only the row's loads, which the kernel before has just written to L2, are waited for
@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(kNormFastThreads) rms_norm_mul_fast_kernel(Ten
 #pragma unroll
     for (int v = 0; v < kVec; ++v) {
       const int64_t i = threadIdx.x + static_cast<int64_t>(v) * kNormFastThreads;
-      wv[v] = i < n4w ? w4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      wv[v] = i < n4 ? w4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
   };
   if (w_early) load_w();
@@ -142,7 +142,6 @@ __global__ void __launch_bounds__(kNormFastThreads) rms_norm_mul_fast_kernel(Ten
   __shared__ float partial[kNormFastWarps];
   __shared__ float warp_max[kVec][kNormFastWarps];
   const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
-  const int64_t n4 = n4w;
   for (int64_t r = blockIdx.x; r < nrows(y); r += gridDim.x) {
     int64_t i1, i2, i3;
     split_row(r, y.ne[1], y.ne[2], i1, i2, i3);

@@ -478,9 +478,8 @@ bool use_dequant_gemm(const Tensor* dst, bool fast) {
 // LOOM_CUDA_DEQUANT_CHUNK_MB (1-1024, read once) replaces kDequantChunkBytes, for comparisons.
 size_t dequant_chunk_bytes() {
   static const size_t bytes = [] {
-    const char* v = std::getenv("LOOM_CUDA_DEQUANT_CHUNK_MB");
-    const long mb = v ? std::atol(v) : 0;
-    return mb >= 1 && mb <= 1024 ? static_cast<size_t>(mb) << 20 : kDequantChunkBytes;
+    const int64_t mb = env_int("LOOM_CUDA_DEQUANT_CHUNK_MB", 0, 1, 1024);
+    return mb > 0 ? static_cast<size_t>(mb) << 20 : kDequantChunkBytes;
   }();
   return bytes;
 }
