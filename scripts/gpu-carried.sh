@@ -30,6 +30,9 @@
 #            loom-exec-equivalence --tp N (fast): 16 sequences together, LL against NCCL alone
 #   tp70b    synthetic llama3-70b F16 (141 GB: more than one GPU holds) with -tp 2 and -tp 4 (x4 disk, or
 #            LOOM_WORK=/dev/shm/loom on a x2)
+#   floor    where a generated token's time goes (issue 14's per-token floor): loom bench -p 0 -n 128 --exec all
+#            on the built-in model and LOOM_MODELS, without and with LOOM_EXEC_GPU_TIME=1 (device time of each
+#            replay between two events), twice: graph inputs, compute (its host part, the device's), read-back
 #   decodetrace  a Chrome trace of one decode step (the third) on LOOM_MODELS with --stats, summarized
 #            (LOOM_TRACE_WORDS=N: after a prompt of about N tokens)
 #   mvperf   ncu of the fast mat-vec on LOOM_MV_CASES (';'-separated op-test descriptions) under each of
@@ -150,6 +153,13 @@ for step in "$@"; do
         for mode in ${LOOM_DECODE_MODES:--}; do
           env $(modeenv "$mode") timeout 120 "$(binof "$mode")/loom" bench -m "$f" -p 0 -n 128 -r 3 ${LOOM_DECODE_FLAGS:-} 2>/dev/null |
             grep -E "^\|" | grep -v -- "---" | awk -v tag="$mode" '{ print $0 " " tag }'
+        done
+      done ;;
+    floor)
+      for f in models/loom-shakespeare-f16.gguf $(for m in $models; do model "$m"; done); do
+        for t in 0 1 0 1; do
+          LOOM_EXEC_GPU_TIME=$t timeout 120 "$bin/loom" bench -m "$f" -p 0 -n 128 -r 3 --exec all 2>&1 |
+            grep -E "a generated token|^\| [a-z]" | grep -v "^| model" | sed "s/^/LOOM_EXEC_GPU_TIME=$t /"
         done
       done ;;
     batched)

@@ -90,6 +90,12 @@ struct BenchResult {
   BenchTest test;
   std::vector<double> samples_ns;  ///< time in decode calls, per measured repetition
   ExecCounters counters;           ///< summed over the measured repetitions
+  /// The generated tokens' decode calls, summed over the measured repetitions (ns): their wall time
+  /// and its host parts from the context's DecodeStats (the floor of a step: issue 14).
+  struct StepSplit {
+    double wall_ns = 0, inputs_ns = 0, compute_ns = 0, readback_ns = 0;
+    uint64_t steps = 0;
+  } tg_split;
   TsStats stats() const { return ts_stats(samples_ns, test.n_tokens()); }
   /// Tokens decoded in the measured repetitions.
   uint64_t tokens() const { return samples_ns.size() * static_cast<uint64_t>(test.n_tokens()); }

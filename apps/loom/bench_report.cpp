@@ -148,7 +148,7 @@ std::string format_markdown(const std::vector<BenchResult>& results) {
   cols.push_back({"test", true});
   cols.push_back({"t/s", true});
   if (exec) {
-    for (const char* h : {"median t/s", "kern/tok", "host us/tok", "graphs b/r"}) cols.push_back({h, true});
+    for (const char* h : {"median t/s", "kern/tok", "host us/tok", "gpu us/tok", "graphs b/r"}) cols.push_back({h, true});
   }
   std::vector<std::vector<std::string>> rows;
   for (const BenchResult& r : results) {
@@ -165,6 +165,10 @@ std::string format_markdown(const std::vector<BenchResult>& results) {
       row.push_back(fmt::format("{:.2f}", st.median));
       row.push_back(fmt::format("{:.1f}", static_cast<double>(r.counters.kernels) / tokens));
       row.push_back(fmt::format("{:.1f}", static_cast<double>(r.counters.host_ns) / tokens / 1e3));
+      // LOOM_EXEC_GPU_TIME=1: the replays' device time per token ("-": not timed)
+      row.push_back(r.counters.device_timed
+                        ? fmt::format("{:.1f}", static_cast<double>(r.counters.device_ns) / tokens / 1e3)
+                        : std::string("-"));
       row.push_back(fmt::format("{}/{}", r.counters.graph_builds, r.counters.graph_replays));
     }
     rows.push_back(std::move(row));
@@ -239,6 +243,7 @@ nlohmann::ordered_json result_json(const BenchResult& r) {
   const double tokens = static_cast<double>(std::max<uint64_t>(1, r.tokens()));
   j["kernels_per_token"] = static_cast<double>(c.kernels) / tokens;
   j["host_us_per_token"] = static_cast<double>(c.host_ns) / tokens / 1e3;
+  if (c.device_timed) j["gpu_us_per_token"] = static_cast<double>(c.device_ns) / tokens / 1e3;
   j["computes"] = c.computes;
   j["dispatches"] = c.dispatches;
   j["graph_nodes"] = c.graph_nodes;

@@ -57,8 +57,16 @@ Status run_bench_test(llm::Context& ctx, Backend& backend, const BenchTest& test
       const int pos = d + test.n_prompt + i;
       const auto t0 = clock::now();
       auto r = ctx.decode(std::span<const int32_t>(&tokens[static_cast<size_t>(pos)], 1), pos);
-      ns += std::chrono::duration<double, std::nano>(clock::now() - t0).count();
+      const double step_ns = std::chrono::duration<double, std::nano>(clock::now() - t0).count();
+      ns += step_ns;
       if (!r) return r.status();
+      const llm::DecodeStats& st = ctx.stats();
+      BenchResult::StepSplit& sp = out.tg_split;
+      sp.wall_ns += step_ns;
+      sp.inputs_ns += static_cast<double>(st.host_build_ns + st.host_alloc_ns + st.host_inputs_ns);
+      sp.compute_ns += static_cast<double>(st.host_compute_ns);
+      sp.readback_ns += static_cast<double>(st.host_readback_ns);
+      ++sp.steps;
     }
     return {};
   };
@@ -71,6 +79,7 @@ Status run_bench_test(llm::Context& ctx, Backend& backend, const BenchTest& test
     for (int w = 0; w < 2; ++w) LOOM_TRY(once(ns));
   reset_exec_counters(backend);
   out.samples_ns.clear();
+  out.tg_split = {};
   for (int rep = 0; rep < options.repetitions; ++rep) {
     LOOM_TRY(once(ns));
     out.samples_ns.push_back(ns);
@@ -285,6 +294,17 @@ int run_bench(const BenchOptions& o) {
         const TsStats st = r.stats();
         fmt::print(stderr, "loom: bench: {} {}{} {}: {:.2f} ± {:.2f} t/s (median {:.2f})\n", info.type,
                    backend_name, label, test.name(), st.mean, st.stddev, st.median);
+        if (const auto& sp = r.tg_split; sp.steps > 0) {  // where a generated token's time went
+          const double n = static_cast<double>(sp.steps);
+          const double gpu = r.counters.device_timed ? static_cast<double>(r.counters.device_ns) / n / 1e3 : -1.0;
+          fmt::print(stderr,
+                     "loom: bench: {} a generated token: {:.1f} us = graph inputs {:.1f} + compute {:.1f} (host in it "
+                     "{:.1f}{}) + read-back {:.1f} + other {:.1f}\n",
+                     test.name(), sp.wall_ns / n / 1e3, sp.inputs_ns / n / 1e3, sp.compute_ns / n / 1e3,
+                     static_cast<double>(r.counters.host_ns) / static_cast<double>(r.tokens()) / 1e3,
+                     gpu >= 0 ? fmt::format(", device {:.1f}", gpu) : std::string(", device: LOOM_EXEC_GPU_TIME=1"),
+                     sp.readback_ns / n / 1e3, (sp.wall_ns - sp.inputs_ns - sp.compute_ns - sp.readback_ns) / n / 1e3);
+        }
         results.push_back(std::move(r));
       }
     }

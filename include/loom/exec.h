@@ -89,6 +89,11 @@ struct ExecCounters {
   uint64_t host_plan_ns = 0;    ///< of which planning new structures (fusion, ordering, scratch)
   uint64_t host_record_ns = 0;  ///< of which recording them (stream capture, the launches inside it)
   uint64_t host_instantiate_ns = 0;  ///< of which instantiating and updating executable graphs
+  /// LOOM_EXEC_GPU_TIME=1 (CUDA; 0 otherwise): device time of the replayed passes, from an event recorded
+  /// before each graph launch to one after it (the launch's latency on the device included), so that a
+  /// step's wall time splits into this and the host's part (inputs, launch, the wait's wake-up, read-back).
+  uint64_t device_ns = 0;
+  uint64_t device_timed = 0;  ///< replays timed so
 };
 
 /// Human-readable multi-line summary (what `loom run --stats` prints).

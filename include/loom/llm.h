@@ -256,6 +256,8 @@ struct DecodeStats {
   uint64_t host_build_ns = 0;   ///< building the graphs
   uint64_t host_alloc_ns = 0;   ///< planning the arena, binding tensors, fingerprinting the graph
   uint64_t host_inputs_ns = 0;  ///< filling the masks and writing the inputs
+  uint64_t host_compute_ns = 0;   ///< in the backends' compute calls: launches and the wait for the device
+  uint64_t host_readback_ns = 0;  ///< reading the logits (or the sampled tokens) back
   /// Bytes of logits read back to the host by the last decode (n_vocab floats per row read).
   uint64_t logits_bytes_read = 0;
   /// Tensor parallelism (empty otherwise), per rank, summed over the last decode's passes: the host

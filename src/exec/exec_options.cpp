@@ -123,6 +123,9 @@ std::string exec_counters_string(const ExecCounters& c) {
       c.host_syncs, static_cast<double>(c.host_ns) * per / 1e3,
       static_cast<double>(c.host_hash_ns) * per / 1e3, static_cast<double>(c.host_plan_ns) * per / 1e3,
       static_cast<double>(c.host_record_ns) * per / 1e3, static_cast<double>(c.host_instantiate_ns) * per / 1e3);
+  if (c.device_timed)
+    s += fmt::format("device {:.1f} us/replay over {} timed replays (LOOM_EXEC_GPU_TIME)\n",
+                     static_cast<double>(c.device_ns) / static_cast<double>(c.device_timed) / 1e3, c.device_timed);
   return s;
 }
 

@@ -441,6 +441,7 @@ struct ContextImpl {
     stats.n_input_writes = 0;
     stats.n_graph_builds = 0;
     stats.host_build_ns = stats.host_alloc_ns = stats.host_inputs_ns = 0;
+    stats.host_compute_ns = stats.host_readback_ns = 0;
     stats.logits_bytes_read = 0;
     stats.tp_rank_busy_ns.assign(tensor_parallel ? segments.size() : 0, 0);
     stats.tp_rank_start_lag_ns.assign(tensor_parallel ? segments.size() : 0, 0);
@@ -539,6 +540,7 @@ struct ContextImpl {
       fingerprint = fingerprint * 0x9e3779b97f4a7c15ull + s.step.fingerprint;  // segments in order
       if (tensor_parallel) continue;  // the ranks compute together below
       LOOM_TRY(s.backend->compute(*s.step.graph));
+      stats.host_compute_ns += elapsed_ns(t3, Clock::now());
       carried = s.step.out;
     }
     if (tensor_parallel) {
@@ -568,6 +570,7 @@ struct ContextImpl {
         stats.tp_rank_start_lag_ns[k] += elapsed_ns(handed, began);
         return st;
       }));
+      stats.host_compute_ns += elapsed_ns(handed, Clock::now());  // the ranks' parts, read-backs included
       if (dst) stats.logits_bytes_read += static_cast<uint64_t>(n_vocab * n_out) * sizeof(float);
     }
     if (built) {
@@ -577,6 +580,7 @@ struct ContextImpl {
     stats.n_kv = shape.n_kv;
     stats.graph_fingerprint = fingerprint;
     ++stats.n_steps;
+    const Clock::time_point read0 = Clock::now();
     if (out && !tensor_parallel) {
       const size_t count = static_cast<size_t>(carried->nelements());
       LOOM_TRY(tensor_read(carried, out->append(count), 0, count * sizeof(float)));
@@ -588,6 +592,7 @@ struct ContextImpl {
       sampled.resize(static_cast<size_t>(t->nelements()));
       LOOM_TRY(tensor_read(t, sampled.data(), 0, sampled.size() * sizeof(int32_t)));
     }
+    stats.host_readback_ns += elapsed_ns(read0, Clock::now());
     return {};
   }
 };

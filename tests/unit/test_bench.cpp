@@ -213,13 +213,15 @@ TEST_F(Bench, ExecColumnsShowConfigurationAndCounters) {
   r.samples_ns = {4e7, 5e7};      // 100 and 80 t/s
   r.counters.kernels = 8 * 100;   // 8 tokens: 100 kernels each
   r.counters.host_ns = 8 * 2500;  // 2.5 us each
+  r.counters.device_ns = 8 * 40000;  // LOOM_EXEC_GPU_TIME: 40 us each
+  r.counters.device_timed = 7;
   r.counters.graph_builds = 1;
   r.counters.graph_replays = 7;
   const auto md = md_table(app::format_bench({r}, app::BenchFormat::md));
   ASSERT_EQ(md.size(), 3u);
   const std::vector<std::string> header = {"model",      "size",     "params",      "backend",
                                            "ngl",        "numerics", "exec",        "test", "t/s",
-                                           "median t/s", "kern/tok", "host us/tok", "graphs b/r"};
+                                           "median t/s", "kern/tok", "host us/tok", "gpu us/tok", "graphs b/r"};
   EXPECT_EQ(md[0], header);  // no threads column: no CPU rows
   const std::vector<std::string> row = {"llama 1B Q4_0",
                                         "700.00 MiB",
@@ -233,11 +235,16 @@ TEST_F(Bench, ExecColumnsShowConfigurationAndCounters) {
                                         "90.00",          // median of two
                                         "100.0",          // kernels per token
                                         "2.5",            // host us per token
+                                        "40.0",           // device us per token
                                         "1/7"};
   EXPECT_EQ(md[2], row);
   auto j = nlohmann::json::parse(app::format_bench({r}, app::BenchFormat::json));
   EXPECT_DOUBLE_EQ(j[0]["kernels_per_token"].get<double>(), 100.0);
   EXPECT_DOUBLE_EQ(j[0]["host_us_per_token"].get<double>(), 2.5);
+  EXPECT_DOUBLE_EQ(j[0]["gpu_us_per_token"].get<double>(), 40.0);
+  r.counters.device_timed = 0;  // not timed: a dash, no JSON key
+  EXPECT_EQ(md_table(app::format_bench({r}, app::BenchFormat::md))[2][12], "-");
+  EXPECT_FALSE(nlohmann::json::parse(app::format_bench({r}, app::BenchFormat::json))[0].contains("gpu_us_per_token"));
   EXPECT_EQ(j[0]["graph_builds"], 1);
   EXPECT_EQ(j[0]["graph_replays"], 7);
   EXPECT_EQ(j[0]["numerics"], "fast");

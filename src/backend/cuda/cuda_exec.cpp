@@ -281,6 +281,8 @@ Executor::~Executor() {
     clear_cache();
     if (capture_stream_) cudaStreamDestroy(capture_stream_);
     if (scratch_) dev_.release(scratch_, scratch_capacity_);
+    for (cudaEvent_t ev : timing_)
+      if (ev) cudaEventDestroy(ev);
   }
   (void)cudaGetLastError();
 }
@@ -747,15 +749,28 @@ Status Executor::record(const exec::Plan& p, size_t begin, size_t end, bool pdl,
 Status Executor::replay(const Cached& c, uint64_t t0) {
   if (aborted())
     return make_error(StatusCode::aborted, "cuda: compute stopped by the abort callback before launch");
+  // LOOM_EXEC_GPU_TIME=1: the replay between two events (ExecCounters::device_ns)
+  static const bool gpu_time = env_int("LOOM_EXEC_GPU_TIME", 0, 0, 1) == 1;
+  if (gpu_time && !timing_[0])
+    for (cudaEvent_t& ev : timing_) LOOM_CUDA_STATUS(cudaEventCreate(&ev));
+  if (gpu_time) LOOM_CUDA_STATUS(cudaEventRecord(timing_[0], dev_.stream()));
   const cudaError_t e = cudaGraphLaunch(c.exec, dev_.stream());
   if (e != cudaSuccess)
     return fail(to_status(CudaError::runtime(e, "cudaGraphLaunch", __FILE__, __LINE__), "replaying a pass"));
+  if (gpu_time) LOOM_CUDA_STATUS(cudaEventRecord(timing_[1], dev_.stream()));
   ++counters_.graph_replays;
   counters_.kernels += c.kernels;
   counters_.pdl_edges += c.pdl_edges;
   count_plan(c.stats, c.dispatches);  // a replay does the recorded plan's work
   counters_.host_ns += now_ns() - t0;
-  return sync();
+  LOOM_TRY(sync());
+  if (gpu_time) {
+    float ms = 0.0f;
+    LOOM_CUDA_STATUS(cudaEventElapsedTime(&ms, timing_[0], timing_[1]));
+    counters_.device_ns += static_cast<uint64_t>(static_cast<double>(ms) * 1e6);
+    ++counters_.device_timed;
+  }
+  return {};
 }
 
 Status Executor::run_new_structure(const exec::Plan& p, const StructureKey& key, uint64_t hash,

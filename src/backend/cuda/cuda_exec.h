@@ -106,6 +106,7 @@ class Executor {
   cudaStream_t capture_stream_ = nullptr;
   void* scratch_ = nullptr;
   size_t scratch_capacity_ = 0;
+  cudaEvent_t timing_[2] = {nullptr, nullptr};  ///< LOOM_EXEC_GPU_TIME: around each replay
   size_t shared_bytes_ = 0;
   size_t slot_bytes_ = 0;
   int n_slots_ = 0;
