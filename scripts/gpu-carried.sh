@@ -77,7 +77,8 @@ mkdir -p "$work"
 t0=$(date +%s)
 stamp() { echo "== [$(($(date +%s) - t0)) s] $*"; }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-model() {  # model SHAPE:TYPE -> path of a generated model (made if missing)
+model() {  # model SHAPE:TYPE -> path of a generated model (made if missing); a file's path as it is
+  [[ -f $1 ]] && { echo "$1"; return 0; }
   local shape=${1%%:*} type=${1##*:}
   local f="$work/$shape-$type.gguf"
   [[ -s $f ]] || "$bin/loom" gen-model --shape "$shape" --type "$type" -o "$f" -t 16 >/dev/null 2>&1 || return 1

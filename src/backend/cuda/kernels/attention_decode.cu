@@ -527,8 +527,19 @@ int64_t min_keys_per_split() {
 // whatever else the step holds; the splits past its keys are empty (weight 0 in the merge).
 constexpr int64_t kInvariantKeys = 256;
 constexpr int kInvariantSplits = 32;
-int splits_for(const Tensor* q, const Tensor* k, bool gathered) {
+// One split, no merge kernel, for a contiguous cache of few keys whose output is f32 (f16/bf16/f32
+// weights after it; quantized ones take their activations from the merge): n_kv x d up to
+// LOOM_FLASH_DECODE_SINGLE (16,384: 256 keys of head size 64; 0: never). Its blocks walk the keys the
+// splits would share, but a layer launches one kernel less: the built-in model (2 KV heads, d 64,
+// 256-cell bucket) tg128 4,772 / 4,677 -> 5,199 / 5,282 (H200). 1B Q4_K_M lost 4% so (1,293 -> 1,245:
+// a quantize kernel then replaces the merge's quantized output), hence f32 outputs only.
+int64_t single_split_limit() {
+  static const int64_t limit = env_int("LOOM_FLASH_DECODE_SINGLE", 16384, 0, int64_t{1} << 40);
+  return limit;
+}
+int splits_for(const Tensor* q, const Tensor* k, bool gathered, bool f32_out) {
   if (batch_invariant()) return kInvariantSplits;
+  if (f32_out && !gathered && k->ne[1] * q->ne[0] <= single_split_limit()) return 1;
   const int64_t base = q->ne[3] * k->ne[2] * ((q->ne[2] / k->ne[2] * q->ne[1] + kRows - 1) / kRows);
   const int64_t by_keys = (k->ne[1] + min_keys_per_split() - 1) / min_keys_per_split();
   const int64_t by_blocks = (target_blocks(gathered) + base - 1) / std::max<int64_t>(base, 1);
@@ -706,7 +717,7 @@ bool flash_attn_decode_writes_act(const Tensor* dst, const FlashAttnRows* rows, 
   const Tensor* q = dst->src[0];
   const Tensor* k = dst->src[1];
   return (act_block == 32 || act_block == 256) && flash_attn_decode_supported(dst, rows) &&
-         splits_for(q, k, rows != nullptr) > 1 &&
+         splits_for(q, k, rows != nullptr, false) > 1 &&
          dst->is_contiguous() && dst->ne[0] == q->ne[0] && dst->ne[1] == q->ne[2] && dst->ne[2] == q->ne[1] &&
          merge_heads_per_block(q->ne[0], q->ne[2], act_block) > 0 &&
          act_fast_size(q->ne[1] * q->ne[3], q->ne[0] * q->ne[2], act_block, act_block == 256) <= dst->nbytes();
@@ -715,7 +726,8 @@ bool flash_attn_decode_writes_act(const Tensor* dst, const FlashAttnRows* rows, 
 size_t flash_attn_decode_scratch_bytes(const Tensor* dst) {
   const Tensor* q = dst->src[0];
   const Tensor* k = dst->src[1];
-  const int splits = std::max(splits_for(q, k, false), splits_for(q, k, true));  // either kernel's
+  // either kernel's, with either output (a single split needs none)
+  const int splits = std::max(splits_for(q, k, false, false), splits_for(q, k, true, false));
   if (splits == 1) return 0;
   const int64_t rows = q->ne[1] * q->ne[2] * q->ne[3];  // every (query, head)
   return static_cast<size_t>(splits) * static_cast<size_t>(rows) * static_cast<size_t>(q->ne[0] + 2) * sizeof(float);
@@ -767,7 +779,7 @@ CudaError launch_flash_attn_decode(const LaunchContext& ctx, const Tensor* dst, 
   a.group = q->ne[2] / k->ne[2];
   a.n_rows = a.group * q->ne[1];
   a.row_groups = (a.n_rows + kRows - 1) / kRows;
-  a.n_splits = splits_for(q, k, rows != nullptr);
+  a.n_splits = splits_for(q, k, rows != nullptr, ctx.act_out_block == 0);
   a.keys_per_split = (k->ne[1] + a.n_splits - 1) / a.n_splits;
   if (batch_invariant())
     a.keys_per_split = std::max(kInvariantKeys, (a.keys_per_split + kInvariantKeys - 1) / kInvariantKeys * kInvariantKeys);
