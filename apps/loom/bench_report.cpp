@@ -148,7 +148,8 @@ std::string format_markdown(const std::vector<BenchResult>& results) {
   cols.push_back({"test", true});
   cols.push_back({"t/s", true});
   if (exec) {
-    for (const char* h : {"median t/s", "kern/tok", "host us/tok", "gpu us/tok", "graphs b/r"}) cols.push_back({h, true});
+    for (const char* h : {"median t/s", "kern/tok", "host us/tok", "gpu us/tok", "graphs b/r"})
+      cols.push_back({h, true});
   }
   std::vector<std::vector<std::string>> rows;
   for (const BenchResult& r : results) {

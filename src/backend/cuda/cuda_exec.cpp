@@ -749,15 +749,20 @@ Status Executor::record(const exec::Plan& p, size_t begin, size_t end, bool pdl,
 Status Executor::replay(const Cached& c, uint64_t t0) {
   if (aborted())
     return make_error(StatusCode::aborted, "cuda: compute stopped by the abort callback before launch");
-  // LOOM_EXEC_GPU_TIME=1: the replay between two events (ExecCounters::device_ns)
+  // LOOM_EXEC_GPU_TIME=1: the replay between two events (ExecCounters::device_ns); a failing event call
+  // leaves the executor's error as a failing launch does
   static const bool gpu_time = env_int("LOOM_EXEC_GPU_TIME", 0, 0, 1) == 1;
+  auto timing = [&](cudaError_t err, const char* what) -> Status {
+    if (err == cudaSuccess) return Status{};
+    return fail(to_status(CudaError::runtime(err, what, __FILE__, __LINE__), "timing a replay"));
+  };
   if (gpu_time && !timing_[0])
-    for (cudaEvent_t& ev : timing_) LOOM_CUDA_STATUS(cudaEventCreate(&ev));
-  if (gpu_time) LOOM_CUDA_STATUS(cudaEventRecord(timing_[0], dev_.stream()));
+    for (cudaEvent_t& ev : timing_) LOOM_TRY(timing(cudaEventCreate(&ev), "cudaEventCreate"));
+  if (gpu_time) LOOM_TRY(timing(cudaEventRecord(timing_[0], dev_.stream()), "cudaEventRecord"));
   const cudaError_t e = cudaGraphLaunch(c.exec, dev_.stream());
   if (e != cudaSuccess)
     return fail(to_status(CudaError::runtime(e, "cudaGraphLaunch", __FILE__, __LINE__), "replaying a pass"));
-  if (gpu_time) LOOM_CUDA_STATUS(cudaEventRecord(timing_[1], dev_.stream()));
+  if (gpu_time) LOOM_TRY(timing(cudaEventRecord(timing_[1], dev_.stream()), "cudaEventRecord"));
   ++counters_.graph_replays;
   counters_.kernels += c.kernels;
   counters_.pdl_edges += c.pdl_edges;
@@ -766,7 +771,7 @@ Status Executor::replay(const Cached& c, uint64_t t0) {
   LOOM_TRY(sync());
   if (gpu_time) {
     float ms = 0.0f;
-    LOOM_CUDA_STATUS(cudaEventElapsedTime(&ms, timing_[0], timing_[1]));
+    LOOM_TRY(timing(cudaEventElapsedTime(&ms, timing_[0], timing_[1]), "cudaEventElapsedTime"));
     counters_.device_ns += static_cast<uint64_t>(static_cast<double>(ms) * 1e6);
     ++counters_.device_timed;
   }
