@@ -244,7 +244,17 @@ nlohmann::ordered_json result_json(const BenchResult& r) {
   const double tokens = static_cast<double>(std::max<uint64_t>(1, r.tokens()));
   j["kernels_per_token"] = static_cast<double>(c.kernels) / tokens;
   j["host_us_per_token"] = static_cast<double>(c.host_ns) / tokens / 1e3;
-  if (c.device_timed) j["gpu_us_per_token"] = static_cast<double>(c.device_ns) / tokens / 1e3;
+  // every row has every key (the CSV's columns): 0 where not timed (LOOM_EXEC_GPU_TIME) or no token generated
+  j["gpu_us_per_token"] = c.device_timed ? static_cast<double>(c.device_ns) / tokens / 1e3 : 0.0;
+  {  // a generated token's time, us (BenchResult::tg_split)
+    const auto& sp = r.tg_split;
+    const double n = static_cast<double>(std::max<uint64_t>(sp.steps, 1)) * 1e3;
+    j["generated_token_us"] = {{"wall", sp.wall_ns / n},
+                               {"graph_inputs", sp.inputs_ns / n},
+                               {"compute", sp.compute_ns / n},
+                               {"read_back", sp.readback_ns / n},
+                               {"other", (sp.wall_ns - sp.inputs_ns - sp.compute_ns - sp.readback_ns) / n}};
+  }
   j["computes"] = c.computes;
   j["dispatches"] = c.dispatches;
   j["graph_nodes"] = c.graph_nodes;

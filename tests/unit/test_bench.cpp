@@ -242,9 +242,17 @@ TEST_F(Bench, ExecColumnsShowConfigurationAndCounters) {
   EXPECT_DOUBLE_EQ(j[0]["kernels_per_token"].get<double>(), 100.0);
   EXPECT_DOUBLE_EQ(j[0]["host_us_per_token"].get<double>(), 2.5);
   EXPECT_DOUBLE_EQ(j[0]["gpu_us_per_token"].get<double>(), 40.0);
-  r.counters.device_timed = 0;  // not timed: a dash, no JSON key
+  EXPECT_DOUBLE_EQ(j[0]["generated_token_us"]["wall"].get<double>(), 0.0);  // no split recorded
+  r.tg_split = {8 * 50e3, 8 * 2e3, 8 * 45e3, 8 * 1e3, 8};  // 8 steps: 50 us = 2 + 45 + 1 + 2 other
+  const auto split = nlohmann::json::parse(app::format_bench({r}, app::BenchFormat::json))[0]["generated_token_us"];
+  EXPECT_DOUBLE_EQ(split["wall"].get<double>(), 50.0);
+  EXPECT_DOUBLE_EQ(split["graph_inputs"].get<double>(), 2.0);
+  EXPECT_DOUBLE_EQ(split["compute"].get<double>(), 45.0);
+  EXPECT_DOUBLE_EQ(split["read_back"].get<double>(), 1.0);
+  EXPECT_DOUBLE_EQ(split["other"].get<double>(), 2.0);
+  r.counters.device_timed = 0;  // not timed: a dash, 0 in JSON
   EXPECT_EQ(md_table(app::format_bench({r}, app::BenchFormat::md))[2][12], "-");
-  EXPECT_FALSE(nlohmann::json::parse(app::format_bench({r}, app::BenchFormat::json))[0].contains("gpu_us_per_token"));
+  EXPECT_DOUBLE_EQ(nlohmann::json::parse(app::format_bench({r}, app::BenchFormat::json))[0]["gpu_us_per_token"].get<double>(), 0.0);
   EXPECT_EQ(j[0]["graph_builds"], 1);
   EXPECT_EQ(j[0]["graph_replays"], 7);
   EXPECT_EQ(j[0]["numerics"], "fast");
