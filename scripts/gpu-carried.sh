@@ -85,6 +85,7 @@ model() {  # model SHAPE:TYPE -> path of a generated model (made if missing); a 
   echo "$f"
 }
 models=${LOOM_MODELS:-llama3-1b:q4_0 llama3-8b:q4_0}
+tag() { basename "$1" .gguf | tr ':/' '--'; }  # a model's name in output files: SHAPE-TYPE, or a file's base name
 find_nccl() {  # NCCL for -tp: the toolkit's, else PyTorch's copy
   if [[ ! -e /usr/local/cuda/lib64/libnccl.so.2 ]] && ! ldconfig -p 2>/dev/null | grep -q libnccl.so.2; then
     local nccl
@@ -121,8 +122,8 @@ for step in "$@"; do
         [[ $spec == *@* ]] && thr=${spec#*@}
         f=$(model "$m") || { echo "hf: cannot make $m"; continue; }
         "$bin/loom" run -m "$f" --backend cuda --numerics exact -p "The quick brown fox jumps over the lazy dog" \
-          -n 16 --temp 0 --dump-logits "$work/hf-${m/:/-}.bin" >/dev/null 2>&1
-        python3 tools/hf_reference.py --model "$f" --loom-logits "$work/hf-${m/:/-}.bin" --threshold "$thr"
+          -n 16 --temp 0 --dump-logits "$work/hf-$(tag "$m").bin" >/dev/null 2>&1
+        python3 tools/hf_reference.py --model "$f" --loom-logits "$work/hf-$(tag "$m").bin" --threshold "$thr"
       done ;;
     prefill)  # under each of LOOM_PREFILL_MODES (as LOOM_DECODE_MODES), then a ~300-token prompt's logits
       # under each mode against the first's (bit-identical expected: modes that change order, not arithmetic)
@@ -166,13 +167,13 @@ for step in "$@"; do
     batched)
       for m in $models; do
         f=$(model "$m") || continue
-        timeout 240 "$bin/loom" bench -m "$f" -npp 128 -ntg 32 -npl ${LOOM_NPL:-1,8,32,64} --trace "$out/batched-${m/:/-}" 2>/dev/null | grep -E "^\|"
+        timeout 240 "$bin/loom" bench -m "$f" -npp 128 -ntg 32 -npl ${LOOM_NPL:-1,8,32,64} --trace "$out/batched-$(tag "$m")" 2>/dev/null | grep -E "^\|"
         if [[ -n ${LOOM_BATCHED_BASE:-} ]]; then  # VAR=VALUE settings (','-separated) to time beside
           echo "-- with ${LOOM_BATCHED_BASE}:"
           env $(tr "," " " <<<"$LOOM_BATCHED_BASE") timeout 240 "$bin/loom" bench -m "$f" -npp 128 -ntg 32 \
             -npl ${LOOM_NPL:-1,8,32,64} 2>/dev/null | grep -E "^\|" | grep -v -- "---"
         fi
-        for t in "$out"/batched-${m/:/-}-pl*.json; do
+        for t in "$out"/batched-$(tag "$m")-pl*.json; do
           echo "-- $t"; python3 tools/trace_summary.py "$t" --by-shape | head -${LOOM_TRACE_LINES:-16}
         done
       done ;;
@@ -234,9 +235,9 @@ for step in "$@"; do
       for m in $models; do
         f=$(model "$m") || continue
         head -c 3000 tests/data/shakespeare_heldout.txt >"$work/prompt.txt"
-        timeout 120 "$bin/loom" run -m "$f" -f "$work/prompt.txt" -n 1 -c 4096 --trace-prompt "$out/prefill-${m/:/-}.json" \
-          >/dev/null 2>"$out/prefill-${m/:/-}.err" || tail -2 "$out/prefill-${m/:/-}.err"
-        python3 tools/trace_summary.py "$out/prefill-${m/:/-}.json" --by-shape 2>&1 | head -${LOOM_TRACE_LINES:-24}
+        timeout 120 "$bin/loom" run -m "$f" -f "$work/prompt.txt" -n 1 -c 4096 --trace-prompt "$out/prefill-$(tag "$m").json" \
+          >/dev/null 2>"$out/prefill-$(tag "$m").err" || tail -2 "$out/prefill-$(tag "$m").err"
+        python3 tools/trace_summary.py "$out/prefill-$(tag "$m").json" --by-shape 2>&1 | head -${LOOM_TRACE_LINES:-24}
       done ;;
     decodetrace)
       for m in $models; do
@@ -247,10 +248,10 @@ for step in "$@"; do
           python3 -c "import sys; print(' '.join(['the cat sat on a mat'] * (int(sys.argv[1]) // 6)))" "$LOOM_TRACE_WORDS" >"$work/words.txt"
           prompt=(-f "$work/words.txt" -c 8192)
         fi
-        timeout 120 "$bin/loom" run -m "$f" "${prompt[@]}" -n 8 --stats --trace "$out/decode-${m/:/-}.json" \
-          >/dev/null 2>"$out/decode-${m/:/-}.err" || tail -2 "$out/decode-${m/:/-}.err"
-        grep -iE "kernels|per token|host" "$out/decode-${m/:/-}.err" | head -6
-        python3 tools/trace_summary.py "$out/decode-${m/:/-}.json" --by-shape 2>&1 | head -${LOOM_TRACE_LINES:-24}
+        timeout 120 "$bin/loom" run -m "$f" "${prompt[@]}" -n 8 --stats --trace "$out/decode-$(tag "$m").json" \
+          >/dev/null 2>"$out/decode-$(tag "$m").err" || tail -2 "$out/decode-$(tag "$m").err"
+        grep -iE "kernels|per token|host" "$out/decode-$(tag "$m").err" | head -6
+        python3 tools/trace_summary.py "$out/decode-$(tag "$m").json" --by-shape 2>&1 | head -${LOOM_TRACE_LINES:-24}
       done ;;
     normquant)
       # the norms' quantized-activation hand-off against LOOM_CUDA_NORM_QUANT=0 (f32 norm outputs and a
@@ -260,7 +261,8 @@ for step in "$@"; do
         for nq in 1 0; do
           base=""
           [[ $nq == 0 ]] && base=$(tr "," " " <<<"${LOOM_NQ_BASE:-LOOM_CUDA_NORM_QUANT=0}")
-          env $base LOOM_EXEC_DUMP="$work/nq$nq" timeout 120 "$bin/loom" run -m "$f" --numerics fast \
+          # both with flash-decoding's splits: without a hand-off (an f32 attention output) few keys take one
+          env $base LOOM_FLASH_DECODE_SINGLE=0 LOOM_EXEC_DUMP="$work/nq$nq" timeout 120 "$bin/loom" run -m "$f" --numerics fast \
             -p "Once upon a time" -n 48 --temp 0 --dump-logits "$work/nq$nq.bin" >"$work/nq$nq.txt" 2>"$work/nq$nq.err" ||
             tail -2 "$work/nq$nq.err"
         done
@@ -278,9 +280,9 @@ for step in "$@"; do
         us=$(timeout 120 "$bin/loom" bench -m "$f" -p 0 -n 128 -r 2 2>/dev/null | grep -E "tg128" | awk -F'|' '{ split($(NF-1), a, " "); printf "%.1f", 1e6 / a[1] }')
         timeout 400 /usr/local/cuda/bin/ncu --graph-profiling node --cache-control none --clock-control none --csv --page raw \
           --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
-          "$bin/loom" run -m "$f" -p "Hi" -n 3 --temp 0 >"$out/ncu-step-${m/:/-}.csv" 2>/dev/null
+          "$bin/loom" run -m "$f" -p "Hi" -n 3 --temp 0 >"$out/ncu-step-$(tag "$m").csv" 2>/dev/null
         echo "-- $m (tg128 step $us us)"
-        python3 tools/ncu_step.py "$out/ncu-step-${m/:/-}.csv" "${LOOM_PEAK_GBS:-3350}" "$us" | head -${LOOM_TRACE_LINES:-40}
+        python3 tools/ncu_step.py "$out/ncu-step-$(tag "$m").csv" "${LOOM_PEAK_GBS:-3350}" "$us" | head -${LOOM_TRACE_LINES:-40}
       done ;;
     kperf)
       # ncu kernel times (caches not flushed: what a replayed graph sees) of the op-test perf cases in
@@ -443,8 +445,8 @@ print("; ".join(f"{k} {sum(v) / len(v) / 1000:.2f} us (x{len(v)})" for k, v in t
           done; done
         done
         for n in $tps; do for ar in $ars; do  # rank 0's trace of a decode step: the all-reduces' share (they wait for the peers)
-          env $(ar_env $ar) timeout -k 5 $tlim "$bin/loom" run -m "$f" -p "$p" -n 8 --temp 0 -tp $n --stats --trace "$out/tp$n-$ar-${m/:/-}.json" \
-            >/dev/null 2>"$out/tp$n-$ar-stats.err" && grep -E "fusions|kernels/token|tensor-parallel ranks" "$out/tp$n-$ar-stats.err" | tail -3 && python3 tools/trace_summary.py "$out/tp$n-$ar-${m/:/-}.json" | grep -E "dispatch|all_reduce|total" |
+          env $(ar_env $ar) timeout -k 5 $tlim "$bin/loom" run -m "$f" -p "$p" -n 8 --temp 0 -tp $n --stats --trace "$out/tp$n-$ar-$(tag "$m").json" \
+            >/dev/null 2>"$out/tp$n-$ar-stats.err" && grep -E "fusions|kernels/token|tensor-parallel ranks" "$out/tp$n-$ar-stats.err" | tail -3 && python3 tools/trace_summary.py "$out/tp$n-$ar-$(tag "$m").json" | grep -E "dispatch|all_reduce|total" |
             sed "s/^/-tp $n $ar trace: /"
         done; done
         for n in 1 $tps; do for ar in $ars; do

@@ -92,9 +92,12 @@ struct BenchResult {
   ExecCounters counters;           ///< summed over the measured repetitions
   /// The generated tokens' decode calls, summed over the measured repetitions (ns): their wall time
   /// and its host parts from the context's DecodeStats (the floor of a step: issue 14).
+  /// host_ns / device_ns / device_timed: the executor's counters over those calls only (not the
+  /// depth fill or a prompt pass of the same test).
   struct StepSplit {
     double wall_ns = 0, inputs_ns = 0, compute_ns = 0, readback_ns = 0;
     uint64_t steps = 0;
+    uint64_t host_ns = 0, device_ns = 0, device_timed = 0;
   } tg_split;
   TsStats stats() const { return ts_stats(samples_ns, test.n_tokens()); }
   /// Tokens decoded in the measured repetitions.

@@ -176,7 +176,9 @@ bool writes_over(const exec::Dispatch& d, const Tensor* x) {
 // add_rms_norm_mul (the Q/K/V and gate/up products after a layer's norm) and flash-decoding with
 // split keys, whose merge writes the attention output projection's activations. The byte ranges do
 // not change (the layout lies within the f32 output's bytes), so ordering is untouched; the values
-// equal the unfused path's bit for bit (the same floats quantized by the same arithmetic).
+// equal the unfused path's bit for bit (the same floats quantized by the same arithmetic), but for
+// flash-decoding of few keys, which without the hand-off (an f32 output) takes one split instead of
+// the merge (LOOM_FLASH_DECODE_SINGLE=0 keeps the splits, for comparisons).
 // With tiles (Executor::tile_handoff_), a norm whose readers are all products on gemm_q's warpgroup
 // kernel writes its output as their packed f16 tiles (kActGemmQTiles) and they skip their packing.
 void mark_act_handoffs(exec::Plan& p, const Graph& g, FusedTarget target, bool tiles) {
@@ -756,8 +758,17 @@ Status Executor::replay(const Cached& c, uint64_t t0) {
     if (err == cudaSuccess) return Status{};
     return fail(to_status(CudaError::runtime(err, what, __FILE__, __LINE__), "timing a replay"));
   };
-  if (gpu_time && !timing_[0])
-    for (cudaEvent_t& ev : timing_) LOOM_TRY(timing(cudaEventCreate(&ev), "cudaEventCreate"));
+  if (gpu_time && !timing_[1]) {  // both or neither
+    cudaEvent_t ev[2] = {nullptr, nullptr};
+    for (cudaEvent_t& e : ev) {
+      if (const cudaError_t err = cudaEventCreate(&e); err != cudaSuccess) {
+        if (ev[0]) cudaEventDestroy(ev[0]);
+        return timing(err, "cudaEventCreate");
+      }
+    }
+    timing_[0] = ev[0];
+    timing_[1] = ev[1];
+  }
   if (gpu_time) LOOM_TRY(timing(cudaEventRecord(timing_[0], dev_.stream()), "cudaEventRecord"));
   const cudaError_t e = cudaGraphLaunch(c.exec, dev_.stream());
   if (e != cudaSuccess)
