@@ -78,6 +78,19 @@ struct BenchModelInfo {
 BenchModelInfo bench_model_info(const llm::Model& model, const std::string& filename);
 
 /// One row of the report.
+/// Where one-token decode steps' time went, summed over steps (ns): their wall time and its host parts
+/// from the context's DecodeStats (the floor of a step: issue 14), and the executor's counters over
+/// those calls only (host_ns, and device_ns over device_timed replays with LOOM_EXEC_GPU_TIME=1).
+struct TokenSplit {
+  double wall_ns = 0, inputs_ns = 0, compute_ns = 0, readback_ns = 0;
+  uint64_t steps = 0;
+  uint64_t host_ns = 0, device_ns = 0, device_timed = 0;
+  /// Adds one step: its wall time, the context's statistics of it, the executor's counters around it.
+  void add(double step_wall_ns, const llm::DecodeStats& st, const ExecCounters& before, const ExecCounters& after);
+  /// "a generated token: W us = graph inputs I + compute C (host in it H, device D) + read-back R + other O"
+  std::string to_string() const;
+};
+
 struct BenchResult {
   BenchModelInfo model;
   std::string backend;  ///< registry name: cpu, cuda
@@ -90,15 +103,8 @@ struct BenchResult {
   BenchTest test;
   std::vector<double> samples_ns;  ///< time in decode calls, per measured repetition
   ExecCounters counters;           ///< summed over the measured repetitions
-  /// The generated tokens' decode calls, summed over the measured repetitions (ns): their wall time
-  /// and its host parts from the context's DecodeStats (the floor of a step: issue 14).
-  /// host_ns / device_ns / device_timed: the executor's counters over those calls only (not the
-  /// depth fill or a prompt pass of the same test).
-  struct StepSplit {
-    double wall_ns = 0, inputs_ns = 0, compute_ns = 0, readback_ns = 0;
-    uint64_t steps = 0;
-    uint64_t host_ns = 0, device_ns = 0, device_timed = 0;
-  } tg_split;
+  /// The generated tokens' decode calls, summed over the measured repetitions (TokenSplit).
+  TokenSplit tg_split;
   TsStats stats() const { return ts_stats(samples_ns, test.n_tokens()); }
   /// Tokens decoded in the measured repetitions.
   uint64_t tokens() const { return samples_ns.size() * static_cast<uint64_t>(test.n_tokens()); }

@@ -135,6 +135,38 @@ int resolved_threads(int n) {
   return n > 0 ? n : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
+}  // namespace
+
+void TokenSplit::add(double step_wall_ns, const llm::DecodeStats& st, const ExecCounters& before,
+                     const ExecCounters& after) {
+  wall_ns += step_wall_ns;
+  inputs_ns += static_cast<double>(st.host_build_ns + st.host_alloc_ns + st.host_inputs_ns);
+  compute_ns += static_cast<double>(st.host_compute_ns);
+  readback_ns += static_cast<double>(st.host_readback_ns);
+  host_ns += after.host_ns - before.host_ns;
+  device_ns += after.device_ns - before.device_ns;
+  device_timed += after.device_timed - before.device_timed;
+  ++steps;
+}
+
+std::string TokenSplit::to_string() const {
+  const double n = static_cast<double>(std::max<uint64_t>(steps, 1)) * 1e3;  // us per step
+  // the executor's part of compute (a backend with counters: CUDA), its device time where timed
+  std::string inside;
+  if (host_ns > 0) {
+    inside = fmt::format(" (host in it {:.1f}", static_cast<double>(host_ns) / n);
+    inside += device_timed == steps ? fmt::format(", device {:.1f})", static_cast<double>(device_ns) / n)
+              : device_timed > 0    ? std::string(", device: not every step was a replay)")
+                                    : std::string(", device: LOOM_EXEC_GPU_TIME=1)");
+  }
+  return fmt::format(
+      "a generated token: {:.1f} us = graph inputs {:.1f} + compute {:.1f}{} + read-back {:.1f} + other {:.1f}",
+      wall_ns / n, inputs_ns / n, compute_ns / n, inside, readback_ns / n,
+      (wall_ns - inputs_ns - compute_ns - readback_ns) / n);
+}
+
+namespace {
+
 std::string format_markdown(const std::vector<BenchResult>& results) {
   const bool exec =
       std::any_of(results.begin(), results.end(), [](const BenchResult& r) { return !r.exec.empty(); });

@@ -61,17 +61,7 @@ Status run_bench_test(llm::Context& ctx, Backend& backend, const BenchTest& test
       const double step_ns = std::chrono::duration<double, std::nano>(clock::now() - t0).count();
       ns += step_ns;
       if (!r) return r.status();
-      const ExecCounters c1 = exec_counters(backend);
-      const llm::DecodeStats& st = ctx.stats();
-      BenchResult::StepSplit& sp = out.tg_split;
-      sp.host_ns += c1.host_ns - c0.host_ns;
-      sp.device_ns += c1.device_ns - c0.device_ns;
-      sp.device_timed += c1.device_timed - c0.device_timed;
-      sp.wall_ns += step_ns;
-      sp.inputs_ns += static_cast<double>(st.host_build_ns + st.host_alloc_ns + st.host_inputs_ns);
-      sp.compute_ns += static_cast<double>(st.host_compute_ns);
-      sp.readback_ns += static_cast<double>(st.host_readback_ns);
-      ++sp.steps;
+      out.tg_split.add(step_ns, ctx.stats(), c0, exec_counters(backend));
     }
     return {};
   };
@@ -299,23 +289,8 @@ int run_bench(const BenchOptions& o) {
         const TsStats st = r.stats();
         fmt::print(stderr, "loom: bench: {} {}{} {}: {:.2f} ± {:.2f} t/s (median {:.2f})\n", info.type,
                    backend_name, label, test.name(), st.mean, st.stddev, st.median);
-        if (const auto& sp = r.tg_split; sp.steps > 0) {  // where a generated token's time went
-          const double n = static_cast<double>(sp.steps);
-          // the executor's part of compute (a backend with counters: CUDA), its device time where timed
-          std::string inside;
-          if (sp.host_ns > 0) {
-            inside = fmt::format(" (host in it {:.1f}", static_cast<double>(sp.host_ns) / n / 1e3);
-            inside += sp.device_timed == sp.steps
-                          ? fmt::format(", device {:.1f})", static_cast<double>(sp.device_ns) / n / 1e3)
-                      : sp.device_timed > 0 ? std::string(", device: not every step was a replay)")
-                                            : std::string(", device: LOOM_EXEC_GPU_TIME=1)");
-          }
-          fmt::print(stderr,
-                     "loom: bench: {} a generated token: {:.1f} us = graph inputs {:.1f} + compute {:.1f}{} + "
-                     "read-back {:.1f} + other {:.1f}\n",
-                     test.name(), sp.wall_ns / n / 1e3, sp.inputs_ns / n / 1e3, sp.compute_ns / n / 1e3, inside,
-                     sp.readback_ns / n / 1e3, (sp.wall_ns - sp.inputs_ns - sp.compute_ns - sp.readback_ns) / n / 1e3);
-        }
+        if (r.tg_split.steps > 0)  // where a generated token's time went
+          fmt::print(stderr, "loom: bench: {} {}\n", test.name(), r.tg_split.to_string());
         results.push_back(std::move(r));
       }
     }

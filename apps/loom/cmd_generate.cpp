@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
+#include "bench.h"
 #include "generate.h"
 #include "loom/exec.h"
 #include "loom/gguf.h"
@@ -389,6 +390,7 @@ int run_generate(const GenerateOptions& o) {
   int n_steps = 0;
   int n_device_steps = 0;  // steps whose token was sampled in the graph
   auto t1 = std::chrono::steady_clock::now();
+  TokenSplit split;  // --stats: the one-token steps' time
   int32_t next = -1;
   if (o.n_predict > 0) {
     auto first = sampler->sample(last, tokens);
@@ -409,9 +411,14 @@ int run_generate(const GenerateOptions& o) {
     if (!o.trace_path.empty() && n_steps == 2) {  // a replayed step: trace the third one
       if (Status s = capture_next_compute(backend, o.trace_path); !s.ok()) return fail(s);
     }
+    const ExecCounters before = o.stats ? exec_counters(backend) : ExecCounters{};
+    const auto step_t0 = std::chrono::steady_clock::now();
     auto step = llm::decode_and_sample(ctx, *sampler, std::span<const int32_t>(&tokens.back(), 1),
                                        static_cast<int>(tokens.size()) - 1, tokens, step_options);
     if (!step) return fail(step.status());
+    if (o.stats)  // where the step's time went (--stats), its sampling on the host in "other"
+      split.add(std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - step_t0).count(),
+                ctx.stats(), before, exec_counters(backend));
     if (!o.trace_path.empty() && n_steps == 2)
       fmt::print(stderr, "loom: trace of decode step 3 written to {} (plan: {}.dot)\n", o.trace_path,
                  o.trace_path);
@@ -429,8 +436,10 @@ int run_generate(const GenerateOptions& o) {
              n_prompt, prompt_ms, n_prompt / (prompt_ms / 1000.0), n_gen, gen_ms,
              n_gen > 0 ? n_gen / (gen_ms / 1000.0) : 0.0, backend_name, sampler->seed(),
              sampling_where(n_device_steps, n_steps));
-  if (o.stats)
+  if (o.stats) {
     print_stats(n_prompt, prompt_stats, prompt_counters, ctx.stats(), exec_counters(backend), n_steps, ctx);
+    if (split.steps > 0) fmt::print(stderr, "loom: stats: generation: {}\n", split.to_string());
+  }
   return 0;
 }
 

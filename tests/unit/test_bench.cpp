@@ -304,5 +304,35 @@ TEST_F(Bench, BatchedModeOnTheCpu) {
   EXPECT_EQ(n, 2);
 }
 
+// TokenSplit adds each step's parts: the context's statistics and the executor's counter deltas.
+TEST(BenchTokenSplit, AddsStepsAndNamesTheParts) {
+  app::TokenSplit sp;
+  llm::DecodeStats st;
+  st.host_build_ns = 1000;
+  st.host_alloc_ns = 500;
+  st.host_inputs_ns = 2500;  // graph inputs 4 us
+  st.host_compute_ns = 40000;
+  st.host_readback_ns = 3000;
+  ExecCounters before, after;
+  before.host_ns = 7000;
+  after.host_ns = 12000;  // 5 us in the executor
+  sp.add(50000, st, before, after);
+  sp.add(50000, st, before, after);
+  EXPECT_EQ(sp.steps, 2u);
+  EXPECT_DOUBLE_EQ(sp.inputs_ns, 8000.0);
+  EXPECT_EQ(sp.host_ns, 10000u);
+  EXPECT_EQ(sp.to_string(),
+            "a generated token: 50.0 us = graph inputs 4.0 + compute 40.0 (host in it 5.0, device: "
+            "LOOM_EXEC_GPU_TIME=1) + read-back 3.0 + other 3.0");
+  after.device_ns = 30000;  // timed: 30 us a step
+  after.device_timed = 1;
+  app::TokenSplit timed;
+  timed.add(50000, st, before, after);
+  EXPECT_NE(timed.to_string().find("(host in it 5.0, device 30.0)"), std::string::npos);
+  app::TokenSplit cpu;  // no executor counters: no host/device part
+  cpu.add(50000, st, ExecCounters{}, ExecCounters{});
+  EXPECT_EQ(cpu.to_string().find("host in it"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace loom::llm::testing
