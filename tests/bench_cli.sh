@@ -38,6 +38,10 @@ for t in pp8 tg4; do
   [[ $mean != "$row" && $sd != "$row" ]] || fail "$t row: no 'mean ± stdev': $row"
   positive "$mean" || fail "$t: t/s $mean is not positive"
 done
+# where a generated token's time went: one line for the tg test (the CPU has no executor part)
+[[ $(grep -Ec '^loom: bench: tg4 a generated token: [0-9.]+ us = graph inputs [0-9.]+ \+ compute [0-9.]+ \+ read-back [0-9.]+ \+ other -?[0-9.]+$' "$dir/md.err") == 1 ]] ||
+  fail "no time split of the tg test's tokens"
+grep -q 'pp8 a generated token' "$dir/md.err" && fail "a time split for a test that generates nothing"
 
 # -d: every test at every depth (depths innermost), llama-bench's "@ dN" names, n_depth in json
 bench depth -p 8 -n 4 -d 0,16 -r 1
@@ -111,6 +115,8 @@ grep -q '^loom: stats: context ' "$dir/run.err" || fail "--stats: no context lin
 grep -Eq '^loom: stats: prompt: [1-9][0-9]* tokens, forward passes [1-9][0-9]*, [1-9][0-9]* graph nodes' "$dir/run.err" ||
   fail "--stats: no prompt line"
 grep -Eq '^loom: stats: generation: [0-9]+ one-token steps' "$dir/run.err" || fail "--stats: no generation line"
+grep -Eq '^loom: stats: generation: a generated token: [0-9.]+ us = graph inputs ' "$dir/run.err" ||
+  fail "--stats: no time split of the generated tokens"
 [[ $(grep -c '^loom:   computes ' "$dir/run.err") == 2 ]] || fail "--stats: executor counters (prompt, generation)"
 "$loom" run -m "$dir/tiny.gguf" -p "hello there" -n 4 --temp 0 -t 2 >"$dir/nostats.out" 2>"$dir/nostats.err" ||
   fail "loom run"
