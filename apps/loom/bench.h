@@ -77,7 +77,6 @@ struct BenchModelInfo {
 /// The info of a loaded model (`filename` as given).
 BenchModelInfo bench_model_info(const llm::Model& model, const std::string& filename);
 
-/// One row of the report.
 /// Where one-token decode steps' time went, summed over steps (ns): their wall time and its host parts
 /// from the context's DecodeStats (the floor of a step: issue 14), and the executor's counters over
 /// those calls only (host_ns, and device_ns over device_timed replays with LOOM_EXEC_GPU_TIME=1).
@@ -87,10 +86,16 @@ struct TokenSplit {
   uint64_t host_ns = 0, device_ns = 0, device_timed = 0;
   /// Adds one step: its wall time, the context's statistics of it, the executor's counters around it.
   void add(double step_wall_ns, const llm::DecodeStats& st, const ExecCounters& before, const ExecCounters& after);
+  /// A step's parts in microseconds (zeros before any step): what to_string and the JSON report show.
+  struct PerStep {
+    double wall, inputs, compute, readback, other;
+  };
+  PerStep per_step_us() const;
   /// "a generated token: W us = graph inputs I + compute C (host in it H, device D) + read-back R + other O"
   std::string to_string() const;
 };
 
+/// One row of the report.
 struct BenchResult {
   BenchModelInfo model;
   std::string backend;  ///< registry name: cpu, cuda

@@ -149,8 +149,15 @@ void TokenSplit::add(double step_wall_ns, const llm::DecodeStats& st, const Exec
   ++steps;
 }
 
+TokenSplit::PerStep TokenSplit::per_step_us() const {
+  const double n = static_cast<double>(std::max<uint64_t>(steps, 1)) * 1e3;
+  return {wall_ns / n, inputs_ns / n, compute_ns / n, readback_ns / n,
+          (wall_ns - inputs_ns - compute_ns - readback_ns) / n};
+}
+
 std::string TokenSplit::to_string() const {
   const double n = static_cast<double>(std::max<uint64_t>(steps, 1)) * 1e3;  // us per step
+  const PerStep us = per_step_us();
   // the executor's part of compute (a backend with counters: CUDA), its device time where timed
   std::string inside;
   if (host_ns > 0) {
@@ -161,8 +168,7 @@ std::string TokenSplit::to_string() const {
   }
   return fmt::format(
       "a generated token: {:.1f} us = graph inputs {:.1f} + compute {:.1f}{} + read-back {:.1f} + other {:.1f}",
-      wall_ns / n, inputs_ns / n, compute_ns / n, inside, readback_ns / n,
-      (wall_ns - inputs_ns - compute_ns - readback_ns) / n);
+      us.wall, us.inputs, us.compute, inside, us.readback, us.other);
 }
 
 namespace {
@@ -278,15 +284,9 @@ nlohmann::ordered_json result_json(const BenchResult& r) {
   j["host_us_per_token"] = static_cast<double>(c.host_ns) / tokens / 1e3;
   // every row has every key (the CSV's columns): 0 where not timed (LOOM_EXEC_GPU_TIME) or no token generated
   j["gpu_us_per_token"] = c.device_timed ? static_cast<double>(c.device_ns) / tokens / 1e3 : 0.0;
-  {  // a generated token's time, us (BenchResult::tg_split)
-    const auto& sp = r.tg_split;
-    const double n = static_cast<double>(std::max<uint64_t>(sp.steps, 1)) * 1e3;
-    j["generated_token_us"] = {{"wall", sp.wall_ns / n},
-                               {"graph_inputs", sp.inputs_ns / n},
-                               {"compute", sp.compute_ns / n},
-                               {"read_back", sp.readback_ns / n},
-                               {"other", (sp.wall_ns - sp.inputs_ns - sp.compute_ns - sp.readback_ns) / n}};
-  }
+  const TokenSplit::PerStep us = r.tg_split.per_step_us();  // a generated token's time
+  j["generated_token_us"] = {{"wall", us.wall},     {"graph_inputs", us.inputs}, {"compute", us.compute},
+                             {"read_back", us.readback}, {"other", us.other}};
   j["computes"] = c.computes;
   j["dispatches"] = c.dispatches;
   j["graph_nodes"] = c.graph_nodes;
