@@ -824,6 +824,11 @@ void add_fused_cases(CaseList& cases, CaseSet set) {
   // row groups a KV head); YaRN
   add_rope_flash_attn(cases, {128, 16, 2, 9, 12, 4, rope_params(M::normal, 128, 500000.0f)});
   add_rope_flash_attn(cases, {64, 4, 2, 64, 80, 63, rope_params(M::neox, 64, 10000.0f, 0.25f, 1.0f, 1.0f)});
+  // several splits and their merge: an 8B layer's 16 over a 256-cell bucket (the cell in the seventh), 13
+  // (not a power of two), 10 with GQA groups of 8 (two row groups a KV head)
+  add_rope_flash_attn(cases, {128, 32, 8, 256, 256, 100, rope_params(M::normal, 128, 500000.0f)});
+  add_rope_flash_attn(cases, {128, 8, 2, 200, 256, 199, rope_params(M::neox, 128, 1000000.0f), true});
+  add_rope_flash_attn(cases, {128, 16, 2, 160, 192, 80, rope_params(M::normal, 128, 500000.0f)});
 }
 
 }  // namespace loom::optest
