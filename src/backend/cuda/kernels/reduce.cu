@@ -474,9 +474,12 @@ __global__ void __launch_bounds__(kMergeThreads) top_k_merge_kernel(SplitArgs p)
 // share of the row in registers (kLoadBatch loads in flight a thread), reduced by shuffles and then
 // over the cluster's shared memory by block 0, which writes the index: one launch, no scratch. The
 // split path took a chunk kernel and a merge kernel for it (3.8 + 2.9 us on the H200, ncu).
-constexpr int kTop1Blocks = 8;
+// A 128256-entry row (ncu, H200): 8.03 us at 4 blocks, 6.26 at 8, 5.99 at 12, 5.82 at 16: the rest is
+// the chain (loads, two reductions, two cluster barriers), not the bytes.
+constexpr int kTop1Blocks = 16;       ///< blocks a row's cluster, by default (LOOM_CUDA_TOP1_BLOCKS: 2-16)
+constexpr int kTop1MaxBlocks = 16;    ///< a non-portable cluster size, which sm_90 places
 constexpr int kTop1Threads = 1024;
-static_assert(kTop1Threads / kWarpSize == kWarpSize && kTop1Blocks <= kWarpSize, "one warp reduces the warps and the blocks");
+static_assert(kTop1Threads / kWarpSize == kWarpSize && kTop1MaxBlocks <= kWarpSize, "one warp reduces the warps and the blocks");
 
 __global__ void __launch_bounds__(kTop1Threads) top_k1_cluster_kernel(TensorDesc dst, TensorDesc a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -495,7 +498,8 @@ __global__ void __launch_bounds__(kTop1Threads) top_k1_cluster_kernel(TensorDesc
   const int64_t n = a.ne[0];
   // each block's share a multiple of 4 elements, so that a contiguous 16-byte-aligned row's shares are
   // read as float4 (a 128256-entry row: 4 per thread, all in flight at once)
-  const int64_t per = ((n + kTop1Blocks - 1) / kTop1Blocks + 3) / 4 * 4;
+  const int blocks = static_cast<int>(cluster.num_blocks());
+  const int64_t per = ((n + blocks - 1) / blocks + 3) / 4 * 4;
   const int64_t begin = static_cast<int64_t>(cluster.block_rank()) * per;
   const int64_t end = n < begin + per ? n : begin + per;
   // nothing yet: key 0 at the largest index (any element, key 0 included, comes before it)
@@ -562,7 +566,7 @@ __global__ void __launch_bounds__(kTop1Threads) top_k1_cluster_kernel(TensorDesc
   if (cluster.block_rank() == 0 && warp == 0) {
     uint32_t key = 0;
     int32_t idx = INT32_MAX;
-    if (lane < kTop1Blocks) {
+    if (lane < blocks) {
       key = *cluster.map_shared_rank(&block_key, lane);
       idx = *cluster.map_shared_rank(&block_idx, lane);
     }
@@ -632,12 +636,16 @@ CudaError launch_top_k(const LaunchContext& ctx, const Tensor* dst, int k) {
   if (a->nrows() == 0 || a->ne[0] == 0) return {};
   static const bool top1_cluster = env_switch("LOOM_CUDA_TOP1_CLUSTER");  // 0: the split path for k = 1 too
   // whether the device places a cluster of kTop1Blocks such blocks (asked once)
+  // blocks a row (read once; sizes above 8 are non-portable: the kernel is allowed them first)
+  static const unsigned top1_blocks = static_cast<unsigned>(env_int("LOOM_CUDA_TOP1_BLOCKS", kTop1Blocks, 2, kTop1MaxBlocks));
   static const bool top1_fits = [] {
     cudaLaunchAttribute attr;
     const cudaLaunchConfig_t cfg =
-        cluster_config(dim3(kTop1Blocks, 1), dim3(kTop1Threads), 0, nullptr, dim3(kTop1Blocks, 1, 1), &attr);
+        cluster_config(dim3(top1_blocks, 1), dim3(kTop1Threads), 0, nullptr, dim3(top1_blocks, 1, 1), &attr);
     int clusters = 0;
-    const bool ok = cudaOccupancyMaxActiveClusters(&clusters, top_k1_cluster_kernel, &cfg) == cudaSuccess && clusters > 0;
+    const bool ok = (top1_blocks <= 8 || cudaFuncSetAttribute(top_k1_cluster_kernel,
+                                                              cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) &&
+                    cudaOccupancyMaxActiveClusters(&clusters, top_k1_cluster_kernel, &cfg) == cudaSuccess && clusters > 0;
     (void)cudaGetLastError();  // a refusal is an answer, not a sticky error
     return ok;
   }();
@@ -645,8 +653,8 @@ CudaError launch_top_k(const LaunchContext& ctx, const Tensor* dst, int k) {
       a->nrows() <= 65535) {
     // a cluster of kTop1Blocks blocks a row (compute capability 9.0)
     cudaLaunchAttribute attr;
-    const cudaLaunchConfig_t cfg = cluster_config(dim3(kTop1Blocks, static_cast<unsigned>(a->nrows())),
-                                                  dim3(kTop1Threads), 0, ctx.stream, dim3(kTop1Blocks, 1, 1), &attr);
+    const cudaLaunchConfig_t cfg = cluster_config(dim3(top1_blocks, static_cast<unsigned>(a->nrows())),
+                                                  dim3(kTop1Threads), 0, ctx.stream, dim3(top1_blocks, 1, 1), &attr);
     const cudaError_t e = cudaLaunchKernelEx(&cfg, top_k1_cluster_kernel, desc_of(dst), desc_of(a));
     if (e != cudaSuccess) {
       (void)cudaGetLastError();
