@@ -235,7 +235,7 @@ for step in "$@"; do
       for m in $models; do
         f=$(model "$m") || continue
         head -c 3000 tests/data/shakespeare_heldout.txt >"$work/prompt.txt"
-        timeout 120 "$bin/loom" run -m "$f" -f "$work/prompt.txt" -n 1 -c 4096 --trace-prompt "$out/prefill-$(tag "$m").json" \
+        timeout 120 "$bin/loom" run -m "$f" -f "$work/prompt.txt" -n 1 -c 4096 -ub ${LOOM_TRACE_UB:-512} --trace-prompt "$out/prefill-$(tag "$m").json" \
           >/dev/null 2>"$out/prefill-$(tag "$m").err" || tail -2 "$out/prefill-$(tag "$m").err"
         python3 tools/trace_summary.py "$out/prefill-$(tag "$m").json" --by-shape 2>&1 | head -${LOOM_TRACE_LINES:-24}
       done ;;
@@ -269,7 +269,7 @@ for step in "$@"; do
         r="DIFFER"
         cmp -s "$work/nq1.bin" "$work/nq0.bin" && cmp -s "$work/nq1.txt" "$work/nq0.txt" && r="bit-identical"
         echo "normquant $m against ${LOOM_NQ_BASE:-LOOM_CUDA_NORM_QUANT=0}: logits and text $r ($(stat -c %s "$work/nq1.bin") bytes of logits);" \
-          "norms writing activations in the last plan: $(ls "$work"/nq1-*.txt | grep -v graph | sort -V | tail -1 | xargs grep -c "writes activations"), mat-vecs reading them: $(ls "$work"/nq1-*.txt | grep -v graph | sort -V | tail -1 | xargs grep -c "activations quantized)")"
+          "norms writing activations in the last plan: $(ls "$work"/nq1-*.txt | grep -v graph | sort -V | tail -1 | xargs grep -c "writes activations"), mat-vecs reading them: $(ls "$work"/nq1-*.txt | grep -v graph | sort -V | tail -1 | xargs grep -c "activations handed over)")"
         rm -f "$work"/nq[01]-*
       done ;;
     decodencu)

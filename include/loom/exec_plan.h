@@ -82,9 +82,14 @@ struct Dispatch {
   int depth = 0;              ///< longest path from a root in the dependency DAG
   /// Set by the backend (CUDA, fast numerics): a norm or flash-decoding dispatch writes its output as
   /// the mat-vec's quantized activations of this block size instead of f32 (0: f32), and the mat-vec
-  /// dispatches that alone read it (act_in) take them as they are, without quantizing.
+  /// dispatches that alone read it (act_in) take them as they are, without quantizing. Negative: the
+  /// products' packed f16 activations (-1 gemm_q's tiles, -2 contiguous f16 for cuBLAS; a norm or a
+  /// gated activation writes those), which they take without packing.
   int act_out_block = 0;
   bool act_in = false;
+  /// With act_in: the first kernel reading them may be a library's (cuBLAS on handed f16 activations),
+  /// which does not wait on a programmatic edge, so the dispatch takes a full dependency.
+  bool act_in_library = false;
   /// Set by the backend (CUDA): a product whose activations the product before it in the same
   /// scratch region already packed (the same activation tensor): it skips its packing.
   bool b_packed = false;

@@ -227,10 +227,11 @@ std::string Plan::dump() const {
   for (size_t i = 0; i < dispatches.size(); ++i) {
     const Dispatch& d = dispatches[i];
     s += fmt::format("{:5} {}{}{}{}{} depth {} deps [", i, dispatch_label(d), d.barrier ? " (barrier)" : "",
-                     d.act_out_block > 0   ? fmt::format(" (writes activations q{})", d.act_out_block)
-                     : d.act_out_block < 0 ? std::string(" (writes gemm_q's activation tiles)")
-                                           : std::string(),
-                     d.act_in ? " (activations quantized)" : "", d.b_packed ? " (activations packed)" : "", d.depth);
+                     d.act_out_block > 0    ? fmt::format(" (writes activations q{})", d.act_out_block)
+                     : d.act_out_block == -1 ? std::string(" (writes gemm_q's activation tiles)")
+                     : d.act_out_block == -2 ? std::string(" (writes f16 activations)")
+                                             : std::string(),
+                     d.act_in ? " (activations handed over)" : "", d.b_packed ? " (activations packed)" : "", d.depth);
     if (i < deps.size())
       for (size_t k = 0; k < deps[i].size(); ++k) s += fmt::format("{}{}", k ? " " : "", deps[i][k]);
     s += "] reads";

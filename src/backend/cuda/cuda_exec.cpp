@@ -18,6 +18,7 @@
 #include "cuda_common.h"
 #include "cuda_ops.h"
 #include "kernels/attention.cuh"
+#include "kernels/elementwise.cuh"
 #include "kernels/fused.cuh"
 #include "kernels/mat_vec_fast.cuh"
 #include "kernels/matmul.cuh"
@@ -112,6 +113,10 @@ CudaError launch_dispatch(const LaunchContext& base, const exec::Dispatch& d) {
 // norm's and attention's output stays f32, for comparisons (loom-exec-equivalence makes one of each).
 bool act_handoff_from_env() { return env_switch("LOOM_CUDA_NORM_QUANT"); }
 bool tile_handoff_from_env() { return env_switch("LOOM_CUDA_TILE_HANDOFF"); }
+// LOOM_CUDA_F16_HANDOFF: 0 off; a mask of the f16 hand-offs' parts, for comparisons: 1 products alone
+// (mul_mat dispatches), 2 the fused products (stacked f16 weights, dequantized Q/K/V), 4 gated
+// activations as producers (the norms always are); 7 (all) by default.
+int f16_handoff_from_env() { return static_cast<int>(env_int("LOOM_CUDA_F16_HANDOFF", 7, 0, 7)); }
 
 // Whether `b` (a mat-vec's activation) shows all of y's bytes as they lie: y, or a contiguous reshape.
 bool whole_view_of(const Tensor* b, const Tensor* y) {
@@ -141,6 +146,10 @@ bool writes_act(const exec::Dispatch& d, int block) {
       return norm_act_out_supported(d.kind, d.nodes.data(), block) && norm_act_bytes_own(d, d.anchor());
     case FusedKind::none: {
       const Tensor* t = d.node();
+      // a gated activation as f16 rows over its own f32 bytes: with more than one row, those of rows
+      // another block may not have read yet where the output lies on its operands
+      if (t->op == OpKind::swiglu || t->op == OpKind::geglu)
+        return block == kActF16 && gated_f16_out_supported(t) && (t->nrows() <= 1 || !exec::output_shares_bytes(d, t));
       return t->op == OpKind::flash_attn && t->src[0]->ne[1] < kFlashAttnMmaMinQueries &&
              flash_attn_decode_writes_act(t, nullptr, block);
     }
@@ -181,7 +190,11 @@ bool writes_over(const exec::Dispatch& d, const Tensor* x) {
 // the merge (LOOM_FLASH_DECODE_SINGLE=0 keeps the splits, for comparisons).
 // With tiles (Executor::tile_handoff_), a norm whose readers are all products on gemm_q's warpgroup
 // kernel writes its output as their packed f16 tiles (kActGemmQTiles) and they skip their packing.
-void mark_act_handoffs(exec::Plan& p, const Graph& g, FusedTarget target, bool tiles) {
+// With f16 (Executor::f16_handoff_), a norm or a gated activation (swiglu, geglu) whose readers all
+// pack it to contiguous f16 for cuBLAS (f16 weights, or a prompt pass's dequantized ones) writes it
+// so (kActF16): at a 512-token pass of an 8B layer the packings of the Q/K/V, gate/up and FFN-down
+// activations (one of 29 MB read and 15 MB written) and half of the producers' writes go.
+void mark_act_handoffs(exec::Plan& p, const Graph& g, FusedTarget target, bool tiles, int f16) {
   const auto readers = exec::readers_of(g);
   std::unordered_map<const Tensor*, size_t> at;  // node -> its dispatch
   for (size_t i = 0; i < p.dispatches.size(); ++i)
@@ -191,7 +204,9 @@ void mark_act_handoffs(exec::Plan& p, const Graph& g, FusedTarget target, bool t
     const bool candidate = d.kind == FusedKind::rms_norm_mul || d.kind == FusedKind::add_rms_norm_mul ||
                            d.kind == FusedKind::all_reduce_add_rms_norm_mul ||
                            d.kind == FusedKind::gather_flash_attn || d.kind == FusedKind::rope_flash_attn ||
-                           (d.kind == FusedKind::none && d.node()->op == OpKind::flash_attn);
+                           (d.kind == FusedKind::none && d.node()->op == OpKind::flash_attn) ||
+                           ((f16 & 4) && d.kind == FusedKind::none &&
+                            (d.node()->op == OpKind::swiglu || d.node()->op == OpKind::geglu));
     if (!candidate) continue;
     const Tensor* y = d.anchor();
     auto r = readers.find(y);
@@ -219,6 +234,11 @@ void mark_act_handoffs(exec::Plan& p, const Graph& g, FusedTarget target, bool t
           (cd.kind == FusedKind::none ? mul_mat_takes_gemm_q_tiles(u, target.fast, target.sm90a)
                                       : fused_takes_gemm_q_tiles(cd.kind, cd.nodes.data(), target)))
         b = kActGemmQTiles;
+      // Products through cuBLAS take f16 rows (kActF16): likewise, none may write over them
+      if (b == 0 && f16 && !writes_over(cd, y) &&
+          (cd.kind == FusedKind::none ? (f16 & 1) && mul_mat_takes_f16_b(u, target.fast)
+                                      : (f16 & 2) && fused_takes_f16_b(cd.kind, cd.nodes.data(), target)))
+        b = kActF16;
       if (b == 0 || (block && b != block)) {
         block = 0;
         break;
@@ -229,15 +249,20 @@ void mark_act_handoffs(exec::Plan& p, const Graph& g, FusedTarget target, bool t
     if (block == 0 || !writes_act(d, block)) continue;
     d.act_out_block = block;
     ++p.stats.act_handoffs;
-    for (size_t c : consumers) p.dispatches[c].act_in = true;
+    for (size_t c : consumers) {
+      p.dispatches[c].act_in = true;
+      p.dispatches[c].act_in_library = block == kActF16;  // no packing kernel of ours before cuBLAS's
+    }
   }
 }
 
 // Whether a dispatch's first kernel is one of ours, which waits on a programmatic edge (pdl_wait) and
 // so may take one. Not a collective's (NCCL; the fused all-reduce + norm is ours), nor a product that
-// skips its packing (b_packed), whose first kernel may then be cuBLAS's: those get a full dependency.
+// skips its packing (b_packed, or f16 activations handed over: act_in_library), whose first kernel
+// may then be cuBLAS's: those get a full dependency (without it cuBLAS read the norm's output before
+// the norm had written it: logits that differed run to run, loom-exec-equivalence).
 bool first_kernel_waits(const exec::Dispatch& d) {
-  return !d.b_packed && !(d.kind == FusedKind::none && d.node()->op == OpKind::all_reduce);
+  return !d.b_packed && !d.act_in_library && !(d.kind == FusedKind::none && d.node()->op == OpKind::all_reduce);
 }
 
 // LOOM_CUDA_INJECT_FAULT=N makes the Nth dispatch launched by a compute that plans (not a replay)
@@ -273,7 +298,8 @@ Executor::Executor(DeviceContext& dev, Numerics numerics)
       options_(exec_options_from_env()),
       sync_each_node_(std::getenv("LOOM_CUDA_SYNC_EACH_NODE") != nullptr),
       act_handoff_(act_handoff_from_env()),
-      tile_handoff_(tile_handoff_from_env()) {
+      tile_handoff_(tile_handoff_from_env()),
+      f16_handoff_(f16_handoff_from_env()) {
   cache_.force_hash(forced_hash());
 }
 
@@ -380,7 +406,7 @@ Result<exec::Plan> Executor::make_plan(const Graph& g, const ExecOptions& o) {
   exec::Plan p = exec::build_plan(g);
   const FusedTarget target = target_of(launch_context(nullptr));
   if (o.fusion) exec::fuse(p, g, CudaFusion{target});
-  if (o.fusion && numerics_ == Numerics::fast && act_handoff_ && !batch_invariant()) mark_act_handoffs(p, g, target, tile_handoff_);
+  if (o.fusion && numerics_ == Numerics::fast && act_handoff_ && !batch_invariant()) mark_act_handoffs(p, g, target, tile_handoff_, f16_handoff_);
   const auto ws = reinterpret_cast<uintptr_t>(dev_.cublas_workspace());
   // Products through cuBLAS all write its workspace, so they are ordered among themselves: their
   // scratch (the prefill GEMM's dequantized weights, up to a whole matrix) shares one region ahead
@@ -414,7 +440,8 @@ Result<exec::Plan> Executor::make_plan(const Graph& g, const ExecOptions& o) {
   static const bool reuse = env_switch("LOOM_CUDA_PACK_REUSE");
   if (reuse)
     exec::mark_packed_reuse(p, uses_cublas, [&](const exec::Dispatch& d) {
-      if (d.kind != FusedKind::none) return uintptr_t{0};  // packs its own activations, for itself
+      // a fused dispatch packs its own activations, for itself; one handed f16 activations packs none
+      if (d.kind != FusedKind::none || d.act_in) return uintptr_t{0};
       const int kind = mul_mat_packed_b(d.node(), numerics_ == Numerics::fast);  // 0..3
       return kind ? reinterpret_cast<uintptr_t>(d.node()->src[1]) * 4 + static_cast<uintptr_t>(kind) : uintptr_t{0};
     });

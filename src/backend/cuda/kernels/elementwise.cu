@@ -80,9 +80,10 @@ __global__ void gated_kernel(TensorDesc dst, TensorDesc gate, TensorDesc up, boo
 // The same over rows of float4s (every operand: contiguous rows of a multiple of 4 elements, 16-byte
 // aligned): one index split per 4 elements and 16-byte accesses. A prefill chunk's swiglu over
 // [14336, 512] on the H200 took 82 us at one element per thread (~1 TB/s of its 88 MB).
-// kFast: the activation in float (gated_fast_f), in the fast numerics mode.
+// kFast: the activation in float (gated_fast_f), in the fast numerics mode. out16 (dst contiguous):
+// the result as contiguous f16 there instead (kActF16: the next product's packed activations).
 template <bool kFast>
-__global__ void gated4_kernel(TensorDesc dst, TensorDesc gate, TensorDesc up, bool swiglu, int64_t n4) {
+__global__ void gated4_kernel(TensorDesc dst, TensorDesc gate, TensorDesc up, bool swiglu, int64_t n4, uint2* out16) {
   pdl_wait();
   const int64_t per_row = dst.ne[0] / 4;
   for (int64_t v = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; v < n4;
@@ -92,8 +93,13 @@ __global__ void gated4_kernel(TensorDesc dst, TensorDesc gate, TensorDesc up, bo
     const float4 g = *reinterpret_cast<const float4*>(row_ptr(gate, i1, i2, i3) + c);
     const float4 u = *reinterpret_cast<const float4*>(row_ptr(up, i1, i2, i3) + c);
     auto act = [&](float x, float y) { return kFast ? gated_fast_f(x, y, swiglu) : gated_f(x, y, swiglu); };
-    *reinterpret_cast<float4*>(row_ptr(dst, i1, i2, i3) + c) =
-        make_float4(act(g.x, u.x), act(g.y, u.y), act(g.z, u.z), act(g.w, u.w));
+    const float4 o = make_float4(act(g.x, u.x), act(g.y, u.y), act(g.z, u.z), act(g.w, u.w));
+    if (out16) {
+      const __half2 lo = __floats2half2_rn(o.x, o.y), hi = __floats2half2_rn(o.z, o.w);
+      out16[v] = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+    } else {
+      *reinterpret_cast<float4*>(row_ptr(dst, i1, i2, i3) + c) = o;
+    }
   }
 }
 
@@ -135,13 +141,22 @@ CudaError launch_unary(const LaunchContext& ctx, const Tensor* dst, float p0, fl
   return {};
 }
 
+bool gated_f16_out_supported(const Tensor* dst) {
+  return float4_rows(dst) && float4_rows(dst->src[0]) && float4_rows(dst->src[1]) && dst->is_contiguous();
+}
+
 CudaError launch_gated(const LaunchContext& ctx, const Tensor* dst) {
   const int64_t n = dst->nelements();
   if (n == 0) return {};
+  const bool f16_out = ctx.act_out_block == kActF16;
+  if (ctx.act_out_block && (!f16_out || !gated_f16_out_supported(dst)))
+    return CudaError::runtime(cudaErrorInvalidValue, "swiglu/geglu: f16 activations asked for, but this kernel cannot write them",
+                              __FILE__, __LINE__);
   if (float4_rows(dst) && float4_rows(dst->src[0]) && float4_rows(dst->src[1])) {
     auto kernel = ctx.fast ? gated4_kernel<true> : gated4_kernel<false>;
-    kernel<<<grid_for(n / 4, kThreads), kThreads, 0, ctx.stream>>>(desc_of(dst), desc_of(dst->src[0]),
-                                                                  desc_of(dst->src[1]), dst->op == OpKind::swiglu, n / 4);
+    kernel<<<grid_for(n / 4, kThreads), kThreads, 0, ctx.stream>>>(
+        desc_of(dst), desc_of(dst->src[0]), desc_of(dst->src[1]), dst->op == OpKind::swiglu, n / 4,
+        f16_out ? static_cast<uint2*>(dst->data) : nullptr);
     LOOM_CUDA_CHECK_LAUNCH("gated4_kernel");
     return {};
   }

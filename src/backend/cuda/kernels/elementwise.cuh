@@ -12,6 +12,8 @@ CudaError launch_binary(const LaunchContext& ctx, const Tensor* dst);
 CudaError launch_unary(const LaunchContext& ctx, const Tensor* dst, float p0, float p1);
 /// swiglu, geglu: act(src[0]) * src[1].
 CudaError launch_gated(const LaunchContext& ctx, const Tensor* dst);
+/// Whether launch_gated can write dst as contiguous f16 (LaunchContext::act_out_block kActF16).
+bool gated_f16_out_supported(const Tensor* dst);
 /// swiglu_oai (SwigluOaiParams): the clamped gpt-oss SwiGLU of src[0] (gate) and src[1] (up).
 CudaError launch_swiglu_oai(const LaunchContext& ctx, const Tensor* dst);
 

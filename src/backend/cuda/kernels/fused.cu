@@ -200,6 +200,15 @@ __global__ void __launch_bounds__(kNormFastThreads) rms_norm_mul_fast_kernel(Ten
         const int64_t i = tid + static_cast<int64_t>(v) * kNormFastThreads;
         if (i < n4) yr[i] = x[v];
       }
+    } else if (act_block == kActF16) {
+      // y's bytes as contiguous f16 rows (kActF16): what pack_b_f16 makes of the f32 output, for
+      // products through cuBLAS; row r's halves at r x n
+      auto* yr = reinterpret_cast<uint2*>(reinterpret_cast<__half*>(y.data) + r * y.ne[0]);
+#pragma unroll
+      for (int v = 0; v < kVec; ++v) {
+        const int64_t i = tid + static_cast<int64_t>(v) * kNormFastThreads;
+        if (i < n4) yr[i] = make_uint2(pack_half2(x[v].x, x[v].y), pack_half2(x[v].z, x[v].w));
+      }
     } else if (act_block == kActGemmQTiles) {
       // y's bytes as gemm_q's f16 activation tiles, row r being the products' column r: a k32 group
       // is 8 lanes' float4s; lane f < 4 of them writes the group's piece f, whose halves (k pairs
@@ -1059,7 +1068,12 @@ bool tiles_out_fits(const Tensor* y) {
   return y->ne[0] % gemm_q_plan::kChunk == 0 && y->ne[2] == 1 && y->ne[3] == 1 && y->is_contiguous() &&
          gemm_q_tiles_bytes(y->ne[1], y->ne[0]) <= y->nbytes() && reinterpret_cast<uintptr_t>(y->data) % 16 == 0;
 }
-bool out_fits(const Tensor* y, int block) { return block == kActGemmQTiles ? tiles_out_fits(y) : act_out_fits(y, block); }
+// ... or as contiguous f16 rows (kActF16): y contiguous, 8-byte aligned rows (n % 4 == 0, which the fast
+// kernel requires).
+bool f16_out_fits(const Tensor* y) { return y->is_contiguous() && reinterpret_cast<uintptr_t>(y->data) % 16 == 0; }
+bool out_fits(const Tensor* y, int block) {
+  return block == kActGemmQTiles ? tiles_out_fits(y) : block == kActF16 ? f16_out_fits(y) : act_out_fits(y, block);
+}
 
 // With `ll`, a is this rank's partial of an all-reduce over ll's group (one block per row, rows <=
 // kLLSlots).
@@ -1113,6 +1127,18 @@ CudaError act_out_missed() {
                             __FILE__, __LINE__);
 }
 }  // namespace
+
+bool fused_takes_f16_b(FusedKind kind, const Tensor* const* nodes, FusedTarget t) {
+  const Tensor* x = nodes[0]->src[1];
+  if (x->type != DType::f32 || !x->is_contiguous() || x->ne[2] != 1 || x->ne[3] != 1) return false;
+  // the launchers' order: gemm_q first, then cuBLAS over stacked f16 weights, then the dequantized Q/K/V
+  if (kind == FusedKind::glu_mat_vec)
+    return !glu_gemm_q_ok(nodes, t) && glu_cublas_ok(nodes, t) && nodes[0]->src[0]->type == DType::f16;
+  if (kind == FusedKind::mat_vec_multi)
+    return !multi_gemm_q_ok(nodes, t) && ((multi_cublas_ok(nodes, t) && nodes[0]->src[0]->type == DType::f16) ||
+                                          (!multi_cublas_ok(nodes, t) && multi_dequant_ok(nodes, t)));
+  return false;
+}
 
 bool fused_takes_gemm_q_tiles(FusedKind kind, const Tensor* const* nodes, FusedTarget t) {
   if (kind == FusedKind::glu_mat_vec) return glu_gemm_q_ok(nodes, t);

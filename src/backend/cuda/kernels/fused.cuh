@@ -76,5 +76,8 @@ bool fused_supported(FusedKind kind, const Tensor* const* nodes, FusedTarget t);
 /// Whether a fused dispatch (glu_mat_vec, mat_vec_multi) runs its products as gemm_q on the warpgroup
 /// kernel's packed activation tiles on target t (which a producer may hand it: kActGemmQTiles).
 bool fused_takes_gemm_q_tiles(FusedKind kind, const Tensor* const* nodes, FusedTarget t);
+/// Whether a fused dispatch (glu_mat_vec, mat_vec_multi) runs its products through cuBLAS on f16
+/// activations packed from a contiguous 2-D operand (which a producer may hand it: kActF16).
+bool fused_takes_f16_b(FusedKind kind, const Tensor* const* nodes, FusedTarget t);
 
 }  // namespace loom::cuda

@@ -23,6 +23,11 @@ bool batch_invariant();
 /// output's own bytes) in place of the fast mat-vec's quantized blocks: a norm hands its output to
 /// products on the warpgroup kernel, which then skip their packing kernel.
 constexpr int kActGemmQTiles = -1;
+/// LaunchContext::act_out_block's value for f16 activations, contiguous ([k, n] rows of k, in the
+/// output's own bytes): what the products through cuBLAS pack their activations to (f16 weights, and
+/// the prompt passes' dequantized weights). A producer (a norm, a gated activation) hands them its
+/// output so, and they skip their packing kernel.
+constexpr int kActF16 = -2;
 
 /// The stream and resources a node's kernels run with.
 struct LaunchContext {
@@ -42,7 +47,8 @@ struct LaunchContext {
   int act_out_block = 0;
   /// A mat-vec dispatch whose activations the producing dispatch quantized (act_out_block): the fast
   /// quantized mat-vec reads them from its activation tensor's bytes; it fails if it cannot. A gemm_q
-  /// product on the warpgroup kernel reads its packed tiles there instead (kActGemmQTiles).
+  /// product on the warpgroup kernel reads its packed tiles there instead (kActGemmQTiles), a product
+  /// through cuBLAS its f16 activations (kActF16).
   bool act_in = false;
   /// A product through cuBLAS whose scratch already holds its activations, packed by the product
   /// before it in the same scratch (same activation tensor and packing; the executor orders them).

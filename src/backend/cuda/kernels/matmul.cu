@@ -526,8 +526,9 @@ CudaError gemm_dequant(const LaunchContext& ctx, const Tensor* dst) {
   if (ctx.scratch_size < dequant_gemm_scratch(dst))
     return CudaError::runtime(cudaErrorInvalidValue, "mul_mat: scratch smaller than the dequantized weights",
                               __FILE__, __LINE__);
-  auto* b16 = static_cast<__half*>(ctx.scratch);
-  if (!ctx.b_packed) LOOM_CUDA_TRY(pack_b_f16(ctx, b16, b));
+  // the activations as f16: their producer's (ctx.act_in: b's own bytes, kActF16), else packed here
+  auto* b16 = static_cast<__half*>(ctx.act_in ? b->data : ctx.scratch);
+  if (!ctx.act_in && !ctx.b_packed) LOOM_CUDA_TRY(pack_b_f16(ctx, b16, b));
   auto* w16 = reinterpret_cast<__half*>(static_cast<char*>(ctx.scratch) + align_up(static_cast<size_t>(b->nelements()) * 2));
   const int64_t chunk = dequant_chunk_rows(a);
   const float alpha = 1.0f, beta = 0.0f;
@@ -599,12 +600,14 @@ CudaError gemm_cublas(const LaunchContext& ctx, const Tensor* dst) {
   const size_t ts = dtype_type_size(a->type);
 
   const cudaDataType_t type = cublas_type_of(a->type);
-  if (!ctx.b_packed) LOOM_CUDA_TRY(pack_b_as(ctx, a->type, ctx.scratch, b));
+  // f16 activations handed over by their producer (kActF16) lie in b's own bytes
+  if (ctx.act_in && (a->type != DType::f16 || b->ne[2] != 1 || b->ne[3] != 1)) return act_in_missed();
+  if (!ctx.act_in && !ctx.b_packed) LOOM_CUDA_TRY(pack_b_as(ctx, a->type, ctx.scratch, b));
 
   const float alpha = 1.0f, beta = 0.0f;
   const auto lda = static_cast<int>(a->nb[1] / ts);
   const int64_t b_batch = k * n;  // elements per packed b batch
-  const auto* b_base = static_cast<const char*>(ctx.scratch);
+  const auto* b_base = static_cast<const char*>(ctx.act_in ? b->data : ctx.scratch);
   auto* c_base = static_cast<char*>(dst->data);
   const int64_t c_batch = static_cast<int64_t>(dst->nb[2] / sizeof(float));
   // Consecutive b batches share an a batch (grouped-query broadcast): one strided call per a
@@ -716,11 +719,14 @@ CudaError launch_stacked_cublas(const LaunchContext& ctx, const Tensor* const* m
   for (int t = 0; t < count; ++t) m_total += (m[t] = mm[t]->src[0]->ne[1]);
   constexpr int kThreads = 256;
   const cudaDataType_t type = cublas_type_of(w0->type);
-  LOOM_CUDA_TRY(pack_b_as(ctx, w0->type, ctx.scratch, x));
+  // f16 activations handed over by their producer (kActF16) lie in x's own bytes
+  if (ctx.act_in && w0->type != DType::f16) return act_in_missed();
+  if (!ctx.act_in) LOOM_CUDA_TRY(pack_b_as(ctx, w0->type, ctx.scratch, x));
+  const void* x16 = ctx.act_in ? x->data : ctx.scratch;
   auto* c = reinterpret_cast<float*>(static_cast<char*>(ctx.scratch) + stacked_act_bytes(x));
   const float alpha = 1.0f, beta = 0.0f;
   LOOM_CUBLAS_CHECK(cublasGemmEx(ctx.cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(m_total), static_cast<int>(n),
-                                 static_cast<int>(k), &alpha, w0->data, type, static_cast<int>(k), ctx.scratch, type,
+                                 static_cast<int>(k), &alpha, w0->data, type, static_cast<int>(k), x16, type,
                                  static_cast<int>(k), &beta, c, CUDA_R_32F, static_cast<int>(m_total),
                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   if (glu) {  // gate and up (count 2, m rows each): their gated activation
@@ -770,9 +776,9 @@ CudaError launch_dequant_multi(const LaunchContext& ctx, const Tensor* const* mm
                               __LINE__);
   const Tensor* x = mm[0]->src[1];
   LaunchContext c = ctx;
-  if (count == 3) {  // Q alone: packs the activation at the scratch's start
+  if (count == 3) {  // Q alone: packs the activation at the scratch's start (unless handed over: act_in)
     LOOM_CUDA_TRY(gemm_dequant(c, mm[0]));
-  } else if (!c.b_packed) {
+  } else if (!c.b_packed && !c.act_in) {
     LOOM_CUDA_TRY(pack_b_f16(c, static_cast<__half*>(c.scratch), x));
   }
   c.b_packed = true;
@@ -780,7 +786,7 @@ CudaError launch_dequant_multi(const LaunchContext& ctx, const Tensor* const* mm
   const Tensor* pair[2] = {mm[count - 2], mm[count - 1]};
   if (pair[1]->data < pair[0]->data) std::swap(pair[0], pair[1]);
   const int64_t k = x->ne[0], m = pair[0]->src[0]->ne[1], n = x->ne[1];
-  auto* b16 = static_cast<__half*>(c.scratch);
+  const auto* b16 = static_cast<const __half*>(c.act_in ? x->data : c.scratch);
   auto* w16 = reinterpret_cast<__half*>(static_cast<char*>(c.scratch) + align_up(static_cast<size_t>(x->nelements()) * 2));
   for (int i = 0; i < 2; ++i) LOOM_CUDA_TRY(dequantize_rows_any(c, w16 + i * m * k, pair[i]->src[0], 0, m));
   const auto* c0 = static_cast<float*>(pair[0]->data);
@@ -836,6 +842,12 @@ int mul_mat_packed_b(const Tensor* dst, bool fast) {
   if (!use_cublas(dst, fast)) return 0;
   const DType t = dst->src[0]->type;
   return t == DType::f16 ? 1 : t == DType::f32 ? 2 : 3;
+}
+
+bool mul_mat_takes_f16_b(const Tensor* dst, bool fast) {
+  const Tensor* b = dst->src[1];
+  return mul_mat_packed_b(dst, fast) == 1 && b->type == DType::f32 && b->is_contiguous() && b->ne[2] == 1 &&
+         b->ne[3] == 1;
 }
 
 bool mul_mat_takes_gemm_q_tiles(const Tensor* dst, bool fast, bool sm90a) {

@@ -40,6 +40,9 @@ CudaError launch_dequant_multi(const LaunchContext& ctx, const Tensor* const* mm
 /// scratch (1 f16, 2 f32, 3 bf16), so that a product right after another of the same activations in
 /// one scratch region can take the packing as it is (LaunchContext::b_packed); 0: none.
 int mul_mat_packed_b(const Tensor* dst, bool fast);
+/// Whether mul_mat dst packs its activations to contiguous f16 (mul_mat_packed_b 1) from a contiguous
+/// 2-D f32 operand, so that a producer may write them so for it (kActF16) and the packing goes.
+bool mul_mat_takes_f16_b(const Tensor* dst, bool fast);
 /// dst = mul_mat(mm->src[0], mm->src[1]) + bias in one mat-vec kernel (plus the activations'
 /// quantization for quantized weights, into ctx.scratch as mul_mat does): dst has mm's shape, bias
 /// is a packed f32 [m], added to every column. Any weight type but i32, any
