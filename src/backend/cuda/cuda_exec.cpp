@@ -146,10 +146,11 @@ bool writes_act(const exec::Dispatch& d, int block) {
       return norm_act_out_supported(d.kind, d.nodes.data(), block) && norm_act_bytes_own(d, d.anchor());
     case FusedKind::none: {
       const Tensor* t = d.node();
-      // a gated activation as f16 rows over its own f32 bytes: with more than one row, those of rows
-      // another block may not have read yet where the output lies on its operands
+      // a gated activation as f16 rows over its own f32 bytes: never where the output lies on its
+      // operands, even for one row (the kernel spreads a row over many blocks, so one block's f16
+      // stores may land on gate values another block has not loaded yet)
       if (t->op == OpKind::swiglu || t->op == OpKind::geglu)
-        return block == kActF16 && gated_f16_out_supported(t) && (t->nrows() <= 1 || !exec::output_shares_bytes(d, t));
+        return block == kActF16 && gated_f16_out_supported(t) && !exec::output_shares_bytes(d, t);
       return t->op == OpKind::flash_attn && t->src[0]->ne[1] < kFlashAttnMmaMinQueries &&
              flash_attn_decode_writes_act(t, nullptr, block);
     }
