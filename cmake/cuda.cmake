@@ -45,7 +45,8 @@ add_library(loom_backend_cuda SHARED
 # gemm_q's warpgroup kernel (wgmma) is sm_90a code: an object library of its own, so the rest keeps
 # the plain sm_90 target (and its PTX for later GPUs); it runs only on compute capability 9.0
 # (gemm_q_wgmma_available).
-add_library(loom_cuda_sm90a OBJECT src/backend/cuda/kernels/gemm_q_wgmma.cu)
+add_library(loom_cuda_sm90a OBJECT src/backend/cuda/kernels/gemm_q_wgmma.cu
+            src/backend/cuda/kernels/attention_wgmma.cu)
 target_include_directories(loom_cuda_sm90a PRIVATE ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR}/src/backend/cuda)
 target_link_libraries(loom_cuda_sm90a PRIVATE CUDA::cudart fmt::fmt loom_options)
 set_target_properties(loom_cuda_sm90a PROPERTIES

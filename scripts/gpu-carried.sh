@@ -10,6 +10,8 @@
 #            gptoss-mxfp4-tiny:f32@2e-3") in exact numerics against transformers (tools/hf_reference.py)
 #   prefill  loom bench -p 512,4096 on LOOM_MODELS (default llama3-1b:q4_0 llama3-8b:q4_0) under each of
 #            LOOM_PREFILL_MODES (LOOM_PREFILL_FLAGS replaces the bench flags), then the modes' logits compared
+#   kl       loom perplexity --kl-divergence of fast against exact numerics on LOOM_MODELS (-c LOOM_KL_CTX,
+#            2048; LOOM_KL_CHUNKS, 2) under each of LOOM_KL_MODES (fast runs' VAR=VALUE settings, "-" none)
 #   decode   loom bench -n 128 on LOOM_MODELS (under each of LOOM_DECODE_MODES, LOOM_DECODE_FLAGS added)
 #   batched  loom bench -npl 1,8,32,64 (-npp 128 -ntg 32) with a trace of one step at each npl (and
 #            again under LOOM_BATCHED_BASE's VAR=VALUE settings, ','-separated, when given)
@@ -104,7 +106,14 @@ for step in "$@"; do
       # the op test's small products take the direct mat-vec's 2-row tiles; its 4-row ones too
       LOOM_MV_TILE_ROWS=4 timeout 100 "$bin/loom-test-ops" --backend cuda,cpu --numerics fast \
         --op mul_mat,mat_vec_multi,glu_mat_vec,mat_vec_bias >"$out/ops-fast-rows4.log" 2>&1
-      echo "ops fast, 4-row mat-vec tiles rc=$?"; grep -E "FAIL|passed|failed" "$out/ops-fast-rows4.log" | tail -n 6 ;;
+      echo "ops fast, 4-row mat-vec tiles rc=$?"; grep -E "FAIL|passed|failed" "$out/ops-fast-rows4.log" | tail -n 6
+      # the prompt attention of 128-query blocks (wgmma on sm_90a, else the two-slab mma.sync kernel)
+      # takes only long prompts; forced here on every case, in both forms
+      for fa in LOOM_CUDA_FA_WGMMA=1 LOOM_CUDA_FA_WGMMA=0; do
+        env LOOM_CUDA_FA_SLABS=2 $fa timeout 100 "$bin/loom-test-ops" --backend cuda,cpu --numerics fast \
+          --op flash_attn,gather_flash_attn >"$out/ops-fast-fa.log" 2>&1
+        echo "ops fast, 128-query attention blocks ($fa) rc=$?"; grep -E "FAIL|passed|failed" "$out/ops-fast-fa.log" | tail -n 4
+      done ;;
     opsfast)
       for mode in ${LOOM_OPS_MODES:--}; do
         env $(tr "," " " <<<"${mode/#-/}") timeout ${LOOM_OPS_TIMEOUT:-200} "$bin/loom-test-ops" --backend cuda,cpu --numerics fast -t 16 \
@@ -143,6 +152,20 @@ for step in "$@"; do
           lf="$work/pf-$(tr -c 'A-Za-z0-9' _ <<<"$mode").bin"
           env $(modeenv "$mode") timeout 120 "$(binof "$mode")/loom" run -m "$f" -p "$long" -n 2 --temp 0 --dump-logits "$lf" >/dev/null 2>&1
           if [[ -z $first ]]; then first=$lf; else cmp -s "$lf" "$first" && echo "$m $mode: prompt logits bit-identical to ${pmodes%% *}" || echo "$m $mode: prompt logits DIFFER from ${pmodes%% *}"; fi
+        done
+      done ;;
+    kl)
+      for m in $models; do
+        f=$(model "$m") || continue
+        base="$work/kl-$(tag "$f").kld"
+        timeout 300 "$bin/loom" perplexity -m "$f" -f tests/data/shakespeare_heldout.txt -c "${LOOM_KL_CTX:-2048}" \
+          --chunks "${LOOM_KL_CHUNKS:-2}" --backend cuda --numerics exact --kl-divergence-base "$base" >"$out/kl-exact.log" 2>&1 ||
+          { echo "kl $m: exact run failed: $(tail -1 "$out/kl-exact.log")"; continue; }
+        for mode in ${LOOM_KL_MODES:--}; do
+          env $(modeenv "$mode") timeout 300 "$(binof "$mode")/loom" perplexity -m "$f" -c "${LOOM_KL_CTX:-2048}" \
+            --chunks "${LOOM_KL_CHUNKS:-2}" --backend cuda --numerics fast --kl-divergence --kl-divergence-base "$base" \
+            >"$out/kl-fast.log" 2>&1 || { echo "kl $m $mode: fast run failed: $(tail -1 "$out/kl-fast.log")"; continue; }
+          echo "kl $m $mode: $(grep -E "^Mean +KLD:|^Same top p:|^Mean PPL\(Q\)/PPL" "$out/kl-fast.log" | tr -s ' ' | tr '\n' ';')"
         done
       done ;;
     decode)

@@ -25,6 +25,12 @@ model() {  # model SHAPE TYPE: path of a generated model (made if missing)
 check "ops cuda(fast) vs cpu" "$bin/loom-test-ops" --backend cuda,cpu --numerics fast -t 16
 check "ops cuda(fast) vs float64 (mul_mat, flash_attn)" "$bin/loom-test-ops" --backend cuda --numerics fast \
   --op mul_mat,mul_mat_id,flash_attn
+# prompt attention in 128-query blocks (wgmma on sm_90a, else two mma.sync slabs a warp), which only long
+# prompts take, forced on every case
+check "ops cuda(fast) vs float64, 128-query attention blocks" env LOOM_CUDA_FA_SLABS=2 "$bin/loom-test-ops" \
+  --backend cuda --numerics fast --op flash_attn
+check "ops cuda(fast) vs float64, 128-query attention blocks on mma.sync" env LOOM_CUDA_FA_SLABS=2 LOOM_CUDA_FA_WGMMA=0 \
+  "$bin/loom-test-ops" --backend cuda --numerics fast --op flash_attn
 
 # Whole model: fast against exact on the same prompt (prefill of ~90 tokens + greedy decode), and
 # two fast runs bit-identical.

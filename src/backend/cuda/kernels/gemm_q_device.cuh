@@ -15,6 +15,7 @@
 #include "loom/tensor.h"
 #include "mma.cuh"
 #include "quant.cuh"
+#include "tensor_map.h"
 
 namespace loom::cuda::gemm_q_detail {
 
@@ -337,14 +338,7 @@ __device__ __forceinline__ void dequant8_q4k_pre(const unsigned char* raw, int k
 // copy: boxes of kRawStride bytes x kBM rows. False where the driver has no encoder or refuses.
 template <class D>
 bool encode_weight_map(const Tensor* a, int64_t m, int64_t k, CUtensorMap& map) {
-  static const auto encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess)
-      fn = nullptr;
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
+  const auto encode = tensor_map_encoder();
   if (!encode) return false;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k / D::kBlock * D::kBytes), static_cast<cuuint64_t>(m)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(a->nb[1])};

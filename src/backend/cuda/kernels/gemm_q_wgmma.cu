@@ -33,6 +33,7 @@
 #include "launch.h"
 #include "loom/backend.h"
 #include "quant_dispatch.cuh"
+#include "wgmma.cuh"
 
 namespace loom::cuda {
 
@@ -59,41 +60,7 @@ constexpr bool kCovered = std::is_same_v<D, Dequant8Q4_K> || std::is_same_v<D, D
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // B's descriptor at shared address addr: k-adjacent core matrices 1,024 bytes apart (leading offset),
 // column-adjacent ones 128 (stride offset); swapped, the op test faults (checked on the H200).
-__device__ __forceinline__ uint64_t b_desc(uint32_t addr) {
-  constexpr uint64_t kLbo = 1024, kSbo = 128;
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | ((kLbo >> 4) << 16) | ((kSbo >> 4) << 32);
-}
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
-}
-// Keeps registers live (and unmoved) across an in-flight wgmma that reads or writes them.
-__device__ __forceinline__ void fence_regs(uint32_t (&r)[8]) {
-#pragma unroll
-  for (int i = 0; i < 8; ++i) asm volatile("" : "+r"(r[i]));
-}
-__device__ __forceinline__ void fence_regs(float (&r)[32]) {
-#pragma unroll
-  for (int i = 0; i < 32; ++i) asm volatile("" : "+f"(r[i]));
-}
-
-// d (64 x 64, f32, this thread's 32) += a (64 x 16 f16, this thread's fragment a[0..3]) x b (16 x 64
-// f16 at descriptor desc).
-__device__ __forceinline__ void wgmma_64x64x16(float (&d)[32], const uint32_t* a, uint64_t desc) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-}
+__device__ __forceinline__ uint64_t b_desc(uint32_t addr) { return wgmma_desc(addr, 1024, 128); }
 #endif
 
 template <class D>
@@ -233,8 +200,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) gemm_q_wgmma_kernel(GemmQArgs p
 #pragma unroll
       for (int j = 0; j < kChunk / 32; ++j) {
         wgmma_fence();
-        wgmma_64x64x16(acc, &a[j & 1][0], b_desc(xs + (2 * j) * 2048));
-        wgmma_64x64x16(acc, &a[j & 1][4], b_desc(xs + (2 * j + 1) * 2048));
+        wgmma_64x64x16_rs<false>(acc, &a[j & 1][0], b_desc(xs + (2 * j) * 2048));
+        wgmma_64x64x16_rs<false>(acc, &a[j & 1][4], b_desc(xs + (2 * j + 1) * 2048));
         wgmma_commit();
         if (j + 1 < kChunk / 32) dequant_step(j + 1, a[(j + 1) & 1]);
         wgmma_wait<0>();

@@ -86,6 +86,21 @@ __device__ __forceinline__ void bulk_copy(void* smem, const void* gmem, unsigned
       "l"(__cvta_generic_to_global(gmem)), "r"(bytes), "r"(smem_addr(bar))
       : "memory");
 }
+/// A 5-D tensor copy (TMA): the box at coordinates {x0 .. x4} of map into shared memory (dense, the
+/// first dimension fastest), completing on bar; parts past the tensor are zero-filled and counted.
+__device__ __forceinline__ void tensor_copy_5d(void* smem, const void* map, int x0, int x1, int x2, int x3, int x4,
+                                               uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5, "
+      "%6}], [%7];\n" ::"r"(smem_addr(smem)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(x0), "r"(x1), "r"(x2), "r"(x3), "r"(x4), "r"(smem_addr(bar))
+      : "memory");
+}
+/// Waits until bar's phase of the given parity has completed.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
+  while (!mbar_try_wait(bar, parity)) {
+  }
+}
 /// Orders this thread's earlier generic-proxy accesses to shared memory (the block's reads of a
 /// stage, made visible to it by a barrier) before its later bulk copies into it.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
