@@ -169,34 +169,45 @@ __device__ void mask_extent(const char* base, int64_t nb1, bool f16, int rows, i
 
 /// What a (query tile, key tile) of the mask holds: all zeros (the kernel adds nothing and reads no
 /// mask), all -inf (skipped), or anything else (read per element).
-enum : uint8_t { kTileZero = 0, kTileMixed = 1, kTileHidden = 2 };
+/// A causal tile holds 0 where key k <= query q + off and -inf elsewhere (off = n_kv - n_q: a prompt's
+/// diagonal tiles, its last query seeing the last key), so the kernel makes its mask from the indices.
+enum : uint8_t { kTileZero = 0, kTileMixed = 1, kTileHidden = 2, kTileCausal = 3 };
 
 /// The class of each (query tile of br rows, key tile of kbc keys at multiples of kbc) for each mask
 /// head and sequence: out[((i3 * mask.ne[2] + i2) * q_tiles + tile) * k_tiles + kt]; grid (k tiles,
 /// query tiles, mask heads x sequences). A causal prompt's mask is zeros below the diagonal, so
 /// nearly every tile a block computes needs no mask loads (they were ~half of its stalls).
 __global__ void __launch_bounds__(kThreads)
-    flash_attn_tile_class_kernel(TensorDesc mask, bool f16, bool vec, int64_t n_q, int br, int kbc, uint8_t* out) {
+    flash_attn_tile_class_kernel(TensorDesc mask, bool f16, bool vec, int64_t n_q, int64_t causal_off, int br, int kbc,
+                                 uint8_t* out) {
   pdl_wait();
   const int64_t q0 = static_cast<int64_t>(blockIdx.y) * br, k0 = static_cast<int64_t>(blockIdx.x) * kbc;
   const int64_t i2 = blockIdx.z % mask.ne[2], i3 = blockIdx.z / mask.ne[2];
   const int rows = static_cast<int>(n_q - q0 < br ? n_q - q0 : br);
   const int keys = static_cast<int>(mask.ne[0] - k0 < kbc ? mask.ne[0] - k0 : kbc);
-  bool zero = true, hidden = true;
+  bool zero = true, hidden = true, causal = true;
+  // entry (q, k) as a causal tile has it: 0 for k <= q + causal_off, -inf past
+  auto causal_ok = [&](int64_t q, int64_t k, bool is_zero, bool is_neg_inf) {
+    return k <= q + causal_off ? is_zero : is_neg_inf;
+  };
   if (vec && keys % 8 == 0) {
     // 8 keys a load (16 bytes of f16, two loads of f32), a few loads in flight a thread: one entry a
     // thread at a time took 9.7 us for a 512-token causal mask (ncu, H200), beside a 40 us attention
     const int per_row = keys / 8;
 #pragma unroll 4
     for (int i = static_cast<int>(threadIdx.x); i < rows * per_row; i += kThreads) {
-      const char* at = row_ptr(mask, q0 + i / per_row, i2, i3) + (k0 + i % per_row * 8) * (f16 ? 2 : 4);
+      const int64_t q = q0 + i / per_row, k = k0 + i % per_row * 8;
+      const char* at = row_ptr(mask, q, i2, i3) + k * (f16 ? 2 : 4);
       if (f16) {
         const uint4 u = __ldg(reinterpret_cast<const uint4*>(at));
         const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          zero = zero && (w[e] & 0x7fff7fffu) == 0;  // +0 or -0, both halves
-          hidden = hidden && w[e] == 0xfc00fc00u;    // -inf, both halves
+        for (int e = 0; e < 8; ++e) {
+          const uint32_t h = w[e / 2] >> (e % 2 * 16) & 0xffffu;
+          const bool z = (h & 0x7fffu) == 0, n = h == 0xfc00u;  // +0 or -0; -inf
+          zero = zero && z;
+          hidden = hidden && n;
+          causal = causal && causal_ok(q, k + e, z, n);
         }
       } else {
         const float4 a = __ldg(reinterpret_cast<const float4*>(at)), b = __ldg(reinterpret_cast<const float4*>(at) + 1);
@@ -205,21 +216,25 @@ __global__ void __launch_bounds__(kThreads)
         for (int e = 0; e < 8; ++e) {
           zero = zero && x[e] == 0.0f;
           hidden = hidden && x[e] == -INFINITY;
+          causal = causal && causal_ok(q, k + e, x[e] == 0.0f, x[e] == -INFINITY);
         }
       }
     }
   } else {
     for (int i = static_cast<int>(threadIdx.x); i < rows * keys; i += kThreads) {
-      const float x = mask_at(row_ptr(mask, q0 + i / keys, i2, i3), k0 + i % keys, f16);
+      const int64_t q = q0 + i / keys, k = k0 + i % keys;
+      const float x = mask_at(row_ptr(mask, q, i2, i3), k, f16);
       zero = zero && x == 0.0f;
       hidden = hidden && x == -INFINITY;
+      causal = causal && causal_ok(q, k, x == 0.0f, x == -INFINITY);
     }
   }
   zero = __syncthreads_and(zero);
   hidden = __syncthreads_and(hidden);
+  causal = __syncthreads_and(causal);
   if (threadIdx.x == 0)
     out[(static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x] =
-        zero ? kTileZero : (hidden ? kTileHidden : kTileMixed);
+        zero ? kTileZero : (hidden ? kTileHidden : (causal ? kTileCausal : kTileMixed));
 }
 
 // ---- the attention kernel ------------------------------------------------------------------------
@@ -231,6 +246,7 @@ struct MmaArgs {
   /// flash_attn_tile_class_kernel's output, or null: each block scans the mask for its extent
   const uint8_t* tile_class;
   int64_t k_tiles;     ///< key tiles per query tile in tile_class
+  int64_t causal_off;  ///< n_kv - n_q: a causal tile's key k is visible to query q where k <= q + causal_off
   const float* sinks;  ///< per head, a logit joining the softmax denominator (null: none)
 };
 
@@ -434,16 +450,18 @@ __global__ void __launch_bounds__(kWarpsOf<kWg> * kWarpSize) flash_attn_mma_kern
       for (int m = 0; m < kMS; ++m)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const char* row = cls == kTileZero ? nullptr
-                                             : mask_head + min(q0 + slab_row(m) + g + 8 * r, n_q - 1) *
-                                                               static_cast<int64_t>(a.mask.nb[1]);
+          const int64_t iq = min(q0 + slab_row(m) + g + 8 * r, n_q - 1);
+          const char* row = cls == kTileZero || cls == kTileCausal
+                                ? nullptr
+                                : mask_head + iq * static_cast<int64_t>(a.mask.nb[1]);
+          const int64_t last = cls == kTileCausal ? iq + a.causal_off : n_kv;  // the row's last visible key
 #pragma unroll
           for (int nt = 0; nt < kKTiles; ++nt)
 #pragma unroll
             for (int e = 2 * r; e < 2 * r + 2; ++e) {
               const int64_t j = kv0 + nt * 8 + t4 * 2 + (e & 1);
               float x = -INFINITY;
-              if (j < n_kv) x = row ? mask_at(row, j, a.mask_f16) * kLog2e : 0.0f;
+              if (j < n_kv && j <= last) x = row ? mask_at(row, j, a.mask_f16) * kLog2e : 0.0f;
               s[m][nt][e] += x;
             }
         }
@@ -776,6 +794,7 @@ CudaError launch_mma(const LaunchContext& ctx, const Tensor* dst, float scale, f
                softcap,
                nullptr,
                0,
+               dst->src[1]->ne[1] - q->ne[1],
                dst->src[4] ? static_cast<const float*>(dst->src[4]->data) : nullptr};
   if (mask) {
     args.mask = desc_of(mask);
@@ -785,7 +804,7 @@ CudaError launch_mma(const LaunchContext& ctx, const Tensor* dst, float scale, f
       const dim3 cgrid(static_cast<unsigned>(args.k_tiles), static_cast<unsigned>(tiles),
                        static_cast<unsigned>(mask->ne[2] * mask->ne[3]));
       flash_attn_tile_class_kernel<<<cgrid, kThreads, 0, ctx.stream>>>(args.mask, args.mask_f16, aligned16(mask),
-                                                                        q->ne[1], kBr, kBc, classes);
+                                                                        q->ne[1], args.causal_off, kBr, kBc, classes);
       LOOM_CUDA_CHECK_LAUNCH("flash_attn_tile_class_kernel");
       args.tile_class = classes;
     }
