@@ -31,7 +31,7 @@ CudaError launch_flash_attn_mma(const LaunchContext& ctx, const Tensor* dst, flo
 /// Whether launch_flash_attn_wgmma takes head size d (64 or 128) and LOOM_CUDA_FA_WGMMA is not 0. It is
 /// sm_90a code: launch_flash_attn_mma calls it only where LaunchContext::sm90a.
 bool flash_attn_wgmma_covers(int64_t d);
-/// launch_flash_attn_mma's kernel with its products on wgmma (attention_wgmma.cu): 64-key tiles, 128
+/// launch_flash_attn_mma's kernel with its products on wgmma (attention_wgmma.cu): 128-key tiles, 128
 /// query rows a block (flash_attn_mma_scratch_bytes covers its tile classes). launched: false where
 /// K's or V's tensor map cannot be made (nothing ran).
 CudaError launch_flash_attn_wgmma(const LaunchContext& ctx, const Tensor* dst, float scale, float softcap,

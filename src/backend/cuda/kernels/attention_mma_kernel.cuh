@@ -38,12 +38,12 @@
 // On sm_90a (attention_wgmma.cu) the same kernel makes its two products with wgmma.mma_async (kWg),
 // for the shapes of the two-slab kernel (long prompts): two warpgroups a block, each its 64 query
 // rows, each warp's 16 the ones it owns with mma.sync, so the accumulator registers, the mask, the
-// softmax and the output are the same code. Q's fragments stay in registers (ldmatrix, as above); K
-// and V tiles of 64 keys come by tensor copies into wgmma's core-matrix layout (wg_off), K as the
-// K-major B of S = Q K^T, V as the MN-major B of O += P V (P from registers). The tile loop is
-// pipelined: a tile's softmax runs while the tensor cores make the previous tile's P V. Measured
-// (H200, op-test perf, as above): 4,096 tokens 594 us (232 TFLOP/s) against 633 for mma.sync, 16,384
-// 302 TFLOP/s against 278; LOOM_CUDA_FA_WGMMA=0 keeps mma.sync.
+// softmax and the output are the same code. Q, and K and V tiles of 128 keys (by tensor copies), lie
+// in shared memory as wgmma's core matrices (wg_off): S = Q K^T (m64n128k16, both K-major), O += P V
+// (P from registers, V as the MN-major B). The tile loop is pipelined: a tile's softmax runs while the
+// tensor cores make the previous tile's P V. Measured (H200, op-test perf, as above, with the causal
+// tile class): 4,096 tokens 507 us (271 TFLOP/s), 16,384 351 TFLOP/s; the steps in docs/PERFORMANCE.md.
+// LOOM_CUDA_FA_WGMMA=0 keeps mma.sync.
 //
 // Internal to the two files: everything here has internal linkage (an unnamed namespace), one copy per
 // file.
@@ -271,7 +271,8 @@ inline constexpr int kRowHalves = kWg ? D : kSmemStride<D>;
 /// Dynamic shared memory: Q, two K tiles, two V tiles, all f16.
 template <int D, int kBc, int kMS, bool kWg>
 inline constexpr size_t kSmemBytes =
-    (static_cast<size_t>(kBrOf<kMS, kWarpsOf<kWg>>) * kSmemStride<D> + static_cast<size_t>(4 * kBc) * kRowHalves<D, kWg>) * 2;
+    (static_cast<size_t>(kBrOf<kMS, kWarpsOf<kWg>>) * kRowHalves<D, kWg> + static_cast<size_t>(4 * kBc) * kRowHalves<D, kWg>) *
+    2;
 
 /// wgmma's tile layout (wgmma.cuh): the 16-byte piece c (halves 8c .. 8c + 7) of row r of an
 /// R-row tile at byte (c R / 8 + r / 8) 128 + (r % 8) 16, so that core matrix (row group, piece) is
@@ -293,14 +294,14 @@ __global__ void __launch_bounds__(kWarpsOf<kWg> * kWarpSize) flash_attn_mma_kern
   pdl_wait();
   constexpr int kNW = kWarpsOf<kWg>, kNT = kNW * kWarpSize;  // warps, threads
   static_assert(D % 16 == 0 && kBc % 16 == 0, "m16n8k16 tiles");
-  static_assert(!kWg || (kBc == 64 && kMS == 1 && (D == 64 || D == 128)), "wgmma: S m64n64, O m64n64 or m64n128");
+  static_assert(!kWg || (kBc == 128 && kMS == 1 && (D == 64 || D == 128)), "wgmma: S m64n128, O m64n64 or m64n128");
   constexpr int kBr = kBrOf<kMS, kNW>;
   constexpr int kStride = kRowHalves<D, kWg>;  // K and V rows
-  constexpr int kQStride = kSmemStride<D>;
-  // Q fragments: D / 4 registers; else from shared memory. wgmma takes Q from registers: from shared
-  // memory, its m64n64 S products would read 2 KB of Q and 2 KB of K a k16 step, more than shared
-  // memory gives the tensor cores' rate (measured: 991 us against mma.sync's 633 at 4,096 tokens).
-  constexpr bool kQInRegs = kMS == 1 && D <= 128;
+  constexpr int kQStride = kRowHalves<D, kWg>;  // Q rows (wgmma: core matrices, wg_off)
+  // Q fragments: D / 4 registers; else from shared memory. wgmma reads Q from shared memory: its
+  // registers go to 128-key tiles (S m64n128: 2 KB of Q and 4 KB of K a k16 step, within shared
+  // memory's 128 bytes a cycle at the tensor cores' rate).
+  constexpr bool kQInRegs = !kWg && kMS == 1 && D <= 128;
   constexpr int kKTiles = kBc / 8;                 // n8 tiles of S per slab
   constexpr int kDTiles = D / 8;                   // n8 tiles of O per slab
   // 128-byte aligned: the wgmma kernel's tensor copies land at 128-byte multiples of it
@@ -332,7 +333,9 @@ __global__ void __launch_bounds__(kWarpsOf<kWg> * kWarpSize) flash_attn_mma_kern
     const int r = c / (D / 2), col = c % (D / 2) * 2;
     float2 x = make_float2(0.0f, 0.0f);
     if (q0 + r < n_q) x = *reinterpret_cast<const float2*>(row_ptr(a.q, q0 + r, h, i3) + col * sizeof(float));
-    *reinterpret_cast<__half2*>(s_q + r * kQStride + col) = __floats2half2_rn(x.x * q_scale, x.y * q_scale);
+    __half2* at = kWg ? reinterpret_cast<__half2*>(reinterpret_cast<char*>(s_q) + wg_off<kBr>(r, col / 8)) + col % 8 / 2
+                      : reinterpret_cast<__half2*>(s_q + r * kQStride + col);
+    *at = __floats2half2_rn(x.x * q_scale, x.y * q_scale);
   }
 
   // The keys this block's queries can see.
@@ -406,7 +409,10 @@ __global__ void __launch_bounds__(kWarpsOf<kWg> * kWarpSize) flash_attn_mma_kern
   };
 
   if (!kWg && n_tiles > 0) load_tile(kv_begin, 0);  // the wgmma loop loads K and V apart
-  __syncthreads();                                  // s_q written
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  if constexpr (kWg) fence_proxy_async_shared();  // s_q, for wgmma's reads
+#endif
+  __syncthreads();  // s_q written
 
   // A fragments of a slab's 16 Q rows: matrices (rows 0-7 | 8-15) x (cols 0-7 | 8-15) in the order
   // a0..a3 wants, lane l addressing row l % 16, column 8 * (l / 16).
@@ -622,7 +628,7 @@ __global__ void __launch_bounds__(kWarpsOf<kWg> * kWarpSize) flash_attn_mma_kern
   // and needed a proxy fence a tile), two buffers each: K_{it+1} when iteration it begins (its
   // buffer's last reader, S_{it-1}, is done), V_{it+1} once P_{it-1} V_{it-1} is (that is its buffer).
   // Tile j is buffer j % 2's (j / 2)-th fill: its mbarrier phase's parity is (j / 2) % 2.
-  // Accumulators: S (one slab: 64 x 64, m64n64k16 with Q's fragments from registers, K K-major);
+  // Accumulators: S (one slab: 64 x kBc, m64n128k16 with Q and K from shared memory, both K-major);
   // O (64 x D, m64nDk16, P from registers, V MN-major).
   float s_acc[kMS][kKTiles][4];
   float(&s0)[kKTiles * 4] = reinterpret_cast<float(&)[kKTiles * 4]>(s_acc[0]);
@@ -678,9 +684,12 @@ __global__ void __launch_bounds__(kWarpsOf<kWg> * kWarpSize) flash_attn_mma_kern
 
     wgmma_fence();
     const uint32_t k_base = smem_addr(s_k + buf * kBc * kStride);
+    // this warpgroup's 64 query rows: row groups 8 (warp / 4) ..
+    const uint32_t q_base = smem_addr(s_q) + warp / 4 * 8 * 128;
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks)
-      wgmma_64x64x16_rs<false>(s0, q_frag[ks], wgmma_desc(k_base + 2 * ks * 16 * kBc, 16 * kBc, 128), ks > 0);
+      wgmma_64x128x16_ss(s0, wgmma_desc(q_base + 2 * ks * 16 * kBr, 16 * kBr, 128),
+                         wgmma_desc(k_base + 2 * ks * 16 * kBc, 16 * kBc, 128), ks > 0);
     wgmma_commit();
     issue_pv(v_prev_buf);
     wgmma_commit();
