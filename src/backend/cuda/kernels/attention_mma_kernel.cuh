@@ -20,9 +20,10 @@
 // tests in the softmax), all -inf (skipped; the first and last other tile give the extent), or mixed
 // (read per element after the K/V wait). A block-per-query-tile scan for the extent alone took 118 us
 // before a 30 us attention on a 1B prompt chunk (8 blocks walking 4,096 keys). Without the scratch
-// each block scans for itself. Masked keys inside the tiles a block computes must hold finite K and
-// V, unlike in the exact kernel, which never reads them: a weight of 0 times a NaN is NaN in the P V
-// product. The KV cache is zeroed at allocation, so its unwritten cells are.
+// each block scans for itself. Masked keys inside the tiles a block computes (the wgmma form computes
+// every tile between the first and the last visible one, all-hidden ones included) must hold finite K
+// and V, unlike in the exact kernel, which never reads them: a weight of 0 times a NaN is NaN in the
+// P V product. The KV cache is zeroed at allocation, so its unwritten cells are.
 //
 // FLOPs: 4 * n_q * n_kv * d * n_head (2 for Q K^T, 2 for P V), about half under a causal mask.
 // Bytes: Q read once (4 * d per row), O written once (4 * dv per row), the mask once per head over
@@ -457,10 +458,11 @@ __global__ void __launch_bounds__(kWarpsOf<kWg> * kWarpSize) flash_attn_mma_kern
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int64_t iq = min(q0 + slab_row(m) + g + 8 * r, n_q - 1);
-          const char* row = cls == kTileZero || cls == kTileCausal
-                                ? nullptr
-                                : mask_head + iq * static_cast<int64_t>(a.mask.nb[1]);
-          const int64_t last = cls == kTileCausal ? iq + a.causal_off : n_kv;  // the row's last visible key
+          // (a hidden tile comes here only in the wgmma loop, which computes every tile: no key visible)
+          const char* row = cls == kTileMixed ? mask_head + iq * static_cast<int64_t>(a.mask.nb[1]) : nullptr;
+          const int64_t last = cls == kTileCausal   ? iq + a.causal_off
+                               : cls == kTileHidden ? kv0 - 1
+                                                    : n_kv;  // the row's last visible key
 #pragma unroll
           for (int nt = 0; nt < kKTiles; ++nt)
 #pragma unroll
@@ -783,8 +785,9 @@ template <int D, int kBc, int kMS, bool kWg>
 CudaError launch_mma(const LaunchContext& ctx, const Tensor* dst, float scale, float softcap, bool* launched = nullptr) {
   FlashAttnMaps maps{};
   if constexpr (kWg) {
-    *launched = encode_kv_map<D, kBc>(dst->src[1], maps.k) && encode_kv_map<D, kBc>(dst->src[2], maps.v);
-    if (!*launched) return {};
+    const bool ok = encode_kv_map<D, kBc>(dst->src[1], maps.k) && encode_kv_map<D, kBc>(dst->src[2], maps.v);
+    if (launched) *launched = ok;
+    if (!ok) return {};
   }
   const Tensor* q = dst->src[0];
   const Tensor* mask = dst->src[3];
