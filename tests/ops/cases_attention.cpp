@@ -144,6 +144,8 @@ struct FlashCase {
   bool mask_per_seq = false;  // a mask of its own for each of the ne3 sequences (a packed pass's prompts)
   int64_t nan_key = -1;       // >= 0: that key's K row is NaN (its V finite) and it is visible: its score
                               // weighs 0, as every kernel and the CPU give a NaN score
+  int64_t sink_keys = 0;      // with a window: the first sink_keys keys visible too (StreamingLLM's sink
+                              // tokens), so whole key tiles between them and the window are hidden
 };
 
 constexpr int64_t kCacheExtra = 24;
@@ -159,7 +161,7 @@ double visible_pairs(const FlashCase& c) {
   double pairs = 0.0;
   for (int64_t i = 0; i < c.n_q; ++i) {
     int64_t keys = std::clamp<int64_t>(i + 1 + c.n_kv - c.n_q, 0, c.n_kv);
-    if (c.window > 0) keys = std::min(keys, c.window);
+    if (c.window > 0) keys = std::min(keys, c.window) + std::min(c.sink_keys, std::max<int64_t>(0, keys - c.window));
     pairs += static_cast<double>(keys);
   }
   return pairs;
@@ -214,7 +216,7 @@ void add_flash_attn(CaseList& cases, const FlashCase& c, bool perf) {
             for (int64_t r = 0; r < s[1]; ++r)
               for (int64_t j = 0; j < s[0]; ++j) {
                 const int64_t last = r + c.n_kv - c.n_q;  // the query's own position
-                const bool visible = j <= last && j > last - c.window;
+                const bool visible = j <= last && (j > last - c.window || j < c.sink_keys);
                 v[static_cast<size_t>(r * s[0] + j)] = visible ? rng.uniform(-1.0f, 0.0f) : -INFINITY;
               }
           });
@@ -289,6 +291,7 @@ void add_flash_attn(CaseList& cases, const FlashCase& c, bool perf) {
   if (c.has_mask)
     desc += fmt::format(" mask={}[{}]{}", dtype_name(c.mask_type), c.mask_rows, c.causal ? " causal" : "");
   if (c.window > 0) desc += fmt::format(" window={}", c.window);
+  if (c.sink_keys > 0) desc += fmt::format(" +{} sink keys", c.sink_keys);
   if (c.pure_causal) desc += " (zeros and -inf)";
   if (c.softcap > 0.0f) desc += fmt::format(" softcap={:g}", c.softcap);
   if (c.cache_view) desc += " (cache view)";
@@ -404,6 +407,12 @@ void add_attention_cases(CaseList& cases, CaseSet set) {
       {256, 256, 33, 64, 8, 2, 1, f16, f16, true, f16, 33, true, 50.0f, true},  // softcap, cache view
       // sliding window: the first keys are hidden from the later queries
       {128, 128, 128, 200, 8, 2, 1, f16, f16, true, f16, 128, true, 0.0f, false, false, 40},
+      // a window after 32 visible sink keys: whole key tiles between the two hidden for every query of a
+      // block (the mma.sync kernel skips them, the wgmma one computes them with no key visible)
+      {128, 128, 150, 600, 8, 2, 1, f16, f16, true, f16, 150, true, 0.0f, false, false, 100, false, false, 0, false,
+       -1, 32},
+      {64, 64, 150, 600, 8, 2, 1, f16, f16, true, f32, 160, true, 0.0f, false, true, 100, false, false, 0, false, -1,
+       32},
       // a model's prompt-chunk mask, zeros and the causal -inf (f32, padded rows): key tiles the fast
       // kernel classes as all-zero (no mask reads), all-hidden (skipped) and mixed (the diagonal)
       {128, 128, 150, 333, 8, 2, 1, f16, f16, true, f32, 160, true, 0.0f, false, true, 0, true},
