@@ -19,12 +19,6 @@ int flash_attn_slabs(const Tensor* dst) {
   if (forced == 1 || forced == 2) return forced;
   return query_tiles(dst, 2) * q->ne[2] * q->ne[3] >= kTwoSlabMinBlocks ? 2 : 1;
 }
-bool aligned(const Tensor* t, size_t bytes) {
-  if (t->data && reinterpret_cast<uintptr_t>(t->data) % bytes != 0) return false;
-  for (int i = 1; i < 4; ++i)
-    if (t->nb[i] % bytes != 0) return false;
-  return true;
-}
 
 }  // namespace
 

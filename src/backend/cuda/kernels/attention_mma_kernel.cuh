@@ -275,6 +275,16 @@ inline constexpr size_t kSmemBytes =
     (static_cast<size_t>(kBrOf<kMS, kWarpsOf<kWg>>) * kRowHalves<D, kWg> + static_cast<size_t>(4 * kBc) * kRowHalves<D, kWg>) *
     2;
 
+/// P's A fragment of keys 16 kk .. 16 kk + 15 from a slab's S accumulators (n8 tiles 2 kk and 2 kk + 1:
+/// a0 = rows g, a1 = rows g + 8 of the first; a2, a3 of the second), rounded to f16.
+template <int kKTiles>
+__device__ __forceinline__ void pack_p(const float (&s)[kKTiles][4], int kk, uint32_t (&a)[4]) {
+  a[0] = pack_half2(s[2 * kk][0], s[2 * kk][1]);
+  a[1] = pack_half2(s[2 * kk][2], s[2 * kk][3]);
+  a[2] = pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+  a[3] = pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+}
+
 /// wgmma's tile layout (wgmma.cuh): the 16-byte piece c (halves 8c .. 8c + 7) of row r of an
 /// R-row tile at byte (c R / 8 + r / 8) 128 + (r % 8) 16, so that core matrix (row group, piece) is
 /// 128 contiguous bytes, row-group-adjacent ones 128 bytes apart and piece-adjacent ones 16 R. K, K-major
@@ -367,51 +377,42 @@ __global__ void __launch_bounds__(kWarpsOf<kWg> * kWarpSize) flash_attn_mma_kern
   }
   const int n_tiles = static_cast<int>((kv_end - kv_begin + kBc - 1) / kBc);
 
-  // K and V rows kv0 .. kv0 + kBc - 1 into buffer `buf`; keys past n_kv are zeros (a zero V row
+  // mma.sync's K and V rows kv0 .. kv0 + kBc - 1 into buffer `buf` (the wgmma loop's come by tensor
+  // copies); keys past n_kv are zeros (a zero V row
   // keeps 0 * garbage out of O; their scores are -inf anyway).
   // A thread copies the same 16-byte column piece of rows r0, r0 + kRowStep, ...: its addresses are
   // computed once, and a tile wholly below n_kv (all but the last) checks no row.
   constexpr int kChunks = kBc * D / 8;  // 16-byte pieces
   static_assert(kChunks % kNT == 0 && kNT % (D / 8) == 0, "whole pieces per thread, whole rows per step");
   constexpr int kRowStep = kNT / (D / 8);
-  // wgmma's layout: lanes 8i .. 8i + 7 take rows 0-7 of one piece (one core matrix, 128 contiguous
-  // bytes), four pieces of each row a warp (two whole 32-byte sectors of a row in global memory)
-  const int r0 = kWg ? tid % 8 + tid / kWarpSize / (D / 32) * 8 : tid / (D / 8);
-  const int col0 = kWg ? (tid / 8 % 4 + tid / kWarpSize % (D / 32) * 4) * 8 : tid % (D / 8) * 8;
+  const int r0 = tid / (D / 8), col0 = tid % (D / 8) * 8;
   const char* k_col = row_ptr(a.k, 0, h_kv, i3) + col0 * sizeof(__half);
   const char* v_col = row_ptr(a.v, 0, h_kv, i3) + col0 * sizeof(__half);
   const int64_t k_step = kRowStep * static_cast<int64_t>(a.k.nb[1]), v_step = kRowStep * static_cast<int64_t>(a.v.nb[1]);
-  const int piece0 = kWg ? wg_off<kBc>(r0, col0 / 8) : (r0 * kStride + col0) * static_cast<int>(sizeof(__half));
-  // bytes between the pieces of rows r and r + kRowStep
-  constexpr int kPieceStep = kWg ? kRowStep / 8 * 128 : kRowStep * kStride * static_cast<int>(sizeof(__half));
-  const uint32_t s_k0 = smem_addr(s_k) + piece0, s_v0 = smem_addr(s_v) + piece0;
-  // The rows kv0 .. kv0 + kBc - 1 of K (or V: the same pieces) into buffer `buf` at s0 (s_k0 or s_v0).
-  auto load_rows = [&](uint32_t s0, const char* col, int64_t row_bytes, int64_t step, int64_t kv0, int buf) {
-    const uint32_t dst = s0 + buf * kBc * kStride * sizeof(__half);
-    const char* src = col + (kv0 + r0) * row_bytes;
+  const uint32_t s_k0 = smem_addr(s_k + r0 * kStride + col0), s_v0 = smem_addr(s_v + r0 * kStride + col0);
+  auto load_tile = [&](int64_t kv0, int buf) {
+    const uint32_t dk = s_k0 + buf * kBc * kStride * sizeof(__half), dv = s_v0 + buf * kBc * kStride * sizeof(__half);
+    const char* pk = k_col + (kv0 + r0) * static_cast<int64_t>(a.k.nb[1]);
+    const char* pv = v_col + (kv0 + r0) * static_cast<int64_t>(a.v.nb[1]);
     if (kv0 + kBc <= n_kv) {
 #pragma unroll
-      for (int i = 0; i < kChunks / kNT; ++i) cp_async_16(dst + i * kPieceStep, src + i * step, 16);
+      for (int i = 0; i < kChunks / kNT; ++i)
+        cp_async_16(dk + i * kRowStep * kStride * sizeof(__half), pk + i * k_step, 16),
+            cp_async_16(dv + i * kRowStep * kStride * sizeof(__half), pv + i * v_step, 16);
     } else {
 #pragma unroll
       for (int i = 0; i < kChunks / kNT; ++i) {
         const bool in = kv0 + r0 + i * kRowStep < n_kv;
-        cp_async_16(dst + i * kPieceStep, in ? src + i * step : col, in ? 16 : 0);
+        cp_async_16(dk + i * kRowStep * kStride * sizeof(__half), in ? pk + i * k_step : k_col, in ? 16 : 0);
+        cp_async_16(dv + i * kRowStep * kStride * sizeof(__half), in ? pv + i * v_step : v_col, in ? 16 : 0);
       }
     }
-  };
-  const auto k_row_bytes = static_cast<int64_t>(a.k.nb[1]), v_row_bytes = static_cast<int64_t>(a.v.nb[1]);
-  auto load_k = [&](int64_t kv0, int buf) { load_rows(s_k0, k_col, k_row_bytes, k_step, kv0, buf); };
-  auto load_v = [&](int64_t kv0, int buf) { load_rows(s_v0, v_col, v_row_bytes, v_step, kv0, buf); };
-  auto load_tile = [&](int64_t kv0, int buf) {
-    load_k(kv0, buf);
-    load_v(kv0, buf);
     cp_async_commit();
   };
 
   if (!kWg && n_tiles > 0) load_tile(kv_begin, 0);  // the wgmma loop loads K and V apart
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  if constexpr (kWg) fence_proxy_async_shared();  // s_q, for wgmma's reads
+  if constexpr (kWg) fence_proxy_async();  // s_q, for wgmma's reads
 #endif
   __syncthreads();  // s_q written
 
@@ -600,12 +601,7 @@ __global__ void __launch_bounds__(kWarpsOf<kWg> * kWarpSize) flash_attn_mma_kern
       for (int kk = 0; kk < kBc / 16; ++kk) {
         uint32_t pa[kMS][4];
 #pragma unroll
-        for (int m = 0; m < kMS; ++m) {
-          pa[m][0] = pack_half2(s[m][2 * kk][0], s[m][2 * kk][1]);
-          pa[m][1] = pack_half2(s[m][2 * kk][2], s[m][2 * kk][3]);
-          pa[m][2] = pack_half2(s[m][2 * kk + 1][0], s[m][2 * kk + 1][1]);
-          pa[m][3] = pack_half2(s[m][2 * kk + 1][2], s[m][2 * kk + 1][3]);
-        }
+        for (int m = 0; m < kMS; ++m) pack_p(s[m], kk, pa[m]);
 #pragma unroll
         for (int dp = 0; dp < D / 16; ++dp) {
           uint32_t vb[4];
@@ -645,7 +641,7 @@ __global__ void __launch_bounds__(kWarpsOf<kWg> * kWarpSize) flash_attn_mma_kern
   for (int kk = 0; kk < kBc / 16; ++kk) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0;
   for (int i = tid; i < kBc * D / 8; i += kNT)
     reinterpret_cast<uint4*>(s_v + kBc * kStride)[i] = make_uint4(0, 0, 0, 0);
-  fence_proxy_async_shared();  // for wgmma's reads, after the barrier below
+  fence_proxy_async();  // for wgmma's reads, after the barrier below
   int v_prev_buf = 1;
   __shared__ alignas(8) uint64_t bars[4];  // K buffers 0 and 1, V buffers 0 and 1
   constexpr unsigned kTileBytes = kBc * D * sizeof(__half);
@@ -705,12 +701,7 @@ __global__ void __launch_bounds__(kWarpsOf<kWg> * kWarpSize) flash_attn_mma_kern
     if (grew) rescale(alpha);
     l_run[0][0] += sum[0][0], l_run[0][1] += sum[0][1];
 #pragma unroll
-    for (int kk = 0; kk < kBc / 16; ++kk) {
-      pa[kk][0] = pack_half2(s_acc[0][2 * kk][0], s_acc[0][2 * kk][1]);
-      pa[kk][1] = pack_half2(s_acc[0][2 * kk][2], s_acc[0][2 * kk][3]);
-      pa[kk][2] = pack_half2(s_acc[0][2 * kk + 1][0], s_acc[0][2 * kk + 1][1]);
-      pa[kk][3] = pack_half2(s_acc[0][2 * kk + 1][2], s_acc[0][2 * kk + 1][3]);
-    }
+    for (int kk = 0; kk < kBc / 16; ++kk) pack_p(s_acc[0], kk, pa[kk]);
     // pinned before the next wgmma.fence: the rescale and the packing come before it
     fence_regs(o0);
     fence_regs(reinterpret_cast<uint32_t(&)[kBc / 4]>(pa));
@@ -755,11 +746,11 @@ int64_t query_tiles(const Tensor* dst, int slabs) {
   return (dst->src[0]->ne[1] + br - 1) / br;
 }
 
-/// Whether t's data and row strides are multiples of 16 bytes.
-inline bool aligned16(const Tensor* t) {
-  if (reinterpret_cast<uintptr_t>(t->data) % 16 != 0) return false;
+/// Whether t's data (where set) and strides are multiples of `bytes`.
+inline bool aligned(const Tensor* t, size_t bytes) {
+  if (t->data && reinterpret_cast<uintptr_t>(t->data) % bytes != 0) return false;
   for (int i = 1; i < 4; ++i)
-    if (t->nb[i] % 16 != 0) return false;
+    if (t->nb[i] % bytes != 0) return false;
   return true;
 }
 
@@ -815,7 +806,7 @@ CudaError launch_mma(const LaunchContext& ctx, const Tensor* dst, float scale, f
       args.k_tiles = (mask->ne[0] + kBc - 1) / kBc;
       const dim3 cgrid(static_cast<unsigned>(args.k_tiles), static_cast<unsigned>(tiles),
                        static_cast<unsigned>(mask->ne[2] * mask->ne[3]));
-      flash_attn_tile_class_kernel<<<cgrid, kThreads, 0, ctx.stream>>>(args.mask, args.mask_f16, aligned16(mask),
+      flash_attn_tile_class_kernel<<<cgrid, kThreads, 0, ctx.stream>>>(args.mask, args.mask_f16, aligned(mask, 16),
                                                                         q->ne[1], args.causal_off, kBr, kBc, classes);
       LOOM_CUDA_CHECK_LAUNCH("flash_attn_tile_class_kernel");
       args.tile_class = classes;

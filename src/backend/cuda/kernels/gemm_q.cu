@@ -119,8 +119,7 @@ __global__ void __launch_bounds__(kThreadsOf<kMT>, 1) gemm_q_kernel(GemmQArgs p,
         issue_w_bulk<D>(p, &map, row0, k0 + kChunk, s_w + (stage ^ 1) * S::kWStageBytes, &bar[stage ^ 1]);
         issue_x_bulk<D>(p, col0, k0 + kChunk, s_x + (stage ^ 1) * kBN * S::kXStride, &bar[stage ^ 1]);
       }
-      while (!mbar_try_wait(&bar[stage], (chunk >> 1) & 1)) {
-      }
+      mbar_wait(&bar[stage], (chunk >> 1) & 1);
     } else {
       if (k0 + kChunk < k_end) {
         load_w<D, kMT>(p, row0, k0 + kChunk, s_w + (stage ^ 1) * S::kWStageBytes);

@@ -162,8 +162,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) gemm_q_wgmma_kernel(GemmQArgs p
         cp_async_wait<1>();
         __syncthreads();
       }
-      while (!mbar_try_wait(&bar[stage], (chunk / kStages) & 1)) {
-      }
+      mbar_wait(&bar[stage], (chunk / kStages) & 1);
       const unsigned char* w_rows[2];
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf)

@@ -444,8 +444,7 @@ __global__ void __launch_bounds__(kThreads, quant_blocks_per_sm<Q, kCols>())
       issue(j + kDepth - 1);
     }
     const int buf = static_cast<int>(j % kDepth);
-    while (!mbar_try_wait(&full[buf], static_cast<unsigned>((j / kDepth) & 1))) {
-    }
+    mbar_wait(&full[buf], static_cast<unsigned>((j / kDepth) & 1));
     const int64_t u = static_cast<int64_t>(s) * kUnitsPerStage + tid;
     if (u < n_units) {
       const int blk = tid / Q::kUnitsPerBlock, part = tid % Q::kUnitsPerBlock;

@@ -101,8 +101,9 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
   while (!mbar_try_wait(bar, parity)) {
   }
 }
-/// Orders this thread's earlier generic-proxy accesses to shared memory (the block's reads of a
-/// stage, made visible to it by a barrier) before its later bulk copies into it.
+/// Orders this thread's earlier generic-proxy accesses to shared memory before the async proxy's later
+/// ones: the block's reads of a stage (made visible by a barrier) before bulk copies into it, or its
+/// stores (st.shared, cp.async) before wgmma reads them (after a barrier).
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 }  // namespace loom::cuda
