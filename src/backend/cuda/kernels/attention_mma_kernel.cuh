@@ -441,15 +441,19 @@ __global__ void __launch_bounds__(kWarpsOf<kWg> * kWarpSize) flash_attn_mma_kern
   // whether a row of the warp's rose (else alpha is 1). m_run moves to the new maxima.
   auto softmax_tile = [&](float (&s)[kMS][kKTiles][4], int cls, bool plain, int64_t kv0, float (&alpha)[kMS][2],
                           float (&sum)[kMS][2]) {
-    // softcap (in natural units: c tanh(x / c)), the mask; the row maxima over the quad that shares a row
-    if (a.softcap > 0.0f) {
-      const float in = kLn2 / a.softcap, out = a.softcap * kLog2e;
+    // softcap (in natural units: c tanh(x / c)), the mask; the row maxima over the quad that shares a row.
+    // tanh(y) = 1 - 2 / (e^(2y) + 1), with 2y log2(e) = 2 s / c for s in log2 units: one ex2.approx and
+    // one fast division a score (saturating to +-1; ~1e-7 absolute, well below P's f16 rounding), where
+    // tanhf's branches and a polynomial. The wgmma loop takes no softcap (flash_attn_wgmma_covers): its
+    // registers made that loop spill.
+    if (!kWg && a.softcap > 0.0f) {
+      const float in2 = 2.0f / a.softcap, out = a.softcap * kLog2e;
 #pragma unroll
       for (int m = 0; m < kMS; ++m)
 #pragma unroll
         for (int nt = 0; nt < kKTiles; ++nt)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) s[m][nt][e] = out * tanhf(s[m][nt][e] * in);
+          for (int e = 0; e < 4; ++e) s[m][nt][e] = out - __fdividef(2.0f * out, exp2_approx(s[m][nt][e] * in2) + 1.0f);
     }
     if (!plain) {
       // S accumulator layout: [n8 tile][c0..c3] = rows g (c0, c1) and g + 8 (c2, c3), keys kv0 + 8
@@ -460,17 +464,22 @@ __global__ void __launch_bounds__(kWarpsOf<kWg> * kWarpSize) flash_attn_mma_kern
         for (int r = 0; r < 2; ++r) {
           const int64_t iq = min(q0 + slab_row(m) + g + 8 * r, n_q - 1);
           // (a hidden tile comes here only in the wgmma loop, which computes every tile: no key visible)
-          const char* row = cls == kTileMixed ? mask_head + iq * static_cast<int64_t>(a.mask.nb[1]) : nullptr;
+          // the row's mask entries from key kv0 on; its visible keys of the tile: kv0 .. kv0 + lim - 1
+          // (32-bit tile offsets: the 64-bit key indices of every score cost the wgmma loop spills)
+          const char* row = cls == kTileMixed ? mask_head + iq * static_cast<int64_t>(a.mask.nb[1]) +
+                                                    kv0 * static_cast<int64_t>(a.mask_f16 ? 2 : 4)
+                                              : nullptr;
           const int64_t last = cls == kTileCausal   ? iq + a.causal_off
                                : cls == kTileHidden ? kv0 - 1
                                                     : n_kv;  // the row's last visible key
+          const int lim = static_cast<int>(max(int64_t{0}, min(min(n_kv, last + 1) - kv0, int64_t{kBc})));
 #pragma unroll
           for (int nt = 0; nt < kKTiles; ++nt)
 #pragma unroll
             for (int e = 2 * r; e < 2 * r + 2; ++e) {
-              const int64_t j = kv0 + nt * 8 + t4 * 2 + (e & 1);
+              const int jj = nt * 8 + t4 * 2 + (e & 1);
               float x = -INFINITY;
-              if (j < n_kv && j <= last) x = row ? mask_at(row, j, a.mask_f16) * kLog2e : 0.0f;
+              if (jj < lim) x = row ? mask_at(row, jj, a.mask_f16) * kLog2e : 0.0f;
               s[m][nt][e] += x;
             }
         }
