@@ -251,9 +251,9 @@ struct MmaArgs {
   const float* sinks;  ///< per head, a logit joining the softmax denominator (null: none)
 };
 
-/// The wgmma kernel's tensor maps of K and V (unused by the mma.sync one): dimensions {8 halves, rows,
-/// D / 8 pieces, KV heads, sequences}, the pieces 16 bytes apart, so that a box {8, kBc, D / 8, 1, 1}
-/// lands as wg_off's layout: piece c's kBc rows of 16 bytes, then piece c + 1's. Rows past the
+/// The wgmma kernel's tensor maps of K and V (unused by the mma.sync one), made by encode_kv_map:
+/// dimensions {16 halves, rows, D / 16 piece pairs, KV heads, sequences}, so that a box {16, kBc, D /
+/// 16, 1, 1} lands pair after pair, kBc rows of 32 bytes each, in the 32-byte swizzle. Rows past the
 /// tensor's (n_kv) come as zeros.
 struct FlashAttnMaps {
   CUtensorMap k, v;
@@ -269,11 +269,12 @@ inline constexpr int kSmemStride = D + 8;
 template <int D, bool kWg>
 inline constexpr int kRowHalves = kWg ? D : kSmemStride<D>;
 
-/// Dynamic shared memory: Q, two K tiles, two V tiles, all f16.
+/// Dynamic shared memory: Q, two K tiles, two V tiles, all f16 (wgmma: and 256 bytes of alignment slack).
 template <int D, int kBc, int kMS, bool kWg>
 inline constexpr size_t kSmemBytes =
     (static_cast<size_t>(kBrOf<kMS, kWarpsOf<kWg>>) * kRowHalves<D, kWg> + static_cast<size_t>(4 * kBc) * kRowHalves<D, kWg>) *
-    2;
+        2 +
+    (kWg ? 256 : 0);
 
 /// P's A fragment of keys 16 kk .. 16 kk + 15 from a slab's S accumulators (n8 tiles 2 kk and 2 kk + 1:
 /// a0 = rows g, a1 = rows g + 8 of the first; a2, a3 of the second), rounded to f16.
@@ -318,7 +319,9 @@ __global__ void __launch_bounds__(kWarpsOf<kWg> * kWarpSize) flash_attn_mma_kern
   // 128-byte aligned: the wgmma kernel's tensor copies land at 128-byte multiples of it
   extern __shared__ __align__(128) unsigned char smem_raw[];
   __shared__ int scratch[kNW];
-  __half* s_q = reinterpret_cast<__half*>(smem_raw);  // [kBr][kStride]
+  // (the wgmma form's K tiles, in the 32-byte swizzle, need 256-byte alignment: the dynamic shared
+  // memory holds 256 bytes of slack for it)
+  __half* s_q = reinterpret_cast<__half*>(smem_raw + (kWg ? (256 - smem_addr(smem_raw) % 256) % 256 : 0));  // [kBr][kStride]
   __half* s_k = s_q + kBr * kQStride;                 // [2][kBc][kStride]
   __half* s_v = s_k + 2 * kBc * kStride;              // [2][kBc][kStride]
 
@@ -673,7 +676,7 @@ __global__ void __launch_bounds__(kWarpsOf<kWg> * kWarpSize) flash_attn_mma_kern
     const uint32_t v_base = smem_addr(s_v + vbuf * kBc * kStride);
 #pragma unroll
     for (int kk = 0; kk < kBc / 16; ++kk) {
-      const uint64_t vd = wgmma_desc(v_base + 2 * kk * 128, 128, 16 * kBc);
+      const uint64_t vd = wgmma_desc_sw32(v_base + kk * 16 * 32, 32 * kBc);  // keys 16 kk ..: 16 rows of 32 bytes
       if constexpr (D == 128)
         wgmma_64x128x16_rs<true>(o0, pa[kk], vd);
       else
@@ -696,7 +699,7 @@ __global__ void __launch_bounds__(kWarpsOf<kWg> * kWarpSize) flash_attn_mma_kern
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks)
       wgmma_64x128x16_ss(s0, wgmma_desc(q_base + 2 * ks * 16 * kBr, 16 * kBr, 128),
-                         wgmma_desc(k_base + 2 * ks * 16 * kBc, 16 * kBc, 128), ks > 0);
+                         wgmma_desc_sw32(k_base + ks * 32 * kBc), ks > 0);
     wgmma_commit();
     issue_pv(v_prev_buf);
     wgmma_commit();
@@ -764,19 +767,25 @@ inline bool aligned(const Tensor* t, size_t bytes) {
 }
 
 /// K's or V's map for the wgmma kernel (FlashAttnMaps); false where the driver has no encoder or refuses.
+/// Boxes {16 halves, kBc rows, D / 16 piece pairs} in the 32-byte swizzle: K as K-major B of S, V as
+/// MN-major B of P V (wgmma_desc_sw32). The copies read whole 32-byte sectors, where 16-byte pieces
+/// (wg_off's core matrices) made L2 serve each sector twice: ncu, causal 4,096 tokens, L2 at 78% and
+/// the K wait the top stall (15.5% of samples); with K's pairs alone 442 us against 494-499.
 template <int D, int kBc>
 bool encode_kv_map(const Tensor* t, CUtensorMap& map) {
   const auto encode = tensor_map_encoder();
   if (!encode) return false;
-  const cuuint64_t dims[5] = {8, static_cast<cuuint64_t>(t->ne[1]), D / 8, static_cast<cuuint64_t>(t->ne[2]),
+  constexpr int piece = 16;  // halves
+  const cuuint64_t dims[5] = {static_cast<cuuint64_t>(piece), static_cast<cuuint64_t>(t->ne[1]),
+                              static_cast<cuuint64_t>(D / piece), static_cast<cuuint64_t>(t->ne[2]),
                               static_cast<cuuint64_t>(t->ne[3])};
-  const cuuint64_t strides[4] = {static_cast<cuuint64_t>(t->nb[1]), 16, static_cast<cuuint64_t>(t->nb[2]),
-                                 static_cast<cuuint64_t>(t->nb[3])};
-  const cuuint32_t box[5] = {8, kBc, D / 8, 1, 1};
+  const cuuint64_t strides[4] = {static_cast<cuuint64_t>(t->nb[1]), static_cast<cuuint64_t>(piece * 2),
+                                 static_cast<cuuint64_t>(t->nb[2]), static_cast<cuuint64_t>(t->nb[3])};
+  const cuuint32_t box[5] = {static_cast<cuuint32_t>(piece), kBc, static_cast<cuuint32_t>(D / piece), 1, 1};
   const cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
   return encode(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 5, t->data, dims, strides, box, element_strides,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_32B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 /// launched: false where the wgmma kernel's tensor maps cannot be made (nothing ran; the caller
