@@ -252,12 +252,21 @@ struct MmaArgs {
 };
 
 /// The wgmma kernel's tensor maps of K and V (unused by the mma.sync one), made by encode_kv_map:
-/// dimensions {16 halves, rows, D / 16 piece pairs, KV heads, sequences}, so that a box {16, kBc, D /
-/// 16, 1, 1} lands pair after pair, kBc rows of 32 bytes each, in the 32-byte swizzle. Rows past the
-/// tensor's (n_kv) come as zeros.
+/// dimensions {piece, rows, D / piece, KV heads, sequences} (piece: kKvSwizzle / 2 halves), so that a
+/// box {piece, kBc, D / piece, 1, 1} lands piece after piece, kBc rows of kKvSwizzle bytes each, in the
+/// swizzle of that width. Rows past the tensor's (n_kv) come as zeros.
 struct FlashAttnMaps {
   CUtensorMap k, v;
 };
+
+/// The wgmma form's K and V tiles in shared memory: rows of kKvSwizzle bytes (kKvSwizzle / 2 of a key's
+/// D halves, the piece), piece after piece, in the swizzle of that width (a tensor copy's box {piece,
+/// kBc rows, D / piece}); the tiles need 8 kKvSwizzle-byte alignment. LOOM_FA_KV_SWIZZLE (a build
+/// setting, for comparisons) picks 32, 64 or 128 (encode_kv_map has the measurements).
+#ifndef LOOM_FA_KV_SWIZZLE
+#define LOOM_FA_KV_SWIZZLE 128
+#endif
+inline constexpr int kKvSwizzle = LOOM_FA_KV_SWIZZLE;
 
 /// Halves per shared-memory row of a D-wide tile: 16 bytes of padding put the 8 rows an ldmatrix
 /// phase reads in 8 different 16-byte bank groups (rows of 2D bytes alone would all share one).
@@ -274,7 +283,7 @@ template <int D, int kBc, int kMS, bool kWg>
 inline constexpr size_t kSmemBytes =
     (static_cast<size_t>(kBrOf<kMS, kWarpsOf<kWg>>) * kRowHalves<D, kWg> + static_cast<size_t>(4 * kBc) * kRowHalves<D, kWg>) *
         2 +
-    (kWg ? 256 : 0);
+    (kWg ? 8 * kKvSwizzle : 0);
 
 /// P's A fragment of keys 16 kk .. 16 kk + 15 from a slab's S accumulators (n8 tiles 2 kk and 2 kk + 1:
 /// a0 = rows g, a1 = rows g + 8 of the first; a2, a3 of the second), rounded to f16.
@@ -319,9 +328,10 @@ __global__ void __launch_bounds__(kWarpsOf<kWg> * kWarpSize) flash_attn_mma_kern
   // 128-byte aligned: the wgmma kernel's tensor copies land at 128-byte multiples of it
   extern __shared__ __align__(128) unsigned char smem_raw[];
   __shared__ int scratch[kNW];
-  // (the wgmma form's K tiles, in the 32-byte swizzle, need 256-byte alignment: the dynamic shared
-  // memory holds 256 bytes of slack for it)
-  __half* s_q = reinterpret_cast<__half*>(smem_raw + (kWg ? (256 - smem_addr(smem_raw) % 256) % 256 : 0));  // [kBr][kStride]
+  // (the wgmma form's K and V tiles, swizzled, need 8 kKvSwizzle-byte alignment: the dynamic shared
+  // memory holds that much slack for it)
+  constexpr unsigned kAlign = 8 * kKvSwizzle;
+  __half* s_q = reinterpret_cast<__half*>(smem_raw + (kWg ? (kAlign - smem_addr(smem_raw) % kAlign) % kAlign : 0));  // [kBr][kStride]
   __half* s_k = s_q + kBr * kQStride;                 // [2][kBc][kStride]
   __half* s_v = s_k + 2 * kBc * kStride;              // [2][kBc][kStride]
 
@@ -676,7 +686,8 @@ __global__ void __launch_bounds__(kWarpsOf<kWg> * kWarpSize) flash_attn_mma_kern
     const uint32_t v_base = smem_addr(s_v + vbuf * kBc * kStride);
 #pragma unroll
     for (int kk = 0; kk < kBc / 16; ++kk) {
-      const uint64_t vd = wgmma_desc_sw32(v_base + kk * 16 * 32, 32 * kBc);  // keys 16 kk ..: 16 rows of 32 bytes
+      // keys 16 kk ..: 16 rows of a piece; pieces kBc rows apart
+      const uint64_t vd = wgmma_desc_swizzled<kKvSwizzle>(v_base + kk * 16 * kKvSwizzle, kBc * kKvSwizzle);
       if constexpr (D == 128)
         wgmma_64x128x16_rs<true>(o0, pa[kk], vd);
       else
@@ -699,7 +710,9 @@ __global__ void __launch_bounds__(kWarpsOf<kWg> * kWarpSize) flash_attn_mma_kern
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks)
       wgmma_64x128x16_ss(s0, wgmma_desc(q_base + 2 * ks * 16 * kBr, 16 * kBr, 128),
-                         wgmma_desc_sw32(k_base + ks * 32 * kBc), ks > 0);
+                         wgmma_desc_swizzled<kKvSwizzle>(k_base + ks * 32 / kKvSwizzle * kBc * kKvSwizzle +
+                                                         ks * 32 % kKvSwizzle),
+                         ks > 0);
     wgmma_commit();
     issue_pv(v_prev_buf);
     wgmma_commit();
@@ -767,15 +780,17 @@ inline bool aligned(const Tensor* t, size_t bytes) {
 }
 
 /// K's or V's map for the wgmma kernel (FlashAttnMaps); false where the driver has no encoder or refuses.
-/// Boxes {16 halves, kBc rows, D / 16 piece pairs} in the 32-byte swizzle: K as K-major B of S, V as
-/// MN-major B of P V (wgmma_desc_sw32). The copies read whole 32-byte sectors, where 16-byte pieces
-/// (wg_off's core matrices) made L2 serve each sector twice: ncu, causal 4,096 tokens, L2 at 78% and
-/// the K wait the top stall (15.5% of samples); with K's pairs alone 442 us against 494-499.
+/// Boxes {piece, kBc rows, D / piece} in the kKvSwizzle-byte swizzle: K as K-major B of S, V as MN-major
+/// B of P V (wgmma_desc_swizzled). The copies read whole 32-byte sectors or more, where 16-byte pieces
+/// (core matrices without swizzle) made L2 serve each sector twice: ncu, causal 4,096 tokens, L2 at 78%
+/// and the K wait the top stall (15.5% of samples). Op-test perf (H200, causal d128, 4,096 / 16,384
+/// tokens): 16-byte pieces 494-499 / 6,150-6,169 us, 32-byte 416-417 / 5,362-5,403, 64-byte 413 /
+/// 5,266-5,297, 128-byte 409 / 5,204-5,212.
 template <int D, int kBc>
 bool encode_kv_map(const Tensor* t, CUtensorMap& map) {
   const auto encode = tensor_map_encoder();
   if (!encode) return false;
-  constexpr int piece = 16;  // halves
+  constexpr int piece = kKvSwizzle / 2;  // halves
   const cuuint64_t dims[5] = {static_cast<cuuint64_t>(piece), static_cast<cuuint64_t>(t->ne[1]),
                               static_cast<cuuint64_t>(D / piece), static_cast<cuuint64_t>(t->ne[2]),
                               static_cast<cuuint64_t>(t->ne[3])};
@@ -784,7 +799,10 @@ bool encode_kv_map(const Tensor* t, CUtensorMap& map) {
   const cuuint32_t box[5] = {static_cast<cuuint32_t>(piece), kBc, static_cast<cuuint32_t>(D / piece), 1, 1};
   const cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
   return encode(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 5, t->data, dims, strides, box, element_strides,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_32B,
+                CU_TENSOR_MAP_INTERLEAVE_NONE,
+                kKvSwizzle == 128  ? CU_TENSOR_MAP_SWIZZLE_128B
+                : kKvSwizzle == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
+                                   : CU_TENSOR_MAP_SWIZZLE_32B,
                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 

@@ -20,14 +20,17 @@ __device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr, uint32_t lbo, uint
   return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>((lbo & 0x3FFFF) >> 4) << 16) |
          (static_cast<uint64_t>((sbo & 0x3FFFF) >> 4) << 32);
 }
-/// An operand in the 32-byte swizzle at shared address addr (256-byte aligned), as a tensor copy with
-/// CU_TENSOR_MAP_SWIZZLE_32B writes rows of 32 bytes: 8-row groups 256 bytes apart (the stride offset).
-/// K-major: rows along M/N, one k16 step of 16-bit elements per row (the leading offset unused).
-/// MN-major (B with the transpose flag): rows along K, each 16 elements of M/N; lbo: bytes between
-/// the 16-element groups along M/N.
-__device__ __forceinline__ uint64_t wgmma_desc_sw32(uint32_t addr, uint32_t lbo = 16) {
+/// An operand in the kBytes-byte swizzle (32, 64 or 128) at shared address addr (8 kBytes-aligned), as
+/// a tensor copy with the matching CU_TENSOR_MAP_SWIZZLE_* writes rows of kBytes: 8-row groups 8 kBytes
+/// apart (the stride offset). K-major: rows along M/N, kBytes / 32 k16 steps of 16-bit elements per row
+/// (step within a row by adding 32 bytes to addr; the leading offset unused). MN-major (B with the
+/// transpose flag): rows along K, each kBytes / 2 elements of M/N; lbo: bytes between those groups.
+template <int kBytes>
+__device__ __forceinline__ uint64_t wgmma_desc_swizzled(uint32_t addr, uint32_t lbo = 16) {
+  static_assert(kBytes == 32 || kBytes == 64 || kBytes == 128, "a wgmma swizzle");
+  constexpr uint64_t kMode = kBytes == 128 ? 1 : kBytes == 64 ? 2 : 3;
   return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>((lbo & 0x3FFFF) >> 4) << 16) |
-         (uint64_t{256 >> 4} << 32) | (uint64_t{3} << 62);
+         (uint64_t{8 * kBytes >> 4} << 32) | (kMode << 62);
 }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
