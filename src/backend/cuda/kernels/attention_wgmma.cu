@@ -9,9 +9,10 @@ bool flash_attn_wgmma_covers(int64_t d, float softcap) {
   return on && (d == 64 || d == 128) && softcap == 0.0f;
 }
 
-// 128-key tiles against 64 (H200, op-test perf, causal d 128 32/8 heads): 4,096 tokens 507 us against
-// 526, 16,384 6,273 against 6,915, 2,048 180 against 174, with 224 bytes of spill stores a thread (255 registers;
-// no spills since the mask's tile offsets went 32-bit and the softcap went to the mma.sync kernel).
+// 128-key tiles against 64 (H200, op-test perf, causal d 128 32/8 heads, before the swizzled K/V copies):
+// 4,096 tokens 507 us against 526, 16,384 6,273 against 6,915, 2,048 180 against 174, then with 224 bytes
+// of spill stores a thread (255 registers; none since the mask's tile offsets went 32-bit and the softcap
+// went to the mma.sync kernel).
 CudaError launch_flash_attn_wgmma(const LaunchContext& ctx, const Tensor* dst, float scale, float softcap,
                                   bool& launched) {
   switch (dst->src[0]->ne[0]) {
