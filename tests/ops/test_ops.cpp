@@ -4,7 +4,8 @@
 //   loom-test-ops                      CPU kernels against the float64 reference
 //   loom-test-ops --backend cuda,cpu   CUDA against CPU on identical inputs
 //   loom-test-ops --backend cuda       CUDA against the float64 reference
-//   loom-test-ops perf [--op mul_mat]  time larger cases: µs per run, GB/s, GFLOP/s
+//   loom-test-ops perf [--op mul_mat]  time larger cases: µs per run, GB/s and TFLOP/s with their shares
+//                                      of the H200's 4,350 GB/s and 785 TFLOP/s
 //   loom-test-ops --list               ops, dtypes and case counts
 #include <algorithm>
 #include <cstdlib>
@@ -41,7 +42,8 @@ void usage(const char* prog) {
   fmt::print(
       "usage: {} [perf] [--backend A[,B]] [--op NAME[,NAME...]] [--filter TEXT] [--exclude TEXT]\n       "
       "[--list] [--seed N] [-t N] [--numerics exact|fast] [-v]\n"
-      "  perf             time larger cases instead of checking (prints us/run, GB/s, GFLOP/s)\n"
+      "  perf             time larger cases instead of checking (prints us/run, GB/s and TFLOP/s, each with\n"
+      "                   its share of the H200's 4,350 GB/s read and 785 TFLOP/s f16 GEMM)\n"
       "  --backend A      check backend A against the float64 reference (default: cpu)\n"
       "  --backend A,B    check backend A against backend B on identical inputs\n"
       "  --op NAME        only the cases of these ops (see --list)\n"
