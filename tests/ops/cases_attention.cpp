@@ -405,6 +405,7 @@ void add_attention_cases(CaseList& cases, CaseSet set) {
       {256, 256, 16, 100, 8, 2, 1, f16, f16, true, f32, 16, true, 0.0f, false},
       {256, 256, 128, 300, 8, 2, 1, f16, f16, true, f16, 128, true, 0.0f, false, true},
       {256, 256, 33, 64, 8, 2, 1, f16, f16, true, f16, 33, true, 50.0f, true},  // softcap, cache view
+      {128, 128, 64, 200, 16, 8, 1, f16, f16, true, f16, 64, true, 50.0f, false},  // softcap 50 at d 128 (gemma2-27b)
       // sliding window: the first keys are hidden from the later queries
       {128, 128, 128, 200, 8, 2, 1, f16, f16, true, f16, 128, true, 0.0f, false, false, 40},
       // a window after 32 visible sink keys: whole key tiles between the two hidden for every query of a

@@ -146,7 +146,7 @@ struct OpCase {
   double max_nmse;        ///< threshold; i32 outputs must match exactly whatever this says
   BuildFn build;          ///< returns the output tensor
   ReferenceFn reference;  ///< float64 result in the output's logical order (may be empty in perf mode)
-  double flops = 0;       ///< useful floating-point operations, for GFLOP/s in perf mode (0: not shown)
+  double flops = 0;       ///< useful floating-point operations, for TFLOP/s in perf mode (0: not shown)
   /// The fused dispatch a backend with a graph executor must form from this graph: when the
   /// backend under test reports exec counters (computes > 0) with fusion on, the run fails unless
   /// its counters show at least one fusion of this kind.

@@ -473,14 +473,14 @@ Outcome time_case(const OpCase& c, Backend& backend, const RunSettings& run) {
   for (const InputSpec& s : e.inputs->specs())
     if (s.tensor != e.out->root()) moved += static_cast<double>(s.tensor->nbytes());
   // Beside each rate, its share of the H200's measured ceilings (issues 13 and 14): 4,350 GB/s of
-  // read bandwidth, 785 TFLOP/s of dense bf16/f16 GEMM (cuBLAS). On other devices read the shares as
-  // fractions of those figures, not of the device's own.
+  // read bandwidth (the bytes here include the output's writes), 785 TFLOP/s of dense bf16/f16 GEMM
+  // (cuBLAS). On other devices read the shares as fractions of those figures, not of the device's own.
   constexpr double kReadGBs = 4350.0, kGemmTFLOPs = 785.0;
   const double gbs = moved / us * 1e-3;
   std::string metric = fmt::format("{:>10.1f} us/run {:>8.1f} GB/s ({:>5.1f}% of 4,350)", us, gbs, 100.0 * gbs / kReadGBs);
   if (c.flops > 0) {
     const double tflops = c.flops / us * 1e-6;
-    metric += fmt::format(" {:>7.1f} TFLOP/s ({:>5.1f}% of 785)", tflops, 100.0 * tflops / kGemmTFLOPs);
+    metric += fmt::format(" {:>8.3f} TFLOP/s ({:>5.1f}% of 785)", tflops, 100.0 * tflops / kGemmTFLOPs);
   }
   fmt::print("{}  ({} runs)\n", metric, runs);
   std::fflush(stdout);

@@ -47,7 +47,7 @@ double case_threshold(const OpCase& c, const RunSettings& run);
 /// Prints one line.
 Outcome check_case(const OpCase& c, Backend& backend, Backend* other, const RunSettings& run);
 
-/// Times `c` on `backend` and prints µs per run, GB/s and GFLOP/s.
+/// Times `c` on `backend` and prints µs per run, GB/s and TFLOP/s (with their shares of the H200's ceilings).
 Outcome time_case(const OpCase& c, Backend& backend, const RunSettings& run);
 
 /// Prints each op group with its case count and the dtypes of its inputs; every op kind of

@@ -34,7 +34,7 @@ CudaError launch_flash_attn_mma(const LaunchContext& ctx, const Tensor* dst, flo
 bool flash_attn_wgmma_covers(int64_t d, float softcap);
 /// launch_flash_attn_mma's kernel with its products on wgmma (attention_wgmma.cu): 128-key tiles, 128
 /// query rows a block (flash_attn_mma_scratch_bytes covers its tile classes). launched: false where
-/// K's or V's tensor map cannot be made (nothing ran).
+/// K's or V's tensor map cannot be made or a softcap is asked for (nothing ran).
 CudaError launch_flash_attn_wgmma(const LaunchContext& ctx, const Tensor* dst, float scale, float softcap,
                                   bool& launched);
 

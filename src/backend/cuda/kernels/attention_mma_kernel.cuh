@@ -274,12 +274,13 @@ inline constexpr int kKvSwizzle = LOOM_FA_KV_SWIZZLE;
 template <int D>
 inline constexpr int kSmemStride = D + 8;
 
-/// Halves per shared-memory row of a K or V tile: padded rows for mma.sync's ldmatrix loads; wgmma's
-/// tiles are core matrices without padding (wg_off). Q's rows are padded in both (ldmatrix loads them).
+/// Halves per shared-memory row of a Q, K or V tile: padded rows for mma.sync's ldmatrix loads; the wgmma
+/// form's tiles have no padding (Q in wg_off's core matrices, K and V in kKvSwizzle-byte swizzled pieces).
 template <int D, bool kWg>
 inline constexpr int kRowHalves = kWg ? D : kSmemStride<D>;
 
-/// Dynamic shared memory: Q, two K tiles, two V tiles, all f16 (wgmma: and 256 bytes of alignment slack).
+/// Dynamic shared memory: Q, two K tiles, two V tiles, all f16 (wgmma: and 8 kKvSwizzle bytes of alignment
+/// slack).
 template <int D, int kBc, int kMS, bool kWg>
 inline constexpr size_t kSmemBytes =
     (static_cast<size_t>(kBrOf<kMS, kWarpsOf<kWg>>) * kRowHalves<D, kWg> + static_cast<size_t>(4 * kBc) * kRowHalves<D, kWg>) *
@@ -296,11 +297,11 @@ __device__ __forceinline__ void pack_p(const float (&s)[kKTiles][4], int kk, uin
   a[3] = pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 }
 
-/// wgmma's tile layout (wgmma.cuh): the 16-byte piece c (halves 8c .. 8c + 7) of row r of an
-/// R-row tile at byte (c R / 8 + r / 8) 128 + (r % 8) 16, so that core matrix (row group, piece) is
-/// 128 contiguous bytes, row-group-adjacent ones 128 bytes apart and piece-adjacent ones 16 R. K, K-major
-/// as B of S, takes leading offset 16 R and stride offset 128; V, MN-major as B of P V (its rows, the
-/// keys, along K), leading offset 128 and stride offset 16 R.
+/// wgmma's no-swizzle tile layout (wgmma.cuh), the wgmma form's Q: the 16-byte piece c (halves 8c ..
+/// 8c + 7) of row r of an R-row tile at byte (c R / 8 + r / 8) 128 + (r % 8) 16, so that core matrix
+/// (row group, piece) is 128 contiguous bytes, row-group-adjacent ones 128 bytes apart and piece-adjacent
+/// ones 16 R: K-major A of S with leading offset 16 R and stride offset 128. (K and V come swizzled:
+/// kKvSwizzle.)
 template <int R>
 __device__ __forceinline__ int wg_off(int r, int c) {
   return (c * (R / 8) + r / 8) * 128 + (r % 8) * 16;
@@ -326,15 +327,16 @@ __global__ void __launch_bounds__(kWarpsOf<kWg> * kWarpSize) flash_attn_mma_kern
   constexpr bool kQInRegs = !kWg && kMS == 1 && D <= 128;
   constexpr int kKTiles = kBc / 8;                 // n8 tiles of S per slab
   constexpr int kDTiles = D / 8;                   // n8 tiles of O per slab
-  // 128-byte aligned: the wgmma kernel's tensor copies land at 128-byte multiples of it
+  // 128-byte aligned (the wgmma form aligns its tiles further below)
   extern __shared__ __align__(128) unsigned char smem_raw[];
   __shared__ int scratch[kNW];
   // (the wgmma form's K and V tiles, swizzled, need 8 kKvSwizzle-byte alignment: the dynamic shared
   // memory holds that much slack for it)
   constexpr unsigned kAlign = 8 * kKvSwizzle;
   __half* s_q = reinterpret_cast<__half*>(smem_raw + (kWg ? (kAlign - smem_addr(smem_raw) % kAlign) % kAlign : 0));  // [kBr][kStride]
-  __half* s_k = s_q + kBr * kQStride;                 // [2][kBc][kStride]
-  __half* s_v = s_k + 2 * kBc * kStride;              // [2][kBc][kStride]
+  // [2][kBc][kStride]; in the wgmma form each buffer [D / piece][kBc][piece], swizzled (kKvSwizzle)
+  __half* s_k = s_q + kBr * kQStride;
+  __half* s_v = s_k + 2 * kBc * kStride;
 
   const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
   const int g = lane / 4, t4 = lane % 4;  // fragment row group and column pair

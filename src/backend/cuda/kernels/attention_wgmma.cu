@@ -15,6 +15,8 @@ bool flash_attn_wgmma_covers(int64_t d, float softcap) {
 // went to the mma.sync kernel).
 CudaError launch_flash_attn_wgmma(const LaunchContext& ctx, const Tensor* dst, float scale, float softcap,
                                   bool& launched) {
+  launched = false;
+  if (softcap != 0.0f) return {};  // the wgmma loop applies no softcap (flash_attn_wgmma_covers)
   switch (dst->src[0]->ne[0]) {
     case 64:
       return launch_mma<64, 128, 1, true>(ctx, dst, scale, softcap, &launched);
