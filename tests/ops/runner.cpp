@@ -477,10 +477,11 @@ Outcome time_case(const OpCase& c, Backend& backend, const RunSettings& run) {
   // (cuBLAS). On other devices read the shares as fractions of those figures, not of the device's own.
   constexpr double kReadGBs = 4350.0, kGemmTFLOPs = 785.0;
   const double gbs = moved / us * 1e-3;
-  std::string metric = fmt::format("{:>10.1f} us/run {:>8.1f} GB/s ({:>5.1f}% of 4,350)", us, gbs, 100.0 * gbs / kReadGBs);
+  std::string metric =
+      fmt::format("{:>10.1f} us/run {:>8.1f} GB/s ({:>5.1f}% of {:g})", us, gbs, 100.0 * gbs / kReadGBs, kReadGBs);
   if (c.flops > 0) {
     const double tflops = c.flops / us * 1e-6;
-    metric += fmt::format(" {:>8.3f} TFLOP/s ({:>5.1f}% of 785)", tflops, 100.0 * tflops / kGemmTFLOPs);
+    metric += fmt::format(" {:>8.3f} TFLOP/s ({:>5.1f}% of {:g})", tflops, 100.0 * tflops / kGemmTFLOPs, kGemmTFLOPs);
   }
   fmt::print("{}  ({} runs)\n", metric, runs);
   std::fflush(stdout);

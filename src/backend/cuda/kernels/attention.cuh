@@ -28,13 +28,13 @@ size_t flash_attn_mma_scratch_bytes(const Tensor* dst);
 /// flash_attn on tensor cores (mma.sync f16 inputs, f32 accumulation): for the fast numerics mode.
 /// dst must pass flash_attn_mma_supported. Kernels in attention_mma.cu.
 CudaError launch_flash_attn_mma(const LaunchContext& ctx, const Tensor* dst, float scale, float softcap);
-/// Whether launch_flash_attn_wgmma takes head size d (64 or 128) with no logit softcap (the mma.sync
-/// kernel takes those: the softcap's registers made the wgmma loop spill) and LOOM_CUDA_FA_WGMMA is not
-/// 0. It is sm_90a code: launch_flash_attn_mma calls it only where LaunchContext::sm90a.
-bool flash_attn_wgmma_covers(int64_t d, float softcap);
+/// Whether launch_flash_attn_wgmma takes head size d (64 or 128) and LOOM_CUDA_FA_WGMMA is not 0. It is
+/// sm_90a code: launch_flash_attn_mma calls it only where LaunchContext::sm90a.
+bool flash_attn_wgmma_covers(int64_t d);
 /// launch_flash_attn_mma's kernel with its products on wgmma (attention_wgmma.cu): 128-key tiles, 128
 /// query rows a block (flash_attn_mma_scratch_bytes covers its tile classes). launched: false where
-/// K's or V's tensor map cannot be made or a softcap is asked for (nothing ran).
+/// K's or V's tensor map cannot be made or a softcap is asked for (nothing ran: the wgmma loop applies
+/// none, as the softcap's registers made it spill; the mma.sync kernel takes those).
 CudaError launch_flash_attn_wgmma(const LaunchContext& ctx, const Tensor* dst, float scale, float softcap,
                                   bool& launched);
 

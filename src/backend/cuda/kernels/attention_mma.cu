@@ -61,7 +61,7 @@ CudaError launch_flash_attn_mma(const LaunchContext& ctx, const Tensor* dst, flo
   // wgmma takes the shapes that fill the GPU with 128-query blocks: the two-slab kernel's (op-test
   // perf, H200, causal, d 128, 32/8 heads: 2,048 tokens 207 against 213 us, 4,096 594 against 633,
   // 16,384 7,288 against 7,905; at 512 tokens, 128 blocks, 46.7 against the one-slab kernel's 38.1)
-  if (ctx.sm90a && slabs == 2 && flash_attn_wgmma_covers(d, softcap)) {
+  if (ctx.sm90a && slabs == 2 && flash_attn_wgmma_covers(d)) {
     bool launched = false;
     const CudaError e = launch_flash_attn_wgmma(ctx, dst, scale, softcap, launched);
     if (launched || !e.ok()) return e;

@@ -43,7 +43,7 @@
 // K and V tiles of 128 keys (by tensor copies) in the 128-byte swizzle (kKvSwizzle): S = Q K^T
 // (m64n128k16, both K-major), O += P V (P from registers, V as the MN-major B). The tile loop is
 // pipelined: a tile's softmax runs while the tensor cores make the previous tile's P V. Softcapped
-// attention stays on mma.sync (flash_attn_wgmma_covers). Measured (H200, op-test perf, as above, with the
+// attention stays on mma.sync (launch_flash_attn_wgmma). Measured (H200, op-test perf, as above, with the
 // causal tile class): 4,096 tokens 409 us (336 TFLOP/s), 16,384 422 TFLOP/s; the steps in
 // docs/PERFORMANCE.md. LOOM_CUDA_FA_WGMMA=0 keeps mma.sync.
 //
@@ -460,7 +460,7 @@ __global__ void __launch_bounds__(kWarpsOf<kWg> * kWarpSize) flash_attn_mma_kern
     // softcap (in natural units: c tanh(x / c)), the mask; the row maxima over the quad that shares a row.
     // tanh(y) = 1 - 2 / (e^(2y) + 1), with 2y log2(e) = 2 s / c for s in log2 units: one ex2.approx and
     // one fast division a score (saturating to +-1; ~1e-7 absolute, well below P's f16 rounding), where
-    // tanhf's branches and a polynomial. The wgmma loop takes no softcap (flash_attn_wgmma_covers): its
+    // tanhf's branches and a polynomial. The wgmma loop takes no softcap (launch_flash_attn_wgmma): its
     // registers made that loop spill.
     if (!kWg && a.softcap > 0.0f) {
       const float in2 = 2.0f / a.softcap, out = a.softcap * kLog2e;
