@@ -327,6 +327,11 @@ void add_attention_cases(CaseList& cases, CaseSet set) {
                         true, 0, pure},
                        true);
     }
+    // gemma2-27b's prompt attention (head 128, 32 / 16 heads, logit softcap 50), the softcap's route
+    add_flash_attn(cases,
+                   {128, 128, 4096, 4096, 32, 16, 1, DType::f16, DType::f16, true, DType::f16, 4096, true, 50.0f,
+                    false, true, 0, true},
+                   true);
     // as the models build a prompt chunk: an f32 mask of zeros and the causal -inf, the chunk's 512
     // queries after 512 and after 3,584 cached keys, and a 2,048-token pass after 2,048 (pp4096's second)
     for (const auto& [n_q, n_kv] : {std::pair<int64_t, int64_t>{512, 1024}, {512, 4096}, {2048, 4096}}) {
