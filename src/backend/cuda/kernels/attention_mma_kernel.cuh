@@ -279,11 +279,11 @@ inline constexpr int kSmemStride = D + 8;
 template <int D, bool kWg>
 inline constexpr int kRowHalves = kWg ? D : kSmemStride<D>;
 
-/// Dynamic shared memory: Q, two K tiles, two V tiles, all f16 (wgmma: and 8 kKvSwizzle bytes of alignment
-/// slack).
+/// Dynamic shared memory: Q, two K tiles, two V tiles, all f16 (wgmma: three of each, and 8 kKvSwizzle
+/// bytes of alignment slack).
 template <int D, int kBc, int kMS, bool kWg>
 inline constexpr size_t kSmemBytes =
-    (static_cast<size_t>(kBrOf<kMS, kWarpsOf<kWg>>) * kRowHalves<D, kWg> + static_cast<size_t>(4 * kBc) * kRowHalves<D, kWg>) *
+    (static_cast<size_t>(kBrOf<kMS, kWarpsOf<kWg>>) * kRowHalves<D, kWg> + static_cast<size_t>((kWg ? 6 : 4) * kBc) * kRowHalves<D, kWg>) *
         2 +
     (kWg ? 8 * kKvSwizzle : 0);
 
@@ -312,7 +312,7 @@ __device__ __forceinline__ int wg_off(int r, int c) {
 // by wgmma (sm_90a code, instantiated only in attention_wgmma.cu), two warpgroups of one slab each:
 // warpgroup i's wgmma make rows 64 i .. 64 i + 63, each warp's 16 the ones it owns with mma.sync, so
 // the accumulators and the softmax are the same.
-template <int D, int kBc, int kMS, bool kWg>
+template <int D, int kBc, int kMS, bool kWg, bool kWgSoftcap = false>
 __global__ void __launch_bounds__(kWarpsOf<kWg> * kWarpSize) flash_attn_mma_kernel(const MmaArgs a, const __grid_constant__ FlashAttnMaps maps) {
   pdl_wait();
   constexpr int kNW = kWarpsOf<kWg>, kNT = kNW * kWarpSize;  // warps, threads
@@ -334,9 +334,10 @@ __global__ void __launch_bounds__(kWarpsOf<kWg> * kWarpSize) flash_attn_mma_kern
   // memory holds that much slack for it)
   constexpr unsigned kAlign = 8 * kKvSwizzle;
   __half* s_q = reinterpret_cast<__half*>(smem_raw + (kWg ? (kAlign - smem_addr(smem_raw) % kAlign) % kAlign : 0));  // [kBr][kStride]
-  // [2][kBc][kStride]; in the wgmma form each buffer [D / piece][kBc][piece], swizzled (kKvSwizzle)
+  // [2][kBc][kStride] each; in the wgmma form three K and three V buffers, each [D / piece][kBc][piece],
+  // swizzled (kKvSwizzle)
   __half* s_k = s_q + kBr * kQStride;
-  __half* s_v = s_k + 2 * kBc * kStride;
+  __half* s_v = s_k + (kWg ? 3 : 2) * kBc * kStride;
 
   const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
   const int g = lane / 4, t4 = lane % 4;  // fragment row group and column pair
@@ -460,9 +461,9 @@ __global__ void __launch_bounds__(kWarpsOf<kWg> * kWarpSize) flash_attn_mma_kern
     // softcap (in natural units: c tanh(x / c)), the mask; the row maxima over the quad that shares a row.
     // tanh(y) = 1 - 2 / (e^(2y) + 1), with 2y log2(e) = 2 s / c for s in log2 units: one ex2.approx and
     // one fast division a score (saturating to +-1; ~1e-7 absolute, well below P's f16 rounding), where
-    // tanhf's branches and a polynomial. The wgmma loop takes no softcap (launch_flash_attn_wgmma): its
-    // registers made that loop spill.
-    if (!kWg && a.softcap > 0.0f) {
+    // tanhf's branches and a polynomial. The wgmma loop applies it only in its kWgSoftcap instantiation
+    // (whose registers spill; the plain one's do not).
+    if ((!kWg || kWgSoftcap) && a.softcap > 0.0f) {
       const float in2 = 2.0f / a.softcap, out = a.softcap * kLog2e;
 #pragma unroll
       for (int m = 0; m < kMS; ++m)
@@ -647,10 +648,8 @@ __global__ void __launch_bounds__(kWarpsOf<kWg> * kWarpSize) flash_attn_mma_kern
   // K_it^T and then O += P_{it-1} V_{it-1}, waits for S_it alone and runs its softmax while the tensor
   // cores make the P V product, then waits for that, rescales O and keeps P_it in registers for the
   // next iteration. K and V tiles come by tensor copies (thread 0 issues one a tile, completing on
-  // the buffer's mbarrier; per-thread cp.async pieces stalled their warps on the address registers
-  // and needed a proxy fence a tile), two buffers each: K_{it+1} when iteration it begins (its
-  // buffer's last reader, S_{it-1}, is done), V_{it+1} once P_{it-1} V_{it-1} is (that is its buffer).
-  // Tile j is buffer j % 2's (j / 2)-th fill: its mbarrier phase's parity is (j / 2) % 2.
+  // the buffer's full mbarrier; per-thread cp.async pieces stalled their warps on the address
+  // registers and needed a proxy fence a tile); the buffers and the two warpgroups' turns below.
   // Accumulators: S (one slab: 64 x kBc, m64n128k16 with Q and K from shared memory, both K-major);
   // O (64 x D, m64nDk16, P from registers, V MN-major).
   float s_acc[kMS][kKTiles][4];
@@ -659,32 +658,53 @@ __global__ void __launch_bounds__(kWarpsOf<kWg> * kWarpSize) flash_attn_mma_kern
   // No wgmma under a branch (ptxas serializes every wgmma of a kernel that has one: "program
   // dependence on compiler-inserted WG.AR in divergent path", 960 us against 633 for mma.sync at
   // 4,096 tokens): every tile's S is computed, a hidden one's P being zeros, and the first iteration's
-  // P V is zeros times V buffer 1, zeroed here (as is P), as the last one after the loop is when no
+  // P V is zeros times V buffer 2, zeroed below (as is P), as the last one after the loop is when no
   // tile was visible.
   uint32_t pa[kBc / 16][4];  // P_{it-1} as A fragments of keys 16 kk ..
 #pragma unroll
   for (int kk = 0; kk < kBc / 16; ++kk) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0;
+  // Ping-pong (FlashAttention-3's inter-warpgroup schedule): the two warpgroups take turns to issue
+  // their products (named barriers 1 and 2: a warpgroup waits for its turn, issues S_it and P_{it-1}
+  // V_{it-1}, then hands the turn over), so one's softmax runs while the other's products occupy the
+  // tensor cores, where a block-wide barrier a tile kept them in the same phase. Without that barrier
+  // a buffer is refilled once both warpgroups have released it (empty mbarriers, an arrival from each
+  // warp's lane 0): K after S, V after P V. Three buffers each, so that thread 0 does not wait on the
+  // other warpgroup's current tile: K_{it+1} copied when iteration it begins into the buffer K_{it-2}
+  // left, V_it into the one V_{it-3} left (released one and two iterations before). Tile j is buffer
+  // j % 3's (j / 3)-th fill: its full barrier's phase parity is (j / 3) % 2. P V of tile -1 (zeros)
+  // reads V buffer 2, zeroed here.
+  const int wg = warp / 4;
+  constexpr int kVBufs = 3;
   for (int i = tid; i < kBc * D / 8; i += kNT)
-    reinterpret_cast<uint4*>(s_v + kBc * kStride)[i] = make_uint4(0, 0, 0, 0);
+    reinterpret_cast<uint4*>(s_v + (kVBufs - 1) * kBc * kStride)[i] = make_uint4(0, 0, 0, 0);
   fence_proxy_async();  // for wgmma's reads, after the barrier below
-  int v_prev_buf = 1;
-  __shared__ alignas(8) uint64_t bars[4];  // K buffers 0 and 1, V buffers 0 and 1
+  constexpr int kKBufs = 3;
+  __shared__ alignas(8) uint64_t k_full[kKBufs], k_empty[kKBufs], v_full[kVBufs], v_empty[kVBufs];
   constexpr unsigned kTileBytes = kBc * D * sizeof(__half);
+  constexpr unsigned kReleasers = kNW;  // each warp's lane 0
   auto tma_tile = [&](const CUtensorMap* map, __half* base, int64_t kv0, int buf, uint64_t* bar) {
     mbar_arrive_expect(bar, kTileBytes);
     tensor_copy_5d(base + buf * kBc * kStride, map, 0, static_cast<int>(kv0), 0, static_cast<int>(h_kv),
                    static_cast<int>(i3), bar);
   };
+  auto release = [&](uint64_t* bar) {  // this warp is done reading a buffer
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bar);
+  };
   if (tid == 0) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) mbar_init(&bars[i], 1);
+    for (int i = 0; i < kKBufs; ++i) mbar_init(&k_full[i], 1), mbar_init(&k_empty[i], kReleasers);
+    for (int i = 0; i < kVBufs; ++i) mbar_init(&v_full[i], 1), mbar_init(&v_empty[i], kReleasers);
     mbar_init_fence();
   }
-  __syncthreads();  // the barriers initialized, V buffer 1 zeroed
-  if (tid == 0 && n_tiles > 0) {
-    tma_tile(&maps.k, s_k, kv_begin, 0, &bars[0]);
-    tma_tile(&maps.v, s_v, kv_begin, 0, &bars[2]);
-  }
+  __syncthreads();  // the barriers initialized, V buffer 2 zeroed
+  if (tid == 0 && n_tiles > 0) tma_tile(&maps.k, s_k, kv_begin, 0, &k_full[0]);
+  // thread 0's phase parity of each empty barrier's next completion, a bit a buffer (registers, not a
+  // stack array indexed at run time)
+  unsigned k_empty_par = 0, v_empty_par = 0;
+  auto wait_empty = [](uint64_t* bar, unsigned& par, int b) {
+    mbar_wait(bar, (par >> b) & 1u);
+    par ^= 1u << b;
+  };
   auto issue_pv = [&](int vbuf) {
     const uint32_t v_base = smem_addr(s_v + vbuf * kBc * kStride);
 #pragma unroll
@@ -697,15 +717,30 @@ __global__ void __launch_bounds__(kWarpsOf<kWg> * kWarpSize) flash_attn_mma_kern
         wgmma_64x64x16_rs<true>(o0, pa[kk], vd);
     }
   };
+  auto my_turn = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + wg) : "memory"); };
+  auto their_turn = [&] { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - wg) : "memory"); };
+  if (wg == 1) their_turn();  // warpgroup 0 goes first
+  int v_prev_buf = kVBufs - 1;
   for (int it = 0; it < n_tiles; ++it) {
     const int64_t kv0 = kv_begin + static_cast<int64_t>(it) * kBc;
-    const int buf = it & 1;
-    if (tid == 0 && it + 1 < n_tiles) tma_tile(&maps.k, s_k, kv0 + kBc, buf ^ 1, &bars[buf ^ 1]);
+    const int buf = it % kKBufs, vbuf = it % kVBufs;
+    if (tid == 0) {
+      if (it + 1 < n_tiles) {  // K_{it+1} into the buffer K_{it-2} left
+        const int b = buf + 1 == kKBufs ? 0 : buf + 1;
+        if (it >= 2) wait_empty(&k_empty[b], k_empty_par, b);
+        tma_tile(&maps.k, s_k, kv0 + kBc, b, &k_full[b]);
+      }
+      // V_it into the buffer V_{it-3} left (the zeros of tile -1 for it = 2)
+      if (it >= 2) wait_empty(&v_empty[vbuf], v_empty_par, vbuf);
+      tma_tile(&maps.v, s_v, kv0, vbuf, &v_full[vbuf]);
+    }
     const int cls = class_of(kv0);
     const bool plain = cls == kTileZero && kv0 + kBc <= n_kv;
-    mbar_wait(&bars[buf], (it >> 1) & 1);                                // K_it
-    if (it > 0) mbar_wait(&bars[2 + (buf ^ 1)], ((it - 1) >> 1) & 1);  // V_{it-1}
+    mbar_wait(&k_full[buf], static_cast<unsigned>(it / kKBufs) & 1);                          // K_it
+    if (it > 0) mbar_wait(&v_full[v_prev_buf], static_cast<unsigned>((it - 1) / kVBufs) & 1);  // V_{it-1}
 
+    __syncwarp();  // warp 0 whole again after thread 0's waits: bar.sync and wgmma are warp-wide
+    my_turn();
     wgmma_fence();
     const uint32_t k_base = smem_addr(s_k + buf * kBc * kStride);
     // this warpgroup's 64 query rows: row groups 8 (warp / 4) ..
@@ -719,13 +754,16 @@ __global__ void __launch_bounds__(kWarpsOf<kWg> * kWarpSize) flash_attn_mma_kern
     wgmma_commit();
     issue_pv(v_prev_buf);
     wgmma_commit();
+    their_turn();
     wgmma_wait<1>();  // S_it
     fence_regs(s0);
+    release(&k_empty[buf]);
     float alpha[kMS][2], sum[kMS][2];
     const bool grew = softmax_tile(s_acc, cls, plain, kv0, alpha, sum);
     wgmma_wait<0>();  // P_{it-1} V_{it-1}
     fence_regs(o0);
     fence_regs(reinterpret_cast<uint32_t(&)[kBc / 4]>(pa));
+    release(&v_empty[v_prev_buf]);
     if (grew) rescale(alpha);
     l_run[0][0] += sum[0][0], l_run[0][1] += sum[0][1];
 #pragma unroll
@@ -733,14 +771,14 @@ __global__ void __launch_bounds__(kWarpsOf<kWg> * kWarpSize) flash_attn_mma_kern
     // pinned before the next wgmma.fence: the rescale and the packing come before it
     fence_regs(o0);
     fence_regs(reinterpret_cast<uint32_t(&)[kBc / 4]>(pa));
-    v_prev_buf = buf;
-    __syncthreads();  // every warp is done with V_{it-1}'s buffer (and K_it's)
-    if (tid == 0 && it + 1 < n_tiles) tma_tile(&maps.v, s_v, kv0 + kBc, buf ^ 1, &bars[2 + (buf ^ 1)]);
+    v_prev_buf = vbuf;
   }
-  if (n_tiles > 0) mbar_wait(&bars[2 + ((n_tiles - 1) & 1)], ((n_tiles - 1) >> 1) & 1);  // V_{n-1}
+  if (n_tiles > 0) mbar_wait(&v_full[v_prev_buf], static_cast<unsigned>((n_tiles - 1) / kVBufs) & 1);  // V_{n-1}
+  my_turn();
   wgmma_fence();
   issue_pv(v_prev_buf);
   wgmma_commit();
+  if (wg == 0) their_turn();  // warpgroup 1's last turn (it hands none back: warpgroup 0 takes no more)
   wgmma_wait<0>();
   fence_regs(o0);
 #endif
@@ -811,7 +849,7 @@ bool encode_kv_map(const Tensor* t, CUtensorMap& map) {
 
 /// launched: false where the wgmma kernel's tensor maps cannot be made (nothing ran; the caller
 /// takes the mma.sync kernel).
-template <int D, int kBc, int kMS, bool kWg>
+template <int D, int kBc, int kMS, bool kWg, bool kWgSoftcap = false>
 CudaError launch_mma(const LaunchContext& ctx, const Tensor* dst, float scale, float softcap, bool* launched = nullptr) {
   FlashAttnMaps maps{};
   if constexpr (kWg) {
@@ -852,7 +890,7 @@ CudaError launch_mma(const LaunchContext& ctx, const Tensor* dst, float scale, f
     }
   }
   constexpr size_t kSmem = kSmemBytes<D, kBc, kMS, kWg>;
-  auto kernel = flash_attn_mma_kernel<D, kBc, kMS, kWg>;
+  auto kernel = flash_attn_mma_kernel<D, kBc, kMS, kWg, kWgSoftcap>;
   // per launch rather than once: the limit belongs to the current device's context
   LOOM_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem)));

@@ -16,12 +16,16 @@ bool flash_attn_wgmma_covers(int64_t d) {
 CudaError launch_flash_attn_wgmma(const LaunchContext& ctx, const Tensor* dst, float scale, float softcap,
                                   bool& launched) {
   launched = false;
-  if (softcap != 0.0f) return {};  // the wgmma loop applies no softcap: mma.sync takes it
+  // a softcapped head (gemma2-27b: 128, softcap 50) takes an instantiation of its own, so that the
+  // softcap's registers do not make the others spill
+  const bool cap = softcap > 0.0f;
   switch (dst->src[0]->ne[0]) {
     case 64:
-      return launch_mma<64, 128, 1, true>(ctx, dst, scale, softcap, &launched);
+      return cap ? launch_mma<64, 128, 1, true, true>(ctx, dst, scale, softcap, &launched)
+                 : launch_mma<64, 128, 1, true>(ctx, dst, scale, softcap, &launched);
     case 128:
-      return launch_mma<128, 128, 1, true>(ctx, dst, scale, softcap, &launched);
+      return cap ? launch_mma<128, 128, 1, true, true>(ctx, dst, scale, softcap, &launched)
+                 : launch_mma<128, 128, 1, true>(ctx, dst, scale, softcap, &launched);
     default:
       return CudaError::runtime(cudaErrorInvalidValue, "flash_attn_wgmma: head size not 64 or 128", __FILE__,
                                 __LINE__);

@@ -96,6 +96,10 @@ __device__ __forceinline__ void tensor_copy_5d(void* smem, const void* map, int 
       "l"(reinterpret_cast<uint64_t>(map)), "r"(x0), "r"(x1), "r"(x2), "r"(x3), "r"(x4), "r"(smem_addr(bar))
       : "memory");
 }
+/// Arrives on bar (one of its expected arrivals), without a transaction count.
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
 /// Waits until bar's phase of the given parity has completed.
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
   while (!mbar_try_wait(bar, parity)) {
