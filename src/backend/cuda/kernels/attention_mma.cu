@@ -12,12 +12,31 @@ namespace {
 /// (4,096 queries) 731 -> 675 us, 16,384 queries 220 -> 260 TFLOP/s. A function of the shape alone, as
 /// the tile classes' scratch size depends on it. LOOM_CUDA_FA_SLABS=1|2 (read once) forces a count.
 constexpr int64_t kTwoSlabMinBlocks = 512;
-int flash_attn_slabs(const Tensor* dst) {
+/// Blocks of 128 queries from which the wgmma form runs where it can (sm_90a, its head sizes): one a
+/// SM or more. H200, op-test perf, d 128, 32/8 heads, f32 prompt-chunk masks (stop 43): 512 queries
+/// after 512 cached keys 51.9 -> 43.5 us, after 3,584 147.9 -> 101.2; a 512-token prompt alone 35.2 ->
+/// 35.0 (the one-slab mma.sync kernel -> wgmma).
+constexpr int64_t kWgmmaMinBlocks = 128;
+int forced_slabs() {
   static const int forced = static_cast<int>(env_int("LOOM_CUDA_FA_SLABS", 0, 1, 2));
+  return forced;
+}
+int64_t wide_blocks(const Tensor* dst) {
   const Tensor* q = dst->src[0];
-  if (q->ne[0] > 128) return 1;
+  return query_tiles(dst, 2) * q->ne[2] * q->ne[3];
+}
+int flash_attn_slabs(const Tensor* dst) {
+  if (dst->src[0]->ne[0] > 128) return 1;
+  const int forced = forced_slabs();
   if (forced == 1 || forced == 2) return forced;
-  return query_tiles(dst, 2) * q->ne[2] * q->ne[3] >= kTwoSlabMinBlocks ? 2 : 1;
+  return wide_blocks(dst) >= kTwoSlabMinBlocks ? 2 : 1;
+}
+/// The wgmma form: where the device and head size allow it and the 128-query blocks fill the GPU (or
+/// LOOM_CUDA_FA_SLABS=2 forces 128-query blocks; =1 keeps the one-slab mma.sync kernel).
+bool flash_attn_wide(const LaunchContext& ctx, const Tensor* dst, int slabs) {
+  const int64_t d = dst->src[0]->ne[0];
+  if (!ctx.sm90a || !flash_attn_wgmma_covers(d) || forced_slabs() == 1) return false;
+  return slabs == 2 || wide_blocks(dst) >= kWgmmaMinBlocks;
 }
 
 }  // namespace
@@ -58,10 +77,11 @@ size_t flash_attn_mma_scratch_bytes(const Tensor* dst) {
 CudaError launch_flash_attn_mma(const LaunchContext& ctx, const Tensor* dst, float scale, float softcap) {
   const int64_t d = dst->src[0]->ne[0];
   const int slabs = flash_attn_slabs(dst);
-  // wgmma takes the shapes that fill the GPU with 128-query blocks: the two-slab kernel's (op-test
-  // perf, H200, causal, d 128, 32/8 heads: 2,048 tokens 207 against 213 us, 4,096 594 against 633,
-  // 16,384 7,288 against 7,905; at 512 tokens, 128 blocks, 46.7 against the one-slab kernel's 38.1)
-  if (ctx.sm90a && slabs == 2 && flash_attn_wgmma_covers(d)) {
+  // wgmma takes the shapes that fill the GPU with 128-query blocks (op-test perf, H200, causal, d 128,
+  // 32/8 heads, against the two-slab mma.sync kernel: 2,048 tokens 207 against 213 us, 4,096 594
+  // against 633, 16,384 7,288 against 7,905; at 512 tokens, before its spills were removed, 46.7
+  // against the one-slab kernel's 38.1, now even: kWgmmaMinBlocks)
+  if (flash_attn_wide(ctx, dst, slabs)) {
     bool launched = false;
     const CudaError e = launch_flash_attn_wgmma(ctx, dst, scale, softcap, launched);
     if (launched || !e.ok()) return e;

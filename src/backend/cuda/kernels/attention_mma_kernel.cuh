@@ -187,53 +187,62 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t i2 = blockIdx.z % mask.ne[2], i3 = blockIdx.z / mask.ne[2];
   const int rows = static_cast<int>(n_q - q0 < br ? n_q - q0 : br);
   const int keys = static_cast<int>(mask.ne[0] - k0 < kbc ? mask.ne[0] - k0 : kbc);
-  bool zero = true, hidden = true, causal = true;
+  // Where the tile lies against a causal diagonal: wholly on or below it (a causal tile there is all
+  // zeros), wholly above (all -inf), or across it (the entries decide, one by one).
+  const bool below = k0 + keys - 1 <= q0 + causal_off, above = k0 > q0 + rows - 1 + causal_off;
+  const bool across = !below && !above;
+  bool causal = true;  // across the diagonal: the entries so far are a causal tile's
   // entry (q, k) as a causal tile has it: 0 for k <= q + causal_off, -inf past
   auto causal_ok = [&](int64_t q, int64_t k, bool is_zero, bool is_neg_inf) {
     return k <= q + causal_off ? is_zero : is_neg_inf;
   };
+  const char* row0 = row_ptr(mask, q0, i2, i3) + k0 * (f16 ? 2 : 4);
+  const int64_t nb1 = mask.nb[1];
+  // the bits of an entry that is not zero (+0 or -0) / not -inf, ORed over the thread's entries
+  uint32_t not_zero = 0, not_hidden = 0;
   if (vec && keys % 8 == 0) {
-    // 8 keys a load (16 bytes of f16, two loads of f32), a few loads in flight a thread: one entry a
-    // thread at a time took 9.7 us for a 512-token causal mask (ncu, H200), beside a 40 us attention
+    // 8 keys a load (16 bytes of f16, two loads of f32), tested a word at a time; a few loads in flight
+    // a thread. (One entry a thread at a time took 9.7 us for a 512-token causal mask, ncu, H200; a
+    // test per entry with 64-bit indices 23.5 us for a 4,096-token f16 mask in 128 x 128 tiles.)
     const int per_row = keys / 8;
 #pragma unroll 4
     for (int i = static_cast<int>(threadIdx.x); i < rows * per_row; i += kThreads) {
-      const int64_t q = q0 + i / per_row, k = k0 + i % per_row * 8;
-      const char* at = row_ptr(mask, q, i2, i3) + k * (f16 ? 2 : 4);
+      const int r = i / per_row, c = i % per_row;
+      const char* at = row0 + r * nb1 + c * (f16 ? 16 : 32);
       if (f16) {
         const uint4 u = __ldg(reinterpret_cast<const uint4*>(at));
         const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const uint32_t h = w[e / 2] >> (e % 2 * 16) & 0xffffu;
-          const bool z = (h & 0x7fffu) == 0, n = h == 0xfc00u;  // +0 or -0; -inf
-          zero = zero && z;
-          hidden = hidden && n;
-          causal = causal && causal_ok(q, k + e, z, n);
+        for (int e = 0; e < 4; ++e) not_zero |= w[e] & 0x7fff7fffu, not_hidden |= w[e] ^ 0xfc00fc00u;
+        if (across) {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            const uint32_t h = w[e / 2] >> (e % 2 * 16) & 0xffffu;
+            causal = causal && causal_ok(q0 + r, k0 + 8 * c + e, (h & 0x7fffu) == 0, h == 0xfc00u);
+          }
         }
       } else {
-        const float4 a = __ldg(reinterpret_cast<const float4*>(at)), b = __ldg(reinterpret_cast<const float4*>(at) + 1);
-        const float x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        const uint4 a = __ldg(reinterpret_cast<const uint4*>(at)), b = __ldg(reinterpret_cast<const uint4*>(at) + 1);
+        const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
-          zero = zero && x[e] == 0.0f;
-          hidden = hidden && x[e] == -INFINITY;
-          causal = causal && causal_ok(q, k + e, x[e] == 0.0f, x[e] == -INFINITY);
+          not_zero |= w[e] & 0x7fffffffu, not_hidden |= w[e] ^ 0xff800000u;
+          if (across) causal = causal && causal_ok(q0 + r, k0 + 8 * c + e, (w[e] & 0x7fffffffu) == 0, w[e] == 0xff800000u);
         }
       }
     }
   } else {
     for (int i = static_cast<int>(threadIdx.x); i < rows * keys; i += kThreads) {
-      const int64_t q = q0 + i / keys, k = k0 + i % keys;
-      const float x = mask_at(row_ptr(mask, q, i2, i3), k, f16);
-      zero = zero && x == 0.0f;
-      hidden = hidden && x == -INFINITY;
-      causal = causal && causal_ok(q, k, x == 0.0f, x == -INFINITY);
+      const int r = i / keys, c = i % keys;
+      const float x = mask_at(row0 + r * nb1, c, f16);
+      not_zero |= x == 0.0f ? 0u : 1u;
+      not_hidden |= x == -INFINITY ? 0u : 1u;
+      if (across) causal = causal && causal_ok(q0 + r, k0 + c, x == 0.0f, x == -INFINITY);
     }
   }
-  zero = __syncthreads_and(zero);
-  hidden = __syncthreads_and(hidden);
-  causal = __syncthreads_and(causal);
+  const bool zero = !__syncthreads_or(not_zero != 0);
+  const bool hidden = !__syncthreads_or(not_hidden != 0);
+  causal = below ? zero : (above ? hidden : __syncthreads_and(causal));
   if (threadIdx.x == 0)
     out[(static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x] =
         zero ? kTileZero : (hidden ? kTileHidden : (causal ? kTileCausal : kTileMixed));
@@ -351,20 +360,27 @@ __global__ void __launch_bounds__(kWarpsOf<kWg> * kWarpSize) flash_attn_mma_kern
   const int64_t h_kv = h / (n_head / a.k.ne[2]);
   auto slab_row = [&](int m) { return (m * kNW + warp) * 16; };  // the slab's first row in the block
 
-  // Q * scale * log2(e) as f16, so that S comes out in the base-2 units of the softmax (softcap, which
-  // needs q k^T * scale, takes them back by ln 2); rows past n_q are 0.
-  static_assert(kBr * D / 2 % kNT == 0, "whole pairs per thread");
-  const float q_scale = a.scale * kLog2e;
-#pragma unroll 4
-  for (int i = 0; i < kBr * D / 2 / kNT; ++i) {
-    const int c = tid + i * kNT;
-    const int r = c / (D / 2), col = c % (D / 2) * 2;
-    float2 x = make_float2(0.0f, 0.0f);
-    if (q0 + r < n_q) x = *reinterpret_cast<const float2*>(row_ptr(a.q, q0 + r, h, i3) + col * sizeof(float));
-    __half2* at = kWg ? reinterpret_cast<__half2*>(reinterpret_cast<char*>(s_q) + wg_off<kBr>(r, col / 8)) + col % 8 / 2
-                      : reinterpret_cast<__half2*>(s_q + r * kQStride + col);
-    *at = __floats2half2_rn(x.x * q_scale, x.y * q_scale);
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  // the wgmma loop's K and V buffers' barriers (full: the tile's copy landed; empty: every warp is done
+  // with it), initialized here so that K_0's copy can go out before Q is loaded
+  constexpr int kKBufs = 3, kVBufs = 3;
+  __shared__ alignas(8) uint64_t k_full[kKBufs], k_empty[kKBufs], v_full[kVBufs], v_empty[kVBufs];
+  constexpr unsigned kTileBytes = kBc * D * sizeof(__half);
+  constexpr unsigned kReleasers = kNW;  // each warp's lane 0
+  auto tma_tile = [&](const CUtensorMap* map, __half* base, int64_t kv0, int buf, uint64_t* bar) {
+    mbar_arrive_expect(bar, kTileBytes);
+    tensor_copy_5d(base + buf * kBc * kStride, map, 0, static_cast<int>(kv0), 0, static_cast<int>(h_kv),
+                   static_cast<int>(i3), bar);
+  };
+  if constexpr (kWg) {
+    if (tid == 0) {
+      for (int i = 0; i < kKBufs; ++i) mbar_init(&k_full[i], 1), mbar_init(&k_empty[i], kReleasers);
+      for (int i = 0; i < kVBufs; ++i) mbar_init(&v_full[i], 1), mbar_init(&v_empty[i], kReleasers);
+      mbar_init_fence();
+    }
+    __syncthreads();  // the barriers initialized (the extent's reductions may not run)
   }
+#endif
 
   // The keys this block's queries can see.
   int64_t kv_begin = 0, kv_end = n_kv;
@@ -427,7 +443,44 @@ __global__ void __launch_bounds__(kWarpsOf<kWg> * kWarpSize) flash_attn_mma_kern
     cp_async_commit();
   };
 
-  if (!kWg && n_tiles > 0) load_tile(kv_begin, 0);  // the wgmma loop loads K and V apart
+  // the first K (and V) tile's copies go out before Q is loaded: the wgmma loop's K_0 by a tensor copy
+  // (its barriers initialized before the extent's block reductions), mma.sync's by cp.async
+  if (!kWg && n_tiles > 0) load_tile(kv_begin, 0);
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  if constexpr (kWg) {
+    if (tid == 0 && n_tiles > 0) tma_tile(&maps.k, s_k, kv_begin, 0, &k_full[0]);
+  }
+#endif
+  // Q * scale * log2(e) as f16, so that S comes out in the base-2 units of the softmax (softcap, which
+  // needs q k^T * scale, takes them back by ln 2); rows past n_q are 0. Loaded kQBatch pairs a thread
+  // at a time, all in flight before the first store (4 at a time made the wgmma form's 32 a thread 8
+  // round trips to memory at every block's start).
+  static_assert(kBr * D / 2 % kNT == 0, "whole pairs per thread");
+  const float q_scale = a.scale * kLog2e;
+  {
+    constexpr int kQPairs = kBr * D / 2 / kNT, kQBatch = kQPairs < 16 ? kQPairs : 16;
+    static_assert(kQPairs % kQBatch == 0, "whole batches");
+#pragma unroll 1
+    for (int i0 = 0; i0 < kQPairs; i0 += kQBatch) {
+      float2 x[kQBatch];
+#pragma unroll
+      for (int j = 0; j < kQBatch; ++j) {
+        const int c = tid + (i0 + j) * kNT;
+        const int r = c / (D / 2), col = c % (D / 2) * 2;
+        x[j] = q0 + r < n_q ? __ldg(reinterpret_cast<const float2*>(row_ptr(a.q, q0 + r, h, i3) + col * sizeof(float)))
+                            : make_float2(0.0f, 0.0f);
+      }
+#pragma unroll
+      for (int j = 0; j < kQBatch; ++j) {
+        const int c = tid + (i0 + j) * kNT;
+        const int r = c / (D / 2), col = c % (D / 2) * 2;
+        __half2* at = kWg ? reinterpret_cast<__half2*>(reinterpret_cast<char*>(s_q) + wg_off<kBr>(r, col / 8)) + col % 8 / 2
+                          : reinterpret_cast<__half2*>(s_q + r * kQStride + col);
+        *at = __floats2half2_rn(x[j].x * q_scale, x[j].y * q_scale);
+      }
+    }
+  }
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   if constexpr (kWg) fence_proxy_async();  // s_q, for wgmma's reads
 #endif
@@ -674,30 +727,14 @@ __global__ void __launch_bounds__(kWarpsOf<kWg> * kWarpSize) flash_attn_mma_kern
   // j % 3's (j / 3)-th fill: its full barrier's phase parity is (j / 3) % 2. P V of tile -1 (zeros)
   // reads V buffer 2, zeroed here.
   const int wg = warp / 4;
-  constexpr int kVBufs = 3;
   for (int i = tid; i < kBc * D / 8; i += kNT)
     reinterpret_cast<uint4*>(s_v + (kVBufs - 1) * kBc * kStride)[i] = make_uint4(0, 0, 0, 0);
   fence_proxy_async();  // for wgmma's reads, after the barrier below
-  constexpr int kKBufs = 3;
-  __shared__ alignas(8) uint64_t k_full[kKBufs], k_empty[kKBufs], v_full[kVBufs], v_empty[kVBufs];
-  constexpr unsigned kTileBytes = kBc * D * sizeof(__half);
-  constexpr unsigned kReleasers = kNW;  // each warp's lane 0
-  auto tma_tile = [&](const CUtensorMap* map, __half* base, int64_t kv0, int buf, uint64_t* bar) {
-    mbar_arrive_expect(bar, kTileBytes);
-    tensor_copy_5d(base + buf * kBc * kStride, map, 0, static_cast<int>(kv0), 0, static_cast<int>(h_kv),
-                   static_cast<int>(i3), bar);
-  };
   auto release = [&](uint64_t* bar) {  // this warp is done reading a buffer
     __syncwarp();
     if (lane == 0) mbar_arrive(bar);
   };
-  if (tid == 0) {
-    for (int i = 0; i < kKBufs; ++i) mbar_init(&k_full[i], 1), mbar_init(&k_empty[i], kReleasers);
-    for (int i = 0; i < kVBufs; ++i) mbar_init(&v_full[i], 1), mbar_init(&v_empty[i], kReleasers);
-    mbar_init_fence();
-  }
-  __syncthreads();  // the barriers initialized, V buffer 2 zeroed
-  if (tid == 0 && n_tiles > 0) tma_tile(&maps.k, s_k, kv_begin, 0, &k_full[0]);
+  __syncthreads();  // V buffer 2 zeroed
   // thread 0's phase parity of each empty barrier's next completion, a bit a buffer (registers, not a
   // stack array indexed at run time)
   unsigned k_empty_par = 0, v_empty_par = 0;
