@@ -577,10 +577,16 @@ __device__ __forceinline__ void q4k_pair_scales(uint32_t s0, uint32_t s1, uint32
 // than it gives where a warp has few steps: ncu, H100, 1 column, off -> on: 14336 rows of k = 4096
 // (2 steps, 4-row tiles) 16.5 -> 17.6 us; 4096 of k = 14336 (7 steps) 16.8 -> 15.2; 4096 of 4096 (2-row
 // tiles, same occupancy) 8.1 -> 7.5. So: always on 2-row tiles, on 4-row ones from k = 8192.
-template <int kCols, bool kGlu, int kRows, bool kPrefetch>
+//
+// kQ5: q5_K's 176-byte blocks, the same with a fifth bit a code: its 32 qh bytes (16 in, two 16-byte
+// loads a lane, shared by the block's 4 lanes) hold bit s of sub-block s's code l in byte l, so lane p
+// ORs bits 2 p and 2 p + 1 of the word covering codes l .. l + 3 into its low and high nibbles; the
+// codes sit at 48 (16-byte aligned: 48 + 32 p). Scales, mins and the activations' layout are q4_K's.
+template <int kCols, bool kGlu, int kRows, bool kPrefetch, bool kQ5 = false>
 __global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<kCols, (kPrefetch && (kGlu ? 2 * kRows : kRows) > 2)>())
-    mat_vec_direct_q4k_kernel(const __grid_constant__ FastArgs args, ActFastLayout<FastQ4_K> act, int64_t k,
-                              int ncols) {
+    mat_vec_direct_q4k_kernel(const __grid_constant__ FastArgs args,
+                              ActFastLayout<std::conditional_t<kQ5, FastQ5_K, FastQ4_K>> act, int64_t k, int ncols) {
+  constexpr int kBlockBytes = kQ5 ? 176 : 144, kCodeChunk = kQ5 ? 3 : 1;  // 16-byte chunks
   // pdl_wait later: the first step's weight loads (no earlier kernel's output) go out before it
   constexpr int kLoad = kGlu ? 2 * kRows : kRows;
   constexpr int kLanesPerBlock = 4, kBlocksPerStep = kWarpSize / kLanesPerBlock;
@@ -592,30 +598,37 @@ __global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<kCols, (kPrefet
   const TileAt at = warp_tile<kRows, kGlu>(args, t, rows);
   bool waited = false;  // the weights are no earlier kernel's output: the first loads go out before the wait
   float acc[kLoad][kCols] = {};
-  auto load = [&](int64_t b, uint4(&h)[kLoad], uint4(&q0)[kLoad], uint4(&q1)[kLoad]) {
+  constexpr int kQh = kQ5 ? kLoad : 1;  // q5_K's fifth bits (unused for q4_K)
+  auto load = [&](int64_t b, uint4(&h)[kLoad], uint4(&q0)[kLoad], uint4(&q1)[kLoad], uint4(&qh0)[kQh],
+                  uint4(&qh1)[kQh]) {
 #pragma unroll
     for (int l = 0; l < kLoad; ++l) {
-      const auto* blk = reinterpret_cast<const uint4*>(rows[l] + b * 144);
+      const auto* blk = reinterpret_cast<const uint4*>(rows[l] + b * kBlockBytes);
       h[l] = __ldg(blk);
-      q0[l] = __ldg(blk + 1 + 2 * p);
-      q1[l] = __ldg(blk + 2 + 2 * p);
+      q0[l] = __ldg(blk + kCodeChunk + 2 * p);
+      q1[l] = __ldg(blk + kCodeChunk + 1 + 2 * p);
+      if constexpr (kQ5) {
+        qh0[l] = __ldg(blk + 1);
+        qh1[l] = __ldg(blk + 2);
+      }
     }
   };
-  uint4 nq0[kLoad], nq1[kLoad], nh[kLoad];  // the prefetched step (kPrefetch)
-  if (kPrefetch && lane / kLanesPerBlock < n_blocks) load(lane / kLanesPerBlock, nh, nq0, nq1);
+  uint4 nq0[kLoad], nq1[kLoad], nh[kLoad], nqh0[kQh], nqh1[kQh];  // the prefetched step (kPrefetch)
+  if (kPrefetch && lane / kLanesPerBlock < n_blocks) load(lane / kLanesPerBlock, nh, nq0, nq1, nqh0, nqh1);
 #pragma unroll 1
   for (int64_t b = lane / kLanesPerBlock; b < n_blocks; b += kBlocksPerStep) {
-    uint4 q0[kLoad], q1[kLoad], h[kLoad];
+    uint4 q0[kLoad], q1[kLoad], h[kLoad], qh0[kQh], qh1[kQh];
     if constexpr (kPrefetch) {
 #pragma unroll
       for (int l = 0; l < kLoad; ++l) {
         h[l] = nh[l];
         q0[l] = nq0[l];
         q1[l] = nq1[l];
+        if constexpr (kQ5) qh0[l] = nqh0[l], qh1[l] = nqh1[l];
       }
-      if (b + kBlocksPerStep < n_blocks) load(b + kBlocksPerStep, nh, nq0, nq1);
+      if (b + kBlocksPerStep < n_blocks) load(b + kBlocksPerStep, nh, nq0, nq1, nqh0, nqh1);
     } else {
-      load(b, h, q0, q1);
+      load(b, h, q0, q1, qh0, qh1);
     }
     if (!waited) {
       pdl_wait();
@@ -654,8 +667,15 @@ __global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<kCols, (kPrefet
         int i0 = 0, i1 = 0;
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-          i0 = dot4(static_cast<int>(w[i] & 0x0f0f0f0fu), x_lo[i], i0);
-          i1 = dot4(static_cast<int>((w[i] >> 4) & 0x0f0f0f0fu), x_hi[i], i1);
+          uint32_t lo = w[i] & 0x0f0f0f0fu, hi = (w[i] >> 4) & 0x0f0f0f0fu;
+          if constexpr (kQ5) {
+            const uint4& qv = i < 4 ? qh0[l] : qh1[l];
+            const uint32_t hb = (i % 4 == 0 ? qv.x : i % 4 == 1 ? qv.y : i % 4 == 2 ? qv.z : qv.w) >> (2 * p);
+            lo |= (hb & 0x01010101u) << 4;
+            hi |= ((hb >> 1) & 0x01010101u) << 4;
+          }
+          i0 = dot4(static_cast<int>(lo), x_lo[i], i0);
+          i1 = dot4(static_cast<int>(hi), x_hi[i], i1);
         }
         const float dsum = static_cast<float>(sc0[l] * i0 + sc1[l] * i1);
         const float msum = static_cast<float>(m0[l] * s0 + m1[l] * s1);
@@ -904,18 +924,18 @@ int forced_tile_rows() {
 }
 
 /// The formats with a direct kernel and the multiple of it their rows' lengths must be: whole 8-block
-/// groups of q4_0 and q8_0 (256) and of q6_K (2048), whole blocks of q4_K (256); 0: none. Rows that
+/// groups of q4_0 and q8_0 (256) and of q6_K (2048), whole blocks of q4_K and q5_K (256); 0: none. Rows that
 /// mat_vec_fast_supports takes always are (their bytes a multiple of 16: 18 n, 34 n and 210 n only for
-/// n a multiple of 8, 144 n for any n); a row that is not would take the pipeline.
+/// n a multiple of 8, 144 n and 176 n for any n); a row that is not would take the pipeline.
 template <class Q>
 constexpr int64_t direct_row_multiple() {
-  if constexpr (std::is_same_v<Q, FastQ4_K>) return 256;
+  if constexpr (std::is_same_v<Q, FastQ4_K> || std::is_same_v<Q, FastQ5_K>) return 256;
   if constexpr (std::is_same_v<Q, FastQ4_0> || std::is_same_v<Q, FastQ8_0>) return 8 * 32;
   if constexpr (std::is_same_v<Q, FastQ6_K>) return DirectQ6_K::kGroupBlocks * 256;
   return 0;
 }
 
-/// The direct kernels (q4_K, q4_0, q8_0, q6_K at 1-2 columns), unless LOOM_MV_DIRECT=0 asks for the
+/// The direct kernels (q4_K, q5_K, q4_0, q8_0, q6_K at 1-2 columns), unless LOOM_MV_DIRECT=0 asks for the
 /// shared-memory pipeline instead (to compare).
 bool direct_mat_vec_enabled() {
   static const bool on = env_switch("LOOM_MV_DIRECT");
@@ -992,11 +1012,15 @@ CudaError launch_direct(const LaunchContext& ctx, const FastLaunch& l, const Act
   const int64_t blocks = (args.tiles + kWarps - 1) / kWarps;
   if (blocks > int64_t{1} << 31)
     return CudaError::runtime(cudaErrorInvalidValue, "mat_vec_fast: too many rows", __FILE__, __LINE__);
-  if constexpr (std::is_same_v<Q, FastQ4_K>) {
+  if constexpr (std::is_same_v<Q, FastQ4_K> || std::is_same_v<Q, FastQ5_K>) {
     constexpr int kLoad = kGlu ? 2 * kRows : kRows;
+    constexpr bool kQ5 = std::is_same_v<Q, FastQ5_K>;
     const bool prefetch = direct_prefetch_enabled() && (kLoad <= 2 || b->ne[0] >= 8192);
-    auto kernel = prefetch ? mat_vec_direct_q4k_kernel<kCols, kGlu, kRows, true>
-                           : mat_vec_direct_q4k_kernel<kCols, kGlu, kRows, false>;
+    // q5_K's 4-row tiles prefetched spill (ptxas: 372-392 bytes at one column): not instantiated
+    constexpr bool kCanPrefetch = !kQ5 || kLoad <= 2;
+    auto kernel = mat_vec_direct_q4k_kernel<kCols, kGlu, kRows, false, kQ5>;
+    if constexpr (kCanPrefetch)
+      if (prefetch) kernel = mat_vec_direct_q4k_kernel<kCols, kGlu, kRows, true, kQ5>;
     kernel<<<static_cast<unsigned>(blocks), kThreads, 0, ctx.stream>>>(args, act, b->ne[0],
                                                                        static_cast<int>(b->ne[1]));
     LOOM_CUDA_CHECK_LAUNCH("mat_vec_direct_q4k_kernel");
@@ -1026,9 +1050,13 @@ CudaError launch_q_cols(const LaunchContext& ctx, const FastLaunch& l) {
   // q6_K's direct kernel only at one column and up to kQ6DirectMaxRows rows (ncu, H200, direct against
   // the pipeline: 4096x4096 9.5 / 10.1 us, 4096 rows of 14336 21.3 / 21.4, but the 128256-row output
   // layer 169.5 / 149.5 and two columns 11.7 / 10.1)
+  // q5_K's only at one column too (op-test perf, H200, direct against the pipeline: one column 4096x4096
+  // 13.5 / 14.5 us, 4096 rows of 14336 19.0 / 22.8-24.8, 14336 of 4096 19.8 / 22.8; two columns 15.9 /
+  // 15.4, 29.4 / 27.0-27.8, 23.4 / 27.1)
   constexpr bool kQ6 = std::is_same_v<Q, FastQ6_K>;
+  constexpr bool kOneColumn = kQ6 || std::is_same_v<Q, FastQ5_K>;
   constexpr int64_t kQ6DirectMaxRows = 16384;
-  if constexpr (direct_row_multiple<Q>() > 0 && kCols <= (kQ6 ? 1 : 2)) {
+  if constexpr (direct_row_multiple<Q>() > 0 && kCols <= (kOneColumn ? 1 : 2)) {
     if (direct_mat_vec_enabled() && b->ne[0] % direct_row_multiple<Q>() == 0 &&
         (!kQ6 || args.tiles * kRows <= kQ6DirectMaxRows)) {
       // half-height tiles where full ones would give the SMs fewer than 16 warps (the 4096-row products of
