@@ -586,8 +586,8 @@ template <int kCols, bool kGlu, int kRows, bool kPrefetch, bool kQ5 = false>
 __global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<kCols, (kPrefetch && (kGlu ? 2 * kRows : kRows) > 2)>())
     mat_vec_direct_q4k_kernel(const __grid_constant__ FastArgs args,
                               ActFastLayout<std::conditional_t<kQ5, FastQ5_K, FastQ4_K>> act, int64_t k, int ncols) {
-  constexpr int kBlockBytes = kQ5 ? 176 : 144, kCodeChunk = kQ5 ? 3 : 1;  // 16-byte chunks
   // pdl_wait later: the first step's weight loads (no earlier kernel's output) go out before it
+  constexpr int kBlockBytes = kQ5 ? 176 : 144, kCodeChunk = kQ5 ? 3 : 1;  // 16-byte chunks
   constexpr int kLoad = kGlu ? 2 * kRows : kRows;
   constexpr int kLanesPerBlock = 4, kBlocksPerStep = kWarpSize / kLanesPerBlock;
   const int lane = threadIdx.x % kWarpSize;
