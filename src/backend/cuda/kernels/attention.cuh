@@ -32,9 +32,9 @@ CudaError launch_flash_attn_mma(const LaunchContext& ctx, const Tensor* dst, flo
 /// sm_90a code: launch_flash_attn_mma calls it only where LaunchContext::sm90a.
 bool flash_attn_wgmma_covers(int64_t d);
 /// launch_flash_attn_mma's kernel with its products on wgmma (attention_wgmma.cu): 128-key tiles, 128
-/// query rows a block (flash_attn_mma_scratch_bytes covers its tile classes). launched: false where
-/// K's or V's tensor map cannot be made or a softcap is asked for (nothing ran: the wgmma loop applies
-/// none, as the softcap's registers made it spill; the mma.sync kernel takes those).
+/// query rows a block (flash_attn_mma_scratch_bytes covers its tile classes); a softcap takes an
+/// instantiation of its own. launched: false where K's or V's tensor map cannot be made (nothing ran;
+/// the mma.sync kernel takes over).
 CudaError launch_flash_attn_wgmma(const LaunchContext& ctx, const Tensor* dst, float scale, float softcap,
                                   bool& launched);
 

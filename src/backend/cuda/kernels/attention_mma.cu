@@ -13,10 +13,11 @@ namespace {
 /// the tile classes' scratch size depends on it. LOOM_CUDA_FA_SLABS=1|2 (read once) forces a count.
 constexpr int64_t kTwoSlabMinBlocks = 512;
 /// Blocks of 128 queries from which the wgmma form runs where it can (sm_90a, its head sizes): one a
-/// SM or more. H200, op-test perf, d 128, 32/8 heads, f32 prompt-chunk masks (stop 43): 512 queries
-/// after 512 cached keys 51.9 -> 43.5 us, after 3,584 147.9 -> 101.2; a 512-token prompt alone 35.2 ->
-/// 35.0 (the one-slab mma.sync kernel -> wgmma).
-constexpr int64_t kWgmmaMinBlocks = 128;
+/// SM or more, in passes of kWgmmaMinQueries or more (the shapes measured: fewer queries would leave
+/// most of a 128-row block empty). H200, op-test perf, d 128, 32/8 heads, f32 prompt-chunk masks (stop
+/// 43), the one-slab mma.sync kernel -> wgmma: 512 queries after 512 cached keys 51.9 -> 43.5 us, after
+/// 3,584 147.9 -> 101.2; a 512-token prompt alone 35.1-35.8 -> 36.3-37.3 (slower, kept for one rule).
+constexpr int64_t kWgmmaMinBlocks = 128, kWgmmaMinQueries = 512;
 int forced_slabs() {
   static const int forced = static_cast<int>(env_int("LOOM_CUDA_FA_SLABS", 0, 1, 2));
   return forced;
@@ -36,7 +37,7 @@ int flash_attn_slabs(const Tensor* dst) {
 bool flash_attn_wide(const LaunchContext& ctx, const Tensor* dst, int slabs) {
   const int64_t d = dst->src[0]->ne[0];
   if (!ctx.sm90a || !flash_attn_wgmma_covers(d) || forced_slabs() == 1) return false;
-  return slabs == 2 || wide_blocks(dst) >= kWgmmaMinBlocks;
+  return slabs == 2 || (wide_blocks(dst) >= kWgmmaMinBlocks && dst->src[0]->ne[1] >= kWgmmaMinQueries);
 }
 
 }  // namespace

@@ -37,14 +37,15 @@
 // IPC. docs/PERFORMANCE.md has the steps.
 //
 // On sm_90a (attention_wgmma.cu) the same kernel makes its two products with wgmma.mma_async (kWg),
-// for the shapes of the two-slab kernel (long prompts): two warpgroups a block, each its 64 query
+// for passes that fill the GPU with 128-query blocks (attention_mma.cu: flash_attn_wide): two
+// warpgroups a block, in FlashAttention-3's ping-pong (they take turns issuing their products), each its 64 query
 // rows, each warp's 16 the ones it owns with mma.sync, so the accumulator registers, the mask, the
 // softmax and the output are the same code. Q lies in shared memory as wgmma's core matrices (wg_off),
 // K and V tiles of 128 keys (by tensor copies) in the 128-byte swizzle (kKvSwizzle): S = Q K^T
 // (m64n128k16, both K-major), O += P V (P from registers, V as the MN-major B). The tile loop is
 // pipelined: a tile's softmax runs while the tensor cores make the previous tile's P V. Softcapped
-// attention stays on mma.sync (launch_flash_attn_wgmma). Measured (H200, op-test perf, as above, with the
-// causal tile class): 4,096 tokens 409 us (336 TFLOP/s), 16,384 422 TFLOP/s; the steps in
+// attention takes an instantiation of its own (kWgSoftcap). Measured (H200, op-test perf, as above,
+// with the causal tile class): 4,096 tokens 391 us (351 TFLOP/s), 16,384 434 TFLOP/s; the steps in
 // docs/PERFORMANCE.md. LOOM_CUDA_FA_WGMMA=0 keeps mma.sync.
 //
 // Internal to the two files: everything here has internal linkage (an unnamed namespace), one copy per
