@@ -19,6 +19,9 @@
 #            LOOM_BATCHED_MODES in turn (space-separated, each ','-separated VAR=VALUE settings or "-";
 #            repeat a list to alternate, e.g. "A B A B")
 #   perf     op-test perf of LOOM_PERF_OP (default mul_mat; e.g. argmax,top_k) at LOOM_PERF_FILTER's cases
+#            (one --filter word; LOOM_PERF_FILTERS: '|'-separated filters, each its own --filter, for words
+#            with spaces), under each of LOOM_PERF_MODES in turn (as LOOM_PREFILL_MODES: "@base - @base -"
+#            alternates the two builds), each line tagged with its mode
 #   serve    loom serve -np 64 on each of LOOM_MODELS: 64 streams of 256-token prompts and 256 generated
 #            tokens (tools/serve_load.py), one stream, and the engine's figures beside them; LOOM_SERVE_VARIANTS
 #            (';'-separated flag sets, ENV=VALUE words for the server's environment, "-" the defaults)
@@ -209,8 +212,16 @@ for step in "$@"; do
         done
       done ;;
     perf)
-      timeout 300 "$bin/loom-test-ops" --backend cuda --numerics fast perf --op ${LOOM_PERF_OP:-mul_mat} ${LOOM_PERF_FILTER:-} >"$out/perf.log" 2>&1
-      grep -E "us|GB/s|TFLOP" "$out/perf.log" | head -80 ;;
+      filters=()
+      if [[ -n ${LOOM_PERF_FILTERS:-} ]]; then
+        IFS='|' read -ra fs <<<"$LOOM_PERF_FILTERS"
+        for f in "${fs[@]}"; do filters+=(--filter "$f"); done
+      fi
+      for mode in ${LOOM_PERF_MODES:--}; do
+        env $(modeenv "$mode") timeout 300 "$(binof "$mode")/loom-test-ops" --backend cuda --numerics fast perf \
+          --op ${LOOM_PERF_OP:-mul_mat} ${LOOM_PERF_FILTER:-} "${filters[@]}" >"$out/perf.log" 2>&1
+        grep -E "us|GB/s|TFLOP" "$out/perf.log" | head -80 | awk -v tag="$mode" '{ print $0 " " tag }'
+      done ;;
     serve)
       [[ ${LOOM_SERVE_VARIANTS:-}${LOOM_SERVE_FLAGS:-} == *-tp* ]] && find_nccl
       for m in $models; do
