@@ -81,7 +81,7 @@ CudaError launch_flash_attn_mma(const LaunchContext& ctx, const Tensor* dst, flo
   // wgmma takes the shapes that fill the GPU with 128-query blocks (op-test perf, H200, causal, d 128,
   // 32/8 heads, against the two-slab mma.sync kernel: 2,048 tokens 207 against 213 us, 4,096 594
   // against 633, 16,384 7,288 against 7,905; at 512 tokens, before its spills were removed, 46.7
-  // against the one-slab kernel's 38.1, now even: kWgmmaMinBlocks)
+  // against the one-slab kernel's 38.1: kWgmmaMinBlocks has today's figures)
   if (flash_attn_wide(ctx, dst, slabs)) {
     bool launched = false;
     const CudaError e = launch_flash_attn_wgmma(ctx, dst, scale, softcap, launched);

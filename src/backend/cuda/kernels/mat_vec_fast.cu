@@ -935,7 +935,7 @@ constexpr int64_t direct_row_multiple() {
   return 0;
 }
 
-/// The direct kernels (q4_K, q5_K, q4_0, q8_0, q6_K at 1-2 columns), unless LOOM_MV_DIRECT=0 asks for the
+/// The direct kernels (q4_K, q4_0, q8_0 at 1-2 columns; q5_K, q6_K at one), unless LOOM_MV_DIRECT=0 asks for the
 /// shared-memory pipeline instead (to compare).
 bool direct_mat_vec_enabled() {
   static const bool on = env_switch("LOOM_MV_DIRECT");

@@ -29,8 +29,7 @@ template <int kBytes>
 __device__ __forceinline__ uint64_t wgmma_desc_swizzled(uint32_t addr, uint32_t lbo = 16) {
   static_assert(kBytes == 32 || kBytes == 64 || kBytes == 128, "a wgmma swizzle");
   constexpr uint64_t kMode = kBytes == 128 ? 1 : kBytes == 64 ? 2 : 3;
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>((lbo & 0x3FFFF) >> 4) << 16) |
-         (uint64_t{8 * kBytes >> 4} << 32) | (kMode << 62);
+  return wgmma_desc(addr, lbo, 8 * kBytes) | (kMode << 62);
 }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
