@@ -410,6 +410,9 @@ __global__ void __launch_bounds__(kWarpsOf<kWg> * kWarpSize) flash_attn_mma_kern
     mask_head = row_ptr(a.mask, 0, mh, m3);
   }
   const int n_tiles = static_cast<int>((kv_end - kv_begin + kBc - 1) / kBc);
+  // the wgmma loop walks one tile at least (its first iteration is straight-line code: no wgmma under a
+  // branch); a block with no visible key walks tile kv_begin, which it sees none of, and clears O
+  [[maybe_unused]] const int n_walk = n_tiles > 0 ? n_tiles : 1;
 
   // mma.sync's K and V rows kv0 .. kv0 + kBc - 1 into buffer `buf` (the wgmma loop's come by tensor
   // copies); keys past n_kv are zeros (a zero V row
@@ -449,7 +452,7 @@ __global__ void __launch_bounds__(kWarpsOf<kWg> * kWarpSize) flash_attn_mma_kern
   if (!kWg && n_tiles > 0) load_tile(kv_begin, 0);
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   if constexpr (kWg) {
-    if (tid == 0 && n_tiles > 0) tma_tile(&maps.k, s_k, kv_begin, 0, &k_full[0]);
+    if (tid == 0) tma_tile(&maps.k, s_k, kv_begin, 0, &k_full[0]);
   }
 #endif
   // Q * scale * log2(e) as f16, so that S comes out in the base-2 units of the softmax (softcap, which
@@ -711,12 +714,10 @@ __global__ void __launch_bounds__(kWarpsOf<kWg> * kWarpSize) flash_attn_mma_kern
   float(&o0)[kDTiles * 4] = reinterpret_cast<float(&)[kDTiles * 4]>(o[0]);
   // No wgmma under a branch (ptxas serializes every wgmma of a kernel that has one: "program
   // dependence on compiler-inserted WG.AR in divergent path", 960 us against 633 for mma.sync at
-  // 4,096 tokens): every tile's S is computed, a hidden one's P being zeros, and the first iteration's
-  // P V is zeros times V buffer 2, zeroed below (as is P), as the last one after the loop is when no
-  // tile was visible.
+  // 4,096 tokens): every tile's S is computed, a hidden one's P being zeros; the first iteration is a
+  // step of its own (no P V), taken by every block (n_walk), and the last P V after the loop always
+  // runs (O cleared where no tile was visible).
   uint32_t pa[kBc / 16][4];  // P_{it-1} as A fragments of keys 16 kk ..
-#pragma unroll
-  for (int kk = 0; kk < kBc / 16; ++kk) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0;
   // Ping-pong (FlashAttention-3's inter-warpgroup schedule): the two warpgroups take turns to issue
   // their products (named barriers 1 and 2: a warpgroup waits for its turn, issues S_it and P_{it-1}
   // V_{it-1}, then hands the turn over), so one's softmax runs while the other's products occupy the
@@ -725,17 +726,13 @@ __global__ void __launch_bounds__(kWarpsOf<kWg> * kWarpSize) flash_attn_mma_kern
   // warp's lane 0): K after S, V after P V. Three buffers each, so that thread 0 does not wait on the
   // other warpgroup's current tile: K_{it+1} copied when iteration it begins into the buffer K_{it-2}
   // left, V_it into the one V_{it-3} left (released one and two iterations before). Tile j is buffer
-  // j % 3's (j / 3)-th fill: its full barrier's phase parity is (j / 3) % 2. P V of tile -1 (zeros)
-  // reads V buffer 2, zeroed here.
+  // j % 3's (j / 3)-th fill: its full barrier's phase parity is (j / 3) % 2. The first iteration is
+  // its own instantiation of the step, without a P V (there is no tile -1).
   const int wg = warp / 4;
-  for (int i = tid; i < kBc * D / 8; i += kNT)
-    reinterpret_cast<uint4*>(s_v + (kVBufs - 1) * kBc * kStride)[i] = make_uint4(0, 0, 0, 0);
-  fence_proxy_async();  // for wgmma's reads, after the barrier below
   auto release = [&](uint64_t* bar) {  // this warp is done reading a buffer
     __syncwarp();
     if (lane == 0) mbar_arrive(bar);
   };
-  __syncthreads();  // V buffer 2 zeroed
   // thread 0's phase parity of each empty barrier's next completion, a bit a buffer (registers, not a
   // stack array indexed at run time)
   unsigned k_empty_par = 0, v_empty_par = 0;
@@ -758,24 +755,25 @@ __global__ void __launch_bounds__(kWarpsOf<kWg> * kWarpSize) flash_attn_mma_kern
   auto my_turn = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + wg) : "memory"); };
   auto their_turn = [&] { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - wg) : "memory"); };
   if (wg == 1) their_turn();  // warpgroup 0 goes first
-  int v_prev_buf = kVBufs - 1;
-  for (int it = 0; it < n_tiles; ++it) {
+  int v_prev_buf = 0;
+  auto step = [&](auto first, int it) {  // first: std::bool_constant, the first iteration's step
+    constexpr bool kFirst = decltype(first)::value;
     const int64_t kv0 = kv_begin + static_cast<int64_t>(it) * kBc;
     const int buf = it % kKBufs, vbuf = it % kVBufs;
     if (tid == 0) {
-      if (it + 1 < n_tiles) {  // K_{it+1} into the buffer K_{it-2} left
+      if (it + 1 < n_walk) {  // K_{it+1} into the buffer K_{it-2} left
         const int b = buf + 1 == kKBufs ? 0 : buf + 1;
         if (it >= 2) wait_empty(&k_empty[b], k_empty_par, b);
         tma_tile(&maps.k, s_k, kv0 + kBc, b, &k_full[b]);
       }
-      // V_it into the buffer V_{it-3} left (the zeros of tile -1 for it = 2)
-      if (it >= 2) wait_empty(&v_empty[vbuf], v_empty_par, vbuf);
+      // V_it into the buffer V_{it-3} left
+      if (it >= 3) wait_empty(&v_empty[vbuf], v_empty_par, vbuf);
       tma_tile(&maps.v, s_v, kv0, vbuf, &v_full[vbuf]);
     }
     const int cls = class_of(kv0);
     const bool plain = cls == kTileZero && kv0 + kBc <= n_kv;
     mbar_wait(&k_full[buf], static_cast<unsigned>(it / kKBufs) & 1);                          // K_it
-    if (it > 0) mbar_wait(&v_full[v_prev_buf], static_cast<unsigned>((it - 1) / kVBufs) & 1);  // V_{it-1}
+    if (!kFirst) mbar_wait(&v_full[v_prev_buf], static_cast<unsigned>((it - 1) / kVBufs) & 1);  // V_{it-1}
 
     __syncwarp();  // warp 0 whole again after thread 0's waits: bar.sync and wgmma are warp-wide
     my_turn();
@@ -790,19 +788,26 @@ __global__ void __launch_bounds__(kWarpsOf<kWg> * kWarpSize) flash_attn_mma_kern
                                                          ks * 32 % kKvSwizzle),
                          ks > 0);
     wgmma_commit();
-    issue_pv(v_prev_buf);
-    wgmma_commit();
+    if constexpr (!kFirst) {
+      issue_pv(v_prev_buf);
+      wgmma_commit();
+    }
     their_turn();
-    wgmma_wait<1>();  // S_it
+    if constexpr (kFirst)
+      wgmma_wait<0>();  // S_0
+    else
+      wgmma_wait<1>();  // S_it
     fence_regs(s0);
     release(&k_empty[buf]);
     float alpha[kMS][2], sum[kMS][2];
     const bool grew = softmax_tile(s_acc, cls, plain, kv0, alpha, sum);
-    wgmma_wait<0>();  // P_{it-1} V_{it-1}
-    fence_regs(o0);
-    fence_regs(reinterpret_cast<uint32_t(&)[kBc / 4]>(pa));
-    release(&v_empty[v_prev_buf]);
-    if (grew) rescale(alpha);
+    if constexpr (!kFirst) {
+      wgmma_wait<0>();  // P_{it-1} V_{it-1}
+      fence_regs(o0);
+      fence_regs(reinterpret_cast<uint32_t(&)[kBc / 4]>(pa));
+      release(&v_empty[v_prev_buf]);
+      if (grew) rescale(alpha);  // (the first tile's O is zeros)
+    }
     l_run[0][0] += sum[0][0], l_run[0][1] += sum[0][1];
 #pragma unroll
     for (int kk = 0; kk < kBc / 16; ++kk) pack_p(s_acc[0], kk, pa[kk]);
@@ -810,8 +815,10 @@ __global__ void __launch_bounds__(kWarpsOf<kWg> * kWarpSize) flash_attn_mma_kern
     fence_regs(o0);
     fence_regs(reinterpret_cast<uint32_t(&)[kBc / 4]>(pa));
     v_prev_buf = vbuf;
-  }
-  if (n_tiles > 0) mbar_wait(&v_full[v_prev_buf], static_cast<unsigned>((n_tiles - 1) / kVBufs) & 1);  // V_{n-1}
+  };
+  step(std::true_type{}, 0);
+  for (int it = 1; it < n_walk; ++it) step(std::false_type{}, it);
+  mbar_wait(&v_full[v_prev_buf], static_cast<unsigned>((n_walk - 1) / kVBufs) & 1);  // V_{n-1}
   my_turn();
   wgmma_fence();
   issue_pv(v_prev_buf);
@@ -819,6 +826,10 @@ __global__ void __launch_bounds__(kWarpsOf<kWg> * kWarpSize) flash_attn_mma_kern
   if (wg == 0) their_turn();  // warpgroup 1's last turn (it hands none back: warpgroup 0 takes no more)
   wgmma_wait<0>();
   fence_regs(o0);
+  if (n_tiles == 0) {  // the walked tile's P is zeros, its V maybe NaN (unwritten cells): O is zeros
+#pragma unroll
+    for (int i = 0; i < kDTiles * 4; ++i) o0[i] = 0.0f;
+  }
 #endif
   }
 
