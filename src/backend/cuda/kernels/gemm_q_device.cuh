@@ -31,7 +31,7 @@ constexpr int kChunk = gemm_q_plan::kChunk;  // k per shared-memory stage
 // Per stage, the chunk's segment of each of the kBM weight rows (kSegBytes) and kBN columns of kChunk
 // f16 activations. Formats whose segment is a multiple of 16 bytes (q4_0, q4_K, q8_0, ...; rows
 // 16-byte aligned, gemm_q_supported) are staged by the SM's copy engine, completing on an mbarrier per
-// stage: the weight rows by one 2-D tensor copy where the segment fits its box (Staging::kTma: q4_0,
+// stage: the weight rows by one 2-D tensor copy where the segment fits its box (Staging::kTma: q4_0, q5_K,
 // q4_K), else one cp.async.bulk per row; the activations one per column. Rows then start 16-byte
 // aligned (q4_K's codes in one 8-byte load). The others copy 16-byte cp.async pieces from each
 // segment's aligned start (up to 15 bytes before it: one piece more). Measured (ncu, H200, [14336, 64]
