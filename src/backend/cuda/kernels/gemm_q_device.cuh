@@ -31,7 +31,7 @@ constexpr int kChunk = gemm_q_plan::kChunk;  // k per shared-memory stage
 // Per stage, the chunk's segment of each of the kBM weight rows (kSegBytes) and kBN columns of kChunk
 // f16 activations. Formats whose segment is a multiple of 16 bytes (q4_0, q4_K, q8_0, ...; rows
 // 16-byte aligned, gemm_q_supported) are staged by the SM's copy engine, completing on an mbarrier per
-// stage: the weight rows by one 2-D tensor copy where the segment fits its box (Staging::kTma: q4_0,
+// stage: the weight rows by one 2-D tensor copy where the segment fits its box (Staging::kTma: q4_0, q5_K,
 // q4_K), else one cp.async.bulk per row; the activations one per column. Rows then start 16-byte
 // aligned (q4_K's codes in one 8-byte load). The others copy 16-byte cp.async pieces from each
 // segment's aligned start (up to 15 bytes before it: one piece more). Measured (ncu, H200, [14336, 64]
@@ -227,12 +227,16 @@ __device__ __forceinline__ void dequant8(const unsigned char* raw, int k, uint32
         w[e] = h2_sub_mul(__byte_perm(v, 0x64646464u, 0x5140), 0x64806480u, d2);  // (1024 + u) - 1152
       }
     }
-  } else if constexpr (std::is_same_v<D, Dequant8Q4_K> || std::is_same_v<D, Dequant8Q6_K>) {
-    // The K-quants' sub-block scale (and q4_K's bias) rounded to f16 first, then one f16 fma or
-    // product per pair: within about 2 f16 ulps of the float path's values (fast mode only).
+  } else if constexpr (std::is_same_v<D, Dequant8Q4_K> || std::is_same_v<D, Dequant8Q6_K> ||
+                       std::is_same_v<D, Dequant8Of<FormatQ5_K>>) {
+    // The K-quants' sub-block scale (and q4_K's and q5_K's bias) rounded to f16 first, then one f16 fma
+    // or product per pair: within about 2 f16 ulps of the float path's values (fast mode only).
     const uint8_t* b = raw + (k / D::kBlock) * D::kBytes;
     const int j0 = k % D::kBlock;
-    if constexpr (std::is_same_v<D, Dequant8Q4_K>) {
+    if constexpr (!std::is_same_v<D, Dequant8Q6_K>) {
+      // q4_K, q5_K: header (d, dmin, 12 scale bytes), then q5_K's fifth bits (bit s of byte 16 + l:
+      // sub-block s's code l), then the nibbles of sub-blocks 2 p and 2 p + 1 in 32 bytes at 16 or 48
+      constexpr bool kQ5 = std::is_same_v<D, Dequant8Of<FormatQ5_K>>;
       const int sb = j0 / 32;
       int sc, m;
       q4k_scale_min(sb, b + 4, sc, m);
@@ -246,11 +250,12 @@ __device__ __forceinline__ void dequant8(const unsigned char* raw, int k, uint32
       }
       const __half2 scale = __float2half2_rn(scale_f);
       const __half2 nbias = __float2half2_rn(-bias_f);
-      const uint8_t* q = b + 16 + (j0 / 64) * 32 + (j0 % 32);
+      const uint8_t* q = b + (kQ5 ? 48 : 16) + (j0 / 64) * 32 + (j0 % 32);
       const int shift = (sb & 1) ? 4 : 0;
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const uint32_t v = (load_u16_even(q + 2 * e) >> shift) & 0x0f0fu;
+        uint32_t v = (load_u16_even(q + 2 * e) >> shift) & 0x0f0fu;
+        if constexpr (kQ5) v |= ((load_u16_even(b + 16 + j0 % 32 + 2 * e) >> sb) & 0x0101u) << 4;  // codes 0..31
         const uint32_t h = __byte_perm(v, 0x64646464u, 0x5140);  // 1024 + code
         __half2 x, c1024;
         const uint32_t k1024 = 0x64006400u;

@@ -20,7 +20,7 @@ namespace gemm_q_detail {
 struct GemmQArgs;
 }
 
-/// Whether the warpgroup kernel takes weights of type t: a format it covers (q4_0, q4_K, q8_0, q6_K:
+/// Whether the warpgroup kernel takes weights of type t: a format it covers (q4_0, q4_K, q5_K, q8_0, q6_K:
 /// the f16-path ones) and LOOM_CUDA_GEMM_Q_WGMMA not 0. It is sm_90a code: callers also need a
 /// device of compute capability 9.0 (LaunchContext::sm90a).
 bool gemm_q_wgmma_covers(DType t);
