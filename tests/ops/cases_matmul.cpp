@@ -200,7 +200,7 @@ void add_matmul_cases(CaseList& cases, CaseSet set) {
     for (DType wt : {DType::f16, DType::q8_0, DType::q4_0, DType::q4_k, DType::q6_k})
       for (int64_t n : {1, 2, 4, 8}) add_mul_mat(cases, {wt, 128256, n, 4096, {1, 1}, {1, 1}}, true);
     // Batched decode (gemm_q at 32 and 64 columns): the 8B FFN and K/V products.
-    for (DType wt : {DType::q8_0, DType::q4_0, DType::q4_k, DType::q6_k})
+    for (DType wt : {DType::q8_0, DType::q4_0, DType::q4_k, DType::q5_k, DType::q6_k})
       for (int64_t n : {32, 64}) {
         add_mul_mat(cases, {wt, 14336, n, 4096, {1, 1}, {1, 1}}, true);
         add_mul_mat(cases, {wt, 4096, n, 14336, {1, 1}, {1, 1}}, true);
