@@ -206,9 +206,9 @@ __device__ __forceinline__ uint32_t h2_sub_mul(uint32_t h, uint32_t sub, uint32_
 // on f16 pairs directly: two 8-bit codes become 1024 + code in one byte permute with 0x64 (the f16
 // exponent of 1024), the offset (1032 or 1152) comes off exactly and the f16 scale multiplies with one
 // rounding: the same values as the float path (an exact product rounded once to f16) in ~60% of its
-// instructions, which bound this kernel (8B Q4_0 batched step at 64: 4,830 -> 5,376 t/s). q4_K and
-// q6_K likewise with their scales rounded to f16 first; the other formats go through their float
-// Dequant8.
+// instructions, which bound this kernel (8B Q4_0 batched step at 64: 4,830 -> 5,376 t/s). q4_K, q5_K,
+// q6_K and iq4_xs likewise with their scales rounded to f16 first; the other formats go through their
+// float Dequant8.
 template <class D>
 __device__ __forceinline__ void dequant8(const unsigned char* raw, int k, uint32_t (&w)[4]) {
   if constexpr (std::is_same_v<D, Dequant8Q4_0> || std::is_same_v<D, Dequant8Q8_0>) {
@@ -279,6 +279,31 @@ __device__ __forceinline__ void dequant8(const unsigned char* raw, int k, uint32
                            (((load_u16_even(qh + 2 * e) >> (2 * c)) & 0x0303u) << 4);  // codes 0..63
         w[e] = h2_sub_mul(__byte_perm(v, 0x64646464u, 0x5140), 0x64206420u, sc2);  // (1024 + q) - 1056
       }
+    }
+  } else if constexpr (std::is_same_v<D, Dequant8Of<FormatIQ4_XS>>) {
+    // iq4_xs: the sub-block's scale d (ls - 32) rounded to f16 first (as the K-quants'), the code book's
+    // int8 entries (four lookups a word of nibbles) as 1152 + v in f16 pairs, 1152 off exactly, one
+    // rounding of the product. Blocks (136 bytes) start 8-byte aligned, staged or not; the nibbles of
+    // weights j0 .. j0 + 7 are 8 bytes at 8 + 16 s + j0 % 16 (low nibbles below j0 % 32 = 16, else high).
+    const uint8_t* b = raw + (k / D::kBlock) * D::kBytes;
+    const int j0 = k % D::kBlock, s = j0 / 32;
+    const float scale_f = fmul_rn(f16_to_float(load_u16_even(b)), static_cast<float>(iq4xs_scale_of(s, b) - 32));
+    if (!(fabsf(scale_f) <= 65504.0f)) {  // beyond f16: the float path
+      float f[8];
+      D::run(b, j0, f);
+      for (int e = 0; e < 4; ++e) w[e] = pack_half2(f[2 * e], f[2 * e + 1]);
+      return;
+    }
+    const uint32_t d = __half_as_ushort(__float2half_rn(scale_f));
+    const uint32_t d2 = d | (d << 16);
+    const auto* q = reinterpret_cast<const uint32_t*>(b + 8 + 16 * s + j0 % 16);
+    const int shift = j0 % 32 < 16 ? 0 : 4;
+    const CodeBook16 book = iq4nl_book();
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t c = book_lookup4(book, (q[h] >> shift) & 0x0f0f0f0fu) ^ 0x80808080u;  // int8 + 128
+      w[2 * h] = h2_sub_mul(__byte_perm(c, 0x64646464u, 0x5140), 0x64806480u, d2);      // (1024 + u) - 1152
+      w[2 * h + 1] = h2_sub_mul(__byte_perm(c, 0x64646464u, 0x7362), 0x64806480u, d2);  // bytes 2, 3
     }
   } else {
     float f[8];

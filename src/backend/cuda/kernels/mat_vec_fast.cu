@@ -48,6 +48,8 @@
 // (the output layer and half the FFN down projections of Q4_K_M files) only helps small products at
 // one column, so it takes those alone (launch_q_cols: 4096x4096 9.5 us against the pipeline's 10.1;
 // the 128256-row output layer 169.5 against 149.5, two columns 11.7 against 10.1; H200, ncu).
+// q5_K's (q4_K's kernel with the fifth bits) takes one column; q2_K, q3_K and iq4_xs one generic
+// kernel (mat_vec_direct_unit_kernel: the pipeline's unit decode from global memory) at 1-2.
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -908,6 +910,63 @@ __global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<kCols>())
   warp_reduce_store<kRows, kCols, kGlu>(sums, args, at, t, lane, ncols);
 }
 
+// ---- the other K-quants and iq4_xs straight from global memory ---------------------------------------
+
+/// The 256-weight formats whose unit decode (mat_vec_fast_formats.cuh) reads only its own block's bytes
+/// at the alignment rows give them in global memory (q2_K's 84-byte blocks: 4-byte aligned; q3_K's
+/// 110: 2-byte; iq4_xs's 136: 8-byte, read in 8-byte words), so mat_vec_direct_unit_kernel may decode
+/// rows in place: no read past a tensor's last block.
+template <class Q>
+constexpr bool kDirectUnit =
+    std::is_same_v<Q, FastQ2_K> || std::is_same_v<Q, FastQ3_K> || std::is_same_v<Q, FastIQ4_XS>;
+
+// Tiles of kRows output rows (glu: kRows gate + kRows up), one per warp, for the kDirectUnit formats:
+// lane l of a step takes unit l of the step's 32 of each row (4 blocks of 8 units), decodes it with the
+// pipeline's Q::decode straight from global memory and takes its dot against the unit's 32 activation
+// codes as mat_vec_fast_q_kernel does (the same arithmetic, so the same sums per unit), with no shared
+// memory, no bulk copies and no block barrier; shuffles reduce the tile's sums. The tile's kLoad units
+// decode before the first use (their loads in flight together), and the first step's before the wait.
+template <class Q, int kCols, bool kGlu, int kRows>
+__global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<kCols>())
+    mat_vec_direct_unit_kernel(const __grid_constant__ FastArgs args, ActFastLayout<Q> act, int64_t k, int ncols) {
+  // pdl_wait later: the first step's weight loads (no earlier kernel's output) go out before it
+  constexpr int kLoad = kGlu ? 2 * kRows : kRows;
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t n_units = k / kFastUnit, scales_per_row = k / Q::kActScaleBlock;
+  int64_t t;
+  const uint8_t* rows[kLoad];
+  const TileAt at = warp_tile<kRows, kGlu>(args, t, rows);
+  bool waited = false;  // the weights are no earlier kernel's output: the first loads go out before the wait
+  float acc[kLoad][kCols] = {};
+#pragma unroll 1
+  for (int64_t u = lane; u < n_units; u += kWarpSize) {
+    const int64_t blk = u / Q::kUnitsPerBlock;
+    const int part = static_cast<int>(u % Q::kUnitsPerBlock);
+    typename Q::Unit w[kLoad];
+#pragma unroll
+    for (int l = 0; l < kLoad; ++l) w[l] = Q::decode(rows[l] + blk * Q::kBytes, part);
+    if (!waited) {
+      pdl_wait();
+      waited = true;
+    }
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+      if (c >= ncols) break;
+      const int64_t col = c + ncols * at.z;
+      const auto* xp = reinterpret_cast<const int4*>(act.codes + col * k + u * kFastUnit);
+      const int4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
+      const int x[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+      const float dx = __ldg(act.scales + col * scales_per_row + u * kFastUnit / Q::kActScaleBlock);
+      int xsum = 0;
+      if constexpr (Q::kActSums) xsum = __ldg(act.sums + col * n_units + u);
+#pragma unroll
+      for (int l = 0; l < kLoad; ++l) acc[l][c] += Q::dot(w[l], x, dx, xsum);
+    }
+  }
+  if (!waited) pdl_wait();
+  warp_reduce_store<kRows, kCols, kGlu>(acc, args, at, t, lane, ncols);
+}
+
 // ---- launchers -------------------------------------------------------------------------------------
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -924,7 +983,8 @@ int forced_tile_rows() {
 }
 
 /// The formats with a direct kernel and the multiple of it their rows' lengths must be: whole 8-block
-/// groups of q4_0 and q8_0 (256) and of q6_K (2048), whole blocks of q4_K and q5_K (256); 0: none. Rows that
+/// groups of q4_0 and q8_0 (256) and of q6_K (2048), whole blocks of q4_K, q5_K and the kDirectUnit formats
+/// (256); 0: none. Rows that
 /// mat_vec_fast_supports takes always are (their bytes a multiple of 16: 18 n, 34 n and 210 n only for
 /// n a multiple of 8, 144 n and 176 n for any n); a row that is not would take the pipeline.
 template <class Q>
@@ -932,10 +992,11 @@ constexpr int64_t direct_row_multiple() {
   if constexpr (std::is_same_v<Q, FastQ4_K> || std::is_same_v<Q, FastQ5_K>) return 256;
   if constexpr (std::is_same_v<Q, FastQ4_0> || std::is_same_v<Q, FastQ8_0>) return 8 * 32;
   if constexpr (std::is_same_v<Q, FastQ6_K>) return DirectQ6_K::kGroupBlocks * 256;
+  if constexpr (kDirectUnit<Q>) return 256;
   return 0;
 }
 
-/// The direct kernels (q4_K, q4_0, q8_0 at 1-2 columns; q5_K, q6_K at one), unless LOOM_MV_DIRECT=0 asks for the
+/// The direct kernels (q4_K, q4_0, q8_0, q2_K, q3_K, iq4_xs at 1-2 columns; q5_K, q6_K at one), unless LOOM_MV_DIRECT=0 asks for the
 /// shared-memory pipeline instead (to compare).
 bool direct_mat_vec_enabled() {
   static const bool on = env_switch("LOOM_MV_DIRECT");
@@ -1024,6 +1085,10 @@ CudaError launch_direct(const LaunchContext& ctx, const FastLaunch& l, const Act
     kernel<<<static_cast<unsigned>(blocks), kThreads, 0, ctx.stream>>>(args, act, b->ne[0],
                                                                        static_cast<int>(b->ne[1]));
     LOOM_CUDA_CHECK_LAUNCH("mat_vec_direct_q4k_kernel");
+  } else if constexpr (kDirectUnit<Q>) {
+    mat_vec_direct_unit_kernel<Q, kCols, kGlu, kRows><<<static_cast<unsigned>(blocks), kThreads, 0, ctx.stream>>>(
+        args, act, b->ne[0], static_cast<int>(b->ne[1]));
+    LOOM_CUDA_CHECK_LAUNCH("mat_vec_direct_unit_kernel");
   } else if constexpr (std::is_same_v<Q, FastQ6_K>) {
     mat_vec_direct_q6k_kernel<kCols, kGlu, kRows><<<static_cast<unsigned>(blocks), kThreads, 0, ctx.stream>>>(
         args, act, b->ne[0], static_cast<int>(b->ne[1]));

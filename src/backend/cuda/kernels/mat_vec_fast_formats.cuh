@@ -63,6 +63,22 @@ LOOM_HD void load_words_a16(const uint8_t* p, uint32_t (&w)[N]) {
 #endif
 }
 
+/// n (even) little-endian 32-bit words from an 8-byte aligned address: n / 2 8-byte loads, nothing read
+/// past them (iq4_xs's 136-byte blocks on 16-byte aligned rows: their code bytes at 8 + 16 s).
+template <int N>
+LOOM_HD void load_words_a8(const uint8_t* p, uint32_t (&w)[N]) {
+  static_assert(N % 2 == 0, "whole 8-byte loads");
+#if defined(__CUDA_ARCH__)
+  const auto* v = reinterpret_cast<const uint2*>(p);
+  for (int i = 0; i < N / 2; ++i) {
+    const uint2 x = v[i];
+    w[2 * i] = x.x, w[2 * i + 1] = x.y;
+  }
+#else
+  std::memcpy(w, p, sizeof(w));
+#endif
+}
+
 /// load_words_a2 from any address (mxfp4's 17-byte blocks): the same funnel shift by 8, 16 or 24 bits.
 template <int N>
 LOOM_HD void load_words_a1(const uint8_t* p, uint32_t (&w)[N]) {
@@ -554,6 +570,9 @@ struct FastQ5_K {
 };
 
 /// iq4_xs: unit s = sub-block s: its 16 bytes at 8 + 16s as an iq4_nl block's; one scale ls - 32.
+/// Blocks are 8-byte aligned wherever they are read (16-byte aligned rows of 136-byte blocks, in global
+/// memory or a stage): the 8-byte header (d, scales_h, scales_l) and the codes in 8-byte loads, nothing
+/// read past the block (mat_vec_direct_unit_kernel reads rows in place).
 struct FastIQ4_XS {
   static constexpr int kBlock = 256, kBytes = 136, kUnitsPerBlock = 8;
   static constexpr int kActScaleBlock = 256;
@@ -561,9 +580,18 @@ struct FastIQ4_XS {
   using Unit = FastScaledUnit;
   LOOM_HD static Unit decode(const uint8_t* b, int s) {
     Unit u;
-    book_words<false>(b + 8 + 16 * s, iq4nl_book(), u.q);
-    u.sc0 = u.sc1 = iq4xs_scale_of(s, b) - 32;
-    u.d = half_to_float(load_u16_a2(b));
+    uint32_t head[2], raw[4];
+    load_words_a8(b, head);
+    load_words_a8(b + 8 + 16 * s, raw);
+    const CodeBook16 book = iq4nl_book();
+    for (int i = 0; i < 4; ++i) {
+      u.q[i] = book_lookup4(book, raw[i] & 0x0f0f0f0fu);
+      u.q[4 + i] = book_lookup4(book, (raw[i] >> 4) & 0x0f0f0f0fu);
+    }
+    // iq4xs_scale_of from the header's words: low nibble s % 2 of scales_l[s / 2], bits 2 s of scales_h
+    const uint32_t ls = ((head[1] >> (8 * (s / 2) + 4 * (s % 2))) & 0xFu) | (((head[0] >> (16 + 2 * s)) & 3u) << 4);
+    u.sc0 = u.sc1 = static_cast<int>(ls) - 32;
+    u.d = half_to_float(static_cast<uint16_t>(head[0] & 0xffffu));
     return u;
   }
   LOOM_HD static float dot(const Unit& u, const int (&x)[8], float dx, int /*xsum*/) {
