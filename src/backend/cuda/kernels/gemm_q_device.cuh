@@ -206,9 +206,9 @@ __device__ __forceinline__ uint32_t h2_sub_mul(uint32_t h, uint32_t sub, uint32_
 // on f16 pairs directly: two 8-bit codes become 1024 + code in one byte permute with 0x64 (the f16
 // exponent of 1024), the offset (1032 or 1152) comes off exactly and the f16 scale multiplies with one
 // rounding: the same values as the float path (an exact product rounded once to f16) in ~60% of its
-// instructions, which bound this kernel (8B Q4_0 batched step at 64: 4,830 -> 5,376 t/s). q4_K, q5_K,
-// q6_K and iq4_xs likewise with their scales rounded to f16 first; the other formats go through their
-// float Dequant8.
+// instructions, which bound this kernel (8B Q4_0 batched step at 64: 4,830 -> 5,376 t/s). The K-quants
+// and iq4_xs likewise with their scales rounded to f16 first; the other formats (q4_1, q5_0, q5_1,
+// iq4_nl, mxfp4) go through their float Dequant8.
 template <class D>
 __device__ __forceinline__ void dequant8(const unsigned char* raw, int k, uint32_t (&w)[4]) {
   if constexpr (std::is_same_v<D, Dequant8Q4_0> || std::is_same_v<D, Dequant8Q8_0>) {
@@ -279,6 +279,44 @@ __device__ __forceinline__ void dequant8(const unsigned char* raw, int k, uint32
                            (((load_u16_even(qh + 2 * e) >> (2 * c)) & 0x0303u) << 4);  // codes 0..63
         w[e] = h2_sub_mul(__byte_perm(v, 0x64646464u, 0x5140), 0x64206420u, sc2);  // (1024 + q) - 1056
       }
+    }
+  } else if constexpr (std::is_same_v<D, Dequant8Of<FormatQ3_K>> || std::is_same_v<D, Dequant8Of<FormatQ2_K>>) {
+    // q3_K, q2_K: 2-bit codes of element 128 h + 32 c + l in bits 2 c of byte 32 h + l (at 32 / 16); q3_K's
+    // third bit c + 4 h of hmask byte l (its code lo + 4 hbit - 4), one scale a 16 elements (q3_K: d (sc -
+    // 32); q2_K: d sc and the bias dmin m) rounded to f16 first, as the other K-quants'. Blocks (110 / 84
+    // bytes) start 2-byte aligned, staged or not; j0 .. j0 + 7 share their 16 elements' scale.
+    constexpr bool kQ3 = std::is_same_v<D, Dequant8Of<FormatQ3_K>>;
+    const uint8_t* b = raw + (k / D::kBlock) * D::kBytes;
+    const int j0 = k % D::kBlock, c4 = j0 / 32, l0 = j0 % 32;
+    float scale_f, bias_f = 0.0f;
+    if constexpr (kQ3) {
+      scale_f = fmul_rn(f16_to_float(load_u16_even(b + 108)), static_cast<float>(q3k_scale_of(j0 / 16, b + 96) - 32));
+    } else {
+      const int sm = b[j0 / 16];
+      scale_f = fmul_rn(f16_to_float(load_u16_even(b + 80)), static_cast<float>(sm & 0xF));
+      bias_f = fmul_rn(f16_to_float(load_u16_even(b + 82)), static_cast<float>(sm >> 4));
+    }
+    if (!(fabsf(scale_f) <= 65504.0f && fabsf(bias_f) <= 65504.0f)) {  // beyond f16: the float path
+      float f[8];
+      D::run(b, j0, f);
+      for (int e = 0; e < 4; ++e) w[e] = pack_half2(f[2 * e], f[2 * e + 1]);
+      return;
+    }
+    const __half2 scale = __float2half2_rn(scale_f);
+    const __half2 nbias = __float2half2_rn(-bias_f);
+    const uint8_t* q = b + (kQ3 ? 32 : 16) + 32 * (j0 / 128) + l0;
+    const int shift = 2 * (c4 % 4);
+    const uint32_t k_off = kQ3 ? 0x64046404u : 0x64006400u;  // 1028 (codes 0..7 less 4) or 1024
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      uint32_t v = (load_u16_even(q + 2 * e) >> shift) & 0x0303u;
+      if constexpr (kQ3) v |= ((load_u16_even(b + l0 + 2 * e) >> c4) & 0x0101u) << 2;  // codes 0..7
+      const uint32_t h = __byte_perm(v, 0x64646464u, 0x5140);                       // 1024 + code
+      __half2 x, off;
+      memcpy(&x, &h, 4);
+      memcpy(&off, &k_off, 4);
+      const __half2 r = __hfma2(__hsub2(x, off), scale, nbias);
+      memcpy(&w[e], &r, 4);
     }
   } else if constexpr (std::is_same_v<D, Dequant8Of<FormatIQ4_XS>>) {
     // iq4_xs: the sub-block's scale d (ls - 32) rounded to f16 first (as the K-quants'), the code book's
