@@ -48,8 +48,8 @@
 // (the output layer and half the FFN down projections of Q4_K_M files) only helps small products at
 // one column, so it takes those alone (launch_q_cols: 4096x4096 9.5 us against the pipeline's 10.1;
 // the 128256-row output layer 169.5 against 149.5, two columns 11.7 against 10.1; H200, ncu).
-// q5_K's (q4_K's kernel with the fifth bits) takes one column; q2_K, q3_K and iq4_xs one generic
-// kernel (mat_vec_direct_unit_kernel: the pipeline's unit decode from global memory) at 1-2.
+// q5_K's (q4_K's kernel with the fifth bits) takes one column; q2_K and q3_K one generic kernel
+// (mat_vec_direct_unit_kernel: the pipeline's unit decode from global memory) at 1-2, iq4_xs at one.
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -996,8 +996,8 @@ constexpr int64_t direct_row_multiple() {
   return 0;
 }
 
-/// The direct kernels (q4_K, q4_0, q8_0, q2_K, q3_K, iq4_xs at 1-2 columns; q5_K, q6_K at one), unless LOOM_MV_DIRECT=0 asks for the
-/// shared-memory pipeline instead (to compare).
+/// The direct kernels (q4_K, q4_0, q8_0, q2_K, q3_K at 1-2 columns; q5_K, q6_K, iq4_xs at one), unless
+/// LOOM_MV_DIRECT=0 asks for the shared-memory pipeline instead (to compare).
 bool direct_mat_vec_enabled() {
   static const bool on = env_switch("LOOM_MV_DIRECT");
   return on;
@@ -1117,9 +1117,10 @@ CudaError launch_q_cols(const LaunchContext& ctx, const FastLaunch& l) {
   // layer 169.5 / 149.5 and two columns 11.7 / 10.1)
   // q5_K's only at one column too (op-test perf, H200, direct against the pipeline: one column 4096x4096
   // 13.5 / 14.5 us, 4096 rows of 14336 19.0 / 22.8-24.8, 14336 of 4096 19.8 / 22.8; two columns 15.9 /
-  // 15.4, 29.4 / 27.0-27.8, 23.4 / 27.1)
+  // 15.4, 29.4 / 27.0-27.8, 23.4 / 27.1); iq4_xs's as well (two columns 4096x4096 16.7 / 16.3 us, where one
+  // column gains 10-13% and q2_K / q3_K gain at two as at one: docs/PERFORMANCE.md, stop 44)
   constexpr bool kQ6 = std::is_same_v<Q, FastQ6_K>;
-  constexpr bool kOneColumn = kQ6 || std::is_same_v<Q, FastQ5_K>;
+  constexpr bool kOneColumn = kQ6 || std::is_same_v<Q, FastQ5_K> || std::is_same_v<Q, FastIQ4_XS>;
   constexpr int64_t kQ6DirectMaxRows = 16384;
   if constexpr (direct_row_multiple<Q>() > 0 && kCols <= (kOneColumn ? 1 : 2)) {
     if (direct_mat_vec_enabled() && b->ne[0] % direct_row_multiple<Q>() == 0 &&
