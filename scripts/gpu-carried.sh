@@ -19,7 +19,8 @@
 #            LOOM_BATCHED_MODES in turn (space-separated, each ','-separated VAR=VALUE settings or "-";
 #            repeat a list to alternate, e.g. "A B A B")
 #   perf     op-test perf of LOOM_PERF_OP (default mul_mat; e.g. argmax,top_k) at LOOM_PERF_FILTER's cases
-#            (one --filter word; LOOM_PERF_FILTERS: '|'-separated filters, each its own --filter, for words
+#            (one filter word; LOOM_PERF_EXCLUDES: '|'-separated --exclude words, e.g. ", 4]|, 8]" for 1-2
+#            columns; LOOM_PERF_TIMEOUT a mode's seconds; LOOM_PERF_FILTERS: '|'-separated filters, each its own --filter, for words
 #            with spaces), under each of LOOM_PERF_MODES in turn (as LOOM_PREFILL_MODES: "@base - @base -"
 #            alternates the two builds), each line tagged with its mode
 #   serve    loom serve -np 64 on each of LOOM_MODELS: 64 streams of 256-token prompts and 256 generated
@@ -212,14 +213,25 @@ for step in "$@"; do
         done
       done ;;
     perf)
+      # LOOM_PERF_FILTER: one filter word (or, as before, "--filter WORD ..." words); LOOM_PERF_FILTERS and
+      # LOOM_PERF_EXCLUDES: '|'-separated filters (all must match) and exclusions (none may), spaces allowed;
+      # LOOM_PERF_TIMEOUT: seconds a mode (300; the big cases' inputs are made on the CPU, slowly)
       filters=()
+      if [[ -n ${LOOM_PERF_FILTER:-} ]]; then
+        if [[ $LOOM_PERF_FILTER == --* ]]; then read -ra fs <<<"$LOOM_PERF_FILTER"; filters+=("${fs[@]}")
+        else filters+=(--filter "$LOOM_PERF_FILTER"); fi
+      fi
       if [[ -n ${LOOM_PERF_FILTERS:-} ]]; then
         IFS='|' read -ra fs <<<"$LOOM_PERF_FILTERS"
         for f in "${fs[@]}"; do filters+=(--filter "$f"); done
       fi
+      if [[ -n ${LOOM_PERF_EXCLUDES:-} ]]; then
+        IFS='|' read -ra fs <<<"$LOOM_PERF_EXCLUDES"
+        for f in "${fs[@]}"; do filters+=(--exclude "$f"); done
+      fi
       for mode in ${LOOM_PERF_MODES:--}; do
-        env $(modeenv "$mode") timeout 300 "$(binof "$mode")/loom-test-ops" --backend cuda --numerics fast perf \
-          --op ${LOOM_PERF_OP:-mul_mat} ${LOOM_PERF_FILTER:-} "${filters[@]}" >"$out/perf.log" 2>&1
+        env $(modeenv "$mode") timeout ${LOOM_PERF_TIMEOUT:-300} "$(binof "$mode")/loom-test-ops" --backend cuda --numerics fast perf \
+          --op ${LOOM_PERF_OP:-mul_mat} "${filters[@]}" >"$out/perf.log" 2>&1
         grep -E "us|GB/s|TFLOP" "$out/perf.log" | head -80 | awk -v tag="$mode" '{ print $0 " " tag }'
       done ;;
     serve)
