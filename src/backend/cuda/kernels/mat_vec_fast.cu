@@ -912,10 +912,11 @@ __global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<kCols>())
 
 // ---- the other K-quants and iq4_xs straight from global memory ---------------------------------------
 
-/// The 256-weight formats whose unit decode (mat_vec_fast_formats.cuh) reads only its own block's bytes
+/// The 256-weight formats whose unit decode (mat_vec_fast_formats.cuh) reads nothing past its own block
 /// at the alignment rows give them in global memory (q2_K's 84-byte blocks: 4-byte aligned; q3_K's
-/// 110: 2-byte; iq4_xs's 136: 8-byte, read in 8-byte words), so mat_vec_direct_unit_kernel may decode
-/// rows in place: no read past a tensor's last block.
+/// 110: 2-byte, its aligned words starting up to 2 bytes before a block, in the row's previous one, as
+/// a row starts 16-byte aligned; iq4_xs's 136: 8-byte, read in 8-byte words), so
+/// mat_vec_direct_unit_kernel may decode rows in place: no read past a tensor's last block.
 template <class Q>
 constexpr bool kDirectUnit =
     std::is_same_v<Q, FastQ2_K> || std::is_same_v<Q, FastQ3_K> || std::is_same_v<Q, FastIQ4_XS>;
