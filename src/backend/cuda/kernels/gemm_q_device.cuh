@@ -209,6 +209,15 @@ __device__ __forceinline__ uint32_t h2_sub_mul(uint32_t h, uint32_t sub, uint32_
 // instructions, which bound this kernel (8B Q4_0 batched step at 64: 4,830 -> 5,376 t/s). The K-quants
 // and iq4_xs likewise with their scales rounded to f16 first; the other formats (q4_1, q5_0, q5_1,
 // iq4_nl, mxfp4) go through their float Dequant8.
+/// Weights j0 .. j0 + 7 of block b through the format's float Dequant8, each pair rounded to f16: the
+/// formats without an f16 path, and a block whose f16 path's scale lies beyond f16's range.
+template <class D>
+__device__ __forceinline__ void dequant8_float(const uint8_t* b, int j0, uint32_t (&w)[4]) {
+  float f[8];
+  D::run(b, j0, f);
+  for (int e = 0; e < 4; ++e) w[e] = pack_half2(f[2 * e], f[2 * e + 1]);
+}
+
 template <class D>
 __device__ __forceinline__ void dequant8(const unsigned char* raw, int k, uint32_t (&w)[4]) {
   if constexpr (std::is_same_v<D, Dequant8Q4_0> || std::is_same_v<D, Dequant8Q8_0>) {
@@ -243,9 +252,7 @@ __device__ __forceinline__ void dequant8(const unsigned char* raw, int k, uint32
       const float scale_f = fmul_rn(f16_to_float(load_u16_even(b)), static_cast<float>(sc));
       const float bias_f = fmul_rn(f16_to_float(load_u16_even(b + 2)), static_cast<float>(m));
       if (!(fabsf(scale_f) <= 65504.0f && fabsf(bias_f) <= 65504.0f)) {  // beyond f16: the float path
-        float f[8];
-        D::run(b, j0, f);
-        for (int e = 0; e < 4; ++e) w[e] = pack_half2(f[2 * e], f[2 * e + 1]);
+        dequant8_float<D>(b, j0, w);
         return;
       }
       const __half2 scale = __float2half2_rn(scale_f);
@@ -297,9 +304,7 @@ __device__ __forceinline__ void dequant8(const unsigned char* raw, int k, uint32
       bias_f = fmul_rn(f16_to_float(load_u16_even(b + 82)), static_cast<float>(sm >> 4));
     }
     if (!(fabsf(scale_f) <= 65504.0f && fabsf(bias_f) <= 65504.0f)) {  // beyond f16: the float path
-      float f[8];
-      D::run(b, j0, f);
-      for (int e = 0; e < 4; ++e) w[e] = pack_half2(f[2 * e], f[2 * e + 1]);
+      dequant8_float<D>(b, j0, w);
       return;
     }
     const __half2 scale = __float2half2_rn(scale_f);
@@ -327,9 +332,7 @@ __device__ __forceinline__ void dequant8(const unsigned char* raw, int k, uint32
     const int j0 = k % D::kBlock, s = j0 / 32;
     const float scale_f = fmul_rn(f16_to_float(load_u16_even(b)), static_cast<float>(iq4xs_scale_of(s, b) - 32));
     if (!(fabsf(scale_f) <= 65504.0f)) {  // beyond f16: the float path
-      float f[8];
-      D::run(b, j0, f);
-      for (int e = 0; e < 4; ++e) w[e] = pack_half2(f[2 * e], f[2 * e + 1]);
+      dequant8_float<D>(b, j0, w);
       return;
     }
     const uint32_t d = __half_as_ushort(__float2half_rn(scale_f));
@@ -344,12 +347,7 @@ __device__ __forceinline__ void dequant8(const unsigned char* raw, int k, uint32
       w[2 * h + 1] = h2_sub_mul(__byte_perm(c, 0x64646464u, 0x7362), 0x64806480u, d2);  // bytes 2, 3
     }
   } else {
-    float f[8];
-    D::run(raw + (k / D::kBlock) * D::kBytes, k % D::kBlock, f);
-    w[0] = pack_half2(f[0], f[1]);
-    w[1] = pack_half2(f[2], f[3]);
-    w[2] = pack_half2(f[4], f[5]);
-    w[3] = pack_half2(f[6], f[7]);
+    dequant8_float<D>(raw + (k / D::kBlock) * D::kBytes, k % D::kBlock, w);
   }
 }
 

@@ -369,6 +369,29 @@ __global__ void quantize_act_fast_kernel(ActFastLayout<Q> out, TensorDesc b) {
   }
 }
 
+/// Unit u's decoded weights of the tile's kLoad rows (w) against the unit's 32 activation codes of each of
+/// the ncols columns of batch z, their terms added to acc: a step of the pipeline and of the direct unit
+/// kernel alike. n_units = k / kFastUnit and scales_per_row = k / Q::kActScaleBlock, the callers' (once
+/// a kernel, not a step).
+template <class Q, int kCols, int kLoad>
+__device__ __forceinline__ void unit_dot_columns(const typename Q::Unit (&w)[kLoad], const ActFastLayout<Q>& act,
+                                                 int64_t k, int64_t n_units, int64_t scales_per_row, int64_t u,
+                                                 int ncols, int64_t z, float (&acc)[kLoad][kCols]) {
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) {
+    if (c >= ncols) break;
+    const int64_t col = c + ncols * z;
+    const auto* xp = reinterpret_cast<const int4*>(act.codes + col * k + u * kFastUnit);
+    const int4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
+    const int x[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+    const float dx = __ldg(act.scales + col * scales_per_row + u * kFastUnit / Q::kActScaleBlock);
+    int xsum = 0;
+    if constexpr (Q::kActSums) xsum = __ldg(act.sums + col * n_units + u);
+#pragma unroll
+    for (int l = 0; l < kLoad; ++l) acc[l][c] += Q::dot(w[l], x, dx, xsum);
+  }
+}
+
 // Tiles blockIdx.x, + gridDim.x, ... (a grid of about one wave: every block walks several tiles)
 // against the activations quantized in act (column j of batch z at row j + ncols * z). The
 // block's work is a sequence of steps (tile, stage); thread 0 keeps the bulk copies of the next
@@ -453,19 +476,7 @@ __global__ void __launch_bounds__(kThreads, quant_blocks_per_sm<Q, kCols>())
       typename Q::Unit w[kLoad];
 #pragma unroll
       for (int l = 0; l < kLoad; ++l) w[l] = Q::decode(&stage[buf][l][blk * Q::kBytes], part);
-#pragma unroll
-      for (int c = 0; c < kCols; ++c) {
-        if (c >= ncols) break;
-        const int64_t col = c + ncols * at.z;
-        const auto* xp = reinterpret_cast<const int4*>(act.codes + col * k + u * kFastUnit);
-        const int4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
-        const int x[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-        const float dx = __ldg(act.scales + col * scales_per_row + u * kFastUnit / Q::kActScaleBlock);
-        int xsum = 0;
-        if constexpr (Q::kActSums) xsum = __ldg(act.sums + col * n_units + u);
-#pragma unroll
-        for (int l = 0; l < kLoad; ++l) acc[l][c] += Q::dot(w[l], x, dx, xsum);
-      }
+      unit_dot_columns<Q, kCols, kLoad>(w, act, k, n_units, scales_per_row, u, ncols, at.z, acc);
     }
     if (++s == n_stages) {  // the tile is complete
       reduce_and_store<kRows, kCols, kGlu>(acc, partial, args, at, ncols);
@@ -950,19 +961,7 @@ __global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<kCols>())
       pdl_wait();
       waited = true;
     }
-#pragma unroll
-    for (int c = 0; c < kCols; ++c) {
-      if (c >= ncols) break;
-      const int64_t col = c + ncols * at.z;
-      const auto* xp = reinterpret_cast<const int4*>(act.codes + col * k + u * kFastUnit);
-      const int4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
-      const int x[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-      const float dx = __ldg(act.scales + col * scales_per_row + u * kFastUnit / Q::kActScaleBlock);
-      int xsum = 0;
-      if constexpr (Q::kActSums) xsum = __ldg(act.sums + col * n_units + u);
-#pragma unroll
-      for (int l = 0; l < kLoad; ++l) acc[l][c] += Q::dot(w[l], x, dx, xsum);
-    }
+    unit_dot_columns<Q, kCols, kLoad>(w, act, k, n_units, scales_per_row, u, ncols, at.z, acc);
   }
   if (!waited) pdl_wait();
   warp_reduce_store<kRows, kCols, kGlu>(acc, args, at, t, lane, ncols);
