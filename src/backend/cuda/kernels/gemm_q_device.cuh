@@ -202,13 +202,6 @@ __device__ __forceinline__ uint32_t h2_sub_mul(uint32_t h, uint32_t sub, uint32_
   return out;
 }
 
-// Eight weights k .. k+7 (k relative to the chunk) of a staged row as four f16x2. q4_0 and q8_0 work
-// on f16 pairs directly: two 8-bit codes become 1024 + code in one byte permute with 0x64 (the f16
-// exponent of 1024), the offset (1032 or 1152) comes off exactly and the f16 scale multiplies with one
-// rounding: the same values as the float path (an exact product rounded once to f16) in ~60% of its
-// instructions, which bound this kernel (8B Q4_0 batched step at 64: 4,830 -> 5,376 t/s). The K-quants
-// and iq4_xs likewise with their scales rounded to f16 first; the other formats (q4_1, q5_0, q5_1,
-// iq4_nl, mxfp4) go through their float Dequant8.
 /// Weights j0 .. j0 + 7 of block b through the format's float Dequant8, each pair rounded to f16: the
 /// formats without an f16 path, and a block whose f16 path's scale lies beyond f16's range.
 template <class D>
@@ -218,6 +211,13 @@ __device__ __forceinline__ void dequant8_float(const uint8_t* b, int j0, uint32_
   for (int e = 0; e < 4; ++e) w[e] = pack_half2(f[2 * e], f[2 * e + 1]);
 }
 
+// Eight weights k .. k+7 (k relative to the chunk) of a staged row as four f16x2. q4_0 and q8_0 work
+// on f16 pairs directly: two 8-bit codes become 1024 + code in one byte permute with 0x64 (the f16
+// exponent of 1024), the offset (1032 or 1152) comes off exactly and the f16 scale multiplies with one
+// rounding: the same values as the float path (an exact product rounded once to f16) in ~60% of its
+// instructions, which bound this kernel (8B Q4_0 batched step at 64: 4,830 -> 5,376 t/s). The K-quants
+// and iq4_xs likewise with their scales rounded to f16 first; the other formats (q4_1, q5_0, q5_1,
+// iq4_nl, mxfp4) go through their float Dequant8.
 template <class D>
 __device__ __forceinline__ void dequant8(const unsigned char* raw, int k, uint32_t (&w)[4]) {
   if constexpr (std::is_same_v<D, Dequant8Q4_0> || std::is_same_v<D, Dequant8Q8_0>) {
