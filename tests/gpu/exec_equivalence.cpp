@@ -673,7 +673,8 @@ int main(int argc, char** argv) {
       const bool tiles_expected =
           !deterministic && (gt == DType::q4_0 || gt == DType::q8_0 || gt == DType::q4_k || gt == DType::q5_k ||
                              gt == DType::q6_k || gt == DType::iq4_xs ||
-                             gt == DType::q3_k || gt == DType::q2_k);
+                             gt == DType::q3_k || gt == DType::q2_k || gt == DType::q4_1 || gt == DType::q5_0 ||
+                             gt == DType::q5_1 || gt == DType::iq4_nl);
       check(tiles_expected ? handoffs_with > handoffs_without : handoffs_with == handoffs_without,
             fmt::format("{}: 32 sequences: gemm_q's tiles handed over {} ({} hand-offs against {} without)", short_name,
                         tiles_expected ? "(expected)" : "nowhere (none expected)", handoffs_with, handoffs_without));
