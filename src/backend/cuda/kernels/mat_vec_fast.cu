@@ -923,14 +923,17 @@ __global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<kCols>())
 
 // ---- the other K-quants and iq4_xs straight from global memory ---------------------------------------
 
-/// The 256-weight formats whose unit decode (mat_vec_fast_formats.cuh) reads nothing past its own block
+/// The formats whose unit decode (mat_vec_fast_formats.cuh) reads nothing past its own block
 /// at the alignment rows give them in global memory (q2_K's 84-byte blocks: 4-byte aligned; q3_K's
 /// 110: 2-byte, its aligned words starting up to 2 bytes before a block, in the row's previous one, as
-/// a row starts 16-byte aligned; iq4_xs's 136: 8-byte, read in 8-byte words), so
-/// mat_vec_direct_unit_kernel may decode rows in place: no read past a tensor's last block.
+/// a row starts 16-byte aligned; iq4_xs's 136: 8-byte, read in 8-byte words), and the 32-weight q4_1 (20
+/// bytes, its codes 4-byte aligned) and q5_1 (24, 8-byte) whose codes are read in whole words
+/// (NibbleAlign::a4), so mat_vec_direct_unit_kernel may decode rows in place: no read past a tensor's last
+/// block. q5_0 and iq4_nl (2-byte aligned codes, a word read past them) and mxfp4 stay on the pipeline.
 template <class Q>
-constexpr bool kDirectUnit =
-    std::is_same_v<Q, FastQ2_K> || std::is_same_v<Q, FastQ3_K> || std::is_same_v<Q, FastIQ4_XS>;
+constexpr bool kDirectUnit = std::is_same_v<Q, FastQ2_K> || std::is_same_v<Q, FastQ3_K> ||
+                             std::is_same_v<Q, FastIQ4_XS> || std::is_same_v<Q, FastQ4_1> ||
+                             std::is_same_v<Q, FastQ5_1>;
 
 // Tiles of kRows output rows (glu: kRows gate + kRows up), one per warp, for the kDirectUnit formats:
 // lane l of a step takes unit l of the step's 32 of each row (4 blocks of 8 units), decodes it with the
@@ -996,8 +999,8 @@ constexpr int64_t direct_row_multiple() {
   return 0;
 }
 
-/// The direct kernels (q4_K, q4_0, q8_0, q2_K, q3_K at 1-2 columns; q5_K, q6_K, iq4_xs at one), unless
-/// LOOM_MV_DIRECT=0 asks for the shared-memory pipeline instead (to compare).
+/// The direct kernels (q4_K, q4_0, q8_0, q2_K, q3_K, q4_1, q5_1 at 1-2 columns; q5_K, q6_K, iq4_xs at
+/// one), unless LOOM_MV_DIRECT=0 asks for the shared-memory pipeline instead (to compare).
 bool direct_mat_vec_enabled() {
   static const bool on = env_switch("LOOM_MV_DIRECT");
   return on;
