@@ -929,11 +929,26 @@ __global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<kCols>())
 /// a row starts 16-byte aligned; iq4_xs's 136: 8-byte, read in 8-byte words), and the 32-weight q4_1 (20
 /// bytes, its codes 4-byte aligned) and q5_1 (24, 8-byte) whose codes are read in whole words
 /// (NibbleAlign::a4), so mat_vec_direct_unit_kernel may decode rows in place: no read past a tensor's last
-/// block. q5_0 and iq4_nl (2-byte aligned codes, a word read past them) and mxfp4 stay on the pipeline.
+/// block. q5_0 and iq4_nl (2-byte aligned codes, which their pipeline decode reads a word past) through
+/// decode_in_block (NibbleAlign::a2_in: the last two bytes a 16-bit load); mxfp4 stays on the pipeline.
 template <class Q>
 constexpr bool kDirectUnit = std::is_same_v<Q, FastQ2_K> || std::is_same_v<Q, FastQ3_K> ||
                              std::is_same_v<Q, FastIQ4_XS> || std::is_same_v<Q, FastQ4_1> ||
-                             std::is_same_v<Q, FastQ5_1>;
+                             std::is_same_v<Q, FastQ5_1> || std::is_same_v<Q, FastQ5_0> ||
+                             std::is_same_v<Q, FastIQ4_NL>;
+
+/// Whether Q has decode_in_block (its decode reads past the block).
+template <class Q, class = void>
+struct HasDecodeInBlock : std::false_type {};
+template <class Q>
+struct HasDecodeInBlock<Q, std::void_t<decltype(Q::decode_in_block(nullptr, 0))>> : std::true_type {};
+
+/// A unit decoded from global memory: the format's decode_in_block where it has one.
+template <class Q>
+__device__ __forceinline__ typename Q::Unit direct_decode(const uint8_t* block, int part) {
+  if constexpr (HasDecodeInBlock<Q>::value) return Q::decode_in_block(block, part);
+  else return Q::decode(block, part);
+}
 
 // Tiles of kRows output rows (glu: kRows gate + kRows up), one per warp, for the kDirectUnit formats:
 // lane l of a step takes unit l of the step's 32 of each row (4 blocks of 8 units), decodes it with the
@@ -959,7 +974,7 @@ __global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<kCols>())
     const int part = static_cast<int>(u % Q::kUnitsPerBlock);
     typename Q::Unit w[kLoad];
 #pragma unroll
-    for (int l = 0; l < kLoad; ++l) w[l] = Q::decode(rows[l] + blk * Q::kBytes, part);
+    for (int l = 0; l < kLoad; ++l) w[l] = direct_decode<Q>(rows[l] + blk * Q::kBytes, part);
     if (!waited) {
       pdl_wait();
       waited = true;
@@ -999,7 +1014,7 @@ constexpr int64_t direct_row_multiple() {
   return 0;
 }
 
-/// The direct kernels (q4_K, q4_0, q8_0, q2_K, q3_K, q4_1, q5_1 at 1-2 columns; q5_K, q6_K, iq4_xs at
+/// The direct kernels (q4_K, q4_0, q8_0, q2_K, q3_K, q4_1, q5_0, q5_1, iq4_nl at 1-2 columns; q5_K, q6_K, iq4_xs at
 /// one), unless LOOM_MV_DIRECT=0 asks for the shared-memory pipeline instead (to compare).
 bool direct_mat_vec_enabled() {
   static const bool on = env_switch("LOOM_MV_DIRECT");

@@ -332,9 +332,28 @@ LOOM_HD void load_words_a4(const uint8_t* p, uint32_t (&w)[N]) {
 #endif
 }
 
+/// load_words_a2 with nothing read past the n words: the aligned word holding their last two bytes
+/// (2-byte aligned p) read as a 16-bit load, none (4-byte aligned p). For global memory, where a
+/// tensor's last block may end its allocation (mat_vec_direct_unit_kernel's q5_0 and iq4_nl).
+template <int N>
+LOOM_HD void load_words_a2_in(const uint8_t* p, uint32_t (&w)[N]) {
+#if defined(__CUDA_ARCH__)
+  const auto addr = reinterpret_cast<uintptr_t>(p);
+  const auto* base = reinterpret_cast<const uint32_t*>(addr & ~uintptr_t{3});
+  const unsigned shift = (addr & 2u) * 8u;
+  uint32_t raw[N + 1];
+  for (int i = 0; i < N; ++i) raw[i] = base[i];
+  raw[N] = shift ? *reinterpret_cast<const uint16_t*>(base + N) : 0u;
+  for (int i = 0; i < N; ++i) w[i] = __funnelshift_r(raw[i], raw[i + 1], shift);
+#else
+  std::memcpy(w, p, sizeof(w));
+#endif
+}
+
 /// How a block's 16 bytes of nibbles are aligned where they are read: any byte (mxfp4), 2 bytes (q5_0,
-/// iq4_nl: a word more is read, past the codes), 4 bytes (q4_1, q5_1: exactly the 16 bytes).
-enum class NibbleAlign { a1, a2, a4 };
+/// iq4_nl: a word more is read, past the codes; a2_in: nothing past them), 4 bytes (q4_1, q5_1: exactly
+/// the 16 bytes).
+enum class NibbleAlign { a1, a2, a2_in, a4 };
 
 /// Eight code words of a 32-element block from its 16 bytes of nibbles (q4_0's order) at qs.
 template <NibbleAlign kAlign>
@@ -344,6 +363,8 @@ LOOM_HD void nibble_words(const uint8_t* qs, uint32_t (&lo)[4], uint32_t (&hi)[4
     load_words_a1(qs, raw);
   } else if constexpr (kAlign == NibbleAlign::a2) {
     load_words_a2(qs, raw);
+  } else if constexpr (kAlign == NibbleAlign::a2_in) {
+    load_words_a2_in(qs, raw);
   } else {
     load_words_a4(qs, raw);
   }
@@ -393,13 +414,16 @@ struct FastQ5_0 {
   static constexpr int kActScaleBlock = 32;
   static constexpr bool kActSums = false;
   using Unit = FastQ8_0::Unit;
+  template <NibbleAlign kAlign = NibbleAlign::a2>
   LOOM_HD static Unit decode(const uint8_t* b, int /*part*/) {
     Unit u;
-    q5_words<NibbleAlign::a2>(b + 6, load_u32_a2(b + 2), u.q);
+    q5_words<kAlign>(b + 6, load_u32_a2(b + 2), u.q);
     for (uint32_t& w : u.q) w = fivebits_minus_16(w);
     u.d = half_to_float(load_u16_a2(b));
     return u;
   }
+  /// decode reading nothing past the block (global memory: mat_vec_direct_unit_kernel)
+  LOOM_HD static Unit decode_in_block(const uint8_t* b, int part) { return decode<NibbleAlign::a2_in>(b, part); }
   LOOM_HD static float dot(const Unit& u, const int (&x)[8], float dx, int xsum) {
     return FastQ8_0::dot(u, x, dx, xsum);
   }
@@ -440,12 +464,15 @@ struct FastIQ4_NL {
   static constexpr int kActScaleBlock = 32;
   static constexpr bool kActSums = false;
   using Unit = FastQ8_0::Unit;
+  template <NibbleAlign kAlign = NibbleAlign::a2>
   LOOM_HD static Unit decode(const uint8_t* b, int /*part*/) {
     Unit u;
-    book_words<NibbleAlign::a2>(b + 2, iq4nl_book(), u.q);
+    book_words<kAlign>(b + 2, iq4nl_book(), u.q);
     u.d = half_to_float(load_u16_a2(b));
     return u;
   }
+  /// decode reading nothing past the block (global memory: mat_vec_direct_unit_kernel)
+  LOOM_HD static Unit decode_in_block(const uint8_t* b, int part) { return decode<NibbleAlign::a2_in>(b, part); }
   LOOM_HD static float dot(const Unit& u, const int (&x)[8], float dx, int xsum) {
     return FastQ8_0::dot(u, x, dx, xsum);
   }
