@@ -40,6 +40,16 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
+/// A load of what an earlier kernel of the step wrote (activations), in a kernel that reads weights before its
+/// pdl_wait(): a coherent load (ld.global.ca), never __ldg's ld.global.nc. ld.global.nc promises data that no
+/// grid writes while this one runs, and ptxas acts on it: in a direct mat-vec's loop whose first step waits
+/// under a flag, it scheduled the activation loads of that step above the griddepcontrol.wait (SASS of the
+/// mixed Q/K/V kernel, stop 45: under PDL its logits moved from run to run).
+template <class T>
+__device__ __forceinline__ T ld_act(const T* p) {
+  return __ldca(p);
+}
+
 __device__ __forceinline__ int64_t nelements(const TensorDesc& t) {
   return t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3];
 }

@@ -382,11 +382,11 @@ __device__ __forceinline__ void unit_dot_columns(const typename Q::Unit (&w)[kLo
     if (c >= ncols) break;
     const int64_t col = c + ncols * z;
     const auto* xp = reinterpret_cast<const int4*>(act.codes + col * k + u * kFastUnit);
-    const int4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
+    const int4 x0 = ld_act(xp), x1 = ld_act(xp + 1);
     const int x[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-    const float dx = __ldg(act.scales + col * scales_per_row + u * kFastUnit / Q::kActScaleBlock);
+    const float dx = ld_act(act.scales + col * scales_per_row + u * kFastUnit / Q::kActScaleBlock);
     int xsum = 0;
-    if constexpr (Q::kActSums) xsum = __ldg(act.sums + col * n_units + u);
+    if constexpr (Q::kActSums) xsum = ld_act(act.sums + col * n_units + u);
 #pragma unroll
     for (int l = 0; l < kLoad; ++l) acc[l][c] += Q::dot(w[l], x, dx, xsum);
   }
@@ -666,11 +666,11 @@ __global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<kCols, (kPrefet
       if (c >= ncols) break;
       const int64_t col = c + ncols * at.z;
       const auto* xc = reinterpret_cast<const int4*>(act.codes + col * k + b * 256 + 64 * p);
-      const int4 xa = __ldg(xc), xb = __ldg(xc + 1), xc2 = __ldg(xc + 2), xd = __ldg(xc + 3);
-      const float dx = __ldg(act.scales + col * n_blocks + b);
+      const int4 xa = ld_act(xc), xb = ld_act(xc + 1), xc2 = ld_act(xc + 2), xd = ld_act(xc + 3);
+      const float dx = ld_act(act.scales + col * n_blocks + b);
       // the two sub-blocks' activation code sums (int16 pairs, 4-byte aligned: 8 b + 2 p is even)
       const uint32_t sums =
-          __ldg(reinterpret_cast<const uint32_t*>(act.sums + col * (k / kFastUnit) + 8 * b + 2 * p));
+          ld_act(reinterpret_cast<const uint32_t*>(act.sums + col * (k / kFastUnit) + 8 * b + 2 * p));
       const int s0 = static_cast<int16_t>(sums & 0xffffu), s1 = static_cast<int16_t>(sums >> 16);
       const int x_lo[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
       const int x_hi[8] = {xc2.x, xc2.y, xc2.z, xc2.w, xd.x, xd.y, xd.z, xd.w};
@@ -773,8 +773,8 @@ __global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<kCols>())
       if (c >= ncols) break;
       const int64_t col = c + ncols * at.z;
       const auto* xc = reinterpret_cast<const int4*>(act.codes + col * k + g * 256 + 64 * p);
-      const int4 x0 = __ldg(xc), x1 = __ldg(xc + 1), x2 = __ldg(xc + 2), x3 = __ldg(xc + 3);
-      const float2 dx = __ldg(reinterpret_cast<const float2*>(act.scales + col * n_scales + 8 * g + 2 * p));
+      const int4 x0 = ld_act(xc), x1 = ld_act(xc + 1), x2 = ld_act(xc + 2), x3 = ld_act(xc + 3);
+      const float2 dx = ld_act(reinterpret_cast<const float2*>(act.scales + col * n_scales + 8 * g + 2 * p));
       const int xa[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};  // block 2 p's codes
       const int xb[8] = {x2.x, x2.y, x2.z, x2.w, x3.x, x3.y, x3.z, x3.w};  // block 2 p + 1's
       int sa = 0, sb = 0;
@@ -903,10 +903,10 @@ __global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<kCols>())
           int x[4][4];
 #pragma unroll
           for (int e = 0; e < 4; ++e) {  // unit e's 16 codes, 32 apart
-            const int4 v = __ldg(xc + 2 * e);
+            const int4 v = ld_act(xc + 2 * e);
             x[e][0] = v.x, x[e][1] = v.y, x[e][2] = v.z, x[e][3] = v.w;
           }
-          const float dx = __ldg(act.scales + col * n_blocks + b);
+          const float dx = ld_act(act.scales + col * n_blocks + b);
           acc[c] += p.d4 * dx * static_cast<float>(D::isum(p, x));
         }
       }
