@@ -29,21 +29,30 @@ namespace loom::cuda {
 /// Weights (and activation codes) per unit.
 constexpr int kFastUnit = 32;
 
-/// n little-endian 32-bit words from a 2-byte aligned address. On the device: the n + 1 aligned
-/// words around them and a funnel shift, n + 1 loads instead of 2n 16-bit ones (the word past the
-/// end must be readable: the shared-memory stages keep 16 bytes of slack).
-template <int N>
-LOOM_HD void load_words_a2(const uint8_t* p, uint32_t (&w)[N]) {
+/// n little-endian 32-bit words from an address of kAlign-byte alignment (2 or 1). On the device: the n + 1
+/// aligned words around them and a funnel shift by 0-24 bits, n + 1 loads instead of 2n 16-bit or 4n 8-bit
+/// ones. The word past the end must be readable (the shared-memory stages keep 16 bytes of slack), but with
+/// kIn (kAlign 2): then its two bytes inside the n words are a 16-bit load, none at a 4-byte aligned p.
+template <int N, int kAlign, bool kIn = false>
+LOOM_HD void load_words_shifted(const uint8_t* p, uint32_t (&w)[N]) {
+  static_assert((kAlign == 2 || kAlign == 1) && (!kIn || kAlign == 2), "2-byte or any alignment; kIn at 2");
 #if defined(__CUDA_ARCH__)
   const auto addr = reinterpret_cast<uintptr_t>(p);
   const auto* base = reinterpret_cast<const uint32_t*>(addr & ~uintptr_t{3});
-  const unsigned shift = (addr & 2u) * 8u;
+  const unsigned shift = (addr & (kAlign == 2 ? 2u : 3u)) * 8u;
   uint32_t raw[N + 1];
-  for (int i = 0; i <= N; ++i) raw[i] = base[i];
+  for (int i = 0; i < (kIn ? N : N + 1); ++i) raw[i] = base[i];
+  if constexpr (kIn) raw[N] = shift ? *reinterpret_cast<const uint16_t*>(base + N) : 0u;
   for (int i = 0; i < N; ++i) w[i] = __funnelshift_r(raw[i], raw[i + 1], shift);
 #else
   std::memcpy(w, p, sizeof(w));
 #endif
+}
+
+/// n words from a 2-byte aligned address, a word read past them.
+template <int N>
+LOOM_HD void load_words_a2(const uint8_t* p, uint32_t (&w)[N]) {
+  load_words_shifted<N, 2>(p, w);
 }
 
 /// n (a multiple of 4) little-endian 32-bit words from a 16-byte aligned address: n / 4 16-byte
@@ -82,16 +91,7 @@ LOOM_HD void load_words_a8(const uint8_t* p, uint32_t (&w)[N]) {
 /// load_words_a2 from any address (mxfp4's 17-byte blocks): the same funnel shift by 8, 16 or 24 bits.
 template <int N>
 LOOM_HD void load_words_a1(const uint8_t* p, uint32_t (&w)[N]) {
-#if defined(__CUDA_ARCH__)
-  const auto addr = reinterpret_cast<uintptr_t>(p);
-  const auto* base = reinterpret_cast<const uint32_t*>(addr & ~uintptr_t{3});
-  const unsigned shift = (addr & 3u) * 8u;
-  uint32_t raw[N + 1];
-  for (int i = 0; i <= N; ++i) raw[i] = base[i];
-  for (int i = 0; i < N; ++i) w[i] = __funnelshift_r(raw[i], raw[i + 1], shift);
-#else
-  std::memcpy(w, p, sizeof(w));
-#endif
+  load_words_shifted<N, 1>(p, w);
 }
 
 /// Bytewise x - 8 for bytes 0..15 (q4_0 codes), as int8: no borrow crosses a byte.
@@ -332,22 +332,11 @@ LOOM_HD void load_words_a4(const uint8_t* p, uint32_t (&w)[N]) {
 #endif
 }
 
-/// load_words_a2 with nothing read past the n words: the aligned word holding their last two bytes
-/// (2-byte aligned p) read as a 16-bit load, none (4-byte aligned p). For global memory, where a
-/// tensor's last block may end its allocation (mat_vec_direct_unit_kernel's q5_0 and iq4_nl).
+/// load_words_a2 with nothing read past the n words: for global memory, where a tensor's last block may
+/// end its allocation (mat_vec_direct_unit_kernel's q5_0 and iq4_nl).
 template <int N>
 LOOM_HD void load_words_a2_in(const uint8_t* p, uint32_t (&w)[N]) {
-#if defined(__CUDA_ARCH__)
-  const auto addr = reinterpret_cast<uintptr_t>(p);
-  const auto* base = reinterpret_cast<const uint32_t*>(addr & ~uintptr_t{3});
-  const unsigned shift = (addr & 2u) * 8u;
-  uint32_t raw[N + 1];
-  for (int i = 0; i < N; ++i) raw[i] = base[i];
-  raw[N] = shift ? *reinterpret_cast<const uint16_t*>(base + N) : 0u;
-  for (int i = 0; i < N; ++i) w[i] = __funnelshift_r(raw[i], raw[i + 1], shift);
-#else
-  std::memcpy(w, p, sizeof(w));
-#endif
+  load_words_shifted<N, 2, true>(p, w);
 }
 
 /// How a block's 16 bytes of nibbles are aligned where they are read: any byte (mxfp4), 2 bytes (q5_0,
