@@ -55,6 +55,8 @@
 #   fastdiff  per-position logits: CUDA fast vs exact and CUDA vs CPU (exact) on LOOM_MODELS
 #   peer     llama.cpp (../shared/peer) built and run beside Loom on LOOM_MODELS: llama-bench and
 #            llama-batched-bench against loom bench, one run
+#   sasswait  per kernel of libloom_cuda.so (LOOM_SASS_FILTER: a regular expression on its name), the loads its
+#            SASS issues before the first griddepcontrol.wait (tools/sass_wait.py)
 #   batchcheck  loom-exec-equivalence on the built-in model and LOOM_MODELS, both numerics and fast with
 #            LOOM_DETERMINISTIC=1 (includes 16 sequences decoded together against alone, required in exact
 #            and deterministic, and sampled in the graph against the host; LOOM_BATCHCHECK_MODES picks
@@ -387,6 +389,8 @@ print("; ".join(f"{k} {sum(v) / len(v) / 1000:.2f} us (x{len(v)})" for k, v in t
         f=$(model "$m") || continue
         for num in exact fast; do cmp_run "$m $num" "$f" --numerics $num -s 9 -n 256 -p "Once upon a time"; done
       done ;;
+    sasswait)
+      /usr/local/cuda/bin/cuobjdump -sass "$bin/libloom_cuda.so" | python3 tools/sass_wait.py ${LOOM_SASS_FILTER:+"$LOOM_SASS_FILTER"} ;;
     kprof)
       # one kernel (LOOM_KPROF_KERNEL, a regex) of one op-test perf case (LOOM_KPROF_CASE, OP|FILTER) under
       # ncu's speed-of-light, occupancy, launch and warp-state sections, and its top stall lines (SASS)

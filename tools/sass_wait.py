@@ -1,0 +1,44 @@
+#!/usr/bin/env python3
+"""Which loads a kernel issues before its griddepcontrol.wait, from `cuobjdump -sass` on stdin.
+
+A kernel that reads before its pdl_wait() (src/backend/cuda/kernels/common.cuh, "// pdl_wait later") may
+load only what no kernel of the step writes (weights) there. ptxas schedules the SASS, and it may put an
+ld.global.nc (LDG...CONSTANT, from __ldg) above the wait (ACQBULK): ld.global.nc promises data no grid writes
+while this one runs (stop 45: a mixed Q/K/V mat-vec's activation loads, its logits moving run to run under
+PDL). This lists, per kernel whose name matches the filter (argv[1], a regular expression; default: every
+kernel with a wait after a load), the loads before the first ACQBULK in program order: non-coherent
+(CONSTANT) and coherent ones. Reading which of them are weights is the
+reader's job (their count against the kernel's first-step weight loads); a load of what an earlier kernel
+writes must be a coherent one after the wait (ld_act).
+
+  cuobjdump -sass build/bin/libloom_cuda.so | tools/sass_wait.py 'mat_vec_direct'
+"""
+import re
+import sys
+
+pattern = re.compile(sys.argv[1]) if len(sys.argv) > 1 else None
+demangled = re.compile(r'_GLOBAL__N__[0-9a-f]+_\d+_[a-z_]+_cu_[0-9a-f]+\d+')
+name, lines = None, []
+
+
+def report():
+    if name is None or (pattern and not pattern.search(name)):
+        return
+    first = next((i for i, line in enumerate(lines) if 'ACQBULK' in line), None)
+    if first is None:
+        return
+    pre = [line for line in lines[:first] if re.search(r'\bLDG\b|\bLDG\.', line)]
+    if not pre and not pattern:
+        return
+    nc = sum('CONSTANT' in line for line in pre)
+    print(f'{demangled.sub("", name)[:110]}: before the first wait {nc} non-coherent, {len(pre) - nc} coherent loads; '
+          f'waits {sum("ACQBULK" in line for line in lines)}')
+
+
+for line in sys.stdin:
+    if 'Function :' in line:
+        report()
+        name, lines = line.split('Function :', 1)[1].strip(), []
+    else:
+        lines.append(line)
+report()
