@@ -14,8 +14,9 @@
 // integer sum by dp4a, scaled in float.
 //
 // __host__ __device__ (LOOM_HD) so that loom-cuda-host-tests checks the decoders against the CPU's
-// dequantizer. Weight blocks are only 2-byte aligned (34, 18 and 210 bytes), so words are read
-// through load_words_a2. Includes nothing outside src/backend/cuda/ but cuda_fp16.h.
+// dequantizer. Weight blocks are mostly only 2-byte aligned (34, 18, 22 and 210 bytes), so words are read
+// through load_words_shifted (mxfp4's 17-byte blocks at any alignment; decode_in_block's form reads
+// nothing past a block, for global memory). Includes nothing outside src/backend/cuda/ but cuda_fp16.h.
 #pragma once
 
 #include <cstdint>
