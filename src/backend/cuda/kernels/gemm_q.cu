@@ -360,16 +360,9 @@ CudaError launch_gemm_q(const LaunchContext& ctx, const GemmQProducts& pr, const
         // 64 columns, 8 warps of two tiles against it: [14336, 4096] q4_K 48.8 / 41.3 us, q4_0 43.8 / 41.0,
         // [4096, 14336] q8_0 47.4 / 43.2); q6_K: 8 warps of two tiles (55.5 against 59.1). The formats
         // dequantized through floats: 16 warps, unrolled once (by two they spill at 128 registers).
-        constexpr bool kF16Path = std::is_same_v<D, Dequant8Q4_K> || std::is_same_v<D, Dequant8Q4_0> ||
-                                  std::is_same_v<D, Dequant8Q6_K> || std::is_same_v<D, Dequant8Q8_0> ||
-                                  std::is_same_v<D, Dequant8Of<FormatQ5_K>> ||
-                                  std::is_same_v<D, Dequant8Of<FormatIQ4_XS>> ||
-                                  std::is_same_v<D, Dequant8Of<FormatQ3_K>> || std::is_same_v<D, Dequant8Of<FormatQ2_K>> ||
-                                  std::is_same_v<D, Dequant8Of<FormatQ4_1>> || std::is_same_v<D, Dequant8Of<FormatQ5_0>> ||
-                                  std::is_same_v<D, Dequant8Of<FormatQ5_1>> || std::is_same_v<D, Dequant8Of<FormatIQ4_NL>>;
-        auto* kernel = gemm_q_kernel<D, kF16Path ? 2 : 1, 1>;
+        auto* kernel = gemm_q_kernel<D, kF16Dequant<D> ? 2 : 1, 1>;
         int threads = kThreadsOf<1>;
-        if constexpr (kF16Path) {
+        if constexpr (kF16Dequant<D>) {
           const int mt = mtiles_setting() ? mtiles_setting() : std::is_same_v<D, Dequant8Q6_K> ? 2 : 1;
           const int unroll = unroll_setting() ? unroll_setting() : mt == 1 ? 2 : 1;
           if (mt == 2) {

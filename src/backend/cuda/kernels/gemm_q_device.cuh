@@ -202,6 +202,17 @@ __device__ __forceinline__ uint32_t h2_sub_mul(uint32_t h, uint32_t sub, uint32_
   return out;
 }
 
+// (h - sub) * mul + add on f16x2 registers: the exact subtraction, then one fma.
+__device__ __forceinline__ uint32_t h2_sub_fma(uint32_t h, uint32_t sub, __half2 mul, __half2 add) {
+  __half2 x, y;
+  memcpy(&x, &h, 4);
+  memcpy(&y, &sub, 4);
+  const __half2 r = __hfma2(__hsub2(x, y), mul, add);
+  uint32_t out;
+  memcpy(&out, &r, 4);
+  return out;
+}
+
 /// Weights j0 .. j0 + 7 of block b through the format's float Dequant8, each pair rounded to f16: the
 /// formats without an f16 path, and a block whose f16 path's scale lies beyond f16's range.
 template <class D>
@@ -210,6 +221,16 @@ __device__ __forceinline__ void dequant8_float(const uint8_t* b, int j0, uint32_
   D::run(b, j0, f);
   for (int e = 0; e < 4; ++e) w[e] = pack_half2(f[2 * e], f[2 * e + 1]);
 }
+
+/// The formats dequant8 decodes straight to f16 pairs (all but mxfp4, whose power-of-two scale lies past
+/// f16's range: its float Dequant8): gemm_q's unrolled-by-two form and the warpgroup kernel take them.
+template <class D>
+constexpr bool kF16Dequant = std::is_same_v<D, Dequant8Q4_K> || std::is_same_v<D, Dequant8Q4_0> ||
+                             std::is_same_v<D, Dequant8Q8_0> || std::is_same_v<D, Dequant8Q6_K> ||
+                             std::is_same_v<D, Dequant8Of<FormatQ5_K>> || std::is_same_v<D, Dequant8Of<FormatIQ4_XS>> ||
+                             std::is_same_v<D, Dequant8Of<FormatQ3_K>> || std::is_same_v<D, Dequant8Of<FormatQ2_K>> ||
+                             std::is_same_v<D, Dequant8Of<FormatQ4_1>> || std::is_same_v<D, Dequant8Of<FormatQ5_0>> ||
+                             std::is_same_v<D, Dequant8Of<FormatQ5_1>> || std::is_same_v<D, Dequant8Of<FormatIQ4_NL>>;
 
 // Eight weights k .. k+7 (k relative to the chunk) of a staged row as four f16x2. q4_0 and q8_0 work
 // on f16 pairs directly: two 8-bit codes become 1024 + code in one byte permute with 0x64 (the f16
@@ -264,13 +285,7 @@ __device__ __forceinline__ void dequant8(const unsigned char* raw, int k, uint32
       for (int e = 0; e < 4; ++e) {
         uint32_t v = (load_u16_even(q + 2 * e) >> shift) & 0x0f0fu;
         if constexpr (kQ5) v |= ((load_u16_even(b + 16 + j0 % 32 + 2 * e) >> sb) & 0x0101u) << 4;  // codes 0..31
-        const uint32_t h = __byte_perm(v, 0x64646464u, 0x5140);  // 1024 + code
-        __half2 x, c1024;
-        const uint32_t k1024 = 0x64006400u;
-        memcpy(&x, &h, 4);
-        memcpy(&c1024, &k1024, 4);
-        const __half2 r = __hfma2(__hsub2(x, c1024), scale, nbias);
-        memcpy(&w[e], &r, 4);
+        w[e] = h2_sub_fma(__byte_perm(v, 0x64646464u, 0x5140), 0x64006400u, scale, nbias);  // (1024 + code) - 1024
       }
     } else {
       const int h = j0 / 128, c = (j0 % 128) / 32, l0 = j0 % 32;
@@ -317,12 +332,7 @@ __device__ __forceinline__ void dequant8(const unsigned char* raw, int k, uint32
     for (int e = 0; e < 4; ++e) {
       uint32_t v = (load_u16_even(q + 2 * e) >> shift) & 0x0303u;
       if constexpr (kQ3) v |= ((load_u16_even(b + l0 + 2 * e) >> c4) & 0x0101u) << 2;  // codes 0..7
-      const uint32_t h = __byte_perm(v, 0x64646464u, 0x5140);                       // 1024 + code
-      __half2 x, off;
-      memcpy(&x, &h, 4);
-      memcpy(&off, &k_off, 4);
-      const __half2 r = __hfma2(__hsub2(x, off), scale, nbias);
-      memcpy(&w[e], &r, 4);
+      w[e] = h2_sub_fma(__byte_perm(v, 0x64646464u, 0x5140), k_off, scale, nbias);  // (1024 + code) - k_off
     }
   } else if constexpr (std::is_same_v<D, Dequant8Of<FormatQ4_1>> || std::is_same_v<D, Dequant8Of<FormatQ5_0>> ||
                        std::is_same_v<D, Dequant8Of<FormatQ5_1>> || std::is_same_v<D, Dequant8Of<FormatIQ4_NL>>) {
@@ -350,15 +360,10 @@ __device__ __forceinline__ void dequant8(const unsigned char* raw, int k, uint32
         v = (book_lookup4(iq4nl_book(), v) ^ 0x8080u) & 0xffffu;  // two entries, int8 + 128
         w[e] = h2_sub_mul(__byte_perm(v, 0x64646464u, 0x5140), 0x64806480u, d2);  // (1024 + u) - 1152
       } else if constexpr (kMin) {
-        const uint32_t h = __byte_perm(v, 0x64646464u, 0x5140);  // 1024 + code
-        const uint32_t k1024 = 0x64006400u;
-        __half2 x, c1024, dh, mh;
-        memcpy(&x, &h, 4);
-        memcpy(&c1024, &k1024, 4);
+        __half2 dh, mh;
         memcpy(&dh, &d2, 4);
         memcpy(&mh, &m2, 4);
-        const __half2 r = __hfma2(__hsub2(x, c1024), dh, mh);
-        memcpy(&w[e], &r, 4);
+        w[e] = h2_sub_fma(__byte_perm(v, 0x64646464u, 0x5140), 0x64006400u, dh, mh);  // d code + m
       } else {
         w[e] = h2_sub_mul(__byte_perm(v, 0x64646464u, 0x5140), 0x64106410u, d2);  // (1024 + q) - 1040
       }
@@ -427,17 +432,11 @@ __device__ __forceinline__ void dequant8_q4k_pre(const unsigned char* raw, int k
   const uint32_t lo = (u.x >> shift) & 0x0f0f0f0fu, hi = (u.y >> shift) & 0x0f0f0f0fu;
   const uint32_t h[4] = {__byte_perm(lo, 0x64646464u, 0x5140), __byte_perm(lo, 0x64646464u, 0x7362),
                          __byte_perm(hi, 0x64646464u, 0x5140), __byte_perm(hi, 0x64646464u, 0x7362)};  // 1024 + code
+  __half2 sc, nb;
+  memcpy(&sc, &scale2, 4);
+  memcpy(&nb, &nbias2, 4);
 #pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    __half2 x, c1024, sc, nb;
-    const uint32_t k1024 = 0x64006400u;
-    memcpy(&x, &h[e], 4);
-    memcpy(&c1024, &k1024, 4);
-    memcpy(&sc, &scale2, 4);
-    memcpy(&nb, &nbias2, 4);
-    const __half2 r = __hfma2(__hsub2(x, c1024), sc, nb);
-    memcpy(&w[e], &r, 4);
-  }
+  for (int e = 0; e < 4; ++e) w[e] = h2_sub_fma(h[e], 0x64006400u, sc, nb);  // (1024 + code) - 1024
 }
 
 // The tensor map of weights a ([m rows][k / kBlock * kBytes bytes], nb1 apart) for the stage's 2-D

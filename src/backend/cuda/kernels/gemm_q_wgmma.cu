@@ -49,18 +49,12 @@ struct GemmQMaps {
 constexpr int kWgThreads = kThreadsOf<1>;   // 16 warps: 4 warpgroups of 64 rows
 constexpr int kXTileHalves = kBN * kChunk;  // one stage's activations: 64 x 256 f16 (32 KB)
 
-// The formats the kernel covers: those dequantized straight to f16 pairs (q5_K as q4_K with its fifth
-// bits: 1B Q5_K_M S_TG at 16 / 64 sequences +30% / +18% against the float path; iq4_xs +31% / +20%).
-// Their weights are staged by copies completing on the stage's mbarrier where a row's segment is a
-// multiple of 16 bytes (q4_0, q4_K, q5_K, q8_0; q4_1, q5_0, q5_1, iq4_nl: 8 blocks of 20, 22, 24, 18), else by cp.async pieces (q6_K's 210-byte blocks,
-// iq4_xs's 136, q3_K's 110, q2_K's 84); the activation tiles always by a bulk copy on the mbarrier.
-template <class D>
-constexpr bool kCovered = std::is_same_v<D, Dequant8Q4_K> || std::is_same_v<D, Dequant8Q4_0> ||
-                          std::is_same_v<D, Dequant8Q8_0> || std::is_same_v<D, Dequant8Q6_K> ||
-                          std::is_same_v<D, Dequant8Of<FormatQ5_K>> || std::is_same_v<D, Dequant8Of<FormatIQ4_XS>> ||
-                          std::is_same_v<D, Dequant8Of<FormatQ3_K>> || std::is_same_v<D, Dequant8Of<FormatQ2_K>> ||
-                          std::is_same_v<D, Dequant8Of<FormatQ4_1>> || std::is_same_v<D, Dequant8Of<FormatQ5_0>> ||
-                          std::is_same_v<D, Dequant8Of<FormatQ5_1>> || std::is_same_v<D, Dequant8Of<FormatIQ4_NL>>;
+// The formats the kernel covers: kF16Dequant's (gemm_q_device.cuh), dequantized straight to f16 pairs
+// (q5_K as q4_K with its fifth bits: 1B Q5_K_M S_TG at 16 / 64 sequences +30% / +18% against the float
+// path; iq4_xs +31% / +20%). Their weights are staged by copies completing on the stage's mbarrier where a
+// row's segment is a multiple of 16 bytes (q4_0, q4_K, q5_K, q8_0; q4_1, q5_0, q5_1, iq4_nl: 8 blocks of
+// 20, 22, 24, 18), else by cp.async pieces (q6_K's 210-byte blocks, iq4_xs's 136, q3_K's 110, q2_K's 84);
+// the activation tiles always by a bulk copy on the mbarrier.
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // B's descriptor at shared address addr: k-adjacent core matrices 1,024 bytes apart (leading offset),
@@ -95,7 +89,7 @@ template <class D, int kStages, bool kMulti>
 __global__ void __launch_bounds__(kWgThreads, 1) gemm_q_wgmma_kernel(GemmQArgs p, const __grid_constant__ GemmQMaps maps) {
   // pdl_wait later: the first weight chunk is requested first (no kernel writes weights)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  if constexpr (kCovered<D>) {
+  if constexpr (kF16Dequant<D>) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     using S = Staging<D>;
     static_assert(S::kBulk || kStages == 2, "cp.async staging waits for one group in flight");
@@ -277,7 +271,7 @@ bool wgmma_switch() {
 
 bool gemm_q_wgmma_covers(DType t) {
   return wgmma_switch() &&
-         visit_quant_type(t, false, [](auto q) { return kCovered<typename decltype(q)::Dequant8>; });
+         visit_quant_type(t, false, [](auto q) { return kF16Dequant<typename decltype(q)::Dequant8>; });
 }
 
 size_t gemm_q_tiles_bytes(int64_t n, int64_t k) {
@@ -298,7 +292,7 @@ CudaError launch_gemm_q_wgmma(cudaStream_t stream, const Tensor* const* weights,
       weights[0]->type, CudaError::runtime(cudaErrorInvalidValue, "mul_mat: not a quantized weight", __FILE__, __LINE__),
       [&](auto q) -> CudaError {
         using D = typename decltype(q)::Dequant8;
-        if constexpr (!kCovered<D>) {
+        if constexpr (!kF16Dequant<D>) {
           return CudaError::runtime(cudaErrorInvalidValue, "mul_mat: no warpgroup gemm_q for this weight type",
                                     __FILE__, __LINE__);
         } else {
