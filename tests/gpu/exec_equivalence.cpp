@@ -665,16 +665,13 @@ int main(int argc, char** argv) {
       const uint64_t handoffs_without = packing_backend ? exec_counters(**packing_backend).act_handoffs : 0;
       // the comparison means something only where the tiles were handed over (the hand-offs counted
       // over the passes: more with them than without, the int8 ones being the same in both). They are
-      // expected where the FFN's gate weights are of a type gemm_q's warpgroup kernel takes (q4_0, q8_0,
-      // q4_K, q5_K, q6_K: not an F16 model's) and not in batch-invariant numerics (no hand-offs at all).
+      // expected where the FFN's gate weights are of a type gemm_q's warpgroup kernel takes (every quantized
+      // type but mxfp4: not an F16 model's) and not in batch-invariant numerics (no hand-offs at all).
       const GgufTensorInfo* gate = (*model)->gguf().find_tensor("blk.0.ffn_gate.weight");
       Result<DType> gate_type = gate ? (*model)->gguf().dtype_of(*gate) : Result<DType>(DType::f32);
       const DType gt = gate_type ? *gate_type : DType::f32;
       const bool tiles_expected =
-          !deterministic && (gt == DType::q4_0 || gt == DType::q8_0 || gt == DType::q4_k || gt == DType::q5_k ||
-                             gt == DType::q6_k || gt == DType::iq4_xs ||
-                             gt == DType::q3_k || gt == DType::q2_k || gt == DType::q4_1 || gt == DType::q5_0 ||
-                             gt == DType::q5_1 || gt == DType::iq4_nl);
+          !deterministic && dtype_is_quantized(gt) && gt != DType::mxfp4;
       check(tiles_expected ? handoffs_with > handoffs_without : handoffs_with == handoffs_without,
             fmt::format("{}: 32 sequences: gemm_q's tiles handed over {} ({} hand-offs against {} without)", short_name,
                         tiles_expected ? "(expected)" : "nowhere (none expected)", handoffs_with, handoffs_without));
