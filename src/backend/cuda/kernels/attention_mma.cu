@@ -67,7 +67,7 @@ bool flash_attn_mma_supported(const Tensor* dst) {
 }
 
 bool flash_attn_f16_out_fits(const Tensor* dst) {
-  return dst->type == DType::f32 && dst->is_contiguous() && reinterpret_cast<uintptr_t>(dst->data) % 16 == 0;
+  return dst->type == DType::f32 && f16_rows_fit(dst);
 }
 
 size_t flash_attn_mma_scratch_bytes(const Tensor* dst) {

@@ -1068,11 +1068,10 @@ bool tiles_out_fits(const Tensor* y) {
   return y->ne[0] % gemm_q_plan::kChunk == 0 && y->ne[2] == 1 && y->ne[3] == 1 && y->is_contiguous() &&
          gemm_q_tiles_bytes(y->ne[1], y->ne[0]) <= y->nbytes() && reinterpret_cast<uintptr_t>(y->data) % 16 == 0;
 }
-// ... or as contiguous f16 rows (kActF16): y contiguous, 8-byte aligned rows (n % 4 == 0, which the fast
+// ... or as contiguous f16 rows (kActF16: f16_rows_fit; 8-byte aligned rows, as n % 4 == 0, which the fast
 // kernel requires).
-bool f16_out_fits(const Tensor* y) { return y->is_contiguous() && reinterpret_cast<uintptr_t>(y->data) % 16 == 0; }
 bool out_fits(const Tensor* y, int block) {
-  return block == kActGemmQTiles ? tiles_out_fits(y) : block == kActF16 ? f16_out_fits(y) : act_out_fits(y, block);
+  return block == kActGemmQTiles ? tiles_out_fits(y) : block == kActF16 ? f16_rows_fit(y) : act_out_fits(y, block);
 }
 
 // With `ll`, a is this rank's partial of an all-reduce over ll's group (one block per row, rows <=

@@ -29,6 +29,12 @@ constexpr int kActGemmQTiles = -1;
 /// output so, and they skip their packing kernel.
 constexpr int kActF16 = -2;
 
+/// Whether a producer's output y can hold its kActF16 rows over its own bytes: y contiguous (f32 or f16:
+/// the halves fit) and 16-byte aligned, as the producers store them.
+inline bool f16_rows_fit(const Tensor* y) {
+  return y->is_contiguous() && reinterpret_cast<uintptr_t>(y->data) % 16 == 0;
+}
+
 /// The stream and resources a node's kernels run with.
 struct LaunchContext {
   cudaStream_t stream = nullptr;
