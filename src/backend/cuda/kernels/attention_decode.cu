@@ -108,16 +108,22 @@ __device__ __forceinline__ void unpack8(const uint4& raw, float (&f)[8]) {
 
 /// Lane `sub`'s 16 bytes of key (or value) j of KV head hk, sequence i3: element (j, hk, i3) of t, or
 /// with kGather row `row` of the store (the index's entry for the key). An index outside the store
-/// gives NaN halves, as get_rows gives NaN there: never a wild read.
-template <bool kGather>
+/// gives NaN halves, as get_rows gives NaN there: never a wild read. kCoherent: through ld_act, where the
+/// kernel before this one (set_rows, under a programmatic edge) stores the step's rows; __ldg's
+/// ld.global.nc promises data no grid writes while this one runs (common.cuh). The rope fold stores
+/// them itself and takes its own row from registers: __ldg there.
+template <bool kGather, bool kCoherent>
 __device__ __forceinline__ uint4 kv_load(const TensorDesc& t, int32_t row, int64_t store_rows, int64_t j,
                                          int64_t hk, int64_t i3, int sub) {
+  const uint4* p;
   if constexpr (kGather) {
     if (row < 0 || row >= store_rows) return make_uint4(~0u, ~0u, ~0u, ~0u);
-    return __ldg(reinterpret_cast<const uint4*>(t.data + row * t.nb[1]) + sub);
+    p = reinterpret_cast<const uint4*>(t.data + row * t.nb[1]) + sub;
   } else {
-    return __ldg(reinterpret_cast<const uint4*>(row_ptr(t, j, hk, i3)) + sub);
+    p = reinterpret_cast<const uint4*>(row_ptr(t, j, hk, i3)) + sub;
   }
+  if constexpr (kCoherent) return ld_act(p);
+  else return __ldg(p);
 }
 
 /// The splits' merge weights of one row, by the row's threads (e their index, at least n of them;
@@ -408,10 +414,10 @@ __global__ void __launch_bounds__(kDecThreads, kMinBlocks) flash_decode_kernel(c
           vraw[u] = v_here ? v_new : any[u] ? vr[sub] : make_uint4(0, 0, 0, 0);
         } else {
           kraw[u] = k_here ? k_new
-                    : any[u] ? kv_load<kGather>(a.k, k_row[u], a.k_store_rows, j, hk, i3, sub)
+                    : any[u] ? kv_load<kGather, !kRope>(a.k, k_row[u], a.k_store_rows, j, hk, i3, sub)
                              : make_uint4(0, 0, 0, 0);
           vraw[u] = v_here ? v_new
-                    : any[u] ? kv_load<kGather>(a.v, v_row[u], a.v_store_rows, j, hk, i3, sub)
+                    : any[u] ? kv_load<kGather, !kRope>(a.v, v_row[u], a.v_store_rows, j, hk, i3, sub)
                              : make_uint4(0, 0, 0, 0);
         }
       }
