@@ -934,12 +934,12 @@ __global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<kCols>())
 template <int kRows, bool kPrefetch>
 __global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<1, (kPrefetch && kRows > 2)>())
     mat_vec_direct_q4k_q6k_kernel(const __grid_constant__ FastArgs args, ActFastLayout<FastQ4_K> act, int64_t k) {
+  pdl_wait();
   // Waits first, unlike the q4_K and q6_K kernels whose tile functions these are (they load their
   // first weights before the wait): with those loads before it, loom-exec-equivalence's "all" (PDL)
   // decode of 1B Q4_K_M gave logits that moved run to run (NMSE 1.9 against serialized), and waiting
   // first gave them bit for bit (H200, stop 45). Why the early loads broke it here and not in the
   // kernels alone is not understood: the PTX keeps every activation load after the wait.
-  pdl_wait();
   int64_t t;
   const TileAt at = warp_tile<kRows>(args, t);
   if ((args.q6_parts >> at.part) & 1u) {
