@@ -587,7 +587,8 @@ class Parser {
       f->name = expect_name();
       while (is_op(".")) {
         ++p_;
-        f->name += "." + expect_name();
+        f->name += '.';
+        f->name += expect_name();
       }
       f->known = has_filter(f->name);
       f->kids.push_back(std::move(e));
@@ -606,7 +607,8 @@ class Parser {
         f->name = expect_name();
         while (is_op(".")) {
           ++p_;
-          f->name += "." + expect_name();
+          f->name += '.';
+          f->name += expect_name();
         }
         f->known = has_filter(f->name);
         f->kids.push_back(std::move(e));
@@ -620,7 +622,8 @@ class Parser {
         t->name = expect_name();
         while (is_op(".")) {
           ++p_;
-          t->name += "." + expect_name();
+          t->name += '.';
+          t->name += expect_name();
         }
         t->known = has_test(t->name);
         t->kids.push_back(std::move(e));

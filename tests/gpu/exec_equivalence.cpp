@@ -338,6 +338,23 @@ std::string first_logits_diff(const std::vector<std::vector<float>>& a, const st
   return first.empty() ? first : fmt::format("{} logits differ, {}", differ, first);
 }
 
+// A random prompt's last logits from one pass of n_prompt tokens (a context of its own): at 48 tokens
+// the prompt attention's one-slab mma.sync form, at 512 with 32 heads its wgmma form (sm_90a).
+Result<std::vector<float>> prompt_logits(const Model& model, int n_prompt) {
+  const int n_vocab = static_cast<int>(model.hparams().n_vocab);
+  std::mt19937 rng(11);
+  std::vector<int32_t> prompt(static_cast<size_t>(n_prompt));
+  for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(n_vocab));
+  ContextParams cp;
+  cp.n_ctx = n_prompt + 64;
+  cp.n_batch = n_prompt;
+  auto ctx = Context::create(model, cp);
+  if (!ctx) return ctx.status();
+  auto r = (*ctx)->decode(prompt, 0);
+  if (!r) return r.status();
+  return std::vector<float>(r->begin(), r->end());
+}
+
 // Prompts of one length (4 x 24 tokens) prefilled in packed passes (decode_batch with every sequence
 // bringing the same number of tokens: two passes of 12 each) against each prompt decoded alone: the
 // largest NMSE of the last logits, and whether all are bit-identical (exact numerics requires it).
@@ -656,7 +673,8 @@ int main(int argc, char** argv) {
       const bool tiles_expected =
           !deterministic && (gt == DType::q4_0 || gt == DType::q8_0 || gt == DType::q4_k || gt == DType::q5_k ||
                              gt == DType::q6_k || gt == DType::iq4_xs ||
-                             gt == DType::q3_k || gt == DType::q2_k);
+                             gt == DType::q3_k || gt == DType::q2_k || gt == DType::q4_1 || gt == DType::q5_0 ||
+                             gt == DType::q5_1 || gt == DType::iq4_nl);
       check(tiles_expected ? handoffs_with > handoffs_without : handoffs_with == handoffs_without,
             fmt::format("{}: 32 sequences: gemm_q's tiles handed over {} ({} hand-offs against {} without)", short_name,
                         tiles_expected ? "(expected)" : "nowhere (none expected)", handoffs_with, handoffs_without));
@@ -667,6 +685,29 @@ int main(int argc, char** argv) {
         const std::string d = first_logits_diff(*tiles_with, *tiles_without, n_vocab);
         check(d.empty(), fmt::format("{}: 32 sequences over 6 steps with gemm_q's activation tiles handed over give "
                                      "the logits without, bit for bit{}{}", short_name, d.empty() ? "" : ": ", d));
+      }
+      // A prompt pass's f16 hand-offs (the norms, gated activations and the prompt attention writing the
+      // f16 activations cuBLAS reads) against an executor without them (LOOM_CUDA_F16_HANDOFF=0 when it
+      // is made): each half is the f32 value rounded once either way, so the logits are the same bits.
+      setenv("LOOM_CUDA_F16_HANDOFF", "0", 1);
+      auto f32_backend = create_backend("cuda", bo);
+      unsetenv("LOOM_CUDA_F16_HANDOFF");
+      auto f32_model = f32_backend ? Model::load(path, **f32_backend, plo)
+                                   : Result<std::unique_ptr<Model>>(f32_backend.status());
+      const int max_prompt = static_cast<int>(std::min<uint32_t>((*model)->hparams().n_ctx_train, 4096)) - 64;
+      for (int n_prompt : {48, 512}) {
+        if (n_prompt > max_prompt) continue;
+        auto with16 = prompt_logits(**model, n_prompt);
+        auto without16 = f32_model ? prompt_logits(**f32_model, n_prompt)
+                                   : Result<std::vector<float>>(f32_model.status());
+        if (!with16 || !without16) {
+          check(false, fmt::format("{}: f16 hand-off comparison: {}", short_name,
+                                   (!with16 ? with16.status() : without16.status()).message()));
+          continue;
+        }
+        const std::string d = first_logits_diff({*with16}, {*without16}, n_vocab);
+        check(d.empty(), fmt::format("{}: a {}-token prompt's logits with the f16 activation hand-offs equal those "
+                                     "without, bit for bit{}{}", short_name, n_prompt, d.empty() ? "" : ": ", d));
       }
     }
     {

@@ -764,6 +764,13 @@ void add_fused_cases(CaseList& cases, CaseSet set) {
         add_glu_mat_vec(gemm_q_form, wt, 256, n, n != 33, 512);
         add_mat_vec_multi(gemm_q_form, wt, {512, 256, 256}, n, 512);
       }
+    // the newer formats on gemm_q's f16 dequantization (stop 44)
+    for (DType wt : {DType::q5_k, DType::iq4_xs, DType::q3_k, DType::q2_k, DType::q4_1, DType::q5_0, DType::q5_1,
+                     DType::iq4_nl})
+      for (int64_t n : {16, 64}) {
+        add_glu_mat_vec(gemm_q_form, wt, 256, n, true, 512);
+        add_mat_vec_multi(gemm_q_form, wt, {512, 256, 256}, n, 512);
+      }
     add_glu_mat_vec(gemm_q_form, DType::q4_k, 4096, 40, true, 1024);
     add_mat_vec_multi(gemm_q_form, DType::q4_k, {256, 256, 100}, 24, 256);
     add_mat_vec_multi(gemm_q_form, DType::q4_0, {768, 256}, 64, 2048);

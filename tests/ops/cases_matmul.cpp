@@ -274,6 +274,9 @@ void add_matmul_cases(CaseList& cases, CaseSet set) {
     add_mul_mat(cases, {wt, 9, 5, k1, {1, 1}, {3, 1}, BLayout::permuted}, false);
     add_mul_mat(cases, {wt, 7, 5, pick_k(wt, 0, 4352, 4352), {1, 1}, {1, 1}}, false);
     add_mul_mat_id(cases, {wt, 16, k1, 8, 2, 5, true}, false);
+    // the fast mode's quantized tensor-core GEMM (9-64 columns: gemm_q, its f16 dequantization for every
+    // format but mxfp4), a partial row tile and column tile, two k chunks
+    add_mul_mat(cases, {wt, 200, 40, 512, {1, 1}, {1, 1}}, false);
   }
   // Activations whose rows are not contiguous (the front end accepts them).
   for (DType wt : {DType::f32, DType::f16, DType::q8_0, DType::q4_k})

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <map>
 #include <set>
+#include <thread>
+#include <vector>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -50,6 +52,24 @@ Status build(const OpCase& c, Execution& e) {
   return {};
 }
 
+// fn(r0, r1) over [0, n) split in contiguous ranges, one a thread, on up to the machine's threads: for
+// work whose rows are independent (the same bytes whatever the split). The perf mode's large weights (58 M
+// q5_K weights took ~7 s to quantize on one core) made each big case's setup, not its timing, most of a
+// GPU call.
+template <class F>
+void for_row_ranges(int64_t n, F fn) {
+  const int64_t cores = std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()));
+  const int64_t threads = std::min<int64_t>(cores, n / 256);  // small tensors: not worth a thread
+  if (threads <= 1) {
+    fn(int64_t{0}, n);
+    return;
+  }
+  std::vector<std::thread> pool;
+  for (int64_t t = 0; t < threads; ++t)
+    pool.emplace_back([&fn, t, n, threads] { fn(t * n / threads, (t + 1) * n / threads); });
+  for (std::thread& th : pool) th.join();
+}
+
 InputBytes generate_inputs(const CaseInputs& in, uint64_t seed) {
   Rng rng(seed);
   InputBytes bytes;
@@ -70,8 +90,9 @@ InputBytes generate_inputs(const CaseInputs& in, uint64_t seed) {
     s.generate(rng, t->ne, values);
     const int64_t n0 = t->ne[0];
     const size_t row = t->row_size();  // leafs are packed
-    for (int64_t r = 0; r < t->nrows(); ++r)
-      quantize_row(t->type, values.data() + r * n0, b.data() + r * row, n0);
+    for_row_ranges(t->nrows(), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) quantize_row(t->type, values.data() + r * n0, b.data() + r * row, n0);
+    });
   }
   return bytes;
 }
@@ -90,11 +111,14 @@ std::vector<RefTensor> reference_inputs(const CaseInputs& in, const InputBytes& 
       continue;
     }
     const int64_t n0 = t->ne[0];
-    std::vector<float> row(static_cast<size_t>(n0));
-    for (int64_t k = 0; k < t->nrows(); ++k) {
-      dequantize_row(t->type, bytes[i].data() + k * t->row_size(), row.data(), n0);
-      for (int64_t j = 0; j < n0; ++j) r.v[k * n0 + j] = row[j];
-    }
+    const std::vector<uint8_t>& src = bytes[i];
+    for_row_ranges(t->nrows(), [&](int64_t k0, int64_t k1) {
+      std::vector<float> row(static_cast<size_t>(n0));  // one buffer a range
+      for (int64_t k = k0; k < k1; ++k) {
+        dequantize_row(t->type, src.data() + k * t->row_size(), row.data(), n0);
+        for (int64_t j = 0; j < n0; ++j) r.v[k * n0 + j] = row[j];
+      }
+    });
   }
   return refs;
 }

@@ -314,7 +314,9 @@ TEST(ExecPlan, OutputSharingBytesWithInputsIsSeen) {
     (void)norm;
     EXPECT_EQ(exec::output_shares_bytes(*it, y), meet(sum) || meet(x) || meet(ffn) || meet(w))
         << "sum read later: " << sum_read_later;
-    if (sum_read_later) EXPECT_FALSE(meet(sum));  // the sum outlives y: never the same bytes
+    if (sum_read_later) {
+      EXPECT_FALSE(meet(sum));  // the sum outlives y: never the same bytes
+    }
   }
   // By hand: bytes of its own, then y over an intermediate, the sum, an input, across two tensors.
   Graph g;

@@ -115,8 +115,9 @@ bool act_handoff_from_env() { return env_switch("LOOM_CUDA_NORM_QUANT"); }
 bool tile_handoff_from_env() { return env_switch("LOOM_CUDA_TILE_HANDOFF"); }
 // LOOM_CUDA_F16_HANDOFF: 0 off; a mask of the f16 hand-offs' parts, for comparisons: 1 products alone
 // (mul_mat dispatches), 2 the fused products (stacked f16 weights, dequantized Q/K/V), 4 gated
-// activations as producers (the norms always are); 7 (all) by default.
-int f16_handoff_from_env() { return static_cast<int>(env_int("LOOM_CUDA_F16_HANDOFF", 7, 0, 7)); }
+// activations as producers, 8 a prompt's flash attention as producer (the norms always are); 15
+// (all) by default.
+int f16_handoff_from_env() { return static_cast<int>(env_int("LOOM_CUDA_F16_HANDOFF", 15, 0, 15)); }
 
 // Whether `b` (a mat-vec's activation) shows all of y's bytes as they lie: y, or a contiguous reshape.
 bool whole_view_of(const Tensor* b, const Tensor* y) {
@@ -138,7 +139,7 @@ bool norm_act_bytes_own(const exec::Dispatch& d, const Tensor* y) {
 }
 
 // Whether dispatch d can write its output as activations of `block`.
-bool writes_act(const exec::Dispatch& d, int block) {
+bool writes_act(const exec::Dispatch& d, int block, int f16) {
   switch (d.kind) {
     case FusedKind::rms_norm_mul:
     case FusedKind::add_rms_norm_mul:
@@ -151,8 +152,12 @@ bool writes_act(const exec::Dispatch& d, int block) {
       // stores may land on gate values another block has not loaded yet)
       if (t->op == OpKind::swiglu || t->op == OpKind::geglu)
         return block == kActF16 && gated_f16_out_supported(t) && !exec::output_shares_bytes(d, t);
-      return t->op == OpKind::flash_attn && t->src[0]->ne[1] < kFlashAttnMmaMinQueries &&
-             flash_attn_decode_writes_act(t, nullptr, block);
+      if (t->op != OpKind::flash_attn) return false;
+      if (t->src[0]->ne[1] < kFlashAttnMmaMinQueries) return flash_attn_decode_writes_act(t, nullptr, block);
+      // a prompt's attention (the tensor-core kernel: mark_act_handoffs runs in the fast mode only) as
+      // f16 over its own bytes, never over its operands (blocks store while others still load)
+      return (f16 & 8) && block == kActF16 && flash_attn_mma_supported(t) && flash_attn_f16_out_fits(t) &&
+             !exec::output_shares_bytes(d, t);
     }
     case FusedKind::gather_flash_attn: {
       const FlashAttnRows rows{d.nodes[0]->src[0], d.nodes[0]->src[1], d.nodes[1]->src[0], d.nodes[1]->src[1]};
@@ -191,7 +196,8 @@ bool writes_over(const exec::Dispatch& d, const Tensor* x) {
 // the merge (LOOM_FLASH_DECODE_SINGLE=0 keeps the splits, for comparisons).
 // With tiles (Executor::tile_handoff_), a norm whose readers are all products on gemm_q's warpgroup
 // kernel writes its output as their packed f16 tiles (kActGemmQTiles) and they skip their packing.
-// With f16 (Executor::f16_handoff_), a norm or a gated activation (swiglu, geglu) whose readers all
+// With f16 (Executor::f16_handoff_), a norm, a gated activation (swiglu, geglu) or a prompt's flash
+// attention (its output projection's activations) whose readers all
 // pack it to contiguous f16 for cuBLAS (f16 weights, or a prompt pass's dequantized ones) writes it
 // so (kActF16): at a 512-token pass of an 8B layer the packings of the Q/K/V, gate/up and FFN-down
 // activations (one of 29 MB read and 15 MB written) and half of the producers' writes go.
@@ -247,7 +253,7 @@ void mark_act_handoffs(exec::Plan& p, const Graph& g, FusedTarget target, bool t
       block = b;
       consumers.push_back(c->second);
     }
-    if (block == 0 || !writes_act(d, block)) continue;
+    if (block == 0 || !writes_act(d, block, f16)) continue;
     d.act_out_block = block;
     ++p.stats.act_handoffs;
     for (size_t c : consumers) {

@@ -96,7 +96,7 @@ class Executor {
   bool sync_each_node_ = false;
   bool act_handoff_ = true;  ///< LOOM_CUDA_NORM_QUANT (read when the executor is made): activation hand-offs
   bool tile_handoff_ = true;  ///< LOOM_CUDA_TILE_HANDOFF (read when the executor is made): norms write gemm_q's tiles
-  int f16_handoff_ = 7;       ///< LOOM_CUDA_F16_HANDOFF (likewise): norms and gated activations write cuBLAS's f16
+  int f16_handoff_ = 15;      ///< LOOM_CUDA_F16_HANDOFF (likewise): norms, gated activations and prompt attention write cuBLAS's f16
   bool (*abort_fn_)(void*) = nullptr;
   void* abort_data_ = nullptr;
   std::string trace_path_;

@@ -28,6 +28,10 @@ size_t flash_attn_mma_scratch_bytes(const Tensor* dst);
 /// flash_attn on tensor cores (mma.sync f16 inputs, f32 accumulation): for the fast numerics mode.
 /// dst must pass flash_attn_mma_supported. Kernels in attention_mma.cu.
 CudaError launch_flash_attn_mma(const LaunchContext& ctx, const Tensor* dst, float scale, float softcap);
+
+/// Whether launch_flash_attn_mma can write dst as contiguous f16 over its own bytes (kActF16: the
+/// packed activations of the products after it): dst contiguous and 16-byte aligned.
+bool flash_attn_f16_out_fits(const Tensor* dst);
 /// Whether launch_flash_attn_wgmma takes head size d (64 or 128) and LOOM_CUDA_FA_WGMMA is not 0. It is
 /// sm_90a code: launch_flash_attn_mma calls it only where LaunchContext::sm90a.
 bool flash_attn_wgmma_covers(int64_t d);

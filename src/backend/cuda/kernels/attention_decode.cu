@@ -32,6 +32,7 @@
 #include "loom/backend.h"
 #include "loom/exec_plan.h"
 #include "mat_vec_fast_formats.cuh"
+#include "mma.cuh"
 #include "rope_row.cuh"
 
 namespace loom::cuda {
@@ -226,11 +227,41 @@ __device__ __forceinline__ void merge(float& m, float& l, float (&acc)[8], float
 // from registers instead of the cache, and the first split's first row group block stores the new
 // K/V row of its KV head. So no block reads a cache row another writes, and the results are those
 // of rope_set_rows followed by flash_attn, bit for bit.
-template <int kLpk, bool kGather, int kMinBlocks, bool kRope>
+//
+// kBulk (with kRope only; launch_flash_attn_decode_impl: rows of one KV head back to back, the split's
+// K and V within kBulkMaxBytes): the block's split of K rows and of V rows come by two bulk copies into
+// shared memory (dynamic: keys_per_split rows of each), issued before the wait. No kernel of the step
+// writes those rows but this one, and it writes only the token's own cell, which the loop takes from
+// registers (a copy of that row may be stale: it is never read); earlier steps' stores finished
+// before this step's graph began. So the K/V bytes, at depth most of the layer's, stream in while the
+// products before it run, and the key loop waits on one barrier instead of a dependent global load per
+// kUnroll keys (ncu at 4,096 keys: 16% of DRAM bandwidth, the stalls on those loads; stop 38).
+template <int kLpk, bool kGather, int kMinBlocks, bool kRope, bool kBulk = false>
 __global__ void __launch_bounds__(kDecThreads, kMinBlocks) flash_decode_kernel(const __grid_constant__ DecodeArgs a) {
-  // pdl_wait later: kRope's angles (a.angles_early: the position and frequency factors, read_before_wait) go before it
+  // pdl_wait later: kRope's angles (a.angles_early: the position and frequency factors, read_before_wait) and kBulk's copies go before it
   static_assert(!(kGather && kRope), "the fused rope reads contiguous K/V");
+  static_assert(!kBulk || kRope, "the bulk copies read before the wait: only where this kernel stores the new row");
   __shared__ float sh_cs[kRope ? kLpk * 8 : 1];  // kRope: (cos, sin) of each rotation pair
+  extern __shared__ __align__(16) uint8_t sh_kv[];  // kBulk: keys_per_split K rows, then as many V rows
+  __shared__ __align__(8) uint64_t sh_kv_bar;
+  constexpr int kRowBytes = kLpk * 16;  // a K or V row: kLpk lanes of 16 bytes
+  if constexpr (kBulk) {
+    if (threadIdx.x == 0) {
+      const int64_t hk0 = (blockIdx.x / a.row_groups) % a.k.ne[2];
+      const int64_t jb = static_cast<int64_t>(blockIdx.y) * a.keys_per_split;
+      const int64_t je = min(a.k.ne[1], jb + a.keys_per_split);
+      mbar_init(&sh_kv_bar, 1);
+      mbar_init_fence();
+      if (je > jb) {
+        const auto bytes = static_cast<unsigned>((je - jb) * kRowBytes);
+        mbar_arrive_expect(&sh_kv_bar, 2 * bytes);
+        bulk_copy(sh_kv, row_ptr(a.k, jb, hk0, 0), bytes, &sh_kv_bar);
+        bulk_copy(sh_kv + a.keys_per_split * kRowBytes, row_ptr(a.v, jb, hk0, 0), bytes, &sh_kv_bar);
+      } else {
+        mbar_arrive(&sh_kv_bar);  // no keys: the phase completes without bytes
+      }
+    }
+  }
   // kRope with a.angles_early: the angles before the wait (the position and the frequency factors are
   // the step's inputs and weights, no kernel's output), off the path after the products' hand-off
   if constexpr (kRope)
@@ -342,6 +373,7 @@ __global__ void __launch_bounds__(kDecThreads, kMinBlocks) flash_decode_kernel(c
     last = __reduce_max_sync(0xffffffffu, last);
     if (lane == 0 && last >= 0) atomicMax(&sh_last[ci & 1], last);
     __syncthreads();
+    if (kBulk && ci == 0) mbar_wait(&sh_kv_bar, 0);  // the split's K/V rows landed (one phase, all chunks)
     const int c_stop = sh_last[ci & 1] + 1;  // uniform over the block
     for (int t0 = warp * kKpw; t0 < c_stop; t0 += kStride * kUnroll) {
       float mv[kUnroll][kRows];
@@ -369,12 +401,19 @@ __global__ void __launch_bounds__(kDecThreads, kMinBlocks) flash_decode_kernel(c
         const int64_t j = c0 + t0 + slot + u * kStride;
         // kRope: the token's own key from registers (its cache row is being stored)
         const bool k_here = kRope && j == k_key, v_here = kRope && j == v_key;
-        kraw[u] = k_here ? k_new
-                  : any[u] ? kv_load<kGather>(a.k, k_row[u], a.k_store_rows, j, hk, i3, sub)
-                           : make_uint4(0, 0, 0, 0);
-        vraw[u] = v_here ? v_new
-                  : any[u] ? kv_load<kGather>(a.v, v_row[u], a.v_store_rows, j, hk, i3, sub)
-                           : make_uint4(0, 0, 0, 0);
+        if constexpr (kBulk) {  // from the split's rows in shared memory
+          const auto* kr = reinterpret_cast<const uint4*>(sh_kv + (j - j_begin) * kRowBytes);
+          const auto* vr = reinterpret_cast<const uint4*>(sh_kv + (a.keys_per_split + j - j_begin) * kRowBytes);
+          kraw[u] = k_here ? k_new : any[u] ? kr[sub] : make_uint4(0, 0, 0, 0);
+          vraw[u] = v_here ? v_new : any[u] ? vr[sub] : make_uint4(0, 0, 0, 0);
+        } else {
+          kraw[u] = k_here ? k_new
+                    : any[u] ? kv_load<kGather>(a.k, k_row[u], a.k_store_rows, j, hk, i3, sub)
+                             : make_uint4(0, 0, 0, 0);
+          vraw[u] = v_here ? v_new
+                    : any[u] ? kv_load<kGather>(a.v, v_row[u], a.v_store_rows, j, hk, i3, sub)
+                             : make_uint4(0, 0, 0, 0);
+        }
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
@@ -571,6 +610,17 @@ auto decode_kernel_for(int64_t d) {
   return d == 64    ? flash_decode_kernel<8, kGather, kMinBlocks, kRope>
          : d == 128 ? flash_decode_kernel<16, kGather, kMinBlocks, kRope>
                     : flash_decode_kernel<32, kGather, kMinBlocks, kRope>;
+}
+
+/// kBulk's dynamic shared memory at most: a split's K and V rows (48 KB: 3 blocks an SM beside the
+/// kernel's ~13 KB of static shared memory). Depth 4,096 of an 8B model (48 splits of 86 keys, head 128)
+/// takes 44 KB; longer caches keep the global loads.
+constexpr int64_t kBulkMaxBytes = 48 * 1024;
+/// LOOM_FLASH_DECODE_BULK=0 (read once): the fused rope's kernel loads K/V from global memory as
+/// before, for comparisons.
+bool bulk_enabled() {
+  static const bool on = env_switch("LOOM_FLASH_DECODE_BULK");
+  return on;
 }
 
 }  // namespace
@@ -807,7 +857,18 @@ CudaError launch_flash_attn_decode(const LaunchContext& ctx, const Tensor* dst, 
   auto kernel = rope    ? (three ? decode_kernel_for<false, 3, true>(d) : decode_kernel_for<false, 1, true>(d))
                 : !rows ? (three ? decode_kernel_for<false, 3>(d) : decode_kernel_for<false, 1>(d))
                         : (capped ? decode_kernel_for<true, 4>(d) : decode_kernel_for<true, 1>(d));
-  kernel<<<grid, kDecThreads, 0, ctx.stream>>>(a);
+  // the fused rope's kernel with the split's K/V by bulk copies (kBulk): rows of one KV head back to
+  // back (16-byte aligned, as bulk copies need), one sequence, head 64 or 128, the rows within kBulkMaxBytes
+  size_t bulk_bytes = 0;
+  if (rope && three && bulk_enabled() && (d == 64 || d == 128) && q->ne[3] == 1 && k->nb[1] == static_cast<size_t>(d) * 2 &&
+      v->nb[1] == static_cast<size_t>(d) * 2 && aligned16(k->data) && aligned16(v->data) && k->nb[2] % 16 == 0 &&
+      v->nb[2] % 16 == 0 && 2 * a.keys_per_split * d * 2 <= kBulkMaxBytes) {
+    bulk_bytes = static_cast<size_t>(2 * a.keys_per_split * d * 2);
+    kernel = d == 64 ? flash_decode_kernel<8, false, 3, true, true> : flash_decode_kernel<16, false, 3, true, true>;
+    LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(kBulkMaxBytes)));
+  }
+  kernel<<<grid, kDecThreads, bulk_bytes, ctx.stream>>>(a);
   LOOM_CUDA_CHECK_LAUNCH("flash_decode_kernel");
   static const bool no_merge = ablated_kernel("flash_decode_merge");  // timing only
   if (no_merge) return {};

@@ -66,6 +66,10 @@ bool flash_attn_mma_supported(const Tensor* dst) {
   return k->ne[1] < INT32_MAX && k->ne[2] > 0 && q->ne[2] % k->ne[2] == 0;
 }
 
+bool flash_attn_f16_out_fits(const Tensor* dst) {
+  return dst->type == DType::f32 && dst->is_contiguous() && reinterpret_cast<uintptr_t>(dst->data) % 16 == 0;
+}
+
 size_t flash_attn_mma_scratch_bytes(const Tensor* dst) {
   const Tensor* mask = dst->src[3];
   if (!mask) return 0;

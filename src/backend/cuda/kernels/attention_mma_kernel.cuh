@@ -260,6 +260,9 @@ struct MmaArgs {
   int64_t k_tiles;     ///< key tiles per query tile in tile_class
   int64_t causal_off;  ///< n_kv - n_q: a causal tile's key k is visible to query q where k <= q + causal_off
   const float* sinks;  ///< per head, a logit joining the softmax denominator (null: none)
+  /// The output as contiguous f16 over dst's own bytes (element i at half i: what pack_b_f16 makes of
+  /// the f32 output), for the products after it (LaunchContext::act_out_block kActF16; dst contiguous)
+  bool out_f16;
 };
 
 /// The wgmma kernel's tensor maps of K and V (unused by the mma.sync one), made by encode_kv_map:
@@ -849,6 +852,14 @@ __global__ void __launch_bounds__(kWarpsOf<kWg> * kWarpSize) flash_attn_mma_kern
       if (iq >= n_q) continue;
       // output [dv, n_head, n_q]: a query's heads are adjacent rows
       char* out = row_ptr(a.dst, h, iq, i3);
+      if (a.out_f16) {  // element e of the contiguous dst at half e: byte offsets halved
+        char* out16 = a.dst.data + (out - a.dst.data) / 2;
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt)
+          *reinterpret_cast<__half2*>(out16 + (dt * 8 + t4 * 2) * sizeof(__half)) =
+              __floats2half2_rn(o[m][dt][2 * r] * inv, o[m][dt][2 * r + 1] * inv);
+        continue;
+      }
 #pragma unroll
       for (int dt = 0; dt < kDTiles; ++dt)
         *reinterpret_cast<float2*>(out + (dt * 8 + t4 * 2) * sizeof(float)) =
@@ -924,7 +935,12 @@ CudaError launch_mma(const LaunchContext& ctx, const Tensor* dst, float scale, f
                nullptr,
                0,
                dst->src[1]->ne[1] - q->ne[1],
-               dst->src[4] ? static_cast<const float*>(dst->src[4]->data) : nullptr};
+               dst->src[4] ? static_cast<const float*>(dst->src[4]->data) : nullptr,
+               ctx.act_out_block == kActF16};
+  if (ctx.act_out_block && !(args.out_f16 && flash_attn_f16_out_fits(dst)))
+    return CudaError::runtime(cudaErrorInvalidValue,
+                              "flash_attn: the products after it asked for activations this kernel cannot write",
+                              __FILE__, __LINE__);
   if (mask) {
     args.mask = desc_of(mask);
     if (ctx.scratch && ctx.scratch_size >= flash_attn_mma_scratch_bytes(dst)) {

@@ -21,8 +21,10 @@ constexpr unsigned kMaxGridYZ = 65535;
 // their memory operations are visible, so nothing an earlier kernel writes may be read before it. Every
 // kernel calls pdl_wait() first, in all threads, so that any launch may be made programmatic; a kernel
 // may first read what no kernel of the step writes (weights, the step's inputs: read_before_wait in
-// launch.h) if it says so ("// pdl_wait later: WHY", tests/pdl_wait_check.sh). Without the
-// attribute (and below sm_90, where it compiles to nothing) it returns at once.
+// launch.h) if it says so ("// pdl_wait later: WHY", tests/pdl_wait_check.sh). Such a kernel reads what
+// the kernel before it writes with coherent loads (ld_act below), not __ldg: ptxas may schedule an
+// ld.global.nc above the wait. Without the attribute (and below sm_90, where it compiles to nothing) it
+// returns at once.
 
 // After the wait each kernel also lets its own dependents launch (griddepcontrol.launch_dependents):
 // a programmatic dependent is then scheduled once every block of this grid has passed its wait,
@@ -38,6 +40,16 @@ __device__ __forceinline__ void pdl_wait() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;" :::);
 #endif
+}
+
+/// A load of what an earlier kernel of the step wrote (activations), in a kernel that reads weights before its
+/// pdl_wait(): a coherent load (ld.global.ca), never __ldg's ld.global.nc. ld.global.nc promises data that no
+/// grid writes while this one runs, and ptxas acts on it: in a direct mat-vec's loop whose first step waits
+/// under a flag, it scheduled the activation loads of that step above the griddepcontrol.wait (SASS of the
+/// mixed Q/K/V kernel, stop 45: under PDL its logits moved from run to run).
+template <class T>
+__device__ __forceinline__ T ld_act(const T* p) {
+  return __ldca(p);
 }
 
 __device__ __forceinline__ int64_t nelements(const TensorDesc& t) {

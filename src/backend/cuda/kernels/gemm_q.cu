@@ -21,7 +21,7 @@
 // Small products split k over blocks (blockIdx.z, the count from gemm_q_plan.h): each split writes its
 // partial sums to scratch and gemm_q_reduce_kernel adds them in split order, the same every run.
 //
-// On compute capability 9.0 the f16-path formats (q4_0, q8_0, the K-quants, iq4_xs) take gemm_q_wgmma.cu's
+// On compute capability 9.0 the f16-path formats (all but mxfp4) take gemm_q_wgmma.cu's
 // warpgroup kernel instead (same block, stages and dequantization; wgmma for the products; the
 // activations packed in its tiles by pack_gemm_q_tiles); LOOM_CUDA_GEMM_Q_WGMMA=0 keeps this one.
 // There, several products of one activation (a layer's Q/K/V, or gate and up, whose SwiGLU/GeGLU the
@@ -364,7 +364,9 @@ CudaError launch_gemm_q(const LaunchContext& ctx, const GemmQProducts& pr, const
                                   std::is_same_v<D, Dequant8Q6_K> || std::is_same_v<D, Dequant8Q8_0> ||
                                   std::is_same_v<D, Dequant8Of<FormatQ5_K>> ||
                                   std::is_same_v<D, Dequant8Of<FormatIQ4_XS>> ||
-                                  std::is_same_v<D, Dequant8Of<FormatQ3_K>> || std::is_same_v<D, Dequant8Of<FormatQ2_K>>;
+                                  std::is_same_v<D, Dequant8Of<FormatQ3_K>> || std::is_same_v<D, Dequant8Of<FormatQ2_K>> ||
+                                  std::is_same_v<D, Dequant8Of<FormatQ4_1>> || std::is_same_v<D, Dequant8Of<FormatQ5_0>> ||
+                                  std::is_same_v<D, Dequant8Of<FormatQ5_1>> || std::is_same_v<D, Dequant8Of<FormatIQ4_NL>>;
         auto* kernel = gemm_q_kernel<D, kF16Path ? 2 : 1, 1>;
         int threads = kThreadsOf<1>;
         if constexpr (kF16Path) {

@@ -202,13 +202,23 @@ __device__ __forceinline__ uint32_t h2_sub_mul(uint32_t h, uint32_t sub, uint32_
   return out;
 }
 
+/// Weights j0 .. j0 + 7 of block b through the format's float Dequant8, each pair rounded to f16: the
+/// formats without an f16 path, and a block whose f16 path's scale lies beyond f16's range.
+template <class D>
+__device__ __forceinline__ void dequant8_float(const uint8_t* b, int j0, uint32_t (&w)[4]) {
+  float f[8];
+  D::run(b, j0, f);
+  for (int e = 0; e < 4; ++e) w[e] = pack_half2(f[2 * e], f[2 * e + 1]);
+}
+
 // Eight weights k .. k+7 (k relative to the chunk) of a staged row as four f16x2. q4_0 and q8_0 work
 // on f16 pairs directly: two 8-bit codes become 1024 + code in one byte permute with 0x64 (the f16
 // exponent of 1024), the offset (1032 or 1152) comes off exactly and the f16 scale multiplies with one
 // rounding: the same values as the float path (an exact product rounded once to f16) in ~60% of its
-// instructions, which bound this kernel (8B Q4_0 batched step at 64: 4,830 -> 5,376 t/s). The K-quants
-// and iq4_xs likewise with their scales rounded to f16 first; the other formats (q4_1, q5_0, q5_1,
-// iq4_nl, mxfp4) go through their float Dequant8.
+// instructions, which bound this kernel (8B Q4_0 batched step at 64: 4,830 -> 5,376 t/s); q4_1, q5_0,
+// q5_1 and iq4_nl likewise (their f16 scales as they are, q4_1's and q5_1's offsets by an fma). The
+// K-quants and iq4_xs with their scales rounded to f16 first; mxfp4 (a power-of-two scale past f16's
+// range) through its float Dequant8.
 template <class D>
 __device__ __forceinline__ void dequant8(const unsigned char* raw, int k, uint32_t (&w)[4]) {
   if constexpr (std::is_same_v<D, Dequant8Q4_0> || std::is_same_v<D, Dequant8Q8_0>) {
@@ -243,9 +253,7 @@ __device__ __forceinline__ void dequant8(const unsigned char* raw, int k, uint32
       const float scale_f = fmul_rn(f16_to_float(load_u16_even(b)), static_cast<float>(sc));
       const float bias_f = fmul_rn(f16_to_float(load_u16_even(b + 2)), static_cast<float>(m));
       if (!(fabsf(scale_f) <= 65504.0f && fabsf(bias_f) <= 65504.0f)) {  // beyond f16: the float path
-        float f[8];
-        D::run(b, j0, f);
-        for (int e = 0; e < 4; ++e) w[e] = pack_half2(f[2 * e], f[2 * e + 1]);
+        dequant8_float<D>(b, j0, w);
         return;
       }
       const __half2 scale = __float2half2_rn(scale_f);
@@ -297,9 +305,7 @@ __device__ __forceinline__ void dequant8(const unsigned char* raw, int k, uint32
       bias_f = fmul_rn(f16_to_float(load_u16_even(b + 82)), static_cast<float>(sm >> 4));
     }
     if (!(fabsf(scale_f) <= 65504.0f && fabsf(bias_f) <= 65504.0f)) {  // beyond f16: the float path
-      float f[8];
-      D::run(b, j0, f);
-      for (int e = 0; e < 4; ++e) w[e] = pack_half2(f[2 * e], f[2 * e + 1]);
+      dequant8_float<D>(b, j0, w);
       return;
     }
     const __half2 scale = __float2half2_rn(scale_f);
@@ -318,6 +324,45 @@ __device__ __forceinline__ void dequant8(const unsigned char* raw, int k, uint32
       const __half2 r = __hfma2(__hsub2(x, off), scale, nbias);
       memcpy(&w[e], &r, 4);
     }
+  } else if constexpr (std::is_same_v<D, Dequant8Of<FormatQ4_1>> || std::is_same_v<D, Dequant8Of<FormatQ5_0>> ||
+                       std::is_same_v<D, Dequant8Of<FormatQ5_1>> || std::is_same_v<D, Dequant8Of<FormatIQ4_NL>>) {
+    // The other 32-weight formats, as q4_0: their scale d (and q4_1's, q5_1's offset m) already f16, the
+    // codes (with q5_0's, q5_1's fifth bit j of qh, iq4_nl's through its code book) as 1024 + code in
+    // one byte permute, then one f16 product (q5_0: code - 16; iq4_nl: entry + 128 less 1152) or fma
+    // (d code + m) a pair. Blocks (20, 22, 24, 18 bytes) start 2-byte aligned, staged or not.
+    constexpr bool kQ41 = std::is_same_v<D, Dequant8Of<FormatQ4_1>>, kQ50 = std::is_same_v<D, Dequant8Of<FormatQ5_0>>,
+                   kQ51 = std::is_same_v<D, Dequant8Of<FormatQ5_1>>;
+    constexpr bool kMin = kQ41 || kQ51, kFifth = kQ50 || kQ51, kBook = !(kQ41 || kQ50 || kQ51);
+    constexpr int kQs = kQ41 ? 4 : kQ50 ? 6 : kQ51 ? 8 : 2, kQh = kQ50 ? 2 : 4;  // byte offsets: codes, fifth bits
+    const uint8_t* b = raw + (k / D::kBlock) * D::kBytes;
+    const int j0 = k % D::kBlock;
+    const uint32_t d = load_u16_even(b);
+    const uint32_t d2 = d | (d << 16);
+    uint32_t m2 = 0, qh = 0;
+    if constexpr (kMin) m2 = load_u16_even(b + 2) | (load_u16_even(b + 2) << 16);
+    if constexpr (kFifth) qh = load_u16_even(b + kQh) | (load_u16_even(b + kQh + 2) << 16);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int j = j0 + 2 * e;  // the pair's first element
+      uint32_t v = (load_u16_even(b + kQs + (j0 & 15) + 2 * e) >> (j0 < 16 ? 0 : 4)) & 0x0f0fu;  // codes 0..15
+      if constexpr (kFifth) v |= (((qh >> j) & 1u) << 4) | (((qh >> (j + 1)) & 1u) << 12);     // 0..31
+      if constexpr (kBook) {
+        v = (book_lookup4(iq4nl_book(), v) ^ 0x8080u) & 0xffffu;  // two entries, int8 + 128
+        w[e] = h2_sub_mul(__byte_perm(v, 0x64646464u, 0x5140), 0x64806480u, d2);  // (1024 + u) - 1152
+      } else if constexpr (kMin) {
+        const uint32_t h = __byte_perm(v, 0x64646464u, 0x5140);  // 1024 + code
+        const uint32_t k1024 = 0x64006400u;
+        __half2 x, c1024, dh, mh;
+        memcpy(&x, &h, 4);
+        memcpy(&c1024, &k1024, 4);
+        memcpy(&dh, &d2, 4);
+        memcpy(&mh, &m2, 4);
+        const __half2 r = __hfma2(__hsub2(x, c1024), dh, mh);
+        memcpy(&w[e], &r, 4);
+      } else {
+        w[e] = h2_sub_mul(__byte_perm(v, 0x64646464u, 0x5140), 0x64106410u, d2);  // (1024 + q) - 1040
+      }
+    }
   } else if constexpr (std::is_same_v<D, Dequant8Of<FormatIQ4_XS>>) {
     // iq4_xs: the sub-block's scale d (ls - 32) rounded to f16 first (as the K-quants'), the code book's
     // int8 entries (four lookups a word of nibbles) as 1152 + v in f16 pairs, 1152 off exactly, one
@@ -327,9 +372,7 @@ __device__ __forceinline__ void dequant8(const unsigned char* raw, int k, uint32
     const int j0 = k % D::kBlock, s = j0 / 32;
     const float scale_f = fmul_rn(f16_to_float(load_u16_even(b)), static_cast<float>(iq4xs_scale_of(s, b) - 32));
     if (!(fabsf(scale_f) <= 65504.0f)) {  // beyond f16: the float path
-      float f[8];
-      D::run(b, j0, f);
-      for (int e = 0; e < 4; ++e) w[e] = pack_half2(f[2 * e], f[2 * e + 1]);
+      dequant8_float<D>(b, j0, w);
       return;
     }
     const uint32_t d = __half_as_ushort(__float2half_rn(scale_f));
@@ -344,12 +387,7 @@ __device__ __forceinline__ void dequant8(const unsigned char* raw, int k, uint32
       w[2 * h + 1] = h2_sub_mul(__byte_perm(c, 0x64646464u, 0x7362), 0x64806480u, d2);  // bytes 2, 3
     }
   } else {
-    float f[8];
-    D::run(raw + (k / D::kBlock) * D::kBytes, k % D::kBlock, f);
-    w[0] = pack_half2(f[0], f[1]);
-    w[1] = pack_half2(f[2], f[3]);
-    w[2] = pack_half2(f[4], f[5]);
-    w[3] = pack_half2(f[6], f[7]);
+    dequant8_float<D>(raw + (k / D::kBlock) * D::kBytes, k % D::kBlock, w);
   }
 }
 

@@ -52,13 +52,15 @@ constexpr int kXTileHalves = kBN * kChunk;  // one stage's activations: 64 x 256
 // The formats the kernel covers: those dequantized straight to f16 pairs (q5_K as q4_K with its fifth
 // bits: 1B Q5_K_M S_TG at 16 / 64 sequences +30% / +18% against the float path; iq4_xs +31% / +20%).
 // Their weights are staged by copies completing on the stage's mbarrier where a row's segment is a
-// multiple of 16 bytes (q4_0, q4_K, q5_K, q8_0), else by cp.async pieces (q6_K's 210-byte blocks,
+// multiple of 16 bytes (q4_0, q4_K, q5_K, q8_0; q4_1, q5_0, q5_1, iq4_nl: 8 blocks of 20, 22, 24, 18), else by cp.async pieces (q6_K's 210-byte blocks,
 // iq4_xs's 136, q3_K's 110, q2_K's 84); the activation tiles always by a bulk copy on the mbarrier.
 template <class D>
 constexpr bool kCovered = std::is_same_v<D, Dequant8Q4_K> || std::is_same_v<D, Dequant8Q4_0> ||
                           std::is_same_v<D, Dequant8Q8_0> || std::is_same_v<D, Dequant8Q6_K> ||
                           std::is_same_v<D, Dequant8Of<FormatQ5_K>> || std::is_same_v<D, Dequant8Of<FormatIQ4_XS>> ||
-                          std::is_same_v<D, Dequant8Of<FormatQ3_K>> || std::is_same_v<D, Dequant8Of<FormatQ2_K>>;
+                          std::is_same_v<D, Dequant8Of<FormatQ3_K>> || std::is_same_v<D, Dequant8Of<FormatQ2_K>> ||
+                          std::is_same_v<D, Dequant8Of<FormatQ4_1>> || std::is_same_v<D, Dequant8Of<FormatQ5_0>> ||
+                          std::is_same_v<D, Dequant8Of<FormatQ5_1>> || std::is_same_v<D, Dequant8Of<FormatIQ4_NL>>;
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // B's descriptor at shared address addr: k-adjacent core matrices 1,024 bytes apart (leading offset),

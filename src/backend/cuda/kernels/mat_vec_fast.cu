@@ -370,6 +370,29 @@ __global__ void quantize_act_fast_kernel(ActFastLayout<Q> out, TensorDesc b) {
   }
 }
 
+/// Unit u's decoded weights of the tile's kLoad rows (w) against the unit's 32 activation codes of each of
+/// the ncols columns of batch z, their terms added to acc: a step of the pipeline and of the direct unit
+/// kernel alike. n_units = k / kFastUnit and scales_per_row = k / Q::kActScaleBlock, the callers' (once
+/// a kernel, not a step).
+template <class Q, int kCols, int kLoad>
+__device__ __forceinline__ void unit_dot_columns(const typename Q::Unit (&w)[kLoad], const ActFastLayout<Q>& act,
+                                                 int64_t k, int64_t n_units, int64_t scales_per_row, int64_t u,
+                                                 int ncols, int64_t z, float (&acc)[kLoad][kCols]) {
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) {
+    if (c >= ncols) break;
+    const int64_t col = c + ncols * z;
+    const auto* xp = reinterpret_cast<const int4*>(act.codes + col * k + u * kFastUnit);
+    const int4 x0 = ld_act(xp), x1 = ld_act(xp + 1);
+    const int x[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+    const float dx = ld_act(act.scales + col * scales_per_row + u * kFastUnit / Q::kActScaleBlock);
+    int xsum = 0;
+    if constexpr (Q::kActSums) xsum = ld_act(act.sums + col * n_units + u);
+#pragma unroll
+    for (int l = 0; l < kLoad; ++l) acc[l][c] += Q::dot(w[l], x, dx, xsum);
+  }
+}
+
 // Tiles blockIdx.x, + gridDim.x, ... (a grid of about one wave: every block walks several tiles)
 // against the activations quantized in act (column j of batch z at row j + ncols * z). The
 // block's work is a sequence of steps (tile, stage); thread 0 keeps the bulk copies of the next
@@ -454,19 +477,7 @@ __global__ void __launch_bounds__(kThreads, quant_blocks_per_sm<Q, kCols>())
       typename Q::Unit w[kLoad];
 #pragma unroll
       for (int l = 0; l < kLoad; ++l) w[l] = Q::decode(&stage[buf][l][blk * Q::kBytes], part);
-#pragma unroll
-      for (int c = 0; c < kCols; ++c) {
-        if (c >= ncols) break;
-        const int64_t col = c + ncols * at.z;
-        const auto* xp = reinterpret_cast<const int4*>(act.codes + col * k + u * kFastUnit);
-        const int4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
-        const int x[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-        const float dx = __ldg(act.scales + col * scales_per_row + u * kFastUnit / Q::kActScaleBlock);
-        int xsum = 0;
-        if constexpr (Q::kActSums) xsum = __ldg(act.sums + col * n_units + u);
-#pragma unroll
-        for (int l = 0; l < kLoad; ++l) acc[l][c] += Q::dot(w[l], x, dx, xsum);
-      }
+      unit_dot_columns<Q, kCols, kLoad>(w, act, k, n_units, scales_per_row, u, ncols, at.z, acc);
     }
     if (++s == n_stages) {  // the tile is complete
       reduce_and_store<kRows, kCols, kGlu>(acc, partial, args, at, ncols);
@@ -655,11 +666,11 @@ __device__ __forceinline__ void direct_q4k_tile(const FastArgs& args,
       if (c >= ncols) break;
       const int64_t col = c + ncols * at.z;
       const auto* xc = reinterpret_cast<const int4*>(act.codes + col * k + b * 256 + 64 * p);
-      const int4 xa = __ldg(xc), xb = __ldg(xc + 1), xc2 = __ldg(xc + 2), xd = __ldg(xc + 3);
-      const float dx = __ldg(act.scales + col * n_blocks + b);
+      const int4 xa = ld_act(xc), xb = ld_act(xc + 1), xc2 = ld_act(xc + 2), xd = ld_act(xc + 3);
+      const float dx = ld_act(act.scales + col * n_blocks + b);
       // the two sub-blocks' activation code sums (int16 pairs, 4-byte aligned: 8 b + 2 p is even)
       const uint32_t sums =
-          __ldg(reinterpret_cast<const uint32_t*>(act.sums + col * (k / kFastUnit) + 8 * b + 2 * p));
+          ld_act(reinterpret_cast<const uint32_t*>(act.sums + col * (k / kFastUnit) + 8 * b + 2 * p));
       const int s0 = static_cast<int16_t>(sums & 0xffffu), s1 = static_cast<int16_t>(sums >> 16);
       const int x_lo[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
       const int x_hi[8] = {xc2.x, xc2.y, xc2.z, xc2.w, xd.x, xd.y, xd.z, xd.w};
@@ -771,8 +782,8 @@ __global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<kCols>())
       if (c >= ncols) break;
       const int64_t col = c + ncols * at.z;
       const auto* xc = reinterpret_cast<const int4*>(act.codes + col * k + g * 256 + 64 * p);
-      const int4 x0 = __ldg(xc), x1 = __ldg(xc + 1), x2 = __ldg(xc + 2), x3 = __ldg(xc + 3);
-      const float2 dx = __ldg(reinterpret_cast<const float2*>(act.scales + col * n_scales + 8 * g + 2 * p));
+      const int4 x0 = ld_act(xc), x1 = ld_act(xc + 1), x2 = ld_act(xc + 2), x3 = ld_act(xc + 3);
+      const float2 dx = ld_act(reinterpret_cast<const float2*>(act.scales + col * n_scales + 8 * g + 2 * p));
       const int xa[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};  // block 2 p's codes
       const int xb[8] = {x2.x, x2.y, x2.z, x2.w, x3.x, x3.y, x3.z, x3.w};  // block 2 p + 1's
       int sa = 0, sb = 0;
@@ -899,10 +910,10 @@ __device__ __forceinline__ void direct_q6k_tile(const FastArgs& args, ActFastLay
           int x[4][4];
 #pragma unroll
           for (int e = 0; e < 4; ++e) {  // unit e's 16 codes, 32 apart
-            const int4 v = __ldg(xc + 2 * e);
+            const int4 v = ld_act(xc + 2 * e);
             x[e][0] = v.x, x[e][1] = v.y, x[e][2] = v.z, x[e][3] = v.w;
           }
-          const float dx = __ldg(act.scales + col * n_blocks + b);
+          const float dx = ld_act(act.scales + col * n_blocks + b);
           acc[c] += p.d4 * dx * static_cast<float>(D::isum(p, x));
         }
       }
@@ -934,12 +945,9 @@ __global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<kCols>())
 template <int kRows, bool kPrefetch>
 __global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<1, (kPrefetch && kRows > 2)>())
     mat_vec_direct_q4k_q6k_kernel(const __grid_constant__ FastArgs args, ActFastLayout<FastQ4_K> act, int64_t k) {
-  pdl_wait();
-  // Waits first, unlike the q4_K and q6_K kernels whose tile functions these are (they load their
-  // first weights before the wait): with those loads before it, loom-exec-equivalence's "all" (PDL)
-  // decode of 1B Q4_K_M gave logits that moved run to run (NMSE 1.9 against serialized), and waiting
-  // first gave them bit for bit (H200, stop 45). Why the early loads broke it here and not in the
-  // kernels alone is not understood: the PTX keeps every activation load after the wait.
+  // pdl_wait later: both tile functions load the first step's weights, then call pdl_wait(); they read
+  // the activations with ld_act (coherent loads), which ptxas keeps after the wait: with __ldg it put the
+  // q6_K tile's first activation loads above it (SASS, stop 45), and under PDL the logits moved run to run
   int64_t t;
   const TileAt at = warp_tile<kRows>(args, t);
   if ((args.q6_parts >> at.part) & 1u) {
@@ -951,13 +959,32 @@ __global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<1, (kPrefetch &
 
 // ---- the other K-quants and iq4_xs straight from global memory ---------------------------------------
 
-/// The 256-weight formats whose unit decode (mat_vec_fast_formats.cuh) reads only its own block's bytes
+/// The formats whose unit decode (mat_vec_fast_formats.cuh) reads nothing past its own block
 /// at the alignment rows give them in global memory (q2_K's 84-byte blocks: 4-byte aligned; q3_K's
-/// 110: 2-byte; iq4_xs's 136: 8-byte, read in 8-byte words), so mat_vec_direct_unit_kernel may decode
-/// rows in place: no read past a tensor's last block.
+/// 110: 2-byte, its aligned words starting up to 2 bytes before a block, in the row's previous one, as
+/// a row starts 16-byte aligned; iq4_xs's 136: 8-byte, read in 8-byte words), and the 32-weight q4_1 (20
+/// bytes, its codes 4-byte aligned) and q5_1 (24, 8-byte) whose codes are read in whole words
+/// (NibbleAlign::a4), so mat_vec_direct_unit_kernel may decode rows in place: no read past a tensor's last
+/// block. q5_0 and iq4_nl (2-byte aligned codes, which their pipeline decode reads a word past) through
+/// decode_in_block (NibbleAlign::a2_in: the last two bytes a 16-bit load); mxfp4 stays on the pipeline.
 template <class Q>
-constexpr bool kDirectUnit =
-    std::is_same_v<Q, FastQ2_K> || std::is_same_v<Q, FastQ3_K> || std::is_same_v<Q, FastIQ4_XS>;
+constexpr bool kDirectUnit = std::is_same_v<Q, FastQ2_K> || std::is_same_v<Q, FastQ3_K> ||
+                             std::is_same_v<Q, FastIQ4_XS> || std::is_same_v<Q, FastQ4_1> ||
+                             std::is_same_v<Q, FastQ5_1> || std::is_same_v<Q, FastQ5_0> ||
+                             std::is_same_v<Q, FastIQ4_NL>;
+
+/// Whether Q has decode_in_block (its decode reads past the block).
+template <class Q, class = void>
+struct HasDecodeInBlock : std::false_type {};
+template <class Q>
+struct HasDecodeInBlock<Q, std::void_t<decltype(Q::decode_in_block(nullptr, 0))>> : std::true_type {};
+
+/// A unit decoded from global memory: the format's decode_in_block where it has one.
+template <class Q>
+__device__ __forceinline__ typename Q::Unit direct_decode(const uint8_t* block, int part) {
+  if constexpr (HasDecodeInBlock<Q>::value) return Q::decode_in_block(block, part);
+  else return Q::decode(block, part);
+}
 
 // Tiles of kRows output rows (glu: kRows gate + kRows up), one per warp, for the kDirectUnit formats:
 // lane l of a step takes unit l of the step's 32 of each row (4 blocks of 8 units), decodes it with the
@@ -983,24 +1010,12 @@ __global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<kCols>())
     const int part = static_cast<int>(u % Q::kUnitsPerBlock);
     typename Q::Unit w[kLoad];
 #pragma unroll
-    for (int l = 0; l < kLoad; ++l) w[l] = Q::decode(rows[l] + blk * Q::kBytes, part);
+    for (int l = 0; l < kLoad; ++l) w[l] = direct_decode<Q>(rows[l] + blk * Q::kBytes, part);
     if (!waited) {
       pdl_wait();
       waited = true;
     }
-#pragma unroll
-    for (int c = 0; c < kCols; ++c) {
-      if (c >= ncols) break;
-      const int64_t col = c + ncols * at.z;
-      const auto* xp = reinterpret_cast<const int4*>(act.codes + col * k + u * kFastUnit);
-      const int4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
-      const int x[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-      const float dx = __ldg(act.scales + col * scales_per_row + u * kFastUnit / Q::kActScaleBlock);
-      int xsum = 0;
-      if constexpr (Q::kActSums) xsum = __ldg(act.sums + col * n_units + u);
-#pragma unroll
-      for (int l = 0; l < kLoad; ++l) acc[l][c] += Q::dot(w[l], x, dx, xsum);
-    }
+    unit_dot_columns<Q, kCols, kLoad>(w, act, k, n_units, scales_per_row, u, ncols, at.z, acc);
   }
   if (!waited) pdl_wait();
   warp_reduce_store<kRows, kCols, kGlu>(acc, args, at, t, lane, ncols);
@@ -1038,8 +1053,8 @@ constexpr int64_t direct_row_multiple() {
 /// q6_K's direct kernel's rows at most (launch_q_cols).
 constexpr int64_t kQ6DirectMaxRows = 16384;
 
-/// The direct kernels (q4_K, q4_0, q8_0, q2_K, q3_K at 1-2 columns; q5_K, q6_K, iq4_xs at one), unless
-/// LOOM_MV_DIRECT=0 asks for the shared-memory pipeline instead (to compare).
+/// The direct kernels (q4_K, q4_0, q8_0, q2_K, q3_K, q4_1, q5_0, q5_1, iq4_nl at 1-2 columns; q5_K, q6_K, iq4_xs at
+/// one), unless LOOM_MV_DIRECT=0 asks for the shared-memory pipeline instead (to compare).
 bool direct_mat_vec_enabled() {
   static const bool on = env_switch("LOOM_MV_DIRECT");
   return on;

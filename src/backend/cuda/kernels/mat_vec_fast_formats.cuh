@@ -320,14 +320,53 @@ struct FastOffsetUnit {
   float d, m;
 };
 
+/// n little-endian 32-bit words from a 4-byte aligned address: n word loads, nothing read past them
+/// (q4_1's codes at 4 of its 20-byte blocks, q5_1's at 8 of 24, on 16-byte aligned rows).
+template <int N>
+LOOM_HD void load_words_a4(const uint8_t* p, uint32_t (&w)[N]) {
+#if defined(__CUDA_ARCH__)
+  const auto* v = reinterpret_cast<const uint32_t*>(p);
+  for (int i = 0; i < N; ++i) w[i] = v[i];
+#else
+  std::memcpy(w, p, sizeof(w));
+#endif
+}
+
+/// load_words_a2 with nothing read past the n words: the aligned word holding their last two bytes
+/// (2-byte aligned p) read as a 16-bit load, none (4-byte aligned p). For global memory, where a
+/// tensor's last block may end its allocation (mat_vec_direct_unit_kernel's q5_0 and iq4_nl).
+template <int N>
+LOOM_HD void load_words_a2_in(const uint8_t* p, uint32_t (&w)[N]) {
+#if defined(__CUDA_ARCH__)
+  const auto addr = reinterpret_cast<uintptr_t>(p);
+  const auto* base = reinterpret_cast<const uint32_t*>(addr & ~uintptr_t{3});
+  const unsigned shift = (addr & 2u) * 8u;
+  uint32_t raw[N + 1];
+  for (int i = 0; i < N; ++i) raw[i] = base[i];
+  raw[N] = shift ? *reinterpret_cast<const uint16_t*>(base + N) : 0u;
+  for (int i = 0; i < N; ++i) w[i] = __funnelshift_r(raw[i], raw[i + 1], shift);
+#else
+  std::memcpy(w, p, sizeof(w));
+#endif
+}
+
+/// How a block's 16 bytes of nibbles are aligned where they are read: any byte (mxfp4), 2 bytes (q5_0,
+/// iq4_nl: a word more is read, past the codes; a2_in: nothing past them), 4 bytes (q4_1, q5_1: exactly
+/// the 16 bytes).
+enum class NibbleAlign { a1, a2, a2_in, a4 };
+
 /// Eight code words of a 32-element block from its 16 bytes of nibbles (q4_0's order) at qs.
-template <bool kByteAligned>
+template <NibbleAlign kAlign>
 LOOM_HD void nibble_words(const uint8_t* qs, uint32_t (&lo)[4], uint32_t (&hi)[4]) {
   uint32_t raw[4];
-  if constexpr (kByteAligned) {
+  if constexpr (kAlign == NibbleAlign::a1) {
     load_words_a1(qs, raw);
-  } else {
+  } else if constexpr (kAlign == NibbleAlign::a2) {
     load_words_a2(qs, raw);
+  } else if constexpr (kAlign == NibbleAlign::a2_in) {
+    load_words_a2_in(qs, raw);
+  } else {
+    load_words_a4(qs, raw);
   }
   for (int i = 0; i < 4; ++i) {
     lo[i] = raw[i] & 0x0f0f0f0fu;
@@ -344,7 +383,7 @@ struct FastQ4_1 {
   LOOM_HD static Unit decode(const uint8_t* b, int /*part*/) {
     Unit u;
     uint32_t lo[4], hi[4];
-    nibble_words<false>(b + 4, lo, hi);
+    nibble_words<NibbleAlign::a4>(b + 4, lo, hi);
     for (int i = 0; i < 4; ++i) {
       u.q[i] = lo[i];
       u.q[4 + i] = hi[i];
@@ -359,9 +398,10 @@ struct FastQ4_1 {
 };
 
 /// q5 codes of a block: nibbles at qs, fifth bits in the word qh.
+template <NibbleAlign kAlign>
 LOOM_HD void q5_words(const uint8_t* qs, uint32_t qh, uint32_t (&q)[8]) {
   uint32_t lo[4], hi[4];
-  nibble_words<false>(qs, lo, hi);
+  nibble_words<kAlign>(qs, lo, hi);
   for (int i = 0; i < 4; ++i) {
     q[i] = lo[i] | spread_bit4(qh >> (4 * i));
     q[4 + i] = hi[i] | spread_bit4(qh >> (16 + 4 * i));
@@ -374,13 +414,16 @@ struct FastQ5_0 {
   static constexpr int kActScaleBlock = 32;
   static constexpr bool kActSums = false;
   using Unit = FastQ8_0::Unit;
+  template <NibbleAlign kAlign = NibbleAlign::a2>
   LOOM_HD static Unit decode(const uint8_t* b, int /*part*/) {
     Unit u;
-    q5_words(b + 6, load_u32_a2(b + 2), u.q);
+    q5_words<kAlign>(b + 6, load_u32_a2(b + 2), u.q);
     for (uint32_t& w : u.q) w = fivebits_minus_16(w);
     u.d = half_to_float(load_u16_a2(b));
     return u;
   }
+  /// decode reading nothing past the block (global memory: mat_vec_direct_unit_kernel)
+  LOOM_HD static Unit decode_in_block(const uint8_t* b, int part) { return decode<NibbleAlign::a2_in>(b, part); }
   LOOM_HD static float dot(const Unit& u, const int (&x)[8], float dx, int xsum) {
     return FastQ8_0::dot(u, x, dx, xsum);
   }
@@ -394,7 +437,7 @@ struct FastQ5_1 {
   using Unit = FastOffsetUnit;
   LOOM_HD static Unit decode(const uint8_t* b, int /*part*/) {
     Unit u;
-    q5_words(b + 8, load_u32_a2(b + 4), u.q);
+    q5_words<NibbleAlign::a4>(b + 8, load_u32_a2(b + 4), u.q);
     u.d = half_to_float(load_u16_a2(b));
     u.m = half_to_float(load_u16_a2(b + 2));
     return u;
@@ -405,10 +448,10 @@ struct FastQ5_1 {
 };
 
 /// Code-book block: the nibbles' entries, d.
-template <bool kByteAligned>
+template <NibbleAlign kAlign>
 LOOM_HD void book_words(const uint8_t* qs, const CodeBook16& book, uint32_t (&q)[8]) {
   uint32_t lo[4], hi[4];
-  nibble_words<kByteAligned>(qs, lo, hi);
+  nibble_words<kAlign>(qs, lo, hi);
   for (int i = 0; i < 4; ++i) {
     q[i] = book_lookup4(book, lo[i]);
     q[4 + i] = book_lookup4(book, hi[i]);
@@ -421,12 +464,15 @@ struct FastIQ4_NL {
   static constexpr int kActScaleBlock = 32;
   static constexpr bool kActSums = false;
   using Unit = FastQ8_0::Unit;
+  template <NibbleAlign kAlign = NibbleAlign::a2>
   LOOM_HD static Unit decode(const uint8_t* b, int /*part*/) {
     Unit u;
-    book_words<false>(b + 2, iq4nl_book(), u.q);
+    book_words<kAlign>(b + 2, iq4nl_book(), u.q);
     u.d = half_to_float(load_u16_a2(b));
     return u;
   }
+  /// decode reading nothing past the block (global memory: mat_vec_direct_unit_kernel)
+  LOOM_HD static Unit decode_in_block(const uint8_t* b, int part) { return decode<NibbleAlign::a2_in>(b, part); }
   LOOM_HD static float dot(const Unit& u, const int (&x)[8], float dx, int xsum) {
     return FastQ8_0::dot(u, x, dx, xsum);
   }
@@ -440,7 +486,7 @@ struct FastMXFP4 {
   using Unit = FastQ8_0::Unit;
   LOOM_HD static Unit decode(const uint8_t* b, int /*part*/) {
     Unit u;
-    book_words<true>(b + 1, mxfp4_book(), u.q);
+    book_words<NibbleAlign::a1>(b + 1, mxfp4_book(), u.q);
     u.d = e8m0_half(b[0]);
     return u;
   }
