@@ -5,8 +5,10 @@
 // the results that the fused kernel keeps are all checked (Graph::mark_output inside the build).
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <numeric>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
@@ -660,6 +662,9 @@ void add_fused_cases(CaseList& cases, CaseSet set) {
     add_glu_mat_vec(cases, DType::f16, 8192, 1, true, 2048);  // a 2048-wide model's gate + up
     for (DType wt : {DType::f16, DType::q8_0, DType::q4_k})
       add_mat_vec_multi(cases, wt, {4096, 1024, 1024}, 1, 4096);  // llama-3-8B Q, K, V
+    // and a Q4_K_M file's: V in q6_K (LOOM_CUDA_MIXED_MULTI=0: V a launch of its own)
+    add_mat_vec_multi(cases, DType::q4_k, {4096, 1024, 1024}, 1, 4096, 1, {}, false,
+                      {DType::q4_k, DType::q4_k, DType::q6_k});
     // batched decode at 64 sequences (the fast mode's gemm_q form: one launch, one packing)
     for (DType wt : {DType::q4_k, DType::q6_k}) {
       add_glu_mat_vec(cases, wt, 14336, 64, true, 4096);
@@ -727,6 +732,28 @@ void add_fused_cases(CaseList& cases, CaseSet set) {
     add_mat_vec_multi(cases, DType::q6_k, {64, 32, 32}, n, 2048);
   }
   add_glu_mat_vec(cases, DType::q6_k, 203, 1, false, 4096);
+  // A Q4_K_M file's Q, K (q4_K) and V (q6_K) at one token: one launch of the direct kernels' mixed form
+  // in fast numerics (q6_K's 8-block groups: k a multiple of 2048; rows off the 2- and 4-row tiles), the
+  // exact mode fusing the q4_K pair alone (so a fusion in both, one dispatch in fast: the graph has no
+  // other node); and a pair with q6_K first, fused in fast numerics only.
+  // (LOOM_CUDA_MIXED_MULTI=0 or LOOM_MV_DIRECT=0, set for comparisons, keep the mixed form off: then only
+  // the q4_K pair fuses, and the q6_K-first pair not at all)
+  {
+    using D = DType;
+    auto off = [](const char* var) {
+      const char* v = std::getenv(var);
+      return v && std::string_view(v) == "0";
+    };
+    const bool mixed = !off("LOOM_CUDA_MIXED_MULTI") && !off("LOOM_MV_DIRECT");
+    add_mat_vec_multi(cases, D::q4_k, {64, 32, 30}, 1, 2048, 1, {}, false, {D::q4_k, D::q4_k, D::q6_k});
+    cases.back().fast_max_dispatches = mixed ? 1 : 0;
+    add_mat_vec_multi(cases, D::q4_k, {4096, 1024, 1024}, 1, 4096, 1, {}, false, {D::q4_k, D::q4_k, D::q6_k});
+    cases.back().fast_max_dispatches = mixed ? 1 : 0;
+    add_mat_vec_multi(cases, D::q4_k, {26, 51}, 1, 4096, 1, {}, false, {D::q6_k, D::q4_k});
+    cases.back().fusion_fast_only = true;
+    cases.back().fusion_device_dependent = !mixed;
+    cases.back().fast_max_dispatches = mixed ? 1 : 0;
+  }
   // Past the mat-vecs' 8 columns, quantized weights in the fast mode: the gemm_q form (one launch of
   // the products of 256-row tiles, one packing; gate and up gated in the reduction), with whole and
   // partial column tiles, products split over k and not, and a last part of a partial row tile.

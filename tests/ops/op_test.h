@@ -158,6 +158,10 @@ struct OpCase {
   /// 9.0: its warpgroup kernel), so in the fast mode the fusion may be missing; the results are
   /// checked either way. (loom bench's traces show it on the H200.)
   bool fusion_device_dependent = false;
+  /// In the fast mode, with fusion on, the graph must take at most this many dispatches (0: not
+  /// checked): where a fusion of the same kind can form in two ways (a Q4_K_M file's Q, K and V: the
+  /// q4_K pair alone, or all three in fast numerics), the count tells which one formed.
+  int64_t fast_max_dispatches = 0;
 };
 
 /// Which set of cases to register: small checked shapes, or large timed ones.

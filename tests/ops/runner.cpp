@@ -308,6 +308,13 @@ Status check_expected_fusion(const OpCase& c, const Backend& backend, const Grap
   if (counters.fusions[k] == 0)
     return make_error(StatusCode::internal, "expected fusion {} did not happen ({} dispatches for {} nodes)",
                       fused_kind_name(c.expected_fusion), counters.dispatches, counters.graph_nodes);
+  // (the counters sum over the case's computes)
+  if (c.fast_max_dispatches > 0 && backend.numerics() == Numerics::fast &&
+      counters.dispatches > static_cast<uint64_t>(c.fast_max_dispatches) * counters.computes)
+    return make_error(StatusCode::internal,
+                      "{} dispatches in {} computes where the fast mode's {} takes at most {} a compute",
+                      counters.dispatches, counters.computes, fused_kind_name(c.expected_fusion),
+                      c.fast_max_dispatches);
   return {};
 }
 

@@ -713,11 +713,15 @@ bool mat_vec_multi_ok(const Tensor* const* n, bool fast) {
   const Tensor* w0 = n[0]->src[0];
   if (!x || !w0) return false;
   const int count = n[2] ? 3 : 2;
+  // one weight type, but for the fast mode's q4_K / q6_K mix at one column (a Q4_K_M file's Q, K, V)
+  for (int t = 0; t < count; ++t)
+    if (n[t]->op != OpKind::mul_mat) return false;
+  const bool mixed = fast && mat_vec_fast_mixed_ok(n, count);
   for (int t = 0; t < count; ++t) {
     const Tensor* mm = n[t];
     const Tensor* w = mm->src[0];
     if (mm->op != OpKind::mul_mat || mm->src[1] != x || !mat_vec_shape(mm, fast) || !is_f32(mm)) return false;
-    if (w->type != w0->type || w->ne[0] != x->ne[0] || w->ne[2] <= 0 || w->ne[3] <= 0 ||
+    if ((w->type != w0->type && !mixed) || w->ne[0] != x->ne[0] || w->ne[2] <= 0 || w->ne[3] <= 0 ||
         x->ne[2] % w->ne[2] != 0 || x->ne[3] % w->ne[3] != 0)
       return false;
     if (mm->ne != Shape{w->ne[1], x->ne[1], x->ne[2], x->ne[3]} || !disjoint(mm, x)) return false;
@@ -1242,6 +1246,7 @@ CudaError launch_mat_vec_multi(const LaunchContext& ctx, const Tensor* mm0, cons
   if (multi_gemm_q_ok(mms, {ctx.fast, ctx.sm90a})) return launch_gemm_q_products(ctx, multi_products(mms));
   if (multi_cublas_ok(mms, {ctx.fast, ctx.sm90a})) return launch_stacked_cublas(ctx, mms, count);
   if (multi_dequant_ok(mms, {ctx.fast, ctx.sm90a})) return launch_dequant_multi(ctx, mms, count);
+  if (ctx.fast && mat_vec_fast_mixed_ok(mms, count)) return launch_mat_vec_fast_mixed(ctx, mms, count);
   if (ctx.fast && mat_vec_fast_supports_multi(ctx, mms, count)) return launch_mat_vec_fast_multi(ctx, mms, count);
   if (ctx.act_in) return act_in_missed();
   const CudaError none = CudaError::runtime(

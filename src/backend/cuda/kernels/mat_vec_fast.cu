@@ -163,6 +163,7 @@ struct FastArgs {
   int64_t ne2;      ///< dst.ne[2]
   const float* bias;
   bool swiglu;
+  uint32_t q6_parts;  ///< mat_vec_direct_q4k_q6k_kernel: bit p set where part p's weights are q6_K
 };
 
 /// Output rows per tile: 4 (gated: 2 of gate and 2 of up), whatever the columns, so that every step
@@ -595,11 +596,10 @@ __device__ __forceinline__ void q4k_pair_scales(uint32_t s0, uint32_t s1, uint32
 // loads a lane, shared by the block's 4 lanes) hold bit s of sub-block s's code l in byte l, so lane p
 // ORs bits 2 p and 2 p + 1 of the word covering codes l .. l + 3 into its low and high nibbles; the
 // codes sit at 48 (16-byte aligned: 48 + 32 p). Scales, mins and the activations' layout are q4_K's.
-template <int kCols, bool kGlu, int kRows, bool kPrefetch, bool kQ5 = false>
-__global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<kCols, (kPrefetch && (kGlu ? 2 * kRows : kRows) > 2)>())
-    mat_vec_direct_q4k_kernel(const __grid_constant__ FastArgs args,
-                              ActFastLayout<std::conditional_t<kQ5, FastQ5_K, FastQ4_K>> act, int64_t k, int ncols) {
-  // pdl_wait later: the first step's weight loads (no earlier kernel's output) go out before it
+template <int kCols, bool kGlu, int kRows, bool kPrefetch, bool kQ5>
+__device__ __forceinline__ void direct_q4k_tile(const FastArgs& args,
+                                                ActFastLayout<std::conditional_t<kQ5, FastQ5_K, FastQ4_K>> act,
+                                                int64_t k, int ncols) {
   constexpr int kBlockBytes = kQ5 ? 176 : 144, kCodeChunk = kQ5 ? 3 : 1;  // 16-byte chunks
   constexpr int kLoad = kGlu ? 2 * kRows : kRows;
   constexpr int kLanesPerBlock = 4, kBlocksPerStep = kWarpSize / kLanesPerBlock;
@@ -698,6 +698,15 @@ __global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<kCols, (kPrefet
   }
   if (!waited) pdl_wait();
   warp_reduce_store<kRows, kCols, kGlu>(acc, args, at, t, lane, ncols);
+}
+
+template <int kCols, bool kGlu, int kRows, bool kPrefetch, bool kQ5 = false>
+__global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<kCols, (kPrefetch && (kGlu ? 2 * kRows : kRows) > 2)>())
+    mat_vec_direct_q4k_kernel(const __grid_constant__ FastArgs args,
+                              ActFastLayout<std::conditional_t<kQ5, FastQ5_K, FastQ4_K>> act, int64_t k, int ncols) {
+  // pdl_wait later: the first step's weight loads (no earlier kernel's output) go out before it,
+  // in direct_q4k_tile, which calls pdl_wait(); after them
+  direct_q4k_tile<kCols, kGlu, kRows, kPrefetch, kQ5>(args, act, k, ncols);
 }
 
 // ---- q4_0 and q8_0 straight from global memory -------------------------------------------------------
@@ -840,10 +849,8 @@ __global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<kCols>())
 // is decoded. A lane's sums are of its row alone: warp_reduce_store adds them up with zeros for the
 // tile's other rows.
 template <int kCols, bool kGlu, int kRows>
-__global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<kCols>())
-    mat_vec_direct_q6k_kernel(const __grid_constant__ FastArgs args, ActFastLayout<FastQ6_K> act, int64_t k,
-                              int ncols) {
-  // pdl_wait later: the first step's weight loads (no earlier kernel's output) go out before it
+__device__ __forceinline__ void direct_q6k_tile(const FastArgs& args, ActFastLayout<FastQ6_K> act, int64_t k,
+                                                int ncols) {
   using D = DirectQ6_K;
   constexpr int kLoad = kGlu ? 2 * kRows : kRows;
   constexpr int kLanesPerRow = kWarpSize / kLoad;       // 8 (4-row tiles), 16 (2-row)
@@ -919,6 +926,35 @@ __global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<kCols>())
 #pragma unroll
     for (int c = 0; c < kCols; ++c) sums[l][c] = l == my_row ? acc[c] : 0.0f;
   warp_reduce_store<kRows, kCols, kGlu>(sums, args, at, t, lane, ncols);
+}
+
+template <int kCols, bool kGlu, int kRows>
+__global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<kCols>())
+    mat_vec_direct_q6k_kernel(const __grid_constant__ FastArgs args, ActFastLayout<FastQ6_K> act, int64_t k,
+                              int ncols) {
+  // pdl_wait later: the first step's weight loads (no earlier kernel's output) go out before it,
+  // in direct_q6k_tile, which calls pdl_wait(); after them
+  direct_q6k_tile<kCols, kGlu, kRows>(args, act, k, ncols);
+}
+
+// A Q4_K_M file's Q, K and V of one layer at one column (decode), where V's weights are q6_K and Q's and
+// K's q4_K: one launch, each warp's tile taking the q4_K or the q6_K direct kernel's code by its part's
+// type (a part's tiles are one warp's each, so the branch is uniform in a warp), against one activation
+// quantized in the 256-block layout with sums (the q4_K kernel reads the sums, the q6_K one not). Before,
+// V was a launch of its own in half the layers: a kernel boundary for 3.4 MB of weights.
+template <int kRows, bool kPrefetch>
+__global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<1, (kPrefetch && kRows > 2)>())
+    mat_vec_direct_q4k_q6k_kernel(const __grid_constant__ FastArgs args, ActFastLayout<FastQ4_K> act, int64_t k) {
+  // pdl_wait later: both tile functions load the first step's weights, then call pdl_wait(); they read
+  // the activations with ld_act (coherent loads), which ptxas keeps after the wait: with __ldg it put the
+  // q6_K tile's first activation loads above it (SASS, stop 45), and under PDL the logits moved run to run
+  int64_t t;
+  const TileAt at = warp_tile<kRows>(args, t);
+  if ((args.q6_parts >> at.part) & 1u) {
+    direct_q6k_tile<1, false, kRows>(args, ActFastLayout<FastQ6_K>{ActFastRaw{act.codes, act.scales, nullptr}}, k, 1);
+  } else {
+    direct_q4k_tile<1, false, kRows, kPrefetch, false>(args, act, k, 1);
+  }
 }
 
 // ---- the other K-quants and iq4_xs straight from global memory ---------------------------------------
@@ -1013,6 +1049,9 @@ constexpr int64_t direct_row_multiple() {
   if constexpr (kDirectUnit<Q>) return 256;
   return 0;
 }
+
+/// q6_K's direct kernel's rows at most (launch_q_cols).
+constexpr int64_t kQ6DirectMaxRows = 16384;
 
 /// The direct kernels (q4_K, q4_0, q8_0, q2_K, q3_K, q4_1, q5_0, q5_1, iq4_nl at 1-2 columns; q5_K, q6_K, iq4_xs at
 /// one), unless LOOM_MV_DIRECT=0 asks for the shared-memory pipeline instead (to compare).
@@ -1139,7 +1178,6 @@ CudaError launch_q_cols(const LaunchContext& ctx, const FastLaunch& l) {
   // column gains 10-13% and q2_K / q3_K gain at two as at one: docs/PERFORMANCE.md, stop 44)
   constexpr bool kQ6 = std::is_same_v<Q, FastQ6_K>;
   constexpr bool kOneColumn = kQ6 || std::is_same_v<Q, FastQ5_K> || std::is_same_v<Q, FastIQ4_XS>;
-  constexpr int64_t kQ6DirectMaxRows = 16384;
   if constexpr (direct_row_multiple<Q>() > 0 && kCols <= (kOneColumn ? 1 : 2)) {
     if (direct_mat_vec_enabled() && b->ne[0] % direct_row_multiple<Q>() == 0 &&
         (!kQ6 || args.tiles * kRows <= kQ6DirectMaxRows)) {
@@ -1197,19 +1235,48 @@ CudaError float_mat_vec(const LaunchContext& ctx, const FastLaunch& l) {
                : by_columns<FloatLaunch<F>::template With, false>(ctx, l);
 }
 
+/// The launch's shared activation quantized once for every product into Q's layout in the scratch,
+/// unless the dispatch that produced it wrote that layout itself (ctx.act_in).
 template <class Q>
-CudaError quant_mat_vec(const LaunchContext& ctx, const FastLaunch& l) {
+CudaError quantize_shared_act(const LaunchContext& ctx, const FastLaunch& l) {
   const Tensor* b = l.mms[0]->src[1];
   const int64_t blocks = b->nrows() * (b->ne[0] / Q::kActScaleBlock);
   static const bool no_quantize = ablated_kernel("quantize_act");  // timing only
-  if (blocks > 0 && !ctx.act_in && !no_quantize) {  // the shared activation, quantized once for every product
+  if (blocks > 0 && !ctx.act_in && !no_quantize) {
     constexpr int kQuantThreads = 256;
     quantize_act_fast_kernel<Q><<<grid_for(blocks * kWarpSize, kQuantThreads), kQuantThreads, 0, ctx.stream>>>(
         ActFastLayout<Q>::at(ctx.scratch, b->nrows(), b->ne[0]), desc_of(b));
     LOOM_CUDA_CHECK_LAUNCH("quantize_act_fast_kernel");
   }
+  return {};
+}
+
+template <class Q>
+CudaError quant_mat_vec(const LaunchContext& ctx, const FastLaunch& l) {
+  if (CudaError e = quantize_shared_act<Q>(ctx, l); !e.ok()) return e;
   return l.glu ? by_columns<QuantLaunch<Q>::template With, true>(ctx, l)
                : by_columns<QuantLaunch<Q>::template With, false>(ctx, l);
+}
+
+/// LOOM_CUDA_MIXED_MULTI=0 (read once) leaves a Q4_K_M file's q6_K V out of the Q/K launch at one column
+/// (a launch of its own, as before), for comparisons.
+bool mixed_multi_enabled() {
+  static const bool on = env_switch("LOOM_CUDA_MIXED_MULTI");
+  return on;
+}
+
+template <int kRows, bool kPrefetch>
+CudaError launch_mixed(const LaunchContext& ctx, const FastLaunch& l, const ActFastLayout<FastQ4_K>& act, int64_t k) {
+  FastArgs args = args_of(l, kRows);
+  for (int t = 0; t < l.count; ++t)
+    if (l.mms[t]->src[0]->type == DType::q6_k) args.q6_parts |= 1u << t;
+  const int64_t blocks = (args.tiles + kWarps - 1) / kWarps;
+  if (blocks > int64_t{1} << 31)
+    return CudaError::runtime(cudaErrorInvalidValue, "mat_vec_multi: too many rows", __FILE__, __LINE__);
+  mat_vec_direct_q4k_q6k_kernel<kRows, kPrefetch>
+      <<<static_cast<unsigned>(blocks), kThreads, 0, ctx.stream>>>(args, act, k);
+  LOOM_CUDA_CHECK_LAUNCH("mat_vec_direct_q4k_q6k_kernel");
+  return {};
 }
 
 CudaError launch_fast(const LaunchContext& ctx, const FastLaunch& l) {
@@ -1268,6 +1335,46 @@ bool mat_vec_fast_supports(const LaunchContext& ctx, const Tensor* mm, const Ten
 CudaError launch_mat_vec_fast(const LaunchContext& ctx, const Tensor* mm, const Tensor* dst, const float* bias) {
   const Tensor* mms[1] = {mm};
   return launch_fast(ctx, FastLaunch{mms, 1, nullptr, dst, bias});
+}
+
+bool mat_vec_fast_mixed_ok(const Tensor* const* mms, int count) {
+  if (count < 2 || !direct_mat_vec_enabled() || !mixed_multi_enabled()) return false;
+  const Tensor* x = mms[0]->src[1];
+  bool q4 = false, q6 = false;
+  for (int t = 0; t < count; ++t) {
+    const Tensor* mm = mms[t];
+    const Tensor* w = mm->src[0];
+    if (!w || !x || mm->src[1] != x || mm->type != DType::f32) return false;
+    if (w->type == DType::q4_k) q4 = true;
+    else if (w->type == DType::q6_k) q6 = true;
+    else return false;
+    // one column of one batch, whole 8-block groups of q6_K (so whole q4_K blocks), rows that the direct
+    // kernels read (mat_vec_fast_act_block: 16-byte aligned rows), q6_K's direct row limit
+    if (x->ne[1] != 1 || x->ne[2] != 1 || x->ne[3] != 1 || w->ne[2] != 1 || w->ne[3] != 1 || w->ne[0] != x->ne[0])
+      return false;
+    if (w->ne[0] % direct_row_multiple<FastQ6_K>() != 0 || mat_vec_fast_act_block(mm, mm) != 256) return false;
+    if (w->type == DType::q6_k && w->ne[1] > kQ6DirectMaxRows) return false;
+  }
+  return q4 && q6;
+}
+
+CudaError launch_mat_vec_fast_mixed(const LaunchContext& ctx, const Tensor* const* mms, int count) {
+  const FastLaunch l{mms, count, nullptr, mms[0], nullptr};
+  const Tensor* b = mms[0]->src[1];
+  const int64_t k = b->ne[0];
+  if (!ctx.act_in && !(aligned16(ctx.scratch) && ctx.scratch_size >= ActFastLayout<FastQ4_K>::bytes(b->nrows(), k)))
+    return CudaError::runtime(cudaErrorInvalidValue, "mat_vec_multi: no scratch for the quantized activations",
+                              __FILE__, __LINE__);
+  // the 256-block layout with the sums (q4_K's), which the q6_K tiles read without the sums
+  if (CudaError e = quantize_shared_act<FastQ4_K>(ctx, l); !e.ok()) return e;
+  const auto act = ActFastLayout<FastQ4_K>::at(ctx.act_in ? b->data : ctx.scratch, b->nrows(), k);
+  // the tile height and prefetch as launch_q_cols and launch_direct choose them for q4_K
+  const int64_t min_warps = 16 * static_cast<int64_t>(std::max(ctx.sm_count, 1));
+  const int forced = forced_tile_rows();
+  const bool full = forced ? forced == 4 : args_of(l, 4).tiles >= min_warps;
+  const bool prefetch = direct_prefetch_enabled();
+  if (full) return prefetch && k >= 8192 ? launch_mixed<4, true>(ctx, l, act, k) : launch_mixed<4, false>(ctx, l, act, k);
+  return prefetch ? launch_mixed<2, true>(ctx, l, act, k) : launch_mixed<2, false>(ctx, l, act, k);
 }
 
 bool mat_vec_fast_supports_multi(const LaunchContext& ctx, const Tensor* const* mms, int count) {

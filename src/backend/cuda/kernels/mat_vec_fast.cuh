@@ -37,6 +37,14 @@ CudaError launch_mat_vec_fast(const LaunchContext& ctx, const Tensor* mm, const 
 /// launch_mat_vec_fast takes, written to its own output.
 bool mat_vec_fast_supports_multi(const LaunchContext& ctx, const Tensor* const* mms, int count);
 
+/// Whether 2-3 products of one activation with q4_K and q6_K weights (a Q4_K_M file's Q, K and V) at one
+/// column take one launch of the direct kernels' mixed form (launch_mat_vec_fast_mixed), the fast
+/// numerics' only mat_vec_multi of mixed weight types. A function of the tensors alone (plan time).
+bool mat_vec_fast_mixed_ok(const Tensor* const* mms, int count);
+
+/// Those products in that one launch, plus the activations' quantization unless handed over.
+CudaError launch_mat_vec_fast_mixed(const LaunchContext& ctx, const Tensor* const* mms, int count);
+
 /// The fused mat_vec_multi (2-3 products of one activation, fused.cu checks the shapes) in one launch,
 /// plus the activations' quantization for quantized weights.
 CudaError launch_mat_vec_fast_multi(const LaunchContext& ctx, const Tensor* const* mms, int count);
