@@ -1,6 +1,8 @@
 // Row reductions. Sources may have any element stride (sum_rows, argmax and top_k accept
 // non-contiguous rows), so elements are addressed through nb[0].
 #include <algorithm>
+#include <map>
+#include <mutex>
 
 #include <cooperative_groups.h>
 
@@ -638,7 +640,19 @@ CudaError launch_top_k(const LaunchContext& ctx, const Tensor* dst, int k) {
   // whether the device places a cluster of kTop1Blocks such blocks (asked once)
   // blocks a row (read once; sizes above 8 are non-portable: the kernel is allowed them first)
   static const unsigned top1_blocks = static_cast<unsigned>(env_int("LOOM_CUDA_TOP1_BLOCKS", kTop1Blocks, 2, kTop1MaxBlocks));
-  static const bool top1_fits = [] {
+  // Asked once per device: cudaFuncSetAttribute sets the non-portable size for the current device's
+  // context only (asked once per process, a tensor-parallel rank on another device then failed its
+  // launch with cudaErrorInvalidClusterSize).
+  auto top1_fits = [] {
+    static std::mutex m;
+    static std::map<int, bool> fits;
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    std::lock_guard lock(m);
+    if (auto it = fits.find(dev); it != fits.end()) return it->second;
     cudaLaunchAttribute attr;
     const cudaLaunchConfig_t cfg =
         cluster_config(dim3(top1_blocks, 1), dim3(kTop1Threads), 0, nullptr, dim3(top1_blocks, 1, 1), &attr);
@@ -647,10 +661,11 @@ CudaError launch_top_k(const LaunchContext& ctx, const Tensor* dst, int k) {
                                                               cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) &&
                     cudaOccupancyMaxActiveClusters(&clusters, top_k1_cluster_kernel, &cfg) == cudaSuccess && clusters > 0;
     (void)cudaGetLastError();  // a refusal is an answer, not a sticky error
+    fits[dev] = ok;
     return ok;
-  }();
-  if (k == 1 && top1_cluster && ctx.sm90a && top1_fits && a->ne[0] >= kSelectMinN && a->ne[0] < INT32_MAX &&
-      a->nrows() <= 65535) {
+  };
+  if (k == 1 && top1_cluster && ctx.sm90a && a->ne[0] >= kSelectMinN && a->ne[0] < INT32_MAX && a->nrows() <= 65535 &&
+      top1_fits()) {
     // a cluster of kTop1Blocks blocks a row (compute capability 9.0)
     cudaLaunchAttribute attr;
     const cudaLaunchConfig_t cfg = cluster_config(dim3(top1_blocks, static_cast<unsigned>(a->nrows())),
