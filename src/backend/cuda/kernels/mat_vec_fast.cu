@@ -264,8 +264,9 @@ __device__ __forceinline__ void reduce_and_store(float (&acc)[kLoad][kCols], flo
 // 16-byte aligned, the weight rows 16-byte aligned (mat_vec_fast_supports).
 template <class F, int kCols, bool kGlu>
 __global__ void __launch_bounds__(kThreads, min_blocks_per_sm<kCols, false>())
-    mat_vec_fast_float_kernel(const __grid_constant__ FastArgs args, TensorDesc b, int ncols) {
-  pdl_wait();
+    mat_vec_fast_float_kernel(const __grid_constant__ FastArgs args, TensorDesc b, int ncols, bool early) {
+  // pdl_wait later: the block's first step of weights (no earlier kernel's output) is loaded before it;
+  // the activations after it, with ld_act (coherent loads, which ptxas keeps below the wait)
   constexpr int kRows = float_rows<kCols, kGlu>();
   constexpr int kLoad = kGlu ? 2 * kRows : kRows;
   constexpr int kElems = WideWeights<F>::kElems;
@@ -273,6 +274,8 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm<kCols, false>())
   __shared__ float partial[kWarps][kLoad * kCols];
   const int tid = threadIdx.x;
   const int64_t n_vec = b.ne[0] / kElems;
+  bool waited = !early;  // LOOM_MV_FLOAT_EARLY=0: wait first, as before
+  if (waited) pdl_wait();
   for (int64_t t = blockIdx.x; t < args.tiles; t += gridDim.x) {
     const TileAt at = tile_at<kRows>(args, t);
     const uint4* rows[kLoad];
@@ -287,6 +290,10 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm<kCols, false>())
 #pragma unroll
         for (int r = 0; r < kLoad; ++r)
           q[u][r] = v + u * kThreads < n_vec ? __ldg(rows[r] + v + u * kThreads) : make_uint4(0, 0, 0, 0);
+      if (!waited) {
+        pdl_wait();
+        waited = true;
+      }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int64_t vu = v + u * kThreads;
@@ -300,7 +307,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm<kCols, false>())
           const auto* x = reinterpret_cast<const float4*>(b_batch + c * b.nb[1]) + vu * (kElems / 4);
 #pragma unroll
           for (int h = 0; h < kElems / 4; ++h) {
-            const float4 xv = __ldg(x + h);
+            const float4 xv = ld_act(x + h);
 #pragma unroll
             for (int r = 0; r < kLoad; ++r) {
               acc[r][c] = fmaf(w[r][4 * h], xv.x, acc[r][c]);
@@ -312,9 +319,14 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm<kCols, false>())
         }
       }
     }
+    if (!waited) {  // a tile with no steps: nothing loaded, but the stores must wait
+      pdl_wait();
+      waited = true;
+    }
     reduce_and_store<kRows, kCols, kGlu>(acc, partial, args, at, ncols);
     __syncthreads();  // partial is rewritten by the next tile
   }
+  if (!waited) pdl_wait();  // a block with no tile
 }
 
 // ---- quantized weights -----------------------------------------------------------------------------
@@ -1116,8 +1128,9 @@ CudaError launch_float_cols(const LaunchContext& ctx, const FastLaunch& l) {
   if (args.tiles == 0) return {};
   const Tensor* b = l.mms[0]->src[1];
   const auto grid = static_cast<unsigned>(std::min<int64_t>(args.tiles, int64_t{1} << 30));
+  static const bool early = env_switch("LOOM_MV_FLOAT_EARLY");  // 0: the wait first, for comparisons
   mat_vec_fast_float_kernel<F, kCols, kGlu><<<grid, kThreads, 0, ctx.stream>>>(args, desc_of(b),
-                                                                               static_cast<int>(b->ne[1]));
+                                                                               static_cast<int>(b->ne[1]), early);
   LOOM_CUDA_CHECK_LAUNCH("mat_vec_fast_float_kernel");
   return {};
 }
