@@ -1121,17 +1121,36 @@ FastArgs args_of(const FastLaunch& l, int rows) {
   return args;
 }
 
+/// The float kernel over columns col0 .. col0 + ncols - 1 (ncols <= kCols; -1: all of b's).
 template <class F, int kCols, bool kGlu>
-CudaError launch_float_cols(const LaunchContext& ctx, const FastLaunch& l) {
+CudaError launch_float_cols(const LaunchContext& ctx, const FastLaunch& l, int64_t col0 = 0, int64_t ncols = -1) {
   constexpr int kRows = float_rows<kCols, kGlu>();
-  const FastArgs args = args_of(l, kRows);
+  FastArgs args = args_of(l, kRows);
   if (args.tiles == 0) return {};
   const Tensor* b = l.mms[0]->src[1];
+  TensorDesc bd = desc_of(b);
+  bd.data += col0 * static_cast<int64_t>(b->nb[1]);
+  for (FastPart& part : args.part)
+    if (part.dst.data) part.dst.data += col0 * part.dst.nb[1];
   const auto grid = static_cast<unsigned>(std::min<int64_t>(args.tiles, int64_t{1} << 30));
   static const bool early = env_switch("LOOM_MV_FLOAT_EARLY");  // 0: the wait first, for comparisons
-  mat_vec_fast_float_kernel<F, kCols, kGlu><<<grid, kThreads, 0, ctx.stream>>>(args, desc_of(b),
-                                                                               static_cast<int>(b->ne[1]), early);
+  mat_vec_fast_float_kernel<F, kCols, kGlu><<<grid, kThreads, 0, ctx.stream>>>(
+      args, bd, static_cast<int>(ncols < 0 ? b->ne[1] : ncols), early);
   LOOM_CUDA_CHECK_LAUNCH("mat_vec_fast_float_kernel");
+  return {};
+}
+
+/// Batch-invariant fast numerics (batch_invariant()): every column count through the 8-column kernel, in
+/// launches of 8 columns, so that a column's sums (its threads' order, the 8-column reduction tree) are the
+/// same whatever the other columns. Slower at one column (8 accumulators a row) and far slower for a
+/// prompt (the weights read once per 8 columns, where cuBLAS reads them once): the price of the mode.
+template <class F, bool kGlu>
+CudaError launch_float_invariant(const LaunchContext& ctx, const FastLaunch& l) {
+  const int64_t n = l.mms[0]->src[1]->ne[1];
+  for (int64_t c = 0; c < n; c += kMatVecMaxCols)
+    if (CudaError e = launch_float_cols<F, kMatVecMaxCols, kGlu>(ctx, l, c, std::min<int64_t>(kMatVecMaxCols, n - c));
+        !e.ok())
+      return e;
   return {};
 }
 
@@ -1244,6 +1263,7 @@ struct QuantLaunch {
 
 template <class F>
 CudaError float_mat_vec(const LaunchContext& ctx, const FastLaunch& l) {
+  if (batch_invariant()) return l.glu ? launch_float_invariant<F, true>(ctx, l) : launch_float_invariant<F, false>(ctx, l);
   return l.glu ? by_columns<FloatLaunch<F>::template With, true>(ctx, l)
                : by_columns<FloatLaunch<F>::template With, false>(ctx, l);
 }
@@ -1324,7 +1344,8 @@ int mat_vec_fast_act_block(const Tensor* mm, const Tensor* dst) {
 bool mat_vec_fast_supports(const LaunchContext& ctx, const Tensor* mm, const Tensor* dst) {
   const Tensor* a = mm->src[0];
   const Tensor* b = mm->src[1];
-  if (dst->ne[1] > kMatVecMaxCols || dst->ne[1] < 1) return false;
+  const bool any_cols = batch_invariant() && (a->type == DType::f32 || a->type == DType::f16 || a->type == DType::bf16);
+  if ((dst->ne[1] > kMatVecMaxCols && !any_cols) || dst->ne[1] < 1) return false;
   switch (a->type) {
     case DType::f32:
     case DType::f16:

@@ -556,8 +556,8 @@ bool float_gemm_few_cols(const Tensor* dst, bool fast) {
     return v ? static_cast<int64_t>(std::atol(v)) : int64_t{2};
   }();
   const DType t = dst->src[0]->type;
-  return fast && (t == DType::f16 || t == DType::bf16) && min_cols > 0 && dst->ne[1] >= min_cols &&
-         dst->ne[1] <= kMatVecMaxCols;
+  return fast && !batch_invariant() && (t == DType::f16 || t == DType::bf16) && min_cols > 0 &&
+         dst->ne[1] >= min_cols && dst->ne[1] <= kMatVecMaxCols;
 }
 
 namespace {
@@ -565,9 +565,12 @@ namespace {
 // Whether the cuBLAS path applies: float weights, enough columns to be worth a GEMM, and weight
 // strides cuBLAS can express (whole elements, lda >= k, int range): true of every tensor Loom
 // builds; an odd view falls back to the mat-vec kernel, which takes any strides.
+// Batch-invariant fast numerics (batch_invariant()): never, float weights taking the float mat-vec at every
+// column count (mat_vec_fast.cu: its 8-column form, column groups of 8), whose sums of a column do not depend on
+// the others; cuBLAS's order may change with the columns (1B F16: 16 sequences together against alone, 81%).
 bool use_cublas(const Tensor* dst, bool fast) {
   const Tensor* a = dst->src[0];
-  if (!is_float_type(a->type) || (dst->ne[1] <= kMatVecMaxCols && !float_gemm_few_cols(dst, fast))) return false;
+  if (!is_float_type(a->type) || (fast && batch_invariant()) || (dst->ne[1] <= kMatVecMaxCols && !float_gemm_few_cols(dst, fast))) return false;
   const size_t ts = dtype_type_size(a->type);
   const bool whole_elements = a->nb[1] % ts == 0 && a->nb[2] % ts == 0 && a->nb[3] % ts == 0;
   const bool fits_int = a->nb[1] / ts <= INT32_MAX && a->ne[1] <= INT32_MAX && dst->ne[1] <= INT32_MAX &&
