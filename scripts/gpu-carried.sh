@@ -113,6 +113,11 @@ for step in "$@"; do
       LOOM_MV_TILE_ROWS=4 timeout 100 "$bin/loom-test-ops" --backend cuda,cpu --numerics fast \
         --op mul_mat,mat_vec_multi,glu_mat_vec,mat_vec_bias >"$out/ops-fast-rows4.log" 2>&1
       echo "ops fast, 4-row mat-vec tiles rc=$?"; grep -E "FAIL|passed|failed" "$out/ops-fast-rows4.log" | tail -n 6
+      # the batch-invariant mode's own routes (gemm_q at every column count; float weights on the 8-column
+      # float mat-vec in launches of 8 columns)
+      LOOM_DETERMINISTIC=1 timeout 100 "$bin/loom-test-ops" --backend cuda,cpu --numerics fast \
+        --op mul_mat,mat_vec_bias >"$out/ops-fast-deterministic.log" 2>&1
+      echo "ops fast, LOOM_DETERMINISTIC=1 rc=$?"; grep -E "FAIL|passed|failed" "$out/ops-fast-deterministic.log" | tail -n 6
       # the prompt attention of 128-query blocks (wgmma on sm_90a, else the two-slab mma.sync kernel)
       # takes only long prompts; forced here on every case, in both forms
       for fa in LOOM_CUDA_FA_WGMMA=1 LOOM_CUDA_FA_WGMMA=0; do
