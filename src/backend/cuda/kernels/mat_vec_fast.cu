@@ -265,8 +265,9 @@ __device__ __forceinline__ void reduce_and_store(float (&acc)[kLoad][kCols], flo
 template <class F, int kCols, bool kGlu>
 __global__ void __launch_bounds__(kThreads, min_blocks_per_sm<kCols, false>())
     mat_vec_fast_float_kernel(const __grid_constant__ FastArgs args, TensorDesc b, int ncols, bool early) {
-  // pdl_wait later: the block's first step of weights (no earlier kernel's output) is loaded before it;
-  // the activations after it, with ld_act (coherent loads, which ptxas keeps below the wait)
+  // pdl_wait later: with `early` the block's first step of weights is loaded before it (the host sets it only
+  // for weights no kernel of the step writes); the activations after it, with ld_act (coherent loads, which
+  // ptxas keeps below the wait)
   constexpr int kRows = float_rows<kCols, kGlu>();
   constexpr int kLoad = kGlu ? 2 * kRows : kRows;
   constexpr int kElems = WideWeights<F>::kElems;
@@ -1133,7 +1134,11 @@ CudaError launch_float_cols(const LaunchContext& ctx, const FastLaunch& l, int64
   for (FastPart& part : args.part)
     if (part.dst.data) part.dst.data += col0 * part.dst.nb[1];
   const auto grid = static_cast<unsigned>(std::min<int64_t>(args.tiles, int64_t{1} << 30));
-  static const bool early = env_switch("LOOM_MV_FLOAT_EARLY");  // 0: the wait first, for comparisons
+  // the first weights before the wait only where no kernel of the step writes them (read_before_wait:
+  // a model's weights; a product of a graph's own output, possible through the C API, waits first)
+  static const bool early_on = env_switch("LOOM_MV_FLOAT_EARLY");  // 0: the wait first, for comparisons
+  bool early = early_on;
+  for (int t = 0; t < l.count; ++t) early = early && read_before_wait(l.mms[t]->src[0]->root());
   mat_vec_fast_float_kernel<F, kCols, kGlu><<<grid, kThreads, 0, ctx.stream>>>(
       args, bd, static_cast<int>(ncols < 0 ? b->ne[1] : ncols), early);
   LOOM_CUDA_CHECK_LAUNCH("mat_vec_fast_float_kernel");
