@@ -7,7 +7,8 @@ ld.global.nc (LDG...CONSTANT, from __ldg) above the wait (ACQBULK): ld.global.nc
 while this one runs (stop 45: a mixed Q/K/V mat-vec's activation loads, its logits moving run to run under
 PDL). This lists, per kernel whose name matches the filter (argv[1], a regular expression; default: every
 kernel with a wait after a load), the loads before the first ACQBULK in program order: non-coherent
-(CONSTANT) and coherent ones. Reading which of them are weights is the
+(CONSTANT) and coherent ones, and those between each wait and the one before (a flag-dependent first wait,
+as the float mat-vec's, puts the weights before a later one). Reading which of them are weights is the
 reader's job (their count against the kernel's first-step weight loads); a load of what an earlier kernel
 writes must be a coherent one after the wait (ld_act).
 
@@ -28,11 +29,23 @@ def report():
     if first is None:
         return
     pre = [line for line in lines[:first] if re.search(r'\bLDG\b|\bLDG\.', line)]
-    if not pre and not pattern:
+    last = max(i for i, line in enumerate(lines) if 'ACQBULK' in line)
+    if not pattern and not any(re.search(r'\bLDG\b|\bLDG\.', line) for line in lines[:last]):
         return
     nc = sum('CONSTANT' in line for line in pre)
+    # the loads between consecutive waits (program order): a kernel whose first wait depends on a flag (the
+    # float mat-vec's `early`: a wait at the top when off, after the first weights when on) shows its first
+    # wait with none before it, and the weights before a later one
+    segments, count_nc, count = [], 0, 0
+    for line in lines:
+        if 'ACQBULK' in line:
+            segments.append(f'{count_nc}/{count - count_nc}')
+            count_nc = count = 0
+        elif re.search(r'\bLDG\b|\bLDG\.', line):
+            count += 1
+            count_nc += 'CONSTANT' in line
     print(f'{demangled.sub("", name)[:110]}: before the first wait {nc} non-coherent, {len(pre) - nc} coherent loads; '
-          f'waits {sum("ACQBULK" in line for line in lines)}')
+          f'waits {len(segments)}; non-coherent/coherent loads before each wait since the one before: {" ".join(segments)}')
 
 
 for line in sys.stdin:
