@@ -55,6 +55,7 @@
 #   fastdiff  per-position logits: CUDA fast vs exact and CUDA vs CPU (exact) on LOOM_MODELS
 #   peer     llama.cpp (../shared/peer) built and run beside Loom on LOOM_MODELS: llama-bench and
 #            llama-batched-bench against loom bench, one run
+#   phases   bench_phases (LOOM_PHASES_ARGS): a kernel per dependent phase against a persistent kernel
 #   sasswait  per kernel of libloom_cuda.so (LOOM_SASS_FILTER: a regular expression on its name), the loads its
 #            SASS issues before the first griddepcontrol.wait (tools/sass_wait.py)
 #   batchcheck  loom-exec-equivalence on the built-in model and LOOM_MODELS, both numerics and fast with
@@ -394,6 +395,9 @@ print("; ".join(f"{k} {sum(v) / len(v) / 1000:.2f} us (x{len(v)})" for k, v in t
         f=$(model "$m") || continue
         for num in exact fast; do cmp_run "$m $num" "$f" --numerics $num -s 9 -n 256 -p "Once upon a time"; done
       done ;;
+    phases)  # bench/bench_phases.cu: dependent mat-vec phases, a kernel each (graph, graph+pdl) against one
+      # persistent kernel with grid barriers (with and without the next phase's weights before the barrier)
+      timeout 300 "$bin/bench_phases" ${LOOM_PHASES_ARGS:-} ;;
     sasswait)
       /usr/local/cuda/bin/cuobjdump -sass "$bin/libloom_cuda.so" | python3 tools/sass_wait.py ${LOOM_SASS_FILTER:+"$LOOM_SASS_FILTER"} ;;
     kprof)

@@ -10,5 +10,7 @@ out=$root/build-carry/bins.tar.xz
 if [[ ${1:-} == --base ]]; then out=$root/build-carry/base.tar.xz; shift; fi
 bin=${1:-$root/build-gpu/bin}
 mkdir -p "$root/build-carry"
-tar cf - -C "$bin" loom loom-test-ops loom-exec-equivalence libloom_cuda.so | xz -6 -T2 >"$out"
+extra=()
+[[ -x $bin/bench_phases ]] && extra+=(bench_phases)  # the phases micro-benchmark (gpu-carried.sh phases)
+tar cf - -C "$bin" loom loom-test-ops loom-exec-equivalence libloom_cuda.so "${extra[@]}" | xz -6 -T2 >"$out"
 ls -la "$out"

@@ -1,0 +1,360 @@
+// Dependent phases of a decode step: a kernel per phase against one persistent kernel with a grid barrier
+// between phases. The question behind issue 14's remaining distance (docs/PERFORMANCE.md, stops 38-46): a
+// decode step is ~290 dependent kernels whose boundaries cost ~2.5 us each beyond their bytes, and every
+// attempt to remove a boundary inside today's kernels (a producer finishing its consumer's input, a
+// consumer recomputing the norm in every block) lost. Would one kernel that walks the phases itself, with
+// the next phase's first weights loaded before each barrier, pay less per phase than a PDL kernel boundary?
+//
+//   bench_phases [--phases 64] [--rows 1024,4096,16384] [--k 4096] [--reps 10] [--device 0]
+//
+// Phase i is a mat-vec y_i = W_i x_i of int8 weights [rows][k] (row-major, 16-byte aligned rows) and f32
+// activations, x_{i+1}[j] = y_i[j % rows] s (s = 1 / (4.32 sqrt(k)), the weights' rms times sqrt(k): the values
+// stay near their first size over the phases): every output of phase i+1 needs every output of phase i,
+// as a norm or attention makes a layer's phases. A warp takes a row at a time, each lane 16 weights a load,
+// the sum in a fixed order and a shuffle tree, so every mode computes the same bits (checked: the last
+// phase's outputs of every mode are compared with the first mode's). Each phase has its own weights and
+// output buffer (phases x rows x k bytes in all: no phase finds its weights in L2, and no SM's L1 holds a
+// line of an output buffer before it is written). Modes:
+//   graph            a kernel per phase (blocks of 4 warps, a row a warp), captured into a CUDA graph, replayed
+//   graph+pdl        the same with programmatic edges: each kernel loads its row's weights, then waits
+//                    (griddepcontrol.wait), then lets its dependents launch, as Loom's direct mat-vecs do
+//   persistent       one cooperative launch, one wave of blocks walking rows, a grid barrier between phases
+//   persistent+pre   the same, each warp loading its first row of the next phase before the barrier
+// Reported: us per phase (median of the repetitions, events around the whole chain) and the bytes' floor at
+// 4,350 GB/s (the H200's measured read bandwidth).
+//
+// Exit status: 0 ok, 1 a CUDA error or modes that disagree, 2 bad arguments, 77 no usable GPU.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+[[noreturn]] void cuda_fail(cudaError_t err, const char* what, int line) {
+  std::fprintf(stderr, "bench_phases: %s failed (line %d): %s (%s)\n", what, line, cudaGetErrorString(err),
+               cudaGetErrorName(err));
+  std::exit(1);
+}
+
+#define CHECK_CUDA(call)                                       \
+  do {                                                         \
+    const cudaError_t err_ = (call);                           \
+    if (err_ != cudaSuccess) cuda_fail(err_, #call, __LINE__); \
+  } while (0)
+
+constexpr int kWarp = 32;
+constexpr int kWarps = 4;  // a block
+constexpr int kThreads = kWarp * kWarps;
+constexpr int kMaxSteps = 16;  // 16-byte loads a lane per row: k <= 16 * 32 * 16 = 8192
+
+struct Phases {
+  const int8_t* w;  // phase i's weights at w + i * rows * k
+  float* y;         // phase i's outputs at y + (i + 1) * rows; y[0 .. rows) is the first input's source
+  int64_t rows, k;
+  int phases;
+  float scale;  // s above
+};
+
+__device__ __forceinline__ void pdl_wait_and_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
+// A row's weights for lane `lane`: steps s = 0 .. k / 512 - 1 of 16 bytes at 16 (lane + 32 s).
+template <int kSteps>
+__device__ __forceinline__ void load_row(const int8_t* row, int lane, int steps, uint4 (&w)[kSteps]) {
+#pragma unroll
+  for (int s = 0; s < kSteps; ++s)
+    if (s < steps) w[s] = __ldg(reinterpret_cast<const uint4*>(row) + lane + kWarp * s);
+}
+
+// The row's dot with x_i[j] = prev[j % rows] s (prev: phase i - 1's outputs), summed over the warp.
+template <int kSteps>
+__device__ __forceinline__ float row_dot(const uint4 (&w)[kSteps], int steps, const float* prev, int64_t rows,
+                                         float s, int lane) {
+  float acc = 0.0f;
+#pragma unroll
+  for (int s = 0; s < kSteps; ++s) {
+    if (s >= steps) break;
+    const int64_t c0 = 16 * (lane + kWarp * static_cast<int64_t>(s));
+    const uint32_t words[4] = {w[s].x, w[s].y, w[s].z, w[s].w};
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      // 4 activations (rows is a multiple of 4, so j % rows stays inside one float4)
+      const float4 x = *reinterpret_cast<const float4*>(prev + (c0 + 4 * q) % rows);
+      const float xs[4] = {x.x * s, x.y * s, x.z * s, x.w * s};
+#pragma unroll
+      for (int b = 0; b < 4; ++b) acc = fmaf(static_cast<float>(static_cast<int8_t>(words[q] >> (8 * b))), xs[b], acc);
+    }
+  }
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  return acc;
+}
+
+// One phase, a row a warp (graph modes). kPdl: the row's weights before the wait.
+template <bool kPdl>
+__global__ void __launch_bounds__(kThreads) phase_kernel(Phases p, int i) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / kWarp;
+  const int steps = static_cast<int>(p.k / (16 * kWarp));
+  uint4 w[kMaxSteps];
+  const bool mine = r < p.rows;
+  if (kPdl && mine) load_row(p.w + (static_cast<int64_t>(i) * p.rows + r) * p.k, lane, steps, w);
+  if (kPdl) pdl_wait_and_trigger();
+  if (!mine) return;
+  if (!kPdl) load_row(p.w + (static_cast<int64_t>(i) * p.rows + r) * p.k, lane, steps, w);
+  const float sum = row_dot(w, steps, p.y + static_cast<int64_t>(i) * p.rows, p.rows, p.scale, lane);
+  if (lane == 0) p.y[static_cast<int64_t>(i + 1) * p.rows + r] = sum;
+}
+
+// A grid barrier for co-resident blocks (a cooperative launch): arrive on a counter, the last one
+// resets it and bumps the generation the others wait on. Fences order each block's stores before its
+// arrival and the others' loads after the release.
+__device__ __forceinline__ void grid_barrier(unsigned* count, volatile unsigned* gen) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned g = *gen;
+    __threadfence();
+    if (atomicAdd(count, 1u) == gridDim.x - 1) {
+      *count = 0;
+      __threadfence();
+      atomicAdd(const_cast<unsigned*>(gen), 1u);
+    } else {
+      while (*gen == g) {
+      }
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}
+
+// Every phase in one launch: a warp walks rows gw, gw + warps, ...; a grid barrier between phases.
+// kPre: each warp's first row of the next phase is loaded before the barrier.
+template <bool kPre>
+__global__ void __launch_bounds__(kThreads) persistent_kernel(Phases p, unsigned* barrier) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t gw = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / kWarp;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarps;
+  const int steps = static_cast<int>(p.k / (16 * kWarp));
+  uint4 w[kMaxSteps];
+  bool have = false;  // w holds this warp's first row of the phase
+  for (int i = 0; i < p.phases; ++i) {
+    const int8_t* wi = p.w + static_cast<int64_t>(i) * p.rows * p.k;
+    for (int64_t r = gw; r < p.rows; r += warps) {
+      if (!have) load_row(wi + r * p.k, lane, steps, w);
+      have = false;
+      const float sum = row_dot(w, steps, p.y + static_cast<int64_t>(i) * p.rows, p.rows, p.scale, lane);
+      if (lane == 0) p.y[static_cast<int64_t>(i + 1) * p.rows + r] = sum;
+    }
+    if (i + 1 == p.phases) break;
+    if (kPre && gw < p.rows) {
+      load_row(wi + p.rows * p.k + gw * p.k, lane, steps, w);
+      have = true;
+    }
+    grid_barrier(barrier, barrier + 1);
+  }
+}
+
+enum class Mode { graph, graph_pdl, persistent, persistent_pre };
+const char* mode_name(Mode m) {
+  switch (m) {
+    case Mode::graph: return "graph";
+    case Mode::graph_pdl: return "graph+pdl";
+    case Mode::persistent: return "persistent";
+    case Mode::persistent_pre: return "persistent+pre";
+  }
+  return "?";
+}
+
+struct Options {
+  int phases = 64;
+  std::vector<int64_t> rows{1024, 4096, 16384};
+  int64_t k = 4096;
+  int reps = 10;
+  int device = 0;
+};
+
+bool parse(int argc, char** argv, Options& o) {
+  for (int a = 1; a < argc; ++a) {
+    const std::string arg = argv[a];
+    auto value = [&](const char* name) -> const char* {
+      if (arg != name || a + 1 >= argc) return nullptr;
+      return argv[++a];
+    };
+    if (const char* v = value("--phases")) o.phases = std::atoi(v);
+    else if (const char* v2 = value("--k")) o.k = std::atoll(v2);
+    else if (const char* v3 = value("--reps")) o.reps = std::atoi(v3);
+    else if (const char* v4 = value("--device")) o.device = std::atoi(v4);
+    else if (const char* v5 = value("--rows")) {
+      o.rows.clear();
+      for (const char* s = v5; *s;) {
+        o.rows.push_back(std::atoll(s));
+        const char* c = std::strchr(s, ',');
+        if (!c) break;
+        s = c + 1;
+      }
+    } else {
+      std::fprintf(stderr, "usage: bench_phases [--phases N] [--rows A,B,..] [--k K] [--reps N] [--device D]\n");
+      return false;
+    }
+  }
+  if (o.phases < 2 || o.reps < 1 || o.k < 512 || o.k % 512 != 0 || o.k > 16 * kWarp * kMaxSteps) {
+    std::fprintf(stderr, "bench_phases: phases >= 2, reps >= 1, k a multiple of 512 up to %d\n", 16 * kWarp * kMaxSteps);
+    return false;
+  }
+  for (int64_t r : o.rows)
+    if (r < 4 || r % 4 != 0) {
+      std::fprintf(stderr, "bench_phases: rows a positive multiple of 4\n");
+      return false;
+    }
+  return true;
+}
+
+__global__ void fill_weights(int8_t* w, int64_t n, uint32_t seed) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    w[i] = static_cast<int8_t>(static_cast<int>(h % 15u) - 7);  // -7 .. 7: no sums near zero by construction
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  if (!parse(argc, argv, o)) return 2;
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count <= o.device) {
+    std::fprintf(stderr, "bench_phases: no CUDA device %d\n", o.device);
+    return 77;
+  }
+  CHECK_CUDA(cudaSetDevice(o.device));
+  cudaDeviceProp prop{};
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, o.device));
+  const bool pdl = prop.major >= 9;
+  int per_sm = 0;
+  CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, persistent_kernel<true>, kThreads, 0));
+  int per_sm_plain = 0;
+  CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_plain, persistent_kernel<false>, kThreads, 0));
+  per_sm = std::min(per_sm, per_sm_plain);
+  std::printf("bench_phases: %s, %d SMs, %d persistent blocks an SM, k %lld, %d phases, %d repetitions\n", prop.name,
+              prop.multiProcessorCount, per_sm, static_cast<long long>(o.k), o.phases, o.reps);
+  std::printf("| rows | MB a phase | floor us | mode | us a phase | over the floor |\n| ---: | ---: | ---: | --- | ---: | ---: |\n");
+
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaEvent_t e0, e1;
+  CHECK_CUDA(cudaEventCreate(&e0));
+  CHECK_CUDA(cudaEventCreate(&e1));
+  unsigned* barrier = nullptr;
+  CHECK_CUDA(cudaMalloc(&barrier, 2 * sizeof(unsigned)));
+  CHECK_CUDA(cudaMemset(barrier, 0, 2 * sizeof(unsigned)));
+  int failures = 0;
+
+  for (int64_t rows : o.rows) {
+    Phases p{};
+    p.rows = rows;
+    p.k = o.k;
+    p.phases = o.phases;
+    p.scale = static_cast<float>(1.0 / (4.32 * std::sqrt(static_cast<double>(o.k))));
+    const int64_t w_bytes = static_cast<int64_t>(o.phases) * rows * o.k;
+    int8_t* w = nullptr;
+    float* y = nullptr;
+    CHECK_CUDA(cudaMalloc(&w, static_cast<size_t>(w_bytes)));
+    CHECK_CUDA(cudaMalloc(&y, static_cast<size_t>(o.phases + 1) * rows * sizeof(float)));
+    fill_weights<<<1024, 256, 0, stream>>>(w, w_bytes, 12345u);
+    CHECK_CUDA(cudaGetLastError());
+    std::vector<float> first(static_cast<size_t>(rows));
+    for (int64_t j = 0; j < rows; ++j) first[static_cast<size_t>(j)] = static_cast<float>((j * 37) % 17) - 8.0f;
+    p.w = w;
+    p.y = y;
+    const double floor_us = static_cast<double>(rows * o.k) / 4350e9 * 1e6;
+    std::vector<float> reference;
+    for (Mode m : {Mode::graph, Mode::graph_pdl, Mode::persistent, Mode::persistent_pre}) {
+      if ((m == Mode::graph_pdl && !pdl)) continue;
+      cudaGraphExec_t exec = nullptr;
+      if (m == Mode::graph || m == Mode::graph_pdl) {
+        cudaGraph_t graph;
+        CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+        const auto blocks = static_cast<unsigned>((rows + kWarps - 1) / kWarps);
+        for (int i = 0; i < o.phases; ++i) {
+          cudaLaunchConfig_t cfg{};
+          cfg.gridDim = dim3(blocks);
+          cfg.blockDim = dim3(kThreads);
+          cfg.stream = stream;
+          cudaLaunchAttribute attr{};
+          attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+          attr.val.programmaticStreamSerializationAllowed = 1;
+          if (m == Mode::graph_pdl && i > 0) {
+            cfg.attrs = &attr;
+            cfg.numAttrs = 1;
+          }
+          if (m == Mode::graph_pdl) CHECK_CUDA(cudaLaunchKernelEx(&cfg, phase_kernel<true>, p, i));
+          else CHECK_CUDA(cudaLaunchKernelEx(&cfg, phase_kernel<false>, p, i));
+        }
+        CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+        CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+        CHECK_CUDA(cudaGraphDestroy(graph));
+      }
+      auto run = [&] {
+        if (exec) {
+          CHECK_CUDA(cudaGraphLaunch(exec, stream));
+          return;
+        }
+        const unsigned grid = static_cast<unsigned>(per_sm * prop.multiProcessorCount);
+        void* args[] = {&p, &barrier};
+        CHECK_CUDA(cudaLaunchCooperativeKernel(
+            m == Mode::persistent_pre ? reinterpret_cast<const void*>(persistent_kernel<true>)
+                                      : reinterpret_cast<const void*>(persistent_kernel<false>),
+            dim3(grid), dim3(kThreads), args, 0, stream));
+      };
+      std::vector<float> times;
+      for (int rep = 0; rep <= o.reps; ++rep) {  // the first run warms up
+        CHECK_CUDA(cudaMemcpyAsync(y, first.data(), first.size() * sizeof(float), cudaMemcpyHostToDevice, stream));
+        CHECK_CUDA(cudaMemsetAsync(y + rows, 0xff, static_cast<size_t>(o.phases) * rows * sizeof(float), stream));
+        CHECK_CUDA(cudaEventRecord(e0, stream));
+        run();
+        CHECK_CUDA(cudaEventRecord(e1, stream));
+        CHECK_CUDA(cudaEventSynchronize(e1));
+        float ms = 0.0f;
+        CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+        if (rep > 0) times.push_back(ms);
+      }
+      std::sort(times.begin(), times.end());
+      const double us = static_cast<double>(times[times.size() / 2]) * 1e3 / o.phases;
+      std::vector<float> last(static_cast<size_t>(rows));
+      CHECK_CUDA(cudaMemcpy(last.data(), y + static_cast<int64_t>(o.phases) * rows, last.size() * sizeof(float),
+                            cudaMemcpyDeviceToHost));
+      const char* agree = "";
+      if (reference.empty()) {
+        reference = last;
+      } else if (std::memcmp(reference.data(), last.data(), last.size() * sizeof(float)) != 0) {
+        agree = " (DIFFERS from graph)";
+        ++failures;
+      }
+      std::printf("| %lld | %.1f | %.2f | %s | %.2f | %.2f%s |\n", static_cast<long long>(rows),
+                  static_cast<double>(rows * o.k) / 1e6, floor_us, mode_name(m), us, us - floor_us, agree);
+      if (exec) CHECK_CUDA(cudaGraphExecDestroy(exec));
+    }
+    CHECK_CUDA(cudaFree(w));
+    CHECK_CUDA(cudaFree(y));
+  }
+  CHECK_CUDA(cudaFree(barrier));
+  CHECK_CUDA(cudaEventDestroy(e0));
+  CHECK_CUDA(cudaEventDestroy(e1));
+  CHECK_CUDA(cudaStreamDestroy(stream));
+  return failures ? 1 : 0;
+}
