@@ -5,7 +5,7 @@
 // consumer recomputing the norm in every block) lost. Would one kernel that walks the phases itself, with
 // the next phase's first weights loaded before each barrier, pay less per phase than a PDL kernel boundary?
 //
-//   bench_phases [--phases 64] [--rows 1024,4096,16384] [--k 4096] [--reps 10] [--device 0]
+//   bench_phases [--phases 64] [--rows 1024,4096,16384] [--k 4096 (at most)] [--reps 10] [--device 0]
 //
 // Phase i is a mat-vec y_i = W_i x_i of int8 weights [rows][k] (row-major, 16-byte aligned rows) and f32
 // activations, x_{i+1}[j] = y_i[j % rows] s (s = 1 / (4.32 sqrt(k)), the weights' rms times sqrt(k): the values
@@ -13,15 +13,18 @@
 // as a norm or attention makes a layer's phases. A warp takes a row at a time, each lane 16 weights a load,
 // the sum in a fixed order and a shuffle tree, so every mode computes the same bits (checked: the last
 // phase's outputs of every mode are compared with the first mode's). Each phase has its own weights and
-// output buffer (phases x rows x k bytes in all: no phase finds its weights in L2, and no SM's L1 holds a
-// line of an output buffer before it is written). Modes:
+// output buffer, 32 floats aligned (phases x rows x k bytes in all: no phase finds its weights in L2 at the
+// default sizes, a note says when it might; no SM's L1 holds a line of an output buffer before it is
+// written). The persistent grid is one wave, capped at a warp a row. Modes:
 //   graph            a kernel per phase (blocks of 4 warps, a row a warp), captured into a CUDA graph, replayed
 //   graph+pdl        the same with programmatic edges: each kernel loads its row's weights, then waits
 //                    (griddepcontrol.wait), then lets its dependents launch, as Loom's direct mat-vecs do
 //   persistent       one cooperative launch, one wave of blocks walking rows, a grid barrier between phases
-//   persistent+pre   the same, each warp loading its first row of the next phase before the barrier
-// Reported: us per phase (median of the repetitions, events around the whole chain) and the bytes' floor at
-// 4,350 GB/s (the H200's measured read bandwidth).
+//   persistent+pre   the same, each warp loading its first row of the next phase between the barrier's
+//                    arrival and its wait
+// Reported: us per phase (median of the repetitions, events around the whole chain, a spin kernel before
+// them so that the host's launch is not timed) and the bytes' floor at 4,350 GB/s (the H200's measured
+// read bandwidth).
 //
 // Exit status: 0 ok, 1 a CUDA error or modes that disagree, 2 bad arguments, 77 no usable GPU.
 #include <cuda_runtime.h>
@@ -52,12 +55,13 @@ namespace {
 constexpr int kWarp = 32;
 constexpr int kWarps = 4;  // a block
 constexpr int kThreads = kWarp * kWarps;
-constexpr int kMaxSteps = 16;  // 16-byte loads a lane per row: k <= 16 * 32 * 16 = 8192
+constexpr int kMaxSteps = 8;  // 16-byte loads a lane per row: k <= 16 * 32 * 8 = 4096 (a model's hidden size)
 
 struct Phases {
   const int8_t* w;  // phase i's weights at w + i * rows * k
-  float* y;         // phase i's outputs at y + (i + 1) * rows; y[0 .. rows) is the first input's source
+  float* y;         // phase i's outputs at y + (i + 1) * ystride; y[0 .. rows) is the first input's source
   int64_t rows, k;
+  int64_t ystride;  // rows rounded up to 32 floats: no two phases' outputs share a 32-byte sector
   int phases;
   float scale;  // s above
 };
@@ -113,25 +117,32 @@ __global__ void __launch_bounds__(kThreads) phase_kernel(Phases p, int i) {
   if (kPdl) pdl_wait_and_trigger();
   if (!mine) return;
   if (!kPdl) load_row(p.w + (static_cast<int64_t>(i) * p.rows + r) * p.k, lane, steps, w);
-  const float sum = row_dot(w, steps, p.y + static_cast<int64_t>(i) * p.rows, p.rows, p.scale, lane);
-  if (lane == 0) p.y[static_cast<int64_t>(i + 1) * p.rows + r] = sum;
+  const float sum = row_dot(w, steps, p.y + static_cast<int64_t>(i) * p.ystride, p.rows, p.scale, lane);
+  if (lane == 0) p.y[static_cast<int64_t>(i + 1) * p.ystride + r] = sum;
 }
 
-// A grid barrier for co-resident blocks (a cooperative launch): arrive on a counter, the last one
-// resets it and bumps the generation the others wait on. Fences order each block's stores before its
-// arrival and the others' loads after the release.
-__device__ __forceinline__ void grid_barrier(unsigned* count, volatile unsigned* gen) {
+// A grid barrier for co-resident blocks (a cooperative launch), in two halves so that loads may go out
+// between them: grid_arrive (after a block barrier, thread 0 fences and arrives on a counter; the last one
+// resets it and bumps the generation), then grid_wait (thread 0 waits for the generation to move on,
+// fences, and a block barrier releases the block). Thread 0's fence comes before any load issued between
+// the halves, so it does not wait for them (a fence waits for the thread's earlier accesses).
+__device__ __forceinline__ unsigned grid_arrive(unsigned* count, volatile unsigned* gen) {
   __syncthreads();
+  unsigned g = 0;
   if (threadIdx.x == 0) {
-    const unsigned g = *gen;
+    g = *gen;
     __threadfence();
     if (atomicAdd(count, 1u) == gridDim.x - 1) {
       *count = 0;
       __threadfence();
       atomicAdd(const_cast<unsigned*>(gen), 1u);
-    } else {
-      while (*gen == g) {
-      }
+    }
+  }
+  return g;
+}
+__device__ __forceinline__ void grid_wait(volatile unsigned* gen, unsigned g) {
+  if (threadIdx.x == 0) {
+    while (*gen == g) {
     }
     __threadfence();
   }
@@ -153,15 +164,16 @@ __global__ void __launch_bounds__(kThreads) persistent_kernel(Phases p, unsigned
     for (int64_t r = gw; r < p.rows; r += warps) {
       if (!have) load_row(wi + r * p.k, lane, steps, w);
       have = false;
-      const float sum = row_dot(w, steps, p.y + static_cast<int64_t>(i) * p.rows, p.rows, p.scale, lane);
-      if (lane == 0) p.y[static_cast<int64_t>(i + 1) * p.rows + r] = sum;
+      const float sum = row_dot(w, steps, p.y + static_cast<int64_t>(i) * p.ystride, p.rows, p.scale, lane);
+      if (lane == 0) p.y[static_cast<int64_t>(i + 1) * p.ystride + r] = sum;
     }
     if (i + 1 == p.phases) break;
-    if (kPre && gw < p.rows) {
+    const unsigned g = grid_arrive(barrier, barrier + 1);
+    if (kPre && gw < p.rows) {  // between the halves: not behind thread 0's fence
       load_row(wi + p.rows * p.k + gw * p.k, lane, steps, w);
       have = true;
     }
-    grid_barrier(barrier, barrier + 1);
+    grid_wait(barrier + 1, g);
   }
 }
 
@@ -208,8 +220,10 @@ bool parse(int argc, char** argv, Options& o) {
       return false;
     }
   }
-  if (o.phases < 2 || o.reps < 1 || o.k < 512 || o.k % 512 != 0 || o.k > 16 * kWarp * kMaxSteps) {
-    std::fprintf(stderr, "bench_phases: phases >= 2, reps >= 1, k a multiple of 512 up to %d\n", 16 * kWarp * kMaxSteps);
+  if (o.phases < 2 || o.reps < 1 || o.k < 512 || o.k % 512 != 0 || o.k > 16 * kWarp * kMaxSteps || o.device < 0 ||
+      o.rows.empty()) {
+    std::fprintf(stderr, "bench_phases: phases >= 2, reps >= 1, k a multiple of 512 up to %d, a device, some rows\n",
+                 16 * kWarp * kMaxSteps);
     return false;
   }
   for (int64_t r : o.rows)
@@ -220,14 +234,20 @@ bool parse(int argc, char** argv, Options& o) {
   return true;
 }
 
+__global__ void spin_kernel(long long cycles) {
+  const long long t0 = clock64();
+  while (clock64() - t0 < cycles) {
+  }
+}
+
 __global__ void fill_weights(int8_t* w, int64_t n, uint32_t seed) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ static_cast<uint32_t>(i >> 32) * 40503u ^ seed;
     h ^= h >> 15;
     h *= 2246822519u;
     h ^= h >> 13;
-    w[i] = static_cast<int8_t>(static_cast<int>(h % 15u) - 7);  // -7 .. 7: no sums near zero by construction
+    w[i] = static_cast<int8_t>(static_cast<int>(h % 15u) - 7);  // -7 .. 7
   }
 }
 
@@ -245,6 +265,12 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop{};
   CHECK_CUDA(cudaGetDeviceProperties(&prop, o.device));
   const bool pdl = prop.major >= 9;
+  int clock_khz = 0;
+  CHECK_CUDA(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, o.device));
+  if (!prop.cooperativeLaunch) {
+    std::fprintf(stderr, "bench_phases: the device has no cooperative launch\n");
+    return 77;
+  }
   int per_sm = 0;
   CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, persistent_kernel<true>, kThreads, 0));
   int per_sm_plain = 0;
@@ -269,12 +295,13 @@ int main(int argc, char** argv) {
     p.rows = rows;
     p.k = o.k;
     p.phases = o.phases;
+    p.ystride = (rows + 31) / 32 * 32;
     p.scale = static_cast<float>(1.0 / (4.32 * std::sqrt(static_cast<double>(o.k))));
     const int64_t w_bytes = static_cast<int64_t>(o.phases) * rows * o.k;
     int8_t* w = nullptr;
     float* y = nullptr;
     CHECK_CUDA(cudaMalloc(&w, static_cast<size_t>(w_bytes)));
-    CHECK_CUDA(cudaMalloc(&y, static_cast<size_t>(o.phases + 1) * rows * sizeof(float)));
+    CHECK_CUDA(cudaMalloc(&y, static_cast<size_t>(o.phases + 1) * p.ystride * sizeof(float)));
     fill_weights<<<1024, 256, 0, stream>>>(w, w_bytes, 12345u);
     CHECK_CUDA(cudaGetLastError());
     std::vector<float> first(static_cast<size_t>(rows));
@@ -282,6 +309,9 @@ int main(int argc, char** argv) {
     p.w = w;
     p.y = y;
     const double floor_us = static_cast<double>(rows * o.k) / 4350e9 * 1e6;
+    if (w_bytes < 4 * static_cast<int64_t>(prop.l2CacheSize))
+      std::printf("(rows %lld: %lld MB of weights in all, within 4x the %d MB L2: phases may find theirs there)\n",
+                  static_cast<long long>(rows), static_cast<long long>(w_bytes >> 20), prop.l2CacheSize >> 20);
     std::vector<float> reference;
     for (Mode m : {Mode::graph, Mode::graph_pdl, Mode::persistent, Mode::persistent_pre}) {
       if ((m == Mode::graph_pdl && !pdl)) continue;
@@ -314,7 +344,9 @@ int main(int argc, char** argv) {
           CHECK_CUDA(cudaGraphLaunch(exec, stream));
           return;
         }
-        const unsigned grid = static_cast<unsigned>(per_sm * prop.multiProcessorCount);
+        // one wave, but no more blocks than the rows have warps for (idle blocks would still join each barrier)
+        const unsigned grid = static_cast<unsigned>(
+            std::min<int64_t>(static_cast<int64_t>(per_sm) * prop.multiProcessorCount, (rows + kWarps - 1) / kWarps));
         void* args[] = {&p, &barrier};
         CHECK_CUDA(cudaLaunchCooperativeKernel(
             m == Mode::persistent_pre ? reinterpret_cast<const void*>(persistent_kernel<true>)
@@ -324,7 +356,10 @@ int main(int argc, char** argv) {
       std::vector<float> times;
       for (int rep = 0; rep <= o.reps; ++rep) {  // the first run warms up
         CHECK_CUDA(cudaMemcpyAsync(y, first.data(), first.size() * sizeof(float), cudaMemcpyHostToDevice, stream));
-        CHECK_CUDA(cudaMemsetAsync(y + rows, 0xff, static_cast<size_t>(o.phases) * rows * sizeof(float), stream));
+        CHECK_CUDA(cudaMemsetAsync(y + p.ystride, 0xff, static_cast<size_t>(o.phases) * p.ystride * sizeof(float),
+                                   stream));
+        // the GPU busy while the host submits the run, so that the host's launch is not in the window
+        spin_kernel<<<1, 1, 0, stream>>>(static_cast<long long>(clock_khz) * 50 / 1000);  // ~50 us
         CHECK_CUDA(cudaEventRecord(e0, stream));
         run();
         CHECK_CUDA(cudaEventRecord(e1, stream));
@@ -336,7 +371,7 @@ int main(int argc, char** argv) {
       std::sort(times.begin(), times.end());
       const double us = static_cast<double>(times[times.size() / 2]) * 1e3 / o.phases;
       std::vector<float> last(static_cast<size_t>(rows));
-      CHECK_CUDA(cudaMemcpy(last.data(), y + static_cast<int64_t>(o.phases) * rows, last.size() * sizeof(float),
+      CHECK_CUDA(cudaMemcpy(last.data(), y + static_cast<int64_t>(o.phases) * p.ystride, last.size() * sizeof(float),
                             cudaMemcpyDeviceToHost));
       const char* agree = "";
       if (reference.empty()) {
