@@ -27,19 +27,10 @@
 #include <string>
 #include <vector>
 
+#define BENCH_NAME "bench_launch"
+#include "bench_cuda.h"
+
 namespace {
-
-[[noreturn]] void cuda_fail(cudaError_t err, const char* what, int line) {
-  std::fprintf(stderr, "bench_launch: %s failed (line %d): %s (%s)\n", what, line, cudaGetErrorString(err),
-               cudaGetErrorName(err));
-  std::exit(1);
-}
-
-#define CHECK_CUDA(call)                                       \
-  do {                                                         \
-    const cudaError_t err_ = (call);                           \
-    if (err_ != cudaSuccess) cuda_fail(err_, #call, __LINE__); \
-  } while (0)
 
 __global__ void add_one(int* buf) { buf[blockIdx.x * blockDim.x + threadIdx.x] += 1; }
 

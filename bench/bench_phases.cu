@@ -38,19 +38,10 @@
 #include <string>
 #include <vector>
 
+#define BENCH_NAME "bench_phases"
+#include "bench_cuda.h"
+
 namespace {
-
-[[noreturn]] void cuda_fail(cudaError_t err, const char* what, int line) {
-  std::fprintf(stderr, "bench_phases: %s failed (line %d): %s (%s)\n", what, line, cudaGetErrorString(err),
-               cudaGetErrorName(err));
-  std::exit(1);
-}
-
-#define CHECK_CUDA(call)                                       \
-  do {                                                         \
-    const cudaError_t err_ = (call);                           \
-    if (err_ != cudaSuccess) cuda_fail(err_, #call, __LINE__); \
-  } while (0)
 
 constexpr int kWarp = 32;
 constexpr int kWarps = 4;  // a block
