@@ -474,7 +474,8 @@ __global__ void __launch_bounds__(kWarpsOf<kWg> * kWarpSize) flash_attn_mma_kern
       for (int j = 0; j < kQBatch; ++j) {
         const int c = tid + (i0 + j) * kNT;
         const int r = c / (D / 2), col = c % (D / 2) * 2;
-        x[j] = q0 + r < n_q ? __ldg(reinterpret_cast<const float2*>(row_ptr(a.q, q0 + r, h, i3) + col * sizeof(float)))
+        // Q: an earlier kernel's output (the rope's), so coherent loads (common.cuh's PDL rule)
+        x[j] = q0 + r < n_q ? ld_act(reinterpret_cast<const float2*>(row_ptr(a.q, q0 + r, h, i3) + col * sizeof(float)))
                             : make_float2(0.0f, 0.0f);
       }
 #pragma unroll

@@ -87,7 +87,7 @@ __device__ __forceinline__ void dot_wide_step(const uint4& q, int64_t v, const c
     const auto* x = reinterpret_cast<const float4*>(b_col + c * b_nb1) + v * (kElems / 4);
 #pragma unroll
     for (int h = 0; h < kElems / 4; ++h) {
-      const float4 xv = __ldg(x + h);
+      const float4 xv = ld_act(x + h);  // an earlier kernel's output: coherent (common.cuh's PDL rule)
       acc[c] += w[4 * h] * xv.x;
       acc[c] += w[4 * h + 1] * xv.y;
       acc[c] += w[4 * h + 2] * xv.z;
