@@ -25,28 +25,22 @@ name, lines = None, []
 def report():
     if name is None or (pattern and not pattern.search(name)):
         return
-    first = next((i for i, line in enumerate(lines) if 'ACQBULK' in line), None)
-    if first is None:
-        return
-    pre = [line for line in lines[:first] if re.search(r'\bLDG\b|\bLDG\.', line)]
-    last = max(i for i, line in enumerate(lines) if 'ACQBULK' in line)
-    if not pattern and not any(re.search(r'\bLDG\b|\bLDG\.', line) for line in lines[:last]):
-        return
-    nc = sum('CONSTANT' in line for line in pre)
-    # the loads between consecutive waits (program order): a kernel whose first wait depends on a flag (the
-    # float mat-vec's `early`: a wait at the top when off, after the first weights when on) shows its first
-    # wait with none before it, and the weights before a later one
-    segments, count_nc, count = [], 0, 0
+    # the loads between consecutive waits (program order), as (non-coherent, coherent): a kernel whose first
+    # wait depends on a flag (the float mat-vec's `early`: a wait at the top when off, after the first
+    # weights when on) shows its first wait with none before it, and the weights before a later one
+    segments, nc, co = [], 0, 0
     for line in lines:
         if 'ACQBULK' in line:
-            segments.append(f'{count_nc}/{count - count_nc}')
-            count_nc = count = 0
+            segments.append((nc, co))
+            nc = co = 0
         elif re.search(r'\bLDG\b|\bLDG\.', line):
-            count += 1
-            count_nc += 'CONSTANT' in line
-    print(f'{demangled.sub("", name)[:110]}: before the first wait {nc} non-coherent, {len(pre) - nc} coherent loads; '
-          f'waits {len(segments)}; non-coherent/coherent loads before each wait since the one before: {" ".join(segments)}')
-
+            nc += 'CONSTANT' in line
+            co += 'CONSTANT' not in line
+    if not segments or (not pattern and not any(n + c for n, c in segments)):
+        return
+    print(f'{demangled.sub("", name)[:110]}: before the first wait {segments[0][0]} non-coherent, '
+          f'{segments[0][1]} coherent loads; waits {len(segments)}; non-coherent/coherent loads before each wait '
+          f'since the one before: {" ".join(f"{n}/{c}" for n, c in segments)}')
 
 for line in sys.stdin:
     if 'Function :' in line:
