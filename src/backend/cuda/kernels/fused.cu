@@ -714,8 +714,6 @@ bool mat_vec_multi_ok(const Tensor* const* n, bool fast) {
   if (!x || !w0) return false;
   const int count = n[2] ? 3 : 2;
   // one weight type, but for the fast mode's q4_K / q6_K mix at one column (a Q4_K_M file's Q, K, V)
-  for (int t = 0; t < count; ++t)
-    if (n[t]->op != OpKind::mul_mat) return false;
   const bool mixed = fast && mat_vec_fast_mixed_ok(n, count);
   for (int t = 0; t < count; ++t) {
     const Tensor* mm = n[t];

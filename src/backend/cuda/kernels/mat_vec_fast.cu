@@ -1268,7 +1268,8 @@ struct QuantLaunch {
 
 template <class F>
 CudaError float_mat_vec(const LaunchContext& ctx, const FastLaunch& l) {
-  if (batch_invariant()) return l.glu ? launch_float_invariant<F, true>(ctx, l) : launch_float_invariant<F, false>(ctx, l);
+  if (batch_invariant())
+    return l.glu ? launch_float_invariant<F, true>(ctx, l) : launch_float_invariant<F, false>(ctx, l);
   return l.glu ? by_columns<FloatLaunch<F>::template With, true>(ctx, l)
                : by_columns<FloatLaunch<F>::template With, false>(ctx, l);
 }
@@ -1349,12 +1350,13 @@ int mat_vec_fast_act_block(const Tensor* mm, const Tensor* dst) {
 bool mat_vec_fast_supports(const LaunchContext& ctx, const Tensor* mm, const Tensor* dst) {
   const Tensor* a = mm->src[0];
   const Tensor* b = mm->src[1];
-  const bool any_cols = batch_invariant() && (a->type == DType::f32 || a->type == DType::f16 || a->type == DType::bf16);
-  if ((dst->ne[1] > kMatVecMaxCols && !any_cols) || dst->ne[1] < 1) return false;
+  if (dst->ne[1] < 1) return false;
   switch (a->type) {
     case DType::f32:
     case DType::f16:
     case DType::bf16: {
+      // batch-invariant: every column count (launch_float_invariant's launches of 8 columns)
+      if (dst->ne[1] > kMatVecMaxCols && !batch_invariant()) return false;
       const int64_t elems = a->type == DType::f32 ? 4 : 8;  // per 16 bytes
       const bool rows_aligned =
           a->ne[0] % elems == 0 && aligned16(a->data) && a->nb[1] % 16 == 0 && a->nb[2] % 16 == 0 && a->nb[3] % 16 == 0;
@@ -1382,6 +1384,7 @@ bool mat_vec_fast_mixed_ok(const Tensor* const* mms, int count) {
   bool q4 = false, q6 = false;
   for (int t = 0; t < count; ++t) {
     const Tensor* mm = mms[t];
+    if (!mm || mm->op != OpKind::mul_mat) return false;
     const Tensor* w = mm->src[0];
     if (!w || !x || mm->src[1] != x || mm->type != DType::f32) return false;
     if (w->type == DType::q4_k) q4 = true;

@@ -570,7 +570,8 @@ namespace {
 // the others; cuBLAS's order may change with the columns (1B F16: 16 sequences together against alone, 81%).
 bool use_cublas(const Tensor* dst, bool fast) {
   const Tensor* a = dst->src[0];
-  if (!is_float_type(a->type) || (fast && batch_invariant()) || (dst->ne[1] <= kMatVecMaxCols && !float_gemm_few_cols(dst, fast))) return false;
+  if (!is_float_type(a->type) || (dst->ne[1] <= kMatVecMaxCols && !float_gemm_few_cols(dst, fast))) return false;
+  if (fast && batch_invariant()) return false;  // (float_gemm_few_cols is false there too)
   const size_t ts = dtype_type_size(a->type);
   const bool whole_elements = a->nb[1] % ts == 0 && a->nb[2] % ts == 0 && a->nb[3] % ts == 0;
   const bool fits_int = a->nb[1] / ts <= INT32_MAX && a->ne[1] <= INT32_MAX && dst->ne[1] <= INT32_MAX &&
