@@ -5,26 +5,29 @@
 // consumer recomputing the norm in every block) lost. Would one kernel that walks the phases itself, with
 // the next phase's first weights loaded before each barrier, pay less per phase than a PDL kernel boundary?
 //
-//   bench_phases [--phases 64] [--rows 1024,4096,16384] [--k 4096 (at most)] [--reps 10] [--device 0]
+//   bench_phases [--phases 64] [--rows 128,1024,4096,16384] [--k 4096 (at most)] [--reps 10]
+//                [--per-sm 1,4,max] [--device 0]
 //
-// Phase i is a mat-vec y_i = W_i x_i of int8 weights [rows][k] (row-major, 16-byte aligned rows) and f32
-// activations, x_{i+1}[j] = y_i[j % rows] s (s = 1 / (4.32 sqrt(k)), the weights' rms times sqrt(k): the values
-// stay near their first size over the phases): every output of phase i+1 needs every output of phase i,
-// as a norm or attention makes a layer's phases. A warp takes a row at a time, each lane 16 weights a load,
-// the sum in a fixed order and a shuffle tree, so every mode computes the same bits (checked: the last
-// phase's outputs of every mode are compared with the first mode's). Each phase has its own weights and
-// output buffer, 32 floats aligned (phases x rows x k bytes in all: no phase finds its weights in L2 at the
-// default sizes, a note says when it might; no SM's L1 holds a line of an output buffer before it is
-// written). The persistent grid is one wave, capped at a warp a row. Modes:
+// Phase i is a mat-vec of int8 weights W_i [rows][k] (row-major, 16-byte aligned rows, values -7..7) and int8
+// activations x_i, as Loom's quantized mat-vecs take them (dp4a, integer sums): x_{i+1}[j] = q(y_i[j % rows]),
+// q(v) = clamp(rint(v s), -127, 127) with s = 1 / (4.32 sqrt(k)) (the weights' rms times sqrt(k): the values
+// keep their size over the phases). Every output of phase i+1 needs every output of phase i, as a norm or
+// attention makes a layer's phases. A warp takes a row at a time, each lane 16 weights and 16 activations a
+// load (the activations from L1 / L2: the 4 warps of a block read the same ones), a shuffle tree; integer
+// sums, so every mode computes the same bits (checked: the last phase's outputs of every mode against the
+// first mode's). Each phase has its own weights and output buffer, 128 bytes aligned (phases x rows x k
+// bytes in all: no phase finds its weights in L2 at the larger sizes, a note says when it might). Modes:
 //   graph            a kernel per phase (blocks of 4 warps, a row a warp), captured into a CUDA graph, replayed
 //   graph+pdl        the same with programmatic edges: each kernel loads its row's weights, then waits
 //                    (griddepcontrol.wait), then lets its dependents launch, as Loom's direct mat-vecs do
-//   persistent       one cooperative launch, one wave of blocks walking rows, a grid barrier between phases
-//   persistent+pre   the same, each warp loading its first row of the next phase between the barrier's
+//   persistent/N     one cooperative launch of N blocks an SM (one wave), warps walking rows, a grid barrier
+//                    between phases (an arrival counter that only grows: a block's thread 0 adds one with
+//                    release order and spins until it reaches (phase + 1) x blocks with acquire loads)
+//   persistent+pre/N the same, each warp loading its first row of the next phase between its block's
 //                    arrival and its wait
 // Reported: us per phase (median of the repetitions, events around the whole chain, a spin kernel before
 // them so that the host's launch is not timed) and the bytes' floor at 4,350 GB/s (the H200's measured
-// read bandwidth).
+// read bandwidth). rows 128 (128 KB a phase) is the boundary's cost alone.
 //
 // Exit status: 0 ok, 1 a CUDA error or modes that disagree, 2 bad arguments, 77 no usable GPU.
 #include <cuda_runtime.h>
@@ -36,6 +39,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #define BENCH_NAME "bench_phases"
@@ -50,9 +54,9 @@ constexpr int kMaxSteps = 8;  // 16-byte loads a lane per row: k <= 16 * 32 * 8 
 
 struct Phases {
   const int8_t* w;  // phase i's weights at w + i * rows * k
-  float* y;         // phase i's outputs at y + (i + 1) * ystride; y[0 .. rows) is the first input's source
+  int8_t* x;        // phase i's activations' source at x + i * xstride (x_i[j] = x[i * xstride + j % rows])
   int64_t rows, k;
-  int64_t ystride;  // rows rounded up to 32 floats: no two phases' outputs share a 32-byte sector
+  int64_t xstride;  // rows rounded up to 128 bytes: no two phases' outputs share a line
   int phases;
   float scale;  // s above
 };
@@ -72,28 +76,29 @@ __device__ __forceinline__ void load_row(const int8_t* row, int lane, int steps,
     if (s < steps) w[s] = __ldg(reinterpret_cast<const uint4*>(row) + lane + kWarp * s);
 }
 
-// The row's dot with x_i[j] = prev[j % rows] s (prev: phase i - 1's outputs), summed over the warp.
+// The row's dot with x_i (prev: phase i's activations' source, written by the phase before: plain coherent
+// loads, never ld.global.nc), summed over the warp; every lane gets the sum.
 template <int kSteps>
-__device__ __forceinline__ float row_dot(const uint4 (&w)[kSteps], int steps, const float* prev, int64_t rows,
-                                         float s, int lane) {
-  float acc = 0.0f;
+__device__ __forceinline__ int row_dot(const uint4 (&w)[kSteps], int steps, const int8_t* prev, int64_t rows,
+                                       int lane) {
+  int acc = 0;
 #pragma unroll
   for (int s = 0; s < kSteps; ++s) {
     if (s >= steps) break;
-    const int64_t c0 = 16 * (lane + kWarp * static_cast<int64_t>(s));
-    const uint32_t words[4] = {w[s].x, w[s].y, w[s].z, w[s].w};
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      // 4 activations (rows is a multiple of 4, so j % rows stays inside one float4)
-      const float4 x = *reinterpret_cast<const float4*>(prev + (c0 + 4 * q) % rows);
-      const float xs[4] = {x.x * s, x.y * s, x.z * s, x.w * s};
-#pragma unroll
-      for (int b = 0; b < 4; ++b) acc = fmaf(static_cast<float>(static_cast<int8_t>(words[q] >> (8 * b))), xs[b], acc);
-    }
+    const int64_t c0 = 16 * (lane + kWarp * static_cast<int64_t>(s));  // rows is a multiple of 16
+    const uint4 x = *reinterpret_cast<const uint4*>(prev + c0 % rows);
+    acc = __dp4a(static_cast<int>(w[s].x), static_cast<int>(x.x), acc);
+    acc = __dp4a(static_cast<int>(w[s].y), static_cast<int>(x.y), acc);
+    acc = __dp4a(static_cast<int>(w[s].z), static_cast<int>(x.z), acc);
+    acc = __dp4a(static_cast<int>(w[s].w), static_cast<int>(x.w), acc);
   }
 #pragma unroll
   for (int o = kWarp / 2; o > 0; o /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, o);
   return acc;
+}
+
+__device__ __forceinline__ int8_t quantize(int acc, float s) {
+  return static_cast<int8_t>(fminf(fmaxf(rintf(static_cast<float>(acc) * s), -127.0f), 127.0f));
 }
 
 // One phase, a row a warp (graph modes). kPdl: the row's weights before the wait.
@@ -108,40 +113,37 @@ __global__ void __launch_bounds__(kThreads) phase_kernel(Phases p, int i) {
   if (kPdl) pdl_wait_and_trigger();
   if (!mine) return;
   if (!kPdl) load_row(p.w + (static_cast<int64_t>(i) * p.rows + r) * p.k, lane, steps, w);
-  const float sum = row_dot(w, steps, p.y + static_cast<int64_t>(i) * p.ystride, p.rows, p.scale, lane);
-  if (lane == 0) p.y[static_cast<int64_t>(i + 1) * p.ystride + r] = sum;
+  const int sum = row_dot(w, steps, p.x + static_cast<int64_t>(i) * p.xstride, p.rows, lane);
+  if (lane == 0) p.x[static_cast<int64_t>(i + 1) * p.xstride + r] = quantize(sum, p.scale);
 }
 
-// A grid barrier for co-resident blocks (a cooperative launch), in two halves so that loads may go out
-// between them: grid_arrive (after a block barrier, thread 0 fences and arrives on a counter; the last one
-// resets it and bumps the generation), then grid_wait (thread 0 waits for the generation to move on,
-// fences, and a block barrier releases the block). Thread 0's fence comes before any load issued between
-// the halves, so it does not wait for them (a fence waits for the thread's earlier accesses).
-__device__ __forceinline__ unsigned grid_arrive(unsigned* count, volatile unsigned* gen) {
+// A grid barrier for co-resident blocks (a cooperative launch) in two halves, so that loads may go out
+// between them: grid_arrive (a block barrier, then thread 0 adds one to the arrival counter with release
+// order: the block's stores before it are visible to whoever acquires the count), then grid_wait (thread 0
+// spins with acquire loads until the count reaches target, a block barrier releases the block). The counter
+// only grows (zeroed before each run), so there is no reset or generation to order.
+__device__ __forceinline__ void grid_arrive(unsigned* count) {
   __syncthreads();
-  unsigned g = 0;
   if (threadIdx.x == 0) {
-    g = *gen;
-    __threadfence();
-    if (atomicAdd(count, 1u) == gridDim.x - 1) {
-      *count = 0;
-      __threadfence();
-      atomicAdd(const_cast<unsigned*>(gen), 1u);
-    }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(count) : "memory");
+#endif
   }
-  return g;
 }
-__device__ __forceinline__ void grid_wait(volatile unsigned* gen, unsigned g) {
+__device__ __forceinline__ void grid_wait(const unsigned* count, unsigned target) {
   if (threadIdx.x == 0) {
-    while (*gen == g) {
-    }
-    __threadfence();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+    unsigned v = 0;
+    do {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(count) : "memory");
+    } while (v < target);
+#endif
   }
   __syncthreads();
 }
 
 // Every phase in one launch: a warp walks rows gw, gw + warps, ...; a grid barrier between phases.
-// kPre: each warp's first row of the next phase is loaded before the barrier.
+// kPre: each warp's first row of the next phase is loaded before the barrier's wait.
 template <bool kPre>
 __global__ void __launch_bounds__(kThreads) persistent_kernel(Phases p, unsigned* barrier) {
   const int lane = threadIdx.x % kWarp;
@@ -155,16 +157,16 @@ __global__ void __launch_bounds__(kThreads) persistent_kernel(Phases p, unsigned
     for (int64_t r = gw; r < p.rows; r += warps) {
       if (!have) load_row(wi + r * p.k, lane, steps, w);
       have = false;
-      const float sum = row_dot(w, steps, p.y + static_cast<int64_t>(i) * p.ystride, p.rows, p.scale, lane);
-      if (lane == 0) p.y[static_cast<int64_t>(i + 1) * p.ystride + r] = sum;
+      const int sum = row_dot(w, steps, p.x + static_cast<int64_t>(i) * p.xstride, p.rows, lane);
+      if (lane == 0) p.x[static_cast<int64_t>(i + 1) * p.xstride + r] = quantize(sum, p.scale);
     }
     if (i + 1 == p.phases) break;
-    const unsigned g = grid_arrive(barrier, barrier + 1);
-    if (kPre && gw < p.rows) {  // between the halves: not behind thread 0's fence
+    grid_arrive(barrier);
+    if (kPre && gw < p.rows) {  // between the halves: weights, which no phase writes
       load_row(wi + p.rows * p.k + gw * p.k, lane, steps, w);
       have = true;
     }
-    grid_wait(barrier + 1, g);
+    grid_wait(barrier, static_cast<unsigned>(i + 1) * gridDim.x);
   }
 }
 
@@ -181,7 +183,8 @@ const char* mode_name(Mode m) {
 
 struct Options {
   int phases = 64;
-  std::vector<int64_t> rows{1024, 4096, 16384};
+  std::vector<int64_t> rows{128, 1024, 4096, 16384};
+  std::vector<int> per_sm{1, 4, 0};  // persistent blocks an SM; 0: as many as fit
   int64_t k = 4096;
   int reps = 10;
   int device = 0;
@@ -206,20 +209,36 @@ bool parse(int argc, char** argv, Options& o) {
         if (!c) break;
         s = c + 1;
       }
+    } else if (const char* v6 = value("--per-sm")) {
+      o.per_sm.clear();
+      for (const char* s = v6; *s;) {
+        o.per_sm.push_back(std::strncmp(s, "max", 3) == 0 ? 0 : std::atoi(s));
+        if (o.per_sm.back() < 0) o.per_sm.back() = -1;
+        const char* c = std::strchr(s, ',');
+        if (!c) break;
+        s = c + 1;
+      }
     } else {
-      std::fprintf(stderr, "usage: bench_phases [--phases N] [--rows A,B,..] [--k K] [--reps N] [--device D]\n");
+      std::fprintf(stderr,
+                   "usage: bench_phases [--phases N] [--rows A,B,..] [--k K] [--reps N] [--per-sm A,B,..|max] "
+                   "[--device D]\n");
       return false;
     }
   }
   if (o.phases < 2 || o.reps < 1 || o.k < 512 || o.k % 512 != 0 || o.k > 16 * kWarp * kMaxSteps || o.device < 0 ||
-      o.rows.empty()) {
+      o.rows.empty() || o.per_sm.empty()) {
     std::fprintf(stderr, "bench_phases: phases >= 2, reps >= 1, k a multiple of 512 up to %d, a device, some rows\n",
                  16 * kWarp * kMaxSteps);
     return false;
   }
   for (int64_t r : o.rows)
-    if (r < 4 || r % 4 != 0) {
-      std::fprintf(stderr, "bench_phases: rows a positive multiple of 4\n");
+    if (r < 16 || r % 16 != 0) {
+      std::fprintf(stderr, "bench_phases: rows a positive multiple of 16\n");
+      return false;
+    }
+  for (int n : o.per_sm)
+    if (n < 0) {
+      std::fprintf(stderr, "bench_phases: --per-sm takes positive counts or max\n");
       return false;
     }
   return true;
@@ -262,13 +281,18 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_phases: the device has no cooperative launch\n");
     return 77;
   }
-  int per_sm = 0;
-  CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, persistent_kernel<true>, kThreads, 0));
+  int per_sm_max = 0;
+  CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_max, persistent_kernel<true>, kThreads, 0));
   int per_sm_plain = 0;
   CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_plain, persistent_kernel<false>, kThreads, 0));
-  per_sm = std::min(per_sm, per_sm_plain);
-  std::printf("bench_phases: %s, %d SMs, %d persistent blocks an SM, k %lld, %d phases, %d repetitions\n", prop.name,
-              prop.multiProcessorCount, per_sm, static_cast<long long>(o.k), o.phases, o.reps);
+  per_sm_max = std::min(per_sm_max, per_sm_plain);
+  std::vector<int> per_sms;  // the persistent modes' blocks an SM, within what fits
+  for (int n : o.per_sm) {
+    const int v = n == 0 ? per_sm_max : std::min(n, per_sm_max);
+    if (std::find(per_sms.begin(), per_sms.end(), v) == per_sms.end()) per_sms.push_back(v);
+  }
+  std::printf("bench_phases: %s, %d SMs, up to %d persistent blocks an SM, k %lld, %d phases, %d repetitions\n",
+              prop.name, prop.multiProcessorCount, per_sm_max, static_cast<long long>(o.k), o.phases, o.reps);
   std::printf("| rows | MB a phase | floor us | mode | us a phase | over the floor |\n| ---: | ---: | ---: | --- | ---: | ---: |\n");
 
   cudaStream_t stream;
@@ -277,8 +301,7 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaEventCreate(&e0));
   CHECK_CUDA(cudaEventCreate(&e1));
   unsigned* barrier = nullptr;
-  CHECK_CUDA(cudaMalloc(&barrier, 2 * sizeof(unsigned)));
-  CHECK_CUDA(cudaMemset(barrier, 0, 2 * sizeof(unsigned)));
+  CHECK_CUDA(cudaMalloc(&barrier, sizeof(unsigned)));
   int failures = 0;
 
   for (int64_t rows : o.rows) {
@@ -286,26 +309,30 @@ int main(int argc, char** argv) {
     p.rows = rows;
     p.k = o.k;
     p.phases = o.phases;
-    p.ystride = (rows + 31) / 32 * 32;
+    p.xstride = (rows + 127) / 128 * 128;
     p.scale = static_cast<float>(1.0 / (4.32 * std::sqrt(static_cast<double>(o.k))));
     const int64_t w_bytes = static_cast<int64_t>(o.phases) * rows * o.k;
     int8_t* w = nullptr;
-    float* y = nullptr;
+    int8_t* x = nullptr;
     CHECK_CUDA(cudaMalloc(&w, static_cast<size_t>(w_bytes)));
-    CHECK_CUDA(cudaMalloc(&y, static_cast<size_t>(o.phases + 1) * p.ystride * sizeof(float)));
+    CHECK_CUDA(cudaMalloc(&x, static_cast<size_t>(o.phases + 1) * p.xstride));
     fill_weights<<<1024, 256, 0, stream>>>(w, w_bytes, 12345u);
     CHECK_CUDA(cudaGetLastError());
-    std::vector<float> first(static_cast<size_t>(rows));
-    for (int64_t j = 0; j < rows; ++j) first[static_cast<size_t>(j)] = static_cast<float>((j * 37) % 17) - 8.0f;
+    std::vector<int8_t> first(static_cast<size_t>(rows));
+    for (int64_t j = 0; j < rows; ++j) first[static_cast<size_t>(j)] = static_cast<int8_t>((j * 37) % 17 - 8);
     p.w = w;
-    p.y = y;
+    p.x = x;
     const double floor_us = static_cast<double>(rows * o.k) / 4350e9 * 1e6;
     if (w_bytes < 4 * static_cast<int64_t>(prop.l2CacheSize))
       std::printf("(rows %lld: %lld MB of weights in all, within 4x the %d MB L2: phases may find theirs there)\n",
                   static_cast<long long>(rows), static_cast<long long>(w_bytes >> 20), prop.l2CacheSize >> 20);
-    std::vector<float> reference;
-    for (Mode m : {Mode::graph, Mode::graph_pdl, Mode::persistent, Mode::persistent_pre}) {
-      if ((m == Mode::graph_pdl && !pdl)) continue;
+    std::vector<int8_t> reference;
+    std::vector<std::pair<Mode, int>> modes{{Mode::graph, 0}};
+    if (pdl) modes.push_back({Mode::graph_pdl, 0});
+    for (int n : per_sms) modes.push_back({Mode::persistent, n}), modes.push_back({Mode::persistent_pre, n});
+    for (const auto& mode : modes) {
+      const Mode m = mode.first;
+      const int per_sm = mode.second;
       cudaGraphExec_t exec = nullptr;
       if (m == Mode::graph || m == Mode::graph_pdl) {
         cudaGraph_t graph;
@@ -346,9 +373,9 @@ int main(int argc, char** argv) {
       };
       std::vector<float> times;
       for (int rep = 0; rep <= o.reps; ++rep) {  // the first run warms up
-        CHECK_CUDA(cudaMemcpyAsync(y, first.data(), first.size() * sizeof(float), cudaMemcpyHostToDevice, stream));
-        CHECK_CUDA(cudaMemsetAsync(y + p.ystride, 0xff, static_cast<size_t>(o.phases) * p.ystride * sizeof(float),
-                                   stream));
+        CHECK_CUDA(cudaMemcpyAsync(x, first.data(), first.size(), cudaMemcpyHostToDevice, stream));
+        CHECK_CUDA(cudaMemsetAsync(x + p.xstride, 0x5a, static_cast<size_t>(o.phases) * p.xstride, stream));
+        CHECK_CUDA(cudaMemsetAsync(barrier, 0, sizeof(unsigned), stream));
         // the GPU busy while the host submits the run, so that the host's launch is not in the window
         spin_kernel<<<1, 1, 0, stream>>>(static_cast<long long>(clock_khz) * 50 / 1000);  // ~50 us
         CHECK_CUDA(cudaEventRecord(e0, stream));
@@ -361,22 +388,23 @@ int main(int argc, char** argv) {
       }
       std::sort(times.begin(), times.end());
       const double us = static_cast<double>(times[times.size() / 2]) * 1e3 / o.phases;
-      std::vector<float> last(static_cast<size_t>(rows));
-      CHECK_CUDA(cudaMemcpy(last.data(), y + static_cast<int64_t>(o.phases) * p.ystride, last.size() * sizeof(float),
+      std::vector<int8_t> last(static_cast<size_t>(rows));
+      CHECK_CUDA(cudaMemcpy(last.data(), x + static_cast<int64_t>(o.phases) * p.xstride, last.size(),
                             cudaMemcpyDeviceToHost));
       const char* agree = "";
       if (reference.empty()) {
         reference = last;
-      } else if (std::memcmp(reference.data(), last.data(), last.size() * sizeof(float)) != 0) {
+      } else if (std::memcmp(reference.data(), last.data(), last.size()) != 0) {
         agree = " (DIFFERS from graph)";
         ++failures;
       }
-      std::printf("| %lld | %.1f | %.2f | %s | %.2f | %.2f%s |\n", static_cast<long long>(rows),
-                  static_cast<double>(rows * o.k) / 1e6, floor_us, mode_name(m), us, us - floor_us, agree);
+      const std::string name = per_sm ? std::string(mode_name(m)) + "/" + std::to_string(per_sm) : mode_name(m);
+      std::printf("| %lld | %.2f | %.2f | %s | %.2f | %.2f%s |\n", static_cast<long long>(rows),
+                  static_cast<double>(rows * o.k) / 1e6, floor_us, name.c_str(), us, us - floor_us, agree);
       if (exec) CHECK_CUDA(cudaGraphExecDestroy(exec));
     }
     CHECK_CUDA(cudaFree(w));
-    CHECK_CUDA(cudaFree(y));
+    CHECK_CUDA(cudaFree(x));
   }
   CHECK_CUDA(cudaFree(barrier));
   CHECK_CUDA(cudaEventDestroy(e0));

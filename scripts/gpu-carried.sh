@@ -46,6 +46,7 @@
 #   normquant  greedy logits with the norms' quantized-activation hand-off against LOOM_CUDA_NORM_QUANT=0
 #            (or LOOM_NQ_BASE's ','-separated VAR=VALUE settings)
 #   decodencu  every kernel of one decode step under ncu, grouped, against the step's measured time
+#   batchedncu  every kernel of one batched decode step (LOOM_NPL sequences, 64) under ncu, grouped
 #   kperf    ncu kernel times of op-test perf cases (LOOM_K_CASES: ';'-separated OP|FILTER) under each
 #            of LOOM_K_MODES (space-separated, each ','-separated VAR=VALUE settings or "-" for none)
 #   devsample  loom run/chat text sampled in the graph against --host-sampling on CUDA (same seeds),
@@ -337,6 +338,21 @@ for step in "$@"; do
           "$bin/loom" run -m "$f" -p "Hi" -n 3 --temp 0 >"$out/ncu-step-$(tag "$m").csv" 2>/dev/null
         echo "-- $m (tg128 step $us us)"
         python3 tools/ncu_step.py "$out/ncu-step-$(tag "$m").csv" "${LOOM_PEAK_GBS:-3350}" "$us" | head -${LOOM_TRACE_LINES:-40}
+      done ;;
+    batchedncu)
+      # every kernel of one batched decode step (-npl LOOM_NPL, default 64, after 16-token prompts) under ncu,
+      # grouped by kernel and grid (tools/ncu_step.py: the kernels between the last two launches of the
+      # run's last kernel), against the step's time from the same bench without ncu
+      for m in $models; do
+        f=$(model "$m") || continue
+        npl=${LOOM_NPL:-64}
+        us=$(timeout 120 "$bin/loom" bench -m "$f" -npp 16 -ntg 32 -npl "$npl" 2>/dev/null | grep -E "^\| +16 " |
+          awk -F'|' '{ printf "%.1f", 1e6 * $8 / $3 }')
+        timeout 400 /usr/local/cuda/bin/ncu --graph-profiling node --cache-control none --clock-control none --csv --page raw \
+          --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+          "$bin/loom" bench -m "$f" -npp 16 -ntg 3 -npl "$npl" >"$out/ncu-batched-$(tag "$m").csv" 2>/dev/null
+        echo "-- $m, $npl sequences (a step $us us)"
+        python3 tools/ncu_step.py "$out/ncu-batched-$(tag "$m").csv" "${LOOM_PEAK_GBS:-4350}" "$us" | head -${LOOM_TRACE_LINES:-40}
       done ;;
     kperf)
       # ncu kernel times (caches not flushed: what a replayed graph sees) of the op-test perf cases in
