@@ -778,6 +778,7 @@ void add_fused_cases(CaseList& cases, CaseSet set) {
     for (DType wt : {DType::f16, DType::bf16}) {
       add_mat_vec_multi(gemm_q_form, wt, {256, 64, 64}, 24, 320, 1, {}, true);
       add_mat_vec_multi(gemm_q_form, wt, {96, 40}, 64, 128, 1, {}, true);
+      add_mat_vec_multi(gemm_q_form, wt, {96, 42}, 24, 128, 1, {}, true);  // rows copied one a thread
       add_glu_mat_vec(gemm_q_form, wt, 200, 24, true, 192, true);
       add_glu_mat_vec(gemm_q_form, wt, 64, 64, false, 256, true);
     }

@@ -139,7 +139,7 @@ bool norm_act_bytes_own(const exec::Dispatch& d, const Tensor* y) {
 }
 
 // Whether dispatch d can write its output as activations of `block`.
-bool writes_act(const exec::Dispatch& d, int block, int f16) {
+bool writes_act(const exec::Dispatch& d, int block, int f16, FusedTarget target) {
   switch (d.kind) {
     case FusedKind::rms_norm_mul:
     case FusedKind::add_rms_norm_mul:
@@ -153,7 +153,10 @@ bool writes_act(const exec::Dispatch& d, int block, int f16) {
       if (t->op == OpKind::swiglu || t->op == OpKind::geglu)
         return block == kActF16 && gated_f16_out_supported(t) && !exec::output_shares_bytes(d, t);
       if (t->op != OpKind::flash_attn) return false;
-      if (t->src[0]->ne[1] < kFlashAttnMmaMinQueries) return flash_attn_decode_writes_act(t, nullptr, block);
+      // decode attention's f16 rows (kActF16): blocks store while others still load Q, so never over its operands
+      if (t->src[0]->ne[1] < kFlashAttnMmaMinQueries)
+        return flash_attn_decode_writes_act(t, nullptr, block) &&
+               (block != kActF16 || ((f16 & 8) && !exec::output_shares_bytes(d, t)));
       // a prompt's attention (the tensor-core kernel: mark_act_handoffs runs in the fast mode only) as
       // f16 over its own bytes, never over its operands (blocks store while others still load)
       return (f16 & 8) && block == kActF16 && flash_attn_mma_supported(t) && flash_attn_f16_out_fits(t) &&
@@ -161,10 +164,14 @@ bool writes_act(const exec::Dispatch& d, int block, int f16) {
     }
     case FusedKind::gather_flash_attn: {
       const FlashAttnRows rows{d.nodes[0]->src[0], d.nodes[0]->src[1], d.nodes[1]->src[0], d.nodes[1]->src[1]};
-      return flash_attn_decode_writes_act(d.nodes[2], &rows, block);
+      return flash_attn_decode_writes_act(d.nodes[2], &rows, block) &&
+             (block != kActF16 || ((f16 & 8) && !exec::output_shares_bytes(d, d.nodes[2])));
     }
     case FusedKind::rope_flash_attn:  // the split merge is the plain decode's
-      return flash_attn_decode_writes_act(d.nodes[4], nullptr, block);
+      return flash_attn_decode_writes_act(d.nodes[4], nullptr, block) &&
+             (block != kActF16 || ((f16 & 8) && !exec::output_shares_bytes(d, d.nodes[4])));
+    case FusedKind::glu_mat_vec:  // the stacked cuBLAS form's gated activation (f16 on)
+      return (f16 & 4) && block == kActF16 && glu_writes_f16(d.nodes.data(), target);
     default:
       return false;
   }
@@ -213,7 +220,8 @@ void mark_act_handoffs(exec::Plan& p, const Graph& g, FusedTarget target, bool t
                            d.kind == FusedKind::gather_flash_attn || d.kind == FusedKind::rope_flash_attn ||
                            (d.kind == FusedKind::none && d.node()->op == OpKind::flash_attn) ||
                            ((f16 & 4) && d.kind == FusedKind::none &&
-                            (d.node()->op == OpKind::swiglu || d.node()->op == OpKind::geglu));
+                            (d.node()->op == OpKind::swiglu || d.node()->op == OpKind::geglu)) ||
+                           ((f16 & 4) && d.kind == FusedKind::glu_mat_vec);
     if (!candidate) continue;
     const Tensor* y = d.anchor();
     auto r = readers.find(y);
@@ -253,7 +261,7 @@ void mark_act_handoffs(exec::Plan& p, const Graph& g, FusedTarget target, bool t
       block = b;
       consumers.push_back(c->second);
     }
-    if (block == 0 || !writes_act(d, block, f16)) continue;
+    if (block == 0 || !writes_act(d, block, f16, target)) continue;
     d.act_out_block = block;
     ++p.stats.act_handoffs;
     for (size_t c : consumers) {

@@ -61,7 +61,8 @@ struct FlashAttnRows {
 bool flash_attn_decode_supported(const Tensor* dst, const FlashAttnRows* rows = nullptr);
 /// Whether launch_flash_attn_decode, asked by ctx.act_out_block, writes its output as the fast
 /// mat-vec's quantized activations of act_block (32 or 256) for the output projection: when its keys
-/// are split (the merge writes them) and a merge block holds whole activation blocks of whole heads.
+/// are split (the merge writes them) and a merge block holds whole activation blocks of whole heads;
+/// or (kActF16) as contiguous f16 rows for a product through cuBLAS (a batched step's): dst contiguous.
 bool flash_attn_decode_writes_act(const Tensor* dst, const FlashAttnRows* rows, int act_block);
 /// Device scratch launch_flash_attn_decode needs for its splits' partial results (0: one split).
 size_t flash_attn_decode_scratch_bytes(const Tensor* dst);

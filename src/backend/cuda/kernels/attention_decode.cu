@@ -76,7 +76,19 @@ struct DecodeArgs {
   bool angles_early;  ///< the position and frequency factors are graph inputs / weights: read before the wait
   bool no_angles;     ///< LOOM_CUDA_ABLATE=rope_angles: cos 1, sin 0 (timing only)
   RopeArgs rope;
+  /// kActF16 (flash_attn_decode_writes_act): the output as contiguous f16 at dst's bytes, element i of
+  /// dst (its flat index) at out16[i], for the output projection's cuBLAS product; null: f32 in dst.
+  __half* out16;
 };
+
+/// Element e of the output row of head h, query iq, sequence i3: f32 into dst, or f16 at its flat index.
+__device__ __forceinline__ void store_out(const DecodeArgs& a, int64_t h, int64_t iq, int64_t i3, int64_t e, float v) {
+  float* row = reinterpret_cast<float*>(row_ptr(a.dst, h, iq, i3));
+  if (a.out16)
+    a.out16[(reinterpret_cast<const char*>(row) - a.dst.data) / static_cast<int64_t>(sizeof(float)) + e] = __float2half_rn(v);
+  else
+    row[e] = v;
+}
 
 /// kRope: each rotation pair's (cos, sin) at the token's position into sh_cs, a thread a pair.
 __device__ __forceinline__ void rope_angles(const DecodeArgs& a, float* sh_cs) {
@@ -499,7 +511,7 @@ __global__ void __launch_bounds__(kDecThreads, kMinBlocks) flash_decode_kernel(c
       // output [dv, n_head, n_q]; no visible key gives zeros, as the exact kernel does; the sink
       // joins the denominator relative to the same maximum
       const float denom = a.sinks && mt != -INFINITY ? lt + __expf(a.sinks[h] - mt) : lt;
-      reinterpret_cast<float*>(row_ptr(a.dst, h, iq, i3))[e] = lt > 0.0f ? at / denom : 0.0f;
+      store_out(a, h, iq, i3, e, lt > 0.0f ? at / denom : 0.0f);
     } else {
       const int64_t row = (i3 * n_kv_heads + hk) * a.n_rows + rr;
       const int64_t rows = a.k.ne[3] * n_kv_heads * a.n_rows;
@@ -534,7 +546,7 @@ __global__ void flash_decode_merge_kernel(const __grid_constant__ DecodeArgs a) 
   }
   __syncthreads();
   split_weights(sh_w, sh_l, n, a.sinks, h, e, &sh_total);
-  reinterpret_cast<float*>(row_ptr(a.dst, h, iq, i3))[e] = merged_element(a, rows, row, d, e, sh_w, n, sh_total);
+  store_out(a, h, iq, i3, e, merged_element(a, rows, row, d, e, sh_w, n, sh_total));
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -772,6 +784,8 @@ int merge_heads_per_block(int64_t d, int64_t n_head, int act_block) {
 bool flash_attn_decode_writes_act(const Tensor* dst, const FlashAttnRows* rows, int act_block) {
   const Tensor* q = dst->src[0];
   const Tensor* k = dst->src[1];
+  if (act_block == kActF16)  // f16 rows at dst's flat indices (store_out): any split count
+    return flash_attn_decode_supported(dst, rows) && f16_rows_fit(dst);
   return (act_block == 32 || act_block == 256) && flash_attn_decode_supported(dst, rows) &&
          splits_for(q, k, rows != nullptr, false) > 1 &&
          dst->is_contiguous() && dst->ne[0] == q->ne[0] && dst->ne[1] == q->ne[2] && dst->ne[2] == q->ne[1] &&
@@ -835,7 +849,9 @@ CudaError launch_flash_attn_decode(const LaunchContext& ctx, const Tensor* dst, 
   a.group = q->ne[2] / k->ne[2];
   a.n_rows = a.group * q->ne[1];
   a.row_groups = (a.n_rows + kRows - 1) / kRows;
-  a.n_splits = splits_for(q, k, rows != nullptr, ctx.act_out_block == 0);
+  // f16 rows (kActF16) are an f32 output's values, rounded: its splits
+  const bool f16_out = ctx.act_out_block == kActF16;
+  a.n_splits = splits_for(q, k, rows != nullptr, ctx.act_out_block == 0 || f16_out);
   a.keys_per_split = (k->ne[1] + a.n_splits - 1) / a.n_splits;
   if (batch_invariant())
     a.keys_per_split = std::max(kInvariantKeys, (a.keys_per_split + kInvariantKeys - 1) / kInvariantKeys * kInvariantKeys);
@@ -851,11 +867,16 @@ CudaError launch_flash_attn_decode(const LaunchContext& ctx, const Tensor* dst, 
     return CudaError::runtime(cudaErrorInvalidConfiguration, "flash_attn decode: too many blocks", __FILE__, __LINE__);
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(a.n_splits));
   const int64_t d = q->ne[0];
-  const int hpb = ctx.act_out_block ? merge_heads_per_block(d, q->ne[2], ctx.act_out_block) : 0;  // q: [d, n_q, n_head, n_seqs]
-  if (ctx.act_out_block && (a.n_splits < 2 || hpb == 0 || !flash_attn_decode_writes_act(dst, rows, ctx.act_out_block)))
+  const bool quant_out = ctx.act_out_block > 0;
+  const int hpb = quant_out ? merge_heads_per_block(d, q->ne[2], ctx.act_out_block) : 0;  // q: [d, n_q, n_head, n_seqs]
+  if (quant_out && (a.n_splits < 2 || hpb == 0 || !flash_attn_decode_writes_act(dst, rows, ctx.act_out_block)))
     return CudaError::runtime(cudaErrorInvalidValue,
                               "flash_attn decode: quantized activations asked for, but the merge cannot write them",
                               __FILE__, __LINE__);
+  if (ctx.act_out_block && !quant_out && (!f16_out || !flash_attn_decode_writes_act(dst, rows, kActF16)))
+    return CudaError::runtime(cudaErrorInvalidValue, "flash_attn decode: f16 rows asked for, but it cannot write them",
+                              __FILE__, __LINE__);
+  if (f16_out) a.out16 = static_cast<__half*>(dst->data);
   // LOOM_FLASH_DECODE_CAP=0: the gathered kernel without the cap
   static const bool capped = env_switch("LOOM_FLASH_DECODE_CAP");
   // contiguous K/V's kernels capped to 3 blocks an SM (157-160 registers, no spills; splits_for's target)
@@ -878,7 +899,7 @@ CudaError launch_flash_attn_decode(const LaunchContext& ctx, const Tensor* dst, 
   LOOM_CUDA_CHECK_LAUNCH("flash_decode_kernel");
   static const bool no_merge = ablated_kernel("flash_decode_merge");  // timing only
   if (no_merge) return {};
-  if (ctx.act_out_block) {  // the output projection's activations, quantized by the merge
+  if (quant_out) {  // the output projection's activations, quantized by the merge
     const ActFastRaw act = act_fast_at(dst->data, q->ne[1] * q->ne[3], d * q->ne[2], ctx.act_out_block);
     flash_decode_merge_act_kernel<<<static_cast<unsigned>(q->ne[1] * q->ne[3] * (q->ne[2] / hpb)),
                                     static_cast<unsigned>(hpb * d), 0, ctx.stream>>>(a, act, ctx.act_out_block, hpb);

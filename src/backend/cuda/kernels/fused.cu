@@ -1141,6 +1141,10 @@ bool fused_takes_f16_b(FusedKind kind, const Tensor* const* nodes, FusedTarget t
   return false;
 }
 
+bool glu_writes_f16(const Tensor* const* nodes, FusedTarget t) {
+  return !glu_gemm_q_ok(nodes, t) && glu_cublas_ok(nodes, t) && stacked_glu_f16_out_fits(nodes[2]);
+}
+
 bool fused_takes_gemm_q_tiles(FusedKind kind, const Tensor* const* nodes, FusedTarget t) {
   if (kind == FusedKind::glu_mat_vec) return glu_gemm_q_ok(nodes, t);
   if (kind == FusedKind::mat_vec_multi) return multi_gemm_q_ok(nodes, t);

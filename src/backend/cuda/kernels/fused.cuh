@@ -79,5 +79,9 @@ bool fused_takes_gemm_q_tiles(FusedKind kind, const Tensor* const* nodes, FusedT
 /// Whether a fused dispatch (glu_mat_vec, mat_vec_multi) runs its products through cuBLAS on f16
 /// activations packed from a contiguous 2-D operand (which a producer may hand it: kActF16).
 bool fused_takes_f16_b(FusedKind kind, const Tensor* const* nodes, FusedTarget t);
+/// Whether a glu_mat_vec dispatch on target t can write its gated activation as contiguous f16 rows
+/// (kActF16) for the product after it: its cuBLAS form over stacked gate and up weights, whose gated
+/// kernel reads the GEMM's result from the scratch, with a contiguous, aligned output.
+bool glu_writes_f16(const Tensor* const* nodes, FusedTarget t);
 
 }  // namespace loom::cuda

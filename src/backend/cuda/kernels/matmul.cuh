@@ -29,6 +29,8 @@ bool stacked_cublas_usable(const Tensor* const* mm, int count, bool fast);
 size_t stacked_cublas_scratch_bytes(const Tensor* const* mm, int count);
 CudaError launch_stacked_cublas(const LaunchContext& ctx, const Tensor* const* mm, int count,
                                 const Tensor* glu = nullptr);
+/// Whether launch_stacked_cublas can write glu as contiguous f16 rows over its own bytes (kActF16).
+bool stacked_glu_f16_out_fits(const Tensor* glu);
 /// Q, K and V of one activation with quantized weights, past gemm_q's columns (prompt passes): the
 /// activation packed once; Q dequantized and multiplied alone, K and V (the last two products, of one
 /// shape) dequantized back to back and multiplied by one strided-batched cuBLAS GEMM, each into its own
