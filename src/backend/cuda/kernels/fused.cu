@@ -397,23 +397,27 @@ __global__ void mat_vec_multi_q8_kernel(const __grid_constant__ MultiArgs args, 
 // converted to the cache's type, at cache row idx[token] of head h (set_rows of permute(rope_k, 0,
 // 2, 1, 3), indices broadcast by modulo over dims 2-3); Q rows go to q_dst (may alias q_src: each
 // pair is read and stored by one thread). A block per (token, head) recomputed the angles per head:
-// a 512-token chunk of an 8B layer took 46 us.
+// a 512-token chunk of an 8B layer took 46 us. angles_early: the positions and frequency factors are
+// the step's inputs and weights (read_before_wait), so the angles' FP64 chain runs before the wait,
+// while the Q/K/V products before it finish (as the decode attention's rope fold does).
 constexpr int kRopeHeads = 8;
 constexpr int kRopeMaxPairs = 256;  // n_dims / 2 (head sizes up to 512)
 __global__ void rope_set_rows_kernel(TensorDesc cache, bool cache_f16, TensorDesc k_src, TensorDesc idx,
                                      TensorDesc q_dst, TensorDesc q_src, bool has_q, TensorDesc v_cache,
                                      TensorDesc v_src, TensorDesc v_idx, bool has_v, TensorDesc pos,
-                                     TensorDesc freq_factors, bool has_ff, RopeArgs p) {
-  pdl_wait();
+                                     TensorDesc freq_factors, bool has_ff, RopeArgs p, bool angles_early) {
+  // pdl_wait later: with angles_early the angles (positions and frequency factors: read_before_wait) go first
   __shared__ float cs[2 * kRopeMaxPairs];
   const int64_t k_heads = k_src.ne[1], q_heads = has_q ? q_dst.ne[1] : 0;
   const int64_t heads = k_heads + q_heads + (has_v ? v_src.ne[2] : 0);
   const int64_t t = blockIdx.x % k_src.ne[2], i3 = blockIdx.x / k_src.ne[2];
   const int64_t h0 = static_cast<int64_t>(blockIdx.y) * kRopeHeads;
   const int64_t h1 = h0 + kRopeHeads < heads ? h0 + kRopeHeads : heads;
+  if (!angles_early) pdl_wait();
   const int32_t position = *reinterpret_cast<const int32_t*>(pos.data + t * pos.nb[0]);
   for (int i = static_cast<int>(threadIdx.x); i < p.n_dims / 2; i += blockDim.x)
     rope_angle(i, position, p, freq_factors, has_ff, cs[2 * i], cs[2 * i + 1]);
+  if (angles_early) pdl_wait();
   __syncthreads();
   // Each thread takes slots of two elements of one head: slot i < n_dims / 2 is rotation pair i
   // (rope_pair_of), a slot past them copies elements 2 i and 2 i + 1 (the unrotated tail); all index
@@ -1295,10 +1299,13 @@ CudaError launch_rope_set_rows(const LaunchContext& ctx, const Tensor* rope_k, c
     return {};
   }
   const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>((heads + kRopeHeads - 1) / kRopeHeads));
+  // LOOM_CUDA_ROPE_EARLY=0 (read once): the angles after the wait, for comparisons
+  static const bool early_on = env_switch("LOOM_CUDA_ROPE_EARLY");
+  const bool early = early_on && read_before_wait(rope_k->src[1]) && (!ff || read_before_wait(ff));
   rope_set_rows_kernel<<<grid, 256, 0, ctx.stream>>>(
       desc_of(set_rows), set_rows->type == DType::f16, desc_of(k), desc_of(set_rows->src[1]), q_dst, q_src,
       rope_q != nullptr, v_cache, v_src, v_idx, set_rows_v != nullptr, desc_of(rope_k->src[1]), ff_desc,
-      ff != nullptr, args);
+      ff != nullptr, args, early);
   LOOM_CUDA_CHECK_LAUNCH("rope_set_rows_kernel");
   return {};
 }
