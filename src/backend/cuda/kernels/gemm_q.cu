@@ -62,8 +62,7 @@ using namespace gemm_q_detail;
 
 template <class D, int kUnroll, int kMT>
 __global__ void __launch_bounds__(kThreadsOf<kMT>, 1) gemm_q_kernel(GemmQArgs p, const __grid_constant__ CUtensorMap map) {
-  // pdl_wait later: the first weight chunk is requested first (no kernel writes weights), unless weights_late
-  if (p.weights_late) pdl_wait();
+  // pdl_wait later: the first weight chunk is requested first (no kernel writes weights)
   constexpr int kMTiles = kMT;
   extern __shared__ __align__(128) unsigned char smem_raw[];  // tensor copies land on 128-byte boundaries
   using S = Staging<D>;
@@ -338,7 +337,6 @@ CudaError launch_gemm_q(const LaunchContext& ctx, const GemmQProducts& pr, const
   for (int i = 0; i < pr.count; ++i) {
     const Tensor* w = pr.mm[i]->src[0];
     weights[i] = w;
-    p.weights_late = p.weights_late || !read_before_wait(w->root());
     p.part[i] = {static_cast<const char*>(w->data), end_of(w),
                  to_partial ? partial + row : static_cast<float*>(pr.mm[i]->data), w->ne[1],
                  to_partial ? s.m : w->ne[1], tile};

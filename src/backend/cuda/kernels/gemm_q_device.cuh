@@ -89,7 +89,6 @@ struct GemmQArgs {
   bool pre_scales;    // q4_K: decode the scales once per chunk (LOOM_CUDA_GEMM_Q_PRESCALES=0: per dequant8)
   bool tma;           // the weights by one 2-D tensor copy per stage (LOOM_CUDA_GEMM_Q_TMA=0: a bulk copy a row)
   int parts;          // > 1: a multi-part launch (part[], enter_part); the fields above then hold part 0
-  bool weights_late;  // a weight tensor some kernel of the step may write (not read_before_wait): wait first
   GemmQPart part[kMaxParts];
 };
 

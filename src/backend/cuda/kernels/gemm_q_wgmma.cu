@@ -87,8 +87,7 @@ constexpr size_t kSmemOf = kStages * (Staging<D>::kWStageBytes + kXTileHalves * 
 // parameters as they are (10 registers fewer: 118 against 128).
 template <class D, int kStages, bool kMulti>
 __global__ void __launch_bounds__(kWgThreads, 1) gemm_q_wgmma_kernel(GemmQArgs p, const __grid_constant__ GemmQMaps maps) {
-  // pdl_wait later: the first weight chunk is requested first (no kernel writes weights), unless weights_late
-  if (p.weights_late) pdl_wait();
+  // pdl_wait later: the first weight chunk is requested first (no kernel writes weights)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   if constexpr (kF16Dequant<D>) {
     extern __shared__ __align__(128) unsigned char smem_raw[];

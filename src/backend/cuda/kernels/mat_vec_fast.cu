@@ -163,9 +163,6 @@ struct FastArgs {
   int64_t ne2;      ///< dst.ne[2]
   const float* bias;
   bool swiglu;
-  /// Some part's weights are not read_before_wait (a tensor a kernel of the step may write: a graph's
-  /// own output, through the C API): the kernels that load weights before their wait wait first.
-  bool weights_late;
   uint32_t q6_parts;  ///< mat_vec_direct_q4k_q6k_kernel: bit p set where part p's weights are q6_K
 };
 
@@ -420,7 +417,6 @@ template <class Q, int kCols, bool kGlu>
 __global__ void __launch_bounds__(kThreads, quant_blocks_per_sm<Q, kCols>())
     mat_vec_fast_q_kernel(const __grid_constant__ FastArgs args, ActFastLayout<Q> act, int64_t k, int ncols) {
   // pdl_wait later: only the weights, no earlier kernel's output, are read (copied) before it
-  if (args.weights_late) pdl_wait();  // weights a kernel of the step may write: wait first
   constexpr int kRows = fast_rows<kGlu>();
   constexpr int kLoad = kGlu ? 2 * kRows : kRows;
   constexpr int kStageBytes = kUnitsPerStage / Q::kUnitsPerBlock * Q::kBytes;  // of one row
@@ -723,7 +719,6 @@ __global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<kCols, (kPrefet
                               ActFastLayout<std::conditional_t<kQ5, FastQ5_K, FastQ4_K>> act, int64_t k, int ncols) {
   // pdl_wait later: the first step's weight loads (no earlier kernel's output) go out before it,
   // in direct_q4k_tile, which calls pdl_wait(); after them
-  if (args.weights_late) pdl_wait();  // weights a kernel of the step may write: wait first
   direct_q4k_tile<kCols, kGlu, kRows, kPrefetch, kQ5>(args, act, k, ncols);
 }
 
@@ -755,7 +750,6 @@ __global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<kCols>())
     mat_vec_direct_a2_kernel(const __grid_constant__ FastArgs args, ActFastLayout<typename F::Fast> act, int64_t k,
                              int ncols) {
   // pdl_wait later: the first step's weight loads (no earlier kernel's output) go out before it
-  if (args.weights_late) pdl_wait();  // weights a kernel of the step may write: wait first
   constexpr int kLoad = kGlu ? 2 * kRows : kRows;
   constexpr int kLanesPerGroup = 4, kGroupsPerStep = kWarpSize / kLanesPerGroup;
   constexpr int kGroupBytes = 8 * F::kBytes;                 // 144 / 272: a multiple of 16
@@ -953,7 +947,6 @@ __global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<kCols>())
                               int ncols) {
   // pdl_wait later: the first step's weight loads (no earlier kernel's output) go out before it,
   // in direct_q6k_tile, which calls pdl_wait(); after them
-  if (args.weights_late) pdl_wait();  // weights a kernel of the step may write: wait first
   direct_q6k_tile<kCols, kGlu, kRows>(args, act, k, ncols);
 }
 
@@ -968,7 +961,6 @@ __global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<1, (kPrefetch &
   // pdl_wait later: both tile functions load the first step's weights, then call pdl_wait(); they read
   // the activations with ld_act (coherent loads), which ptxas keeps after the wait: with __ldg it put the
   // q6_K tile's first activation loads above it (SASS, stop 45), and under PDL the logits moved run to run
-  if (args.weights_late) pdl_wait();  // weights a kernel of the step may write: wait first
   int64_t t;
   const TileAt at = warp_tile<kRows>(args, t);
   if ((args.q6_parts >> at.part) & 1u) {
@@ -1017,7 +1009,6 @@ template <class Q, int kCols, bool kGlu, int kRows>
 __global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<kCols>())
     mat_vec_direct_unit_kernel(const __grid_constant__ FastArgs args, ActFastLayout<Q> act, int64_t k, int ncols) {
   // pdl_wait later: the first step's weight loads (no earlier kernel's output) go out before it
-  if (args.weights_late) pdl_wait();  // weights a kernel of the step may write: wait first
   constexpr int kLoad = kGlu ? 2 * kRows : kRows;
   const int lane = threadIdx.x % kWarpSize;
   const int64_t n_units = k / kFastUnit, scales_per_row = k / Q::kActScaleBlock;
@@ -1115,7 +1106,6 @@ FastArgs args_of(const FastLaunch& l, int rows) {
     if (t >= l.count) continue;
     const Tensor* w = l.mms[t]->src[0];
     const Tensor* x = l.mms[t]->src[1];
-    args.weights_late = args.weights_late || !read_before_wait(w->root());
     p.dst = desc_of(l.mms[t]);
     p.w = desc_of(w);
     p.r2 = x->ne[2] / w->ne[2];
@@ -1147,7 +1137,8 @@ CudaError launch_float_cols(const LaunchContext& ctx, const FastLaunch& l, int64
   // the first weights before the wait only where no kernel of the step writes them (read_before_wait:
   // a model's weights; a product of a graph's own output, possible through the C API, waits first)
   static const bool early_on = env_switch("LOOM_MV_FLOAT_EARLY");  // 0: the wait first, for comparisons
-  const bool early = early_on && !args.weights_late;
+  bool early = early_on;
+  for (int t = 0; t < l.count; ++t) early = early && read_before_wait(l.mms[t]->src[0]->root());
   mat_vec_fast_float_kernel<F, kCols, kGlu><<<grid, kThreads, 0, ctx.stream>>>(
       args, bd, static_cast<int>(ncols < 0 ? b->ne[1] : ncols), early);
   LOOM_CUDA_CHECK_LAUNCH("mat_vec_fast_float_kernel");
