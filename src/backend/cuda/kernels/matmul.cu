@@ -568,7 +568,12 @@ namespace {
 // Batch-invariant fast numerics (batch_invariant()): never, float weights taking the float mat-vec at every
 // column count (mat_vec_fast.cu: its 8-column form, column groups of 8), whose sums of a column do not depend on
 // the others; cuBLAS's order may change with the columns (1B F16: 16 sequences together against alone, 81%).
+// Exact numerics: never (CUDA = CPU bit for bit, and a sequence's sums independent of the batch): float
+// weights take the exact mat-vec at every column count, 8 columns a block, as quantized ones do; cuBLAS's
+// float sums differed from the CPU's and changed with the columns (1B F16: 16 sequences together against
+// alone 94%, stop 46). The price is exact prompts of float-weight files at the mat-vec's speed.
 bool use_cublas(const Tensor* dst, bool fast) {
+  if (!fast) return false;
   const Tensor* a = dst->src[0];
   if (!is_float_type(a->type) || (dst->ne[1] <= kMatVecMaxCols && !float_gemm_few_cols(dst, fast))) return false;
   if (fast && batch_invariant()) return false;  // (float_gemm_few_cols is false there too)
