@@ -317,7 +317,8 @@ for step in "$@"; do
           base=""
           [[ $nq == 0 ]] && base=$(tr "," " " <<<"${LOOM_NQ_BASE:-LOOM_CUDA_NORM_QUANT=0}")
           # both with flash-decoding's splits: without a hand-off (an f32 attention output) few keys take one
-          env $base LOOM_FLASH_DECODE_SINGLE=0 LOOM_EXEC_DUMP="$work/nq$nq" timeout 120 "$bin/loom" run -m "$f" --numerics fast \
+          # (LOOM_NQ_SINGLE: that limit for both instead, e.g. 32768, against one split writing the activations)
+          env $base LOOM_FLASH_DECODE_SINGLE=${LOOM_NQ_SINGLE:-0} LOOM_EXEC_DUMP="$work/nq$nq" timeout 120 "$bin/loom" run -m "$f" --numerics fast \
             -p "Once upon a time" -n 48 --temp 0 --dump-logits "$work/nq$nq.bin" >"$work/nq$nq.txt" 2>"$work/nq$nq.err" ||
             tail -2 "$work/nq$nq.err"
         done
