@@ -277,10 +277,11 @@ void mark_act_handoffs(exec::Plan& p, const Graph& g, FusedTarget target, bool t
 // may then be cuBLAS's: those get a full dependency (without it cuBLAS read the norm's output before
 // the norm had written it: logits that differed run to run, loom-exec-equivalence).
 // Nor a dispatch whose products' weights some kernel of the step may write (not read_before_wait: a
-// graph's own output as weights, possible through the C API): the product kernels load their first
-// weights before their wait, which a full dependency makes safe (every kernel passes its wait before it
-// ends, so the dispatches before have all ended), with no flag in the kernels (one cost ~1.5% of 8B
-// Q4_K_M decode, H200).
+// graph's own output as weights, possible through the C API, or a cache the step's stores write): the
+// product kernels load their first weights before their wait, which a full dependency makes safe (every
+// kernel passes its wait before it ends, so the dispatches before have all ended), with no flag in the
+// kernels (one cost ~1.5% of 8B Q4_K_M decode, H200). Broader than the kernels that load early (the exact
+// ones wait first), which costs only graphs with such products: LLM graphs have none (flash attention).
 bool weights_read_early_ok(const exec::Dispatch& d) {
   for (const Tensor* n : d.nodes)
     if (n && (n->op == OpKind::mul_mat || n->op == OpKind::mul_mat_id) && n->src[0] &&

@@ -662,7 +662,8 @@ __global__ void split_stacked_rows_kernel(const float* c, int64_t m_total, float
 }
 
 // act(gate) * up of the stacked gate and up products (m rows each, gate's first in each column of c),
-// in float (gated_fast_f, as the fast mode's elementwise swiglu / geglu), to out (ld floats a column) or,
+// as the fast mode's elementwise swiglu / geglu evaluates it (float4 rows: gated_fast_f, in float; else
+// gated_f), to out (ld floats a column) or,
 // with out16, as contiguous f16 rows (kActF16: the down product's packed activations, over out's own
 // bytes; c lies in the scratch, so no block reads what another writes). A column a grid row, 4 rows a
 // thread (m a multiple of 4, c, out and ld 16-byte aligned: gated_stacked_vec4), else one: the grid-stride
@@ -685,8 +686,8 @@ __global__ void gated_stacked_kernel(const float* c, int64_t m, float* out, int6
       } else {
         *reinterpret_cast<float4*>(out + col * ld + r) = o;
       }
-    } else {
-      out[col * ld + r] = gated_fast_f(gate[r], up[r], swiglu);
+    } else {  // as the elementwise kernel's one-element form (gated_kernel): the double evaluation
+      out[col * ld + r] = gated_f(gate[r], up[r], swiglu);
     }
   }
 }
@@ -768,27 +769,30 @@ CudaError launch_stacked_cublas(const LaunchContext& ctx, const Tensor* const* m
                               "stacked products: activations asked of their output, but only a contiguous gated "
                               "activation can be written as f16 rows",
                               __FILE__, __LINE__);
+  auto* c = reinterpret_cast<float*>(static_cast<char*>(ctx.scratch) + stacked_act_bytes(x));
+  // the gated activation's 4-row form (its f16 rows need it: checked before anything is queued)
+  auto* glu_out = glu ? static_cast<float*>(glu->data) : nullptr;
+  const auto glu_ld = glu ? static_cast<int64_t>(glu->nb[1] / sizeof(float)) : int64_t{0};
+  const bool glu_vec4 = glu && m[0] % 4 == 0 && glu_ld % 4 == 0 && aligned16(glu_out) && aligned16(c);
+  if (f16_out && !glu_vec4)  // stacked_glu_f16_out_fits holds for glu; c is the scratch's, aligned
+    return CudaError::runtime(cudaErrorInvalidValue, "stacked gate/up: f16 rows asked of an unaligned output",
+                              __FILE__, __LINE__);
   if (!ctx.act_in) LOOM_CUDA_TRY(pack_b_as(ctx, w0->type, ctx.scratch, x));
   const void* x16 = ctx.act_in ? x->data : ctx.scratch;
-  auto* c = reinterpret_cast<float*>(static_cast<char*>(ctx.scratch) + stacked_act_bytes(x));
   const float alpha = 1.0f, beta = 0.0f;
   LOOM_CUBLAS_CHECK(cublasGemmEx(ctx.cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(m_total), static_cast<int>(n),
                                  static_cast<int>(k), &alpha, w0->data, type, static_cast<int>(k), x16, type,
                                  static_cast<int>(k), &beta, c, CUDA_R_32F, static_cast<int>(m_total),
                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   if (glu) {  // gate and up (count 2, m rows each): their gated activation
-    auto* out = static_cast<float*>(glu->data);
-    const auto ld = static_cast<int64_t>(glu->nb[1] / sizeof(float));
-    const bool vec4 = m[0] % 4 == 0 && ld % 4 == 0 && aligned16(out) && aligned16(c);
-    if (f16_out && !vec4)  // stacked_glu_f16_out_fits holds for glu; c is the scratch's, aligned
-      return CudaError::runtime(cudaErrorInvalidValue, "stacked gate/up: f16 rows asked of an unaligned output",
-                                __FILE__, __LINE__);
     uint2* out16 = f16_out ? static_cast<uint2*>(glu->data) : nullptr;
     const bool swiglu = glu->op == OpKind::swiglu;
-    if (vec4)
-      gated_stacked_kernel<true><<<column_grid(m[0], n, kThreads, 4), kThreads, 0, ctx.stream>>>(c, m[0], out, ld, swiglu, out16);
+    if (glu_vec4)
+      gated_stacked_kernel<true><<<column_grid(m[0], n, kThreads, 4), kThreads, 0, ctx.stream>>>(
+          c, m[0], glu_out, glu_ld, swiglu, out16);
     else
-      gated_stacked_kernel<false><<<column_grid(m[0], n, kThreads, 1), kThreads, 0, ctx.stream>>>(c, m[0], out, ld, swiglu, nullptr);
+      gated_stacked_kernel<false><<<column_grid(m[0], n, kThreads, 1), kThreads, 0, ctx.stream>>>(
+          c, m[0], glu_out, glu_ld, swiglu, nullptr);
     LOOM_CUDA_CHECK_LAUNCH("gated_stacked_kernel");
     return {};
   }
