@@ -342,8 +342,8 @@ for step in "$@"; do
       done ;;
     batchedncu)
       # every kernel of one batched decode step (-npl LOOM_NPL, default 64, after 16-token prompts) under ncu,
-      # grouped by kernel and grid (tools/ncu_step.py: the kernels between the last two launches of the
-      # run's last kernel), against the step's time from the same bench without ncu
+      # grouped by kernel and grid (tools/ncu_step.py: from the second-to-last embedding get_rows to the last),
+      # against the step's time from the same bench without ncu
       for m in $models; do
         f=$(model "$m") || continue
         npl=${LOOM_NPL:-64}
@@ -353,7 +353,8 @@ for step in "$@"; do
           --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
           "$bin/loom" bench -m "$f" -npp 16 -ntg 3 -npl "$npl" >"$out/ncu-batched-$(tag "$m").csv" 2>/dev/null
         echo "-- $m, $npl sequences (a step $us us)"
-        python3 tools/ncu_step.py "$out/ncu-batched-$(tag "$m").csv" "${LOOM_PEAK_GBS:-4350}" "$us" | head -${LOOM_TRACE_LINES:-40}
+        python3 tools/ncu_step.py "$out/ncu-batched-$(tag "$m").csv" "${LOOM_PEAK_GBS:-4350}" "$us" --first get_rows_kernel |
+          head -${LOOM_TRACE_LINES:-40}
       done ;;
     kperf)
       # ncu kernel times (caches not flushed: what a replayed graph sees) of the op-test perf cases in
