@@ -138,6 +138,15 @@ bool norm_act_bytes_own(const exec::Dispatch& d, const Tensor* y) {
   return y->nrows() <= 1 || !exec::output_shares_bytes(d, y);
 }
 
+// Whether decode attention t (of dispatch d) can write its output as activations of `block`: f16 rows
+// (kActF16) only where f16 hand-offs of attention are on and never over its operands (its blocks store
+// while others still load Q).
+bool decode_attention_writes_act(const exec::Dispatch& d, const Tensor* t, const FlashAttnRows* rows, int block,
+                                 int f16) {
+  return flash_attn_decode_writes_act(t, rows, block) &&
+         (block != kActF16 || ((f16 & 8) && !exec::output_shares_bytes(d, t)));
+}
+
 // Whether dispatch d can write its output as activations of `block`.
 bool writes_act(const exec::Dispatch& d, int block, int f16, FusedTarget target) {
   switch (d.kind) {
@@ -153,10 +162,7 @@ bool writes_act(const exec::Dispatch& d, int block, int f16, FusedTarget target)
       if (t->op == OpKind::swiglu || t->op == OpKind::geglu)
         return block == kActF16 && gated_f16_out_supported(t) && !exec::output_shares_bytes(d, t);
       if (t->op != OpKind::flash_attn) return false;
-      // decode attention's f16 rows (kActF16): blocks store while others still load Q, so never over its operands
-      if (t->src[0]->ne[1] < kFlashAttnMmaMinQueries)
-        return flash_attn_decode_writes_act(t, nullptr, block) &&
-               (block != kActF16 || ((f16 & 8) && !exec::output_shares_bytes(d, t)));
+      if (t->src[0]->ne[1] < kFlashAttnMmaMinQueries) return decode_attention_writes_act(d, t, nullptr, block, f16);
       // a prompt's attention (the tensor-core kernel: mark_act_handoffs runs in the fast mode only) as
       // f16 over its own bytes, never over its operands (blocks store while others still load)
       return (f16 & 8) && block == kActF16 && flash_attn_mma_supported(t) && flash_attn_f16_out_fits(t) &&
@@ -164,12 +170,10 @@ bool writes_act(const exec::Dispatch& d, int block, int f16, FusedTarget target)
     }
     case FusedKind::gather_flash_attn: {
       const FlashAttnRows rows{d.nodes[0]->src[0], d.nodes[0]->src[1], d.nodes[1]->src[0], d.nodes[1]->src[1]};
-      return flash_attn_decode_writes_act(d.nodes[2], &rows, block) &&
-             (block != kActF16 || ((f16 & 8) && !exec::output_shares_bytes(d, d.nodes[2])));
+      return decode_attention_writes_act(d, d.nodes[2], &rows, block, f16);
     }
     case FusedKind::rope_flash_attn:  // the split merge is the plain decode's
-      return flash_attn_decode_writes_act(d.nodes[4], nullptr, block) &&
-             (block != kActF16 || ((f16 & 8) && !exec::output_shares_bytes(d, d.nodes[4])));
+      return decode_attention_writes_act(d, d.nodes[4], nullptr, block, f16);
     case FusedKind::glu_mat_vec:  // the stacked cuBLAS form's gated activation (f16 on)
       return (f16 & 4) && block == kActF16 && glu_writes_f16(d.nodes.data(), target);
     default:

@@ -549,7 +549,6 @@ __global__ void flash_decode_merge_kernel(const __grid_constant__ DecodeArgs a) 
   store_out(a, h, iq, i3, e, merged_element(a, rows, row, d, e, sh_w, n, sh_total));
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // Splits of the keys: enough blocks to fill the GPU (target_blocks(): about one wave of the kernel,
 // 3 blocks an SM for contiguous K/V, 4 for gathered; a block's time grows with its keys, so past one

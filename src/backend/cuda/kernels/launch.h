@@ -29,11 +29,12 @@ constexpr int kActGemmQTiles = -1;
 /// output so, and they skip their packing kernel.
 constexpr int kActF16 = -2;
 
+/// Whether p is 16-byte aligned (16-byte vector accesses, bulk copies).
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 /// Whether a producer's output y can hold its kActF16 rows over its own bytes: y contiguous (f32 or f16:
 /// the halves fit) and 16-byte aligned, as the producers store them.
-inline bool f16_rows_fit(const Tensor* y) {
-  return y->is_contiguous() && reinterpret_cast<uintptr_t>(y->data) % 16 == 0;
-}
+inline bool f16_rows_fit(const Tensor* y) { return y->is_contiguous() && aligned16(y->data); }
 
 /// The stream and resources a node's kernels run with.
 struct LaunchContext {

@@ -568,10 +568,10 @@ namespace {
 // Batch-invariant fast numerics (batch_invariant()): never, float weights taking the float mat-vec at every
 // column count (mat_vec_fast.cu: its 8-column form, column groups of 8), whose sums of a column do not depend on
 // the others; cuBLAS's order may change with the columns (1B F16: 16 sequences together against alone, 81%).
-// Exact numerics: never (CUDA = CPU bit for bit, and a sequence's sums independent of the batch): float
-// weights take the exact mat-vec at every column count, 8 columns a block, as quantized ones do; cuBLAS's
-// float sums differed from the CPU's and changed with the columns (1B F16: 16 sequences together against
-// alone 94%, stop 46). The price is exact prompts of float-weight files at the mat-vec's speed.
+// Exact numerics: never (a sequence's sums independent of the batch): float weights take the exact mat-vec
+// at every column count, 8 columns a block, as quantized ones do; cuBLAS's float sums changed with the
+// columns (1B F16: 16 sequences together against alone 94%, stop 46). The price is exact prompts of
+// float-weight files at the mat-vec's speed.
 bool use_cublas(const Tensor* dst, bool fast) {
   if (!fast) return false;
   const Tensor* a = dst->src[0];
@@ -663,11 +663,11 @@ __global__ void split_stacked_rows_kernel(const float* c, int64_t m_total, float
 
 // act(gate) * up of the stacked gate and up products (m rows each, gate's first in each column of c),
 // as the fast mode's elementwise swiglu / geglu evaluates it (float4 rows: gated_fast_f, in float; else
-// gated_f), to out (ld floats a column) or,
-// with out16, as contiguous f16 rows (kActF16: the down product's packed activations, over out's own
-// bytes; c lies in the scratch, so no block reads what another writes). A column a grid row, 4 rows a
-// thread (m a multiple of 4, c, out and ld 16-byte aligned: gated_stacked_vec4), else one: the grid-stride
-// loop over 64-bit element indices it replaces took 9.4 us for an 8B layer at 64 columns (H200).
+// gated_f), to out (ld floats a column) or, with out16, as contiguous f16 rows (kActF16: the down
+// product's packed activations, over out's own bytes; c lies in the scratch, so no block reads what
+// another writes). A column a grid row, 4 rows a thread (kVec4: m and ld multiples of 4, c and out
+// 16-byte aligned), else one: the grid-stride loop over 64-bit element indices it replaces took 9.4 us
+// for an 8B layer at 64 columns (H200).
 template <bool kVec4>
 __global__ void gated_stacked_kernel(const float* c, int64_t m, float* out, int64_t ld, bool swiglu, uint2* out16) {
   pdl_wait();
@@ -698,7 +698,6 @@ dim3 column_grid(int64_t rows, int64_t cols, int threads, int per_thread) {
   return dim3(static_cast<unsigned>(std::max<int64_t>(blocks, 1)), static_cast<unsigned>(cols));
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 
