@@ -64,6 +64,10 @@ bool flash_attn_decode_supported(const Tensor* dst, const FlashAttnRows* rows = 
 /// are split (the merge writes them) and a merge block holds whole activation blocks of whole heads;
 /// or (kActF16) as contiguous f16 rows for a product through cuBLAS (a batched step's): dst contiguous.
 bool flash_attn_decode_writes_act(const Tensor* dst, const FlashAttnRows* rows, int act_block);
+/// Whether launch_flash_attn_decode of dst (contiguous K/V) splits its keys whatever its output's form
+/// (f32, f16 rows or activations): the merge kernel then writes the output, after every block of the
+/// splits has read its operands. A function of the shape.
+bool flash_attn_decode_merged(const Tensor* dst);
 /// Device scratch launch_flash_attn_decode needs for its splits' partial results (0: one split).
 size_t flash_attn_decode_scratch_bytes(const Tensor* dst);
 /// One token's rope and KV-cache stores done by the decode kernel (the rope_flash_attn fusion):

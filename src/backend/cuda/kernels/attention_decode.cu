@@ -802,6 +802,12 @@ size_t flash_attn_decode_scratch_bytes(const Tensor* dst) {
   return static_cast<size_t>(splits) * static_cast<size_t>(rows) * static_cast<size_t>(q->ne[0] + 2) * sizeof(float);
 }
 
+bool flash_attn_decode_merged(const Tensor* dst) {
+  const Tensor* q = dst->src[0];
+  const Tensor* k = dst->src[1];
+  return splits_for(q, k, false, true) > 1 && splits_for(q, k, false, false) > 1;
+}
+
 CudaError launch_flash_attn_decode(const LaunchContext& ctx, const Tensor* dst, float scale, float softcap,
                                    const FlashAttnRows* rows, const FlashAttnRope* rope) {
   const Tensor* q = dst->src[0];
@@ -854,6 +860,16 @@ CudaError launch_flash_attn_decode(const LaunchContext& ctx, const Tensor* dst, 
   a.keys_per_split = (k->ne[1] + a.n_splits - 1) / a.n_splits;
   if (batch_invariant())
     a.keys_per_split = std::max(kInvariantKeys, (a.keys_per_split + kInvariantKeys - 1) / kInvariantKeys * kInvariantKeys);
+  if (rope && a.n_splits == 1) {  // one split writes the output while other blocks read the products' rows
+    const auto o = reinterpret_cast<uintptr_t>(dst->data);
+    for (const Tensor* in : {rope->rope_q->src[0], rope->rope_k->src[0], rope->set_rows_v->src[0]}) {
+      const auto i = reinterpret_cast<uintptr_t>(in->data);
+      if (o < i + in->nbytes() && i < o + dst->nbytes())
+        return CudaError::runtime(cudaErrorInvalidValue,
+                                  "flash_attn decode: one split's output lies on the Q/K/V it rotates", __FILE__,
+                                  __LINE__);
+    }
+  }
   if (a.n_splits > 1) {
     if (!ctx.scratch || ctx.scratch_size < flash_attn_decode_scratch_bytes(dst))
       return CudaError::runtime(cudaErrorInvalidValue, "flash_attn decode: scratch smaller than its splits need",

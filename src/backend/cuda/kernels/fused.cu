@@ -929,9 +929,13 @@ bool rope_flash_attn_ok(const Tensor* const* n, bool fast) {
   if (!on || !fast || !n[0] || !n[1] || !n[2] || !n[3] || !fa || fa->op != OpKind::flash_attn) return false;
   if (fa->src[0]->ne[1] >= kFlashAttnMmaMinQueries || !rope_set_rows_ok(n[0], n[1], n[2], n[3])) return false;
   // The output may lie on bytes the products wrote (Q, K and V die at the ropes and stores, which now
-  // run in this kernel): with one split a block writes its heads' rows while another still reads.
-  for (const Tensor* in : {n[2]->src[0], n[0]->src[0], n[3]->src[0], n[0]->src[1], n[0]->src[2], n[1]->src[1],
-                           n[3]->src[1], fa->src[3], fa->src[4]})
+  // run in this kernel): with one split a block writes its heads' rows while another still reads. With
+  // splits at every output form the merge kernel writes it, after the last split's block has read them
+  // (the planner put the output on Q's bytes in -tp 2 ranks' graphs: no fold there before).
+  const bool merged = flash_attn_decode_merged(fa);
+  for (const Tensor* in : {n[2]->src[0], n[0]->src[0], n[3]->src[0]})
+    if (!merged && !disjoint(fa, in)) return false;
+  for (const Tensor* in : {n[0]->src[1], n[0]->src[2], n[1]->src[1], n[3]->src[1], fa->src[3], fa->src[4]})
     if (!disjoint(fa, in)) return false;
   // support depends on the rotation pairs' layout only (the launch gets the whole make_rope_args)
   const auto& p = n[0]->get_params<RopeParams>();
