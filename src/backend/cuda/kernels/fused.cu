@@ -931,7 +931,8 @@ bool rope_flash_attn_ok(const Tensor* const* n, bool fast) {
   // The output may lie on bytes the products wrote (Q, K and V die at the ropes and stores, which now
   // run in this kernel): with one split a block writes its heads' rows while another still reads. With
   // splits at every output form the merge kernel writes it, after the last split's block has read them
-  // (the planner put the output on Q's bytes in -tp 2 ranks' graphs: no fold there before).
+  // (`loom run -tp 2` on 8B F16: the planner had put the output on those bytes, so every layer ran
+  // rope_set_rows and flash_attn apart, 257 kernels a token against 230 with the fold; 2x H200).
   const bool merged = flash_attn_decode_merged(fa);
   for (const Tensor* in : {n[2]->src[0], n[0]->src[0], n[3]->src[0]})
     if (!merged && !disjoint(fa, in)) return false;
