@@ -45,6 +45,9 @@
 #            LOOM_MV_MODES (space-separated modes, each ','-separated VAR=VALUE settings or "-" for none)
 #   normquant  greedy logits with the norms' quantized-activation hand-off against LOOM_CUDA_NORM_QUANT=0
 #            (or LOOM_NQ_BASE's ','-separated VAR=VALUE settings)
+#   plans    the fusions and kernels a token of `loom run --stats` (8 generated tokens) on LOOM_MODELS at each
+#            rank count of LOOM_PLAN_TP (default 1; e.g. "1 2"): a fold a memory placement disables shows as
+#            a lower count (stop 48: `loom run -tp 2` had lost rope_flash_attn, `loom bench` had not)
 #   decodencu  every kernel of one decode step under ncu, grouped, against the step's measured time
 #   batchedncu  every kernel of one batched decode step (LOOM_NPL sequences, 64) under ncu, grouped
 #   kperf    ncu kernel times of op-test perf cases (LOOM_K_CASES: ';'-separated OP|FILTER) under each
@@ -307,6 +310,15 @@ for step in "$@"; do
           >/dev/null 2>"$out/decode-$(tag "$m").err" || tail -2 "$out/decode-$(tag "$m").err"
         grep -iE "kernels|per token|host" "$out/decode-$(tag "$m").err" | head -6
         python3 tools/trace_summary.py "$out/decode-$(tag "$m").json" --by-shape 2>&1 | head -${LOOM_TRACE_LINES:-24}
+      done ;;
+    plans)
+      [[ ${LOOM_PLAN_TP:-1} == *2* || ${LOOM_PLAN_TP:-1} == *4* ]] && find_nccl
+      for m in $models; do
+        f=$(model "$m") || continue
+        for n in ${LOOM_PLAN_TP:-1}; do
+          timeout 120 "$bin/loom" run -m "$f" -p "The quick brown fox jumps over the lazy dog" -n 8 --temp 0 --stats \
+            -tp $n 2>&1 >/dev/null | grep -E "fusions|kernels/token" | sed "s/^/$m -tp $n: /"
+        done
       done ;;
     normquant)
       # the norms' quantized-activation hand-off against LOOM_CUDA_NORM_QUANT=0 (f32 norm outputs and a
