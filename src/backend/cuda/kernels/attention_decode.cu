@@ -549,7 +549,6 @@ __global__ void flash_decode_merge_kernel(const __grid_constant__ DecodeArgs a) 
   store_out(a, h, iq, i3, e, merged_element(a, rows, row, d, e, sh_w, n, sh_total));
 }
 
-
 // Splits of the keys: enough blocks to fill the GPU (target_blocks(): about one wave of the kernel,
 // 3 blocks an SM for contiguous K/V, 4 for gathered; a block's time grows with its keys, so past one
 // full wave more splits only add the merge), at least kMinKeysPerSplit keys each, at most split_cap()
@@ -860,16 +859,12 @@ CudaError launch_flash_attn_decode(const LaunchContext& ctx, const Tensor* dst, 
   a.keys_per_split = (k->ne[1] + a.n_splits - 1) / a.n_splits;
   if (batch_invariant())
     a.keys_per_split = std::max(kInvariantKeys, (a.keys_per_split + kInvariantKeys - 1) / kInvariantKeys * kInvariantKeys);
-  if (rope && a.n_splits == 1) {  // one split writes the output while other blocks read the products' rows
-    const auto o = reinterpret_cast<uintptr_t>(dst->data);
-    for (const Tensor* in : {rope->rope_q->src[0], rope->rope_k->src[0], rope->set_rows_v->src[0]}) {
-      const auto i = reinterpret_cast<uintptr_t>(in->data);
-      if (o < i + in->nbytes() && i < o + dst->nbytes())
+  if (rope && a.n_splits == 1)  // one split writes the output while other blocks read the products' rows
+    for (const Tensor* in : {rope->rope_q->src[0], rope->rope_k->src[0], rope->set_rows_v->src[0]})
+      if (exec::tensor_range(*dst).overlaps(exec::tensor_range(*in)))
         return CudaError::runtime(cudaErrorInvalidValue,
                                   "flash_attn decode: one split's output lies on the Q/K/V it rotates", __FILE__,
                                   __LINE__);
-    }
-  }
   if (a.n_splits > 1) {
     if (!ctx.scratch || ctx.scratch_size < flash_attn_decode_scratch_bytes(dst))
       return CudaError::runtime(cudaErrorInvalidValue, "flash_attn decode: scratch smaller than its splits need",

@@ -1036,7 +1036,6 @@ __global__ void __launch_bounds__(kThreads, direct_blocks_per_sm<kCols>())
 
 // ---- launchers -------------------------------------------------------------------------------------
 
-
 /// LOOM_MV_TILE_ROWS: the direct kernels' tile height (4 or 2 rows; gated products half of it) instead
 /// of the one chosen by the grid's size; 0 when unset.
 int forced_tile_rows() {

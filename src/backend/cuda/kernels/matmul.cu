@@ -576,7 +576,7 @@ bool use_cublas(const Tensor* dst, bool fast) {
   if (!fast) return false;
   const Tensor* a = dst->src[0];
   if (!is_float_type(a->type) || (dst->ne[1] <= kMatVecMaxCols && !float_gemm_few_cols(dst, fast))) return false;
-  if (fast && batch_invariant()) return false;  // (float_gemm_few_cols is false there too)
+  if (batch_invariant()) return false;  // (float_gemm_few_cols is false there too)
   const size_t ts = dtype_type_size(a->type);
   const bool whole_elements = a->nb[1] % ts == 0 && a->nb[2] % ts == 0 && a->nb[3] % ts == 0;
   const bool fits_int = a->nb[1] / ts <= INT32_MAX && a->ne[1] <= INT32_MAX && dst->ne[1] <= INT32_MAX &&
@@ -697,7 +697,6 @@ dim3 column_grid(int64_t rows, int64_t cols, int threads, int per_thread) {
   const int64_t blocks = (rows + static_cast<int64_t>(threads) * per_thread - 1) / (static_cast<int64_t>(threads) * per_thread);
   return dim3(static_cast<unsigned>(std::max<int64_t>(blocks, 1)), static_cast<unsigned>(cols));
 }
-
 
 }  // namespace
 
