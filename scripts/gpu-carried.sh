@@ -48,6 +48,12 @@
 #   plans    the fusions and kernels a token of `loom run --stats` (8 generated tokens) on LOOM_MODELS at each
 #            rank count of LOOM_PLAN_TP (default 1; e.g. "1 2"): a fold a memory placement disables shows as
 #            a lower count (stop 48: `loom run -tp 2` had lost rope_flash_attn, `loom bench` had not)
+#   fusedrift  loom-exec-equivalence fast on LOOM_MODELS under each of LOOM_DRIFT_MODES (as LOOM_DECODE_MODES):
+#            each executor configuration's logits drift against serialized, per setting
+#   attnncu  ncu sections of the decode attention kernels (flash_decode*) of a step after a prompt of about
+#            LOOM_TRACE_WORDS (4000) words on LOOM_MODELS (LOOM_NCU_SKIP launches skipped, 64; LOOM_NCU_COUNT
+#            profiled, 2; LOOM_NCU_REGEX the kernels; LOOM_NCU_MODES as LOOM_DECODE_MODES, @base included)
+#   samebits  greedy logits (a short prompt and ~LOOM_SAMEBITS_WORDS-token ones) of this build against @base's, bit for bit
 #   decodencu  every kernel of one decode step under ncu, grouped, against the step's measured time
 #   batchedncu  every kernel of one batched decode step (LOOM_NPL sequences, 64) under ncu, grouped
 #   kperf    ncu kernel times of op-test perf cases (LOOM_K_CASES: ';'-separated OP|FILTER) under each
@@ -310,6 +316,47 @@ for step in "$@"; do
           >/dev/null 2>"$out/decode-$(tag "$m").err" || tail -2 "$out/decode-$(tag "$m").err"
         grep -iE "kernels|per token|host" "$out/decode-$(tag "$m").err" | head -6
         python3 tools/trace_summary.py "$out/decode-$(tag "$m").json" --by-shape 2>&1 | head -${LOOM_TRACE_LINES:-24}
+      done ;;
+    fusedrift)  # the fast executor's fused-against-serialized logits drift per setting (LOOM_DRIFT_MODES, as
+      # LOOM_DECODE_MODES) on LOOM_MODELS: which fold moves the logits of a random-weight model
+      for m in $models; do
+        f=$(model "$m") || continue
+        for mode in ${LOOM_DRIFT_MODES:--}; do
+          env LOOM_NUMERICS=fast $(modeenv "$mode") timeout 300 "$(binof "$mode")/loom-exec-equivalence" --steps 16 --runs 1 "$f" 2>&1 |
+            grep -E "(graph|concurrency|fusion|reorder|all): (worst|teacher)" | sed "s/^/$mode: /"
+        done
+      done ;;
+    attnncu)  # ncu sections of one decode step's attention kernels after a prompt of about LOOM_TRACE_WORDS (4000) tokens
+      for m in $models; do
+        f=$(model "$m") || continue
+        python3 -c "import sys; print(' '.join(['the cat sat on a mat'] * (int(sys.argv[1]) // 6)))" "${LOOM_TRACE_WORDS:-4000}" >"$work/words.txt"
+        for mode in ${LOOM_NCU_MODES:--}; do
+          echo "-- $m, $mode"
+          env $(modeenv "$mode") timeout 400 /usr/local/cuda/bin/ncu --kernel-name regex:${LOOM_NCU_REGEX:-flash_decode} \
+            --launch-skip ${LOOM_NCU_SKIP:-64} --launch-count ${LOOM_NCU_COUNT:-2} \
+            --cache-control none --clock-control none --section SpeedOfLight --section WarpStateStats --section LaunchStats \
+            --section Occupancy --section MemoryWorkloadAnalysis "$(binof "$mode")/loom" run -m "$f" -f "$work/words.txt" -c 16384 -n 3 --temp 0 \
+            2>/dev/null | grep -vE "^ *(-|$)" | grep -E "${LOOM_NCU_GREP:-flash_decode|Duration|Throughput|Busy|Stall|Warp Cycles|Registers|Shared Memory Config|Block Limit|Achieved|Theoretical Occ|Elapsed|Issued|Eligible|One or More|No Eligible}" | head -${LOOM_TRACE_LINES:-80}
+        done
+      done ;;
+    samebits)  # greedy logits of this build against @base's (build-carry/base.tar.xz), bit for bit, on LOOM_MODELS:
+      # a short prompt and prompts of about each of LOOM_SAMEBITS_WORDS tokens (default 1500), 32 tokens generated
+      for m in $models; do
+        f=$(model "$m") || continue
+        for words in 0 ${LOOM_SAMEBITS_WORDS:-1500}; do
+          prompt=(-p "Once upon a time")
+          if ((words > 0)); then
+            python3 -c "import sys; print(' '.join(['the cat sat on a mat'] * (int(sys.argv[1]) // 6)))" "$words" >"$work/sb-words.txt"
+            prompt=(-f "$work/sb-words.txt" -c 16384)
+          fi
+          for b in "$bin" "$bin_base"; do
+            timeout 120 "$b/loom" run -m "$f" "${prompt[@]}" -n 32 --temp 0 --dump-logits "$work/sb-$(basename "$b").bin" \
+              >"$work/sb-$(basename "$b").txt" 2>"$work/sb.err" || tail -2 "$work/sb.err"
+          done
+          r="DIFFER"
+          cmp -s "$work/sb-bin.bin" "$work/sb-bin-base.bin" && cmp -s "$work/sb-bin.txt" "$work/sb-bin-base.txt" && r="bit-identical"
+          echo "samebits $m (prompt ~$words words, $(grep -oE "prompt [0-9]+ tokens" "$work/sb.err")): logits and text against @base $r ($(stat -c %s "$work/sb-bin.bin") bytes)"
+        done
       done ;;
     plans)
       [[ ${LOOM_PLAN_TP:-1} == *2* || ${LOOM_PLAN_TP:-1} == *4* ]] && find_nccl

@@ -177,6 +177,24 @@ __device__ __forceinline__ float merged_element(const DecodeArgs& a, int64_t row
   return total > 0.0f ? out / total : 0.0f;
 }
 
+/// Element e of row `row` of each of the n splits' partial results, every load in flight at once and
+/// issued before the merge weights are known (split_weights), so their round trip overlaps the
+/// weights' instead of following it in batches of 16.
+__device__ __forceinline__ void split_values(const DecodeArgs& a, int64_t rows, int64_t row, int64_t d, int64_t e, int n,
+                                             float (&v)[kMaxSplits]) {
+#pragma unroll
+  for (int s = 0; s < kMaxSplits; ++s) v[s] = s < n ? a.partial[(s * rows + row) * (d + 2) + 2 + e] : 0.0f;
+}
+
+/// merged_element from split_values' v: the same products and sums in the same order (the same bits).
+__device__ __forceinline__ float merged_values(const float (&v)[kMaxSplits], const float* w, int n, float total) {
+  float out = 0.0f;
+#pragma unroll
+  for (int s = 0; s < kMaxSplits; ++s)
+    if (s < n) out += v[s] * w[s];
+  return total > 0.0f ? out / total : 0.0f;
+}
+
 /// A lane's 8 elements (sub * 8 ..) of a row rotated by the rope whose pairs' (cos, sin) are cs: the
 /// rope kernels' arithmetic (rope_first / rope_second). Normal mode's pairs are a lane's own; neox
 /// pairs element e with e + n_dims / 2, held by lane sub ^ (n_dims / 16) of the same lane group (the
@@ -539,6 +557,8 @@ __global__ void flash_decode_merge_kernel(const __grid_constant__ DecodeArgs a) 
   const int64_t rr = row % a.n_rows, hk = (row / a.n_rows) % n_kv_heads, i3 = row / (a.n_rows * n_kv_heads);
   int64_t h, iq;
   row_at(a, hk, rr, h, iq);
+  float v[kMaxSplits];
+  split_values(a, rows, row, d, e, n, v);
   if (e < n) {
     const float* p = a.partial + (e * rows + row) * (d + 2);
     sh_w[e] = p[0];
@@ -546,7 +566,7 @@ __global__ void flash_decode_merge_kernel(const __grid_constant__ DecodeArgs a) 
   }
   __syncthreads();
   split_weights(sh_w, sh_l, n, a.sinks, h, e, &sh_total);
-  store_out(a, h, iq, i3, e, merged_element(a, rows, row, d, e, sh_w, n, sh_total));
+  store_out(a, h, iq, i3, e, merged_values(v, sh_w, n, sh_total));
 }
 
 // Splits of the keys: enough blocks to fill the GPU (target_blocks(): about one wave of the kernel,
