@@ -54,6 +54,7 @@
 #            LOOM_TRACE_WORDS (4000) words on LOOM_MODELS (LOOM_NCU_SKIP launches skipped, 64; LOOM_NCU_COUNT
 #            profiled, 2; LOOM_NCU_REGEX the kernels; LOOM_NCU_MODES as LOOM_DECODE_MODES, @base included)
 #   samebits  greedy logits (a short prompt and ~LOOM_SAMEBITS_WORDS-token ones) of this build against @base's, bit for bit
+#   decodediff  greedy decode logits (the 16 generated positions) under LOOM_DIFF_A against LOOM_DIFF_B settings
 #   decodencu  every kernel of one decode step under ncu, grouped, against the step's measured time
 #   batchedncu  every kernel of one batched decode step (LOOM_NPL sequences, 64) under ncu, grouped
 #   kperf    ncu kernel times of op-test perf cases (LOOM_K_CASES: ';'-separated OP|FILTER) under each
@@ -356,6 +357,28 @@ for step in "$@"; do
           r="DIFFER"
           cmp -s "$work/sb-bin.bin" "$work/sb-bin-base.bin" && cmp -s "$work/sb-bin.txt" "$work/sb-bin-base.txt" && r="bit-identical"
           echo "samebits $m (prompt ~$words words, $(grep -oE "prompt [0-9]+ tokens" "$work/sb.err")): logits and text against @base $r ($(stat -c %s "$work/sb-bin.bin") bytes)"
+        done
+      done ;;
+    decodediff)  # greedy decode logits under LOOM_DIFF_A against LOOM_DIFF_B (','-separated VAR=VALUE settings, "-"
+      # none; e.g. A "-", B "LOOM_FLASH_DECODE_MMA=0"): the 16 generated positions' NMSE and argmax agreement after
+      # a short prompt and prompts of about each of LOOM_SAMEBITS_WORDS words (default 1500)
+      for m in $models; do
+        f=$(model "$m") || continue
+        vocab=$("$bin/loom" info -m "$f" 2>/dev/null | awk '/vocab_size/ {print $NF; exit}')
+        for words in 0 ${LOOM_SAMEBITS_WORDS:-1500}; do
+          prompt=(-p "Once upon a time")
+          if ((words > 0)); then
+            python3 -c "import sys; print(' '.join(['the cat sat on a mat'] * (int(sys.argv[1]) // 6)))" "$words" >"$work/dd-words.txt"
+            prompt=(-f "$work/dd-words.txt" -c 16384)
+          fi
+          for side in A B; do
+            var=LOOM_DIFF_$side
+            env $(modeenv "${!var:--}") timeout 120 "$bin/loom" run -m "$f" "${prompt[@]}" -n 16 --temp 0 \
+              --dump-logits "$work/dd-$side.bin" >"$work/dd-$side.txt" 2>"$work/dd.err" || tail -2 "$work/dd.err"
+          done
+          python3 tools/compare_logits.py "$work/dd-A.bin" "$work/dd-B.bin" --threshold 1e-3 --vocab "${vocab:-0}" --last 16 \
+            --label "$m, ~$words words, ${LOOM_DIFF_A:--} against ${LOOM_DIFF_B:--}"
+          cmp -s "$work/dd-A.txt" "$work/dd-B.txt" && echo "decodediff: the same 16 greedy tokens" || echo "decodediff: greedy text differs"
         done
       done ;;
     plans)
