@@ -113,6 +113,15 @@ find_nccl() {  # NCCL for -tp: the toolkit's, else PyTorch's copy
     [[ -n $nccl ]] && export LD_LIBRARY_PATH="$(dirname "$nccl"):$LD_LIBRARY_PATH" && echo "NCCL: $nccl"
   fi
 }
+# words_prompt N SHORT: sets `prompt` to loom run's flags for a prompt of N words ("the cat sat on a mat"
+# repeated; ~1.7 tokens a word, -c 16384) or, with N empty or 0, to -p SHORT
+words_prompt() {
+  prompt=(-p "$2")
+  if [[ -n $1 && $1 != 0 ]]; then
+    python3 -c "import sys; print(' '.join(['the cat sat on a mat'] * (int(sys.argv[1]) // 6)))" "$1" >"$work/words-$1.txt"
+    prompt=(-f "$work/words-$1.txt" -c 16384)
+  fi
+}
 for step in "$@"; do
   stamp "$step"
   case $step in
@@ -307,12 +316,8 @@ for step in "$@"; do
     decodetrace)
       for m in $models; do
         f=$(model "$m") || continue
-        # LOOM_TRACE_WORDS=N: a prompt of about N tokens instead (the step then attends over them), -c 8192
-        prompt=(-p "The quick brown fox")
-        if [[ -n ${LOOM_TRACE_WORDS:-} ]]; then
-          python3 -c "import sys; print(' '.join(['the cat sat on a mat'] * (int(sys.argv[1]) // 6)))" "$LOOM_TRACE_WORDS" >"$work/words.txt"
-          prompt=(-f "$work/words.txt" -c 8192)
-        fi
+        # LOOM_TRACE_WORDS=N: a prompt of N words instead (the step then attends over them)
+        words_prompt "${LOOM_TRACE_WORDS:-}" "The quick brown fox"
         timeout 120 "$bin/loom" run -m "$f" "${prompt[@]}" -n 8 --stats --trace "$out/decode-$(tag "$m").json" \
           >/dev/null 2>"$out/decode-$(tag "$m").err" || tail -2 "$out/decode-$(tag "$m").err"
         grep -iE "kernels|per token|host" "$out/decode-$(tag "$m").err" | head -6
@@ -327,16 +332,16 @@ for step in "$@"; do
             grep -E "(graph|concurrency|fusion|reorder|all): (worst|teacher)" | sed "s/^/$mode: /"
         done
       done ;;
-    attnncu)  # ncu sections of one decode step's attention kernels after a prompt of about LOOM_TRACE_WORDS (4000) tokens
+    attnncu)  # ncu sections of one decode step's attention kernels after a prompt of LOOM_TRACE_WORDS (4000) words
       for m in $models; do
         f=$(model "$m") || continue
-        python3 -c "import sys; print(' '.join(['the cat sat on a mat'] * (int(sys.argv[1]) // 6)))" "${LOOM_TRACE_WORDS:-4000}" >"$work/words.txt"
+        words_prompt "${LOOM_TRACE_WORDS:-4000}" ""
         for mode in ${LOOM_NCU_MODES:--}; do
           echo "-- $m, $mode"
           env $(modeenv "$mode") timeout 400 /usr/local/cuda/bin/ncu --kernel-name regex:${LOOM_NCU_REGEX:-flash_decode} \
             --launch-skip ${LOOM_NCU_SKIP:-64} --launch-count ${LOOM_NCU_COUNT:-2} \
             --cache-control none --clock-control none --section SpeedOfLight --section WarpStateStats --section LaunchStats \
-            --section Occupancy --section MemoryWorkloadAnalysis "$(binof "$mode")/loom" run -m "$f" -f "$work/words.txt" -c 16384 -n 3 --temp 0 \
+            --section Occupancy --section MemoryWorkloadAnalysis "$(binof "$mode")/loom" run -m "$f" "${prompt[@]}" -n 3 --temp 0 \
             2>/dev/null | grep -vE "^ *(-|$)" | grep -E "${LOOM_NCU_GREP:-flash_decode|Duration|Throughput|Busy|Stall|Warp Cycles|Registers|Shared Memory Config|Block Limit|Achieved|Theoretical Occ|Elapsed|Issued|Eligible|One or More|No Eligible}" | head -${LOOM_TRACE_LINES:-80}
         done
       done ;;
@@ -345,11 +350,7 @@ for step in "$@"; do
       for m in $models; do
         f=$(model "$m") || continue
         for words in 0 ${LOOM_SAMEBITS_WORDS:-1500}; do
-          prompt=(-p "Once upon a time")
-          if ((words > 0)); then
-            python3 -c "import sys; print(' '.join(['the cat sat on a mat'] * (int(sys.argv[1]) // 6)))" "$words" >"$work/sb-words.txt"
-            prompt=(-f "$work/sb-words.txt" -c 16384)
-          fi
+          words_prompt "$words" "Once upon a time"
           for b in "$bin" "$bin_base"; do
             timeout 120 "$b/loom" run -m "$f" "${prompt[@]}" -n 32 --temp 0 --dump-logits "$work/sb-$(basename "$b").bin" \
               >"$work/sb-$(basename "$b").txt" 2>"$work/sb.err" || tail -2 "$work/sb.err"
@@ -366,11 +367,7 @@ for step in "$@"; do
         f=$(model "$m") || continue
         vocab=$("$bin/loom" info -m "$f" 2>/dev/null | awk '/vocab_size/ {print $NF; exit}')
         for words in 0 ${LOOM_SAMEBITS_WORDS:-1500}; do
-          prompt=(-p "Once upon a time")
-          if ((words > 0)); then
-            python3 -c "import sys; print(' '.join(['the cat sat on a mat'] * (int(sys.argv[1]) // 6)))" "$words" >"$work/dd-words.txt"
-            prompt=(-f "$work/dd-words.txt" -c 16384)
-          fi
+          words_prompt "$words" "Once upon a time"
           for side in A B; do
             var=LOOM_DIFF_$side
             env $(modeenv "${!var:--}") timeout 120 "$bin/loom" run -m "$f" "${prompt[@]}" -n 16 --temp 0 \

@@ -27,11 +27,11 @@ for path in (args.a, args.b):
         sys.exit(f"compare_logits: {path} is missing or empty")
 a = np.memmap(args.a, dtype=np.float32, mode="r")
 b = np.memmap(args.b, dtype=np.float32, mode="r")
+if a.size != b.size:
+    sys.exit(f"compare_logits: sizes differ ({a.size} vs {b.size})")
 if args.last > 0 and args.vocab > 0:
     a, b = a[-args.last * args.vocab:], b[-args.last * args.vocab:]
 a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-if a.size != b.size or a.size == 0:
-    sys.exit(f"compare_logits: sizes differ ({a.size} vs {b.size})")
 nmse = float(((a - b) ** 2).sum() / (b ** 2).sum())
 ok = nmse <= args.threshold and bool(np.isfinite(a).all())
 if args.vocab > 0 and a.size % args.vocab == 0:
