@@ -352,16 +352,21 @@ for step in "$@"; do
         for words in 0 ${LOOM_SAMEBITS_WORDS:-1500}; do
           words_prompt "$words" "Once upon a time"
           for b in "$bin" "$bin_base"; do
+            # the prompt's logits (--dump-logits) and the generated steps' (--dump-step-logits: the decode path's)
             timeout 120 "$b/loom" run -m "$f" "${prompt[@]}" -n 32 --temp 0 --dump-logits "$work/sb-$(basename "$b").bin" \
-              >"$work/sb-$(basename "$b").txt" 2>"$work/sb.err" || tail -2 "$work/sb.err"
+              --dump-step-logits "$work/sb-$(basename "$b").steps" >"$work/sb-$(basename "$b").txt" 2>"$work/sb.err" ||
+              tail -2 "$work/sb.err"
           done
           r="DIFFER"
           cmp -s "$work/sb-bin.bin" "$work/sb-bin-base.bin" && cmp -s "$work/sb-bin.txt" "$work/sb-bin-base.txt" && r="bit-identical"
-          echo "samebits $m (prompt ~$words words, $(grep -oE "prompt [0-9]+ tokens" "$work/sb.err")): logits and text against @base $r ($(stat -c %s "$work/sb-bin.bin") bytes)"
+          rs="DIFFER"
+          cmp -s "$work/sb-bin.steps" "$work/sb-bin-base.steps" && rs="bit-identical"
+          echo "samebits $m (prompt ~$words words, $(grep -oE "prompt [0-9]+ tokens" "$work/sb.err")): prompt logits and text against @base $r ($(stat -c %s "$work/sb-bin.bin") bytes);" \
+            "generated steps' logits $rs ($(stat -c %s "$work/sb-bin.steps") bytes)"
         done
       done ;;
     decodediff)  # greedy decode logits under LOOM_DIFF_A against LOOM_DIFF_B (','-separated VAR=VALUE settings, "-"
-      # none; e.g. A "-", B "LOOM_FLASH_DECODE_MMA=0"): the 16 generated positions' NMSE and argmax agreement after
+      # none; e.g. A "-", B "LOOM_FLASH_DECODE_MMA=0"): the 16 decode steps' logits (--dump-step-logits), NMSE and argmax agreement after
       # a short prompt and prompts of about each of LOOM_SAMEBITS_WORDS words (default 1500)
       for m in $models; do
         f=$(model "$m") || continue
@@ -370,10 +375,11 @@ for step in "$@"; do
           words_prompt "$words" "Once upon a time"
           for side in A B; do
             var=LOOM_DIFF_$side
-            env $(modeenv "${!var:--}") timeout 120 "$bin/loom" run -m "$f" "${prompt[@]}" -n 16 --temp 0 \
-              --dump-logits "$work/dd-$side.bin" >"$work/dd-$side.txt" 2>"$work/dd.err" || tail -2 "$work/dd.err"
+            env $(modeenv "${!var:--}") timeout 120 "$bin/loom" run -m "$f" "${prompt[@]}" -n 17 --temp 0 \
+              --dump-step-logits "$work/dd-$side.bin" >"$work/dd-$side.txt" 2>"$work/dd.err" || tail -2 "$work/dd.err"
           done
-          python3 tools/compare_logits.py "$work/dd-A.bin" "$work/dd-B.bin" --threshold 1e-3 --vocab "${vocab:-0}" --last 16 \
+          cmp -s "$work/dd-A.bin" "$work/dd-B.bin" && echo "decodediff: the 16 steps' logits bit-identical"
+          python3 tools/compare_logits.py "$work/dd-A.bin" "$work/dd-B.bin" --threshold 1e-3 --vocab "${vocab:-0}" \
             --label "$m, ~$words words, ${LOOM_DIFF_A:--} against ${LOOM_DIFF_B:--}"
           cmp -s "$work/dd-A.txt" "$work/dd-B.txt" && echo "decodediff: the same 16 greedy tokens" || echo "decodediff: greedy text differs"
         done
@@ -398,12 +404,12 @@ for step in "$@"; do
           # both with flash-decoding's splits: without a hand-off (an f32 attention output) few keys take one
           # (LOOM_NQ_SINGLE: that limit for both instead, e.g. 32768, against one split writing the activations)
           env $base LOOM_FLASH_DECODE_SINGLE=${LOOM_NQ_SINGLE:-0} LOOM_EXEC_DUMP="$work/nq$nq" timeout 120 "$bin/loom" run -m "$f" --numerics fast \
-            -p "Once upon a time" -n 48 --temp 0 --dump-logits "$work/nq$nq.bin" >"$work/nq$nq.txt" 2>"$work/nq$nq.err" ||
+            -p "Once upon a time" -n 48 --temp 0 --dump-step-logits "$work/nq$nq.bin" >"$work/nq$nq.txt" 2>"$work/nq$nq.err" ||
             tail -2 "$work/nq$nq.err"
         done
         r="DIFFER"
         cmp -s "$work/nq1.bin" "$work/nq0.bin" && cmp -s "$work/nq1.txt" "$work/nq0.txt" && r="bit-identical"
-        echo "normquant $m against ${LOOM_NQ_BASE:-LOOM_CUDA_NORM_QUANT=0}: logits and text $r ($(stat -c %s "$work/nq1.bin") bytes of logits);" \
+        echo "normquant $m against ${LOOM_NQ_BASE:-LOOM_CUDA_NORM_QUANT=0}: generated steps' logits and text $r ($(stat -c %s "$work/nq1.bin") bytes of logits);" \
           "norms writing activations in the last plan: $(ls "$work"/nq1-*.txt | grep -v graph | sort -V | tail -1 | xargs grep -c "writes activations"), mat-vecs reading them: $(ls "$work"/nq1-*.txt | grep -v graph | sort -V | tail -1 | xargs grep -c "activations handed over)")"
         rm -f "$work"/nq[01]-*
       done ;;

@@ -385,7 +385,10 @@ int run_generate(const GenerateOptions& o) {
   // samples its token in the pass's graph where the chain can run there (decode_and_sample).
   const auto& special = tok->special();
   llm::DecodeSampleOptions step_options;
-  step_options.device = !o.host_sampling;
+  // --dump-step-logits: the steps' logits have to come back, so the host samples
+  step_options.device = !o.host_sampling && o.dump_step_logits.empty();
+  std::vector<float> step_logits;   // --dump-step-logits: n_vocab floats a step
+  std::vector<int32_t> step_ids;    // the tokens those steps were fed
   int n_gen = 0;
   int n_steps = 0;
   int n_device_steps = 0;  // steps whose token was sampled in the graph
@@ -416,6 +419,10 @@ int run_generate(const GenerateOptions& o) {
     auto step = llm::decode_and_sample(ctx, *sampler, std::span<const int32_t>(&tokens.back(), 1),
                                        static_cast<int>(tokens.size()) - 1, tokens, step_options);
     if (!step) return fail(step.status());
+    if (!o.dump_step_logits.empty()) {
+      step_logits.insert(step_logits.end(), step->logits.begin(), step->logits.end());
+      step_ids.push_back(tokens.back());
+    }
     if (o.stats)  // where the step's time went (--stats), its sampling on the host in "other"
       split.add(std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - step_t0).count(),
                 ctx.stats(), before, exec_counters(backend));
@@ -427,6 +434,8 @@ int run_generate(const GenerateOptions& o) {
     next = step->token;
   }
   const double gen_ms = ms_since(t1);
+  if (!o.dump_step_logits.empty())
+    if (auto s = write_logits(o.dump_step_logits, step_logits, step_ids); !s.ok()) return fail(s);
   fmt::print("\n");
   std::fflush(stdout);  // the stats line on stderr comes after the text
   fmt::print(stderr,

@@ -20,6 +20,9 @@ void add_run_command(CLI::App& app, std::vector<Command>& out) {
   cmd->add_option("-n,--n-predict", g->n_predict, "Tokens to generate")->check(CLI::Range(0, 1 << 20));
   add_sampling_flags(*cmd, *g);
   cmd->add_option("--dump-logits", g->dump_logits, "Write the prompt's logits (f32) to FILE and its ids to FILE.tokens");
+  cmd->add_option("--dump-step-logits", g->dump_step_logits,
+                  "Write each generated step's logits (f32, sampled on the host) to FILE and the generated ids to "
+                  "FILE.tokens");
   cmd->add_flag("--stats", g->stats, "Print decode and graph-executor statistics to stderr after generating");
   out.push_back({cmd, [g, cmd] {
                    // Without -ngl and --backend: the GPU when one is usable (all layers), else the CPU.

@@ -50,6 +50,9 @@ struct GenerateOptions {
   std::string numerics;        ///< --numerics exact|fast ("": LOOM_NUMERICS, else the backend's default)
   bool gpu_if_usable = false;  ///< the GPU when one is usable, else the CPU (no --backend)
   std::string dump_logits;     ///< --dump-logits: all prompt logits (f32) to this file, ids to FILE.tokens
+  /// --dump-step-logits: each generated step's logits (f32, n_vocab a step; the steps sample on the
+  /// host) to this file, the generated ids to FILE.tokens
+  std::string dump_step_logits;
   bool stats = false;          ///< --stats: decode and graph-executor statistics on stderr at the end
   bool host_sampling = false;  ///< --host-sampling: tokens sampled on the host, never in the graph
   std::string trace_path;      ///< --trace: Chrome trace of the third decode step (CUDA)
