@@ -115,14 +115,31 @@ LOOM_MODEL="$dir/no-such.gguf" refused chat-no-model "no-such.gguf: cannot open"
 # ---- sliding-window layers: the ring of the window, or with --swa-full the whole context ---------------
 "$loom" gen-model --shape gemma3-tiny --type f16 -o "$dir/gemma3.gguf" 2>"$dir/gen-gemma3.err" || fail "gen-model gemma3"
 p="The quick brown fox jumps over the lazy dog while the cat sleeps in the warm sun"
-run swa-ring run -m "$dir/gemma3.gguf" -t 2 --ubatch-size 4 -p "$p" -n 8 --temp 0 --dump-logits "$dir/ring.bin" ||
-  fail "run gemma3 (window ring)"
+# (--dump-step-logits: the 7 one-token steps' logits too, where the ring wraps)
+run swa-ring run -m "$dir/gemma3.gguf" -t 2 --ubatch-size 4 -p "$p" -n 8 --temp 0 --dump-logits "$dir/ring.bin" \
+  --dump-step-logits "$dir/ring.steps" || fail "run gemma3 (window ring)"
 run swa-full run -m "$dir/gemma3.gguf" -t 2 --ubatch-size 4 --swa-full -p "$p" -n 8 --temp 0 \
-  --dump-logits "$dir/full.bin" || fail "run gemma3 --swa-full"
+  --dump-logits "$dir/full.bin" --dump-step-logits "$dir/full.steps" || fail "run gemma3 --swa-full"
 grep -q "KV cache 273.5 KiB" "$dir/swa-ring.err" || fail "gemma3: the local layers' cache is not their ring"
 grep -q "KV cache 1.5 MiB" "$dir/swa-full.err" || fail "gemma3 --swa-full: not the whole context"
 cmp -s "$dir/ring.bin" "$dir/full.bin" || fail "gemma3: the ring's logits differ from the full cache's"
+cmp -s "$dir/ring.steps" "$dir/full.steps" || fail "gemma3: the ring's step logits differ from the full cache's"
 cmp -s "$dir/swa-ring.out" "$dir/swa-full.out" || fail "gemma3: the ring's tokens differ from the full cache's"
+# the step logits: one row a step (-n 8: 7 steps), and greedy's next token is each row's argmax
+python3 - "$dir/ring.steps" <<'PY' || fail "gemma3: --dump-step-logits rows do not match the tokens generated"
+import array, sys
+path = sys.argv[1]
+ids = [int(t) for t in open(path + ".tokens").read().strip().split(",")]
+rows = array.array("f")
+rows.frombytes(open(path, "rb").read())
+assert len(ids) == 7, f"{len(ids)} step ids, 7 expected"
+assert len(rows) % len(ids) == 0 and len(rows) > 0, f"{len(rows)} floats for {len(ids)} steps"
+n_vocab = len(rows) // len(ids)
+for i in range(len(ids) - 1):
+    row = rows[i * n_vocab:(i + 1) * n_vocab]
+    best = max(range(n_vocab), key=row.__getitem__)
+    assert best == ids[i + 1], f"step {i}: argmax {best}, next token fed {ids[i + 1]}"
+PY
 # ---- tensor parallelism on the CPU: -tp 2 gives -tp 1's greedy text; what cannot split is refused ----
 run tp1 run -t 1 --backend cpu -p "$p" -n 16 --temp 0 || fail "run -tp 1"
 run tp2 run -t 1 --backend cpu -p "$p" -n 16 --temp 0 -tp 2 || fail "run -tp 2"
