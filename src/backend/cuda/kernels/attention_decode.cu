@@ -74,6 +74,7 @@ struct DecodeArgs {
   TensorDesc q_raw, k_raw, v_raw, k_cache, v_cache, k_cell, v_cell, pos, freq;
   bool has_freq;
   bool angles_early;  ///< the position and frequency factors are graph inputs / weights: read before the wait
+  int mma_bufs;       ///< flash_decode_mma_kernel: stages in flight (shared buffers), 2 or 3
   bool no_angles;     ///< LOOM_CUDA_ABLATE=rope_angles: cos 1, sin 0 (timing only)
   RopeArgs rope;
   /// kActF16 (flash_attn_decode_writes_act): the output as contiguous f16 at dst's bytes, element i of
@@ -543,6 +544,323 @@ __global__ void __launch_bounds__(kDecThreads, kMinBlocks) flash_decode_kernel(c
   }
 }
 
+// ---- flash-decoding on tensor cores (flash_decode_mma_kernel) -------------------------------------
+// One token of one sequence over contiguous K/V (a KV head's rows back to back), head 64 or 128, the
+// GQA group's query rows (up to 16) sharing one mask row. Why: the kernel above spends its time on each
+// key's work, not on its bytes (ncu at 6,663 keys: 13% of DRAM bandwidth, 41% of the SM; stop 49): every
+// key's four dot products are reduced over 16 lanes by shuffles, then two exps and a rescale of 32
+// accumulators a row. Here a warp takes 16 keys at once: S = Q K^T on mma.sync m16n8k16 (the rows padded
+// to 16), the online softmax on the S fragments (a quad's shuffles per 16 keys), and O += P V with the S
+// fragments as P's A operand (FlashAttention-2's register reuse). K and V come by cp.async into padded
+// shared rows (kMmaStride: ldmatrix's eight rows fall in eight bank groups), in stages of kMmaStageKeys
+// keys (a 16-key tile a warp), a.mma_bufs in flight; with the rope fold the first ones go out before the
+// wait (as kBulk above: the token's own row is taken from s_new, never from a copy).
+// Numerics: Q (rotated, times the scale) and P rounded to f16, scores and sums in float: fast mode's. The
+// folded and the unfolded paths both take it (their greedy logits are compared bit for bit), the
+// gathered (batched) ones keep the kernel above, and so does batch-invariant mode.
+constexpr int kMmaStageKeys = 64;  ///< keys a stage: a 16-key tile for each of the 4 warps
+constexpr int kMmaRows = 16;       ///< query rows a block at most (the m16 of the products)
+template <int D>
+constexpr int kMmaStride = D + 8;  ///< halves a shared Q/K/V row: 16 bytes of padding
+constexpr int kMmaMaxBufs = 3;  ///< stages in flight at most (a.mma_bufs)
+/// a stage's K and V rows
+template <int D>
+constexpr size_t kMmaStageBytes = size_t{2} * kMmaStageKeys * kMmaStride<D> * sizeof(__half);
+static_assert(kKeyChunk % kMmaStageKeys == 0, "a mask chunk holds whole stages");
+
+/// Element e of a row x rotated by the rope whose pairs' (cos, sin) are cs (rope_lane8's arithmetic, an
+/// element at a time): normal pairs (2i, 2i + 1), neox pairs (i, i + n_dims / 2); past n_dims as it is.
+__device__ __forceinline__ float rope_elem(const float* x, int e, const float* cs, const RopeArgs& p) {
+  const int n_dims = p.n_dims;
+  if (e >= n_dims) return x[e];
+  if (p.neox) {
+    const int half = n_dims / 2;
+    if (e < half) return rope_first(x[e], x[e + half], cs[2 * e], cs[2 * e + 1]);
+    const int t = e - half;
+    return rope_second(x[t], x[e], cs[2 * t], cs[2 * t + 1]);
+  }
+  const int e0 = e & ~1;
+  return (e & 1) ? rope_second(x[e0], x[e0 + 1], cs[e0], cs[e0 + 1]) : rope_first(x[e0], x[e0 + 1], cs[e0], cs[e0 + 1]);
+}
+
+// Grid: x = KV head (one row group, one sequence), y = split. Partial results (or with one split the
+// output) as flash_decode_kernel writes them, so the merges are the same.
+template <int D, bool kRope>
+__global__ void __launch_bounds__(kDecThreads, 2) flash_decode_mma_kernel(const __grid_constant__ DecodeArgs a) {
+  // pdl_wait later: the barriers, and with kRope the first stages' copies and the angles, go before it
+  constexpr int kS = kMmaStride<D>;
+  constexpr int kDT = D / 8;  // n8 tiles of O
+  extern __shared__ __align__(16) uint8_t sh_raw[];
+  auto* s_kv = reinterpret_cast<__half*>(sh_raw);  // [stage][K rows, then V rows][kS]
+  __shared__ __align__(16) __half s_q[kMmaRows * kS];
+  __shared__ __align__(16) __half s_new[2][kS];  // kRope: the token's rotated K row and its V row, as stored
+  __shared__ float sh_cs[kRope ? D : 1];  // kRope: (cos, sin) of each rotation pair
+  __shared__ float sh_mask[kKeyChunk];
+  __shared__ int sh_last[2];  // per chunk parity: the chunk's last visible key (-1: none)
+  __shared__ float sh_m[kDecWarps][kMmaRows], sh_l[kDecWarps][kMmaRows];
+  const int tid = static_cast<int>(threadIdx.x), lane = tid % kWarpSize, warp = tid / kWarpSize;
+  const int g = lane / 4, c = lane % 4;  // fragment row group and column pair
+  const int64_t hk = blockIdx.x, n_kv_heads = a.k.ne[2];
+  const int split = static_cast<int>(blockIdx.y);
+  const int64_t jb = static_cast<int64_t>(split) * a.keys_per_split, je = min(a.k.ne[1], jb + a.keys_per_split);
+  const int n_stages = je > jb ? static_cast<int>((je - jb + kMmaStageKeys - 1) / kMmaStageKeys) : 0;
+  auto k_row = [&](int buf, int i) { return s_kv + (buf * 2 * kMmaStageKeys + i) * kS; };
+  auto v_row = [&](int buf, int i) { return s_kv + ((buf * 2 + 1) * kMmaStageKeys + i) * kS; };
+  // stage st's K and V rows into buffer st % n_bufs by cp.async, 16 bytes a thread at a time (every
+  // thread), rows past the split zero-filled; one commit group a stage. (A bulk copy a row, this kernel's
+  // first form, ~800 copies of 256 bytes an SM: ncu 30 us at 6,663 keys against 25 here.)
+  const int n_bufs = a.mma_bufs;
+  auto issue_stage = [&](int st) {
+    const int64_t kb = jb + static_cast<int64_t>(st) * kMmaStageKeys;
+    const int n = static_cast<int>(min(je - kb, static_cast<int64_t>(kMmaStageKeys)));
+    const int buf = st % n_bufs;
+    constexpr int kChunks = D / 8;  // 16-byte pieces a row
+    for (int i = tid; i < 2 * kMmaStageKeys * kChunks; i += kDecThreads) {
+      const int kv = i / (kMmaStageKeys * kChunks), r = i / kChunks % kMmaStageKeys, ch = i % kChunks;
+      const bool in = r < n;
+      const char* src = in ? row_ptr(kv ? a.v : a.k, kb + r, hk, 0) + ch * 16 : a.k.data;
+      cp_async_16(smem_addr((kv ? v_row(buf, r) : k_row(buf, r)) + ch * 8), src, in ? 16 : 0);
+    }
+    cp_async_commit();
+  };
+  // the mask row (one for the group: the launcher checks); a chunk's masks into sh_mask and its last
+  // visible key into sh_last[ci & 1] (the next chunk's reset; the barriers are the caller's)
+  const char* mask_row = a.has_mask ? row_ptr(a.mask, 0, 0, 0) : nullptr;
+  auto stage_chunk = [&](int64_t c0v, int64_t ci) {
+    const int c_len = static_cast<int>(min(je - c0v, static_cast<int64_t>(kKeyChunk)));
+    if (tid == 0) sh_last[(ci + 1) & 1] = -1;
+    int last = -1;
+    for (int t = tid; t < c_len; t += kDecThreads) {
+      float mv = 0.0f;
+      if (mask_row)
+        mv = a.mask_f16 ? f16_to_float(reinterpret_cast<const uint16_t*>(mask_row)[c0v + t])
+                        : reinterpret_cast<const float*>(mask_row)[c0v + t];
+      sh_mask[t] = mv;
+      if (mv != -INFINITY) last = t;
+    }
+    last = __reduce_max_sync(0xffffffffu, last);
+    if (lane == 0 && last >= 0) atomicMax(&sh_last[ci & 1], last);
+  };
+  if (tid == 0) sh_last[0] = -1;
+  __syncthreads();
+  if constexpr (kRope) {
+    for (int st = 0; st < n_bufs && st < n_stages; ++st) issue_stage(st);
+    if (a.angles_early) rope_angles(a, sh_cs);
+  }
+  pdl_wait();
+  if constexpr (!kRope) {  // the step's stores wrote the token's rows: copied after the wait
+    for (int st = 0; st < n_bufs && st < n_stages; ++st) issue_stage(st);
+  } else {
+    if (!a.angles_early) rope_angles(a, sh_cs);
+    __syncthreads();  // the angles
+  }
+
+  // Q: the group's rows (rotated with kRope), times the scale, as f16; rows past n_rows zero. One query
+  // (the launcher checks), so row r is head hk x group + r (row_at without its division)
+  for (int i = tid; i < kMmaRows * D; i += kDecThreads) {
+    const int r = i / D, e = i % D;
+    float v = 0.0f;
+    if (r < a.n_rows) {
+      const int64_t h = hk * a.group + r;
+      const auto* x = reinterpret_cast<const float*>(kRope ? row_ptr(a.q_raw, h, 0, 0) : row_ptr(a.q, 0, h, 0));
+      if constexpr (kRope) v = rope_elem(x, e, sh_cs, a.rope) * a.scale;
+      else v = x[e] * a.scale;
+    }
+    s_q[r * kS + e] = __float2half_rn(v);
+  }
+  // kRope: the token's K row rotated and its V row, rounded to f16 as the stores round them; split 0's
+  // block stores them in the caches (no other block reads those rows: they take s_new)
+  int64_t k_key = -1, v_key = -1;
+  if constexpr (kRope) {
+    k_key = *reinterpret_cast<const int32_t*>(a.k_cell.data + (hk % a.k_cell.ne[1]) * a.k_cell.nb[1]);
+    v_key = *reinterpret_cast<const int32_t*>(a.v_cell.data + (hk % a.v_cell.ne[1]) * a.v_cell.nb[1]);
+    const auto* kx = reinterpret_cast<const float*>(row_ptr(a.k_raw, hk, 0, 0));
+    const auto* vx = reinterpret_cast<const float*>(row_ptr(a.v_raw, 0, hk, 0));
+    for (int e = tid; e < D; e += kDecThreads) {
+      const uint16_t kh = float_to_f16(rope_elem(kx, e, sh_cs, a.rope)), vh = float_to_f16(vx[e]);
+      s_new[0][e] = __ushort_as_half(kh);
+      s_new[1][e] = __ushort_as_half(vh);
+      if (split == 0) {
+        if (k_key >= 0 && k_key < a.k_cache.ne[1]) reinterpret_cast<uint16_t*>(row_ptr(a.k_cache, k_key, hk, 0))[e] = kh;
+        if (v_key >= 0 && v_key < a.v_cache.ne[1]) reinterpret_cast<uint16_t*>(row_ptr(a.v_cache, v_key, hk, 0))[e] = vh;
+      }
+    }
+  }
+  __syncthreads();  // s_q, s_new
+
+  uint32_t qa[D / 16][4];  // Q's A fragments: rows lane % 16, k halves 8 (lane / 16) of each k16 step
+  {
+    const uint32_t q_at = smem_addr(s_q + (lane % 16) * kS + lane / 16 * 8);
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) ldmatrix_x4(qa[ks], q_at + ks * 16 * sizeof(__half));
+  }
+  float o[kDT][4];
+#pragma unroll
+  for (int dt = 0; dt < kDT; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows g and g + 8 (l: this thread's keys)
+
+  int64_t c0 = jb;
+  int c_stop = 0;
+  for (int st = 0; st < n_stages; ++st) {
+    const int64_t kb = jb + static_cast<int64_t>(st) * kMmaStageKeys;
+    if (st % (kKeyChunk / kMmaStageKeys) == 0) {  // a chunk's masks and its last visible key
+      const int64_t ci = st / (kKeyChunk / kMmaStageKeys);
+      c0 = kb;
+      if (st > 0) __syncthreads();  // every warp is done with the last chunk's masks
+      stage_chunk(c0, ci);
+      __syncthreads();
+      c_stop = sh_last[ci & 1] + 1;  // uniform over the block
+    }
+    const int buf = st % n_bufs;
+    {  // this thread's pieces of stage st (the later stages' may fly), then everyone's
+      const int later = min(n_bufs - 1, n_stages - 1 - st);
+      if (later >= 2) cp_async_wait<2>();
+      else if (later == 1) cp_async_wait<1>();
+      else cp_async_wait<0>();
+      __syncthreads();
+    }
+    const int t0 = static_cast<int>(kb - c0) + warp * 16;  // this warp's tile: chunk keys t0 .. t0 + 15
+    if (t0 < c_stop) {
+      // keys past c_stop or masked: weight 0, and their V rows zeroed (stale or never-written cells may
+      // hold anything, and 0 x NaN is NaN in P V)
+      const int tk = t0 + lane % 16;
+      const bool hidden = tk >= c_stop || sh_mask[tk] == -INFINITY;
+      const unsigned hidden_bits = __ballot_sync(0xffffffffu, hidden && lane < 16);
+      if (hidden_bits) {
+        for (unsigned b = hidden_bits; b; b &= b - 1) {
+          const int i = __ffs(b) - 1;
+          auto* row = reinterpret_cast<uint4*>(v_row(buf, warp * 16 + i));
+          for (int p = lane; p < D / 8; p += kWarpSize) row[p] = make_uint4(0, 0, 0, 0);
+        }
+        __syncwarp();
+      }
+      // S = Q K^T over the tile: K rows as B (keys 0-7 / 8-15 of the tile), the token's row from s_new
+      float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+      {
+        const int kr = lane % 8 + lane / 16 * 8;
+        const __half* krow = kRope && c0 + t0 + kr == k_key ? s_new[0] : k_row(buf, warp * 16 + kr);
+        const uint32_t k_at = smem_addr(krow + (lane / 8) % 2 * 8);
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks) {
+          uint32_t kb4[4];
+          ldmatrix_x4(kb4, k_at + ks * 16 * sizeof(__half));
+          mma_16816(s[0], qa[ks], kb4[0], kb4[1]);
+          mma_16816(s[1], qa[ks], kb4[2], kb4[3]);
+        }
+      }
+      // the online softmax: S fragment (nt, 2 hr + j) is row g + 8 hr, key t0 + 8 nt + 2 c + j
+      float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr)
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const int t = t0 + 8 * nt + 2 * c + j;
+            const float mv = t < c_stop ? sh_mask[t] : -INFINITY;
+            float x = s[nt][2 * hr + j];
+            if (a.softcap > 0.0f) x = a.softcap * tanhf(x / a.softcap);
+            x += mv;
+            if (!(x > -INFINITY)) x = -INFINITY;  // masked, or NaN (as flash_decode_kernel): weight 0
+            s[nt][2 * hr + j] = x;
+            mx[hr] = fmaxf(mx[hr], x);
+          }
+      float alpha[2];
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 1));
+        mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 2));
+        const float mn = fmaxf(m[hr], mx[hr]);
+        alpha[hr] = mn == -INFINITY ? 1.0f : __expf(m[hr] - mn);
+        m[hr] = mn;
+        l[hr] *= alpha[hr];
+      }
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr)
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const float x = s[nt][2 * hr + j];
+            const float p = x == -INFINITY ? 0.0f : __expf(x - m[hr]);
+            s[nt][2 * hr + j] = p;
+            l[hr] += p;
+          }
+#pragma unroll
+      for (int dt = 0; dt < kDT; ++dt) {
+        o[dt][0] *= alpha[0], o[dt][1] *= alpha[0];
+        o[dt][2] *= alpha[1], o[dt][3] *= alpha[1];
+      }
+      // O += P V: P's A fragment from the S fragments, V rows (the tile's keys) transposed as B
+      const uint32_t pa[4] = {pack_half2(s[0][0], s[0][1]), pack_half2(s[0][2], s[0][3]), pack_half2(s[1][0], s[1][1]),
+                              pack_half2(s[1][2], s[1][3])};
+      {
+        const int vr = lane % 8 + (lane / 8) % 2 * 8;
+        // the token's row from s_new where it is visible (hidden, its zeroed copy, as the unfolded path)
+        const bool mine = kRope && c0 + t0 + vr == v_key && !((hidden_bits >> vr) & 1u);
+        const __half* vrow = mine ? s_new[1] : v_row(buf, warp * 16 + vr);
+        const uint32_t v_at = smem_addr(vrow + lane / 16 * 8);
+#pragma unroll
+        for (int dp = 0; dp < D / 16; ++dp) {
+          uint32_t vb[4];
+          ldmatrix_x4_trans(vb, v_at + dp * 16 * sizeof(__half));
+          mma_16816(o[2 * dp], pa, vb[0], vb[1]);
+          mma_16816(o[2 * dp + 1], pa, vb[2], vb[3]);
+        }
+      }
+    }
+    if (st + n_bufs < n_stages) {  // buffer `buf` takes stage st + n_bufs once every warp is done with it
+      __syncthreads();
+      issue_stage(st + n_bufs);
+    }
+  }
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {  // a row's sum over the quad's keys
+    l[hr] += __shfl_xor_sync(0xffffffffu, l[hr], 1);
+    l[hr] += __shfl_xor_sync(0xffffffffu, l[hr], 2);
+  }
+
+  // the warps' (m, l, O) through shared memory (the stages' bytes: every copy has landed and been
+  // read), merged in warp order and written as flash_decode_kernel writes them
+  __syncthreads();
+  auto* sh_acc = reinterpret_cast<float*>(sh_raw);  // [warp][row][D]
+  static_assert(kDecWarps * kMmaRows * D * sizeof(float) <= 2 * kMmaStageBytes<D>, "the warps' O fit the stages");
+  if (c == 0) {
+    sh_m[warp][g] = m[0], sh_m[warp][g + 8] = m[1];
+    sh_l[warp][g] = l[0], sh_l[warp][g + 8] = l[1];
+  }
+#pragma unroll
+  for (int dt = 0; dt < kDT; ++dt) {
+    float* r0 = sh_acc + (warp * kMmaRows + g) * D + dt * 8 + 2 * c;
+    float* r1 = r0 + 8 * D;
+    r0[0] = o[dt][0], r0[1] = o[dt][1];
+    r1[0] = o[dt][2], r1[1] = o[dt][3];
+  }
+  __syncthreads();
+  const int64_t rows = n_kv_heads * a.n_rows;
+  for (int t = tid; t < a.n_rows * D; t += kDecThreads) {
+    const int r = t / D, e = t % D;
+    float mt = sh_m[0][r], lt = sh_l[0][r], at = sh_acc[r * D + e];
+    for (int w = 1; w < kDecWarps; ++w) {
+      const float m2 = sh_m[w][r], mn = fmaxf(mt, m2);
+      if (mn == -INFINITY) continue;
+      const float x = __expf(mt - mn), y = __expf(m2 - mn);
+      lt = lt * x + sh_l[w][r] * y;
+      at = at * x + sh_acc[(w * kMmaRows + r) * D + e] * y;
+      mt = mn;
+    }
+    const int64_t h = hk * a.group + r;  // one query: row r's head
+    if (a.n_splits == 1) {
+      const float denom = a.sinks && mt != -INFINITY ? lt + __expf(a.sinks[h] - mt) : lt;
+      store_out(a, h, 0, 0, e, lt > 0.0f ? at / denom : 0.0f);
+    } else {
+      float* p = a.partial + (split * rows + hk * a.n_rows + r) * (D + 2);
+      if (e == 0) p[0] = mt, p[1] = lt;
+      p[2 + e] = at;
+    }
+  }
+}
+
 // Merges the splits of each row in split order: grid = rows, block = d threads (d >= kMaxSplits).
 // The splits' maxima are read in parallel, their weights exp(m_s - M) computed once, and each
 // thread's loads of its element over the splits are independent.
@@ -876,6 +1194,40 @@ CudaError launch_flash_attn_decode(const LaunchContext& ctx, const Tensor* dst, 
   // f16 rows (kActF16) are an f32 output's values, rounded: its splits
   const bool f16_out = ctx.act_out_block == kActF16;
   a.n_splits = splits_for(q, k, rows != nullptr, ctx.act_out_block == 0 || f16_out);
+  // flash_decode_mma_kernel: one token of one sequence over contiguous K/V rows, the group's rows sharing
+  // one mask row; as many blocks as fit on the GPU at once (the occupancy of its stages' shared memory):
+  // fewer splits than splits_for's (the scratch holds those), two at least where it takes more than one
+  // (the rope fold's output may lie on the Q/K/V rows only behind a merge)
+  static const bool mma_on = env_switch("LOOM_FLASH_DECODE_MMA");
+  const int64_t d_head = q->ne[0];
+  const bool use_mma = mma_on && ctx.sm_count > 0 && !rows && !batch_invariant() && (d_head == 64 || d_head == 128) &&
+                       q->ne[1] == 1 && q->ne[3] == 1 && k->ne[3] == 1 && a.n_rows <= kMmaRows &&
+                       (!mask || (mask->ne[2] == 1 && mask->ne[3] == 1)) &&
+                       k->nb[1] == static_cast<size_t>(d_head) * 2 && v->nb[1] == static_cast<size_t>(d_head) * 2 &&
+                       aligned16(k->data) && aligned16(v->data) && k->nb[2] % 16 == 0 && v->nb[2] % 16 == 0;
+  // LOOM_FLASH_DECODE_MMA_BUFS: stages in flight, 3 (two blocks an SM at head 128) or 2. Measured on 8B
+  // Q4_K_M tg128 (stop 50): 3 against 2 +1.5% at depth 4096, +3.6% at 16384; swizzled unpadded rows for
+  // three blocks an SM (50 splits) were 1-2% slower than these (168 registers, a spill).
+  static const int mma_bufs = static_cast<int>(env_int("LOOM_FLASH_DECODE_MMA_BUFS", 3, 2, kMmaMaxBufs));
+  a.mma_bufs = mma_bufs;
+  void (*mma)(DecodeArgs) = nullptr;
+  size_t mma_smem = 0;
+  if (use_mma) {
+    const bool d64 = d_head == 64;
+    mma = rope ? (d64 ? flash_decode_mma_kernel<64, true> : flash_decode_mma_kernel<128, true>)
+               : (d64 ? flash_decode_mma_kernel<64, false> : flash_decode_mma_kernel<128, false>);
+    mma_smem = a.mma_bufs * (d64 ? kMmaStageBytes<64> : kMmaStageBytes<128>);
+    LOOM_CUDA_CHECK(cudaFuncSetAttribute(mma, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(mma_smem)));
+    int per_sm = 0;
+    LOOM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, mma, kDecThreads, mma_smem));
+    if (per_sm < 1)
+      return CudaError::runtime(cudaErrorInvalidConfiguration, "flash_attn decode: the mma kernel fits no SM",
+                                __FILE__, __LINE__);
+    if (a.n_splits > 1) {
+      const int64_t fit = std::max<int64_t>(2, per_sm * static_cast<int64_t>(ctx.sm_count) / k->ne[2]);
+      a.n_splits = static_cast<int>(std::min<int64_t>(a.n_splits, fit));
+    }
+  }
   a.keys_per_split = (k->ne[1] + a.n_splits - 1) / a.n_splits;
   if (batch_invariant())
     a.keys_per_split = std::max(kInvariantKeys, (a.keys_per_split + kInvariantKeys - 1) / kInvariantKeys * kInvariantKeys);
@@ -925,8 +1277,13 @@ CudaError launch_flash_attn_decode(const LaunchContext& ctx, const Tensor* dst, 
     LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(kBulkMaxBytes)));
   }
-  kernel<<<grid, kDecThreads, bulk_bytes, ctx.stream>>>(a);
-  LOOM_CUDA_CHECK_LAUNCH("flash_decode_kernel");
+  if (mma) {
+    mma<<<dim3(static_cast<unsigned>(k->ne[2]), static_cast<unsigned>(a.n_splits)), kDecThreads, mma_smem, ctx.stream>>>(a);
+    LOOM_CUDA_CHECK_LAUNCH("flash_decode_mma_kernel");
+  } else {
+    kernel<<<grid, kDecThreads, bulk_bytes, ctx.stream>>>(a);
+    LOOM_CUDA_CHECK_LAUNCH("flash_decode_kernel");
+  }
   static const bool no_merge = ablated_kernel("flash_decode_merge");  // timing only
   if (no_merge) return {};
   if (quant_out) {  // the output projection's activations, quantized by the merge
