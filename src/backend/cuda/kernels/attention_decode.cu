@@ -748,23 +748,24 @@ __global__ void __launch_bounds__(kDecThreads, 2) flash_decode_mma_kernel(const 
           mma_16816(s[1], qa[ks], kb4[2], kb4[3]);
         }
       }
-      // the online softmax: S fragment (nt, 2 hr + j) is row g + 8 hr, key t0 + 8 nt + 2 c + j
+      // the online softmax: S fragment (nt, 2 hr + j) is row g + 8 hr, key t0 + 8 nt + 2 c + j;
+      // each_score(f) calls f(its value, hr, its key) for each
+      auto each_score = [&](auto&& f) {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int hr = 0; hr < 2; ++hr)
+#pragma unroll
+            for (int j = 0; j < 2; ++j) f(s[nt][2 * hr + j], hr, t0 + 8 * nt + 2 * c + j);
+      };
       float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int hr = 0; hr < 2; ++hr)
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            const int t = t0 + 8 * nt + 2 * c + j;
-            const float mv = t < c_stop ? sh_mask[t] : -INFINITY;
-            float x = s[nt][2 * hr + j];
-            if (a.softcap > 0.0f) x = a.softcap * tanhf(x / a.softcap);
-            x += mv;
-            if (!(x > -INFINITY)) x = -INFINITY;  // masked, or NaN (as flash_decode_kernel): weight 0
-            s[nt][2 * hr + j] = x;
-            mx[hr] = fmaxf(mx[hr], x);
-          }
+      each_score([&](float& x, int hr, int t) {
+        const float mv = t < c_stop ? sh_mask[t] : -INFINITY;
+        if (a.softcap > 0.0f) x = a.softcap * tanhf(x / a.softcap);
+        x += mv;
+        if (!(x > -INFINITY)) x = -INFINITY;  // masked, or NaN (as flash_decode_kernel): weight 0
+        mx[hr] = fmaxf(mx[hr], x);
+      });
       float alpha[2];
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
@@ -775,17 +776,10 @@ __global__ void __launch_bounds__(kDecThreads, 2) flash_decode_mma_kernel(const 
         m[hr] = mn;
         l[hr] *= alpha[hr];
       }
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int hr = 0; hr < 2; ++hr)
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            const float x = s[nt][2 * hr + j];
-            const float p = x == -INFINITY ? 0.0f : __expf(x - m[hr]);
-            s[nt][2 * hr + j] = p;
-            l[hr] += p;
-          }
+      each_score([&](float& x, int hr, int) {
+        x = x == -INFINITY ? 0.0f : __expf(x - m[hr]);
+        l[hr] += x;
+      });
 #pragma unroll
       for (int dt = 0; dt < kDT; ++dt) {
         o[dt][0] *= alpha[0], o[dt][1] *= alpha[0];
