@@ -53,8 +53,9 @@
 #   attnncu  ncu sections of the decode attention kernels (flash_decode*) of a step after a prompt of about
 #            LOOM_TRACE_WORDS (4000) words on LOOM_MODELS (LOOM_NCU_SKIP launches skipped, 64; LOOM_NCU_COUNT
 #            profiled, 2; LOOM_NCU_REGEX the kernels; LOOM_NCU_MODES as LOOM_DECODE_MODES, @base included)
-#   samebits  greedy logits (a short prompt and ~LOOM_SAMEBITS_WORDS-token ones) of this build against @base's, bit for bit
-#   decodediff  greedy decode logits (the 16 generated positions) under LOOM_DIFF_A against LOOM_DIFF_B settings
+#   samebits  greedy prompt and decode-step logits (a short prompt and ~LOOM_SAMEBITS_WORDS-word ones) of this build
+#            against @base's, bit for bit
+#   decodediff  greedy decode-step logits (16 steps, --dump-step-logits) under LOOM_DIFF_A against LOOM_DIFF_B settings
 #   decodencu  every kernel of one decode step under ncu, grouped, against the step's measured time
 #   batchedncu  every kernel of one batched decode step (LOOM_NPL sequences, 64) under ncu, grouped
 #   kperf    ncu kernel times of op-test perf cases (LOOM_K_CASES: ';'-separated OP|FILTER) under each

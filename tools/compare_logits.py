@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """NMSE between two float32 logits files (e.g. `loom run --dump-logits` on CUDA and on the CPU).
 
-    python3 tools/compare_logits.py A.bin B.bin [--threshold 1e-4] [--vocab N [--last N]]   # B is the reference
+    python3 tools/compare_logits.py A.bin B.bin [--threshold 1e-4] [--vocab N]   # B is the reference
 
 With --vocab N (the rows' length) it also prints each position's NMSE and the share of positions whose
 argmax agrees, to tell a drift from a jump at one position (a flipped MoE route, a flipped code).
@@ -20,7 +20,6 @@ ap.add_argument("b")
 ap.add_argument("--threshold", type=float, default=1e-4)
 ap.add_argument("--label", default="")
 ap.add_argument("--vocab", type=int, default=0, help="row length: print per-position NMSE and argmax agreement")
-ap.add_argument("--last", type=int, default=0, help="with --vocab: only the last N positions (e.g. the generated ones)")
 args = ap.parse_args()
 for path in (args.a, args.b):
     if not os.path.exists(path) or os.path.getsize(path) == 0:
@@ -29,8 +28,6 @@ a = np.memmap(args.a, dtype=np.float32, mode="r")
 b = np.memmap(args.b, dtype=np.float32, mode="r")
 if a.size != b.size:
     sys.exit(f"compare_logits: sizes differ ({a.size} vs {b.size})")
-if args.last > 0 and args.vocab > 0:
-    a, b = a[-args.last * args.vocab:], b[-args.last * args.vocab:]
 a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
 nmse = float(((a - b) ** 2).sum() / (b ** 2).sum())
 ok = nmse <= args.threshold and bool(np.isfinite(a).all())

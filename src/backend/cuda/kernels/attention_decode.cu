@@ -631,10 +631,7 @@ __global__ void __launch_bounds__(kDecThreads, 2) flash_decode_mma_kernel(const 
     if (tid == 0) sh_last[(ci + 1) & 1] = -1;
     int last = -1;
     for (int t = tid; t < c_len; t += kDecThreads) {
-      float mv = 0.0f;
-      if (mask_row)
-        mv = a.mask_f16 ? f16_to_float(reinterpret_cast<const uint16_t*>(mask_row)[c0v + t])
-                        : reinterpret_cast<const float*>(mask_row)[c0v + t];
+      const float mv = mask_row ? mask_at(mask_row, c0v + t, a.mask_f16) : 0.0f;
       sh_mask[t] = mv;
       if (mv != -INFINITY) last = t;
     }

@@ -104,12 +104,7 @@ __device__ __forceinline__ float exp2_approx(float x) {
 }
 
 
-// ---- the mask ------------------------------------------------------------------------------------
-
-__device__ __forceinline__ float mask_at(const char* row, int64_t j, bool f16) {
-  return f16 ? __half2float(__ldg(reinterpret_cast<const __half*>(row) + j))
-             : __ldg(reinterpret_cast<const float*>(row) + j);
-}
+// ---- the mask (mask_at: common.cuh) --------------------------------------------------------------
 
 template <int kNW>
 __device__ __forceinline__ int block_max(int v, int* scratch) {

@@ -87,6 +87,12 @@ __device__ __forceinline__ void split_index(int64_t e, const int64_t* ne, int64_
 }
 
 __device__ __forceinline__ float f16_to_float(uint16_t bits) { return __half2float(__ushort_as_half(bits)); }
+/// Entry j of an attention mask row (f16 or f32) as float, through the read-only path (a kernel reads
+/// masks after its pdl_wait: step inputs, or what an earlier kernel wrote).
+__device__ __forceinline__ float mask_at(const char* row, int64_t j, bool f16) {
+  return f16 ? __half2float(__ldg(reinterpret_cast<const __half*>(row) + j))
+             : __ldg(reinterpret_cast<const float*>(row) + j);
+}
 __device__ __forceinline__ uint16_t float_to_f16(float v) { return __half_as_ushort(__float2half_rn(v)); }
 __device__ __forceinline__ float bf16_to_float(uint16_t bits) {
   return __uint_as_float(static_cast<uint32_t>(bits) << 16);
