@@ -552,10 +552,11 @@ __global__ void __launch_bounds__(kDecThreads, kMinBlocks) flash_decode_kernel(c
 // key's four dot products are reduced over 16 lanes by shuffles, then two exps and a rescale of 32
 // accumulators a row. Here a warp takes 16 keys at once: S = Q K^T on mma.sync m16n8k16 (the rows padded
 // to 16), the online softmax on the S fragments (a quad's shuffles per 16 keys), and O += P V with the S
-// fragments as P's A operand (FlashAttention-2's register reuse). K and V come by cp.async into padded
-// shared rows (kMmaStride: ldmatrix's eight rows fall in eight bank groups), in stages of kMmaStageKeys
-// keys (a 16-key tile a warp), a.mma_bufs in flight; with the rope fold the first ones go out before the
-// wait (as kBulk above: the token's own row is taken from s_new, never from a copy).
+// fragments as P's A operand (FlashAttention-2's register reuse). K and V come in stages of kMmaStageKeys
+// keys (a 16-key tile a warp), a.mma_bufs in flight: by tensor copies in the 128-byte swizzle (kTma), or
+// by cp.async into padded rows (kMmaStride: ldmatrix's eight rows fall in eight bank groups); with the
+// rope fold the first ones go out before the wait, and the token's own rows are written into the tile
+// from the kernel's f16 copy (s_new) over what the copy brought.
 // Numerics: Q (rotated, times the scale) and P rounded to f16, scores and sums in float: fast mode's. The
 // folded and the unfolded paths both take it (their greedy logits are compared bit for bit), the
 // gathered (batched) ones keep the kernel above, and so does batch-invariant mode.
@@ -741,7 +742,7 @@ __global__ void __launch_bounds__(kDecThreads, 2) flash_decode_mma_kernel(const 
     s_q[r * kS + e] = __float2half_rn(v);
   }
   // kRope: the token's K row rotated and its V row, rounded to f16 as the stores round them; split 0's
-  // block stores them in the caches (no other block reads those rows: they take s_new)
+  // block stores them in the caches (every block takes those rows from s_new, written into its tile)
   int64_t k_key = -1, v_key = -1;
   if constexpr (kRope) {
     k_key = *reinterpret_cast<const int32_t*>(a.k_cell.data + (hk % a.k_cell.ne[1]) * a.k_cell.nb[1]);
@@ -823,7 +824,7 @@ __global__ void __launch_bounds__(kDecThreads, 2) flash_decode_mma_kernel(const 
         if constexpr (kTma) fence_proxy_async();  // these stores before a later refill's tensor copy
         __syncwarp();
       }
-      // S = Q K^T over the tile: K rows as B (keys 0-7 / 8-15 of the tile), the token's row from s_new
+      // S = Q K^T over the tile: K rows as B (keys 0-7 / 8-15 of the tile)
       float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
       {
         // (the row's index % 8 is lane % 8)
