@@ -32,6 +32,7 @@
 #include "loom/backend.h"
 #include "loom/exec_plan.h"
 #include "mat_vec_fast_formats.cuh"
+#include "tensor_map.h"
 #include "mma.cuh"
 #include "rope_row.cuh"
 
@@ -551,10 +552,11 @@ __global__ void __launch_bounds__(kDecThreads, kMinBlocks) flash_decode_kernel(c
 // key's four dot products are reduced over 16 lanes by shuffles, then two exps and a rescale of 32
 // accumulators a row. Here a warp takes 16 keys at once: S = Q K^T on mma.sync m16n8k16 (the rows padded
 // to 16), the online softmax on the S fragments (a quad's shuffles per 16 keys), and O += P V with the S
-// fragments as P's A operand (FlashAttention-2's register reuse). K and V come by cp.async into padded
-// shared rows (kMmaStride: ldmatrix's eight rows fall in eight bank groups), in stages of kMmaStageKeys
-// keys (a 16-key tile a warp), a.mma_bufs in flight; with the rope fold the first ones go out before the
-// wait (as kBulk above: the token's own row is taken from s_new, never from a copy).
+// fragments as P's A operand (FlashAttention-2's register reuse). K and V come in stages of kMmaStageKeys
+// keys (a 16-key tile a warp), a.mma_bufs in flight: by tensor copies in the 128-byte swizzle (kTma), or
+// by cp.async into padded rows (kMmaStride: ldmatrix's eight rows fall in eight bank groups); with the
+// rope fold the first ones go out before the wait, and the token's own rows are written into the tile
+// from the kernel's f16 copy (s_new) over what the copy brought.
 // Numerics: Q (rotated, times the scale) and P rounded to f16, scores and sums in float: fast mode's. The
 // folded and the unfolded paths both take it (their greedy logits are compared bit for bit), the
 // gathered (batched) ones keep the kernel above, and so does batch-invariant mode.
@@ -585,15 +587,60 @@ __device__ __forceinline__ float rope_elem(const float* x, int e, const float* c
 
 // Grid: x = KV head (one row group, one sequence), y = split. Partial results (or with one split the
 // output) as flash_decode_kernel writes them, so the merges are the same.
-template <int D, bool kRope>
-__global__ void __launch_bounds__(kDecThreads, 2) flash_decode_mma_kernel(const __grid_constant__ DecodeArgs a) {
+/// Stores 16 bytes (zeros) to shared memory at a shared-window address.
+__device__ __forceinline__ void st_shared16(uint32_t at, uint4 v) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(at), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+__device__ __forceinline__ void st_shared_zero16(uint32_t at) { st_shared16(at, make_uint4(0, 0, 0, 0)); }
+
+/// kTma's tensor maps of K and V (encode_rows_map: boxes of kMmaStageKeys rows, 128-byte swizzle)
+struct DecodeMaps {
+  CUtensorMap k, v;
+};
+/// kTma: a stage's K (or V) tile, pieces of 64 halves after each other, kMmaStageKeys rows of 128 bytes each
+template <int D>
+constexpr int kMmaTmaTileBytes = kMmaStageKeys * D * static_cast<int>(sizeof(__half));
+constexpr int kMmaTmaAlign = 1024;  ///< the 128-byte swizzle's tiles: 8 x 128-byte alignment
+
+/// flash_decode_mma_kernel's K/V stage rows: a row's 16-byte piece p lies at + (p / 8) x kPieceStride +
+/// ((p % 8) ^ swz(row index)) x 16 from the row's first byte (padded rows: one row, no swizzle; kTma: 64-half
+/// pieces kMmaStageKeys rows of 128 bytes apart, in the 128-byte swizzle)
+template <bool kTma>
+struct MmaRows {
+  static constexpr uint32_t kPieceStride = kTma ? kMmaStageKeys * 128 : 128;
+  __device__ static int swz(int i) { return kTma ? i & 7 : 0; }
+  /// the byte offset of piece p in a row whose pieces of 8 lie `stride` bytes apart, swizzled by x
+  __device__ static uint32_t piece_at(int p, int x, uint32_t stride) {
+    return (p / 8) * stride + static_cast<uint32_t>(((p % 8) ^ x) * 16);
+  }
+  /// ldmatrix's address: piece 2 q + b (q compile-time, b 0 or 1) of a row at row_at whose index % 8 is x,
+  /// in a form whose runtime part the loops hoist
+  __device__ static uint32_t pair_at(uint32_t row_at, int q, int b, int x) {
+    if constexpr (kTma) return row_at + (q / 4) * kPieceStride + static_cast<uint32_t>((((2 * q) % 8) ^ (b ^ x)) * 16);
+    else return row_at + b * 16 + q * 32;
+  }
+};
+
+// kTma: each stage's K and V tiles by one tensor copy each (thread 0; an mbarrier a buffer), rows of 128
+// bytes in the 128-byte swizzle (16-byte piece p of row r at p ^ r % 8): cp.async's 2,048 16-byte requests a
+// stage keep fewer bytes in flight than an SM's share of the bandwidth needs (ncu: 29% of DRAM at 6,663
+// keys). Without it, cp.async into padded rows (kMmaStride).
+template <int D, bool kRope, bool kTma>
+__global__ void __launch_bounds__(kDecThreads, 2) flash_decode_mma_kernel(const __grid_constant__ DecodeArgs a,
+                                                                          const __grid_constant__ DecodeMaps maps) {
   // pdl_wait later: the barriers, and with kRope the first stages' copies and the angles, go before it
   constexpr int kS = kMmaStride<D>;
   constexpr int kDT = D / 8;  // n8 tiles of O
   extern __shared__ __align__(16) uint8_t sh_raw[];
-  auto* s_kv = reinterpret_cast<__half*>(sh_raw);  // [stage][K rows, then V rows][kS]
+  // kTma: the stages from the first kMmaTmaAlign-aligned byte (the launcher adds the slack)
+  uint8_t* const sh_base =
+      kTma ? sh_raw + ((kMmaTmaAlign - smem_addr(sh_raw) % kMmaTmaAlign) % kMmaTmaAlign) : sh_raw;
+  auto* s_kv = reinterpret_cast<__half*>(sh_base);  // [stage][K rows, then V rows][kS] (kTma: tiles)
   __shared__ __align__(16) __half s_q[kMmaRows * kS];
-  __shared__ __align__(16) __half s_new[2][kS];  // kRope: the token's rotated K row and its V row, as stored
+  // kRope: the token's rotated K row and its V row, as stored; the warp whose tile holds the token's key
+  // writes them over what the stage's copy brought there (another block may be storing that row)
+  __shared__ __align__(16) __half s_new[2][kS];
+  __shared__ __align__(8) uint64_t bar[kMmaMaxBufs];  // kTma: a buffer's copies landed
   __shared__ float sh_cs[kRope ? D : 1];  // kRope: (cos, sin) of each rotation pair
   __shared__ float sh_mask[kKeyChunk];
   __shared__ int sh_last[2];  // per chunk parity: the chunk's last visible key (-1: none)
@@ -604,25 +651,65 @@ __global__ void __launch_bounds__(kDecThreads, 2) flash_decode_mma_kernel(const 
   const int split = static_cast<int>(blockIdx.y);
   const int64_t jb = static_cast<int64_t>(split) * a.keys_per_split, je = min(a.k.ne[1], jb + a.keys_per_split);
   const int n_stages = je > jb ? static_cast<int>((je - jb + kMmaStageKeys - 1) / kMmaStageKeys) : 0;
-  auto k_row = [&](int buf, int i) { return s_kv + (buf * 2 * kMmaStageKeys + i) * kS; };
-  auto v_row = [&](int buf, int i) { return s_kv + ((buf * 2 + 1) * kMmaStageKeys + i) * kS; };
+  // row i of buffer buf's K (kv 0) or V (kv 1) rows: its first byte's shared address (MmaRows: its pieces)
+  using L = MmaRows<kTma>;
+  constexpr uint32_t kPieceStride = L::kPieceStride;
+  auto kv_row = [&](int buf, int kv, int i) -> uint32_t {
+    if constexpr (kTma) return smem_addr(sh_base) + (buf * 2 + kv) * kMmaTmaTileBytes<D> + i * 128;
+    else return smem_addr(s_kv + ((buf * 2 + kv) * kMmaStageKeys + i) * kS);
+  };
+  const auto swz = L::swz;
+  const auto piece_at = L::piece_at;
+  const auto pair_at = L::pair_at;
   // stage st's K and V rows into buffer st % n_bufs by cp.async, 16 bytes a thread at a time (every
   // thread), rows past the split zero-filled; one commit group a stage. (A bulk copy a row, this kernel's
   // first form, ~800 copies of 256 bytes an SM: ncu 30 us at 6,663 keys against 25 here.)
+  // (kTma: thread 0 issues the stage's two tensor copies; rows past the tensor come as zeros, rows of the
+  // next split as they are, and the walk stops at je)
   const int n_bufs = a.mma_bufs;
   auto issue_stage = [&](int st) {
     const int64_t kb = jb + static_cast<int64_t>(st) * kMmaStageKeys;
-    const int n = static_cast<int>(min(je - kb, static_cast<int64_t>(kMmaStageKeys)));
     const int buf = st % n_bufs;
+    if constexpr (kTma) {
+      if (tid == 0) {
+        mbar_arrive_expect(&bar[buf], 2 * kMmaTmaTileBytes<D>);
+        tensor_copy_5d(sh_base + (buf * 2) * kMmaTmaTileBytes<D>, &maps.k, 0, static_cast<int>(kb), 0,
+                       static_cast<int>(hk), 0, &bar[buf]);
+        tensor_copy_5d(sh_base + (buf * 2 + 1) * kMmaTmaTileBytes<D>, &maps.v, 0, static_cast<int>(kb), 0,
+                       static_cast<int>(hk), 0, &bar[buf]);
+      }
+      return;
+    }
+    const int n = static_cast<int>(min(je - kb, static_cast<int64_t>(kMmaStageKeys)));
     constexpr int kChunks = D / 8;  // 16-byte pieces a row
     for (int i = tid; i < 2 * kMmaStageKeys * kChunks; i += kDecThreads) {
       const int kv = i / (kMmaStageKeys * kChunks), r = i / kChunks % kMmaStageKeys, ch = i % kChunks;
       const bool in = r < n;
       const char* src = in ? row_ptr(kv ? a.v : a.k, kb + r, hk, 0) + ch * 16 : a.k.data;
-      cp_async_16(smem_addr((kv ? v_row(buf, r) : k_row(buf, r)) + ch * 8), src, in ? 16 : 0);
+      cp_async_16(kv_row(buf, kv, r) + piece_at(ch, 0, kPieceStride), src, in ? 16 : 0);
     }
     cp_async_commit();
   };
+  if (tid == 0) {
+    sh_last[0] = -1;
+    if constexpr (kTma) {
+      for (int i = 0; i < kMmaMaxBufs; ++i) mbar_init(&bar[i], 1);
+      mbar_init_fence();
+    }
+  }
+  __syncthreads();
+  if constexpr (kRope) {
+    for (int st = 0; st < n_bufs && st < n_stages; ++st) issue_stage(st);
+    if (a.angles_early) rope_angles(a, sh_cs);
+  }
+  pdl_wait();
+  if constexpr (!kRope) {  // the step's stores wrote the token's rows: copied after the wait
+    for (int st = 0; st < n_bufs && st < n_stages; ++st) issue_stage(st);
+  } else {
+    if (!a.angles_early) rope_angles(a, sh_cs);
+    __syncthreads();  // the angles
+  }
+
   // the mask row (one for the group: the launcher checks); a chunk's masks into sh_mask and its last
   // visible key into sh_last[ci & 1] (the next chunk's reset; the barriers are the caller's)
   const char* mask_row = a.has_mask ? row_ptr(a.mask, 0, 0, 0) : nullptr;
@@ -638,20 +725,6 @@ __global__ void __launch_bounds__(kDecThreads, 2) flash_decode_mma_kernel(const 
     last = __reduce_max_sync(0xffffffffu, last);
     if (lane == 0 && last >= 0) atomicMax(&sh_last[ci & 1], last);
   };
-  if (tid == 0) sh_last[0] = -1;
-  __syncthreads();
-  if constexpr (kRope) {
-    for (int st = 0; st < n_bufs && st < n_stages; ++st) issue_stage(st);
-    if (a.angles_early) rope_angles(a, sh_cs);
-  }
-  pdl_wait();
-  if constexpr (!kRope) {  // the step's stores wrote the token's rows: copied after the wait
-    for (int st = 0; st < n_bufs && st < n_stages; ++st) issue_stage(st);
-  } else {
-    if (!a.angles_early) rope_angles(a, sh_cs);
-    __syncthreads();  // the angles
-  }
-
   // Q: the group's rows (rotated with kRope), times the scale, as f16; rows past n_rows zero. One query
   // (the launcher checks), so row r is head hk x group + r (row_at without its division)
   for (int i = tid; i < kMmaRows * D; i += kDecThreads) {
@@ -666,7 +739,7 @@ __global__ void __launch_bounds__(kDecThreads, 2) flash_decode_mma_kernel(const 
     s_q[r * kS + e] = __float2half_rn(v);
   }
   // kRope: the token's K row rotated and its V row, rounded to f16 as the stores round them; split 0's
-  // block stores them in the caches (no other block reads those rows: they take s_new)
+  // block stores them in the caches (every block takes those rows from s_new, written into its tile)
   int64_t k_key = -1, v_key = -1;
   if constexpr (kRope) {
     k_key = *reinterpret_cast<const int32_t*>(a.k_cell.data + (hk % a.k_cell.ne[1]) * a.k_cell.nb[1]);
@@ -709,7 +782,9 @@ __global__ void __launch_bounds__(kDecThreads, 2) flash_decode_mma_kernel(const 
       c_stop = sh_last[ci & 1] + 1;  // uniform over the block
     }
     const int buf = st % n_bufs;
-    {  // this thread's pieces of stage st (the later stages' may fly), then everyone's
+    if constexpr (kTma) {
+      mbar_wait(&bar[buf], (st / n_bufs) & 1);
+    } else {  // this thread's pieces of stage st (the later stages' may fly), then everyone's
       const int later = min(n_bufs - 1, n_stages - 1 - st);
       if (later >= 2) cp_async_wait<2>();
       else if (later == 1) cp_async_wait<1>();
@@ -725,22 +800,36 @@ __global__ void __launch_bounds__(kDecThreads, 2) flash_decode_mma_kernel(const 
       const unsigned hidden_bits = __ballot_sync(0xffffffffu, hidden && lane < 16);
       if (hidden_bits) {
         for (unsigned b = hidden_bits; b; b &= b - 1) {
-          const int i = __ffs(b) - 1;
-          auto* row = reinterpret_cast<uint4*>(v_row(buf, warp * 16 + i));
-          for (int p = lane; p < D / 8; p += kWarpSize) row[p] = make_uint4(0, 0, 0, 0);
+          const uint32_t row = kv_row(buf, 1, warp * 16 + __ffs(b) - 1);
+          for (int p = lane; p < D / 8; p += kWarpSize) st_shared_zero16(row + piece_at(p, 0, kPieceStride));
         }
+      }
+      // kRope: the token's K row, and its V row where visible (hidden, its zeroed copy, as the unfolded
+      // path), from s_new into the tile
+      bool wrote = false;
+      if constexpr (kRope) {
+        const int64_t kk = k_key - (c0 + t0), vk = v_key - (c0 + t0);
+        const bool put_k = kk >= 0 && kk < 16, put_v = vk >= 0 && vk < 16 && !((hidden_bits >> vk) & 1u);
+        for (int p = lane; p < D / 8; p += kWarpSize) {
+          const int ik = warp * 16 + static_cast<int>(kk), iv = warp * 16 + static_cast<int>(vk);
+          if (put_k) st_shared16(kv_row(buf, 0, ik) + piece_at(p, swz(ik), kPieceStride), reinterpret_cast<const uint4*>(s_new[0])[p]);
+          if (put_v) st_shared16(kv_row(buf, 1, iv) + piece_at(p, swz(iv), kPieceStride), reinterpret_cast<const uint4*>(s_new[1])[p]);
+        }
+        wrote = put_k || put_v;
+      }
+      if (hidden_bits || wrote) {
+        if constexpr (kTma) fence_proxy_async();  // these stores before a later refill's tensor copy
         __syncwarp();
       }
-      // S = Q K^T over the tile: K rows as B (keys 0-7 / 8-15 of the tile), the token's row from s_new
+      // S = Q K^T over the tile: K rows as B (keys 0-7 / 8-15 of the tile)
       float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
       {
-        const int kr = lane % 8 + lane / 16 * 8;
-        const __half* krow = kRope && c0 + t0 + kr == k_key ? s_new[0] : k_row(buf, warp * 16 + kr);
-        const uint32_t k_at = smem_addr(krow + (lane / 8) % 2 * 8);
+        // (the row's index % 8 is lane % 8)
+        const uint32_t k_at = kv_row(buf, 0, warp * 16 + lane % 8 + lane / 16 * 8);
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks) {
           uint32_t kb4[4];
-          ldmatrix_x4(kb4, k_at + ks * 16 * sizeof(__half));
+          ldmatrix_x4(kb4, pair_at(k_at, ks, (lane / 8) % 2, swz(lane)));
           mma_16816(s[0], qa[ks], kb4[0], kb4[1]);
           mma_16816(s[1], qa[ks], kb4[2], kb4[3]);
         }
@@ -786,15 +875,11 @@ __global__ void __launch_bounds__(kDecThreads, 2) flash_decode_mma_kernel(const 
       const uint32_t pa[4] = {pack_half2(s[0][0], s[0][1]), pack_half2(s[0][2], s[0][3]), pack_half2(s[1][0], s[1][1]),
                               pack_half2(s[1][2], s[1][3])};
       {
-        const int vr = lane % 8 + (lane / 8) % 2 * 8;
-        // the token's row from s_new where it is visible (hidden, its zeroed copy, as the unfolded path)
-        const bool mine = kRope && c0 + t0 + vr == v_key && !((hidden_bits >> vr) & 1u);
-        const __half* vrow = mine ? s_new[1] : v_row(buf, warp * 16 + vr);
-        const uint32_t v_at = smem_addr(vrow + lane / 16 * 8);
+        const uint32_t v_at = kv_row(buf, 1, warp * 16 + lane % 8 + (lane / 8) % 2 * 8);
 #pragma unroll
         for (int dp = 0; dp < D / 16; ++dp) {
           uint32_t vb[4];
-          ldmatrix_x4_trans(vb, v_at + dp * 16 * sizeof(__half));
+          ldmatrix_x4_trans(vb, pair_at(v_at, dp, lane / 16, swz(lane)));
           mma_16816(o[2 * dp], pa, vb[0], vb[1]);
           mma_16816(o[2 * dp + 1], pa, vb[2], vb[3]);
         }
@@ -802,6 +887,8 @@ __global__ void __launch_bounds__(kDecThreads, 2) flash_decode_mma_kernel(const 
     }
     if (st + n_bufs < n_stages) {  // buffer `buf` takes stage st + n_bufs once every warp is done with it
       __syncthreads();
+      if constexpr (kTma)
+        if (tid == 0) fence_proxy_async();  // the block's reads of the buffer before the copy's writes
       issue_stage(st + n_bufs);
     }
   }
@@ -814,8 +901,9 @@ __global__ void __launch_bounds__(kDecThreads, 2) flash_decode_mma_kernel(const 
   // the warps' (m, l, O) through shared memory (the stages' bytes: every copy has landed and been
   // read), merged in warp order and written as flash_decode_kernel writes them
   __syncthreads();
-  auto* sh_acc = reinterpret_cast<float*>(sh_raw);  // [warp][row][D]
-  static_assert(kDecWarps * kMmaRows * D * sizeof(float) <= 2 * kMmaStageBytes<D>, "the warps' O fit the stages");
+  auto* sh_acc = reinterpret_cast<float*>(sh_base);  // [warp][row][D]
+  static_assert(kDecWarps * kMmaRows * D * sizeof(float) <= 2 * (kTma ? 2 * kMmaTmaTileBytes<D> : kMmaStageBytes<D>),
+                "the warps' O fit two stages");
   if (c == 0) {
     sh_m[warp][g] = m[0], sh_m[warp][g + 8] = m[1];
     sh_l[warp][g] = l[0], sh_l[warp][g + 8] = l[1];
@@ -1200,14 +1288,26 @@ CudaError launch_flash_attn_decode(const LaunchContext& ctx, const Tensor* dst, 
   // Q4_K_M tg128 (stop 50): 3 against 2 +1.5% at depth 4096, +3.6% at 16384; swizzled unpadded rows for
   // three blocks an SM (50 splits) were 1-2% slower than these (168 registers, a spill).
   static const int mma_bufs = static_cast<int>(env_int("LOOM_FLASH_DECODE_MMA_BUFS", 3, 2, kMmaMaxBufs));
+  // LOOM_FLASH_DECODE_MMA_TMA=0: the stages by cp.async (where the tensor maps cannot be made, too)
+  static const bool mma_tma = env_switch("LOOM_FLASH_DECODE_MMA_TMA");
   a.mma_bufs = mma_bufs;
-  void (*mma)(DecodeArgs) = nullptr;
+  void (*mma)(DecodeArgs, DecodeMaps) = nullptr;
+  DecodeMaps maps{};
   size_t mma_smem = 0;
   if (use_mma) {
     const bool d64 = d_head == 64;
-    mma = rope ? (d64 ? flash_decode_mma_kernel<64, true> : flash_decode_mma_kernel<128, true>)
-               : (d64 ? flash_decode_mma_kernel<64, false> : flash_decode_mma_kernel<128, false>);
-    mma_smem = a.mma_bufs * (d64 ? kMmaStageBytes<64> : kMmaStageBytes<128>);
+    const int dh = static_cast<int>(d_head);
+    const bool tma = mma_tma && encode_rows_map(maps.k, k->data, k->ne.data(), k->nb.data(), dh, kMmaStageKeys, 128) &&
+                     encode_rows_map(maps.v, v->data, v->ne.data(), v->nb.data(), dh, kMmaStageKeys, 128);
+    if (tma) {
+      mma = rope ? (d64 ? flash_decode_mma_kernel<64, true, true> : flash_decode_mma_kernel<128, true, true>)
+                 : (d64 ? flash_decode_mma_kernel<64, false, true> : flash_decode_mma_kernel<128, false, true>);
+      mma_smem = a.mma_bufs * 2 * (d64 ? kMmaTmaTileBytes<64> : kMmaTmaTileBytes<128>) + kMmaTmaAlign;
+    } else {
+      mma = rope ? (d64 ? flash_decode_mma_kernel<64, true, false> : flash_decode_mma_kernel<128, true, false>)
+                 : (d64 ? flash_decode_mma_kernel<64, false, false> : flash_decode_mma_kernel<128, false, false>);
+      mma_smem = a.mma_bufs * (d64 ? kMmaStageBytes<64> : kMmaStageBytes<128>);
+    }
     LOOM_CUDA_CHECK(cudaFuncSetAttribute(mma, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(mma_smem)));
     int per_sm = 0;
     LOOM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, mma, kDecThreads, mma_smem));
@@ -1269,7 +1369,8 @@ CudaError launch_flash_attn_decode(const LaunchContext& ctx, const Tensor* dst, 
                                          static_cast<int>(kBulkMaxBytes)));
   }
   if (mma) {
-    mma<<<dim3(static_cast<unsigned>(k->ne[2]), static_cast<unsigned>(a.n_splits)), kDecThreads, mma_smem, ctx.stream>>>(a);
+    mma<<<dim3(static_cast<unsigned>(k->ne[2]), static_cast<unsigned>(a.n_splits)), kDecThreads, mma_smem, ctx.stream>>>(
+        a, maps);
     LOOM_CUDA_CHECK_LAUNCH("flash_decode_mma_kernel");
   } else {
     kernel<<<grid, kDecThreads, bulk_bytes, ctx.stream>>>(a);

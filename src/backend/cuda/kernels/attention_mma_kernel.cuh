@@ -885,22 +885,7 @@ inline bool aligned(const Tensor* t, size_t bytes) {
 /// 5,266-5,297, 128-byte 409 / 5,204-5,212.
 template <int D, int kBc>
 bool encode_kv_map(const Tensor* t, CUtensorMap& map) {
-  const auto encode = tensor_map_encoder();
-  if (!encode) return false;
-  constexpr int piece = kKvSwizzle / 2;  // halves
-  const cuuint64_t dims[5] = {static_cast<cuuint64_t>(piece), static_cast<cuuint64_t>(t->ne[1]),
-                              static_cast<cuuint64_t>(D / piece), static_cast<cuuint64_t>(t->ne[2]),
-                              static_cast<cuuint64_t>(t->ne[3])};
-  const cuuint64_t strides[4] = {static_cast<cuuint64_t>(t->nb[1]), static_cast<cuuint64_t>(piece * 2),
-                                 static_cast<cuuint64_t>(t->nb[2]), static_cast<cuuint64_t>(t->nb[3])};
-  const cuuint32_t box[5] = {static_cast<cuuint32_t>(piece), kBc, static_cast<cuuint32_t>(D / piece), 1, 1};
-  const cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
-  return encode(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 5, t->data, dims, strides, box, element_strides,
-                CU_TENSOR_MAP_INTERLEAVE_NONE,
-                kKvSwizzle == 128  ? CU_TENSOR_MAP_SWIZZLE_128B
-                : kKvSwizzle == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
-                                   : CU_TENSOR_MAP_SWIZZLE_32B,
-                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  return encode_rows_map(map, t->data, t->ne.data(), t->nb.data(), D, kBc, kKvSwizzle);
 }
 
 /// launched: false where the wgmma kernel's tensor maps cannot be made (nothing ran; the caller
