@@ -1288,7 +1288,9 @@ CudaError launch_flash_attn_decode(const LaunchContext& ctx, const Tensor* dst, 
   // Q4_K_M tg128 (stop 50): 3 against 2 +1.5% at depth 4096, +3.6% at 16384; swizzled unpadded rows for
   // three blocks an SM (50 splits) were 1-2% slower than these (168 registers, a spill).
   static const int mma_bufs = static_cast<int>(env_int("LOOM_FLASH_DECODE_MMA_BUFS", 3, 2, kMmaMaxBufs));
-  // LOOM_FLASH_DECODE_MMA_TMA=0: the stages by cp.async (where the tensor maps cannot be made, too)
+  // LOOM_FLASH_DECODE_MMA_TMA=0: the stages by cp.async (where the tensor maps cannot be made, too).
+  // 8B Q4_K_M tg128 (H200, stop 51): depth 16384 310 against 289 by cp.async; 4096 and 0 the same
+  // within noise; the logits bit-identical.
   static const bool mma_tma = env_switch("LOOM_FLASH_DECODE_MMA_TMA");
   a.mma_bufs = mma_bufs;
   void (*mma)(DecodeArgs, DecodeMaps) = nullptr;
