@@ -13,6 +13,7 @@ reader's job (their count against the kernel's first-step weight loads); a load 
 writes must be a coherent one after the wait (ld_act).
 
   cuobjdump -sass build/bin/libloom_cuda.so | tools/sass_wait.py 'mat_vec_direct'
+  scripts/sass-local.sh src/backend/cuda/kernels/mat_vec_fast.cu /tmp/mv.sass && tools/sass_wait.py < /tmp/mv.sass
 """
 import re
 import sys
@@ -43,9 +44,12 @@ def report():
           f'since the one before: {" ".join(f"{n}/{c}" for n, c in segments)}')
 
 for line in sys.stdin:
-    if 'Function :' in line:
+    if 'Function :' in line:  # cuobjdump -sass
         report()
         name, lines = line.split('Function :', 1)[1].strip(), []
+    elif line.startswith('.text.') and line.rstrip().endswith(':'):  # nvdisasm -c (scripts/sass-local.sh)
+        report()
+        name, lines = line.strip()[len('.text.'):-1], []
     else:
         lines.append(line)
 report()
