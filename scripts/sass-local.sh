@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # SASS of one CUDA source of the build, on a machine without a GPU: compiles FILE (a path under
-# src/backend/cuda/kernels) with build-gpu's own command to one sm_90a cubin and disassembles it with
+# src/backend/cuda/kernels) with build-gpu's own command to one cubin of the file's own architecture
+# (sm_90, or sm_90a for the warpgroup kernels' files) and disassembles it with
 # nvdisasm from Debian 12's nvidia-cuda-toolkit package (non-free; fetched with apt-get download into
 # .nvdisasm/, git-ignored, and unpacked there, never installed). CUDA 13 writes the ELF header's
 # architecture flags in a newer form than that nvdisasm (11.8) reads, so the copy it disassembles gets
 # the older form (sm_90, 64-bit, unified textures) in e_flags; the instructions themselves are sm_90's.
-#   scripts/sass-local.sh FILE [OUT]   -> OUT (default /tmp/FILE-base.sass)
+#   scripts/sass-local.sh FILE [OUT]   -> OUT (default /tmp/NAME.sass, NAME the file's name without .cu)
 # Needs build-gpu configured (cmake -B build-gpu ... with CUDA) and, for the first run, Debian's non-free
 # component in apt's sources (Components: non-free).
 set -euo pipefail
