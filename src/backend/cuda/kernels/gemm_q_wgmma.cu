@@ -172,18 +172,17 @@ __global__ void __launch_bounds__(kWgThreads, 1) gemm_q_wgmma_kernel(GemmQArgs p
       // A fragments of k32 step j: rows g and g + 8, physical k 8c .. 8c+7 of the step, as two k16 steps
       auto dequant_step = [&](int j, uint32_t(&a)[8]) {
         uint32_t wl[4], wh[4];
-        const int k = 32 * j + 8 * c;
         if constexpr (S::kPreScales) {
           if (pre) {
-            dequant8_q4k_pre(w_rows[0], k, s_sc[j * kBM + row_of(0)], wl);
-            dequant8_q4k_pre(w_rows[1], k, s_sc[j * kBM + row_of(1)], wh);
+            dequant8_q4k_pre(w_rows[0], j, c, s_sc[j * kBM + row_of(0)], wl);
+            dequant8_q4k_pre(w_rows[1], j, c, s_sc[j * kBM + row_of(1)], wh);
           } else {
-            dequant8<D>(w_rows[0], k, wl);
-            dequant8<D>(w_rows[1], k, wh);
+            dequant8_jc<D>(w_rows[0], j, c, wl);
+            dequant8_jc<D>(w_rows[1], j, c, wh);
           }
         } else {
-          dequant8<D>(w_rows[0], k, wl);
-          dequant8<D>(w_rows[1], k, wh);
+          dequant8_jc<D>(w_rows[0], j, c, wl);
+          dequant8_jc<D>(w_rows[1], j, c, wh);
         }
         a[0] = wl[0], a[1] = wh[0], a[2] = wl[1], a[3] = wh[1];
         a[4] = wl[2], a[5] = wh[2], a[6] = wl[3], a[7] = wh[3];
