@@ -415,13 +415,27 @@ __device__ __forceinline__ void dequant8_jc(const unsigned char* raw, int j, int
   }
 }
 
+/// Whether v holds in any thread of the caller's warpgroup (its 128 threads, every one calling): a named
+/// barrier (id 1 + the warpgroup; __syncthreads takes 0) that ORs their predicates.
+__device__ __forceinline__ bool warpgroup_any(bool v) {
+  const uint32_t wg = threadIdx.x / 128;
+  uint32_t r;
+  asm volatile(
+      "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n bar.red.or.pred q, %2, 128, p;\n selp.u32 %0, 1, 0, q;\n}\n"
+      : "=r"(r)
+      : "r"(static_cast<uint32_t>(v)), "r"(1 + wg)
+      : "memory");
+  return r != 0;
+}
+
 // q4_K with the scales decoded once per chunk (kChunk = one block of each row), by the warp whose
 // rows they are: its kRows rows' 8 sub-blocks' d * sc (low half) and -(dmin * m) (high half) as f16,
 // kRows / 4 sub-blocks a lane. Where one of them is beyond f16, the warp takes the float path for the
 // chunk (returns true, alike in every lane). Rows past m (stale bytes) take no part in that choice.
 // Before, each of the 4 threads sharing a row's 8 weights decoded them again at every dequant8 call;
 // and a block-wide vote here held every warp at the slowest one each chunk (ncu: 10% of the stalls).
-template <class S, int kMT>
+// (kGroupVote: the vote is over the caller's warpgroup, every thread of which calls, not over the warp)
+template <class S, int kMT, bool kGroupVote = false>
 __device__ __forceinline__ bool q4k_pre_scales(const unsigned char* stage_w, int warp, int lane, int64_t rows_left,
                                                uint32_t* s_sc) {
   constexpr int kRows = 16 * kMT, kLanesPerRow = kWarpSize / kRows, kSbPerLane = (kChunk / 32) / kLanesPerRow;
@@ -437,6 +451,7 @@ __device__ __forceinline__ bool q4k_pre_scales(const unsigned char* stage_w, int
     wide = wide || (r < rows_left && !(fabsf(scale) <= 65504.0f && fabsf(bias) <= 65504.0f));
     s_sc[(sb0 + i) * kBM + r] = pack_half2(scale, -bias);
   }
+  if constexpr (kGroupVote) return warpgroup_any(wide);  // (a barrier: the scales' stores are done too)
   const bool any = __any_sync(0xffffffffu, wide);
   __syncwarp();
   return any;

@@ -166,9 +166,13 @@ __global__ void __launch_bounds__(kWgThreads, 1) gemm_q_wgmma_kernel(GemmQArgs p
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf)
         w_rows[hf] = s_w + stage * S::kWStageBytes + row_of(hf) * S::kRawStride + misalign(row_of(hf), k0);
+      // q4_K's pre-decoded scales where no scale of the warpgroup's rows is beyond f16 (the vote over the
+      // warpgroup: its four warps must take the same loop below, their wgmma instructions being
+      // warpgroup-wide)
       bool pre = false;
       if constexpr (S::kPreScales)
-        if (p.pre_scales) pre = !q4k_pre_scales<S, 1>(s_w + stage * S::kWStageBytes, warp, lane, p.m - row0, s_sc);
+        if (p.pre_scales)
+          pre = !q4k_pre_scales<S, 1, true>(s_w + stage * S::kWStageBytes, warp, lane, p.m - row0, s_sc);
       const uint32_t xs = smem_addr(s_x + stage * kXTileHalves);
       // The chunk's 8 k32 steps, one loop per dequantization path (dq(hf, j, w): row hf's eight weights of
       // step j), so no branch sits inside the steps. A fragments of step j: rows g and g + 8, physical k
