@@ -225,6 +225,7 @@ __device__ __forceinline__ void dequant8_float(const uint8_t* b, int j0, uint32_
 /// q6_K's eight weights 128 h + 32 c + l0 .. + 7 of block b (l0 a multiple of 8) as four f16x2: the
 /// low nibbles (c < 2) or high ones of ql, two bits of qh at 2 c, one int8 scale a 16 (j0 / 16 =
 /// 8 h + 2 c + l0 / 16) times d, rounded to f16 first.
+template <bool kWords = false>
 __device__ __forceinline__ void dequant8_q6k_at(const uint8_t* b, int h, int c, int l0, uint32_t (&w)[4]) {
   const uint8_t* ql = b + 64 * h + 32 * (c & 1) + l0;
   const uint8_t* qh = b + 128 + 32 * h + l0;
@@ -233,11 +234,34 @@ __device__ __forceinline__ void dequant8_q6k_at(const uint8_t* b, int h, int c, 
   uint32_t sc2;
   memcpy(&sc2, &scale, 4);
   const int shift = c < 2 ? 0 : 4;
+  if constexpr (kWords) {
+    // ql's and qh's eight bytes as two words each, cut by a funnel shift (0 or 16 bits) out of the three
+    // aligned words around them (210-byte blocks start 2-byte aligned; the third word stays inside the
+    // block), the codes made four at a time: the warpgroup kernel's q6_K step ~100 -> ~86 instructions
+    // (SASS, stop 51; in the mma.sync kernel, at its 128-register bound, it spilled: 16-bit pairs there)
+    auto words8 = [](const uint8_t* p, uint32_t (&out)[2]) {
+      const auto* a = reinterpret_cast<const uint32_t*>(p - (reinterpret_cast<uintptr_t>(p) & 2u));
+      const unsigned sh = static_cast<unsigned>(reinterpret_cast<uintptr_t>(p) & 2u) * 8u;
+      const uint32_t w0 = a[0], w1 = a[1], w2 = a[2];
+      out[0] = __funnelshift_r(w0, w1, sh);
+      out[1] = __funnelshift_r(w1, w2, sh);
+    };
+    uint32_t lw[2], hw[2];
+    words8(ql, lw);
+    words8(qh, hw);
 #pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    const uint32_t v = ((load_u16_even(ql + 2 * e) >> shift) & 0x0f0fu) |
-                       (((load_u16_even(qh + 2 * e) >> (2 * c)) & 0x0303u) << 4);  // codes 0..63
-    w[e] = h2_sub_mul(__byte_perm(v, 0x64646464u, 0x5140), 0x64206420u, sc2);  // (1024 + q) - 1056
+    for (int i = 0; i < 2; ++i) {
+      const uint32_t v = ((lw[i] >> shift) & 0x0f0f0f0fu) | (((hw[i] >> (2 * c)) & 0x03030303u) << 4);  // codes 0..63
+      w[2 * i] = h2_sub_mul(__byte_perm(v, 0x64646464u, 0x5140), 0x64206420u, sc2);      // (1024 + q) - 1056
+      w[2 * i + 1] = h2_sub_mul(__byte_perm(v, 0x64646464u, 0x7362), 0x64206420u, sc2);  // bytes 2, 3
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const uint32_t v = ((load_u16_even(ql + 2 * e) >> shift) & 0x0f0fu) |
+                         (((load_u16_even(qh + 2 * e) >> (2 * c)) & 0x0303u) << 4);  // codes 0..63
+      w[e] = h2_sub_mul(__byte_perm(v, 0x64646464u, 0x5140), 0x64206420u, sc2);  // (1024 + q) - 1056
+    }
   }
 }
 
@@ -405,11 +429,12 @@ __device__ __forceinline__ void dequant8(const unsigned char* raw, int k, uint32
 /// dequant8 of weights 32 j + 8 c .. + 7 of the chunk, with the k32 step j and the quad's thread c
 /// (< 4) apart: where the caller unrolls its steps, q6_K's offsets and shifts become constants (from
 /// k = 32 j + 8 c the compiler computed them per step, not knowing c < 4). The same values.
-template <class D>
+// (kWords: q6_K's codes from words, dequant8_q6k_at<true>)
+template <class D, bool kWords = false>
 __device__ __forceinline__ void dequant8_jc(const unsigned char* raw, int j, int c, uint32_t (&w)[4]) {
   if constexpr (std::is_same_v<D, Dequant8Q6_K>) {
     const int jb = j % (D::kBlock / 32);  // the step within its block
-    dequant8_q6k_at(raw + (32 * j / D::kBlock) * D::kBytes, jb / 4, jb % 4, 8 * c, w);
+    dequant8_q6k_at<kWords>(raw + (32 * j / D::kBlock) * D::kBytes, jb / 4, jb % 4, 8 * c, w);
   } else {
     dequant8<D>(raw, 32 * j + 8 * c, w);
   }

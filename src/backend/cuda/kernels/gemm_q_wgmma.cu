@@ -208,7 +208,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) gemm_q_wgmma_kernel(GemmQArgs p
           done = true;
         }
       }
-      if (!done) steps([&](int hf, int j, uint32_t(&w)[4]) { dequant8_jc<D>(w_rows[hf], j, c, w); });
+      if (!done) steps([&](int hf, int j, uint32_t(&w)[4]) { dequant8_jc<D, true>(w_rows[hf], j, c, w); });
       fence_regs(acc);
       if (threadIdx.x == 0 && k0 + kStages * kChunk < k_end) arm_stage_wg<D>(p, row0, &bar[stage]);
       __syncthreads();  // every warpgroup's products of this stage are done before it is refilled
