@@ -172,12 +172,12 @@ __global__ void __launch_bounds__(kThreadsOf<kMT>, 1) gemm_q_kernel(GemmQArgs p,
     if constexpr (S::kPreScales) {
       if (pre) {
         steps([&](int mt, int hf, int j, uint32_t(&w)[4]) {
-          dequant8_q4k_pre(w_rows[mt][hf], 32 * j + 8 * c, s_sc[j * kBM + row_of(mt, hf)], w);
+          dequant8_q4k_pre(w_rows[mt][hf], j, c, s_sc[j * kBM + row_of(mt, hf)], w);
         });
         done = true;
       }
     }
-    if (!done) steps([&](int mt, int hf, int j, uint32_t(&w)[4]) { dequant8<D>(w_rows[mt][hf], 32 * j + 8 * c, w); });
+    if (!done) steps([&](int mt, int hf, int j, uint32_t(&w)[4]) { dequant8_jc<D>(w_rows[mt][hf], j, c, w); });
     // this stage's next fill (chunk + 2) is expected before the barrier that precedes its copies
     if constexpr (S::kBulk) if (k0 + 2 * kChunk < k_end) arm_stage<D>(p, row0, col0, &bar[stage]);
     __syncthreads();  // every warp is done with this stage before it is refilled

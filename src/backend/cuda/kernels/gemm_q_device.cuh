@@ -222,6 +222,49 @@ __device__ __forceinline__ void dequant8_float(const uint8_t* b, int j0, uint32_
   for (int e = 0; e < 4; ++e) w[e] = pack_half2(f[2 * e], f[2 * e + 1]);
 }
 
+/// q6_K's eight weights 128 h + 32 c + l0 .. + 7 of block b (l0 a multiple of 8) as four f16x2: the
+/// low nibbles (c < 2) or high ones of ql, two bits of qh at 2 c, one int8 scale a 16 (j0 / 16 =
+/// 8 h + 2 c + l0 / 16) times d, rounded to f16 first.
+template <bool kWords = false>
+__device__ __forceinline__ void dequant8_q6k_at(const uint8_t* b, int h, int c, int l0, uint32_t (&w)[4]) {
+  const uint8_t* ql = b + 64 * h + 32 * (c & 1) + l0;
+  const uint8_t* qh = b + 128 + 32 * h + l0;
+  const __half2 scale = __float2half2_rn(f16_to_float(load_u16_even(b + 208)) *
+                                         static_cast<float>(static_cast<int8_t>(b[192 + 8 * h + 2 * c + l0 / 16])));
+  uint32_t sc2;
+  memcpy(&sc2, &scale, 4);
+  const int shift = c < 2 ? 0 : 4;
+  if constexpr (kWords) {
+    // ql's and qh's eight bytes as two words each, cut by a funnel shift (0 or 16 bits) out of the three
+    // aligned words around them (210-byte blocks start 2-byte aligned; the third word stays inside the
+    // block), the codes made four at a time: the warpgroup kernel's q6_K step ~100 -> ~86 instructions
+    // (SASS, stop 51; in the mma.sync kernel, at its 128-register bound, it spilled: 16-bit pairs there)
+    auto words8 = [](const uint8_t* p, uint32_t (&out)[2]) {
+      const auto* a = reinterpret_cast<const uint32_t*>(p - (reinterpret_cast<uintptr_t>(p) & 2u));
+      const unsigned sh = static_cast<unsigned>(reinterpret_cast<uintptr_t>(p) & 2u) * 8u;
+      const uint32_t w0 = a[0], w1 = a[1], w2 = a[2];
+      out[0] = __funnelshift_r(w0, w1, sh);
+      out[1] = __funnelshift_r(w1, w2, sh);
+    };
+    uint32_t lw[2], hw[2];
+    words8(ql, lw);
+    words8(qh, hw);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const uint32_t v = ((lw[i] >> shift) & 0x0f0f0f0fu) | (((hw[i] >> (2 * c)) & 0x03030303u) << 4);  // codes 0..63
+      w[2 * i] = h2_sub_mul(__byte_perm(v, 0x64646464u, 0x5140), 0x64206420u, sc2);      // (1024 + q) - 1056
+      w[2 * i + 1] = h2_sub_mul(__byte_perm(v, 0x64646464u, 0x7362), 0x64206420u, sc2);  // bytes 2, 3
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const uint32_t v = ((load_u16_even(ql + 2 * e) >> shift) & 0x0f0fu) |
+                         (((load_u16_even(qh + 2 * e) >> (2 * c)) & 0x0303u) << 4);  // codes 0..63
+      w[e] = h2_sub_mul(__byte_perm(v, 0x64646464u, 0x5140), 0x64206420u, sc2);  // (1024 + q) - 1056
+    }
+  }
+}
+
 /// The formats dequant8 decodes straight to f16 pairs (all but mxfp4, whose power-of-two scale lies past
 /// f16's range: its float Dequant8): gemm_q's unrolled-by-two form and the warpgroup kernel take them.
 template <class D>
@@ -288,20 +331,7 @@ __device__ __forceinline__ void dequant8(const unsigned char* raw, int k, uint32
         w[e] = h2_sub_fma(__byte_perm(v, 0x64646464u, 0x5140), 0x64006400u, scale, nbias);  // (1024 + code) - 1024
       }
     } else {
-      const int h = j0 / 128, c = (j0 % 128) / 32, l0 = j0 % 32;
-      const uint8_t* ql = b + 64 * h + 32 * (c & 1) + l0;
-      const uint8_t* qh = b + 128 + 32 * h + l0;
-      const __half2 scale = __float2half2_rn(f16_to_float(load_u16_even(b + 208)) *
-                                             static_cast<float>(static_cast<int8_t>(b[192 + j0 / 16])));
-      uint32_t sc2;
-      memcpy(&sc2, &scale, 4);
-      const int shift = c < 2 ? 0 : 4;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const uint32_t v = ((load_u16_even(ql + 2 * e) >> shift) & 0x0f0fu) |
-                           (((load_u16_even(qh + 2 * e) >> (2 * c)) & 0x0303u) << 4);  // codes 0..63
-        w[e] = h2_sub_mul(__byte_perm(v, 0x64646464u, 0x5140), 0x64206420u, sc2);  // (1024 + q) - 1056
-      }
+      dequant8_q6k_at(b, j0 / 128, (j0 % 128) / 32, j0 % 32, w);
     }
   } else if constexpr (std::is_same_v<D, Dequant8Of<FormatQ3_K>> || std::is_same_v<D, Dequant8Of<FormatQ2_K>>) {
     // q3_K, q2_K: 2-bit codes of element 128 h + 32 c + l in bits 2 c of byte 32 h + l (at 32 / 16); q3_K's
@@ -396,13 +426,41 @@ __device__ __forceinline__ void dequant8(const unsigned char* raw, int k, uint32
   }
 }
 
+/// dequant8 of weights 32 j + 8 c .. + 7 of the chunk, with the k32 step j and the quad's thread c
+/// (< 4) apart: where the caller unrolls its steps, q6_K's offsets and shifts become constants (from
+/// k = 32 j + 8 c the compiler computed them per step, not knowing c < 4). The same values.
+// (kWords: q6_K's codes from words, dequant8_q6k_at<true>)
+template <class D, bool kWords = false>
+__device__ __forceinline__ void dequant8_jc(const unsigned char* raw, int j, int c, uint32_t (&w)[4]) {
+  if constexpr (std::is_same_v<D, Dequant8Q6_K>) {
+    const int jb = j % (D::kBlock / 32);  // the step within its block
+    dequant8_q6k_at<kWords>(raw + (32 * j / D::kBlock) * D::kBytes, jb / 4, jb % 4, 8 * c, w);
+  } else {
+    dequant8<D>(raw, 32 * j + 8 * c, w);
+  }
+}
+
+/// Whether v holds in any thread of the caller's warpgroup (its 128 threads, every one calling): a named
+/// barrier (id 1 + the warpgroup; __syncthreads takes 0) that ORs their predicates.
+__device__ __forceinline__ bool warpgroup_any(bool v) {
+  const uint32_t wg = threadIdx.x / 128;
+  uint32_t r;
+  asm volatile(
+      "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n bar.red.or.pred q, %2, 128, p;\n selp.u32 %0, 1, 0, q;\n}\n"
+      : "=r"(r)
+      : "r"(static_cast<uint32_t>(v)), "r"(1 + wg)
+      : "memory");
+  return r != 0;
+}
+
 // q4_K with the scales decoded once per chunk (kChunk = one block of each row), by the warp whose
 // rows they are: its kRows rows' 8 sub-blocks' d * sc (low half) and -(dmin * m) (high half) as f16,
 // kRows / 4 sub-blocks a lane. Where one of them is beyond f16, the warp takes the float path for the
 // chunk (returns true, alike in every lane). Rows past m (stale bytes) take no part in that choice.
 // Before, each of the 4 threads sharing a row's 8 weights decoded them again at every dequant8 call;
 // and a block-wide vote here held every warp at the slowest one each chunk (ncu: 10% of the stalls).
-template <class S, int kMT>
+// (kGroupVote: the vote is over the caller's warpgroup, every thread of which calls, not over the warp)
+template <class S, int kMT, bool kGroupVote = false>
 __device__ __forceinline__ bool q4k_pre_scales(const unsigned char* stage_w, int warp, int lane, int64_t rows_left,
                                                uint32_t* s_sc) {
   constexpr int kRows = 16 * kMT, kLanesPerRow = kWarpSize / kRows, kSbPerLane = (kChunk / 32) / kLanesPerRow;
@@ -418,23 +476,28 @@ __device__ __forceinline__ bool q4k_pre_scales(const unsigned char* stage_w, int
     wide = wide || (r < rows_left && !(fabsf(scale) <= 65504.0f && fabsf(bias) <= 65504.0f));
     s_sc[(sb0 + i) * kBM + r] = pack_half2(scale, -bias);
   }
+  if constexpr (kGroupVote) return warpgroup_any(wide);  // (a barrier: the scales' stores are done too)
   const bool any = __any_sync(0xffffffffu, wide);
   __syncwarp();
   return any;
 }
 
-// dequant8 for q4_K from a pre-decoded sub-block scale pair (q4k_pre_scales), the row's eight codes
-// in one 8-byte shared load (rows are staged from their 16-byte-aligned start): the same f16 values.
-__device__ __forceinline__ void dequant8_q4k_pre(const unsigned char* raw, int k, uint32_t sc_pair, uint32_t (&w)[4]) {
-  const uint32_t scale2 = __byte_perm(sc_pair, 0, 0x1010), nbias2 = __byte_perm(sc_pair, 0, 0x3232);
-  const uint2 u = *reinterpret_cast<const uint2*>(raw + 16 + (k / 64) * 32 + (k % 32));
-  const int shift = ((k / 32) & 1) ? 4 : 0;
+// dequant8 for q4_K from a pre-decoded sub-block scale pair (q4k_pre_scales): the row's weights
+// 32 j + 8 c .. + 7 of the chunk (j its k32 step, c < 4 the thread of the quad), their eight codes in one
+// 8-byte shared load (rows are staged from their 16-byte-aligned start): the same f16 values. With j and c
+// apart, the nibble shift is a constant where the caller unrolls its steps (with k = 32 j + 8 c the
+// compiler computed it per step, not knowing c < 4), and the scale and bias halves reach the fma as
+// operand selectors (__low2half2 / __high2half2) instead of two byte permutes.
+__device__ __forceinline__ void dequant8_q4k_pre(const unsigned char* raw, int j, int c, uint32_t sc_pair,
+                                                 uint32_t (&w)[4]) {
+  __half2 pair;
+  memcpy(&pair, &sc_pair, 4);
+  const __half2 sc = __low2half2(pair), nb = __high2half2(pair);
+  const uint2 u = *reinterpret_cast<const uint2*>(raw + 16 + (j / 2) * 32 + 8 * c);
+  const int shift = (j & 1) * 4;
   const uint32_t lo = (u.x >> shift) & 0x0f0f0f0fu, hi = (u.y >> shift) & 0x0f0f0f0fu;
   const uint32_t h[4] = {__byte_perm(lo, 0x64646464u, 0x5140), __byte_perm(lo, 0x64646464u, 0x7362),
                          __byte_perm(hi, 0x64646464u, 0x5140), __byte_perm(hi, 0x64646464u, 0x7362)};  // 1024 + code
-  __half2 sc, nb;
-  memcpy(&sc, &scale2, 4);
-  memcpy(&nb, &nbias2, 4);
 #pragma unroll
   for (int e = 0; e < 4; ++e) w[e] = h2_sub_fma(h[e], 0x64006400u, sc, nb);  // (1024 + code) - 1024
 }

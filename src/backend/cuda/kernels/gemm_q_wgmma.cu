@@ -166,45 +166,49 @@ __global__ void __launch_bounds__(kWgThreads, 1) gemm_q_wgmma_kernel(GemmQArgs p
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf)
         w_rows[hf] = s_w + stage * S::kWStageBytes + row_of(hf) * S::kRawStride + misalign(row_of(hf), k0);
+      // q4_K's pre-decoded scales where no scale of the warpgroup's rows is beyond f16 (the vote over the
+      // warpgroup: its four warps must take the same loop below, their wgmma instructions being
+      // warpgroup-wide)
       bool pre = false;
       if constexpr (S::kPreScales)
-        if (p.pre_scales) pre = !q4k_pre_scales<S, 1>(s_w + stage * S::kWStageBytes, warp, lane, p.m - row0, s_sc);
-      // A fragments of k32 step j: rows g and g + 8, physical k 8c .. 8c+7 of the step, as two k16 steps
-      auto dequant_step = [&](int j, uint32_t(&a)[8]) {
-        uint32_t wl[4], wh[4];
-        const int k = 32 * j + 8 * c;
-        if constexpr (S::kPreScales) {
-          if (pre) {
-            dequant8_q4k_pre(w_rows[0], k, s_sc[j * kBM + row_of(0)], wl);
-            dequant8_q4k_pre(w_rows[1], k, s_sc[j * kBM + row_of(1)], wh);
-          } else {
-            dequant8<D>(w_rows[0], k, wl);
-            dequant8<D>(w_rows[1], k, wh);
-          }
-        } else {
-          dequant8<D>(w_rows[0], k, wl);
-          dequant8<D>(w_rows[1], k, wh);
-        }
-        a[0] = wl[0], a[1] = wh[0], a[2] = wl[1], a[3] = wh[1];
-        a[4] = wl[2], a[5] = wh[2], a[6] = wl[3], a[7] = wh[3];
-      };
+        if (p.pre_scales)
+          pre = !q4k_pre_scales<S, 1, true>(s_w + stage * S::kWStageBytes, warp, lane, p.m - row0, s_sc);
       const uint32_t xs = smem_addr(s_x + stage * kXTileHalves);
-      // Step j's products are waited for before step j + 1's are issued (two steps in flight, with a
-      // third fragment set, measured the same: ncu, H200, [4096, 14336] q4_K at 64 columns 31.5 against
-      // 30.7 us; so did a third stage, 30.6 against 30.5).
-      uint32_t a[2][8];
-      dequant_step(0, a[0]);
-      fence_regs(acc);
+      // The chunk's 8 k32 steps, one loop per dequantization path (dq(hf, j, w): row hf's eight weights of
+      // step j), so no branch sits inside the steps. A fragments of step j: rows g and g + 8, physical k
+      // 8c .. 8c+7 of the step, as two k16 steps. Step j's products are waited for before step j + 1's
+      // are issued (two steps in flight, with a third fragment set, measured the same: ncu, H200, [4096,
+      // 14336] q4_K at 64 columns 31.5 against 30.7 us; so did a third stage, 30.6 against 30.5).
+      auto steps = [&](auto dq) {
+        auto dequant_step = [&](int j, uint32_t(&a)[8]) {
+          uint32_t wl[4], wh[4];
+          dq(0, j, wl);
+          dq(1, j, wh);
+          a[0] = wl[0], a[1] = wh[0], a[2] = wl[1], a[3] = wh[1];
+          a[4] = wl[2], a[5] = wh[2], a[6] = wl[3], a[7] = wh[3];
+        };
+        uint32_t a[2][8];
+        dequant_step(0, a[0]);
+        fence_regs(acc);
 #pragma unroll
-      for (int j = 0; j < kChunk / 32; ++j) {
-        wgmma_fence();
-        wgmma_64x64x16_rs<false>(acc, &a[j & 1][0], b_desc(xs + (2 * j) * 2048));
-        wgmma_64x64x16_rs<false>(acc, &a[j & 1][4], b_desc(xs + (2 * j + 1) * 2048));
-        wgmma_commit();
-        if (j + 1 < kChunk / 32) dequant_step(j + 1, a[(j + 1) & 1]);
-        wgmma_wait<0>();
-        fence_regs(a[j & 1]);
+        for (int j = 0; j < kChunk / 32; ++j) {
+          wgmma_fence();
+          wgmma_64x64x16_rs<false>(acc, &a[j & 1][0], b_desc(xs + (2 * j) * 2048));
+          wgmma_64x64x16_rs<false>(acc, &a[j & 1][4], b_desc(xs + (2 * j + 1) * 2048));
+          wgmma_commit();
+          if (j + 1 < kChunk / 32) dequant_step(j + 1, a[(j + 1) & 1]);
+          wgmma_wait<0>();
+          fence_regs(a[j & 1]);
+        }
+      };
+      bool done = false;
+      if constexpr (S::kPreScales) {
+        if (pre) {
+          steps([&](int hf, int j, uint32_t(&w)[4]) { dequant8_q4k_pre(w_rows[hf], j, c, s_sc[j * kBM + row_of(hf)], w); });
+          done = true;
+        }
       }
+      if (!done) steps([&](int hf, int j, uint32_t(&w)[4]) { dequant8_jc<D, true>(w_rows[hf], j, c, w); });
       fence_regs(acc);
       if (threadIdx.x == 0 && k0 + kStages * kChunk < k_end) arm_stage_wg<D>(p, row0, &bar[stage]);
       __syncthreads();  // every warpgroup's products of this stage are done before it is refilled

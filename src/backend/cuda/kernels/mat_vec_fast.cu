@@ -639,23 +639,9 @@ __device__ __forceinline__ void direct_q4k_tile(const FastArgs& args,
       }
     }
   };
-  uint4 nq0[kLoad], nq1[kLoad], nh[kLoad], nqh0[kQh], nqh1[kQh];  // the prefetched step (kPrefetch)
-  if (kPrefetch && lane / kLanesPerBlock < n_blocks) load(lane / kLanesPerBlock, nh, nq0, nq1, nqh0, nqh1);
-#pragma unroll 1
-  for (int64_t b = lane / kLanesPerBlock; b < n_blocks; b += kBlocksPerStep) {
-    uint4 q0[kLoad], q1[kLoad], h[kLoad], qh0[kQh], qh1[kQh];
-    if constexpr (kPrefetch) {
-#pragma unroll
-      for (int l = 0; l < kLoad; ++l) {
-        h[l] = nh[l];
-        q0[l] = nq0[l];
-        q1[l] = nq1[l];
-        if constexpr (kQ5) qh0[l] = nqh0[l], qh1[l] = nqh1[l];
-      }
-      if (b + kBlocksPerStep < n_blocks) load(b + kBlocksPerStep, nh, nq0, nq1, nqh0, nqh1);
-    } else {
-      load(b, h, q0, q1, qh0, qh1);
-    }
+  // one step: block b of each loaded row (its weights in h, q0, q1, qh0, qh1), every column
+  auto step = [&](int64_t b, const uint4(&h)[kLoad], const uint4(&q0)[kLoad], const uint4(&q1)[kLoad],
+                  const uint4(&qh0)[kQh], const uint4(&qh1)[kQh]) {
     if (!waited) {
       pdl_wait();
       waited = true;
@@ -707,6 +693,45 @@ __device__ __forceinline__ void direct_q4k_tile(const FastArgs& args,
         const float msum = static_cast<float>(m0[l] * s0 + m1[l] * s1);
         acc[l][c] += dx * (d[l] * dsum - dmin[l] * msum);
       }
+    }
+  };
+  const int64_t first = lane / kLanesPerBlock;
+  if constexpr (kPrefetch && !kQ5) {
+    // two register sets in turn, each loaded a step ahead of its use (a set copied into the other every
+    // step, as below, was ~48 moves a step of ~380 instructions: SASS of the gate/up kernel; q5_K keeps
+    // the copy, its two sets in turn spilling 64-72 bytes at its 128-register bound)
+    uint4 ha[kLoad], q0a[kLoad], q1a[kLoad], qh0a[kQh], qh1a[kQh];
+    uint4 hb[kLoad], q0b[kLoad], q1b[kLoad], qh0b[kQh], qh1b[kQh];
+    if (first < n_blocks) load(first, ha, q0a, q1a, qh0a, qh1a);
+#pragma unroll 1
+    for (int64_t b = first; b < n_blocks; b += 2 * kBlocksPerStep) {
+      const int64_t b1 = b + kBlocksPerStep, b2 = b1 + kBlocksPerStep;
+      if (b1 < n_blocks) load(b1, hb, q0b, q1b, qh0b, qh1b);
+      step(b, ha, q0a, q1a, qh0a, qh1a);
+      if (b1 >= n_blocks) break;
+      if (b2 < n_blocks) load(b2, ha, q0a, q1a, qh0a, qh1a);
+      step(b1, hb, q0b, q1b, qh0b, qh1b);
+    }
+  } else {
+    uint4 nq0[kLoad], nq1[kLoad], nh[kLoad], nqh0[kQh], nqh1[kQh];  // the prefetched step (kPrefetch)
+    if (kPrefetch && first < n_blocks) load(first, nh, nq0, nq1, nqh0, nqh1);
+#pragma unroll 1
+    for (int64_t b = first; b < n_blocks; b += kBlocksPerStep) {
+      uint4 q0[kLoad], q1[kLoad], h[kLoad], qh0[kQh], qh1[kQh];
+      if constexpr (kPrefetch) {
+#pragma unroll
+        for (int l = 0; l < kLoad; ++l) {
+          h[l] = nh[l];
+          q0[l] = nq0[l];
+          q1[l] = nq1[l];
+        }
+#pragma unroll
+        for (int l = 0; l < kQh; ++l) qh0[l] = nqh0[l], qh1[l] = nqh1[l];
+        if (b + kBlocksPerStep < n_blocks) load(b + kBlocksPerStep, nh, nq0, nq1, nqh0, nqh1);
+      } else {
+        load(b, h, q0, q1, qh0, qh1);
+      }
+      step(b, h, q0, q1, qh0, qh1);
     }
   }
   if (!waited) pdl_wait();
