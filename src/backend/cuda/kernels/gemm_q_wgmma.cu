@@ -79,9 +79,19 @@ __device__ __forceinline__ void issue_x_tile(const GemmQArgs& p, int64_t k0, __h
   }
 }
 
+// Bulk-staged formats run their stages free: each warp releases a stage on the stage's "empty" mbarrier
+// once its reads of it are done (its dequantization; its warpgroup's products, waited for), and only the
+// threads that copy into a stage wait for that release before refilling it, where every warp used to meet
+// at a block barrier each chunk; the warpgroups then drift apart instead of dequantizing and issuing their
+// products at the same moments. ncu (H200, caches flushed, 64 columns, q4_K): [4096, 14336] 28.6 -> 26.0
+// us, [4096, 4096] 12.7 -> 11.9; a third stage (224 KB) took back half of that (26.8, 12.8). cp.async
+// staging (q6_K, ...) keeps the barrier.
+template <class D>
+constexpr bool kFreeStages = Staging<D>::kBulk;
+
 template <class D, int kStages>
 constexpr size_t kSmemOf = kStages * (Staging<D>::kWStageBytes + kXTileHalves * sizeof(__half)) +
-                           Staging<D>::kScaleBytes + kStages * sizeof(uint64_t);
+                           Staging<D>::kScaleBytes + 2 * kStages * sizeof(uint64_t);
 
 // kMulti: a multi-part launch (enter_part); a single product's block reads its fields from the
 // parameters as they are (10 registers fewer: 118 against 128).
@@ -96,7 +106,9 @@ __global__ void __launch_bounds__(kWgThreads, 1) gemm_q_wgmma_kernel(GemmQArgs p
     unsigned char* s_w = smem_raw;                                                // [kStages][kBM][kRawStride]
     auto* s_x = reinterpret_cast<__half*>(smem_raw + kStages * S::kWStageBytes);  // [kStages][32 KB tile]
     auto* s_sc = reinterpret_cast<uint32_t*>(smem_raw + kStages * (S::kWStageBytes + kXTileHalves * sizeof(__half)));
-    auto* bar = reinterpret_cast<uint64_t*>(reinterpret_cast<unsigned char*>(s_sc) + S::kScaleBytes);
+    auto* bar = reinterpret_cast<uint64_t*>(reinterpret_cast<unsigned char*>(s_sc) + S::kScaleBytes);  // full
+    constexpr bool kFree = kFreeStages<D>;
+    uint64_t* empty = bar + kStages;  // kFree: a stage's release by each of the block's warps
     const int warp = static_cast<int>(threadIdx.x) / kWarpSize, lane = static_cast<int>(threadIdx.x) % kWarpSize;
     const int g = lane / 4, c = lane % 4;
     const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kBN;
@@ -124,12 +136,16 @@ __global__ void __launch_bounds__(kWgThreads, 1) gemm_q_wgmma_kernel(GemmQArgs p
     // before the loop, chunk i + kStages - 1 at the top of iteration i, into the stage that chunk
     // i - 1 left at the previous iteration's barrier. A stage's barrier is armed (its bytes expected)
     // before the block barrier that precedes its copies.
+    // (kFree: a stage is armed by thread 0 just before its copies are issued, once it is released)
     if (threadIdx.x == 0) {
 #pragma unroll
-      for (int s = 0; s < kStages; ++s) mbar_init(&bar[s], 1);
+      for (int s = 0; s < kStages; ++s) {
+        mbar_init(&bar[s], 1);
+        if constexpr (kFree) mbar_init(&empty[s], kWgThreads / kWarpSize);
+      }
       mbar_init_fence();
 #pragma unroll
-      for (int s = 0; s < kStages; ++s)
+      for (int s = 0; s < (kFree ? kStages - 1 : kStages); ++s)
         if (k_begin + s * kChunk < k_end) arm_stage_wg<D>(p, row0, &bar[s]);
     }
     __syncthreads();
@@ -146,15 +162,28 @@ __global__ void __launch_bounds__(kWgThreads, 1) gemm_q_wgmma_kernel(GemmQArgs p
 #pragma unroll
     for (int i = 0; i < 32; ++i) acc[i] = 0.0f;
 
+    // kFree: the threads that copy into a stage (thread 0: the weights' tensor copy or row 0's bulk copy;
+    // the other rows' bulk copies without a tensor map; thread kBM: the activation tile)
+    const bool copier = threadIdx.x == 0 || threadIdx.x == kBM || (!(S::kTma && p.tma) && threadIdx.x < kBM);
     int stage = 0;
     unsigned chunk = 0;
     for (int64_t k0 = k_begin; k0 < k_end; k0 += kChunk, stage = stage + 1 == kStages ? 0 : stage + 1, ++chunk) {
       const int64_t k_next = k0 + (kStages - 1) * kChunk;
-      if (k_next < k_end) {  // that stage's readers finished at the last chunk's barrier
+      if (k_next < k_end) {  // that stage held chunk - 1 (none at chunk 0)
         const int s = stage == 0 ? kStages - 1 : stage - 1;
-        fence_proxy_async();
-        issue_w(k_next, s_w + s * S::kWStageBytes, &bar[s]);
-        issue_x_tile(p, k_next, s_x + s * kXTileHalves, &bar[s]);
+        if constexpr (kFree) {
+          if (copier) {
+            if (chunk > 0) mbar_wait(&empty[s], ((chunk - 1) / kStages) & 1);  // every warp released it
+            fence_proxy_async();
+            if (threadIdx.x == 0) arm_stage_wg<D>(p, row0, &bar[s]);
+            issue_w(k_next, s_w + s * S::kWStageBytes, &bar[s]);
+            issue_x_tile(p, k_next, s_x + s * kXTileHalves, &bar[s]);
+          }
+        } else {  // its readers finished at the last chunk's barrier
+          fence_proxy_async();
+          issue_w(k_next, s_w + s * S::kWStageBytes, &bar[s]);
+          issue_x_tile(p, k_next, s_x + s * kXTileHalves, &bar[s]);
+        }
       }
       if constexpr (!S::kBulk) {  // this stage's weight pieces, every thread's, before anyone reads them
         cp_async_commit();
@@ -173,7 +202,11 @@ __global__ void __launch_bounds__(kWgThreads, 1) gemm_q_wgmma_kernel(GemmQArgs p
       if constexpr (S::kPreScales)
         if (p.pre_scales)
           pre = !q4k_pre_scales<S, 1, true>(s_w + stage * S::kWStageBytes, warp, lane, p.m - row0, s_sc);
-      const uint32_t xs = smem_addr(s_x + stage * kXTileHalves);
+      // B's descriptors: the stage's, plus k16 step i's 2,048 bytes in the start address field (bits 0-13,
+      // the address / 16: no carry out of it within shared memory), so a product's descriptor is one add
+      const uint64_t xd = b_desc(smem_addr(s_x + stage * kXTileHalves));
+      const uint32_t xd_lo = static_cast<uint32_t>(xd), xd_hi = static_cast<uint32_t>(xd >> 32);
+      auto desc_at = [&](int i) { return static_cast<uint64_t>(xd_hi) << 32 | (xd_lo + i * (2048 >> 4)); };
       // The chunk's 8 k32 steps, one loop per dequantization path (dq(hf, j, w): row hf's eight weights of
       // step j), so no branch sits inside the steps. A fragments of step j: rows g and g + 8, physical k
       // 8c .. 8c+7 of the step, as two k16 steps. Step j's products are waited for before step j + 1's
@@ -193,8 +226,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) gemm_q_wgmma_kernel(GemmQArgs p
 #pragma unroll
         for (int j = 0; j < kChunk / 32; ++j) {
           wgmma_fence();
-          wgmma_64x64x16_rs<false>(acc, &a[j & 1][0], b_desc(xs + (2 * j) * 2048));
-          wgmma_64x64x16_rs<false>(acc, &a[j & 1][4], b_desc(xs + (2 * j + 1) * 2048));
+          wgmma_64x64x16_rs<false>(acc, &a[j & 1][0], desc_at(2 * j));
+          wgmma_64x64x16_rs<false>(acc, &a[j & 1][4], desc_at(2 * j + 1));
           wgmma_commit();
           if (j + 1 < kChunk / 32) dequant_step(j + 1, a[(j + 1) & 1]);
           wgmma_wait<0>();
@@ -210,8 +243,13 @@ __global__ void __launch_bounds__(kWgThreads, 1) gemm_q_wgmma_kernel(GemmQArgs p
       }
       if (!done) steps([&](int hf, int j, uint32_t(&w)[4]) { dequant8_jc<D, true>(w_rows[hf], j, c, w); });
       fence_regs(acc);
-      if (threadIdx.x == 0 && k0 + kStages * kChunk < k_end) arm_stage_wg<D>(p, row0, &bar[stage]);
-      __syncthreads();  // every warpgroup's products of this stage are done before it is refilled
+      if constexpr (kFree) {
+        __syncwarp();  // the warp's reads of the stage (and of its pre-decoded scales) are done
+        if (lane == 0) mbar_arrive(&empty[stage]);
+      } else {
+        if (threadIdx.x == 0 && k0 + kStages * kChunk < k_end) arm_stage_wg<D>(p, row0, &bar[stage]);
+        __syncthreads();  // every warpgroup's products of this stage are done before it is refilled
+      }
     }
 
     // D fragment: rows g, g + 8 of the warp's 16; columns 8i + 2c, 8i + 2c + 1 of n8 group i.
