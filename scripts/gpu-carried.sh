@@ -443,12 +443,13 @@ for step in "$@"; do
           head -${LOOM_TRACE_LINES:-40}
       done ;;
     kperf)
-      # ncu kernel times (caches not flushed: what a replayed graph sees) of the op-test perf cases in
-      # LOOM_K_CASES (';'-separated OP|FILTER), every kernel the case runs, averaged per kernel name
+      # ncu kernel times (caches not flushed: what a replayed graph sees; LOOM_K_FLUSH=1 flushes them, as a
+      # decode step's weights come from DRAM) of the op-test perf cases in LOOM_K_CASES (';'-separated
+      # OP|FILTER), every kernel the case runs, averaged per kernel name
       IFS=';' read -ra cases <<<"${LOOM_K_CASES:-top_k|[128256] k=1;top_k|[128256] k=40;top_k|[128256, 64] k=64}"
       for c in "${cases[@]}"; do
        for mode in ${LOOM_K_MODES:--}; do
-        env $(modeenv "$mode") timeout 120 /usr/local/cuda/bin/ncu --cache-control none \
+        env $(modeenv "$mode") timeout 120 /usr/local/cuda/bin/ncu --cache-control "$([[ ${LOOM_K_FLUSH:-0} == 1 ]] && echo all || echo none)" \
           --clock-control none -c 40 --csv --page raw \
           --metrics gpu__time_duration.sum "$(binof "$mode")/loom-test-ops" --backend cuda --numerics fast perf \
           --op "${c%%|*}" --filter "${c#*|}" 2>/dev/null | python3 -c '

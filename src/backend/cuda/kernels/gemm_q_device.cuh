@@ -52,6 +52,10 @@ struct Staging {
   /// The tensor copy's box is a row's segment and the next 16 bytes (the row stride here; zero past
   /// the row's end), at most 256 bytes.
   static constexpr bool kTma = kBulk && kRawStride <= 256;
+  /// A segment that is not a multiple of 16 bytes fits a tensor copy's box too, from the 16 bytes that
+  /// hold its first byte (kRawStride covers the misalignment): the warpgroup kernel's kViaTma form
+  /// (q6_K, q3_K, q2_K, iq4_xs).
+  static constexpr bool kTmaUnaligned = !kBulk && kRawStride <= 256;
   static constexpr int kXStride = kBulk ? kChunk + 32 : kChunk;  // halves between columns
   static constexpr size_t kXStageBytes = size_t{kBN} * kXStride * sizeof(__half);
   /// q4_K: the chunk's sub-block scale and negated bias of each row as f16 pairs (PreScales).

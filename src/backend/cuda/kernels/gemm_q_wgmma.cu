@@ -62,11 +62,13 @@ constexpr int kXTileHalves = kBN * kChunk;  // one stage's activations: 64 x 256
 __device__ __forceinline__ uint64_t b_desc(uint32_t addr) { return wgmma_desc(addr, 1024, 128); }
 #endif
 
-template <class D>
+template <class D, bool kViaTma>
 __device__ __forceinline__ void arm_stage_wg(const GemmQArgs& p, int64_t row0, uint64_t* bar) {
   using S = Staging<D>;
   const int64_t rows = p.m - row0 < kBM ? p.m - row0 : kBM;
-  const int64_t w_bytes = !S::kBulk ? 0 : S::kTma && p.tma ? int64_t{kBM} * S::kRawStride : rows * S::kSegBytes;
+  const int64_t w_bytes = kViaTma || (S::kTma && p.tma) ? int64_t{kBM} * S::kRawStride
+                          : S::kBulk                   ? rows * S::kSegBytes
+                                                       : 0;
   mbar_arrive_expect(bar, static_cast<unsigned>(w_bytes + kXTileHalves * sizeof(__half)));
 }
 
@@ -79,24 +81,41 @@ __device__ __forceinline__ void issue_x_tile(const GemmQArgs& p, int64_t k0, __h
   }
 }
 
+// Formats staged by the copy engine (bulk or tensor copies) run their stages free: each warp releases a
+// stage on the stage's "empty" mbarrier once its reads of it are done (its dequantization; its
+// warpgroup's products, waited for), and only the threads that copy into a stage wait for that release
+// before refilling it, where every warp used to meet at a block barrier each chunk; the warpgroups then
+// drift apart instead of dequantizing and issuing their products at the same moments. ncu (H200, caches
+// flushed, 64 columns, q4_K): [4096, 14336] 28.6 -> 26.0 us, [4096, 4096] 12.7 -> 11.9; a third stage
+// (224 KB) took back half of that (26.8, 12.8). cp.async staging keeps the barrier.
+//
+// kViaTma: a format whose row segment is not a multiple of 16 bytes (q6_K's 210, Staging::kTmaUnaligned)
+// staged by one tensor copy a stage all the same, where the tensor map can be made (rows 16-byte aligned
+// and strided; LOOM_CUDA_GEMM_Q_TMA=0: cp.async pieces, ~25 address instructions a row and chunk, and the
+// block barrier). The box starts at the 16 bytes holding the segment's first byte (a box starting
+// elsewhere faulted on the H200), so the segment sits misaligned in its row as the pieces left it.
 template <class D, int kStages>
 constexpr size_t kSmemOf = kStages * (Staging<D>::kWStageBytes + kXTileHalves * sizeof(__half)) +
-                           Staging<D>::kScaleBytes + kStages * sizeof(uint64_t);
+                           Staging<D>::kScaleBytes + 2 * kStages * sizeof(uint64_t);
 
 // kMulti: a multi-part launch (enter_part); a single product's block reads its fields from the
 // parameters as they are (10 registers fewer: 118 against 128).
-template <class D, int kStages, bool kMulti>
+template <class D, int kStages, bool kMulti, bool kViaTma>
 __global__ void __launch_bounds__(kWgThreads, 1) gemm_q_wgmma_kernel(GemmQArgs p, const __grid_constant__ GemmQMaps maps) {
   // pdl_wait later: the first weight chunk is requested first (no kernel writes weights)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   if constexpr (kF16Dequant<D>) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     using S = Staging<D>;
-    static_assert(S::kBulk || kStages == 2, "cp.async staging waits for one group in flight");
+    static_assert(!kViaTma || S::kTmaUnaligned, "kViaTma: a segment that fits the box, not bulk-copied");
+    constexpr bool kCopyEngine = S::kBulk || kViaTma;  // else cp.async pieces
+    static_assert(kCopyEngine || kStages == 2, "cp.async staging waits for one group in flight");
     unsigned char* s_w = smem_raw;                                                // [kStages][kBM][kRawStride]
     auto* s_x = reinterpret_cast<__half*>(smem_raw + kStages * S::kWStageBytes);  // [kStages][32 KB tile]
     auto* s_sc = reinterpret_cast<uint32_t*>(smem_raw + kStages * (S::kWStageBytes + kXTileHalves * sizeof(__half)));
-    auto* bar = reinterpret_cast<uint64_t*>(reinterpret_cast<unsigned char*>(s_sc) + S::kScaleBytes);
+    auto* bar = reinterpret_cast<uint64_t*>(reinterpret_cast<unsigned char*>(s_sc) + S::kScaleBytes);  // full
+    constexpr bool kFree = kCopyEngine;
+    uint64_t* empty = bar + kStages;  // kFree: a stage's release by each of the block's warps
     const int warp = static_cast<int>(threadIdx.x) / kWarpSize, lane = static_cast<int>(threadIdx.x) % kWarpSize;
     const int g = lane / 4, c = lane % 4;
     const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kBN;
@@ -106,37 +125,47 @@ __global__ void __launch_bounds__(kWgThreads, 1) gemm_q_wgmma_kernel(GemmQArgs p
     const int64_t k_begin = static_cast<int64_t>(blockIdx.z) * p.k_split;
     const int64_t k_end = p.k < k_begin + p.k_split ? p.k : k_begin + p.k_split;
     auto row_of = [&](int half) { return warp * 16 + g + 8 * half; };
-    // where row r's segment of chunk k0 starts in its staged pieces (0 when bulk-staged)
+    // where row r's segment of chunk k0 starts in its staged pieces (0 when staged by the copy engine)
     auto misalign = [&](int r, int64_t k0) {
-      if constexpr (S::kBulk) return 0;
+      if constexpr (kViaTma) return static_cast<int>((k0 / D::kBlock) * D::kBytes) & 15;  // the box's start, below
+      if constexpr (kCopyEngine) return 0;
       const int64_t row = row0 + r < p.m ? row0 + r : 0;
       return static_cast<int>(reinterpret_cast<uintptr_t>(p.a + row * p.a_nb1 + (k0 / D::kBlock) * D::kBytes) & 15);
     };
     // a stage's weights: a tensor copy or bulk copies on its barrier, or cp.async pieces (one group)
     auto issue_w = [&](int64_t k, unsigned char* stage_w, uint64_t* stage_bar) {
-      if constexpr (S::kBulk)
+      if constexpr (kViaTma) {
+        if (threadIdx.x == 0)
+          tensor_copy_2d(stage_w, map, static_cast<int>((k / D::kBlock) * D::kBytes) & ~15, static_cast<int>(row0),
+                         stage_bar);
+      } else if constexpr (S::kBulk) {
         issue_w_bulk<D>(p, map, row0, k, stage_w, stage_bar);
-      else
+      } else {
         load_w<D, 1>(p, row0, k, stage_w);
+      }
     };
 
     // Stage i % kStages holds chunk i (counted from k_begin); chunks 0 .. kStages - 2 are requested
     // before the loop, chunk i + kStages - 1 at the top of iteration i, into the stage that chunk
     // i - 1 left at the previous iteration's barrier. A stage's barrier is armed (its bytes expected)
     // before the block barrier that precedes its copies.
+    // (kFree: a stage is armed by thread 0 just before its copies are issued, once it is released)
     if (threadIdx.x == 0) {
 #pragma unroll
-      for (int s = 0; s < kStages; ++s) mbar_init(&bar[s], 1);
+      for (int s = 0; s < kStages; ++s) {
+        mbar_init(&bar[s], 1);
+        if constexpr (kFree) mbar_init(&empty[s], kWgThreads / kWarpSize);
+      }
       mbar_init_fence();
 #pragma unroll
-      for (int s = 0; s < kStages; ++s)
-        if (k_begin + s * kChunk < k_end) arm_stage_wg<D>(p, row0, &bar[s]);
+      for (int s = 0; s < (kFree ? kStages - 1 : kStages); ++s)
+        if (k_begin + s * kChunk < k_end) arm_stage_wg<D, kViaTma>(p, row0, &bar[s]);
     }
     __syncthreads();
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s)
       if (k_begin + s * kChunk < k_end) issue_w(k_begin + s * kChunk, s_w + s * S::kWStageBytes, &bar[s]);
-    if constexpr (!S::kBulk) cp_async_commit();
+    if constexpr (!kCopyEngine) cp_async_commit();
     pdl_wait();
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s)
@@ -146,17 +175,30 @@ __global__ void __launch_bounds__(kWgThreads, 1) gemm_q_wgmma_kernel(GemmQArgs p
 #pragma unroll
     for (int i = 0; i < 32; ++i) acc[i] = 0.0f;
 
+    // kFree: the threads that copy into a stage (thread 0: the weights' tensor copy or row 0's bulk copy;
+    // the other rows' bulk copies without a tensor map; thread kBM: the activation tile)
+    const bool copier = threadIdx.x == 0 || threadIdx.x == kBM || (!kViaTma && !(S::kTma && p.tma) && threadIdx.x < kBM);
     int stage = 0;
     unsigned chunk = 0;
     for (int64_t k0 = k_begin; k0 < k_end; k0 += kChunk, stage = stage + 1 == kStages ? 0 : stage + 1, ++chunk) {
       const int64_t k_next = k0 + (kStages - 1) * kChunk;
-      if (k_next < k_end) {  // that stage's readers finished at the last chunk's barrier
+      if (k_next < k_end) {  // that stage held chunk - 1 (none at chunk 0)
         const int s = stage == 0 ? kStages - 1 : stage - 1;
-        fence_proxy_async();
-        issue_w(k_next, s_w + s * S::kWStageBytes, &bar[s]);
-        issue_x_tile(p, k_next, s_x + s * kXTileHalves, &bar[s]);
+        if constexpr (kFree) {
+          if (copier) {
+            if (chunk > 0) mbar_wait(&empty[s], ((chunk - 1) / kStages) & 1);  // every warp released it
+            fence_proxy_async();
+            if (threadIdx.x == 0) arm_stage_wg<D, kViaTma>(p, row0, &bar[s]);
+            issue_w(k_next, s_w + s * S::kWStageBytes, &bar[s]);
+            issue_x_tile(p, k_next, s_x + s * kXTileHalves, &bar[s]);
+          }
+        } else {  // its readers finished at the last chunk's barrier
+          fence_proxy_async();
+          issue_w(k_next, s_w + s * S::kWStageBytes, &bar[s]);
+          issue_x_tile(p, k_next, s_x + s * kXTileHalves, &bar[s]);
+        }
       }
-      if constexpr (!S::kBulk) {  // this stage's weight pieces, every thread's, before anyone reads them
+      if constexpr (!kCopyEngine) {  // this stage's weight pieces, every thread's, before anyone reads them
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
@@ -173,7 +215,11 @@ __global__ void __launch_bounds__(kWgThreads, 1) gemm_q_wgmma_kernel(GemmQArgs p
       if constexpr (S::kPreScales)
         if (p.pre_scales)
           pre = !q4k_pre_scales<S, 1, true>(s_w + stage * S::kWStageBytes, warp, lane, p.m - row0, s_sc);
-      const uint32_t xs = smem_addr(s_x + stage * kXTileHalves);
+      // B's descriptors: the stage's, plus k16 step i's 2,048 bytes in the start address field (bits 0-13,
+      // the address / 16: no carry out of it within shared memory), so a product's descriptor is one add
+      const uint64_t xd = b_desc(smem_addr(s_x + stage * kXTileHalves));
+      const uint32_t xd_lo = static_cast<uint32_t>(xd), xd_hi = static_cast<uint32_t>(xd >> 32);
+      auto desc_at = [&](int i) { return static_cast<uint64_t>(xd_hi) << 32 | (xd_lo + i * (2048 >> 4)); };
       // The chunk's 8 k32 steps, one loop per dequantization path (dq(hf, j, w): row hf's eight weights of
       // step j), so no branch sits inside the steps. A fragments of step j: rows g and g + 8, physical k
       // 8c .. 8c+7 of the step, as two k16 steps. Step j's products are waited for before step j + 1's
@@ -193,8 +239,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) gemm_q_wgmma_kernel(GemmQArgs p
 #pragma unroll
         for (int j = 0; j < kChunk / 32; ++j) {
           wgmma_fence();
-          wgmma_64x64x16_rs<false>(acc, &a[j & 1][0], b_desc(xs + (2 * j) * 2048));
-          wgmma_64x64x16_rs<false>(acc, &a[j & 1][4], b_desc(xs + (2 * j + 1) * 2048));
+          wgmma_64x64x16_rs<false>(acc, &a[j & 1][0], desc_at(2 * j));
+          wgmma_64x64x16_rs<false>(acc, &a[j & 1][4], desc_at(2 * j + 1));
           wgmma_commit();
           if (j + 1 < kChunk / 32) dequant_step(j + 1, a[(j + 1) & 1]);
           wgmma_wait<0>();
@@ -210,8 +256,13 @@ __global__ void __launch_bounds__(kWgThreads, 1) gemm_q_wgmma_kernel(GemmQArgs p
       }
       if (!done) steps([&](int hf, int j, uint32_t(&w)[4]) { dequant8_jc<D, true>(w_rows[hf], j, c, w); });
       fence_regs(acc);
-      if (threadIdx.x == 0 && k0 + kStages * kChunk < k_end) arm_stage_wg<D>(p, row0, &bar[stage]);
-      __syncthreads();  // every warpgroup's products of this stage are done before it is refilled
+      if constexpr (kFree) {
+        __syncwarp();  // the warp's reads of the stage (and of its pre-decoded scales) are done
+        if (lane == 0) mbar_arrive(&empty[stage]);
+      } else {
+        if (threadIdx.x == 0 && k0 + kStages * kChunk < k_end) arm_stage_wg<D, kViaTma>(p, row0, &bar[stage]);
+        __syncthreads();  // every warpgroup's products of this stage are done before it is refilled
+      }
     }
 
     // D fragment: rows g, g + 8 of the warp's 16; columns 8i + 2c, 8i + 2c + 1 of n8 group i.
@@ -302,13 +353,18 @@ CudaError launch_gemm_q_wgmma(cudaStream_t stream, const Tensor* const* weights,
         } else {
           GemmQArgs p = args;
           GemmQMaps maps{};
-          if constexpr (Staging<D>::kTma)
+          using S = Staging<D>;
+          if constexpr (S::kTma || S::kTmaUnaligned)
             for (int i = 0; i < std::max(p.parts, 1) && p.tma; ++i)
               p.tma = encode_weight_map<D>(weights[i], p.parts > 1 ? p.part[i].m : p.m, p.k, maps.map[i]);
           constexpr int kStages = 2;
           constexpr size_t smem = kSmemOf<D, kStages>;
           static_assert(smem <= 227 * 1024);
-          auto* kernel = p.parts > 1 ? gemm_q_wgmma_kernel<D, kStages, true> : gemm_q_wgmma_kernel<D, kStages, false>;
+          auto* kernel =
+              p.parts > 1 ? gemm_q_wgmma_kernel<D, kStages, true, false> : gemm_q_wgmma_kernel<D, kStages, false, false>;
+          if constexpr (S::kTmaUnaligned)
+            if (p.tma)
+              kernel = p.parts > 1 ? gemm_q_wgmma_kernel<D, kStages, true, true> : gemm_q_wgmma_kernel<D, kStages, false, true>;
           LOOM_CUDA_CHECK(
               cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
           kernel<<<grid, kWgThreads, smem, stream>>>(p, maps);
