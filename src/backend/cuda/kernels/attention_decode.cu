@@ -587,7 +587,7 @@ __device__ __forceinline__ float rope_elem(const float* x, int e, const float* c
 
 // Grid: x = KV head (one row group, one sequence), y = split. Partial results (or with one split the
 // output) as flash_decode_kernel writes them, so the merges are the same.
-/// Stores 16 bytes (zeros) to shared memory at a shared-window address.
+/// Stores 16 bytes to shared memory at a shared-window address (st_shared_zero16: zeros).
 __device__ __forceinline__ void st_shared16(uint32_t at, uint4 v) {
   asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(at), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
 }
